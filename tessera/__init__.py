@@ -1,0 +1,12 @@
+"""Tessera: block-sparse attention for video diffusion transformers on NVIDIA GPUs.
+
+The caller's logical block mask (:class:`BlockMask`) is kept as it is; the runtime maps it onto
+physical tiles, organizes them into tasks and runs a kernel chosen for the GPU. Importing Tessera
+needs only numpy and scipy; CuPy is needed to run on a GPU.
+"""
+
+from .mask import BlockMask
+
+__version__ = "0.1.0"
+
+__all__ = ["BlockMask", "__version__"]

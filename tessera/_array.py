@@ -1,0 +1,95 @@
+"""Array-module plumbing: one place that knows about numpy, CuPy and DLPack.
+
+Everything above this module works on "an array of module ``xp``" and never imports CuPy
+directly, so the library imports and plans on machines without a GPU or without CuPy.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import numpy as np
+
+_cupy: types.ModuleType | None | bool = False  # False: not looked up yet; None: unavailable
+
+
+def cupy_or_none() -> types.ModuleType | None:
+    """CuPy if it imports, else None (imported lazily: it is an optional dependency)."""
+    global _cupy
+    if _cupy is False:
+        try:
+            import cupy  # noqa: PLC0415
+
+            _cupy = cupy
+        except Exception:  # ImportError, or a CuPy build that cannot find its CUDA libraries
+            _cupy = None
+    return _cupy  # type: ignore[return-value]
+
+
+def is_cupy(a: Any) -> bool:
+    """True when ``a`` is a CuPy ndarray."""
+    cp = cupy_or_none()
+    return cp is not None and isinstance(a, cp.ndarray)
+
+
+def array_module(*arrays: Any) -> types.ModuleType:
+    """numpy, or CuPy when any of ``arrays`` lives on the device."""
+    for a in arrays:
+        if is_cupy(a):
+            return cupy_or_none()  # type: ignore[return-value]
+    return np
+
+
+def as_array(a: Any, name: str) -> Any:
+    """Turn numpy/CuPy arrays, DLPack tensors (PyTorch, JAX) or sequences into numpy or CuPy.
+
+    Device tensors stay on the device (zero-copy through DLPack); host tensors become numpy.
+    """
+    if isinstance(a, np.ndarray) or is_cupy(a):
+        return a
+    if hasattr(a, "__dlpack__"):
+        device_type = None
+        if hasattr(a, "__dlpack_device__"):
+            device_type = int(a.__dlpack_device__()[0])
+        if device_type in (2, 3, 13):  # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
+            cp = cupy_or_none()
+            if cp is None:
+                raise TypeError(f"{name} is a CUDA tensor but CuPy is not installed")
+            return cp.from_dlpack(a)
+        return np.from_dlpack(a)
+    try:
+        return np.asarray(a)
+    except Exception as exc:  # pragma: no cover - message path
+        raise TypeError(f"{name} must be an array (numpy, CuPy or a DLPack tensor), "
+                        f"got {type(a).__name__}") from exc
+
+
+def to_numpy(a: Any) -> np.ndarray:
+    """A host copy of ``a`` (no copy when it is already numpy)."""
+    if is_cupy(a):
+        return a.get()
+    return np.asarray(a)
+
+
+def segment_ids(offsets: Any, total: int, xp) -> Any:
+    """For CSR-style ``offsets`` (length n+1), the segment of each of the ``total`` elements.
+
+    Equivalent to ``repeat(arange(n), diff(offsets))`` but works the same in numpy and CuPy
+    (whose ``repeat`` wants host counts): write, at the first element of each non-empty segment,
+    the step from the previous non-empty segment, then take a running sum. No host sync.
+    """
+    counts = xp.diff(offsets)
+    nonempty = xp.nonzero(counts > 0)[0]
+    delta = xp.zeros(total, dtype=np.int64)
+    if total:
+        steps = xp.diff(nonempty, prepend=xp.zeros(1, dtype=nonempty.dtype))
+        delta[offsets[:-1][nonempty]] = steps
+    return xp.cumsum(delta)
+
+
+def offsets_from_counts(counts: Any, xp) -> Any:
+    """CSR offsets (int64, length n+1) from per-segment counts."""
+    out = xp.zeros(counts.size + 1, dtype=np.int64)
+    xp.cumsum(counts, out=out[1:])
+    return out

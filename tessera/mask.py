@@ -1,0 +1,414 @@
+"""The logical block mask: what the caller means, never changed by Tessera.
+
+A :class:`BlockMask` says which query blocks attend to which key blocks. Its geometry is two
+lists of token offsets (``q_bounds``, ``kv_bounds``); blocks may be uniform, ragged at the end,
+or of any size. Its selection is one CSR matrix per (batch, head), stored as a single CSR matrix
+whose rows are ``(batch, head, query block)`` in that order, so a whole mask is three flat arrays
+that live on the host (numpy) or on the device (CuPy).
+
+Semantics: query token ``t`` in block ``i`` attends to the union of the key tokens of the blocks
+selected in row ``i``, with the softmax over exactly those keys. A row that selects nothing gives
+output 0 and log-sum-exp ``-inf``.
+
+Indices within a row are kept sorted and unique: constructors sort them, and reject duplicates
+(a duplicate usually means the caller built the mask wrongly, so silently merging would hide it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from ._array import array_module, as_array, is_cupy, segment_ids, to_numpy
+
+__all__ = ["BlockMask"]
+
+BlockSize = int | tuple[int, int]
+
+
+def _check_bounds(bounds: Any, name: str) -> np.ndarray:
+    """Validate token offsets of blocks: 1-D integers, starting at 0, strictly increasing."""
+    b = to_numpy(as_array(bounds, name))
+    if b.ndim != 1 or b.size < 2:
+        raise ValueError(f"{name} must be a 1-D array of at least 2 offsets, got shape {b.shape}")
+    if not np.issubdtype(b.dtype, np.integer):
+        raise TypeError(f"{name} must hold integers, got dtype {b.dtype}")
+    b = b.astype(np.int64)
+    if b[0] != 0:
+        raise ValueError(f"{name} must start at 0, got {int(b[0])}")
+    if np.any(np.diff(b) <= 0):
+        bad = int(np.argmax(np.diff(b) <= 0))
+        raise ValueError(f"{name} must be strictly increasing: {name}[{bad}]={int(b[bad])} "
+                         f">= {name}[{bad + 1}]={int(b[bad + 1])}")
+    if b[-1] >= 2**31:
+        raise ValueError(f"{name}: sequence length {int(b[-1])} does not fit in int32")
+    return b
+
+
+def _uniform_bounds(n_blocks: int, block: int, seq_len: int | None, which: str) -> np.ndarray:
+    """Offsets of ``n_blocks`` blocks of ``block`` tokens, the last one short if ``seq_len`` says so."""
+    if not isinstance(block, (int, np.integer)) or block <= 0:
+        raise ValueError(f"block_size must be positive integers, got {block!r} for {which}")
+    full = n_blocks * int(block)
+    if seq_len is None:
+        seq_len = full
+    if not isinstance(seq_len, (int, np.integer)):
+        raise TypeError(f"seq_len_{which} must be an int, got {type(seq_len).__name__}")
+    if not (full - block < seq_len <= full):
+        raise ValueError(f"seq_len_{which}={seq_len} does not fit {n_blocks} blocks of {block} "
+                         f"tokens (must be in ({full - block}, {full}])")
+    b = np.minimum(np.arange(n_blocks + 1, dtype=np.int64) * int(block), seq_len)
+    return b
+
+
+def _geometry(n_q: int, n_kv: int, block_size: BlockSize | None, q_bounds: Any, kv_bounds: Any,
+              seq_len_q: int | None, seq_len_kv: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """Resolve the two bound arrays from either a block size or explicit bounds."""
+    if block_size is not None:
+        if q_bounds is not None or kv_bounds is not None:
+            raise ValueError("give either block_size or q_bounds/kv_bounds, not both")
+        bq, bk = (block_size, block_size) if np.isscalar(block_size) else tuple(block_size)
+        return (_uniform_bounds(n_q, bq, seq_len_q, "q"),
+                _uniform_bounds(n_kv, bk, seq_len_kv, "kv"))
+    if q_bounds is None or kv_bounds is None:
+        raise ValueError("give block_size, or both q_bounds and kv_bounds")
+    if seq_len_q is not None or seq_len_kv is not None:
+        raise ValueError("seq_len_q/seq_len_kv only apply with block_size; "
+                         "explicit bounds already end at the sequence length")
+    qb = _check_bounds(q_bounds, "q_bounds")
+    kb = _check_bounds(kv_bounds, "kv_bounds")
+    if qb.size - 1 != n_q:
+        raise ValueError(f"q_bounds has {qb.size - 1} blocks but the mask has {n_q} query blocks")
+    if kb.size - 1 != n_kv:
+        raise ValueError(f"kv_bounds has {kb.size - 1} blocks but the mask has {n_kv} key blocks")
+    return qb, kb
+
+
+def _lead_shape(ndim_lead: int, shape: tuple[int, ...], name: str,
+                layout: str = "nQB, nKB") -> tuple[int, int]:
+    if ndim_lead == 0:
+        return 1, 1
+    if ndim_lead == 1:
+        return 1, shape[0]
+    if ndim_lead == 2:
+        return shape[0], shape[1]
+    raise ValueError(f"{name} must be [{layout}], [H, {layout}] or [B, H, {layout}]; "
+                     f"got {len(shape) + len(layout.split(','))} dimensions")
+
+
+@dataclass(frozen=True, eq=False)
+class BlockMask:
+    """A logical block mask: geometry plus a batched CSR selection.
+
+    Attributes:
+        q_bounds: int64 numpy ``[nQB + 1]``, token offsets of the query blocks.
+        kv_bounds: int64 numpy ``[nKB + 1]``, token offsets of the key blocks.
+        indptr: int64 ``[B * H * nQB + 1]`` (numpy or CuPy); row ``(b, h, i)`` is
+            ``(b * H + h) * nQB + i``.
+        indices: int32 ``[nnz]``, selected key blocks, sorted and unique within each row.
+        batch_heads: ``(B, H)``; each is 1 (broadcast) or the real count. H counts query heads
+            or key/value heads; :meth:`head_index` resolves which at attention time.
+    """
+
+    q_bounds: np.ndarray
+    kv_bounds: np.ndarray
+    indptr: Any
+    indices: Any
+    batch_heads: tuple[int, int]
+
+    # ------------------------------------------------------------------ constructors
+    @classmethod
+    def from_dense(cls, mask: Any, *, block_size: BlockSize | None = None, q_bounds: Any = None,
+                   kv_bounds: Any = None, seq_len_q: int | None = None,
+                   seq_len_kv: int | None = None) -> "BlockMask":
+        """Build from a boolean block matrix ``[nQB, nKB]``, ``[H, nQB, nKB]`` or ``[B, H, nQB, nKB]``.
+
+        Accepts numpy, CuPy or any DLPack tensor; a device tensor gives a device mask (no copy to
+        the host). Geometry is ``block_size`` (int or ``(q, kv)``, the last block may be short when
+        ``seq_len_q``/``seq_len_kv`` say so) or explicit ``q_bounds``/``kv_bounds``.
+        """
+        m = as_array(mask, "mask")
+        if m.dtype != np.bool_:
+            raise TypeError(f"mask must be boolean, got dtype {m.dtype}")
+        if m.ndim < 2:
+            raise ValueError(f"mask must have at least 2 dimensions [nQB, nKB], got {m.ndim}")
+        bm, hm = _lead_shape(m.ndim - 2, m.shape[:-2], "mask")
+        n_q, n_kv = m.shape[-2], m.shape[-1]
+        qb, kb = _geometry(n_q, n_kv, block_size, q_bounds, kv_bounds, seq_len_q, seq_len_kv)
+        xp = array_module(m)
+        flat = m.reshape(bm * hm * n_q, n_kv)
+        counts = flat.sum(axis=1, dtype=np.int64)
+        indptr = xp.zeros(flat.shape[0] + 1, dtype=np.int64)
+        xp.cumsum(counts, out=indptr[1:])
+        indices = xp.nonzero(flat)[1].astype(np.int32)  # row-major: sorted within each row
+        return cls(qb, kb, indptr, indices, (bm, hm))
+
+    @classmethod
+    def from_scipy(cls, matrices: Any, *, block_size: BlockSize | None = None,
+                   q_bounds: Any = None, kv_bounds: Any = None, seq_len_q: int | None = None,
+                   seq_len_kv: int | None = None) -> "BlockMask":
+        """Build from a scipy sparse matrix, a list of them per head, or a list of lists ``[B][H]``.
+
+        A CSR/COO/any sparse matrix is the block matrix ``[nQB, nKB]`` (stored entries that are
+        zero or False are not selected). A ``bsr_array`` is read as the token-level matrix: its
+        block size is the geometry and its stored blocks are the selection.
+        """
+        import scipy.sparse as sp  # noqa: PLC0415 - scipy is a base dependency, import on use
+
+        if sp.issparse(matrices):
+            grid = [[matrices]]
+        elif isinstance(matrices, Sequence) and len(matrices) > 0:
+            if all(sp.issparse(x) for x in matrices):
+                grid = [list(matrices)]
+            elif all(isinstance(r, Sequence) and r and all(sp.issparse(x) for x in r)
+                     for r in matrices):
+                grid = [list(r) for r in matrices]
+                if len({len(r) for r in grid}) != 1:
+                    raise ValueError("matrices: every batch must list the same number of heads")
+            else:
+                raise TypeError("matrices must be a scipy sparse matrix, a list of them, "
+                                "or a list of lists of them")
+        else:
+            raise TypeError("matrices must be a scipy sparse matrix, a list of them, "
+                            "or a list of lists of them")
+
+        flat = [x for row in grid for x in row]
+        is_bsr = [x.format == "bsr" for x in flat]
+        if any(is_bsr):
+            if not all(is_bsr):
+                raise ValueError("matrices: do not mix bsr with other formats")
+            blocks = {x.blocksize for x in flat}
+            if len(blocks) != 1:
+                raise ValueError(f"matrices: all bsr blocksizes must agree, got {sorted(blocks)}")
+            if (block_size is not None or q_bounds is not None or kv_bounds is not None
+                    or seq_len_q is not None or seq_len_kv is not None):
+                raise ValueError("block_size/bounds/seq_len come from the bsr blocksize and "
+                                 "shape; do not pass them")
+            (bq, bk), = blocks
+            lq, lk = flat[0].shape
+            block_size = (bq, bk)
+            seq_len_q, seq_len_kv = lq, lk
+            csrs = [sp.csr_array((np.ones(x.indices.size, bool), x.indices, x.indptr),
+                                 shape=(lq // bq, lk // bk)) for x in flat]
+        else:
+            csrs = []
+            for x in flat:
+                c = sp.csr_array(x, copy=True)
+                c.sum_duplicates()  # also sorts indices
+                c.eliminate_zeros()
+                csrs.append(c)
+        shapes = {c.shape for c in csrs}
+        if len(shapes) != 1:
+            raise ValueError(f"matrices: all block matrices must have one shape, got {sorted(shapes)}")
+        (n_q, n_kv), = shapes
+        qb, kb = _geometry(n_q, n_kv, block_size, q_bounds, kv_bounds, seq_len_q, seq_len_kv)
+        counts = np.concatenate([np.diff(c.indptr) for c in csrs]).astype(np.int64)
+        indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        indices = np.concatenate([c.indices for c in csrs]).astype(np.int32)
+        # bsr input may carry unsorted block indices; csr input was sorted by sum_duplicates.
+        mask = cls._sorted_checked(qb, kb, indptr, indices, (len(grid), len(grid[0])),
+                                   "matrices")
+        return mask
+
+    @classmethod
+    def from_indices(cls, kv_num_blocks: Any, kv_indices: Any, *,
+                     block_size: BlockSize | None = None, q_bounds: Any = None,
+                     kv_bounds: Any = None, seq_len_q: int | None = None,
+                     seq_len_kv: int | None = None, num_kv_blocks: int | None = None
+                     ) -> "BlockMask":
+        """Build from FlexAttention's layout: ``kv_num_blocks [..., nQB]`` and ``kv_indices
+        [..., nQB, K]``, the first ``kv_num_blocks`` entries of each row valid, in any order.
+
+        ``num_kv_blocks`` (nKB) defaults to ``kv_indices.shape[-1]``, as in FlexAttention, unless
+        ``kv_bounds`` gives it. Rows are sorted; a duplicate or out-of-range index is an error.
+        """
+        counts = as_array(kv_num_blocks, "kv_num_blocks")
+        idx = as_array(kv_indices, "kv_indices")
+        for a, name in ((counts, "kv_num_blocks"), (idx, "kv_indices")):
+            if not np.issubdtype(a.dtype, np.integer):
+                raise TypeError(f"{name} must hold integers, got dtype {a.dtype}")
+        if idx.ndim != counts.ndim + 1 or idx.shape[:-1] != counts.shape:
+            raise ValueError(f"kv_indices shape {tuple(idx.shape)} must be kv_num_blocks shape "
+                             f"{tuple(counts.shape)} plus one trailing dimension")
+        if counts.ndim < 1:
+            raise ValueError("kv_num_blocks must have at least 1 dimension [nQB]")
+        bm, hm = _lead_shape(counts.ndim - 1, counts.shape[:-1], "kv_num_blocks", "nQB")
+        n_q, width = counts.shape[-1], idx.shape[-1]
+        if num_kv_blocks is None:
+            num_kv_blocks = (len(kv_bounds) - 1) if kv_bounds is not None else width
+        qb, kb = _geometry(n_q, num_kv_blocks, block_size, q_bounds, kv_bounds, seq_len_q,
+                           seq_len_kv)
+        xp = array_module(counts, idx)
+        counts = xp.asarray(counts).reshape(-1).astype(np.int64)
+        idx = xp.asarray(idx).reshape(counts.size, width)
+        if counts.size and bool(((counts < 0) | (counts > width)).any()):
+            raise ValueError(f"kv_num_blocks must be in [0, {width}] (the width of kv_indices)")
+        valid = xp.arange(width)[None, :] < counts[:, None]
+        indptr = xp.zeros(counts.size + 1, dtype=np.int64)
+        xp.cumsum(counts, out=indptr[1:])
+        indices = idx[valid].astype(np.int64)  # int32 only after the range check
+        return cls._sorted_checked(qb, kb, indptr, indices, (bm, hm), "kv_indices")
+
+    @classmethod
+    def _sorted_checked(cls, qb: np.ndarray, kb: np.ndarray, indptr: Any, indices: Any,
+                        batch_heads: tuple[int, int], name: str) -> "BlockMask":
+        """Sort indices within rows, then reject out-of-range and duplicate entries."""
+        xp = array_module(indptr, indices)
+        n_kv = kb.size - 1
+        if indices.size:
+            if bool(((indices < 0) | (indices >= n_kv)).any()):
+                raise ValueError(f"{name}: block index out of range [0, {n_kv})")
+            rows = segment_ids(indptr, indices.size, xp)
+            key = rows.astype(np.int64) * n_kv + indices
+            order = xp.argsort(key, kind="stable")
+            key = key[order]
+            indices = indices[order]
+            if bool((key[1:] == key[:-1]).any()):
+                raise ValueError(f"{name}: a row selects the same key block twice")
+        return cls(qb, kb, indptr, indices.astype(np.int32, copy=False), batch_heads)
+
+    # ------------------------------------------------------------------ geometry
+    @property
+    def num_q_blocks(self) -> int:
+        return self.q_bounds.size - 1
+
+    @property
+    def num_kv_blocks(self) -> int:
+        return self.kv_bounds.size - 1
+
+    @property
+    def seq_len_q(self) -> int:
+        return int(self.q_bounds[-1])
+
+    @property
+    def seq_len_kv(self) -> int:
+        return int(self.kv_bounds[-1])
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        """``(B, H, nQB, nKB)`` with B and H as stored (1 where broadcast)."""
+        return (*self.batch_heads, self.num_q_blocks, self.num_kv_blocks)
+
+    @property
+    def xp(self):
+        """The array module (numpy or CuPy) the selection lives in."""
+        return array_module(self.indptr, self.indices)
+
+    @property
+    def on_device(self) -> bool:
+        return is_cupy(self.indices)
+
+    @property
+    def nnz(self) -> int:
+        """Number of selected (query block, key block) pairs, over the stored batch and heads."""
+        return int(self.indptr[-1])
+
+    @property
+    def density(self) -> float:
+        """Fraction of block pairs selected (blocks counted, not tokens)."""
+        total = np.prod(self.shape, dtype=np.int64)
+        return self.nnz / total if total else 0.0
+
+    def uniform_block_size(self) -> tuple[int, int] | None:
+        """``(q, kv)`` block size when every block but possibly the last has that size."""
+        def uniform(b: np.ndarray) -> int | None:
+            d = np.diff(b)
+            return int(d[0]) if np.all(d[:-1] == d[0]) and d[-1] <= d[0] else None
+        q, k = uniform(self.q_bounds), uniform(self.kv_bounds)
+        return (q, k) if q is not None and k is not None else None
+
+    def head_index(self, num_q_heads: int, num_kv_heads: int) -> np.ndarray:
+        """For each query head, the mask head it reads: broadcast, per query head or per kv head."""
+        h = self.batch_heads[1]
+        if num_kv_heads <= 0 or num_q_heads % num_kv_heads:
+            raise ValueError(f"num_q_heads={num_q_heads} must be a multiple of "
+                             f"num_kv_heads={num_kv_heads}")
+        hq = np.arange(num_q_heads)
+        if h == 1:
+            return np.zeros(num_q_heads, dtype=np.int64)
+        if h == num_q_heads:
+            return hq
+        if h == num_kv_heads:
+            return hq // (num_q_heads // num_kv_heads)
+        raise ValueError(f"block_mask has {h} heads; expected 1, num_q_heads={num_q_heads} "
+                         f"or num_kv_heads={num_kv_heads}")
+
+    def batch_index(self, batch: int) -> np.ndarray:
+        """For each batch entry, the mask batch it reads."""
+        b = self.batch_heads[0]
+        if b == 1:
+            return np.zeros(batch, dtype=np.int64)
+        if b == batch:
+            return np.arange(batch)
+        raise ValueError(f"block_mask has batch {b}; expected 1 or {batch}")
+
+    # ------------------------------------------------------------------ views
+    def to_dense(self) -> Any:
+        """The boolean block matrix ``[B, H, nQB, nKB]`` in the mask's array module."""
+        xp = self.xp
+        n_rows = self.indptr.size - 1
+        out = xp.zeros((n_rows, self.num_kv_blocks), dtype=bool)
+        rows = segment_ids(self.indptr, self.indices.size, xp)
+        out[rows, self.indices] = True
+        return out.reshape(self.shape)
+
+    def to_host(self) -> "BlockMask":
+        """The same mask with its selection on the host."""
+        if not self.on_device:
+            return self
+        return BlockMask(self.q_bounds, self.kv_bounds, self.indptr.get(), self.indices.get(),
+                         self.batch_heads)
+
+    def to_device(self) -> "BlockMask":
+        """The same mask with its selection on the current CUDA device (needs CuPy)."""
+        from ._array import cupy_or_none  # noqa: PLC0415
+
+        cp = cupy_or_none()
+        if cp is None:
+            raise RuntimeError("to_device needs CuPy")
+        return BlockMask(self.q_bounds, self.kv_bounds, cp.asarray(self.indptr),
+                         cp.asarray(self.indices), self.batch_heads)
+
+    def row_pairs(self) -> Any:
+        """Per CSR row, the number of (query token, key token) pairs selected (int64, in ``xp``)."""
+        xp = self.xp
+        klen = xp.asarray(np.diff(self.kv_bounds))
+        qlen = xp.asarray(np.diff(self.q_bounds))
+        per_entry = klen[self.indices]
+        csum = xp.zeros(per_entry.size + 1, dtype=np.int64)
+        xp.cumsum(per_entry, out=csum[1:])
+        keys_per_row = csum[self.indptr[1:]] - csum[self.indptr[:-1]]
+        n_bh = self.batch_heads[0] * self.batch_heads[1]
+        return keys_per_row * xp.tile(qlen, n_bh)
+
+    def selected_pairs(self, batch: int | None = None, num_heads: int | None = None) -> np.ndarray:
+        """(query token, key token) pairs the mask selects, per (batch, head), as int64 numpy.
+
+        With ``batch``/``num_heads`` the broadcast dimensions are expanded (``num_heads`` must be
+        1, or a multiple handled by :meth:`head_index` as query heads); ``.sum()`` is the useful
+        work every benchmark divides by (useful FLOPs = 4 * D * pairs).
+        """
+        per_bh = to_numpy(self.row_pairs()).reshape(*self.batch_heads, -1).sum(-1)
+        if batch is not None:
+            per_bh = per_bh[self.batch_index(batch)]
+        if num_heads is not None:
+            h = self.batch_heads[1]
+            if h not in (1, num_heads) and num_heads % h:
+                raise ValueError(f"num_heads={num_heads} does not broadcast from {h} mask heads")
+            idx = (np.zeros(num_heads, dtype=np.int64) if h == 1 else
+                   np.arange(num_heads) // (num_heads // h))
+            per_bh = per_bh[:, idx]
+        return per_bh
+
+    def __repr__(self) -> str:
+        bs = self.uniform_block_size()
+        geo = (f"block_size={bs[0] if bs[0] == bs[1] else bs}" if bs else
+               f"variable blocks q {int(np.diff(self.q_bounds).min())}.."
+               f"{int(np.diff(self.q_bounds).max())}, kv {int(np.diff(self.kv_bounds).min())}.."
+               f"{int(np.diff(self.kv_bounds).max())}")
+        where = "device" if self.on_device else "host"
+        return (f"BlockMask(batch_heads={self.batch_heads}, blocks={self.num_q_blocks}x"
+                f"{self.num_kv_blocks}, seq_len=({self.seq_len_q}, {self.seq_len_kv}), {geo}, "
+                f"nnz={self.nnz}, density={self.density:.3f}, {where})")

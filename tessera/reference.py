@@ -1,0 +1,79 @@
+"""The truth: float64 attention on the host, exactly on the logical mask.
+
+Slow on purpose and simple on purpose. Every kernel, plan and emulator is checked against it.
+It works one query block row at a time, so memory stays bounded by (block rows x selected keys)
+even at 100k tokens: never a dense L x L matrix.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ._array import as_array, to_numpy
+from .mask import BlockMask
+
+__all__ = ["attention", "split_layout"]
+
+
+def split_layout(x: Any, layout: str, name: str) -> np.ndarray:
+    """Return ``x`` as a ``[B, H, L, D]`` view (no copy) given its ``layout`` ("bhld" or "blhd")."""
+    if layout not in ("bhld", "blhd"):
+        raise ValueError(f"layout must be 'bhld' or 'blhd', got {layout!r}")
+    if x.ndim != 4:
+        raise ValueError(f"{name} must be 4-D ({layout}), got shape {tuple(x.shape)}")
+    return x if layout == "bhld" else x.transpose(0, 2, 1, 3)
+
+
+def attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *, scale: float | None = None,
+              return_lse: bool = False, layout: str = "bhld"):
+    """Block-sparse attention in float64 on the host.
+
+    ``q`` is ``[B, Hq, Lq, D]`` (or ``[B, Lq, Hq, D]`` with ``layout="blhd"``), ``k``/``v`` the
+    same with ``Hkv`` heads and ``Lkv`` tokens; Hq must be a multiple of Hkv (GQA/MQA). Returns the
+    output in ``layout`` as float64 numpy, and with ``return_lse`` also the natural-log
+    log-sum-exp ``[B, Hq, Lq]`` of the scaled scores (``-inf`` for rows that select nothing).
+    """
+    q4 = split_layout(to_numpy(as_array(q, "q")), layout, "q").astype(np.float64)
+    k4 = split_layout(to_numpy(as_array(k, "k")), layout, "k").astype(np.float64)
+    v4 = split_layout(to_numpy(as_array(v, "v")), layout, "v").astype(np.float64)
+    b, hq, lq, d = q4.shape
+    if k4.shape[0] != b or v4.shape[:3] != k4.shape[:3]:
+        raise ValueError(f"k {k4.shape} and v {v4.shape} must agree with q {q4.shape}")
+    hkv, lkv = k4.shape[1], k4.shape[2]
+    if k4.shape[3] != d:
+        raise ValueError(f"k head dim {k4.shape[3]} != q head dim {d}")
+    dv = v4.shape[3]
+    if lq != block_mask.seq_len_q or lkv != block_mask.seq_len_kv:
+        raise ValueError(f"block_mask covers ({block_mask.seq_len_q}, {block_mask.seq_len_kv}) "
+                         f"tokens but q/k have ({lq}, {lkv})")
+    mask = block_mask.to_host()
+    head_of = mask.head_index(hq, hkv)
+    batch_of = mask.batch_index(b)
+    group = hq // hkv
+    scale = 1.0 / np.sqrt(d) if scale is None else float(scale)
+
+    out = np.zeros((b, hq, lq, dv), dtype=np.float64)
+    lse = np.full((b, hq, lq), -np.inf, dtype=np.float64)
+    qb, kb = mask.q_bounds, mask.kv_bounds
+    n_q = mask.num_q_blocks
+    _, h_mask = mask.batch_heads
+    for bi in range(b):
+        for h in range(hq):
+            base = (batch_of[bi] * h_mask + head_of[h]) * n_q
+            for i in range(n_q):
+                sel = mask.indices[mask.indptr[base + i]:mask.indptr[base + i + 1]]
+                if sel.size == 0:
+                    continue
+                keys = np.concatenate([np.arange(kb[j], kb[j + 1]) for j in sel])
+                rows = slice(qb[i], qb[i + 1])
+                s = q4[bi, h, rows] @ k4[bi, h // group, keys].T * scale
+                m = s.max(axis=1, keepdims=True)
+                p = np.exp(s - m)
+                denom = p.sum(axis=1, keepdims=True)
+                out[bi, h, rows] = (p @ v4[bi, h // group, keys]) / denom
+                lse[bi, h, rows] = (m + np.log(denom))[:, 0]
+    if layout == "blhd":
+        out = out.transpose(0, 2, 1, 3)
+    return (out, lse) if return_lse else out

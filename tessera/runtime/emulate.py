@@ -1,0 +1,126 @@
+"""The CPU emulator: executes a plan's task queue with the kernels' semantics, in float64.
+
+Each task is run the way a CTA runs it: physical rows (packed heads x tile tokens), spans walked
+block_n keys at a time with token-level edge masks and row restrictions, online softmax, then a
+direct write or a partial into a workspace slot merged by the combine step. Equal to
+``tessera.reference.attention`` means the runtime preserved the logical mask; the emulator also
+counts every unmasked pair it computes outside the logical mask (must be zero), so exactness
+never rests on luck.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .._array import as_array, to_numpy
+from ..reference import split_layout
+from .plan import Plan
+
+__all__ = ["EmulationResult", "run"]
+
+
+@dataclass
+class EmulationResult:
+    """Output (``layout`` of the plan), lse ``[B, Hq, Lq]`` and what the tasks computed."""
+
+    out: np.ndarray
+    lse: np.ndarray
+    pairs_unmasked: int  # pairs that entered the softmax
+    pairs_outside: int  # of those, pairs the logical mask does not select (must be 0)
+    pairs_masked: int  # pairs computed on real rows and masked off (edge keys, restrictions)
+
+
+def run(plan: Plan, q: Any, k: Any, v: Any, *, scale: float | None = None) -> EmulationResult:
+    """Execute ``plan`` on the CPU in float64; unwritten outputs stay NaN (poisoned)."""
+    q4 = split_layout(to_numpy(as_array(q, "q")), plan.layout, "q").astype(np.float64)
+    k4 = split_layout(to_numpy(as_array(k, "k")), plan.layout, "k").astype(np.float64)
+    v4 = split_layout(to_numpy(as_array(v, "v")), plan.layout, "v").astype(np.float64)
+    b_, hq, lq, d = q4.shape
+    if (b_, hq, d) != (plan.batch, plan.num_q_heads, plan.head_dim):
+        raise ValueError(f"q shape {q4.shape} does not match the plan")
+    scale = 1.0 / np.sqrt(d) if scale is None else float(scale)
+    group = plan.num_q_heads // plan.num_kv_heads
+    bm, bn = plan.regime.block_m, plan.regime.block_n
+    tr, hp = plan.queue.tile_rows, plan.queue.heads_per_task
+
+    mask = plan.mask.to_host()
+    dense = mask.to_dense()
+    head_of = mask.head_index(plan.num_q_heads, plan.num_kv_heads)
+    batch_of = mask.batch_index(plan.batch)
+    qblock = np.searchsorted(mask.q_bounds, np.arange(lq), side="right") - 1
+    kblock = np.searchsorted(mask.kv_bounds, np.arange(k4.shape[2]), side="right") - 1
+
+    out = np.full((b_, hq, lq, v4.shape[3]), np.nan)
+    lse = np.full((b_, hq, lq), np.nan)
+    tasks = to_numpy(plan.queue.tasks).astype(np.int64)
+    spans = to_numpy(plan.queue.spans).astype(np.int64)
+    part_out = np.full((plan.queue.num_slots, bm, v4.shape[3]), np.nan)
+    part_lse = np.full((plan.queue.num_slots, bm), np.nan)
+    n_unmasked = n_outside = n_masked = 0
+
+    rows = np.arange(bm)
+    for b, h0, qs, qe, sb, se, slot, _cost in tasks:
+        head = h0 + rows // tr
+        tok = qs + rows % tr
+        real = tok < qe
+        tok_c = np.minimum(tok, lq - 1)
+        kvh = h0 // group
+        qrows = np.where(real[:, None], q4[b, head, tok_c], 0.0)
+        m = np.full(bm, -np.inf)
+        l = np.zeros(bm)
+        acc = np.zeros((bm, v4.shape[3]))
+        for k0, k1, r0, r1 in spans[sb:se]:
+            row_ok = real & (tok >= r0) & (tok < r1)
+            for c0 in range(k0, k1, bn):
+                keys = c0 + np.arange(bn)
+                key_ok = keys < k1
+                keys_c = np.minimum(keys, k4.shape[2] - 1)
+                s = qrows @ k4[b, kvh, keys_c].T * scale
+                ok = row_ok[:, None] & key_ok[None, :]
+                s = np.where(ok, s, -np.inf)
+                sel = dense[batch_of[b], head_of[head][:, None], qblock[tok_c][:, None],
+                            kblock[keys_c][None, :]]
+                n_unmasked += int(ok.sum())
+                n_outside += int((ok & ~sel).sum())
+                n_masked += int((real[:, None] & ~ok).sum())
+                m_new = np.maximum(m, s.max(axis=1))
+                m_safe = np.where(np.isfinite(m_new), m_new, 0.0)
+                p = np.exp(s - m_safe[:, None])
+                alpha = np.where(np.isfinite(m), np.exp(m - m_safe), 0.0)
+                l = l * alpha + p.sum(axis=1)
+                acc = acc * alpha[:, None] + p @ v4[b, kvh, keys_c]
+                m = m_new
+        empty = l == 0
+        o = np.where(empty[:, None], 0.0, acc / np.where(empty, 1.0, l)[:, None])
+        row_lse = np.where(empty, -np.inf, m + np.log(np.where(empty, 1.0, l)))
+        if slot < 0:
+            out[b, head[real], tok[real]] = o[real]
+            lse[b, head[real], tok[real]] = row_lse[real]
+        else:
+            part_out[slot] = o
+            part_lse[slot] = row_lse
+
+    for b, h0, qs, qe, s0, parts in to_numpy(plan.queue.combine).astype(np.int64):
+        head = h0 + rows // tr
+        tok = qs + rows % tr
+        real = tok < qe
+        pl = part_lse[s0:s0 + parts]  # [parts, bm]
+        mx = pl.max(axis=0)
+        mx_safe = np.where(np.isfinite(mx), mx, 0.0)
+        w = np.where(np.isfinite(pl), np.exp(pl - mx_safe), 0.0)
+        wsum = w.sum(axis=0)
+        o = np.einsum("pr,prd->rd", w, np.nan_to_num(part_out[s0:s0 + parts]))
+        empty = wsum == 0
+        o = np.where(empty[:, None], 0.0, o / np.where(empty, 1.0, wsum)[:, None])
+        row_lse = np.where(empty, -np.inf, mx_safe + np.log(np.where(empty, 1.0, wsum)))
+        out[b, head[real], tok[real]] = o[real]
+        lse[b, head[real], tok[real]] = row_lse[real]
+
+    del hp
+    if plan.layout == "blhd":
+        out = out.transpose(0, 2, 1, 3)
+    return EmulationResult(out=out, lse=lse, pairs_unmasked=n_unmasked, pairs_outside=n_outside,
+                           pairs_masked=n_masked)

@@ -1,0 +1,180 @@
+"""Plans: a logical mask mapped, organized and ready to run, with the workspace it needs.
+
+``plan()`` is the whole host/device planning path: physical mapping, then task organization.
+It is array-module agnostic: a CuPy mask is planned on the device with no copy of the mask to the
+host (only a few scalars, the sizes of the arrays it makes, come back).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..mask import BlockMask
+from .mapping import PhysicalTiles, map_to_tiles
+from .regime import ROW_GROUP, Regime, default_regime
+from .tasks import TaskQueue, build_task_queue
+
+__all__ = ["Plan", "PlanStats", "plan", "SUPPORTED_DTYPES"]
+
+SUPPORTED_DTYPES = ("bfloat16", "float16")
+
+
+def _dtype_name(dtype: Any) -> str:
+    name = getattr(dtype, "name", None) or str(dtype)
+    name = name.replace("torch.", "").replace("jnp.", "")
+    aliases = {"bf16": "bfloat16", "fp16": "float16", "half": "float16"}
+    return aliases.get(name, name)
+
+
+@dataclass
+class PlanStats:
+    """What a plan will do: useful vs computed work, and how it is spread over tasks."""
+
+    useful_pairs: int
+    computed_pairs: int
+    wasted_ratio: float
+    num_tiles: int
+    num_groups: int
+    num_merged: int
+    num_tasks: int
+    num_split_jobs: int
+    num_spans: int
+    max_task_chunks: int
+    mean_task_chunks: float
+
+    def __str__(self) -> str:
+        return (f"useful {self.useful_pairs:,} pairs, computed {self.computed_pairs:,} "
+                f"(x{self.wasted_ratio:.3f}); {self.num_tiles} tiles from {self.num_groups} "
+                f"groups ({self.num_merged} restricted merges); {self.num_tasks} tasks, "
+                f"{self.num_split_jobs} split, {self.num_spans} spans; task chunks max "
+                f"{self.max_task_chunks}, mean {self.mean_task_chunks:.1f}")
+
+
+@dataclass
+class Plan:
+    """A mask planned for one attention shape; ``run`` executes it (GPU), ``emulate.run`` on CPU."""
+
+    mask: BlockMask
+    regime: Regime
+    batch: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    head_dim_v: int
+    dtype: str
+    layout: str
+    tiles: PhysicalTiles
+    queue: TaskQueue
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def heads_per_task(self) -> int:
+        return self.queue.heads_per_task
+
+    @property
+    def workspace_elements(self) -> tuple[int, int]:
+        """Elements of fp32 partial output and of fp32 partial lse the split-KV step needs."""
+        slots = self.queue.num_slots
+        return slots * self.regime.block_m * self.head_dim_v, slots * self.regime.block_m
+
+    def computed_pairs(self) -> int:
+        """(query, key) pairs the kernels evaluate: per span chunk, block_n keys for every row
+        group (ROW_GROUP rows, one warp's share) holding at least one row the span applies to."""
+        tasks = np.asarray(_host(self.queue.tasks), dtype=np.int64)
+        spans = np.asarray(_host(self.queue.spans), dtype=np.int64)
+        if tasks.size == 0:
+            return 0
+        n_sp = tasks[:, 5] - tasks[:, 4]
+        t_of = np.repeat(np.arange(tasks.shape[0]), n_sp)
+        s_idx = np.concatenate([np.arange(a, b) for a, b in tasks[:, 4:6]]) if n_sp.sum() else \
+            np.zeros(0, np.int64)
+        q0, q1 = tasks[t_of, 2], tasks[t_of, 3]
+        k0, k1, r0, r1 = spans[s_idx].T
+        lo = np.maximum(q0, r0) - q0
+        hi = np.minimum(q1, r1) - q0
+        groups = np.where(hi > lo, (hi + ROW_GROUP - 1) // ROW_GROUP - lo // ROW_GROUP, 0)
+        bn = self.regime.block_n
+        chunks = (k1 - k0 + bn - 1) // bn
+        return int((groups * self.heads_per_task * ROW_GROUP * bn * chunks).sum())
+
+    def stats(self) -> PlanStats:
+        """Useful and computed pairs, waste, task counts and balance (computed on the host)."""
+        useful = int(self.mask.selected_pairs(self.batch, self.num_q_heads).sum())
+        computed = self.computed_pairs()
+        cost = np.asarray(_host(self.queue.tasks[:, 7])) if self.queue.num_tasks else np.zeros(1)
+        return PlanStats(
+            useful_pairs=useful, computed_pairs=computed,
+            wasted_ratio=computed / useful if useful else float("nan"),
+            num_tiles=self.tiles.num_tiles, num_groups=self.tiles.num_groups,
+            num_merged=self.tiles.num_merged, num_tasks=self.queue.num_tasks,
+            num_split_jobs=int(self.queue.combine.shape[0]),
+            num_spans=int(self.queue.spans.shape[0]), max_task_chunks=int(cost.max()),
+            mean_task_chunks=float(cost.mean()))
+
+    def run(self, q: Any, k: Any, v: Any, *, scale: float | None = None,
+            return_lse: bool = False, out: Any = None):
+        """Execute on the GPU (see tessera.api); needs CuPy and a CUDA device."""
+        from ..api import run_plan  # noqa: PLC0415 - the GPU path is optional
+
+        return run_plan(self, q, k, v, scale=scale, return_lse=return_lse, out=out)
+
+
+def _host(a: Any) -> np.ndarray:
+    from .._array import to_numpy  # noqa: PLC0415
+
+    return to_numpy(a)
+
+
+def heads_per_task(regime: Regime, mask_heads: int, num_q_heads: int, num_kv_heads: int) -> int:
+    """GQA packing factor: all query heads of a kv head in one task when they share a mask head
+    and each still gets a whole number of row groups."""
+    group = num_q_heads // num_kv_heads
+    if (not regime.pack_gqa or group == 1 or mask_heads not in (1, num_kv_heads)
+            or regime.block_m % group or (regime.block_m // group) % ROW_GROUP):
+        return 1
+    return group
+
+
+def plan(block_mask: BlockMask, *, num_q_heads: int, num_kv_heads: int | None = None,
+         head_dim: int, head_dim_v: int | None = None, batch: int | None = None,
+         dtype: Any = "bfloat16", layout: str = "bhld", regime: Regime | None = None,
+         arch: int | None = None) -> Plan:
+    """Plan ``block_mask`` for attention with these heads, head dim and dtype.
+
+    ``batch`` defaults to the mask's stored batch; ``regime`` to the architecture's default.
+    The plan's arrays live where the mask lives (numpy or CuPy).
+    """
+    if not isinstance(block_mask, BlockMask):
+        raise TypeError(f"block_mask must be a tessera.BlockMask, got {type(block_mask).__name__}")
+    num_kv_heads = num_q_heads if num_kv_heads is None else num_kv_heads
+    for name, val in (("num_q_heads", num_q_heads), ("num_kv_heads", num_kv_heads),
+                      ("head_dim", head_dim)):
+        if not isinstance(val, (int, np.integer)) or val <= 0:
+            raise ValueError(f"{name} must be a positive int, got {val!r}")
+    head_dim_v = head_dim if head_dim_v is None else head_dim_v
+    if layout not in ("bhld", "blhd"):
+        raise ValueError(f"layout must be 'bhld' or 'blhd', got {layout!r}")
+    dtype = _dtype_name(dtype)
+    if dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"dtype must be one of {SUPPORTED_DTYPES}, got {dtype!r}")
+    batch = block_mask.batch_heads[0] if batch is None else batch
+    head_of = block_mask.head_index(num_q_heads, num_kv_heads)
+    batch_of = block_mask.batch_index(batch)
+    regime = default_regime(arch, head_dim) if regime is None else regime
+    if not isinstance(regime, Regime):
+        raise TypeError(f"regime must be a tessera Regime, got {type(regime).__name__}")
+
+    hp = heads_per_task(regime, block_mask.batch_heads[1], num_q_heads, num_kv_heads)
+    tile_rows = regime.block_m // hp
+    tiles = map_to_tiles(block_mask, tile_rows, regime.block_n, regime.combine_threshold)
+    queue = build_task_queue(tiles, batch=batch, num_q_heads=num_q_heads,
+                             num_kv_heads=num_kv_heads, heads_per_task=hp, batch_of=batch_of,
+                             head_of=head_of, mask_batch_heads=block_mask.batch_heads,
+                             split_ratio=regime.split_ratio,
+                             min_split_chunks=regime.min_split_chunks)
+    return Plan(mask=block_mask, regime=regime, batch=batch, num_q_heads=num_q_heads,
+                num_kv_heads=num_kv_heads, head_dim=head_dim, head_dim_v=head_dim_v,
+                dtype=dtype, layout=layout, tiles=tiles, queue=queue)

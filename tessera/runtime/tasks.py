@@ -1,0 +1,216 @@
+"""Task organization: physical tiles -> the task queue every kernel family reads.
+
+THE TASK-QUEUE LAYOUT (the one contract between this runtime and the CUDA kernels; the kernels'
+``common.cuh`` mirrors it, and ``emulate.py`` executes it on the CPU):
+
+``tasks``: int32 ``[num_tasks, 8]``, one row per CTA, in launch order (longest first)::
+
+    0 batch        batch index b of q/k/v/out
+    1 q_head0      first query head of the task; the task covers heads q_head0 .. q_head0+hp-1
+                   (hp = ``heads_per_task``, GQA packing), all reading kv head q_head0 // group
+    2 q_start      first query token of the tile
+    3 q_end        one past its last query token (q_end - q_start <= tile_rows = block_m / hp)
+    4 span_begin   range [span_begin, span_end) of rows of ``spans``
+    5 span_end
+    6 slot         -1: write out (and lse) directly; >= 0: write the normalised partial output
+                   (fp32) and its lse to workspace slot ``slot`` for the combine step
+    7 cost         key chunks of this task (block_n keys each); informative only
+
+Physical row ``r`` of a task (0 <= r < block_m) is query head ``q_head0 + r // tile_rows`` and
+token ``q_start + r % tile_rows``; it is real when that token is < q_end.
+
+``spans``: int32 ``[num_spans, 4]``: ``k_start, k_end, r_start, r_end``. Keys [k_start, k_end)
+are consumed block_n at a time from k_start (the last chunk masked at token level); the span
+applies to query tokens [r_start, r_end) only (rows outside are masked for this span).
+
+``combine``: int32 ``[num_combine, 6]``: ``batch, q_head0, q_start, q_end, slot_begin, parts``:
+rows of one split tile whose ``parts`` partials sit in slots slot_begin .. slot_begin+parts-1.
+Partial slots hold ``block_m`` rows of out (fp32, ``[slot, block_m, Dv]``) and lse (fp32,
+``[slot, block_m]``, natural log; -inf where the part saw no key for that row).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .._array import offsets_from_counts, segment_ids
+from .mapping import PhysicalTiles
+
+__all__ = ["TaskQueue", "build_task_queue", "TASK_FIELDS", "SPAN_FIELDS", "COMBINE_FIELDS"]
+
+TASK_FIELDS = ("batch", "q_head0", "q_start", "q_end", "span_begin", "span_end", "slot", "cost")
+SPAN_FIELDS = ("k_start", "k_end", "r_start", "r_end")
+COMBINE_FIELDS = ("batch", "q_head0", "q_start", "q_end", "slot_begin", "parts")
+
+
+@dataclass
+class TaskQueue:
+    """Flat int32 arrays a kernel reads directly (see the module docstring for the layout)."""
+
+    tasks: Any
+    spans: Any
+    combine: Any
+    num_slots: int
+    heads_per_task: int
+    tile_rows: int
+
+    @property
+    def num_tasks(self) -> int:
+        return int(self.tasks.shape[0])
+
+
+def head_assignments(batch: int, num_q_heads: int, num_kv_heads: int, heads_per_task: int,
+                     batch_of: np.ndarray, head_of: np.ndarray, mask_heads: int
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every (batch, first query head) a task is made for, and the stored mask (b, h) it reads.
+
+    Returned sorted by mask (b, h), with CSR offsets over mask (b, h), so tiles of one mask head
+    expand to all the (batch, head) pairs that read it.
+    """
+    b = np.repeat(np.arange(batch), num_q_heads // heads_per_task)
+    h0 = np.tile(np.arange(0, num_q_heads, heads_per_task), batch)
+    bh = batch_of[b] * mask_heads + head_of[h0]
+    order = np.argsort(bh, kind="stable")
+    return b[order], h0[order], bh[order]
+
+
+def build_task_queue(tiles: PhysicalTiles, *, batch: int, num_q_heads: int, num_kv_heads: int,
+                     heads_per_task: int, batch_of: np.ndarray, head_of: np.ndarray,
+                     mask_batch_heads: tuple[int, int], split_ratio: float,
+                     min_split_chunks: int) -> TaskQueue:
+    """Expand tiles over the (batch, head) pairs that read them, split heavy tiles, order by cost.
+
+    A tile whose key chunks exceed both ``split_ratio`` x the mean task and ``min_split_chunks``
+    is cut into near-equal parts (spans are cut at chunk boundaries); each part writes a partial
+    that the combine step merges by log-sum-exp, in part order, so results are deterministic.
+    """
+    xp = _xp_of(tiles.q0)
+    a_b, a_h0, a_bh = head_assignments(batch, num_q_heads, num_kv_heads, heads_per_task,
+                                       batch_of, head_of, mask_batch_heads[1])
+    n_bh = mask_batch_heads[0] * mask_batch_heads[1]
+    per_bh = np.bincount(a_bh, minlength=n_bh)
+    bh_off = np.concatenate([[0], np.cumsum(per_bh)])
+    a_b, a_h0 = xp.asarray(a_b), xp.asarray(a_h0)
+
+    # Split policy, decided per tile (every expansion of a tile splits the same way).
+    chunks = tiles.chunks.astype(np.int64)
+    expansions = xp.asarray(per_bh)[tiles.mask_bh]
+    total_tasks = int(expansions.sum())
+    mean = float((chunks * expansions).sum()) / max(total_tasks, 1)
+    limit = max(int(min_split_chunks), int(np.ceil(split_ratio * mean)))
+    parts = xp.maximum((chunks + limit - 1) // limit, 1)
+    split = parts > 1
+
+    # New span list: spans of unsplit tiles as they are; spans of split tiles cut into parts.
+    spans_k0, spans_k1, spans_r0, spans_r1, part_begin, part_end, part_cost, part_tile = \
+        _cut_parts(tiles, parts, xp)
+
+    # Expand parts over (batch, head) assignments: part-major, then assignment.
+    p_exp = expansions[part_tile]
+    p_off = offsets_from_counts(p_exp, xp)
+    n_tasks = int(p_off[-1])
+    t_part = segment_ids(p_off, n_tasks, xp)
+    t_tile = part_tile[t_part]
+    t_assign = xp.asarray(bh_off)[tiles.mask_bh[t_tile]] + (xp.arange(n_tasks) - p_off[t_part])
+    t_b = a_b[t_assign]
+    t_h0 = a_h0[t_assign]
+
+    # Slots: each (split tile, assignment) is one combine job owning `parts` consecutive slots,
+    # one per part in part order.
+    t_local = t_assign - xp.asarray(bh_off)[tiles.mask_bh[t_tile]]
+    j_counts = xp.where(split, expansions, 0)
+    j_off = offsets_from_counts(j_counts, xp)
+    n_jobs = int(j_off[-1])
+    j_tile = segment_ids(j_off, n_jobs, xp)
+    job_parts = parts[j_tile]
+    job_slot_off = offsets_from_counts(job_parts, xp)
+    num_slots = int(job_slot_off[-1])
+    t_split = split[t_tile]
+    t_job = xp.where(t_split, j_off[t_tile] + t_local, 0)
+    t_part_idx = t_part - offsets_from_counts(parts, xp)[t_tile]
+    if n_jobs:
+        t_slot = xp.where(t_split, job_slot_off[t_job] + t_part_idx, -1)
+    else:
+        t_slot = xp.full(n_tasks, -1, dtype=np.int64)
+
+    i32 = np.int32
+    tasks = xp.stack([t_b, t_h0, tiles.q0[t_tile], tiles.q1[t_tile], part_begin[t_part],
+                      part_end[t_part], t_slot, part_cost[t_part]], axis=1).astype(i32)
+    # Longest first: the hardware dispatches CTAs roughly in index order, so heavy tasks start
+    # early and light ones fill the tail.
+    order = xp.argsort(-tasks[:, 7], kind="stable")
+    tasks = xp.ascontiguousarray(tasks[order])
+
+    if n_jobs:
+        j_assign = xp.asarray(bh_off)[tiles.mask_bh[j_tile]] + (xp.arange(n_jobs) - j_off[j_tile])
+        combine = xp.stack([a_b[j_assign], a_h0[j_assign], tiles.q0[j_tile], tiles.q1[j_tile],
+                            job_slot_off[:-1], job_parts], axis=1).astype(i32)
+    else:
+        combine = xp.zeros((0, 6), dtype=i32)
+    spans = xp.ascontiguousarray(xp.stack([spans_k0, spans_k1, spans_r0, spans_r1],
+                                          axis=1).astype(i32))
+    return TaskQueue(tasks=tasks, spans=spans, combine=xp.ascontiguousarray(combine),
+                     num_slots=num_slots, heads_per_task=heads_per_task,
+                     tile_rows=tiles.tile_rows)
+
+
+def _cut_parts(tiles: PhysicalTiles, parts: Any, xp):
+    """Cut the span lists of split tiles into ``parts`` near-equal pieces by key chunks.
+
+    Returns the new span arrays and, per part (tile-major), its span range, cost and tile.
+    Unsplit tiles keep one part whose spans are the tile's own (copied, so every part owns a
+    contiguous range of the new span list).
+    """
+    bn = tiles.block_n
+    n_tiles = tiles.num_tiles
+    # Spans of each tile, gathered tile by tile (tiles of one group repeat its spans).
+    t_ns = (tiles.span_end - tiles.span_begin).astype(np.int64)
+    ts_off = offsets_from_counts(t_ns, xp)
+    n_ts = int(ts_off[-1])
+    ts_tile = segment_ids(ts_off, n_ts, xp)
+    ts_src = tiles.span_begin[ts_tile].astype(np.int64) + (xp.arange(n_ts) - ts_off[ts_tile])
+    k0 = tiles.k0[ts_src].astype(np.int64)
+    k1 = tiles.k1[ts_src].astype(np.int64)
+    c = (k1 - k0 + bn - 1) // bn
+    c_off = offsets_from_counts(c, xp)
+    # Chunk range of each span within its tile.
+    cs = c_off[:-1] - c_off[ts_off[:-1]][ts_tile] if n_ts else c_off[:-1]
+    ce = cs + c
+    tile_chunks = tiles.chunks.astype(np.int64)
+    step = (tile_chunks + parts - 1) // parts  # chunks per part (last part may be shorter)
+    st = step[ts_tile]
+    p_first = cs // st
+    p_last = xp.maximum(ce - 1, cs) // st
+    pieces = xp.where(c > 0, p_last - p_first + 1, 1)
+    pc_off = offsets_from_counts(pieces, xp)
+    n_pc = int(pc_off[-1])
+    pc_span = segment_ids(pc_off, n_pc, xp)
+    pc_part = p_first[pc_span] + (xp.arange(n_pc) - pc_off[pc_span])
+    pc_cs = xp.maximum(cs[pc_span], pc_part * st[pc_span])
+    pc_ce = xp.minimum(ce[pc_span], (pc_part + 1) * st[pc_span])
+    base = k0[pc_span] - cs[pc_span] * bn
+    new_k0 = base + pc_cs * bn
+    new_k1 = xp.minimum(k1[pc_span], base + pc_ce * bn)
+    new_r0 = tiles.r0[ts_src][pc_span]
+    new_r1 = tiles.r1[ts_src][pc_span]
+    # Parts: tile-major; each piece belongs to part (tile, pc_part).
+    part_off = offsets_from_counts(parts, xp)
+    n_parts = int(part_off[-1])
+    part_tile = segment_ids(part_off, n_parts, xp)
+    piece_part = part_off[:-1][ts_tile[pc_span]] + pc_part
+    per_part = xp.bincount(piece_part, minlength=n_parts) if n_pc else xp.zeros(n_parts, np.int64)
+    pp_off = offsets_from_counts(per_part, xp)
+    part_cost = xp.bincount(piece_part, weights=(pc_ce - pc_cs), minlength=n_parts) \
+        if n_pc else xp.zeros(n_parts)
+    del n_tiles
+    return (new_k0, new_k1, new_r0, new_r1, pp_off[:-1], pp_off[1:],
+            part_cost.astype(np.int64), part_tile)
+
+
+def _xp_of(a: Any):
+    from .._array import array_module  # noqa: PLC0415
+
+    return array_module(a)
