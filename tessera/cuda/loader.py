@@ -1,0 +1,217 @@
+"""Kernel loader: compiles the ``.cu`` sources with NVRTC per architecture and loads them as CuPy
+``RawModule``s.
+
+A kernel *variant* is a source plus macro values (tile shape, head dim, dtype, ...). It compiles
+once per process and architecture (and once per machine: cubins are cached on disk, keyed by the
+source text, options and NVRTC version), never on the request path after the first call.
+Compilation needs only NVRTC (the CuPy CUDA extras ship it); the sources include no toolkit
+headers. Every build reads ptxas' resource report and refuses register spills, so a variant that
+would spill fails at build time (in CI, for every target) instead of running slowly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .._array import cupy_or_none
+
+__all__ = ["Variant", "CompileResult", "BuildError", "CI_TARGETS", "compile_variant",
+           "target_for", "load_kernel", "smem_bytes", "nvrtc_version", "cache_dir"]
+
+SOURCE_DIR = Path(__file__).resolve().parent
+HEADERS = ("common.cuh",)
+# Targets CI compiles every variant for (no GPU needed): Ampere, Ada, Hopper, Blackwell.
+CI_TARGETS = ("sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a")
+
+
+class BuildError(RuntimeError):
+    """A kernel failed to compile, spilled registers, or no compiler could be found."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One compiled configuration of a kernel source.
+
+    ``kernel`` names the entry point; ``source`` the ``.cu`` file; ``macros`` the variant values
+    (passed as ``-DTESSERA_<NAME>=<value>``).
+    """
+
+    source: str
+    kernel: str
+    macros: tuple[tuple[str, int], ...] = field(default_factory=tuple)
+
+    @classmethod
+    def bsa_sm80(cls, *, block_m: int, block_n: int, head_dim: int, num_warps: int, stages: int,
+                 bf16: bool, min_blocks: int = 1) -> "Variant":
+        return cls("bsa_sm80.cu", "bsa_fwd_sm80", (
+            ("BM", block_m), ("BN", block_n), ("D", head_dim), ("WARPS", num_warps),
+            ("STAGES", stages), ("MIN_BLOCKS", min_blocks), ("BF16", int(bf16))))
+
+    @classmethod
+    def combine(cls, *, bf16: bool) -> "Variant":
+        return cls("combine.cu", "bsa_combine", (("BF16", int(bf16)),))
+
+    def macro(self, name: str) -> int:
+        return dict(self.macros)[name]
+
+    @property
+    def label(self) -> str:
+        return self.kernel + "".join(f"_{k.lower()}{v}" for k, v in self.macros)
+
+
+def smem_bytes(v: Variant) -> int:
+    """Dynamic shared memory of a bsa_sm80 variant (mirrors the formula in bsa_sm80.cu)."""
+    if v.source != "bsa_sm80.cu":
+        return 0
+    lds = v.macro("D") + 8
+    stage = 2 * v.macro("BN") * lds
+    return 2 * (stage + max((v.macro("STAGES") - 1) * stage, v.macro("BM") * lds))
+
+
+@dataclass
+class CompileResult:
+    """A cubin and what ptxas said about it."""
+
+    variant: Variant
+    target: str
+    cubin: bytes
+    log: str
+    registers: int
+    spill_bytes: int
+    stack_bytes: int
+
+
+def target_for(cc: int) -> str:
+    """The NVRTC ``-arch`` for compute capability ``cc`` (e.g. 90 -> sm_90a, 86 -> sm_86)."""
+    return {90: "sm_90a", 100: "sm_100a", 101: "sm_101a", 120: "sm_120a"}.get(cc, f"sm_{cc}")
+
+
+def _nvrtc():
+    try:
+        from cupy_backends.cuda.libs import nvrtc  # noqa: PLC0415
+
+        nvrtc.getVersion()
+        return nvrtc
+    except Exception as exc:
+        raise BuildError("NVRTC is not available: install Tessera with the CUDA extras "
+                         "(pip install 'tessera[cuda13]' or 'tessera[cuda12]')") from exc
+
+
+def nvrtc_version() -> tuple[int, int] | None:
+    """NVRTC's (major, minor), or None when it cannot be loaded."""
+    try:
+        return tuple(_nvrtc().getVersion())  # type: ignore[return-value]
+    except BuildError:
+        return None
+
+
+def cache_dir() -> Path:
+    """Where cubins are cached: ``$TESSERA_CACHE_DIR`` or ``~/.cache/tessera``."""
+    return Path(os.environ.get("TESSERA_CACHE_DIR", Path.home() / ".cache" / "tessera"))
+
+
+def _read_source(name: str) -> str:
+    path = SOURCE_DIR / name
+    if not path.is_file():
+        raise BuildError(f"kernel source {name} not found in {SOURCE_DIR}")
+    return path.read_text()
+
+
+_RES = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_REGS = re.compile(r"Used (\d+) registers")
+
+
+def compile_variant(variant: Variant, target: str, *, allow_spills: bool = False,
+                    use_cache: bool = True) -> CompileResult:
+    """Compile ``variant`` for ``target`` (e.g. "sm_90a") to a cubin; raise BuildError on a
+    compile error or, unless ``allow_spills``, on any register spill."""
+    nvrtc = _nvrtc()
+    src = _read_source(variant.source)
+    headers = [_read_source(h) for h in HEADERS]
+    options = [f"-arch={target}", "-std=c++17", "-Xptxas=-v", "-lineinfo"]
+    options += [f"-DTESSERA_{k}={v}" for k, v in variant.macros]
+    key = hashlib.sha256("\0".join([src, *headers, *options, str(nvrtc.getVersion())])
+                         .encode()).hexdigest()[:24]
+    cubin_path = cache_dir() / f"{variant.label}_{target}_{key}.cubin"
+    log_path = cubin_path.with_suffix(".log")
+    if use_cache and cubin_path.is_file() and log_path.is_file():
+        cubin, log = cubin_path.read_bytes(), log_path.read_text()
+    else:
+        prog = nvrtc.createProgram(src, variant.source, [h.encode() for h in headers],
+                                   [h.encode() for h in HEADERS])
+        try:
+            try:
+                nvrtc.compileProgram(prog, options)
+            except Exception as exc:
+                raise BuildError(f"{variant.label} for {target} failed to compile:\n"
+                                 f"{nvrtc.getProgramLog(prog)}") from exc
+            log = nvrtc.getProgramLog(prog).rstrip("\0")
+            cubin = nvrtc.getCUBIN(prog)
+        finally:
+            nvrtc.destroyProgram(prog)
+        if use_cache:
+            try:
+                cubin_path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = cubin_path.with_suffix(f".tmp{os.getpid()}")
+                tmp.write_bytes(cubin)
+                tmp.replace(cubin_path)
+                log_path.write_text(log)
+            except OSError:
+                pass  # a read-only home is fine: the process keeps its own copy
+    res = _RES.search(log)
+    regs = _REGS.search(log)
+    if res is None or regs is None:
+        raise BuildError(f"could not read ptxas' resource report for {variant.label}:\n{log}")
+    stack, spill_st, spill_ld = (int(x) for x in res.groups())
+    result = CompileResult(variant, target, cubin, log, int(regs.group(1)), spill_st + spill_ld,
+                           stack)
+    if not allow_spills and result.spill_bytes:
+        raise BuildError(f"{variant.label} spills registers on {target} "
+                         f"({spill_st} B stores, {spill_ld} B loads):\n{log}")
+    if "C7508" in log or "setmaxnreg ignored" in log:
+        raise BuildError(f"{variant.label} on {target}: ptxas ignored setmaxnreg:\n{log}")
+    return result
+
+
+_loaded: dict[tuple[Variant, int], Any] = {}
+
+
+def device_cc() -> int:
+    """Compute capability of the current CUDA device as an int (e.g. 90)."""
+    cp = cupy_or_none()
+    if cp is None:
+        raise BuildError("CuPy is not installed: install Tessera with the CUDA extras")
+    return int(cp.cuda.Device().compute_capability)
+
+
+def load_kernel(variant: Variant) -> Any:
+    """The CuPy kernel function of ``variant`` for the current device, compiled at most once per
+    process, with its dynamic shared-memory limit raised to what it needs."""
+    cc = device_cc()
+    key = (variant, cc)
+    fn = _loaded.get(key)
+    if fn is None:
+        cp = cupy_or_none()
+        result = compile_variant(variant, target_for(cc))
+        path = cache_dir() / f"{variant.label}_{result.target}_loaded.cubin"
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(result.cubin)
+            module = cp.RawModule(path=str(path))
+        except OSError:
+            import tempfile  # noqa: PLC0415
+
+            with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+                f.write(result.cubin)
+            module = cp.RawModule(path=f.name)
+        fn = module.get_function(variant.kernel)
+        smem = smem_bytes(variant)
+        if smem > 48 * 1024:
+            fn.max_dynamic_shared_size_bytes = smem
+        _loaded[key] = fn
+    return fn
