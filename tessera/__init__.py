@@ -5,8 +5,11 @@ physical tiles, organizes them into tasks and runs a kernel chosen for the GPU. 
 needs only numpy and scipy; CuPy is needed to run on a GPU.
 """
 
+from .api import attention
 from .mask import BlockMask
+from .runtime.plan import Plan, plan
+from .runtime.regime import Regime
 
 __version__ = "0.1.0"
 
-__all__ = ["BlockMask", "__version__"]
+__all__ = ["BlockMask", "Plan", "Regime", "attention", "plan", "__version__"]

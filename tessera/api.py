@@ -1,0 +1,213 @@
+"""The front door: ``tessera.attention`` (plan and run, a new mask every call) and ``run_plan``
+(the GPU execution behind ``Plan.run``).
+
+Every check on the inputs happens here, before anything is launched, and raises a ValueError or
+TypeError that names the argument.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ._array import cupy_or_none
+from .interop import DeviceTensor, current_stream_ptr, empty_like_caller, from_any
+from .mask import BlockMask
+from .runtime.plan import SUPPORTED_DTYPES, Plan, plan
+
+__all__ = ["attention", "run_plan", "SUPPORTED_HEAD_DIMS"]
+
+SUPPORTED_HEAD_DIMS = (64, 96, 128)
+# Testing hook: fill every output with NaN before the kernels run, so a test can prove that each
+# element was written. Off in normal use (it costs a memset per call).
+poison_outputs = False
+_LOG2E = 1.4426950408889634
+
+
+@dataclass
+class _Operands:
+    q: DeviceTensor
+    k: DeviceTensor
+    v: DeviceTensor
+    shape_q: tuple[int, int, int, int]  # B, Hq, Lq, D (whatever the layout)
+    shape_kv: tuple[int, int, int, int]  # B, Hkv, Lkv, D
+    strides_q: tuple[int, int, int, int]  # element strides of b, h, l, d
+    strides_k: tuple[int, int, int, int]
+    strides_v: tuple[int, int, int, int]
+
+
+def _bhld(t: DeviceTensor, layout: str, name: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    if len(t.shape) != 4:
+        raise ValueError(f"{name} must be 4-D ({layout}), got shape {t.shape}")
+    if layout == "bhld":
+        return t.shape, t.strides
+    perm = (0, 2, 1, 3)
+    return tuple(t.shape[i] for i in perm), tuple(t.strides[i] for i in perm)
+
+
+def _describe(q: Any, k: Any, v: Any, layout: str) -> _Operands:
+    """Describe and validate q, k, v (device, dtype, shapes, strides) without touching data."""
+    if layout not in ("bhld", "blhd"):
+        raise ValueError(f"layout must be 'bhld' or 'blhd', got {layout!r}")
+    if cupy_or_none() is None:
+        raise RuntimeError("the GPU path needs CuPy: pip install 'tessera[cuda13]' (or cuda12)")
+    qd = from_any(q, "q")
+    stream = current_stream_ptr(qd.framework, qd.device_id)
+    kd = from_any(k, "k", stream)
+    vd = from_any(v, "v", stream)
+    for name, t in (("q", qd), ("k", kd), ("v", vd)):
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"{name} must be bfloat16 or float16, got {t.dtype}")
+        if t.device_id != qd.device_id:
+            raise ValueError(f"{name} is on device {t.device_id} but q is on {qd.device_id}")
+    if not qd.dtype == kd.dtype == vd.dtype:
+        raise TypeError(f"q, k, v must share a dtype, got {qd.dtype}, {kd.dtype}, {vd.dtype}")
+    sq, tq = _bhld(qd, layout, "q")
+    sk, tk = _bhld(kd, layout, "k")
+    sv, tv = _bhld(vd, layout, "v")
+    b, hq, lq, d = sq
+    if sk[0] != b or sv[0] != b:
+        raise ValueError(f"batch of k {sk[0]} / v {sv[0]} must equal batch of q {b}")
+    if sk[:3] != sv[:3]:
+        raise ValueError(f"k {sk} and v {sv} must agree in batch, heads and length")
+    if sk[3] != d or sv[3] != d:
+        raise ValueError(f"head dims must agree: q {d}, k {sk[3]}, v {sv[3]}")
+    if d not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"head dim {d} is not supported (supported: {SUPPORTED_HEAD_DIMS})")
+    if sk[1] == 0 or hq % sk[1]:
+        raise ValueError(f"q heads {hq} must be a multiple of k/v heads {sk[1]}")
+    for name, t, st in (("q", qd, tq), ("k", kd, tk), ("v", vd, tv)):
+        if st[3] != 1:
+            raise ValueError(f"{name} must be contiguous in the head dim (stride 1), got {st[3]}")
+        if any(s % 8 for s in st[:3]) or t.ptr % 16:
+            raise ValueError(f"{name} strides {st} (elements) and address must be 16-byte "
+                             "aligned (multiples of 8 elements)")
+        if min(st[:3]) < 0:
+            raise ValueError(f"{name} has negative strides {st}")
+    return _Operands(qd, kd, vd, sq, sk, tq, tk, tv)
+
+
+def attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *, scale: float | None = None,
+              return_lse: bool = False, layout: str = "bhld", regime: Any = None):
+    """Block-sparse attention of ``q`` over ``k``/``v`` exactly on ``block_mask``.
+
+    ``q`` is ``[B, Hq, Lq, D]`` (``layout="bhld"``) or ``[B, Lq, Hq, D]`` (``"blhd"``), k/v the
+    same with Hkv heads (Hq a multiple of Hkv) and Lkv tokens; CuPy arrays or any CUDA DLPack
+    tensor (PyTorch, JAX), bf16 or fp16, D in 64/96/128. Plans (on the device when the mask is
+    there) and runs in one call; returns the output in the caller's type and layout, plus the
+    natural-log LSE ``[B, Hq, Lq]`` (float32) with ``return_lse``.
+    """
+    if not isinstance(block_mask, BlockMask):
+        raise TypeError(f"block_mask must be a tessera.BlockMask, got {type(block_mask).__name__}")
+    ops = _describe(q, k, v, layout)
+    b, hq, lq, d = ops.shape_q
+    _, hkv, lkv, _ = ops.shape_kv
+    _check_mask(block_mask, b, hq, hkv, lq, lkv)
+    p = plan(block_mask, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, batch=b,
+             dtype=ops.q.dtype, layout=layout, regime=regime, arch=_device_cc())
+    return _launch(p, ops, scale, return_lse)
+
+
+def _device_cc() -> int:
+    from .cuda.loader import device_cc  # noqa: PLC0415
+
+    return device_cc()
+
+
+def _check_mask(mask: BlockMask, b: int, hq: int, hkv: int, lq: int, lkv: int) -> None:
+    if (mask.seq_len_q, mask.seq_len_kv) != (lq, lkv):
+        raise ValueError(f"block_mask covers ({mask.seq_len_q}, {mask.seq_len_kv}) tokens but "
+                         f"q/k have ({lq}, {lkv})")
+    mask.head_index(hq, hkv)  # raises ValueError when the mask's heads fit neither
+    mask.batch_index(b)
+
+
+def run_plan(p: Plan, q: Any, k: Any, v: Any, *, scale: float | None = None,
+             return_lse: bool = False, out: Any = None):
+    """Run a plan on the GPU (``Plan.run``); q/k/v must match the shapes it was planned for."""
+    if out is not None:
+        raise NotImplementedError("out= is not supported yet; the result is allocated")
+    ops = _describe(q, k, v, p.layout)
+    b, hq, lq, d = ops.shape_q
+    _, hkv, lkv, _ = ops.shape_kv
+    if (b, hq, hkv, d) != (p.batch, p.num_q_heads, p.num_kv_heads, p.head_dim):
+        raise ValueError(f"q/k shapes (B={b}, Hq={hq}, Hkv={hkv}, D={d}) differ from the plan's "
+                         f"(B={p.batch}, Hq={p.num_q_heads}, Hkv={p.num_kv_heads}, "
+                         f"D={p.head_dim})")
+    if ops.q.dtype != p.dtype:
+        raise TypeError(f"q dtype {ops.q.dtype} differs from the plan's {p.dtype}")
+    _check_mask(p.mask, b, hq, hkv, lq, lkv)
+    return _launch(p, ops, scale, return_lse)
+
+
+def _device_queue(p: Plan, cp) -> dict:
+    """The plan's queue and workspace on the device (copied/allocated once per plan)."""
+    c = p._cache
+    if "tasks" not in c:
+        c["tasks"] = cp.ascontiguousarray(cp.asarray(p.queue.tasks, dtype=cp.int32))
+        c["spans"] = cp.ascontiguousarray(cp.asarray(p.queue.spans, dtype=cp.int32))
+        c["combine"] = cp.ascontiguousarray(cp.asarray(p.queue.combine, dtype=cp.int32))
+        n_o, n_l = p.workspace_elements
+        c["part_o"] = cp.empty(max(n_o, 1), dtype=cp.float32)
+        c["part_lse"] = cp.empty(max(n_l, 1), dtype=cp.float32)
+    return c
+
+
+def _launch(p: Plan, ops: _Operands, scale: float | None, return_lse: bool):
+    from .cuda.loader import Variant, load_kernel, smem_bytes  # noqa: PLC0415
+
+    cp = cupy_or_none()
+    b, hq, lq, d = ops.shape_q
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    bf16 = ops.q.dtype == "bfloat16"
+    r = p.regime
+    with cp.cuda.Device(ops.q.device_id):
+        stream_ptr = current_stream_ptr(ops.q.framework, ops.q.device_id)
+        stream = cp.cuda.ExternalStream(stream_ptr, ops.q.device_id) if stream_ptr else \
+            cp.cuda.Stream.null
+        queue = _device_queue(p, cp)
+        out_shape = (b, hq, lq, d) if p.layout == "bhld" else (b, lq, hq, d)
+        out_desc, finish_out = empty_like_caller(ops.q, out_shape, ops.q.dtype)
+        o_str = out_desc.strides if p.layout == "bhld" else tuple(
+            out_desc.strides[i] for i in (0, 2, 1, 3))
+        lse_desc = finish_lse = None
+        if return_lse:
+            lse_desc, finish_lse = empty_like_caller(ops.q, (b, hq, lq), "float32")
+        lse_ptr = lse_desc.ptr if lse_desc else 0
+        if poison_outputs:
+            for desc in (out_desc, lse_desc):
+                if desc is not None:
+                    n = int(np.prod(desc.shape)) * desc.itemsize
+                    cp.cuda.runtime.memsetAsync(desc.ptr, 0xFF, n, stream.ptr)  # NaN in all types
+        lse_sb, lse_sh = (hq * lq, lq)
+
+        fwd = Variant.bsa_sm80(block_m=r.block_m, block_n=r.block_n, head_dim=d,
+                               num_warps=r.num_warps, stages=r.stages, bf16=bf16)
+        fn = load_kernel(fwd)
+        i64, i32, f32, ptr = np.int64, np.int32, np.float32, np.uint64
+        args = (queue["tasks"], queue["spans"],
+                ptr(ops.q.ptr), *map(i64, ops.strides_q[:3]),
+                ptr(ops.k.ptr), *map(i64, ops.strides_k[:3]),
+                ptr(ops.v.ptr), *map(i64, ops.strides_v[:3]),
+                ptr(out_desc.ptr), *map(i64, o_str[:3]),
+                ptr(lse_ptr), i64(lse_sb), i64(lse_sh),
+                queue["part_o"], queue["part_lse"],
+                i32(p.queue.tile_rows), i32(p.num_q_heads // p.num_kv_heads),
+                f32(scale * _LOG2E))
+        n_tasks = p.queue.num_tasks
+        if n_tasks:
+            fn((n_tasks,), (r.num_warps * 32,), args, shared_mem=smem_bytes(fwd), stream=stream)
+        n_jobs = int(p.queue.combine.shape[0])
+        if n_jobs:
+            comb = load_kernel(Variant.combine(bf16=bf16))
+            comb((n_jobs,), (256,), (queue["combine"], queue["part_o"], queue["part_lse"],
+                                     ptr(out_desc.ptr), *map(i64, o_str[:3]), ptr(lse_ptr),
+                                     i64(lse_sb), i64(lse_sh), i32(r.block_m), i32(d),
+                                     i32(p.queue.tile_rows)), stream=stream)
+        result = finish_out(stream)
+        if return_lse:
+            return result, finish_lse(stream)
+        return result

@@ -1,0 +1,229 @@
+"""Zero-copy interop: CuPy arrays and any DLPack tensor (PyTorch, JAX) in, the caller's type out.
+
+Kernels only need a pointer, a shape, element strides and a dtype, so inputs are described by a
+small :class:`DeviceTensor` read straight from the DLPack capsule (ctypes). That is also how
+bfloat16 passes through: CuPy has no bfloat16 dtype, DLPack does. Outputs are allocated in the
+caller's framework (``tensor.new_empty`` for PyTorch, a CuPy buffer exported through DLPack for
+JAX, CuPy otherwise) and kernels run on the caller's current stream.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ._array import cupy_or_none
+
+__all__ = ["DeviceTensor", "from_any", "empty_like_caller", "current_stream_ptr", "framework_of"]
+
+_KDL_CUDA, _KDL_CUDA_MANAGED = 2, 13
+_DL_CODES = {(2, 16): "float16", (4, 16): "bfloat16", (2, 32): "float32", (0, 32): "int32",
+             (2, 64): "float64", (1, 16): "uint16", (0, 64): "int64", (1, 8): "bool"}
+_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "int32": 4, "float64": 8, "uint16": 2,
+             "int64": 8, "bool": 1}
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class _DLManagedTensor(ctypes.Structure):
+    pass
+
+
+_DELETER = ctypes.CFUNCTYPE(None, ctypes.POINTER(_DLManagedTensor))
+_DLManagedTensor._fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p),
+                             ("deleter", _DELETER)]
+
+_capi = ctypes.pythonapi
+_capi.PyCapsule_GetPointer.restype = ctypes.c_void_p
+_capi.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_capi.PyCapsule_IsValid.restype = ctypes.c_int
+_capi.PyCapsule_IsValid.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_capi.PyCapsule_New.restype = ctypes.py_object
+_capi.PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+
+
+@dataclass
+class DeviceTensor:
+    """What a kernel needs of a device array: address, shape, element strides, dtype.
+
+    ``owner`` keeps the producer (and its DLPack capsule) alive while the pointer is in use.
+    """
+
+    ptr: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    dtype: str
+    device_id: int
+    framework: str
+    owner: Any
+
+    @property
+    def itemsize(self) -> int:
+        return _ITEMSIZE[self.dtype]
+
+
+def framework_of(x: Any) -> str:
+    """'cupy', 'torch', 'jax' or 'dlpack' (another producer), from the object's type."""
+    mod = type(x).__module__.split(".")[0]
+    if mod in ("cupy", "torch", "jax", "jaxlib"):
+        return "jax" if mod == "jaxlib" else mod
+    return "dlpack"
+
+
+def _from_cupy(x: Any) -> DeviceTensor:
+    item = x.dtype.itemsize
+    name = x.dtype.name
+    return DeviceTensor(int(x.data.ptr), tuple(x.shape), tuple(s // item for s in x.strides),
+                        name, int(x.device.id), "cupy", x)
+
+
+def _from_capsule(x: Any, capsule: Any, framework: str, name: str) -> DeviceTensor:
+    if not _capi.PyCapsule_IsValid(capsule, b"dltensor"):
+        raise TypeError(f"{name}: __dlpack__ did not return a 'dltensor' capsule")
+    mt = _DLManagedTensor.from_address(_capi.PyCapsule_GetPointer(capsule, b"dltensor"))
+    t = mt.dl_tensor
+    if t.device.device_type not in (_KDL_CUDA, _KDL_CUDA_MANAGED):
+        raise ValueError(f"{name} must be on a CUDA device (DLPack device type "
+                         f"{t.device.device_type})")
+    if t.dtype.lanes != 1 or (t.dtype.code, t.dtype.bits) not in _DL_CODES:
+        raise TypeError(f"{name}: unsupported DLPack dtype code={t.dtype.code} "
+                        f"bits={t.dtype.bits} lanes={t.dtype.lanes}")
+    dtype = _DL_CODES[(t.dtype.code, t.dtype.bits)]
+    shape = tuple(t.shape[i] for i in range(t.ndim))
+    if t.strides:
+        strides = tuple(t.strides[i] for i in range(t.ndim))
+    else:  # NULL strides mean compact row-major
+        strides = tuple(int(np.prod(shape[i + 1:], dtype=np.int64)) for i in range(t.ndim))
+    ptr = (t.data or 0) + t.byte_offset
+    return DeviceTensor(ptr, shape, strides, dtype, int(t.device.device_id), framework,
+                        (x, capsule))
+
+
+def from_any(x: Any, name: str, stream_ptr: int | None = None) -> DeviceTensor:
+    """Describe a device tensor without copying it; raise TypeError/ValueError naming ``name``."""
+    fw = framework_of(x)
+    cp = cupy_or_none()
+    if cp is not None and isinstance(x, cp.ndarray):
+        return _from_cupy(x)
+    if isinstance(x, np.ndarray):
+        raise ValueError(f"{name} is a host (numpy) array; Tessera runs on CUDA device arrays "
+                         "(use tessera.reference.attention on the host)")
+    if not hasattr(x, "__dlpack__"):
+        raise TypeError(f"{name} must be a CuPy array or a DLPack tensor, got {type(x).__name__}")
+    if hasattr(x, "__dlpack_device__"):
+        dev_type = int(x.__dlpack_device__()[0])
+        if dev_type not in (_KDL_CUDA, _KDL_CUDA_MANAGED):
+            raise ValueError(f"{name} must be on a CUDA device (DLPack device type {dev_type})")
+    try:
+        # Asking with our stream makes the producer order its pending work before our launch.
+        capsule = x.__dlpack__(stream=stream_ptr if stream_ptr else None)
+    except TypeError:
+        capsule = x.__dlpack__()
+    return _from_capsule(x, capsule, fw, name)
+
+
+def current_stream_ptr(fw: str, device_id: int) -> int:
+    """The caller's current CUDA stream (0: the legacy default stream)."""
+    if fw == "torch":
+        import torch  # noqa: PLC0415 - the caller's own framework, already imported
+
+        return int(torch.cuda.current_stream(device_id).cuda_stream)
+    cp = cupy_or_none()
+    return int(cp.cuda.get_current_stream().ptr) if cp is not None else 0
+
+
+# ---- exporting CuPy memory as a DLPack tensor of any dtype (bfloat16 for JAX) --------------------
+_exported: dict[int, Any] = {}
+_exported_lock = threading.Lock()
+
+
+@_DELETER
+def _release(mt_ptr):  # called by the consumer when it no longer needs the memory
+    with _exported_lock:
+        _exported.pop(ctypes.addressof(mt_ptr.contents), None)
+
+
+_CAPSULE_DTOR = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+@_CAPSULE_DTOR
+def _capsule_dtor(capsule_ptr):
+    # An unconsumed capsule still owns the tensor; a consumed one was renamed "used_dltensor".
+    cap = ctypes.cast(capsule_ptr, ctypes.py_object)
+    if _capi.PyCapsule_IsValid(cap, b"dltensor"):
+        ptr = _capi.PyCapsule_GetPointer(cap, b"dltensor")
+        with _exported_lock:
+            _exported.pop(ptr, None)
+
+
+class _Exporter:
+    """A one-shot DLPack producer for a CuPy buffer viewed with another dtype."""
+
+    def __init__(self, buf: Any, shape: tuple[int, ...], dtype: str, device_id: int):
+        self.buf, self.shape, self.dtype, self.device_id = buf, shape, dtype, device_id
+
+    def __dlpack_device__(self):
+        return (_KDL_CUDA, self.device_id)
+
+    def __dlpack__(self, stream: Any = None, **_: Any):
+        code, bits = next(k for k, v in _DL_CODES.items() if v == self.dtype)
+        mt = _DLManagedTensor()
+        shape = (ctypes.c_int64 * len(self.shape))(*self.shape)
+        strides = (ctypes.c_int64 * len(self.shape))(
+            *[int(np.prod(self.shape[i + 1:], dtype=np.int64)) for i in range(len(self.shape))])
+        mt.dl_tensor = _DLTensor(self.buf.data.ptr, _DLDevice(_KDL_CUDA, self.device_id),
+                                 len(self.shape), _DLDataType(code, bits, 1), shape, strides, 0)
+        mt.deleter = _release
+        addr = ctypes.addressof(mt)
+        with _exported_lock:
+            _exported[addr] = (mt, shape, strides, self.buf)
+        return _capi.PyCapsule_New(addr, b"dltensor", ctypes.cast(_capsule_dtor, ctypes.c_void_p))
+
+
+def empty_like_caller(template: DeviceTensor, shape: tuple[int, ...], dtype: str
+                      ) -> tuple[DeviceTensor, Any]:
+    """A new contiguous device tensor for the caller (the framework of ``template``).
+
+    Returns its :class:`DeviceTensor` (for the kernels) and ``finish(stream)``, which hands the
+    tensor over as the caller's type once the kernels writing it are enqueued on ``stream``.
+    """
+    fw = template.framework
+    if fw == "torch":
+        import torch  # noqa: PLC0415 - the caller's own framework, already imported
+
+        owner = template.owner[0] if isinstance(template.owner, tuple) else template.owner
+        obj = owner.new_empty(shape, dtype=getattr(torch, dtype))
+        return from_any(obj, "out"), lambda stream: obj
+    cp = cupy_or_none()
+    with cp.cuda.Device(template.device_id):
+        n = int(np.prod(shape, dtype=np.int64))
+        buf = cp.empty(n, dtype=cp.uint16 if dtype == "bfloat16" else dtype).reshape(shape)
+    desc = DeviceTensor(int(buf.data.ptr), shape,
+                        tuple(int(np.prod(shape[i + 1:], dtype=np.int64)) for i in range(len(shape))),
+                        dtype, template.device_id, fw, buf)
+    if fw == "jax":
+        def finish(stream: Any) -> Any:
+            import jax  # noqa: PLC0415 - the caller's own framework, already imported
+
+            stream.synchronize()  # JAX exposes no stream to order against
+            return jax.dlpack.from_dlpack(_Exporter(buf, shape, dtype, template.device_id))
+        return desc, finish
+    # CuPy (and other producers): a CuPy array; bfloat16 comes back as its raw uint16 bits,
+    # since CuPy has no bfloat16 dtype.
+    return desc, lambda stream: buf

@@ -1,0 +1,230 @@
+"""GPU: tessera.attention against the float64 reference, outputs poisoned first (every element
+must be written), on fresh random inputs. Marked ``gpu``: skipped where there is no GPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tessera
+from tessera import api, reference
+from tessera.runtime.regime import Regime
+
+pytestmark = pytest.mark.gpu
+
+TOL = {"bfloat16": 1e-2, "float16": 5e-3}
+
+
+@pytest.fixture(autouse=True)
+def _poison(monkeypatch):
+    monkeypatch.setattr(api, "poison_outputs", True)
+
+
+def _torch():
+    return pytest.importorskip("torch")
+
+
+def _inputs(rng, fw, dtype, b, hq, hkv, lq, lkv, d, layout):
+    """Random q, k, v on the GPU in framework ``fw`` and their exact float64 values."""
+    def make(h, length):
+        shape = (b, h, length, d) if layout == "bhld" else (b, length, h, d)
+        return rng.standard_normal(shape).astype(np.float32)
+
+    host = [make(hq, lq), make(hkv, lkv), make(hkv, lkv)]
+    if fw == "torch":
+        torch = _torch()
+        tdt = getattr(torch, dtype)
+        dev = [torch.from_numpy(x).to("cuda", tdt) for x in host]
+        exact = [t.float().cpu().numpy().astype(np.float64) for t in dev]
+    elif fw == "cupy":
+        import cupy as cp
+
+        assert dtype == "float16", "CuPy has no bfloat16"
+        dev = [cp.asarray(x.astype(np.float16)) for x in host]
+        exact = [x.astype(np.float16).astype(np.float64) for x in host]
+    else:
+        jax = pytest.importorskip("jax")
+        jnp = jax.numpy
+        dev = [jnp.asarray(x, dtype=getattr(jnp, dtype)) for x in host]
+        exact = [np.asarray(t.astype(jnp.float32)).astype(np.float64) for t in dev]
+    return dev, exact
+
+
+def _to_numpy(x):
+    if type(x).__module__.startswith("torch"):
+        return x.float().cpu().numpy().astype(np.float64)
+    if type(x).__module__.startswith("cupy"):
+        return x.get().astype(np.float64)
+    return np.asarray(x.astype("float32")).astype(np.float64)
+
+
+def _check(mask, fw="torch", dtype="bfloat16", b=1, hq=2, hkv=None, d=64, layout="bhld",
+           seed=0, regime=None, return_lse=True):
+    hkv = hq if hkv is None else hkv
+    rng = np.random.default_rng(seed)
+    (q, k, v), (qe, ke, ve) = _inputs(rng, fw, dtype, b, hq, hkv, mask.seq_len_q,
+                                      mask.seq_len_kv, d, layout)
+    res = tessera.attention(q, k, v, mask, layout=layout, return_lse=return_lse, regime=regime)
+    out, lse = res if return_lse else (res, None)
+    ref_out, ref_lse = reference.attention(qe, ke, ve, mask, return_lse=True, layout=layout)
+    got = _to_numpy(out)
+    assert not np.isnan(got).any(), "output has NaN (unwritten or broken)"
+    err = np.linalg.norm(got - ref_out) / max(np.linalg.norm(ref_out), 1e-30)
+    assert err <= TOL[dtype], f"relative error {err:.2e}"
+    if return_lse:
+        gl = _to_numpy(lse)
+        assert not np.isnan(gl).any(), "lse has NaN"
+        assert np.array_equal(np.isneginf(gl), np.isneginf(ref_lse))
+        fin = np.isfinite(ref_lse)
+        assert np.abs(gl[fin] - ref_lse[fin]).max(initial=0) < 2e-2
+    return out
+
+
+def _random_mask(rng, shape, density, **geo):
+    return tessera.BlockMask.from_dense(rng.random(shape) < density, **geo)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("d", [64, 96, 128])
+@pytest.mark.parametrize("layout", ["bhld", "blhd"])
+def test_dtype_headdim_layout(dtype, d, layout):
+    rng = np.random.default_rng(d)
+    m = _random_mask(rng, (2, 8, 9), 0.35, block_size=128, seq_len_q=1000, seq_len_kv=1100)
+    _check(m, dtype=dtype, d=d, layout=layout, hq=2)
+
+
+@pytest.mark.parametrize("group", [1, 2, 4, 8])
+@pytest.mark.parametrize("mask_heads", ["one", "kv", "q"])
+def test_gqa(group, mask_heads):
+    rng = np.random.default_rng(group)
+    hkv = 2
+    hq = hkv * group
+    h = {"one": 1, "kv": hkv, "q": hq}[mask_heads]
+    m = _random_mask(rng, (h, 6, 6), 0.4, block_size=64, seq_len_q=370, seq_len_kv=380)
+    _check(m, hq=hq, hkv=hkv, d=128, b=2)
+
+
+def test_variable_blocks_and_empty_rows():
+    rng = np.random.default_rng(5)
+    qs = rng.integers(16, 300, size=9)
+    ks = rng.integers(8, 200, size=11)
+    dense = rng.random((3, 9, 11)) < 0.3
+    dense[:, 2, :] = False  # an empty query block: output 0, lse -inf
+    m = tessera.BlockMask.from_dense(dense, q_bounds=np.r_[0, np.cumsum(qs)],
+                                     kv_bounds=np.r_[0, np.cumsum(ks)])
+    _check(m, hq=3, d=128)
+
+
+def test_64_token_blocks_combined_onto_128_rows():
+    rng = np.random.default_rng(6)
+    pairs = np.repeat(rng.random((2, 16, 32)) < 0.2, 2, axis=1)
+    m = tessera.BlockMask.from_dense(pairs, block_size=64)
+    _check(m, hq=2, d=128)
+
+
+def test_restricted_merge_rows():
+    d = np.zeros((1, 8, 8), bool)
+    for i in range(8):
+        d[0, i, max(0, i - 2):i + 2] = True  # a band: neighbours share most keys
+    m = tessera.BlockMask.from_dense(d, block_size=64, seq_len_q=500, seq_len_kv=512)
+    p = tessera.plan(m, num_q_heads=1, head_dim=64)
+    assert p.tiles.num_merged > 0
+    _check(m, hq=1, d=64)
+
+
+def test_heavy_rows_split_and_combined():
+    rng = np.random.default_rng(7)
+    dense = rng.random((2, 12, 40)) < 0.05
+    dense[:, 3, :] = True
+    dense[:, 7, :30] = True
+    m = tessera.BlockMask.from_dense(dense, block_size=64, seq_len_q=700, seq_len_kv=2500)
+    reg = Regime(split_ratio=1.5, min_split_chunks=4)
+    p = tessera.plan(m, num_q_heads=2, head_dim=128, regime=reg)
+    assert p.queue.combine.shape[0] > 0
+    for dtype in ("bfloat16", "float16"):
+        _check(m, hq=2, d=128, regime=reg, dtype=dtype)
+
+
+def test_cupy_float16_in_and_out():
+    import cupy as cp
+
+    rng = np.random.default_rng(8)
+    m = _random_mask(rng, (4, 4), 0.5, block_size=128)
+    out = _check(m, fw="cupy", dtype="float16", hq=2)
+    assert isinstance(out, cp.ndarray)
+
+
+def test_device_mask_plans_on_device_like_host():
+    import cupy as cp
+
+    rng = np.random.default_rng(9)
+    dense = rng.random((3, 20, 30)) < 0.2
+    host = tessera.BlockMask.from_dense(dense, block_size=64)
+    dev = tessera.BlockMask.from_dense(cp.asarray(dense), block_size=64)
+    assert dev.on_device
+    ph = tessera.plan(host, num_q_heads=3, head_dim=64)
+    pd = tessera.plan(dev, num_q_heads=3, head_dim=64)
+    assert isinstance(pd.queue.tasks, cp.ndarray)
+    np.testing.assert_array_equal(ph.queue.tasks, pd.queue.tasks.get())
+    np.testing.assert_array_equal(ph.queue.spans, pd.queue.spans.get())
+    _check(dev, hq=3, d=64)
+
+
+def test_torch_zero_copy_and_type():
+    torch = _torch()
+    rng = np.random.default_rng(10)
+    m = _random_mask(rng, (4, 4), 0.5, block_size=128)
+    q = torch.randn(1, 2, 512, 64, device="cuda", dtype=torch.bfloat16)
+    desc = tessera.interop.from_any(q, "q")
+    assert desc.ptr == q.data_ptr()
+    out = tessera.attention(q, q, q, m)
+    assert isinstance(out, torch.Tensor) and out.device == q.device and out.dtype == q.dtype
+
+
+def test_torch_runs_on_current_stream():
+    torch = _torch()
+    rng = np.random.default_rng(11)
+    m = _random_mask(rng, (8, 8), 0.5, block_size=128)
+    s = torch.cuda.Stream()
+    q = torch.randn(1, 2, 1024, 64, device="cuda", dtype=torch.bfloat16)
+    with torch.cuda.stream(s):
+        out = tessera.attention(q, q, q, m)
+    s.synchronize()
+    ref = reference.attention(*(q.float().cpu().numpy(),) * 3, m)
+    err = np.linalg.norm(out.float().cpu().numpy() - ref) / np.linalg.norm(ref)
+    assert err < 1e-2
+
+
+def test_jax_in_jax_out():
+    jax = pytest.importorskip("jax")
+    rng = np.random.default_rng(12)
+    m = _random_mask(rng, (4, 4), 0.5, block_size=128)
+    out = _check(m, fw="jax", dtype="bfloat16", hq=2)
+    assert isinstance(out, jax.Array)
+
+
+def test_validation_errors():
+    torch = _torch()
+    rng = np.random.default_rng(13)
+    m = _random_mask(rng, (4, 4), 0.5, block_size=128)
+    q = torch.randn(1, 2, 512, 64, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="q must be bfloat16 or float16"):
+        tessera.attention(q.float(), q, q, m)
+    with pytest.raises(ValueError, match="head dim 80"):
+        x = torch.randn(1, 2, 512, 80, device="cuda", dtype=torch.bfloat16)
+        tessera.attention(x, x, x, m)
+    with pytest.raises(ValueError, match="block_mask covers"):
+        x = torch.randn(1, 2, 500, 64, device="cuda", dtype=torch.bfloat16)
+        tessera.attention(x, x, x, m)
+    with pytest.raises(ValueError, match="contiguous in the head dim"):
+        x = torch.randn(1, 2, 64, 512, device="cuda", dtype=torch.bfloat16).transpose(2, 3)
+        tessera.attention(x, x, x, m)
+    with pytest.raises(ValueError, match="host"):
+        tessera.attention(np.zeros((1, 2, 512, 64)), q, q, m)
+    with pytest.raises(ValueError, match="multiple of k/v heads"):
+        x = torch.randn(1, 3, 512, 64, device="cuda", dtype=torch.bfloat16)
+        tessera.attention(x, q, q, m)
+    with pytest.raises(TypeError, match="share a dtype"):
+        tessera.attention(q, q.half(), q.half(), m)
+    with pytest.raises(TypeError, match="block_mask"):
+        tessera.attention(q, q, q, m.to_dense())
