@@ -48,8 +48,9 @@ class Variant:
     @classmethod
     def bsa_sm80(cls, *, block_m: int, block_n: int, head_dim: int, num_warps: int, stages: int,
                  bf16: bool, min_blocks: int = 1) -> "Variant":
+        mt = block_m // (16 * num_warps)
         return cls("bsa_sm80.cu", "bsa_fwd_sm80", (
-            ("BM", block_m), ("BN", block_n), ("D", head_dim), ("WARPS", num_warps),
+            ("BM", block_m), ("BN", block_n), ("D", head_dim), ("WARPS", num_warps), ("MT", mt),
             ("STAGES", stages), ("MIN_BLOCKS", min_blocks), ("BF16", int(bf16))))
 
     @classmethod
@@ -69,8 +70,7 @@ def smem_bytes(v: Variant) -> int:
     if v.source != "bsa_sm80.cu":
         return 0
     lds = v.macro("D") + 8
-    stage = 2 * v.macro("BN") * lds
-    return 2 * (stage + max((v.macro("STAGES") - 1) * stage, v.macro("BM") * lds))
+    return 2 * lds * (v.macro("BM") + v.macro("STAGES") * 2 * v.macro("BN"))
 
 
 @dataclass

@@ -25,7 +25,8 @@ class Regime:
         family: kernel family ("sm80": mma.sync, runs on sm_80 and newer).
         block_m: physical tile rows (BM) per task; with GQA packing, shared by the packed heads.
         block_n: keys consumed per inner step (BN); key spans are walked BN keys at a time.
-        num_warps: warps per CTA (each owns ``block_m / num_warps`` rows).
+        num_warps: warps per CTA; each owns ``block_m / num_warps`` rows, 16 or 32 (two row
+            tiles per warp halve the shared-memory traffic per matrix operation).
         stages: depth of the K/V copy pipeline.
         combine_threshold: merge two adjacent short query groups with different key sets when the
             masked work the merge adds is at most this fraction of their useful work.
@@ -37,7 +38,7 @@ class Regime:
     family: str = "sm80"
     block_m: int = 128
     block_n: int = 64
-    num_warps: int = 8
+    num_warps: int = 4
     stages: int = 2
     combine_threshold: float = 0.3
     split_ratio: float = 4.0
@@ -49,8 +50,10 @@ class Regime:
             raise ValueError(f"block_m must be a positive multiple of {ROW_GROUP}, got {self.block_m}")
         if self.block_n % 16 or self.block_n <= 0:
             raise ValueError(f"block_n must be a positive multiple of 16, got {self.block_n}")
-        if self.num_warps <= 0 or self.block_m % (self.num_warps * ROW_GROUP):
-            raise ValueError(f"block_m={self.block_m} must split evenly over num_warps={self.num_warps}")
+        if self.num_warps <= 0 or self.block_m not in (self.num_warps * ROW_GROUP,
+                                                        2 * self.num_warps * ROW_GROUP):
+            raise ValueError(f"block_m={self.block_m} must be 16 or 32 rows per warp "
+                             f"(num_warps={self.num_warps})")
         if self.combine_threshold < 0 or self.split_ratio < 1 or self.min_split_chunks < 1:
             raise ValueError("combine_threshold >= 0, split_ratio >= 1 and min_split_chunks >= 1")
 
@@ -80,8 +83,10 @@ class Regime:
 def default_regime(arch: int | None = None, head_dim: int = 128) -> Regime:
     """The heuristic regime for a GPU with compute capability ``arch`` (e.g. 90), or None (CPU).
 
-    The portable family runs everywhere: 128-row tiles over 8 warps, 64 keys a step; head dims
-    above 128 are not supported by it.
+    The portable family: 128-row tiles over 4 warps (32 rows each), 64 keys a step, double
+    buffered. sm_86/sm_89 allow 99 KB of shared memory per CTA, too little for that tile at head
+    dim 128, so they take 64-row tiles there.
     """
-    del arch, head_dim  # one family so far; the table lookup replaces this heuristic
+    if arch in (86, 87, 89) and head_dim > 96:
+        return Regime(block_m=64, num_warps=4)
     return Regime()
