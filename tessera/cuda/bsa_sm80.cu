@@ -44,37 +44,38 @@ static_assert(BM == NW * 16 * MT, "BM = warps x 16 x MT");
 static_assert(D % 16 == 0 && BN % 16 == 0, "D and BN must be multiples of 16");
 static_assert(STAGES >= 2, "at least double buffering");
 
-// Walks the chunks of a task: span by span, BN keys at a time.
+// Walks the chunks of a task: span by span, BN keys at a time. Kept to three registers (the
+// row restriction is read from the span when a chunk is computed): two walks are live at once.
 struct ChunkWalk {
-  const int* spans;
-  int si, se, k0, k1, r0, r1, kpos;
-  __device__ __forceinline__ void open(int s) {
+  int si, k1, kpos;
+  __device__ __forceinline__ void open(const int* spans, int s, int se) {
     si = s;
     if (si < se) {
-      const int* sp = spans + (i64)si * SPAN_FIELDS;
-      k0 = sp[0]; k1 = sp[1]; r0 = sp[2]; r1 = sp[3];
-      kpos = k0;
+      kpos = spans[(i64)si * SPAN_FIELDS];
+      k1 = spans[(i64)si * SPAN_FIELDS + 1];
     }
   }
-  __device__ __forceinline__ bool valid() const { return si < se; }
-  __device__ __forceinline__ void next() {
+  __device__ __forceinline__ void next(const int* spans, int se) {
     kpos += BN;
-    if (kpos >= k1) open(si + 1);
+    if (kpos >= k1) open(spans, si + 1, se);
   }
 };
 
 // Issue the asynchronous copies of one K/V chunk into a stage. Rows past the span end are read
 // from its last key (finite data; their scores are masked), so no read leaves the span.
-__device__ __forceinline__ void load_kv(u16* stage, const Operand& k, const Operand& v, int b,
-                                        int kvh, const ChunkWalk& w, int tid) {
+// k_head/v_head point at (batch, kv head) row 0; the row stride is in elements.
+__device__ __forceinline__ void load_kv(u16* stage, const u16* k_head, i64 k_sl,
+                                        const u16* v_head, i64 v_sl, const ChunkWalk& w,
+                                        int tid) {
   const u32 ks = smem_addr(stage), vs = smem_addr(stage + KV_TILE);
-#pragma unroll
+  // Not unrolled: unrolling hoists one address per iteration into registers the MMA loop needs.
+#pragma unroll 1
   for (int i = tid; i < BN * CPR; i += NT) {
     const int r = i / CPR, c = i % CPR;
-    const int key = min(w.kpos + r, w.k1 - 1);
+    const i64 key = min(w.kpos + r, w.k1 - 1);
     const u32 off = (u32)(r * LDS + c * 8) * 2u;
-    cp_async16(ks + off, k.row(b, kvh, key) + c * 8);
-    cp_async16(vs + off, v.row(b, kvh, key) + c * 8);
+    cp_async16(ks + off, k_head + key * k_sl + c * 8);
+    cp_async16(vs + off, v_head + key * v_sl + c * 8);
   }
 }
 }  // namespace
@@ -90,8 +91,6 @@ bsa_fwd_sm80(const int* __restrict__ tasks, const int* __restrict__ spans,
              int tile_rows, int group, float scale_log2) {
   extern __shared__ __align__(16) u16 smem[];
   const Operand q{q_ptr, q_sb, q_sh, q_sl};
-  const Operand k{k_ptr, k_sb, k_sh, k_sl};
-  const Operand v{v_ptr, v_sb, v_sh, v_sl};
 
   const int* task = tasks + (i64)blockIdx.x * TASK_FIELDS;
   const int b = task[TASK_BATCH], h0 = task[TASK_Q_HEAD0];
@@ -104,8 +103,11 @@ bsa_fwd_sm80(const int* __restrict__ tasks, const int* __restrict__ spans,
   u16* q_tile = smem;
   u16* stages = smem + Q_TILE;
 
-  ChunkWalk load_walk{spans, 0, task[TASK_SPAN_END], 0, 0, 0, 0, 0};
-  load_walk.open(task[TASK_SPAN_BEGIN]);
+  const int se = task[TASK_SPAN_END];
+  const u16* k_head = k_ptr + b * k_sb + kvh * k_sh;
+  const u16* v_head = v_ptr + b * v_sb + kvh * v_sh;
+  ChunkWalk load_walk;
+  load_walk.open(spans, task[TASK_SPAN_BEGIN], se);
   ChunkWalk walk = load_walk;
 
   // Prologue: Q tile, then chunks 0 .. STAGES-2. One commit per chunk keeps the wait_group
@@ -118,9 +120,9 @@ bsa_fwd_sm80(const int* __restrict__ tasks, const int* __restrict__ spans,
   }
 #pragma unroll
   for (int st = 0; st < STAGES - 1; ++st) {
-    if (load_walk.valid()) {
-      load_kv(stages + st * STAGE, k, v, b, kvh, load_walk, tid);
-      load_walk.next();
+    if (load_walk.si < se) {
+      load_kv(stages + st * STAGE, k_head, k_sl, v_head, v_sl, load_walk, tid);
+      load_walk.next(spans, se);
     }
     cp_async_commit();
   }
@@ -147,11 +149,12 @@ bsa_fwd_sm80(const int* __restrict__ tasks, const int* __restrict__ spans,
     l[mi][0] = l[mi][1] = 0.f;
   }
 
-  for (int c = 0; walk.valid(); ++c) {
+  for (int c = 0; walk.si < se; ++c) {
     // Prefetch STAGES-1 chunks ahead while this one is computed.
-    if (load_walk.valid()) {
-      load_kv(stages + ((c + STAGES - 1) % STAGES) * STAGE, k, v, b, kvh, load_walk, tid);
-      load_walk.next();
+    if (load_walk.si < se) {
+      load_kv(stages + ((c + STAGES - 1) % STAGES) * STAGE, k_head, k_sl, v_head, v_sl,
+              load_walk, tid);
+      load_walk.next(spans, se);
     }
     cp_async_commit();
     cp_async_wait<STAGES - 1>();
@@ -160,7 +163,8 @@ bsa_fwd_sm80(const int* __restrict__ tasks, const int* __restrict__ spans,
     const u16* ks = stages + (c % STAGES) * STAGE;
     const u16* vs = ks + KV_TILE;
     // Rows this span applies to, clipped to the tile's real rows.
-    const int lo = max(walk.r0, q_start), hi = min(walk.r1, q_end);
+    const int lo = max(spans[(i64)walk.si * SPAN_FIELDS + 2], q_start);
+    const int hi = min(spans[(i64)walk.si * SPAN_FIELDS + 3], q_end);
     bool active[MT];
     bool any_active = false;
 #pragma unroll
@@ -271,7 +275,7 @@ bsa_fwd_sm80(const int* __restrict__ tasks, const int* __restrict__ spans,
       }
     }
     __syncthreads();  // everyone is done with this stage before it is refilled
-    walk.next();
+    walk.next(spans, se);
   }
   cp_async_wait<0>();
 
