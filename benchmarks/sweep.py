@@ -1,0 +1,60 @@
+"""Kernel-only timing of several regimes on one mask (used to pick defaults and to build tables).
+
+``python benchmarks/sweep.py [--shape wan-1.3b] [--density 0.1]``: prints ms and useful TFLOP/s
+per regime, fastest first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import numpy as np
+
+import tessera
+from tessera.runtime.regime import Regime
+
+try:
+    from compare import SHAPES, bench
+except ImportError:  # run as a module
+    from benchmarks.compare import SHAPES, bench
+
+REGIMES = [
+    Regime(block_m=128, block_n=64, num_warps=4, stages=2),
+    Regime(block_m=128, block_n=32, num_warps=4, stages=2),
+    Regime(block_m=128, block_n=32, num_warps=4, stages=3),
+    Regime(block_m=128, block_n=48, num_warps=4, stages=2),
+    Regime(block_m=128, block_n=64, num_warps=8, stages=2),
+    Regime(block_m=64, block_n=64, num_warps=4, stages=2),
+    Regime(block_m=64, block_n=64, num_warps=2, stages=2),
+]
+
+
+def main(argv=None):
+    import torch
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", default="wan-1.3b")
+    ap.add_argument("--density", type=float, default=0.1)
+    args = ap.parse_args(argv)
+    b, h, L, d = SHAPES[args.shape]
+    q, k, v = (torch.randn(b, h, L, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    n = math.ceil(L / 128)
+    dense = np.random.default_rng(0).random((h, n, n)) < args.density
+    m = tessera.BlockMask.from_dense(torch.from_numpy(dense).cuda(), block_size=128,
+                                     seq_len_q=L, seq_len_kv=L)
+    flops = 4 * d * int(m.selected_pairs(b, h).sum())
+    rows = []
+    for r in REGIMES:
+        try:
+            p = tessera.plan(m, num_q_heads=h, head_dim=d, batch=b, regime=r)
+            t = bench(lambda: p.run(q, k, v), 10)
+            rows.append((t, r.name))
+        except Exception as exc:
+            print(r.name, "failed:", str(exc).splitlines()[0])
+    for t, name in sorted(rows):
+        print(f"{args.shape} density {args.density}: {name:40} {t:7.3f} ms {flops / t / 1e9:6.0f} TFLOP/s")
+
+
+if __name__ == "__main__":
+    main()
