@@ -1,0 +1,30 @@
+"""Run one Tessera kernel on a Wan-1.3B-shaped mask, for ``ncu`` to profile.
+
+``ncu -k regex:bsa_fwd --launch-skip 2 --launch-count 1 python benchmarks/ncu_one.py [density]``
+"""
+
+import math
+import sys
+
+import numpy as np
+
+import tessera
+
+
+def main():
+    import torch
+
+    density = float(sys.argv[1]) if len(sys.argv) > 1 else 1.0
+    b, h, L, d = 1, 12, 32760, 128
+    q, k, v = (torch.randn(b, h, L, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    n = math.ceil(L / 128)
+    dense = np.random.default_rng(0).random((h, n, n)) < density
+    m = tessera.BlockMask.from_dense(dense, block_size=128, seq_len_q=L, seq_len_kv=L)
+    p = tessera.plan(m, num_q_heads=h, head_dim=d)
+    for _ in range(4):
+        p.run(q, k, v)
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()
