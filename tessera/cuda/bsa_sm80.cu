@@ -40,6 +40,8 @@ constexpr int STAGE = 2 * KV_TILE;       // K then V
 constexpr int Q_TILE = BM * LDS;
 constexpr int CPR = D / 8;               // 16-byte chunks per row
 constexpr float LN2 = 0.69314718055994530942f;
+// How far (log2 units) a score may exceed the running max before the accumulators are rescaled.
+constexpr float RESCALE_SLACK = 8.f;
 static_assert(BM == NW * 16 * MT, "BM = warps x 16 x MT");
 static_assert(D % 16 == 0 && BN % 16 == 0, "D and BN must be multiples of 16");
 static_assert(STAGES >= 2, "at least double buffering");
@@ -68,14 +70,29 @@ __device__ __forceinline__ void load_kv(u16* stage, const u16* k_head, i64 k_sl,
                                         const u16* v_head, i64 v_sl, const ChunkWalk& w,
                                         int tid) {
   const u32 ks = smem_addr(stage), vs = smem_addr(stage + KV_TILE);
-  // Not unrolled: unrolling hoists one address per iteration into registers the MMA loop needs.
+  if constexpr (NT % CPR == 0) {
+    // Each thread copies the same 16-byte column of every (NT / CPR)-th row: the row step and
+    // the shared-memory offsets are compile-time constants.
+    constexpr int ROW_STEP = NT / CPR;
+    const int r0 = tid / CPR, c = tid % CPR;
+    const u32 off0 = (u32)(r0 * LDS + c * 8) * 2u;
+#pragma unroll
+    for (int j = 0; j < BN / ROW_STEP; ++j) {
+      const i64 key = min(w.kpos + r0 + j * ROW_STEP, w.k1 - 1);
+      const u32 off = off0 + (u32)(j * ROW_STEP * LDS * 2);
+      cp_async16(ks + off, k_head + key * k_sl + c * 8);
+      cp_async16(vs + off, v_head + key * v_sl + c * 8);
+    }
+  } else {
+    // Not unrolled: unrolling hoists one address per iteration into registers the MMA loop needs.
 #pragma unroll 1
-  for (int i = tid; i < BN * CPR; i += NT) {
-    const int r = i / CPR, c = i % CPR;
-    const i64 key = min(w.kpos + r, w.k1 - 1);
-    const u32 off = (u32)(r * LDS + c * 8) * 2u;
-    cp_async16(ks + off, k_head + key * k_sl + c * 8);
-    cp_async16(vs + off, v_head + key * v_sl + c * 8);
+    for (int i = tid; i < BN * CPR; i += NT) {
+      const int r = i / CPR, c = i % CPR;
+      const i64 key = min(w.kpos + r, w.k1 - 1);
+      const u32 off = (u32)(r * LDS + c * 8) * 2u;
+      cp_async16(ks + off, k_head + key * k_sl + c * 8);
+      cp_async16(vs + off, v_head + key * v_sl + c * 8);
+    }
   }
 }
 }  // namespace
@@ -149,6 +166,14 @@ bsa_fwd_sm80(const int* __restrict__ tasks, const int* __restrict__ spans,
     l[mi][0] = l[mi][1] = 0.f;
   }
 
+  // Per-thread ldmatrix addresses (bytes): the lane picks its row and 8-column half; every
+  // other fragment is a compile-time offset from these.
+  const u32 stage_base = smem_addr(stages);
+  const u32 q_frag = smem_addr(q_tile) +
+      (u32)(((warp * MT * 16 + (lane % 8) + 8 * ((lane / 8) % 2)) * LDS + 8 * (lane / 16)) * 2);
+  const u32 k_frag = (u32)((((lane % 8) + 8 * (lane / 16)) * LDS + 8 * ((lane / 8) % 2)) * 2);
+  const u32 v_frag = (u32)((((lane % 8) + 8 * ((lane / 8) % 2)) * LDS + 8 * (lane / 16)) * 2);
+
   for (int c = 0; walk.si < se; ++c) {
     // Prefetch STAGES-1 chunks ahead while this one is computed.
     if (load_walk.si < se) {
@@ -160,8 +185,8 @@ bsa_fwd_sm80(const int* __restrict__ tasks, const int* __restrict__ spans,
     cp_async_wait<STAGES - 1>();
     __syncthreads();
 
-    const u16* ks = stages + (c % STAGES) * STAGE;
-    const u16* vs = ks + KV_TILE;
+    const u32 ks = stage_base + (u32)((c % STAGES) * STAGE * 2);
+    const u32 vs = ks + KV_TILE * 2;
     // Rows this span applies to, clipped to the tile's real rows.
     const int lo = max(spans[(i64)walk.si * SPAN_FIELDS + 2], q_start);
     const int hi = min(spans[(i64)walk.si * SPAN_FIELDS + 3], q_end);
@@ -173,6 +198,7 @@ bsa_fwd_sm80(const int* __restrict__ tasks, const int* __restrict__ spans,
       any_active |= active[mi];
     }
     if (any_active) {
+      // S = Q K^T (raw scores; the scale is applied inside the exponent).
       float s[MT][BN / 8][4];
 #pragma unroll
       for (int mi = 0; mi < MT; ++mi)
@@ -182,17 +208,13 @@ bsa_fwd_sm80(const int* __restrict__ tasks, const int* __restrict__ spans,
       for (int kk = 0; kk < D / 16; ++kk) {
         u32 qa[MT][4];
 #pragma unroll
-        for (int mi = 0; mi < MT; ++mi) {
-          const int r = (warp * MT + mi) * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
-          const int col = kk * 16 + 8 * (lane / 16);
-          ldmatrix_x4(qa[mi][0], qa[mi][1], qa[mi][2], qa[mi][3], smem_addr(q_tile + r * LDS + col));
-        }
+        for (int mi = 0; mi < MT; ++mi)
+          ldmatrix_x4(qa[mi][0], qa[mi][1], qa[mi][2], qa[mi][3],
+                      q_frag + (u32)((mi * 16 * LDS + kk * 16) * 2));
 #pragma unroll
         for (int np = 0; np < BN / 16; ++np) {
           u32 b0, b1, b2, b3;
-          const int r = np * 16 + (lane % 8) + 8 * (lane / 16);
-          const int col = kk * 16 + 8 * ((lane / 8) % 2);
-          ldmatrix_x4(b0, b1, b2, b3, smem_addr(ks + r * LDS + col));
+          ldmatrix_x4(b0, b1, b2, b3, ks + k_frag + (u32)((np * 16 * LDS + kk * 16) * 2));
 #pragma unroll
           for (int mi = 0; mi < MT; ++mi) {
             if (!active[mi]) continue;
@@ -202,51 +224,68 @@ bsa_fwd_sm80(const int* __restrict__ tasks, const int* __restrict__ spans,
         }
       }
       const bool key_edge = walk.kpos + BN > walk.k1;
+      bool rescale = false;
+      float al[MT][2];
 #pragma unroll
       for (int mi = 0; mi < MT; ++mi) {
+        al[mi][0] = al[mi][1] = 1.f;
         if (!active[mi]) continue;
         // Mask: keys past the span end, rows outside the span's restriction or the tile.
         const int t0 = tok_base[mi] + g, t1 = t0 + 8;
         const bool ok0 = t0 >= lo && t0 < hi, ok1 = t1 >= lo && t1 < hi;
-        const bool edge = key_edge || !(ok0 && ok1);
+        if (key_edge || !(ok0 && ok1)) {
+#pragma unroll
+          for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const bool key_ok = walk.kpos + nt * 8 + 2 * t + (e & 1) < walk.k1;
+              if (!(key_ok && (e < 2 ? ok0 : ok1))) s[mi][nt][e] = NEG_INF;
+            }
+        }
         float mx0 = NEG_INF, mx1 = NEG_INF;
 #pragma unroll
         for (int nt = 0; nt < BN / 8; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            float x = s[mi][nt][e] * scale_log2;
-            if (edge) {
-              const bool key_ok = walk.kpos + nt * 8 + 2 * t + (e & 1) < walk.k1;
-              x = (key_ok && (e < 2 ? ok0 : ok1)) ? x : NEG_INF;
-            }
-            s[mi][nt][e] = x;
-          }
           mx0 = fmaxf(mx0, fmaxf(s[mi][nt][0], s[mi][nt][1]));
           mx1 = fmaxf(mx1, fmaxf(s[mi][nt][2], s[mi][nt][3]));
         }
-        const float mn0 = fmaxf(m[mi][0], warp_quad_max(mx0));
-        const float mn1 = fmaxf(m[mi][1], warp_quad_max(mx1));
+        // Running max in log2 units. It moves only when a score exceeds it by more than
+        // RESCALE_SLACK (the softmax is invariant to the shift; p stays <= 2^RESCALE_SLACK),
+        // so most chunks skip rescaling the accumulators.
+        const float mn0 = warp_quad_max(mx0) * scale_log2, mn1 = warp_quad_max(mx1) * scale_log2;
+        if (mn0 > m[mi][0] + RESCALE_SLACK) {
+          al[mi][0] = fast_exp2(m[mi][0] - mn0);
+          m[mi][0] = mn0;
+          rescale = true;
+        }
+        if (mn1 > m[mi][1] + RESCALE_SLACK) {
+          al[mi][1] = fast_exp2(m[mi][1] - mn1);
+          m[mi][1] = mn1;
+          rescale = true;
+        }
         // A row with nothing unmasked yet keeps m = -inf; subtract 0 so exp2 gives 0, not NaN.
-        const float base0 = mn0 == NEG_INF ? 0.f : mn0, base1 = mn1 == NEG_INF ? 0.f : mn1;
-        const float al0 = fast_exp2(m[mi][0] - base0), al1 = fast_exp2(m[mi][1] - base1);
-        m[mi][0] = mn0;
-        m[mi][1] = mn1;
+        const float base0 = m[mi][0] == NEG_INF ? 0.f : m[mi][0];
+        const float base1 = m[mi][1] == NEG_INF ? 0.f : m[mi][1];
         float rs0 = 0.f, rs1 = 0.f;
 #pragma unroll
         for (int nt = 0; nt < BN / 8; ++nt) {
-          s[mi][nt][0] = fast_exp2(s[mi][nt][0] - base0);
-          s[mi][nt][1] = fast_exp2(s[mi][nt][1] - base0);
-          s[mi][nt][2] = fast_exp2(s[mi][nt][2] - base1);
-          s[mi][nt][3] = fast_exp2(s[mi][nt][3] - base1);
+          s[mi][nt][0] = fast_exp2(fmaf(s[mi][nt][0], scale_log2, -base0));
+          s[mi][nt][1] = fast_exp2(fmaf(s[mi][nt][1], scale_log2, -base0));
+          s[mi][nt][2] = fast_exp2(fmaf(s[mi][nt][2], scale_log2, -base1));
+          s[mi][nt][3] = fast_exp2(fmaf(s[mi][nt][3], scale_log2, -base1));
           rs0 += s[mi][nt][0] + s[mi][nt][1];
           rs1 += s[mi][nt][2] + s[mi][nt][3];
         }
-        l[mi][0] = l[mi][0] * al0 + rs0;
-        l[mi][1] = l[mi][1] * al1 + rs1;
+        l[mi][0] = l[mi][0] * al[mi][0] + rs0;
+        l[mi][1] = l[mi][1] * al[mi][1] + rs1;
+      }
+      if (__any_sync(0xffffffffu, rescale)) {
 #pragma unroll
-        for (int i = 0; i < D / 8; ++i) {
-          acc[mi][i][0] *= al0; acc[mi][i][1] *= al0; acc[mi][i][2] *= al1; acc[mi][i][3] *= al1;
-        }
+        for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+          for (int i = 0; i < D / 8; ++i) {
+            acc[mi][i][0] *= al[mi][0]; acc[mi][i][1] *= al[mi][0];
+            acc[mi][i][2] *= al[mi][1]; acc[mi][i][3] *= al[mi][1];
+          }
       }
       // O += P V: the score accumulators of two key octets form one A fragment of P.
 #pragma unroll
@@ -262,9 +301,7 @@ bsa_fwd_sm80(const int* __restrict__ tasks, const int* __restrict__ spans,
 #pragma unroll
         for (int dp = 0; dp < D / 16; ++dp) {
           u32 b0, b1, b2, b3;
-          const int r = kk * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
-          const int col = dp * 16 + 8 * (lane / 16);
-          ldmatrix_x4_trans(b0, b1, b2, b3, smem_addr(vs + r * LDS + col));
+          ldmatrix_x4_trans(b0, b1, b2, b3, vs + v_frag + (u32)((kk * 16 * LDS + dp * 16) * 2));
 #pragma unroll
           for (int mi = 0; mi < MT; ++mi) {
             if (!active[mi]) continue;
