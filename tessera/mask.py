@@ -16,7 +16,7 @@ Indices within a row are kept sorted and unique: constructors sort them, and rej
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
@@ -117,6 +117,9 @@ class BlockMask:
     indptr: Any
     indices: Any
     batch_heads: tuple[int, int]
+    # A private copy of the dense block matrix [B*H*nQB, nKB] when the mask was built from one:
+    # the mapping reads it for O(1) "is key block j selected in row r" lookups.
+    dense_rows: Any = field(default=None, repr=False, compare=False)
 
     # ------------------------------------------------------------------ constructors
     @classmethod
@@ -143,7 +146,7 @@ class BlockMask:
         indptr = xp.zeros(flat.shape[0] + 1, dtype=np.int64)
         xp.cumsum(counts, out=indptr[1:])
         indices = xp.nonzero(flat)[1].astype(np.int32)  # row-major: sorted within each row
-        return cls(qb, kb, indptr, indices, (bm, hm))
+        return cls(qb, kb, indptr, indices, (bm, hm), dense_rows=flat.copy())
 
     @classmethod
     def from_scipy(cls, matrices: Any, *, block_size: BlockSize | None = None,
@@ -359,7 +362,8 @@ class BlockMask:
         if not self.on_device:
             return self
         return BlockMask(self.q_bounds, self.kv_bounds, self.indptr.get(), self.indices.get(),
-                         self.batch_heads)
+                         self.batch_heads,
+                         None if self.dense_rows is None else self.dense_rows.get())
 
     def to_device(self) -> "BlockMask":
         """The same mask with its selection on the current CUDA device (needs CuPy)."""
@@ -369,7 +373,8 @@ class BlockMask:
         if cp is None:
             raise RuntimeError("to_device needs CuPy")
         return BlockMask(self.q_bounds, self.kv_bounds, cp.asarray(self.indptr),
-                         cp.asarray(self.indices), self.batch_heads)
+                         cp.asarray(self.indices), self.batch_heads,
+                         None if self.dense_rows is None else cp.asarray(self.dense_rows))
 
     def row_pairs(self) -> Any:
         """Per CSR row, the number of (query token, key token) pairs selected (int64, in ``xp``)."""

@@ -65,87 +65,89 @@ class PhysicalTiles:
         return int(self.k0.size)
 
 
-def _runs_of_identical_rows(mask: BlockMask, xp) -> tuple[Any, Any]:
-    """First and last CSR row of each maximal run of consecutive identical rows (within a head)."""
-    indptr, indices = mask.indptr, mask.indices
-    n_q = mask.num_q_blocks
-    n_rows = indptr.size - 1
-    counts = xp.diff(indptr)
-    prev_counts = xp.concatenate([xp.zeros(1, dtype=counts.dtype), counts[:-1]])
-    first_of_head = (xp.arange(n_rows) % n_q) == 0
-    same_count = (counts == prev_counts) & ~first_of_head
-    nnz = indices.size
-    if nnz:
-        entry_row = segment_ids(indptr, nnz, xp)
-        # The entry at the same position in the previous row; only meaningful where counts match.
-        partner = xp.arange(nnz, dtype=np.int64) - prev_counts[entry_row]
-        partner = xp.clip(partner, 0, nnz - 1)
-        mismatch = same_count[entry_row] & (indices != indices[partner])
-        csum = offsets_from_counts(mismatch.astype(np.int64), xp)
-        row_mismatch = csum[indptr[1:]] - csum[indptr[:-1]]
-        same = same_count & (row_mismatch == 0)
+@dataclass
+class _RowStats:
+    """Per-entry and per-row facts the mapping needs, from one pass over the CSR entries."""
+
+    entry_row: Any  # CSR row of each entry
+    j: Any  # key block of each entry (int64)
+    span_start: Any  # entry starts a key span (first of its row, or not adjacent to the previous)
+    count: Any  # per row: selected key blocks
+    key_tokens: Any  # per row: selected key tokens
+    overlap_tokens: Any  # per row: key tokens also selected by the previous row (same head)
+    identical: Any  # per row: same selection as the previous row of the same head
+
+
+def _row_sum(values: Any, indptr: Any, xp) -> Any:
+    csum = offsets_from_counts(values, xp)
+    return csum[indptr[1:]] - csum[indptr[:-1]]
+
+
+def _in_previous_row(mask: BlockMask, entry_row: Any, j: Any, xp) -> Any:
+    """For each entry (row r, block j): is block j also selected in row r-1? (row -1: False)."""
+    n_kv = mask.num_kv_blocks
+    prev = xp.maximum(entry_row - 1, 0)
+    if mask.dense_rows is not None:
+        hit = mask.dense_rows[prev, j]
     else:
-        same = same_count
-    starts = xp.nonzero(~same)[0]
-    ends = xp.concatenate([starts[1:], xp.full(1, n_rows, dtype=starts.dtype)]) - 1
-    return starts, ends
+        keys = entry_row * n_kv + j  # sorted: rows ascending, blocks ascending within a row
+        probe = prev * n_kv + j
+        if xp is np and keys.size and int(keys[-1]) < 64 * 2**20:
+            hit = np.isin(probe, keys, kind="table")  # a bitmap lookup, O(n)
+        else:
+            pos = xp.minimum(xp.searchsorted(keys, probe), max(keys.size - 1, 0))
+            hit = keys[pos] == probe if keys.size else probe < 0
+    return hit & (entry_row > 0)
 
 
-def _restricted_pairs(mask: BlockMask, run_first_row: Any, run_q0: Any, run_q1: Any,
+def _row_stats(mask: BlockMask, xp) -> _RowStats:
+    indptr, nnz = mask.indptr, mask.indices.size
+    n_rows = indptr.size - 1
+    klen = xp.asarray(np.diff(mask.kv_bounds))
+    entry_row = segment_ids(indptr, nnz, xp)
+    j = mask.indices.astype(np.int64)
+    span_start = xp.ones(nnz, dtype=bool)
+    if nnz > 1:
+        span_start[1:] = (j[1:] != j[:-1] + 1) | (entry_row[1:] != entry_row[:-1])
+    in_prev = _in_previous_row(mask, entry_row, j, xp)
+    count = xp.diff(indptr)
+    kt = klen[j]
+    overlap_count = _row_sum(in_prev.astype(np.int64), indptr, xp)
+    first_of_head = (xp.arange(n_rows) % mask.num_q_blocks) == 0
+    prev_count = xp.concatenate([xp.zeros(1, dtype=count.dtype), count[:-1]])
+    identical = ~first_of_head & (count == prev_count) & (overlap_count == count)
+    overlap_tokens = xp.where(first_of_head, 0, _row_sum(kt * in_prev, indptr, xp))
+    return _RowStats(entry_row, j, span_start, count, _row_sum(kt, indptr, xp), overlap_tokens,
+                     identical)
+
+
+def _restricted_pairs(stats: _RowStats, run_first: Any, run_q0: Any, run_q1: Any,
                       run_bh: Any, tile_rows: int, threshold: float, xp) -> Any:
-    """Choose pairs of adjacent short runs to merge; returns a bool per run: 'merges with next'."""
-    n_runs = run_first_row.size
+    """Choose pairs of adjacent short runs to merge; returns a bool per run: 'merges with next'.
+
+    Rows within a run are identical, so the overlap of run a with run a+1 is the overlap of
+    run a+1's first row with the row before it, already counted in ``stats``.
+    """
+    n_runs = run_first.size
     take = xp.zeros(n_runs, dtype=bool)
     if n_runs < 2:
         return take
-    rows = run_q1 - run_q0
-    cand = ((run_bh[:-1] == run_bh[1:]) & (rows[:-1] + rows[1:] <= tile_rows))
-    cand_idx = xp.nonzero(cand)[0]
-    if cand_idx.size == 0:
-        return take
-    indptr, indices = mask.indptr, mask.indices
-    klen = xp.asarray(np.diff(mask.kv_bounds))
-    n_kv = mask.num_kv_blocks
-
-    def entries(rows_of_runs):
-        start = indptr[rows_of_runs]
-        cnt = indptr[rows_of_runs + 1] - start
-        off = offsets_from_counts(cnt, xp)
-        total = int(off[-1])
-        seg = segment_ids(off, total, xp)
-        pos = start[seg] + (xp.arange(total, dtype=np.int64) - off[seg])
-        return seg, indices[pos].astype(np.int64), cnt
-
-    # Keys of A (first run of the pair) and of B, keyed by (pair, key block) for a membership test.
-    seg_a, j_a, _ = entries(run_first_row[cand_idx])
-    seg_b, j_b, _ = entries(run_first_row[cand_idx + 1])
-    key_a = seg_a * n_kv + j_a  # sorted: pairs in order, blocks sorted within a row
-    key_b = seg_b * n_kv + j_b
-    n_c = cand_idx.size
-    keys_a = xp.bincount(seg_a, weights=klen[j_a], minlength=n_c)
-    keys_b = xp.bincount(seg_b, weights=klen[j_b], minlength=n_c)
-    if key_a.size and key_b.size:
-        pos = xp.clip(xp.searchsorted(key_a, key_b), 0, key_a.size - 1)
-        shared = key_a[pos] == key_b
-        keys_ab = xp.bincount(seg_b, weights=klen[j_b] * shared, minlength=n_c)
-    else:
-        keys_ab = xp.zeros(n_c, dtype=np.float64)
-    ra = rows[cand_idx].astype(np.float64)
-    rb = rows[cand_idx + 1].astype(np.float64)
+    rows = (run_q1 - run_q0).astype(np.float64)
+    ra, rb = rows[:-1], rows[1:]
+    keys_a = stats.key_tokens[run_first[:-1]].astype(np.float64)
+    keys_b = stats.key_tokens[run_first[1:]].astype(np.float64)
+    keys_ab = stats.overlap_tokens[run_first[1:]].astype(np.float64)
     useful = ra * keys_a + rb * keys_b
-    union = keys_a + keys_b - keys_ab
-    waste = (ra + rb) * union - useful
-    ok = (keys_ab > 0) & (waste <= threshold * useful)
-    ok = ok | ((keys_a == 0) & (keys_b == 0))  # two empty groups: merging costs nothing
-    good = xp.zeros(n_runs, dtype=bool)
-    good[cand_idx[ok]] = True
+    waste = (ra + rb) * (keys_a + keys_b - keys_ab) - useful
+    fits = (run_bh[:-1] == run_bh[1:]) & (ra + rb <= tile_rows)
+    ok = ((keys_ab > 0) & (waste <= threshold * useful)) | ((keys_a == 0) & (keys_b == 0))
+    g = fits & ok
+    if not bool(g.any()):
+        return take
     # In each chain of consecutive good pairs take every other one, so no run merges twice.
-    g = good[:-1]
     idx = xp.arange(n_runs - 1)
     chain_start = g & ~xp.concatenate([xp.zeros(1, dtype=bool), g[:-1]])
     starts = xp.nonzero(chain_start)[0]
-    if starts.size == 0:
-        return take
     last_start = starts[xp.clip(xp.cumsum(chain_start) - 1, 0, None)]
     take[:-1] = g & (((idx - last_start) % 2) == 0)
     return take
@@ -161,68 +163,56 @@ def map_to_tiles(mask: BlockMask, tile_rows: int, block_n: int,
     """
     xp = mask.xp
     n_q = mask.num_q_blocks
+    n_rows = mask.indptr.size - 1
     qb = xp.asarray(mask.q_bounds)
     kb = xp.asarray(mask.kv_bounds)
+    stats = _row_stats(mask, xp)
 
-    # Step 2: groups of identical consecutive rows (step 1's spans are built per group below).
-    run_first, run_last = _runs_of_identical_rows(mask, xp)
+    # Step 2: runs of identical consecutive rows.
+    run_first = xp.nonzero(~stats.identical)[0]
+    n_runs = int(run_first.size)
+    run_last = xp.concatenate([run_first[1:], xp.full(1, n_rows, dtype=run_first.dtype)]) - 1
     run_bh = run_first // n_q
     run_q0 = qb[run_first % n_q]
     run_q1 = qb[run_last % n_q + 1]
 
     # Step 3: restricted merges of adjacent short runs.
-    merge_next = _restricted_pairs(mask, run_first, run_q0, run_q1, run_bh, tile_rows,
+    merge_next = _restricted_pairs(stats, run_first, run_q0, run_q1, run_bh, tile_rows,
                                    combine_threshold, xp)
     merged_into_prev = xp.concatenate([xp.zeros(1, dtype=bool), merge_next[:-1]])
-    run_group = xp.cumsum(~merged_into_prev) - 1
-    num_groups = int(run_group[-1]) + 1 if run_group.size else 0
     num_merged = int(merge_next.sum())
-    group_first_run = xp.nonzero(~merged_into_prev)[0]
+    if num_merged:
+        run_group = xp.cumsum(~merged_into_prev) - 1
+        group_first_run = xp.nonzero(~merged_into_prev)[0]
+    else:
+        run_group = group_first_run = xp.arange(n_runs)
+    num_groups = int(group_first_run.size)
+    group_last_run = xp.concatenate([group_first_run[1:] - 1,
+                                     xp.full(1, n_runs - 1, dtype=group_first_run.dtype)])
     group_q0 = run_q0[group_first_run]
-    group_q1 = run_q1[xp.concatenate([group_first_run[1:] - 1,
-                                      xp.full(1, run_first.size - 1, dtype=group_first_run.dtype)])]
+    group_q1 = run_q1[group_last_run]
     group_bh = run_bh[group_first_run]
 
-    # Entries of every run's first row, labelled by group and by the run's class bit
-    # (1: first run of its group, 2: second run of a merged pair).
-    indptr, indices = mask.indptr, mask.indices
-    cnt = indptr[run_first + 1] - indptr[run_first]
-    off = offsets_from_counts(cnt, xp)
-    total = int(off[-1])
-    e_run = segment_ids(off, total, xp)
-    e_pos = indptr[run_first][e_run] + (xp.arange(total, dtype=np.int64) - off[e_run])
-    e_j = indices[e_pos].astype(np.int64)
-    e_group = run_group[e_run]
-    e_cls = xp.where(merged_into_prev[e_run], 2, 1).astype(np.int8)
+    # Entries that define spans: those of each run's first row (all entries when no two
+    # consecutive rows are identical, the common case for dynamic masks).
+    e_j, e_row, e_start = stats.j, stats.entry_row, stats.span_start
+    if n_runs != n_rows:
+        is_run_first = xp.zeros(n_rows, dtype=bool)
+        is_run_first[run_first] = True
+        keep = is_run_first[e_row]
+        e_j, e_row, e_start = e_j[keep], e_row[keep], e_start[keep]
+    row_run = xp.cumsum(~stats.identical) - 1  # run of each row
+    e_run = row_run[e_row]
     if num_merged:
-        order = xp.argsort(e_group * mask.num_kv_blocks + e_j, kind="stable")
-        e_j, e_group, e_cls, e_run = e_j[order], e_group[order], e_cls[order], e_run[order]
-        dup = xp.zeros(total, dtype=bool)
-        if total > 1:
-            dup[1:] = (e_group[1:] == e_group[:-1]) & (e_j[1:] == e_j[:-1])
-        dup_pos = xp.nonzero(dup)[0]
-        e_cls[dup_pos - 1] = 3  # the key block serves both runs
-        keep = ~dup
-        e_j, e_group, e_cls, e_run = e_j[keep], e_group[keep], e_cls[keep], e_run[keep]
-        total = int(e_j.size)
+        k0, k1, r0, r1, s_group = _merged_spans(e_j, e_run, run_group, merged_into_prev,
+                                                run_q0, run_q1, group_q0, group_q1, kb, mask, xp)
     else:
-        e_cls = xp.full(total, 3, dtype=np.int8)  # every span applies to the whole group
-
-    # Step 1: spans = maximal runs of consecutive key blocks with the same group and class.
-    new_span = xp.ones(total, dtype=bool)
-    if total > 1:
-        new_span[1:] = ((e_group[1:] != e_group[:-1]) | (e_j[1:] != e_j[:-1] + 1)
-                        | (e_cls[1:] != e_cls[:-1]))
-    span_first = xp.nonzero(new_span)[0]
-    span_last = xp.concatenate([span_first[1:], xp.full(1, total, dtype=span_first.dtype)]) - 1
-    s_group = e_group[span_first]
-    s_cls = e_cls[span_first]
-    k0 = kb[e_j[span_first]]
-    k1 = kb[e_j[span_last] + 1]
-    # Row restriction: the whole group, or the run the class bit names.
-    s_run = e_run[span_first]
-    r0 = xp.where(s_cls == 3, group_q0[s_group], run_q0[s_run])
-    r1 = xp.where(s_cls == 3, group_q1[s_group], run_q1[s_run])
+        # Step 1: spans = maximal runs of adjacent key blocks within a row.
+        first = xp.nonzero(e_start)[0]
+        last = xp.concatenate([first[1:], xp.full(1, e_j.size, dtype=first.dtype)]) - 1
+        s_group = e_run[first]
+        k0, k1 = kb[e_j[first]], kb[e_j[last] + 1]
+        r0, r1 = group_q0[s_group], group_q1[s_group]
     g_spans = xp.bincount(s_group, minlength=num_groups) if s_group.size else \
         xp.zeros(num_groups, dtype=np.int64)
     g_span_off = offsets_from_counts(g_spans, xp)
@@ -232,11 +222,15 @@ def map_to_tiles(mask: BlockMask, tile_rows: int, block_n: int,
 
     # Subdivide each group into tiles of tile_rows query tokens.
     g_tiles = (group_q1 - group_q0 + tile_rows - 1) // tile_rows
-    t_off = offsets_from_counts(g_tiles, xp)
-    n_tiles = int(t_off[-1])
-    t_group = segment_ids(t_off, n_tiles, xp)
-    t_q0 = group_q0[t_group] + (xp.arange(n_tiles, dtype=np.int64) - t_off[t_group]) * tile_rows
-    t_q1 = xp.minimum(t_q0 + tile_rows, group_q1[t_group])
+    if bool((g_tiles == 1).all()):
+        t_group = xp.arange(num_groups)
+        t_q0, t_q1 = group_q0, group_q1
+    else:
+        t_off = offsets_from_counts(g_tiles, xp)
+        n_tiles = int(t_off[-1])
+        t_group = segment_ids(t_off, n_tiles, xp)
+        t_q0 = group_q0[t_group] + (xp.arange(n_tiles, dtype=np.int64) - t_off[t_group]) * tile_rows
+        t_q1 = xp.minimum(t_q0 + tile_rows, group_q1[t_group])
 
     i32 = np.int32
     return PhysicalTiles(
@@ -246,3 +240,41 @@ def map_to_tiles(mask: BlockMask, tile_rows: int, block_n: int,
         span_end=g_span_off[1:][t_group].astype(i32), chunks=g_chunks[t_group].astype(i32),
         k0=k0.astype(i32), k1=k1.astype(i32), r0=r0.astype(i32), r1=r1.astype(i32),
         num_groups=num_groups, num_merged=num_merged)
+
+
+def _merged_spans(e_j, e_run, run_group, merged_into_prev, run_q0, run_q1, group_q0, group_q1,
+                  kb, mask, xp):
+    """Spans of groups where restricted merges happened: the union of the two runs' key blocks,
+    each labelled with the run(s) it serves, cut where the label or adjacency changes."""
+    e_group = run_group[e_run]
+    e_cls = xp.where(merged_into_prev[e_run], 2, 1).astype(np.int8)
+    order = xp.argsort(e_group * mask.num_kv_blocks + e_j, kind="stable")
+    e_j, e_group, e_cls, e_run = e_j[order], e_group[order], e_cls[order], e_run[order]
+    total = int(e_j.size)
+    dup = xp.zeros(total, dtype=bool)
+    if total > 1:
+        dup[1:] = (e_group[1:] == e_group[:-1]) & (e_j[1:] == e_j[:-1])
+    e_cls[xp.nonzero(dup)[0] - 1] = 3  # the key block serves both runs
+    keep = ~dup
+    e_j, e_group, e_cls, e_run = e_j[keep], e_group[keep], e_cls[keep], e_run[keep]
+    # Unmerged groups (one run) serve all their rows: class 3 too.
+    single = ~merged_into_prev[e_run] & ~_has_partner(e_run, merged_into_prev, xp)
+    e_cls = xp.where(single, 3, e_cls).astype(np.int8)
+    total = int(e_j.size)
+    new_span = xp.ones(total, dtype=bool)
+    if total > 1:
+        new_span[1:] = ((e_group[1:] != e_group[:-1]) | (e_j[1:] != e_j[:-1] + 1)
+                        | (e_cls[1:] != e_cls[:-1]))
+    first = xp.nonzero(new_span)[0]
+    last = xp.concatenate([first[1:], xp.full(1, total, dtype=first.dtype)]) - 1
+    s_group, s_cls, s_run = e_group[first], e_cls[first], e_run[first]
+    k0, k1 = kb[e_j[first]], kb[e_j[last] + 1]
+    r0 = xp.where(s_cls == 3, group_q0[s_group], run_q0[s_run])
+    r1 = xp.where(s_cls == 3, group_q1[s_group], run_q1[s_run])
+    return k0, k1, r0, r1, s_group
+
+
+def _has_partner(e_run, merged_into_prev, xp):
+    """Whether the run of each entry is the first run of a merged pair."""
+    nxt = xp.concatenate([merged_into_prev[1:], xp.zeros(1, dtype=bool)])
+    return nxt[e_run]

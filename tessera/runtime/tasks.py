@@ -104,9 +104,33 @@ def build_task_queue(tiles: PhysicalTiles, *, batch: int, num_q_heads: int, num_
     parts = xp.maximum((chunks + limit - 1) // limit, 1)
     split = parts > 1
 
-    # New span list: spans of unsplit tiles as they are; spans of split tiles cut into parts.
-    spans_k0, spans_k1, spans_r0, spans_r1, part_begin, part_end, part_cost, part_tile = \
-        _cut_parts(tiles, parts, xp)
+    # Parts, tile-major: an unsplit tile is one part over its own spans; the spans of split
+    # tiles are cut into parts and appended after the existing span list.
+    part_off = offsets_from_counts(parts, xp)
+    n_parts = int(part_off[-1])
+    spans_k0, spans_k1, spans_r0, spans_r1 = tiles.k0, tiles.k1, tiles.r0, tiles.r1
+    if n_parts == tiles.num_tiles:
+        part_tile = xp.arange(n_parts)
+        part_begin, part_end, part_cost = tiles.span_begin, tiles.span_end, chunks
+    else:
+        part_tile = segment_ids(part_off, n_parts, xp)
+        part_begin = tiles.span_begin[part_tile].astype(np.int64)
+        part_end = tiles.span_end[part_tile].astype(np.int64)
+        part_cost = chunks[part_tile]
+        st = xp.nonzero(split)[0]
+        k0, k1, r0, r1, pb, pe, pc = _cut_parts(tiles, st, parts[st], xp)
+        base = tiles.num_spans
+        # Split tiles' parts sit at part_off[t] .. part_off[t] + parts[t] - 1, in order.
+        sp_off = offsets_from_counts(parts[st], xp)
+        sp_tile = segment_ids(sp_off, int(sp_off[-1]), xp)
+        dest = part_off[st][sp_tile] + (xp.arange(sp_tile.size) - sp_off[sp_tile])
+        part_begin[dest] = pb + base
+        part_end[dest] = pe + base
+        part_cost[dest] = pc
+        spans_k0 = xp.concatenate([spans_k0, k0.astype(np.int32)])
+        spans_k1 = xp.concatenate([spans_k1, k1.astype(np.int32)])
+        spans_r0 = xp.concatenate([spans_r0, r0.astype(np.int32)])
+        spans_r1 = xp.concatenate([spans_r1, r1.astype(np.int32)])
 
     # Expand parts over (batch, head) assignments: part-major, then assignment.
     p_exp = expansions[part_tile]
@@ -120,21 +144,21 @@ def build_task_queue(tiles: PhysicalTiles, *, batch: int, num_q_heads: int, num_
 
     # Slots: each (split tile, assignment) is one combine job owning `parts` consecutive slots,
     # one per part in part order.
-    t_local = t_assign - xp.asarray(bh_off)[tiles.mask_bh[t_tile]]
     j_counts = xp.where(split, expansions, 0)
     j_off = offsets_from_counts(j_counts, xp)
     n_jobs = int(j_off[-1])
-    j_tile = segment_ids(j_off, n_jobs, xp)
-    job_parts = parts[j_tile]
-    job_slot_off = offsets_from_counts(job_parts, xp)
-    num_slots = int(job_slot_off[-1])
-    t_split = split[t_tile]
-    t_job = xp.where(t_split, j_off[t_tile] + t_local, 0)
-    t_part_idx = t_part - offsets_from_counts(parts, xp)[t_tile]
+    num_slots = 0
+    t_slot = xp.full(n_tasks, -1, dtype=np.int64)
     if n_jobs:
+        t_local = t_assign - xp.asarray(bh_off)[tiles.mask_bh[t_tile]]
+        j_tile = segment_ids(j_off, n_jobs, xp)
+        job_parts = parts[j_tile]
+        job_slot_off = offsets_from_counts(job_parts, xp)
+        num_slots = int(job_slot_off[-1])
+        t_split = split[t_tile]
+        t_job = xp.where(t_split, j_off[t_tile] + t_local, 0)
+        t_part_idx = t_part - part_off[t_tile]
         t_slot = xp.where(t_split, job_slot_off[t_job] + t_part_idx, -1)
-    else:
-        t_slot = xp.full(n_tasks, -1, dtype=np.int64)
 
     i32 = np.int32
     tasks = xp.stack([t_b, t_h0, tiles.q0[t_tile], tiles.q1[t_tile], part_begin[t_part],
@@ -157,34 +181,30 @@ def build_task_queue(tiles: PhysicalTiles, *, batch: int, num_q_heads: int, num_
                      tile_rows=tiles.tile_rows)
 
 
-def _cut_parts(tiles: PhysicalTiles, parts: Any, xp):
-    """Cut the span lists of split tiles into ``parts`` near-equal pieces by key chunks.
+def _cut_parts(tiles: PhysicalTiles, which: Any, parts: Any, xp):
+    """Cut the span lists of tiles ``which`` into ``parts`` near-equal pieces by key chunks.
 
-    Returns the new span arrays and, per part (tile-major), its span range, cost and tile.
-    Unsplit tiles keep one part whose spans are the tile's own (copied, so every part owns a
-    contiguous range of the new span list).
+    Spans are cut at chunk boundaries, so every piece still starts a chunk where the kernel
+    would. Returns the new spans (k0, k1, r0, r1) and per part (tile-major, part order) its span
+    range in the new list and its cost in chunks.
     """
     bn = tiles.block_n
-    n_tiles = tiles.num_tiles
-    # Spans of each tile, gathered tile by tile (tiles of one group repeat its spans).
-    t_ns = (tiles.span_end - tiles.span_begin).astype(np.int64)
+    t_ns = (tiles.span_end[which] - tiles.span_begin[which]).astype(np.int64)
     ts_off = offsets_from_counts(t_ns, xp)
     n_ts = int(ts_off[-1])
-    ts_tile = segment_ids(ts_off, n_ts, xp)
-    ts_src = tiles.span_begin[ts_tile].astype(np.int64) + (xp.arange(n_ts) - ts_off[ts_tile])
+    ts_tile = segment_ids(ts_off, n_ts, xp)  # position in `which`
+    ts_src = tiles.span_begin[which][ts_tile].astype(np.int64) + (xp.arange(n_ts) - ts_off[ts_tile])
     k0 = tiles.k0[ts_src].astype(np.int64)
     k1 = tiles.k1[ts_src].astype(np.int64)
     c = (k1 - k0 + bn - 1) // bn
     c_off = offsets_from_counts(c, xp)
-    # Chunk range of each span within its tile.
-    cs = c_off[:-1] - c_off[ts_off[:-1]][ts_tile] if n_ts else c_off[:-1]
+    cs = c_off[:-1] - c_off[ts_off[:-1]][ts_tile]  # first chunk of each span within its tile
     ce = cs + c
-    tile_chunks = tiles.chunks.astype(np.int64)
-    step = (tile_chunks + parts - 1) // parts  # chunks per part (last part may be shorter)
+    step = (tiles.chunks[which].astype(np.int64) + parts - 1) // parts  # chunks per part
     st = step[ts_tile]
     p_first = cs // st
-    p_last = xp.maximum(ce - 1, cs) // st
-    pieces = xp.where(c > 0, p_last - p_first + 1, 1)
+    p_last = (ce - 1) // st
+    pieces = p_last - p_first + 1
     pc_off = offsets_from_counts(pieces, xp)
     n_pc = int(pc_off[-1])
     pc_span = segment_ids(pc_off, n_pc, xp)
@@ -196,18 +216,14 @@ def _cut_parts(tiles: PhysicalTiles, parts: Any, xp):
     new_k1 = xp.minimum(k1[pc_span], base + pc_ce * bn)
     new_r0 = tiles.r0[ts_src][pc_span]
     new_r1 = tiles.r1[ts_src][pc_span]
-    # Parts: tile-major; each piece belongs to part (tile, pc_part).
     part_off = offsets_from_counts(parts, xp)
     n_parts = int(part_off[-1])
-    part_tile = segment_ids(part_off, n_parts, xp)
-    piece_part = part_off[:-1][ts_tile[pc_span]] + pc_part
-    per_part = xp.bincount(piece_part, minlength=n_parts) if n_pc else xp.zeros(n_parts, np.int64)
+    piece_part = part_off[:-1][ts_tile[pc_span]] + pc_part  # non-decreasing
+    per_part = xp.bincount(piece_part, minlength=n_parts)
     pp_off = offsets_from_counts(per_part, xp)
-    part_cost = xp.bincount(piece_part, weights=(pc_ce - pc_cs), minlength=n_parts) \
-        if n_pc else xp.zeros(n_parts)
-    del n_tiles
+    part_cost = xp.bincount(piece_part, weights=(pc_ce - pc_cs), minlength=n_parts)
     return (new_k0, new_k1, new_r0, new_r1, pp_off[:-1], pp_off[1:],
-            part_cost.astype(np.int64), part_tile)
+            part_cost.astype(np.int64))
 
 
 def _xp_of(a: Any):
