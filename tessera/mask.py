@@ -108,18 +108,45 @@ class BlockMask:
         indptr: int64 ``[B * H * nQB + 1]`` (numpy or CuPy); row ``(b, h, i)`` is
             ``(b * H + h) * nQB + i``.
         indices: int32 ``[nnz]``, selected key blocks, sorted and unique within each row.
+        (Both are derived from ``dense_rows`` on first use when the mask came from a dense
+        matrix.)
         batch_heads: ``(B, H)``; each is 1 (broadcast) or the real count. H counts query heads
             or key/value heads; :meth:`head_index` resolves which at attention time.
     """
 
     q_bounds: np.ndarray
     kv_bounds: np.ndarray
-    indptr: Any
-    indices: Any
+    _indptr: Any
+    _indices: Any
     batch_heads: tuple[int, int]
     # A private copy of the dense block matrix [B*H*nQB, nKB] when the mask was built from one:
-    # the mapping reads it for O(1) "is key block j selected in row r" lookups.
+    # the mapping reads it for O(1) "is key block j selected in row r" lookups, and the device
+    # planner plans from it directly. The CSR arrays are then derived only when first read.
     dense_rows: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def indptr(self) -> Any:
+        """int64 ``[B * H * nQB + 1]`` row offsets into :attr:`indices`."""
+        if self._indptr is None:
+            self._derive_csr()
+        return self._indptr
+
+    @property
+    def indices(self) -> Any:
+        """int32 ``[nnz]`` selected key blocks, sorted and unique within each row."""
+        if self._indices is None:
+            self._derive_csr()
+        return self._indices
+
+    def _derive_csr(self) -> None:
+        flat = self.dense_rows
+        xp = array_module(flat)
+        counts = flat.sum(axis=1, dtype=np.int64)
+        indptr = xp.zeros(flat.shape[0] + 1, dtype=np.int64)
+        xp.cumsum(counts, out=indptr[1:])
+        indices = xp.nonzero(flat)[1].astype(np.int32)  # row-major: sorted within each row
+        object.__setattr__(self, "_indptr", indptr)  # a cache on a frozen value
+        object.__setattr__(self, "_indices", indices)
 
     # ------------------------------------------------------------------ constructors
     @classmethod
@@ -140,13 +167,9 @@ class BlockMask:
         bm, hm = _lead_shape(m.ndim - 2, m.shape[:-2], "mask")
         n_q, n_kv = m.shape[-2], m.shape[-1]
         qb, kb = _geometry(n_q, n_kv, block_size, q_bounds, kv_bounds, seq_len_q, seq_len_kv)
-        xp = array_module(m)
         flat = m.reshape(bm * hm * n_q, n_kv)
-        counts = flat.sum(axis=1, dtype=np.int64)
-        indptr = xp.zeros(flat.shape[0] + 1, dtype=np.int64)
-        xp.cumsum(counts, out=indptr[1:])
-        indices = xp.nonzero(flat)[1].astype(np.int32)  # row-major: sorted within each row
-        return cls(qb, kb, indptr, indices, (bm, hm), dense_rows=flat.copy())
+        # CSR is derived on first use: a device mask planned by the device planner never needs it.
+        return cls(qb, kb, None, None, (bm, hm), dense_rows=flat.copy())
 
     @classmethod
     def from_scipy(cls, matrices: Any, *, block_size: BlockSize | None = None,
@@ -297,16 +320,20 @@ class BlockMask:
     @property
     def xp(self):
         """The array module (numpy or CuPy) the selection lives in."""
-        return array_module(self.indptr, self.indices)
+        if self.dense_rows is not None:
+            return array_module(self.dense_rows)
+        return array_module(self._indptr, self._indices)
 
     @property
     def on_device(self) -> bool:
-        return is_cupy(self.indices)
+        return self.xp is not np
 
     @property
     def nnz(self) -> int:
         """Number of selected (query block, key block) pairs, over the stored batch and heads."""
-        return int(self.indptr[-1])
+        if self._indptr is None:
+            return int(self.dense_rows.sum())
+        return int(self._indptr[-1])
 
     @property
     def density(self) -> float:

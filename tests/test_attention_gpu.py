@@ -154,20 +154,42 @@ def test_cupy_float16_in_and_out():
     assert isinstance(out, cp.ndarray)
 
 
-def test_device_mask_plans_on_device_like_host():
+def _device_vs_host_masks():
+    rng = np.random.default_rng(9)
+    band = np.zeros((2, 16, 16), bool)
+    for i in range(16):
+        band[:, i, max(0, i - 2):i + 2] = True
+    variable = dict(q_bounds=np.r_[0, np.cumsum(rng.integers(16, 300, 9))],
+                    kv_bounds=np.r_[0, np.cumsum(rng.integers(8, 200, 70))])
+    empty = rng.random((3, 9, 70)) < 0.3
+    empty[:, 4] = False
+    return {
+        "random 64": (rng.random((3, 20, 30)) < 0.2, dict(block_size=64)),
+        "pairs 64": (np.repeat(rng.random((2, 10, 40)) < 0.3, 2, axis=1), dict(block_size=64)),
+        "wide rows": (rng.random((1, 5, 300)) < 0.5, dict(block_size=(384, 16), seq_len_q=1900)),
+        "band (restricted merges)": (band, dict(block_size=64)),
+        "variable + empty rows": (empty, variable),
+        "all": (np.ones((2, 7, 7), bool), dict(block_size=128, seq_len_q=850, seq_len_kv=830)),
+    }
+
+
+@pytest.mark.parametrize("case", list(_device_vs_host_masks()))
+def test_device_planner_equals_host_planner(case):
     import cupy as cp
 
-    rng = np.random.default_rng(9)
-    dense = rng.random((3, 20, 30)) < 0.2
-    host = tessera.BlockMask.from_dense(dense, block_size=64)
-    dev = tessera.BlockMask.from_dense(cp.asarray(dense), block_size=64)
+    dense, geo = _device_vs_host_masks()[case]
+    host = tessera.BlockMask.from_dense(dense, **geo)
+    dev = tessera.BlockMask.from_dense(cp.asarray(dense), **geo)
     assert dev.on_device
-    ph = tessera.plan(host, num_q_heads=3, head_dim=64)
-    pd = tessera.plan(dev, num_q_heads=3, head_dim=64)
-    assert isinstance(pd.queue.tasks, cp.ndarray)
-    np.testing.assert_array_equal(ph.queue.tasks, pd.queue.tasks.get())
-    np.testing.assert_array_equal(ph.queue.spans, pd.queue.spans.get())
-    _check(dev, hq=3, d=64)
+    for reg in (Regime(), Regime(block_m=64), Regime(split_ratio=1.0, min_split_chunks=2)):
+        h = dense.shape[0]
+        ph = tessera.plan(host, num_q_heads=h, head_dim=128, regime=reg)
+        pd = tessera.plan(dev, num_q_heads=h, head_dim=128, regime=reg)
+        assert isinstance(pd.queue.tasks, cp.ndarray)
+        np.testing.assert_array_equal(ph.queue.tasks, pd.queue.tasks.get())
+        np.testing.assert_array_equal(ph.queue.spans, pd.queue.spans.get())
+        np.testing.assert_array_equal(ph.queue.combine, pd.queue.combine.get())
+    _check(dev, hq=dense.shape[0], d=128)
 
 
 def test_torch_zero_copy_and_type():

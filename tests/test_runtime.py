@@ -327,7 +327,7 @@ def label(plan) -> None:
 
 
 # ---------------------------------------------------------------------------- properties
-@settings(max_examples=2000, deadline=None)
+@settings(max_examples=1600, deadline=None)
 @given(cases(BASE_REGIMES + EXTRA_REGIMES))
 def test_emulator_matches_reference(case):
     plan, mask, q, k, v, scale = case
@@ -336,7 +336,7 @@ def test_emulator_matches_reference(case):
     check_emulation(plan, mask, q, k, v, scale)
 
 
-@settings(max_examples=700, deadline=None)
+@settings(max_examples=600, deadline=None)
 @given(cases(SPLIT_REGIMES))
 def test_emulator_matches_reference_with_splits(case):
     plan, mask, q, k, v, scale = case
@@ -345,7 +345,7 @@ def test_emulator_matches_reference_with_splits(case):
     check_emulation(plan, mask, q, k, v, scale)
 
 
-@settings(max_examples=700, deadline=None)
+@settings(max_examples=500, deadline=None)
 @given(cases(COMBINE_REGIMES))
 def test_emulator_matches_reference_combine_thresholds(case):
     plan, mask, q, k, v, scale = case
@@ -357,7 +357,7 @@ def test_emulator_matches_reference_combine_thresholds(case):
     check_emulation(plan, mask, q, k, v, scale)
 
 
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=1200, deadline=None)
 @given(cases(BASE_REGIMES + EXTRA_REGIMES + SPLIT_REGIMES + COMBINE_REGIMES))
 def test_task_queue_contract_and_stats(case):
     plan, mask, q, k, v, scale = case

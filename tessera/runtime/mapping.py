@@ -78,6 +78,13 @@ class _RowStats:
     identical: Any  # per row: same selection as the previous row of the same head
 
 
+def _segment_last(first: Any, total: int, xp) -> Any:
+    """Last index of each segment, given the (sorted) first index of every segment of a
+    length-``total`` sequence that the segments tile."""
+    tail = xp.full(min(1, int(first.size)), total, dtype=first.dtype)
+    return xp.concatenate([first[1:], tail]) - 1
+
+
 def _row_sum(values: Any, indptr: Any, xp) -> Any:
     csum = offsets_from_counts(values, xp)
     return csum[indptr[1:]] - csum[indptr[:-1]]
@@ -162,6 +169,10 @@ def map_to_tiles(mask: BlockMask, tile_rows: int, block_n: int,
     differ; identical consecutive blocks always combine).
     """
     xp = mask.xp
+    if xp is not np and mask.dense_rows is not None:
+        tiles = _map_dense_on_device(mask, tile_rows, block_n, combine_threshold)
+        if tiles is not None:
+            return tiles
     n_q = mask.num_q_blocks
     n_rows = mask.indptr.size - 1
     qb = xp.asarray(mask.q_bounds)
@@ -171,7 +182,7 @@ def map_to_tiles(mask: BlockMask, tile_rows: int, block_n: int,
     # Step 2: runs of identical consecutive rows.
     run_first = xp.nonzero(~stats.identical)[0]
     n_runs = int(run_first.size)
-    run_last = xp.concatenate([run_first[1:], xp.full(1, n_rows, dtype=run_first.dtype)]) - 1
+    run_last = _segment_last(run_first, n_rows, xp)
     run_bh = run_first // n_q
     run_q0 = qb[run_first % n_q]
     run_q1 = qb[run_last % n_q + 1]
@@ -187,8 +198,7 @@ def map_to_tiles(mask: BlockMask, tile_rows: int, block_n: int,
     else:
         run_group = group_first_run = xp.arange(n_runs)
     num_groups = int(group_first_run.size)
-    group_last_run = xp.concatenate([group_first_run[1:] - 1,
-                                     xp.full(1, n_runs - 1, dtype=group_first_run.dtype)])
+    group_last_run = _segment_last(group_first_run, n_runs, xp)
     group_q0 = run_q0[group_first_run]
     group_q1 = run_q1[group_last_run]
     group_bh = run_bh[group_first_run]
@@ -209,7 +219,7 @@ def map_to_tiles(mask: BlockMask, tile_rows: int, block_n: int,
     else:
         # Step 1: spans = maximal runs of adjacent key blocks within a row.
         first = xp.nonzero(e_start)[0]
-        last = xp.concatenate([first[1:], xp.full(1, e_j.size, dtype=first.dtype)]) - 1
+        last = _segment_last(first, e_j.size, xp)
         s_group = e_run[first]
         k0, k1 = kb[e_j[first]], kb[e_j[last] + 1]
         r0, r1 = group_q0[s_group], group_q1[s_group]
@@ -219,8 +229,14 @@ def map_to_tiles(mask: BlockMask, tile_rows: int, block_n: int,
     s_chunks = (k1 - k0 + block_n - 1) // block_n
     s_chunk_off = offsets_from_counts(s_chunks, xp)
     g_chunks = s_chunk_off[g_span_off[1:]] - s_chunk_off[g_span_off[:-1]]
+    return _subdivide(group_q0, group_q1, group_bh, g_span_off, g_chunks, k0, k1, r0, r1,
+                      tile_rows, block_n, num_merged, xp)
 
-    # Subdivide each group into tiles of tile_rows query tokens.
+
+def _subdivide(group_q0, group_q1, group_bh, g_span_off, g_chunks, k0, k1, r0, r1,
+               tile_rows: int, block_n: int, num_merged: int, xp) -> PhysicalTiles:
+    """Cut each group into tiles of ``tile_rows`` query tokens sharing the group's spans."""
+    num_groups = int(group_q0.size)
     g_tiles = (group_q1 - group_q0 + tile_rows - 1) // tile_rows
     if bool((g_tiles == 1).all()):
         t_group = xp.arange(num_groups)
@@ -240,6 +256,57 @@ def map_to_tiles(mask: BlockMask, tile_rows: int, block_n: int,
         span_end=g_span_off[1:][t_group].astype(i32), chunks=g_chunks[t_group].astype(i32),
         k0=k0.astype(i32), k1=k1.astype(i32), r0=r0.astype(i32), r1=r1.astype(i32),
         num_groups=num_groups, num_merged=num_merged)
+
+
+def _map_dense_on_device(mask: BlockMask, tile_rows: int, block_n: int,
+                         combine_threshold: float) -> PhysicalTiles | None:
+    """The device planner: row statistics and spans by two kernels over the dense block matrix
+    (tessera/cuda/plan.cu), the rest on per-row arrays. Returns None when a restricted merge is
+    chosen (the general path handles those)."""
+    from ..cuda.loader import Variant, load_kernel  # noqa: PLC0415 - device only
+
+    xp = mask.xp
+    dense = mask.dense_rows.view(np.uint8)
+    n_rows, n_kv = dense.shape
+    n_q = mask.num_q_blocks
+    qb = xp.asarray(mask.q_bounds)
+    kb = xp.asarray(mask.kv_bounds)
+    count = xp.empty(n_rows, dtype=np.int32)
+    nspans = xp.empty(n_rows, dtype=np.int32)
+    chunks = xp.empty(n_rows, dtype=np.int32)
+    key_tokens = xp.empty(n_rows, dtype=np.int64)
+    overlap_tokens = xp.empty(n_rows, dtype=np.int64)
+    identical = xp.empty(n_rows, dtype=np.uint8)
+    grid = ((n_rows * 32 + 255) // 256,)
+    i32 = np.int32
+    load_kernel(Variant("plan.cu", "plan_row_stats"))(
+        grid, (256,), (dense, i32(n_rows), i32(n_kv), i32(n_q), kb, i32(block_n), count, nspans,
+                       key_tokens, overlap_tokens, chunks, identical))
+    stats = _RowStats(None, None, None, count, key_tokens, overlap_tokens, identical.view(bool))
+    run_first = xp.nonzero(~stats.identical)[0]
+    n_runs = int(run_first.size)
+    run_last = _segment_last(run_first, n_rows, xp)
+    run_bh = run_first // n_q
+    run_q0 = qb[run_first % n_q]
+    run_q1 = qb[run_last % n_q + 1]
+    if bool(_restricted_pairs(stats, run_first, run_q0, run_q1, run_bh, tile_rows,
+                              combine_threshold, xp).any()):
+        return None
+    g_span_off = offsets_from_counts(nspans[run_first].astype(np.int64), xp)
+    n_spans = int(g_span_off[-1])
+    span_dst = xp.full(n_rows, -1, dtype=np.int64)
+    span_dst[run_first] = g_span_off[:-1]
+    row_q0 = xp.zeros(n_rows, dtype=np.int64)
+    row_q1 = xp.zeros(n_rows, dtype=np.int64)
+    row_q0[run_first] = run_q0
+    row_q1[run_first] = run_q1
+    spans = xp.empty((n_spans, 4), dtype=np.int32)
+    load_kernel(Variant("plan.cu", "plan_write_spans"))(
+        grid, (256,), (dense, i32(n_rows), i32(n_kv), kb, span_dst, row_q0, row_q1, spans))
+    g_chunks = chunks[run_first].astype(np.int64)
+    del n_runs
+    return _subdivide(run_q0, run_q1, run_bh, g_span_off, g_chunks, spans[:, 0], spans[:, 1],
+                      spans[:, 2], spans[:, 3], tile_rows, block_n, 0, xp)
 
 
 def _merged_spans(e_j, e_run, run_group, merged_into_prev, run_q0, run_q1, group_q0, group_q1,
@@ -266,7 +333,7 @@ def _merged_spans(e_j, e_run, run_group, merged_into_prev, run_q0, run_q1, group
         new_span[1:] = ((e_group[1:] != e_group[:-1]) | (e_j[1:] != e_j[:-1] + 1)
                         | (e_cls[1:] != e_cls[:-1]))
     first = xp.nonzero(new_span)[0]
-    last = xp.concatenate([first[1:], xp.full(1, total, dtype=first.dtype)]) - 1
+    last = _segment_last(first, total, xp)
     s_group, s_cls, s_run = e_group[first], e_cls[first], e_run[first]
     k0, k1 = kb[e_j[first]], kb[e_j[last] + 1]
     r0 = xp.where(s_cls == 3, group_q0[s_group], run_q0[s_run])

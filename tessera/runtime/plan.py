@@ -150,17 +150,17 @@ def plan(block_mask: BlockMask, *, num_q_heads: int, num_kv_heads: int | None = 
     if not isinstance(block_mask, BlockMask):
         raise TypeError(f"block_mask must be a tessera.BlockMask, got {type(block_mask).__name__}")
     num_kv_heads = num_q_heads if num_kv_heads is None else num_kv_heads
-    for name, val in (("num_q_heads", num_q_heads), ("num_kv_heads", num_kv_heads),
-                      ("head_dim", head_dim)):
-        if not isinstance(val, (int, np.integer)) or val <= 0:
-            raise ValueError(f"{name} must be a positive int, got {val!r}")
     head_dim_v = head_dim if head_dim_v is None else head_dim_v
+    batch = block_mask.batch_heads[0] if batch is None else batch
+    for name, val in (("num_q_heads", num_q_heads), ("num_kv_heads", num_kv_heads),
+                      ("head_dim", head_dim), ("head_dim_v", head_dim_v), ("batch", batch)):
+        if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or val <= 0:
+            raise ValueError(f"{name} must be a positive int, got {val!r}")
     if layout not in ("bhld", "blhd"):
         raise ValueError(f"layout must be 'bhld' or 'blhd', got {layout!r}")
     dtype = _dtype_name(dtype)
     if dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"dtype must be one of {SUPPORTED_DTYPES}, got {dtype!r}")
-    batch = block_mask.batch_heads[0] if batch is None else batch
     head_of = block_mask.head_index(num_q_heads, num_kv_heads)
     batch_of = block_mask.batch_index(batch)
     regime = default_regime(arch, head_dim) if regime is None else regime

@@ -95,24 +95,33 @@ def build_task_queue(tiles: PhysicalTiles, *, batch: int, num_q_heads: int, num_
     bh_off = np.concatenate([[0], np.cumsum(per_bh)])
     a_b, a_h0 = xp.asarray(a_b), xp.asarray(a_h0)
 
-    # Split policy, decided per tile (every expansion of a tile splits the same way).
+    # Split policy, decided per tile (every expansion of a tile splits the same way). The three
+    # totals it needs come back from the device in one transfer.
     chunks = tiles.chunks.astype(np.int64)
     expansions = xp.asarray(per_bh)[tiles.mask_bh]
-    total_tasks = int(expansions.sum())
-    mean = float((chunks * expansions).sum()) / max(total_tasks, 1)
+    if tiles.num_tiles:
+        totals = xp.stack([expansions.sum(), (chunks * expansions).sum(), chunks.max()])
+        total_tasks, total_chunks, max_chunks = (int(x) for x in _host(totals))
+    else:
+        total_tasks = total_chunks = max_chunks = 0
+    mean = total_chunks / max(total_tasks, 1)
     limit = max(int(min_split_chunks), int(np.ceil(split_ratio * mean)))
-    parts = xp.maximum((chunks + limit - 1) // limit, 1)
+    if max_chunks > limit:
+        parts = xp.maximum((chunks + limit - 1) // limit, 1)
+    else:
+        parts = xp.ones(tiles.num_tiles, dtype=np.int64)
     split = parts > 1
 
     # Parts, tile-major: an unsplit tile is one part over its own spans; the spans of split
     # tiles are cut into parts and appended after the existing span list.
     part_off = offsets_from_counts(parts, xp)
-    n_parts = int(part_off[-1])
     spans_k0, spans_k1, spans_r0, spans_r1 = tiles.k0, tiles.k1, tiles.r0, tiles.r1
-    if n_parts == tiles.num_tiles:
+    if max_chunks <= limit:
+        n_parts = tiles.num_tiles
         part_tile = xp.arange(n_parts)
         part_begin, part_end, part_cost = tiles.span_begin, tiles.span_end, chunks
     else:
+        n_parts = int(part_off[-1])
         part_tile = segment_ids(part_off, n_parts, xp)
         part_begin = tiles.span_begin[part_tile].astype(np.int64)
         part_end = tiles.span_end[part_tile].astype(np.int64)
@@ -133,24 +142,30 @@ def build_task_queue(tiles: PhysicalTiles, *, batch: int, num_q_heads: int, num_
         spans_r1 = xp.concatenate([spans_r1, r1.astype(np.int32)])
 
     # Expand parts over (batch, head) assignments: part-major, then assignment.
-    p_exp = expansions[part_tile]
-    p_off = offsets_from_counts(p_exp, xp)
-    n_tasks = int(p_off[-1])
-    t_part = segment_ids(p_off, n_tasks, xp)
+    used = per_bh[per_bh > 0]
+    if used.size and (used == used[0]).all() and bool((per_bh > 0).all()):
+        # Every mask head is read by the same number of (batch, head) pairs: no scan needed.
+        e = int(used[0])
+        n_tasks = n_parts * e
+        t_part = xp.arange(n_tasks) // e
+        t_local = xp.arange(n_tasks) % e
+    else:
+        p_off = offsets_from_counts(expansions[part_tile], xp)
+        n_tasks = int(p_off[-1])
+        t_part = segment_ids(p_off, n_tasks, xp)
+        t_local = xp.arange(n_tasks) - p_off[t_part]
     t_tile = part_tile[t_part]
-    t_assign = xp.asarray(bh_off)[tiles.mask_bh[t_tile]] + (xp.arange(n_tasks) - p_off[t_part])
+    t_assign = xp.asarray(bh_off)[tiles.mask_bh[t_tile]] + t_local
     t_b = a_b[t_assign]
     t_h0 = a_h0[t_assign]
 
     # Slots: each (split tile, assignment) is one combine job owning `parts` consecutive slots,
     # one per part in part order.
-    j_counts = xp.where(split, expansions, 0)
-    j_off = offsets_from_counts(j_counts, xp)
-    n_jobs = int(j_off[-1])
+    j_off = offsets_from_counts(xp.where(split, expansions, 0), xp)
+    n_jobs = int(j_off[-1]) if max_chunks > limit else 0
     num_slots = 0
     t_slot = xp.full(n_tasks, -1, dtype=np.int64)
     if n_jobs:
-        t_local = t_assign - xp.asarray(bh_off)[tiles.mask_bh[t_tile]]
         j_tile = segment_ids(j_off, n_jobs, xp)
         job_parts = parts[j_tile]
         job_slot_off = offsets_from_counts(job_parts, xp)
@@ -224,6 +239,12 @@ def _cut_parts(tiles: PhysicalTiles, which: Any, parts: Any, xp):
     part_cost = xp.bincount(piece_part, weights=(pc_ce - pc_cs), minlength=n_parts)
     return (new_k0, new_k1, new_r0, new_r1, pp_off[:-1], pp_off[1:],
             part_cost.astype(np.int64))
+
+
+def _host(a: Any) -> np.ndarray:
+    from .._array import to_numpy  # noqa: PLC0415
+
+    return to_numpy(a)
 
 
 def _xp_of(a: Any):
