@@ -95,3 +95,19 @@ def test_regime_validation():
         Regime(block_m=128, num_warps=2)
     assert default_regime(89, 128).block_m == 64
     assert Regime().name.startswith("sm80_128x64_w4_s2")
+
+
+@pytest.mark.parametrize("kernel", ["plan_row_stats", "plan_write_spans"])
+@pytest.mark.parametrize("target", loader.CI_TARGETS)
+def test_planner_kernels_compile(kernel, target, tmp_path, monkeypatch):
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    res = loader.compile_variant(loader.Variant("plan.cu", kernel), target)
+    assert res.spill_bytes == 0 and f"'{kernel}'" in res.log
+
+
+def test_one_module_two_kernels_reports_each(tmp_path, monkeypatch):
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    a = loader.compile_variant(loader.Variant("plan.cu", "plan_row_stats"), "sm_80")
+    b = loader.compile_variant(loader.Variant("plan.cu", "plan_write_spans"), "sm_80")
+    assert a.cubin == b.cubin  # one module
+    assert len(list(tmp_path.glob("*.cubin"))) == 1

@@ -449,6 +449,19 @@ def test_mostly_different_neighbours_do_not_merge():
     assert res.pairs_masked > 0
 
 
+def test_neighbours_without_shared_keys_never_merge():
+    """A restricted merge needs shared keys, however loose the threshold."""
+    dense = np.zeros((8, 8), dtype=bool)
+    dense[0::2, :4] = True
+    dense[1::2, 4:] = True
+    mask = BlockMask.from_dense(dense, block_size=32)
+    for t in (1.0, 10.0):
+        plan = tessera.plan(mask, num_q_heads=1, head_dim=8,
+                            regime=TILE_128x64.with_(combine_threshold=t))
+        assert plan.stats().num_merged == 0
+        assert plan.stats().num_tiles == 8
+
+
 def banded_mask(n=8):
     """Row i selects key blocks i-2 .. i+1 (clipped)."""
     i = np.arange(n)[:, None]

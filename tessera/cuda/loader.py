@@ -62,7 +62,9 @@ class Variant:
 
     @property
     def label(self) -> str:
-        return self.kernel + "".join(f"_{k.lower()}{v}" for k, v in self.macros)
+        """Names the compiled module: the source and macro values (a module may hold several
+        kernels, e.g. the planner's; each compiles once)."""
+        return Path(self.source).stem + "".join(f"_{k.lower()}{v}" for k, v in self.macros)
 
 
 def smem_bytes(v: Variant) -> int:
@@ -122,8 +124,19 @@ def _read_source(name: str) -> str:
     return path.read_text()
 
 
+_built: dict[str, tuple[bytes, str]] = {}  # this process's builds, by cache path
 _RES = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _REGS = re.compile(r"Used (\d+) registers")
+_ENTRY = re.compile(r"Compiling entry function '([^']+)'")
+
+
+def _kernel_report(log: str, kernel: str) -> str:
+    """The part of ptxas' log about one entry function."""
+    parts = _ENTRY.split(log)  # [preamble, name1, text1, name2, text2, ...]
+    for name, text in zip(parts[1::2], parts[2::2]):
+        if name == kernel:
+            return text
+    return ""
 
 
 def compile_variant(variant: Variant, target: str, *, allow_spills: bool = False,
@@ -139,7 +152,11 @@ def compile_variant(variant: Variant, target: str, *, allow_spills: bool = False
                          .encode()).hexdigest()[:24]
     cubin_path = cache_dir() / f"{variant.label}_{target}_{key}.cubin"
     log_path = cubin_path.with_suffix(".log")
-    if use_cache and cubin_path.is_file() and log_path.is_file():
+    if use_cache and str(cubin_path) in _built:
+        # Compiled earlier in this process (NVRTC may not repeat ptxas' report for a program it
+        # has just compiled, so the first report is kept).
+        cubin, log = _built[str(cubin_path)]
+    elif use_cache and cubin_path.is_file() and log_path.is_file():
         cubin, log = cubin_path.read_bytes(), log_path.read_text()
     else:
         prog = nvrtc.createProgram(src, variant.source, [h.encode() for h in headers],
@@ -163,10 +180,18 @@ def compile_variant(variant: Variant, target: str, *, allow_spills: bool = False
                 log_path.write_text(log)
             except OSError:
                 pass  # a read-only home is fine: the process keeps its own copy
-    res = _RES.search(log)
-    regs = _REGS.search(log)
+    if use_cache:
+        _built[str(cubin_path)] = (cubin, log)
+    report = _kernel_report(log, variant.kernel)
+    res = _RES.search(report)
+    regs = _REGS.search(report)
     if res is None or regs is None:
-        raise BuildError(f"could not read ptxas' resource report for {variant.label}:\n{log}")
+        raise BuildError(f"could not read ptxas' resource report for {variant.kernel} in "
+                         f"{variant.label}:\n{log}")
+    # Every kernel of the module must be spill-free, not only the one asked for.
+    spills = [int(a) + int(b) for _, a, b in _RES.findall(log)]
+    if not allow_spills and any(spills):
+        raise BuildError(f"{variant.label} spills registers on {target}:\n{log}")
     stack, spill_st, spill_ld = (int(x) for x in res.groups())
     result = CompileResult(variant, target, cubin, log, int(regs.group(1)), spill_st + spill_ld,
                            stack)
@@ -179,6 +204,7 @@ def compile_variant(variant: Variant, target: str, *, allow_spills: bool = False
 
 
 _loaded: dict[tuple[Variant, int], Any] = {}
+_modules: dict[tuple[str, tuple, int], Any] = {}
 
 
 def device_cc() -> int:
@@ -198,17 +224,21 @@ def load_kernel(variant: Variant) -> Any:
     if fn is None:
         cp = cupy_or_none()
         result = compile_variant(variant, target_for(cc))
-        path = cache_dir() / f"{variant.label}_{result.target}_loaded.cubin"
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(result.cubin)
-            module = cp.RawModule(path=str(path))
-        except OSError:
-            import tempfile  # noqa: PLC0415
+        mkey = (variant.source, variant.macros, cc)
+        module = _modules.get(mkey)
+        if module is None:
+            path = cache_dir() / f"{variant.label}_{result.target}_loaded.cubin"
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(result.cubin)
+                module = cp.RawModule(path=str(path))
+            except OSError:
+                import tempfile  # noqa: PLC0415
 
-            with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-                f.write(result.cubin)
-            module = cp.RawModule(path=f.name)
+                with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+                    f.write(result.cubin)
+                module = cp.RawModule(path=f.name)
+            _modules[mkey] = module
         fn = module.get_function(variant.kernel)
         smem = smem_bytes(variant)
         if smem > 48 * 1024:

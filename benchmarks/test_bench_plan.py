@@ -1,0 +1,58 @@
+"""Planning cost on the host: pytest-benchmark suites for a Wan-1.3B-shaped mask.
+
+12 heads, 32,760 tokens, 10% block density (random, seed 0), numpy on the host:
+``tessera.plan`` with 64- and 128-token blocks, and ``BlockMask.from_dense`` of the 64-token mask.
+
+    PYTHONPATH=. python -m pytest benchmarks/test_bench_plan.py --benchmark-enable -q
+
+(pyproject's addopts disable benchmarks, so a plain test run executes each body once.) No
+assertion is made on time; the checks below only make sure the benchmarked call did its work.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tessera
+from tessera import BlockMask
+
+HEADS = 12
+SEQ_LEN = 32_760
+DENSITY = 0.10
+HEAD_DIM = 128
+
+
+def wan_dense(block: int) -> np.ndarray:
+    """[H, nB, nB] random block selection at DENSITY (seed 0)."""
+    n = -(-SEQ_LEN // block)
+    return np.random.default_rng(0).random((HEADS, n, n)) < DENSITY
+
+
+def wan_mask(block: int) -> BlockMask:
+    return BlockMask.from_dense(wan_dense(block), block_size=block, seq_len_q=SEQ_LEN,
+                                seq_len_kv=SEQ_LEN)
+
+
+@pytest.fixture(scope="module")
+def dense64() -> np.ndarray:
+    return wan_dense(64)
+
+
+@pytest.mark.parametrize("block", [64, 128])
+def test_bench_plan_wan(benchmark, block):
+    mask = wan_mask(block)
+    benchmark.group = "plan"
+    benchmark.extra_info.update(block=block, heads=HEADS, seq_len=SEQ_LEN, nnz=mask.nnz)
+    plan = benchmark(lambda: tessera.plan(mask, num_q_heads=HEADS, head_dim=HEAD_DIM))
+    assert plan.queue.num_tasks > 0
+    benchmark.extra_info.update(num_tasks=plan.queue.num_tasks, num_tiles=plan.tiles.num_tiles,
+                                num_spans=int(plan.queue.spans.shape[0]))
+
+
+def test_bench_from_dense_wan64(benchmark, dense64):
+    benchmark.group = "from_dense"
+    mask = benchmark(lambda: BlockMask.from_dense(dense64, block_size=64, seq_len_q=SEQ_LEN,
+                                                  seq_len_kv=SEQ_LEN))
+    assert mask.nnz == int(dense64.sum())
+    benchmark.extra_info.update(nnz=mask.nnz)
