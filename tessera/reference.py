@@ -77,3 +77,36 @@ def attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *, scale: float | N
     if layout == "blhd":
         out = out.transpose(0, 2, 1, 3)
     return (out, lse) if return_lse else out
+
+
+def attention_rows(q: Any, k: Any, v: Any, block_mask: BlockMask, rows: np.ndarray, *,
+                   scale: float | None = None, layout: str = "bhld") -> np.ndarray:
+    """The float64 truth for a few query rows only: ``rows`` is an int array ``[n, 3]`` of
+    (batch, query head, token); returns ``[n, Dv]``. Lets large runs (100k tokens) be checked on
+    sampled rows without computing the whole reference."""
+    q4 = split_layout(as_array(q, "q"), layout, "q")
+    k4 = split_layout(as_array(k, "k"), layout, "k")
+    v4 = split_layout(as_array(v, "v"), layout, "v")
+    _, hq, _, d = q4.shape
+    hkv = k4.shape[1]
+    mask = block_mask.to_host()
+    head_of = mask.head_index(hq, hkv)
+    batch_of = mask.batch_index(q4.shape[0])
+    scale = 1.0 / np.sqrt(d) if scale is None else float(scale)
+    kb = mask.kv_bounds
+    out = np.zeros((len(rows), v4.shape[3]))
+    for n, (b, h, t) in enumerate(np.asarray(rows, dtype=np.int64)):
+        i = int(np.searchsorted(mask.q_bounds, t, side="right") - 1)
+        r = (batch_of[b] * mask.batch_heads[1] + head_of[h]) * mask.num_q_blocks + i
+        sel = to_numpy(mask.indices[int(mask.indptr[r]):int(mask.indptr[r + 1])])
+        if sel.size == 0:
+            continue
+        keys = np.concatenate([np.arange(kb[j], kb[j + 1]) for j in sel])
+        g = h // (hq // hkv)
+        qrow = to_numpy(q4[b, h, t]).astype(np.float64)
+        kk = to_numpy(k4[b, g][keys]).astype(np.float64)
+        vv = to_numpy(v4[b, g][keys]).astype(np.float64)
+        s = kk @ qrow * scale
+        p = np.exp(s - s.max())
+        out[n] = p @ vv / p.sum()
+    return out
