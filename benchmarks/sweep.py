@@ -14,10 +14,8 @@ import numpy as np
 import tessera
 from tessera.runtime.regime import Regime
 
-try:
-    from compare import SHAPES, bench
-except ImportError:  # run as a module
-    from benchmarks.compare import SHAPES, bench
+from tessera.bench import cuda_time_ms as bench
+from tessera.workloads import WORKLOADS
 
 REGIMES = [
     Regime(block_m=128, block_n=64, num_warps=4, stages=2),
@@ -34,10 +32,11 @@ def main(argv=None):
     import torch
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("--shape", default="wan-1.3b")
+    ap.add_argument("--shape", default="wan-1.3b-480p")
     ap.add_argument("--density", type=float, default=0.1)
     args = ap.parse_args(argv)
-    b, h, L, d = SHAPES[args.shape]
+    w = WORKLOADS[args.shape]
+    b, h, L, d = 1, w.heads, w.seq_len, w.head_dim
     q, k, v = (torch.randn(b, h, L, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     n = math.ceil(L / 128)
     dense = np.random.default_rng(0).random((h, n, n)) < args.density

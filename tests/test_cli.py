@@ -19,3 +19,44 @@ def test_info_as_module():
                          text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert "Default regime for head dim 128" in res.stdout
+
+
+def test_bench_table_and_chart(tmp_path):
+    pytest = __import__("pytest")
+    from tessera import bench
+
+    rows = [dict(shape="wan-1.3b-480p", case="random-10", density=0.1, tessera_ms=2.0,
+                 tessera_tflops=300.0, tessera_plan_ms=0.5, tessera_request_ms=2.5,
+                 flex_ms=2.2, flex_tflops=270.0, flex_request_ms=3.0, kernel_vs_flex=1.1,
+                 request_vs_flex=1.2, sdpa_cudnn_ms=11.0, sdpa_flash_ms=18.0)]
+    text = bench.table(rows)
+    assert "wan-1.3b-480p" in text and "300" in text and "1.20" in text
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "bench.png"
+    bench.chart(rows, str(png))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_without_gpu_says_why(capsys):
+    import importlib.util
+
+    from tessera.__main__ import main as cli
+
+    rc = cli(["bench", "--shape", "wan-1.3b-480p", "--case", "random-10"])
+    out = capsys.readouterr().out
+    if importlib.util.find_spec("torch") is None:
+        assert rc == 1 and "needs PyTorch" in out
+    else:  # torch without a GPU (CI installs none; a developer machine may)
+        import torch
+
+        if not torch.cuda.is_available():
+            assert rc == 1 and "needs a CUDA GPU" in out
+
+
+def test_bench_rejects_unknown_shape():
+    import pytest
+
+    from tessera.bench import main as bench_main
+
+    with pytest.raises(SystemExit):
+        bench_main(["--shape", "no-such-model"])

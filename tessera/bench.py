@@ -1,0 +1,223 @@
+"""``python -m tessera bench``: Tessera against dense SDPA (cuDNN, flash) and FlexAttention with
+a per-request BlockMask, in one process, on the WORKLOADS shapes and mask families.
+
+Useful FLOPs = 4 * D * selected (query, key) pairs. "request" = everything a dynamic-mask call
+costs: building the mask object from a device bool matrix, planning and running. Needs a GPU and
+PyTorch (the baselines and the timers); prints a table and can write JSON and a PNG chart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+import tessera
+
+from .workloads import WORKLOADS
+
+# Mask cases on 128-token blocks that FlexAttention's default 128x128 BlockMask also accepts.
+BLOCK = 128
+
+
+def _band(n: int, heads: int, width: int) -> np.ndarray:
+    i = np.arange(n)
+    return np.broadcast_to(np.abs(i[:, None] - i[None, :]) <= width, (heads, n, n)).copy()
+
+
+CASES: dict[str, Callable[[np.random.Generator, int, int], np.ndarray]] = {
+    "random-10": lambda rng, h, n: rng.random((h, n, n)) < 0.10,
+    "random-30": lambda rng, h, n: rng.random((h, n, n)) < 0.30,
+    "band-16": lambda rng, h, n: _band(n, h, int(0.08 * n)),
+    "dense": lambda rng, h, n: np.ones((h, n, n), bool),
+}
+
+
+def cuda_time_ms(fn: Callable[[], Any], reps: int = 20, warmup: int = 3) -> float:
+    """Median of ``reps`` CUDA-event timings of ``fn`` after ``warmup`` calls."""
+    import torch  # noqa: PLC0415
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def _progress(i: int, n: int, label: str) -> None:
+    width = 30
+    done = int(width * i / max(n, 1))
+    sys.stderr.write(f"\r[{'#' * done}{'.' * (width - done)}] {i}/{n} {label:40}")
+    sys.stderr.flush()
+    if i == n:
+        sys.stderr.write("\n")
+
+
+def run(shapes: list[str], cases: list[str], reps: int = 20, flex: bool = True,
+        batch: int = 1) -> list[dict]:
+    """Time every (shape, case); returns one dict of figures per pair."""
+    import torch  # noqa: PLC0415
+    import torch.nn.functional as F  # noqa: PLC0415
+    from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: PLC0415
+
+    flex_fn = flex_mask = None
+    if flex:
+        try:
+            from torch.nn.attention.flex_attention import BlockMask as flex_mask  # noqa: N813
+            from torch.nn.attention.flex_attention import flex_attention
+
+            flex_fn = torch.compile(flex_attention)
+        except Exception as exc:  # pragma: no cover - depends on the torch build
+            print(f"FlexAttention unavailable: {exc}", file=sys.stderr)
+    rng = np.random.default_rng(0)
+    rows: list[dict] = []
+    total = len(shapes) * len(cases)
+    step = 0
+    for shape in shapes:
+        w = WORKLOADS[shape]
+        h, d, L = w.heads, w.head_dim, w.seq_len
+        q, k, v = (torch.randn(batch, h, L, d, device="cuda", dtype=torch.bfloat16)
+                   for _ in range(3))
+        dense_flops = 4 * d * L * L * batch * h
+        sdpa = {}
+        for backend, label in ((SDPBackend.CUDNN_ATTENTION, "cudnn"),
+                               (SDPBackend.FLASH_ATTENTION, "flash")):
+            try:
+                with sdpa_kernel(backend):
+                    sdpa[label] = cuda_time_ms(lambda: F.scaled_dot_product_attention(q, k, v),
+                                               reps)
+            except Exception as exc:
+                print(f"\nSDPA {label} failed: {exc}", file=sys.stderr)
+        n = math.ceil(L / BLOCK)
+        for case in cases:
+            _progress(step, total, f"{shape} {case}")
+            step += 1
+            blocks = torch.from_numpy(CASES[case](rng, h, n)).cuda()
+
+            def new_mask():
+                return tessera.BlockMask.from_dense(blocks, block_size=BLOCK, seq_len_q=L,
+                                                    seq_len_kv=L)
+
+            m = new_mask()
+            flops = 4 * d * int(m.selected_pairs(batch, h).sum())
+            p = tessera.plan(m, num_q_heads=h, head_dim=d, batch=batch)
+            t_kernel = cuda_time_ms(lambda: p.run(q, k, v), reps)
+            t_plan = cuda_time_ms(lambda: tessera.plan(new_mask(), num_q_heads=h, head_dim=d,
+                                                       batch=batch), reps)
+            t_req = cuda_time_ms(lambda: tessera.attention(q, k, v, new_mask()), reps)
+            row = dict(shape=shape, case=case, density=round(m.density, 4),
+                       useful_tflop=flops / 1e12, tessera_ms=t_kernel,
+                       tessera_tflops=flops / t_kernel / 1e9, tessera_plan_ms=t_plan,
+                       tessera_request_ms=t_req, regime=p.regime.name, stats=str(p.stats()))
+            for label, t in sdpa.items():
+                row[f"sdpa_{label}_ms"] = t
+                row[f"sdpa_{label}_tflops"] = dense_flops / t / 1e9
+            if flex_fn is not None:
+                try:
+                    def build():
+                        knb = blocks.sum(-1, dtype=torch.int32)[None]
+                        kidx = torch.argsort(~blocks, dim=-1, stable=True).to(torch.int32)[None]
+                        return flex_mask.from_kv_blocks(knb, kidx, BLOCK_SIZE=BLOCK,
+                                                        seq_lengths=(L, L))
+                    fm = build()
+                    t_flex = cuda_time_ms(lambda: flex_fn(q, k, v, block_mask=fm), reps)
+                    t_build = cuda_time_ms(build, reps)
+                    t_flex_req = cuda_time_ms(lambda: flex_fn(q, k, v, block_mask=build()), reps)
+                    row.update(flex_ms=t_flex, flex_tflops=flops / t_flex / 1e9,
+                               flex_build_ms=t_build, flex_request_ms=t_flex_req,
+                               kernel_vs_flex=t_flex / t_kernel,
+                               request_vs_flex=t_flex_req / t_req)
+                except Exception as exc:
+                    print(f"\nFlex failed on {shape}/{case}: {exc}", file=sys.stderr)
+            rows.append(row)
+    _progress(total, total, "done")
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    """The figures as a fixed-width table (ms, useful TFLOP/s, ratios to FlexAttention)."""
+    nan = float("nan")
+    out = [f"{'shape':15} {'case':10} {'dens':>5} {'kernel':>7} {'TF/s':>5} {'plan':>6} "
+           f"{'request':>7} {'flex':>7} {'TF/s':>5} {'f.req':>7} {'k x':>5} {'req x':>5} "
+           f"{'cudnn':>6} {'fa2':>6}"]
+    for r in rows:
+        out.append(
+            f"{r['shape']:15} {r['case']:10} {r['density']:5.2f} {r['tessera_ms']:7.2f} "
+            f"{r['tessera_tflops']:5.0f} {r['tessera_plan_ms']:6.2f} "
+            f"{r['tessera_request_ms']:7.2f} {r.get('flex_ms', nan):7.2f} "
+            f"{r.get('flex_tflops', nan):5.0f} {r.get('flex_request_ms', nan):7.2f} "
+            f"{r.get('kernel_vs_flex', nan):5.2f} {r.get('request_vs_flex', nan):5.2f} "
+            f"{r.get('sdpa_cudnn_ms', nan):6.2f} {r.get('sdpa_flash_ms', nan):6.2f}")
+    return "\n".join(out)
+
+
+def chart(rows: list[dict], path: str) -> None:
+    """Bar chart of useful TFLOP/s per (shape, case) for Tessera and FlexAttention."""
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    labels = [f"{r['shape']}\n{r['case']}" for r in rows]
+    x = np.arange(len(rows))
+    fig, ax = plt.subplots(figsize=(max(6, len(rows) * 1.1), 4))
+    ax.bar(x - 0.2, [r["tessera_tflops"] for r in rows], 0.4, label="Tessera")
+    ax.bar(x + 0.2, [r.get("flex_tflops", 0) for r in rows], 0.4, label="FlexAttention")
+    ax.set_xticks(x, labels, fontsize=7)
+    ax.set_ylabel("useful TFLOP/s")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tessera bench")
+    ap.add_argument("--shape", default="wan-1.3b-480p,cogvideox-5b",
+                    help=f"comma list of {', '.join(WORKLOADS)}")
+    ap.add_argument("--case", default=",".join(CASES), help=f"comma list of {', '.join(CASES)}")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--no-flex", action="store_true")
+    ap.add_argument("--json", help="write the figures as JSON here")
+    ap.add_argument("--png", help="write a bar chart here (needs matplotlib)")
+    args = ap.parse_args(argv)
+    shapes, cases = args.shape.split(","), args.case.split(",")
+    for s in shapes:
+        if s not in WORKLOADS:
+            ap.error(f"unknown shape {s!r}; choose from {', '.join(WORKLOADS)}")
+    for c in cases:
+        if c not in CASES:
+            ap.error(f"unknown case {c!r}; choose from {', '.join(CASES)}")
+    try:
+        import torch  # noqa: PLC0415
+
+        has_gpu = torch.cuda.is_available()
+    except ImportError:
+        print("bench needs PyTorch (baselines and CUDA timers); it is not installed here.")
+        return 1
+    if not has_gpu:
+        print("bench needs a CUDA GPU; none is visible. `python -m tessera demo` runs on the "
+              "CPU emulator instead.")
+        return 1
+    rows = run(shapes, cases, args.reps, flex=not args.no_flex)
+    print(table(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(date=time.strftime("%Y-%m-%d"), gpu=torch.cuda.get_device_name(),
+                           rows=rows), f, indent=1)
+    if args.png:
+        chart(rows, args.png)
+    return 0
