@@ -49,19 +49,19 @@ def draw_plan(p: Plan, path: str | Path, *, batch: int = 0, head: int = 0,
     axes[0].set_title(f"logical mask: {mask.num_q_blocks}x{mask.num_kv_blocks} blocks, "
                       f"density {dense.mean():.3f}")
     rects, colors, split_rects = [], [], []
-    order = np.linspace(0.0, 1.0, max(len(tasks), 1))
+    order = np.linspace(0.0, 1.0, max(len(tasks), 1))  # task index in launch order -> colour
     for idx in mine:
         _, _, qs, qe, sb, se, slot, _ = tasks[idx]
         for k0, k1, r0, r1 in spans[sb:se]:
             lo, hi = max(qs, r0), min(qe, r1)
             if hi <= lo:
                 continue
-            rect = Rectangle((k0, lo), k1 - k0, hi - lo)
-            (split_rects if slot >= 0 else rects).append(rect)
+            rects.append(Rectangle((k0, lo), k1 - k0, hi - lo))
             colors.append(order[idx])
-    all_rects = rects + split_rects
-    if all_rects:
-        pc = PatchCollection(all_rects, cmap="viridis", alpha=0.85, linewidth=0)
+            if slot >= 0:
+                split_rects.append(Rectangle((k0, lo), k1 - k0, hi - lo))
+    if rects:
+        pc = PatchCollection(rects, cmap="viridis", alpha=0.85, linewidth=0)
         pc.set_array(np.asarray(colors))
         pc.set_clim(0, 1)
         axes[1].add_collection(pc)
