@@ -128,6 +128,13 @@ def _row_stats(mask: BlockMask, xp) -> _RowStats:
                      identical)
 
 
+def _runs(stats: _RowStats, n_rows: int, n_q: int, qb: Any, xp) -> tuple[Any, Any, Any, Any]:
+    """Maximal runs of identical consecutive rows: first row, mask (b, h), query token range."""
+    run_first = xp.nonzero(~stats.identical)[0]
+    run_last = _segment_last(run_first, n_rows, xp)
+    return run_first, run_first // n_q, qb[run_first % n_q], qb[run_last % n_q + 1]
+
+
 def _restricted_pairs(stats: _RowStats, run_first: Any, run_q0: Any, run_q1: Any,
                       run_bh: Any, tile_rows: int, threshold: float, xp) -> Any:
     """Choose pairs of adjacent short runs to merge; returns a bool per run: 'merges with next'.
@@ -180,12 +187,8 @@ def map_to_tiles(mask: BlockMask, tile_rows: int, block_n: int,
     stats = _row_stats(mask, xp)
 
     # Step 2: runs of identical consecutive rows.
-    run_first = xp.nonzero(~stats.identical)[0]
+    run_first, run_bh, run_q0, run_q1 = _runs(stats, n_rows, n_q, qb, xp)
     n_runs = int(run_first.size)
-    run_last = _segment_last(run_first, n_rows, xp)
-    run_bh = run_first // n_q
-    run_q0 = qb[run_first % n_q]
-    run_q1 = qb[run_last % n_q + 1]
 
     # Step 3: restricted merges of adjacent short runs.
     merge_next = _restricted_pairs(stats, run_first, run_q0, run_q1, run_bh, tile_rows,
@@ -283,12 +286,7 @@ def _map_dense_on_device(mask: BlockMask, tile_rows: int, block_n: int,
         grid, (256,), (dense, i32(n_rows), i32(n_kv), i32(n_q), kb, i32(block_n), count, nspans,
                        key_tokens, overlap_tokens, chunks, identical))
     stats = _RowStats(None, None, None, count, key_tokens, overlap_tokens, identical.view(bool))
-    run_first = xp.nonzero(~stats.identical)[0]
-    n_runs = int(run_first.size)
-    run_last = _segment_last(run_first, n_rows, xp)
-    run_bh = run_first // n_q
-    run_q0 = qb[run_first % n_q]
-    run_q1 = qb[run_last % n_q + 1]
+    run_first, run_bh, run_q0, run_q1 = _runs(stats, n_rows, n_q, qb, xp)
     if bool(_restricted_pairs(stats, run_first, run_q0, run_q1, run_bh, tile_rows,
                               combine_threshold, xp).any()):
         return None
@@ -304,7 +302,6 @@ def _map_dense_on_device(mask: BlockMask, tile_rows: int, block_n: int,
     load_kernel(Variant("plan.cu", "plan_write_spans"))(
         grid, (256,), (dense, i32(n_rows), i32(n_kv), kb, span_dst, row_q0, row_q1, spans))
     g_chunks = chunks[run_first].astype(np.int64)
-    del n_runs
     return _subdivide(run_q0, run_q1, run_bh, g_span_off, g_chunks, spans[:, 0], spans[:, 1],
                       spans[:, 2], spans[:, 3], tile_rows, block_n, 0, xp)
 
