@@ -72,14 +72,79 @@ def info() -> int:
     return 0
 
 
+def plan_command(args: argparse.Namespace) -> int:
+    """Build a family's mask for a workload, plan it, print its stats, optionally draw it."""
+    import time  # noqa: PLC0415
+
+    from .runtime.plan import plan  # noqa: PLC0415
+    from .runtime.regime import default_regime  # noqa: PLC0415
+    from .workloads import FAMILIES, WORKLOADS, example_mask  # noqa: PLC0415
+
+    if args.shape not in WORKLOADS:
+        print(f"unknown shape {args.shape!r}; choose from {', '.join(WORKLOADS)}")
+        return 2
+    if args.family not in FAMILIES:
+        print(f"unknown family {args.family!r}; choose from {', '.join(FAMILIES)}")
+        return 2
+    w = WORKLOADS[args.shape]
+    d = args.head_dim or w.head_dim
+    t0 = time.perf_counter()
+    vm = example_mask(w, args.family, heads=args.heads)
+    t1 = time.perf_counter()
+    regime = default_regime(None, d)
+    if args.block_m:
+        regime = regime.with_(block_m=args.block_m, num_warps=max(1, args.block_m // 32))
+    h = vm.mask.batch_heads[1]
+    p = plan(vm.mask, num_q_heads=max(h, args.heads), head_dim=d, regime=regime)
+    t2 = time.perf_counter()
+    print(f"{args.family} on {w.name} ({w.seq_len} tokens, {args.heads} heads): {vm.mask}")
+    print(f"mask built in {(t1 - t0) * 1e3:.1f} ms, planned in {(t2 - t1) * 1e3:.1f} ms "
+          f"({p.regime.name})")
+    print(f"plan: {p.stats()}")
+    if args.png:
+        from .plot import draw_plan  # noqa: PLC0415
+
+        out = draw_plan(p, args.png, head=args.head,
+                        title=f"{args.family} on {w.name}, head {args.head}")
+        print(f"wrote {out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tessera",
                                  description="Tessera: block-sparse attention for video DiTs")
     sub = ap.add_subparsers(dest="cmd")
     sub.add_parser("info", help="versions, GPU, kernel targets and regime tables")
-    args = ap.parse_args(argv)
+    demo = sub.add_parser("demo", help="STA and top-k masks on a Wan-1.3B-shaped attention, "
+                                       "checked against the float64 reference")
+    demo.add_argument("--size", choices=["auto", "full", "small"], default="auto",
+                      help="full: the GPU run; small: the CPU emulator at a reduced size; "
+                           "auto: full when a GPU is present")
+    pl = sub.add_parser("plan", help="plan a video mask family and print (or draw) the plan")
+    pl.add_argument("--shape", default="wan-1.3b-480p", help="a workload of tessera.workloads")
+    pl.add_argument("--family", default="sliding_tile", help="a family of tessera.masks")
+    pl.add_argument("--heads", type=int, default=2, help="mask heads to generate")
+    pl.add_argument("--head-dim", type=int, default=None)
+    pl.add_argument("--head", type=int, default=0, help="head to draw")
+    pl.add_argument("--block-m", type=int, default=None, help="physical tile rows")
+    pl.add_argument("--png", help="draw the plan to this PNG (needs matplotlib)")
+    sub.add_parser("bench", add_help=False,
+                   help="Tessera vs dense SDPA and FlexAttention on a GPU (see --help there)")
+    args, rest = ap.parse_known_args(argv)
+    if args.cmd == "bench":
+        from .bench import main as bench_main  # noqa: PLC0415
+
+        return bench_main(rest)
+    if rest:
+        ap.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.cmd in (None, "info"):
         return info()
+    if args.cmd == "plan":
+        return plan_command(args)
+    if args.cmd == "demo":
+        from .demo import run  # noqa: PLC0415
+
+        return run(args.size)
     return 2
 
 

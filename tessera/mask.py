@@ -49,7 +49,7 @@ def _check_bounds(bounds: Any, name: str) -> np.ndarray:
 
 def _uniform_bounds(n_blocks: int, block: int, seq_len: int | None, which: str) -> np.ndarray:
     """Offsets of ``n_blocks`` blocks of ``block`` tokens, the last one short if ``seq_len`` says so."""
-    if not isinstance(block, (int, np.integer)) or block <= 0:
+    if isinstance(block, bool) or not isinstance(block, (int, np.integer)) or block <= 0:
         raise ValueError(f"block_size must be positive integers, got {block!r} for {which}")
     full = n_blocks * int(block)
     if seq_len is None:
@@ -378,6 +378,8 @@ class BlockMask:
     def to_dense(self) -> Any:
         """The boolean block matrix ``[B, H, nQB, nKB]`` in the mask's array module."""
         xp = self.xp
+        if self.dense_rows is not None:
+            return self.dense_rows.reshape(self.shape).copy()
         n_rows = self.indptr.size - 1
         out = xp.zeros((n_rows, self.num_kv_blocks), dtype=bool)
         rows = segment_ids(self.indptr, self.indices.size, xp)

@@ -36,3 +36,43 @@ WORKLOADS = {w.name: w for w in (
     Workload("cogvideox-2b", 30, 64, (13, 30, 45), 226, 226),
     Workload("mochi-1", 24, 128, (28, 30, 53), 256, 100),
 )}
+
+
+FAMILIES = ("sliding_tile", "spatial_temporal", "radial", "topk_pooled", "semantic_clusters",
+            "random_blocks")
+STA_WINDOWS = [(3, 3, 3), (1, 5, 7), (3, 1, 10)]  # per-head windows, cycled over the heads
+
+
+def example_mask(workload: Workload, family: str, heads: int | None = None, seed: int = 0,
+                 head_dim: int = 64):
+    """A mask of ``family`` at typical parameters for ``workload`` (``tessera.masks``).
+
+    Data-dependent families (top-k, clusters) pool random normal q and k of ``head_dim`` on the
+    host: their density, not their meaning, is what a plan or a benchmark needs.
+    """
+    import numpy as np  # noqa: PLC0415
+
+    from . import masks  # noqa: PLC0415
+
+    heads = workload.heads if heads is None else heads
+    text = dict(text_tokens=workload.text_tokens, text_valid=workload.text_valid or None)
+    lat = workload.latent
+    if family == "sliding_tile":
+        return masks.sliding_tile(lat, window=[STA_WINDOWS[h % 3] for h in range(heads)], **text)
+    if family == "spatial_temporal":
+        return masks.spatial_temporal(lat, heads=["spatial", "temporal"] * (heads // 2)
+                                      + ["spatial"] * (heads % 2), **text)
+    if family == "radial":
+        return masks.radial(lat, **text)
+    if family == "random_blocks":
+        return masks.random_blocks(heads, workload.seq_len, density=0.1, seed=seed, **text)
+    rng = np.random.default_rng(seed)
+    q, k = (rng.standard_normal((heads, workload.seq_len, head_dim), dtype=np.float32)
+            for _ in range(2))
+    if family == "topk_pooled":
+        n_cubes = math.prod(-(-a // 4) for a in lat)
+        return masks.topk_pooled(q, k, lat, topk=max(1, round(0.1 * n_cubes)), **text)
+    if family == "semantic_clusters":
+        n = max(2, workload.seq_len // 128)
+        return masks.semantic_clusters(q, k, n, n, seed=seed, **text)
+    raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")

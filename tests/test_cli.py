@@ -60,3 +60,24 @@ def test_bench_rejects_unknown_shape():
 
     with pytest.raises(SystemExit):
         bench_main(["--shape", "no-such-model"])
+
+
+def test_demo_small_runs_on_cpu(capsys):
+    from tessera.demo import run
+
+    assert run("small") == 0
+    out = capsys.readouterr().out
+    assert "CPU emulator" in out and "pairs outside the mask 0" in out and "OK" in out
+
+
+def test_plan_command_prints_and_draws(tmp_path, capsys):
+    import pytest
+
+    from tessera.__main__ import main as cli
+
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "plan.png"
+    assert cli(["plan", "--shape", "cogvideox-5b", "--family", "radial", "--png", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "plan: useful" in out and png.read_bytes()[:4] == b"\x89PNG"
+    assert cli(["plan", "--family", "nope"]) == 2
