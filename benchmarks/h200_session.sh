@@ -6,7 +6,7 @@ out=${1:-/tmp/tessera_out}
 mkdir -p "$out"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TESSERA_CACHE_DIR=/tmp/tessera_cache
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu.txt"
-timeout 240 python3 -m pytest -q tests/test_attention_gpu.py > "$out/gpu_tests.txt" 2>&1
+timeout 240 python3 -m pytest -q -m gpu tests > "$out/gpu_tests.txt" 2>&1
 tail -1 "$out/gpu_tests.txt"
 timeout 240 python3 -m tessera demo > "$out/demo.txt" 2>&1
 cat "$out/demo.txt"
