@@ -153,7 +153,9 @@ def _run_gpu() -> int:
 
 def _rows_of(out: Any, rows: np.ndarray) -> np.ndarray:
     if type(out).__module__.startswith("torch"):
-        idx = [out.new_tensor(rows[:, i]).long() for i in range(3)]
+        import torch  # noqa: PLC0415 - out is a torch tensor, so torch is there
+
+        idx = [torch.as_tensor(rows[:, i], device=out.device) for i in range(3)]
         return out[idx[0], idx[1], idx[2]].float().cpu().numpy().astype(np.float64)
     sel = out[rows[:, 0], rows[:, 1], rows[:, 2]]
     return sel.get().astype(np.float64)
