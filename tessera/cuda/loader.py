@@ -140,9 +140,14 @@ def _kernel_report(log: str, kernel: str) -> str:
 
 
 def compile_variant(variant: Variant, target: str, *, allow_spills: bool = False,
-                    use_cache: bool = True) -> CompileResult:
+                    use_cache: bool = True, require_report: bool = True) -> CompileResult:
     """Compile ``variant`` for ``target`` (e.g. "sm_90a") to a cubin; raise BuildError on a
-    compile error or, unless ``allow_spills``, on any register spill."""
+    compile error or, unless ``allow_spills``, on any register spill.
+
+    ``require_report=False`` accepts a build whose ptxas report is missing (seen once on the
+    H200 machine's NVRTC for a program compiled after CuPy's own kernels in the same process);
+    the spill gate is CI's job, where the report is always required. Registers are then -1.
+    """
     nvrtc = _nvrtc()
     src = _read_source(variant.source)
     headers = [_read_source(h) for h in HEADERS]
@@ -186,6 +191,8 @@ def compile_variant(variant: Variant, target: str, *, allow_spills: bool = False
     res = _RES.search(report)
     regs = _REGS.search(report)
     if res is None or regs is None:
+        if not require_report and not log.strip():
+            return CompileResult(variant, target, cubin, log, -1, 0, 0)
         raise BuildError(f"could not read ptxas' resource report for {variant.kernel} in "
                          f"{variant.label}:\n{log}")
     # Every kernel of the module must be spill-free, not only the one asked for.
@@ -223,7 +230,7 @@ def load_kernel(variant: Variant) -> Any:
     fn = _loaded.get(key)
     if fn is None:
         cp = cupy_or_none()
-        result = compile_variant(variant, target_for(cc))
+        result = compile_variant(variant, target_for(cc), require_report=False)
         mkey = (variant.source, variant.macros, cc)
         module = _modules.get(mkey)
         if module is None:
