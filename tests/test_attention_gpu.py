@@ -119,7 +119,9 @@ def test_64_token_blocks_combined_onto_128_rows():
     rng = np.random.default_rng(6)
     pairs = np.repeat(rng.random((2, 16, 32)) < 0.2, 2, axis=1)
     m = tessera.BlockMask.from_dense(pairs, block_size=64)
-    _check(m, hq=2, d=128)
+    reg = Regime(block_m=128, num_warps=4)
+    assert tessera.plan(m, num_q_heads=2, head_dim=128, regime=reg).stats().wasted_ratio == 1.0
+    _check(m, hq=2, d=128, regime=reg)
 
 
 def test_restricted_merge_rows():
@@ -127,9 +129,10 @@ def test_restricted_merge_rows():
     for i in range(8):
         d[0, i, max(0, i - 2):i + 2] = True  # a band: neighbours share most keys
     m = tessera.BlockMask.from_dense(d, block_size=64, seq_len_q=500, seq_len_kv=512)
-    p = tessera.plan(m, num_q_heads=1, head_dim=128)  # 128-row tiles: two 64-row blocks fit
+    reg = Regime(block_m=128, num_warps=4)  # 128-row tiles: two 64-row blocks fit
+    p = tessera.plan(m, num_q_heads=1, head_dim=128, regime=reg)
     assert p.tiles.num_merged > 0
-    _check(m, hq=1, d=128)
+    _check(m, hq=1, d=128, regime=reg)
 
 
 def test_heavy_rows_split_and_combined():

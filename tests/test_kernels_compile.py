@@ -127,3 +127,8 @@ def test_missing_report_is_an_error_unless_waived(tmp_path, monkeypatch):
     waived = loader.compile_variant(v, "sm_80", require_report=False)
     assert waived.cubin == res.cubin and waived.registers == -1
     loader._built.clear()
+
+
+def test_small_query_blocks_get_64_row_tiles():
+    assert default_regime(90, 128, q_block=64).block_m == 64
+    assert default_regime(90, 128, q_block=128).block_m == 128

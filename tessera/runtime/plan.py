@@ -163,7 +163,8 @@ def plan(block_mask: BlockMask, *, num_q_heads: int, num_kv_heads: int | None = 
         raise TypeError(f"dtype must be one of {SUPPORTED_DTYPES}, got {dtype!r}")
     head_of = block_mask.head_index(num_q_heads, num_kv_heads)
     batch_of = block_mask.batch_index(batch)
-    regime = default_regime(arch, head_dim) if regime is None else regime
+    if regime is None:
+        regime = default_regime(arch, head_dim, float(np.median(np.diff(block_mask.q_bounds))))
     if not isinstance(regime, Regime):
         raise TypeError(f"regime must be a tessera Regime, got {type(regime).__name__}")
 

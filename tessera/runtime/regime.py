@@ -80,15 +80,19 @@ class Regime:
         return replace(self, **changes)
 
 
-def default_regime(arch: int | None = None, head_dim: int = 128) -> Regime:
+def default_regime(arch: int | None = None, head_dim: int = 128,
+                   q_block: float | None = None) -> Regime:
     """The heuristic regime for a GPU with compute capability ``arch`` (e.g. 90), or None (CPU).
 
     The portable family: 128-row tiles over 4 warps (32 rows each), 64 keys a step, double
     buffered. Head dim 64 takes 64-row tiles (16 rows a warp): its tasks are short, and more of
     them in flight hide each task's pipeline fill better (H200, benchmarks/RESULTS.md).
     sm_86/sm_89 allow 99 KB of shared memory per CTA, too little for the 128-row tile at head
-    dim 128, so they take 64-row tiles there too.
+    dim 128, so they take 64-row tiles there too. Masks whose query blocks are mostly 64 tokens
+    or fewer (``q_block``: the median query block size) take 64-row tiles as well: such blocks
+    rarely share key sets, so a 128-row tile would run half empty.
     """
-    if head_dim <= 64 or (arch in (86, 87, 89) and head_dim > 96):
+    small_blocks = q_block is not None and q_block <= 64
+    if head_dim <= 64 or small_blocks or (arch in (86, 87, 89) and head_dim > 96):
         return Regime(block_m=64, num_warps=4)
     return Regime()
