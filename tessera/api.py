@@ -126,10 +126,8 @@ def _check_mask(mask: BlockMask, b: int, hq: int, hkv: int, lq: int, lkv: int) -
 
 
 def run_plan(p: Plan, q: Any, k: Any, v: Any, *, scale: float | None = None,
-             return_lse: bool = False, out: Any = None):
+             return_lse: bool = False):
     """Run a plan on the GPU (``Plan.run``); q/k/v must match the shapes it was planned for."""
-    if out is not None:
-        raise NotImplementedError("out= is not supported yet; the result is allocated")
     ops = _describe(q, k, v, p.layout)
     b, hq, lq, d = ops.shape_q
     _, hkv, lkv, _ = ops.shape_kv

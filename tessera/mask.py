@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ._array import array_module, as_array, is_cupy, segment_ids, to_numpy
+from ._array import array_module, as_array, segment_ids, to_numpy
 
 __all__ = ["BlockMask"]
 

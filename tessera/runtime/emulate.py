@@ -44,7 +44,7 @@ def run(plan: Plan, q: Any, k: Any, v: Any, *, scale: float | None = None) -> Em
     scale = 1.0 / np.sqrt(d) if scale is None else float(scale)
     group = plan.num_q_heads // plan.num_kv_heads
     bm, bn = plan.regime.block_m, plan.regime.block_n
-    tr, hp = plan.queue.tile_rows, plan.queue.heads_per_task
+    tr = plan.queue.tile_rows
 
     mask = plan.mask.to_host()
     dense = mask.to_dense()
@@ -119,7 +119,6 @@ def run(plan: Plan, q: Any, k: Any, v: Any, *, scale: float | None = None) -> Em
         out[b, head[real], tok[real]] = o[real]
         lse[b, head[real], tok[real]] = row_lse[real]
 
-    del hp
     if plan.layout == "blhd":
         out = out.transpose(0, 2, 1, 3)
     return EmulationResult(out=out, lse=lse, pairs_unmasked=n_unmasked, pairs_outside=n_outside,

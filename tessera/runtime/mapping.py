@@ -321,9 +321,6 @@ def _merged_spans(e_j, e_run, run_group, merged_into_prev, run_q0, run_q1, group
     e_cls[xp.nonzero(dup)[0] - 1] = 3  # the key block serves both runs
     keep = ~dup
     e_j, e_group, e_cls, e_run = e_j[keep], e_group[keep], e_cls[keep], e_run[keep]
-    # Unmerged groups (one run) serve all their rows: class 3 too.
-    single = ~merged_into_prev[e_run] & ~_has_partner(e_run, merged_into_prev, xp)
-    e_cls = xp.where(single, 3, e_cls).astype(np.int8)
     total = int(e_j.size)
     new_span = xp.ones(total, dtype=bool)
     if total > 1:
@@ -336,9 +333,3 @@ def _merged_spans(e_j, e_run, run_group, merged_into_prev, run_q0, run_q1, group
     r0 = xp.where(s_cls == 3, group_q0[s_group], run_q0[s_run])
     r1 = xp.where(s_cls == 3, group_q1[s_group], run_q1[s_run])
     return k0, k1, r0, r1, s_group
-
-
-def _has_partner(e_run, merged_into_prev, xp):
-    """Whether the run of each entry is the first run of a merged pair."""
-    nxt = xp.concatenate([merged_into_prev[1:], xp.zeros(1, dtype=bool)])
-    return nxt[e_run]

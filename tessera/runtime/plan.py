@@ -115,11 +115,11 @@ class Plan:
             mean_task_chunks=float(cost.mean()))
 
     def run(self, q: Any, k: Any, v: Any, *, scale: float | None = None,
-            return_lse: bool = False, out: Any = None):
+            return_lse: bool = False):
         """Execute on the GPU (see tessera.api); needs CuPy and a CUDA device."""
         from ..api import run_plan  # noqa: PLC0415 - the GPU path is optional
 
-        return run_plan(self, q, k, v, scale=scale, return_lse=return_lse, out=out)
+        return run_plan(self, q, k, v, scale=scale, return_lse=return_lse)
 
 
 def _host(a: Any) -> np.ndarray:

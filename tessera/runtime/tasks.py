@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from .._array import offsets_from_counts, segment_ids
+from .._array import array_module, offsets_from_counts, segment_ids, to_numpy
 from .mapping import PhysicalTiles
 
 __all__ = ["TaskQueue", "build_task_queue", "TASK_FIELDS", "SPAN_FIELDS", "COMBINE_FIELDS"]
@@ -87,7 +87,7 @@ def build_task_queue(tiles: PhysicalTiles, *, batch: int, num_q_heads: int, num_
     is cut into near-equal parts (spans are cut at chunk boundaries); each part writes a partial
     that the combine step merges by log-sum-exp, in part order, so results are deterministic.
     """
-    xp = _xp_of(tiles.q0)
+    xp = array_module(tiles.q0)
     a_b, a_h0, a_bh = head_assignments(batch, num_q_heads, num_kv_heads, heads_per_task,
                                        batch_of, head_of, mask_batch_heads[1])
     n_bh = mask_batch_heads[0] * mask_batch_heads[1]
@@ -101,7 +101,7 @@ def build_task_queue(tiles: PhysicalTiles, *, batch: int, num_q_heads: int, num_
     expansions = xp.asarray(per_bh)[tiles.mask_bh]
     if tiles.num_tiles:
         totals = xp.stack([expansions.sum(), (chunks * expansions).sum(), chunks.max()])
-        total_tasks, total_chunks, max_chunks = (int(x) for x in _host(totals))
+        total_tasks, total_chunks, max_chunks = (int(x) for x in to_numpy(totals))
     else:
         total_tasks = total_chunks = max_chunks = 0
     mean = total_chunks / max(total_tasks, 1)
@@ -239,15 +239,3 @@ def _cut_parts(tiles: PhysicalTiles, which: Any, parts: Any, xp):
     part_cost = xp.bincount(piece_part, weights=(pc_ce - pc_cs), minlength=n_parts)
     return (new_k0, new_k1, new_r0, new_r1, pp_off[:-1], pp_off[1:],
             part_cost.astype(np.int64))
-
-
-def _host(a: Any) -> np.ndarray:
-    from .._array import to_numpy  # noqa: PLC0415
-
-    return to_numpy(a)
-
-
-def _xp_of(a: Any):
-    from .._array import array_module  # noqa: PLC0415
-
-    return array_module(a)
