@@ -1,4 +1,4 @@
-"""Shared test fixtures: GPU detection (GPU tests skip cleanly without one)."""
+"""Shared by tests/ and benchmarks/: GPU detection (GPU tests skip cleanly without one)."""
 
 import os
 

@@ -1,0 +1,67 @@
+"""GPU pytest-benchmark suite: kernel-only and request time per model shape x mask family.
+
+    PYTHONPATH=. python -m pytest benchmarks/test_bench_gpu.py --benchmark-enable \
+        --benchmark-json=bench_gpu.json -q
+
+Marked ``gpu`` (skipped without one). Inputs are CuPy fp16 (no PyTorch needed). "kernel" times
+``Plan.run`` of a plan made once; "request" times ``tessera.attention`` with the mask already on
+the device (planning + launches + kernels, a new plan every call). Every timed call ends with a
+device synchronize so the wall-clock pytest-benchmark measures includes the GPU work.
+Useful FLOPs for a row = 4 * D * ``extra_info["useful_pairs"]``.
+
+Not yet run on a GPU (written after the session's device time was spent).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import tessera
+from tessera.workloads import FAMILIES, WORKLOADS, example_mask
+
+pytestmark = pytest.mark.gpu
+
+SHAPES = ("wan-1.3b-480p", "cogvideox-5b", "hunyuan-720p")
+HEADS = 4  # a slice of each model's heads keeps the suite short; per-head work is unchanged
+_cache: dict = {}
+
+
+def _case(shape: str, family: str):
+    """(q, k, v, device mask, plan) for one cell, built once per session."""
+    key = (shape, family)
+    if key not in _cache:
+        import cupy as cp
+
+        w = WORKLOADS[shape]
+        vm = example_mask(w, family, heads=HEADS)
+        mask = vm.mask.to_device()
+        h = max(HEADS, mask.batch_heads[1])
+        q, k, v = (cp.random.standard_normal((1, h, w.seq_len, w.head_dim), dtype=cp.float32)
+                   .astype(cp.float16) for _ in range(3))
+        p = tessera.plan(mask, num_q_heads=h, head_dim=w.head_dim, dtype="float16",
+                         arch=int(cp.cuda.Device().compute_capability))
+        _cache[key] = (q, k, v, mask, p)
+    return _cache[key]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_kernel(benchmark, shape, family):
+    import cupy as cp
+
+    q, k, v, mask, p = _case(shape, family)
+    sync = cp.cuda.Device().synchronize
+    benchmark.extra_info.update(useful_pairs=int(mask.selected_pairs(1, q.shape[1]).sum()),
+                                density=mask.density, regime=p.regime.name)
+    benchmark(lambda: (p.run(q, k, v), sync()))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_request(benchmark, shape, family):
+    import cupy as cp
+
+    q, k, v, mask, _ = _case(shape, family)
+    sync = cp.cuda.Device().synchronize
+    benchmark.extra_info.update(useful_pairs=int(mask.selected_pairs(1, q.shape[1]).sum()))
+    benchmark(lambda: (tessera.attention(q, k, v, mask), sync()))
