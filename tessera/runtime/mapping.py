@@ -15,6 +15,11 @@ vectorized steps, identical in numpy and CuPy so a device mask is planned on the
 
 Finally each group is cut into tiles of ``tile_rows`` query tokens (*subdivide*: a 384-token block
 becomes three 128-row tiles). Tiles of one group share its span list.
+
+A device mask built from a dense block matrix takes a shortcut for steps 1 and 2: two kernels
+(tessera/cuda/plan.cu) compute the per-row statistics and write the spans straight from the
+matrix; when the cost model picks any restricted merge, the general path above runs instead.
+Both paths give the same tiles (tested array for array on the GPU).
 """
 
 from __future__ import annotations
