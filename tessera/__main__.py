@@ -1,11 +1,11 @@
-"""Command line: ``python -m tessera info`` (what this machine can run, with or without a GPU)."""
+"""Command line: ``python -m tessera info`` (what this machine can run, with or without a GPU),
+``plan``, ``demo``, ``bench`` and ``profile`` (write this GPU's regime table)."""
 
 from __future__ import annotations
 
 import argparse
 import platform
 import sys
-from pathlib import Path
 
 import numpy as np
 import scipy
@@ -13,8 +13,7 @@ import scipy
 import tessera
 
 from ._array import cupy_or_none
-
-TABLES_DIR = Path(__file__).resolve().parent.parent / "tables"
+from .runtime.regime import TABLES_DIR  # noqa: F401 - tables/ beside the package
 
 
 def _gpu_lines() -> tuple[list[str], int | None]:
@@ -51,7 +50,7 @@ def _gpu_lines() -> tuple[list[str], int | None]:
 def info() -> int:
     """Print versions, the GPU (if any), kernel targets and regime tables."""
     from .cuda.loader import CI_TARGETS, cache_dir  # noqa: PLC0415
-    from .runtime.regime import default_regime  # noqa: PLC0415
+    from .runtime.regime import default_regime, describe_table_in_use  # noqa: PLC0415
 
     print(f"Tessera {tessera.__version__} (Python {platform.python_version()}, numpy "
           f"{np.__version__}, scipy {scipy.__version__})")
@@ -67,6 +66,7 @@ def info() -> int:
         print("Regime tables: " + ", ".join(t.name for t in tables))
     else:
         print("Regime tables: none yet; plans use the heuristic default regime")
+    print(f"Regime table in use: {describe_table_in_use(cc)}")
     for d in (64, 128):
         print(f"Default regime for head dim {d}: {default_regime(cc, d).name}")
     return 0
@@ -128,6 +128,11 @@ def main(argv: list[str] | None = None) -> int:
     pl.add_argument("--head", type=int, default=0, help="head to draw")
     pl.add_argument("--block-m", type=int, default=None, help="physical tile rows")
     pl.add_argument("--png", help="draw the plan to this PNG (needs matplotlib)")
+    pr = sub.add_parser("profile", help="time candidate regimes on a mask corpus and write "
+                                         "this GPU's regime table (needs a GPU and PyTorch)")
+    from .runtime.profile import add_arguments  # noqa: PLC0415
+
+    add_arguments(pr)
     sub.add_parser("bench", add_help=False,
                    help="Tessera vs dense SDPA and FlexAttention on a GPU (see --help there)")
     args, rest = ap.parse_known_args(argv)
@@ -141,6 +146,10 @@ def main(argv: list[str] | None = None) -> int:
         return info()
     if args.cmd == "plan":
         return plan_command(args)
+    if args.cmd == "profile":
+        from .runtime.profile import command  # noqa: PLC0415
+
+        return command(args)
     if args.cmd == "demo":
         from .demo import run  # noqa: PLC0415
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..mask import BlockMask
 from .mapping import PhysicalTiles, map_to_tiles
-from .regime import ROW_GROUP, Regime, default_regime
+from .regime import ROW_GROUP, Regime, select_regime
 from .tasks import TaskQueue, build_task_queue
 
 __all__ = ["Plan", "PlanStats", "plan", "SUPPORTED_DTYPES"]
@@ -144,7 +144,9 @@ def plan(block_mask: BlockMask, *, num_q_heads: int, num_kv_heads: int | None = 
          arch: int | None = None) -> Plan:
     """Plan ``block_mask`` for attention with these heads, head dim and dtype.
 
-    ``batch`` defaults to the mask's stored batch; ``regime`` to the architecture's default.
+    ``batch`` defaults to the mask's stored batch; ``regime`` to the one the regime table in
+    force for ``arch`` gives, else the heuristic default (``tessera.runtime.regime``);
+    ``arch=None`` with a device mask means the current device's.
     The plan's arrays live where the mask lives (numpy or CuPy).
     """
     if not isinstance(block_mask, BlockMask):
@@ -163,8 +165,9 @@ def plan(block_mask: BlockMask, *, num_q_heads: int, num_kv_heads: int | None = 
         raise TypeError(f"dtype must be one of {SUPPORTED_DTYPES}, got {dtype!r}")
     head_of = block_mask.head_index(num_q_heads, num_kv_heads)
     batch_of = block_mask.batch_index(batch)
-    if regime is None:
-        regime = default_regime(arch, head_dim, float(np.median(np.diff(block_mask.q_bounds))))
+    if regime is None:  # the table in force for arch, else the heuristic (runtime/regime.py)
+        regime = select_regime(block_mask, arch=arch, head_dim=head_dim, dtype=dtype,
+                               num_q_heads=num_q_heads, batch=batch)
     if not isinstance(regime, Regime):
         raise TypeError(f"regime must be a tessera Regime, got {type(regime).__name__}")
 

@@ -1,16 +1,40 @@
 """Regimes: whole execution plans (kernel variant, tile shape, mapping and split policy).
 
 A regime is a small frozen value so it can be named, compared, stored in a table and passed to
-``tessera.plan(..., regime=...)``. Until the offline profiler writes tables, ``default_regime``
-is the documented heuristic: the portable family's 128x64 tile everywhere.
+``tessera.plan(..., regime=...)``.
+
+Selection (``tessera.plan(..., regime=None)``, :func:`select_regime`):
+
+1. A regime table in force for the plan's architecture (:func:`active_table`): chosen by
+   :func:`use_table`, else the file named by ``$TESSERA_REGIME_TABLE``, else
+   ``tables/<gpu-slug>.json`` beside the package (``"NVIDIA H200"`` -> ``nvidia-h200.json``).
+   The mask's :class:`MaskFeatures` (a few reductions where the mask lives, one small
+   transfer) are looked up in it (:meth:`RegimeTable.lookup`). Tables are written offline by
+   ``python -m tessera profile`` (tessera/runtime/profile.py).
+2. Otherwise, or when the table has no entry for the head dim / dtype / geometry, the
+   documented heuristic :func:`default_regime`. Plans without an architecture (``arch=None``
+   with a host mask: a CPU-only machine) always take the heuristic. A table that is corrupt or
+   was profiled on another GPU warns once and is ignored: planning never fails because of one.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import math
+import os
+import re
+import tempfile
+import warnings
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
-__all__ = ["Regime", "default_regime", "ROW_GROUP"]
+import numpy as np
+
+__all__ = ["Regime", "default_regime", "ROW_GROUP", "candidate_regimes", "MaskFeatures",
+           "MaskMeasures", "mask_features", "mask_measures", "RegimeTable", "use_table",
+           "active_table", "select_regime", "gpu_slug", "TABLES_DIR", "ENV_TABLE"]
 
 # Rows one warp owns in every kernel family (the M of one mma.sync / a quarter of a wgmma M=64).
 # Row groups with no valid row skip their matrix work, so stats count computed pairs per group.
@@ -96,3 +120,650 @@ def default_regime(arch: int | None = None, head_dim: int = 128,
     if head_dim <= 64 or small_blocks or (arch in (86, 87, 89) and head_dim > 96):
         return Regime(block_m=64, num_warps=4)
     return Regime()
+
+
+# ================================================================================ candidates
+# Largest dynamic shared memory one CTA may use, in KiB, per compute capability (CUDA
+# programming guide, "Technical specifications"). Unknown architectures get the smallest.
+SMEM_LIMIT_KIB = {80: 163, 87: 163, 90: 227, 100: 227, 103: 227, 86: 99, 89: 99, 120: 99,
+                  121: 99}
+_SMEM_FALLBACK_KIB = 99
+
+# The sm80-family space the profiler measures (kept small: 2 x 2 x 3 x 2 = 24 at most).
+CANDIDATE_BLOCK_M = (64, 128)
+CANDIDATE_BLOCK_N = (32, 64)
+CANDIDATE_SPLIT_RATIO = (2.0, 4.0, 1e9)  # 1e9: never split
+CANDIDATE_COMBINE = (0.0, 0.3)
+CANDIDATE_WARPS = 4
+
+
+def smem_limit_bytes(arch: int | None) -> int:
+    """Dynamic shared memory per CTA on compute capability ``arch`` (None: the smallest, 99 KiB)."""
+    return SMEM_LIMIT_KIB.get(arch, _SMEM_FALLBACK_KIB) * 1024  # type: ignore[arg-type]
+
+
+def regime_fits(regime: Regime, head_dim: int, arch: int | None) -> bool:
+    """Whether ``regime``'s kernel variant needs no more shared memory than ``arch`` allows."""
+    from ..cuda.loader import Variant, smem_bytes  # noqa: PLC0415 - no CuPy needed
+
+    v = Variant.bsa_sm80(block_m=regime.block_m, block_n=regime.block_n, head_dim=head_dim,
+                         num_warps=regime.num_warps, stages=regime.stages, bf16=True)
+    return smem_bytes(v) <= smem_limit_bytes(arch)
+
+
+def candidate_regimes(head_dim: int, arch: int | None) -> list[Regime]:
+    """The regimes worth profiling for ``head_dim`` on compute capability ``arch``.
+
+    The sm80 family with 4 warps: 64- or 128-row tiles (16 or 32 rows a warp, the two shapes the
+    kernel supports at 4 warps), 32 or 64 keys a step, double buffered; split policy 2x or 4x
+    the mean task, or never (1e9); combine threshold 0 (merge only identical key sets) or 0.3.
+    Variants whose shared memory exceeds ``arch``'s per-CTA limit are left out. The order is
+    stable (tile shape, then split, then combine), so names index the list reproducibly.
+    """
+    out = []
+    for bm in CANDIDATE_BLOCK_M:
+        for bn in CANDIDATE_BLOCK_N:
+            for split in CANDIDATE_SPLIT_RATIO:
+                for comb in CANDIDATE_COMBINE:
+                    r = Regime(block_m=bm, block_n=bn, num_warps=CANDIDATE_WARPS, stages=2,
+                               split_ratio=split, combine_threshold=comb)
+                    if regime_fits(r, head_dim, arch):
+                        out.append(r)
+    return out
+
+
+# ================================================================================ features
+SEQ_BUCKETS = ("<=16k", "<=32k", "<=64k", "<=128k", ">128k")
+_SEQ_EDGES = (16384, 32768, 65536, 131072)  # inclusive upper edges
+DENSITY_BUCKETS = ("0-5%", "5-15%", "15-30%", "30-60%", "60-100%")
+_DENSITY_EDGES = (0.05, 0.15, 0.30, 0.60)  # exclusive upper edges
+IMBALANCE_BUCKETS = ("<1.5", "1.5-3", ">=3")
+_IMBALANCE_EDGES = (1.5, 3.0)  # exclusive upper edges
+BATCH_HEADS_BUCKETS = ("<=16", "17-64", ">64")
+_BATCH_HEADS_EDGES = (16, 64)  # inclusive upper edges
+BLOCK_BUCKETS = ("64", "128", "256", "384+")
+_BLOCK_EDGES = (64, 128, 256)  # inclusive upper edges
+FEATURE_DTYPES = ("bfloat16", "float16")
+_GEOMETRY = re.compile(r"^(uniform-(64|128|256|384\+)x(64|128|256|384\+)|"
+                       r"variable-(64|128|256|384\+))$")
+
+
+def _bucket(value: float, edges: tuple, labels: tuple, inclusive: bool) -> str:
+    for edge, label in zip(edges, labels):
+        if value <= edge if inclusive else value < edge:
+            return label
+    return labels[-1]
+
+
+def block_bucket(tokens: float) -> str:
+    """A block size in tokens as one of ``64``, ``128``, ``256``, ``384+`` (upper edges)."""
+    return _bucket(tokens, _BLOCK_EDGES, BLOCK_BUCKETS, True)
+
+
+@dataclass(frozen=True)
+class MaskMeasures:
+    """The raw numbers behind :class:`MaskFeatures` (what the profiler records beside them).
+
+    ``density`` counts selected (query, key) token pairs over all pairs; ``imbalance`` is the
+    heaviest logical row's pairs over the mean row's (rows: (batch, head, query block) as
+    stored); ``q_block`` the median query block size; ``uniform`` the ``(q, kv)`` block size
+    when the geometry is uniform (the last block may be short), else None.
+    """
+
+    seq_len: int
+    density: float
+    imbalance: float
+    q_block: float
+    uniform: tuple[int, int] | None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["uniform"] = list(self.uniform) if self.uniform else None
+        return d
+
+
+@dataclass(frozen=True)
+class MaskFeatures:
+    """The cheap mask and shape features a regime table is indexed by (all categorical).
+
+    ``geometry`` is ``uniform-<q>x<kv>`` (block sizes bucketed to 64/128/256/384+) or
+    ``variable-<q>`` (the median query block, bucketed); the other fields are bucket labels of
+    :data:`SEQ_BUCKETS`, :data:`DENSITY_BUCKETS`, :data:`IMBALANCE_BUCKETS` and
+    :data:`BATCH_HEADS_BUCKETS`. :meth:`key` is the stable string a table stores.
+    """
+
+    arch: int
+    head_dim: int
+    dtype: str
+    geometry: str
+    seq_len: str
+    density: str
+    imbalance: str
+    batch_heads: str
+
+    def key(self) -> str:
+        """E.g. ``sm90/d128/bfloat16/uniform-128x128/L<=32k/p5-15%/r<1.5/bh<=16``."""
+        return (f"sm{self.arch}/d{self.head_dim}/{self.dtype}/{self.geometry}/L{self.seq_len}"
+                f"/p{self.density}/r{self.imbalance}/bh{self.batch_heads}")
+
+    @property
+    def group(self) -> tuple[int, int, str, str]:
+        """What a nearest-entry lookup must match exactly: arch, head dim, dtype, geometry."""
+        return (self.arch, self.head_dim, self.dtype, self.geometry)
+
+    @property
+    def bucket_index(self) -> tuple[int, int, int, int]:
+        """Positions of the density, seq-len, imbalance and batch x heads buckets (for
+        distances; in that order of priority)."""
+        return (DENSITY_BUCKETS.index(self.density), SEQ_BUCKETS.index(self.seq_len),
+                IMBALANCE_BUCKETS.index(self.imbalance),
+                BATCH_HEADS_BUCKETS.index(self.batch_heads))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "MaskFeatures":
+        """Parse and validate (``ValueError`` naming the field on any problem)."""
+        if not isinstance(d, dict):
+            raise ValueError(f"features must be an object, got {type(d).__name__}")
+        fields = set(cls.__dataclass_fields__)
+        unknown, missing = set(d) - fields, fields - set(d)
+        if unknown:
+            raise ValueError(f"features: unknown fields {sorted(unknown)}")
+        if missing:
+            raise ValueError(f"features: missing fields {sorted(missing)}")
+        for name in ("arch", "head_dim"):
+            v = d[name]
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise ValueError(f"features: {name} must be a positive int, got {v!r}")
+        allowed = {"dtype": FEATURE_DTYPES, "seq_len": SEQ_BUCKETS, "density": DENSITY_BUCKETS,
+                   "imbalance": IMBALANCE_BUCKETS, "batch_heads": BATCH_HEADS_BUCKETS}
+        for name, labels in allowed.items():
+            if d[name] not in labels:
+                raise ValueError(f"features: {name} must be one of {list(labels)}, "
+                                 f"got {d[name]!r}")
+        if not isinstance(d["geometry"], str) or not _GEOMETRY.match(d["geometry"]):
+            raise ValueError("features: geometry must be 'uniform-<q>x<kv>' or 'variable-<q>' "
+                             f"with sizes in {list(BLOCK_BUCKETS)}, got {d['geometry']!r}")
+        return cls(**d)
+
+
+def mask_measures(mask: Any) -> MaskMeasures:
+    """Sequence length, token-pair density, row imbalance and block geometry of ``mask``.
+
+    Works where the mask lives. On the device the per-row reductions run there and one small
+    array (total and heaviest row pairs) comes back: one synchronization, no copy of the mask.
+    A mask built from a dense matrix whose CSR arrays were never derived is measured from its
+    dense rows (the CSR is not derived for this).
+    """
+    from .._array import to_numpy  # noqa: PLC0415
+
+    xp = mask.xp
+    qlen = np.diff(mask.q_bounds)
+    klen = np.diff(mask.kv_bounds)
+    n_bh = mask.batch_heads[0] * mask.batch_heads[1]
+    n_rows = n_bh * qlen.size
+    dense = mask.dense_rows
+    if mask._indptr is None and dense is not None:
+        if np.all(klen[:-1] == klen[0]):  # uniform key blocks: counts, corrected for the last
+            keys = dense.sum(axis=1, dtype=np.int64) * int(klen[0])
+            if klen[-1] != klen[0]:
+                keys = keys + (int(klen[-1]) - int(klen[0])) * dense[:, -1].astype(np.int64)
+        else:  # exact in float64 for any realistic sequence length (< 2**53 keys)
+            w = xp.asarray(klen.astype(np.float64))
+            keys = xp.rint(dense.astype(np.float64) @ w).astype(np.int64)
+        pairs = keys * xp.tile(xp.asarray(qlen), n_bh)
+    else:
+        pairs = mask.row_pairs()
+    total, heaviest = (int(x) for x in to_numpy(xp.stack([pairs.sum(), pairs.max()])))
+    lq, lkv = int(mask.q_bounds[-1]), int(mask.kv_bounds[-1])
+    density = total / (n_bh * lq * lkv)
+    imbalance = heaviest * n_rows / total if total else 1.0
+    return MaskMeasures(seq_len=max(lq, lkv), density=density, imbalance=imbalance,
+                        q_block=float(np.median(qlen)), uniform=mask.uniform_block_size())
+
+
+def features_from_measures(m: MaskMeasures, *, head_dim: int, dtype: str, arch: int,
+                           num_q_heads: int, batch: int) -> MaskFeatures:
+    """Bucket :class:`MaskMeasures` (plus the attention shape) into :class:`MaskFeatures`."""
+    if m.uniform is not None:
+        geometry = f"uniform-{block_bucket(m.uniform[0])}x{block_bucket(m.uniform[1])}"
+    else:
+        geometry = f"variable-{block_bucket(m.q_block)}"
+    return MaskFeatures(
+        arch=int(arch), head_dim=int(head_dim), dtype=dtype, geometry=geometry,
+        seq_len=_bucket(m.seq_len, _SEQ_EDGES, SEQ_BUCKETS, True),
+        density=_bucket(m.density, _DENSITY_EDGES, DENSITY_BUCKETS, False),
+        imbalance=_bucket(m.imbalance, _IMBALANCE_EDGES, IMBALANCE_BUCKETS, False),
+        batch_heads=_bucket(batch * num_q_heads, _BATCH_HEADS_EDGES, BATCH_HEADS_BUCKETS, True))
+
+
+def mask_features(mask: Any, *, head_dim: int, dtype: Any, arch: int, num_q_heads: int,
+                  batch: int) -> MaskFeatures:
+    """The table features of planning ``mask`` for this attention shape on ``arch``.
+
+    Cheap: a few reductions where the mask lives and one small transfer (see
+    :func:`mask_measures`); the mask itself is never copied to the host.
+    """
+    from .plan import _dtype_name  # noqa: PLC0415 - plan imports this module
+
+    return features_from_measures(mask_measures(mask), head_dim=head_dim,
+                                  dtype=_dtype_name(dtype), arch=arch,
+                                  num_q_heads=num_q_heads, batch=batch)
+
+
+# ================================================================================ tables
+TABLE_FORMAT = "tessera-regime-table"
+TABLE_VERSION = 1
+ENTRY_REQUIRED = ("features", "regime", "ms", "oracle_ms")
+KNOWN_FAMILIES = ("sm80",)
+ENV_TABLE = "TESSERA_REGIME_TABLE"
+# Committed tables live in tables/ beside the package (the repository root).
+TABLES_DIR = Path(__file__).resolve().parents[2] / "tables"
+
+
+def gpu_slug(name: str) -> str:
+    """A file-name slug of a GPU name: ``"NVIDIA H200"`` -> ``"nvidia-h200"``."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def _check_regime_dict(d: Any) -> Regime:
+    if not isinstance(d, dict):
+        raise ValueError(f"regime must be an object, got {type(d).__name__}")
+    unknown = set(d) - set(Regime.__dataclass_fields__)
+    if unknown:
+        raise ValueError(f"regime: unknown fields {sorted(unknown)}")
+    defaults = Regime()
+    for name, v in d.items():
+        want = type(getattr(defaults, name))
+        if want is bool:
+            ok = isinstance(v, bool)
+        elif want is float:
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        elif want is int:
+            ok = isinstance(v, int) and not isinstance(v, bool)
+        else:
+            ok = isinstance(v, want)
+        if not ok:
+            raise ValueError(f"regime: {name} must be {want.__name__}, got {v!r}")
+    if d.get("family", "sm80") not in KNOWN_FAMILIES:
+        raise ValueError(f"regime: family must be one of {list(KNOWN_FAMILIES)}, "
+                         f"got {d['family']!r}")
+    try:
+        return Regime.from_dict(d)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"regime: {exc}") from None
+
+
+class RegimeTable:
+    """A profiled map from :class:`MaskFeatures` to the fastest :class:`Regime`.
+
+    File format (JSON)::
+
+        {"format": "tessera-regime-table", "version": 1,
+         "provenance": {"gpu": ..., "arch": ..., "driver": ..., "cuda": ..., "cupy": ...,
+                        "tessera": ..., "date": ..., "corpus": {...}},
+         "entries": [{"features": {MaskFeatures fields}, "regime": {Regime fields},
+                      "ms": <chosen regime's time>, "oracle_ms": <best time per mask>, ...}]}
+
+    Entries may carry more fields (the profiler writes the heuristic's time, the masks behind
+    the entry and every candidate's time). All entries share one architecture.
+
+    :meth:`lookup`: the entry with the same key; else, among entries with the same arch, head
+    dim, dtype and geometry, the nearest by bucket distance (density first, then sequence
+    length, then imbalance, then batch x heads; ties by key); else None. Every answer is
+    precomputed when the table is built, so a lookup is one key format and one dict read.
+    """
+
+    def __init__(self, entries: list[dict], provenance: dict | None = None, *,
+                 source: str = "<table>") -> None:
+        self.source = source
+        if provenance is None:
+            provenance = {}
+        if not isinstance(provenance, dict):
+            raise ValueError(f"{source}: provenance must be an object, "
+                             f"got {type(provenance).__name__}")
+        if not isinstance(entries, list):
+            raise ValueError(f"{source}: entries must be a list, got {type(entries).__name__}")
+        self.provenance = dict(provenance)
+        self._entries: dict[str, dict] = {}
+        self._features: dict[str, MaskFeatures] = {}
+        self._regimes: dict[str, Regime] = {}
+        for i, e in enumerate(entries):
+            where = f"{source}: entry {i}"
+            if not isinstance(e, dict):
+                raise ValueError(f"{where}: must be an object, got {type(e).__name__}")
+            missing = [f for f in ENTRY_REQUIRED if f not in e]
+            if missing:
+                raise ValueError(f"{where}: missing fields {missing}")
+            try:
+                feats = MaskFeatures.from_dict(e["features"])
+                regime = _check_regime_dict(e["regime"])
+            except ValueError as exc:
+                raise ValueError(f"{where}: {exc}") from None
+            if not regime_fits(regime, feats.head_dim, feats.arch):
+                raise ValueError(f"{where}: regime {regime.name} needs more shared memory at "
+                                 f"head dim {feats.head_dim} than sm_{feats.arch} allows "
+                                 f"({smem_limit_bytes(feats.arch)} bytes)")
+            for f in ("ms", "oracle_ms"):
+                v = e[f]
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not \
+                        math.isfinite(v) or v < 0:
+                    raise ValueError(f"{where}: {f} must be a finite number >= 0, got {v!r}")
+            key = feats.key()
+            if "key" in e and e["key"] != key:
+                raise ValueError(f"{where}: key {e['key']!r} does not match its features "
+                                 f"({key!r})")
+            if key in self._entries:
+                raise ValueError(f"{where}: duplicate features {key!r}")
+            entry = dict(e)
+            entry["key"] = key
+            entry["features"] = feats.to_dict()
+            entry["regime"] = regime.to_dict()
+            self._entries[key] = entry
+            self._features[key] = feats
+            self._regimes[key] = regime
+        archs = {f.arch for f in self._features.values()}
+        if "arch" in self.provenance:
+            archs.add(self.provenance["arch"])
+        if len(archs) > 1:
+            raise ValueError(f"{source}: entries and provenance name several architectures "
+                             f"{sorted(archs, key=str)}; a table is for one GPU")
+        self.arch: int | None = archs.pop() if archs else None
+        self._index = self._precompute()
+
+    # ------------------------------------------------------------------ lookup
+    def _precompute(self) -> dict[str, Regime]:
+        """Every key a lookup can answer: the entries' own, then for each (arch, head dim,
+        dtype, geometry) group every bucket combination mapped to its nearest entry."""
+        index = dict(self._regimes)
+        groups: dict[tuple, list[tuple[tuple[int, ...], str]]] = {}
+        for key, f in sorted(self._features.items()):
+            groups.setdefault(f.group, []).append((f.bucket_index, key))
+        for (arch, hd, dt, geo), members in groups.items():
+            for di, d in enumerate(DENSITY_BUCKETS):
+                for si, s in enumerate(SEQ_BUCKETS):
+                    for ii, imb in enumerate(IMBALANCE_BUCKETS):
+                        for bi, bh in enumerate(BATCH_HEADS_BUCKETS):
+                            k = MaskFeatures(arch, hd, dt, geo, s, d, imb, bh).key()
+                            if k in index:
+                                continue
+                            pos = (di, si, ii, bi)
+                            best = min(members, key=lambda m: (
+                                tuple(abs(a - b) for a, b in zip(m[0], pos)), m[1]))
+                            index[k] = self._regimes[best[1]]
+        return index
+
+    def lookup(self, features: MaskFeatures) -> Regime | None:
+        """The regime for ``features``: exact entry, else the nearest of its group, else None."""
+        return self._index.get(features.key())
+
+    def lookup_exact(self, features: MaskFeatures) -> Regime | None:
+        return self._regimes.get(features.key())
+
+    # ------------------------------------------------------------------ access
+    @property
+    def entries(self) -> list[dict]:
+        """The entries (copies), sorted by key."""
+        return [json.loads(json.dumps(self._entries[k])) for k in sorted(self._entries)]
+
+    def entry(self, key: str) -> dict | None:
+        e = self._entries.get(key)
+        return None if e is None else json.loads(json.dumps(e))
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
+    @property
+    def gpu(self) -> str | None:
+        g = self.provenance.get("gpu")
+        return g if isinstance(g, str) else None
+
+    def describe(self) -> str:
+        """One line: where the table came from, which GPU and when."""
+        p = self.provenance
+        arch = f"sm_{self.arch}" if self.arch else "arch ?"
+        return (f"{self.source} ({p.get('gpu', 'GPU ?')}, {arch}, {p.get('date', 'date ?')}, "
+                f"{len(self)} entries)")
+
+    def __repr__(self) -> str:
+        return f"RegimeTable({self.describe()})"
+
+    # ------------------------------------------------------------------ files
+    def to_json(self) -> dict[str, Any]:
+        return {"format": TABLE_FORMAT, "version": TABLE_VERSION,
+                "provenance": self.provenance, "entries": self.entries}
+
+    @classmethod
+    def from_json(cls, obj: Any, source: str = "<table>") -> "RegimeTable":
+        """Validate a parsed table (``ValueError`` naming the problem)."""
+        if not isinstance(obj, dict):
+            raise ValueError(f"{source}: not a regime table (the top level is a "
+                             f"{type(obj).__name__}, expected an object)")
+        if obj.get("format") != TABLE_FORMAT:
+            raise ValueError(f"{source}: format is {obj.get('format')!r}, expected "
+                             f"{TABLE_FORMAT!r}")
+        if obj.get("version") != TABLE_VERSION:
+            raise ValueError(f"{source}: version {obj.get('version')!r} is not supported "
+                             f"(this Tessera reads version {TABLE_VERSION})")
+        unknown = set(obj) - {"format", "version", "provenance", "entries"}
+        if unknown:
+            raise ValueError(f"{source}: unknown top-level fields {sorted(unknown)}")
+        if "entries" not in obj:
+            raise ValueError(f"{source}: missing 'entries'")
+        return cls(obj["entries"], obj.get("provenance"), source=source)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "RegimeTable":
+        """Read and validate a table file. A missing file raises ``FileNotFoundError``; anything
+        wrong inside it a ``ValueError`` that names the file and the problem."""
+        path = Path(path)
+        text = path.read_text(encoding="utf-8")
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not a JSON file ({exc})") from None
+        return cls.from_json(obj, source=str(path))
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the table atomically (a temporary file in the same folder, then a rename)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        text = json.dumps(self.to_json(), indent=1, allow_nan=False) + "\n"
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            # mkstemp makes the file private; a table is meant to be shared (and committed).
+            os.chmod(tmp, path.stat().st_mode & 0o777 if path.exists() else 0o644)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
+
+# ================================================================================ selection
+_AUTO = "auto"
+_explicit: Any = _AUTO  # "auto": discover; None: no table; a RegimeTable: that one
+_resolved: dict[tuple, RegimeTable | None] = {}
+_warned: set[str] = set()
+_gpu_names: dict[int, str | None] = {}
+_device_archs: dict[int, int] = {}
+
+
+def _warn_once(msg: str) -> None:
+    if msg not in _warned:
+        _warned.add(msg)
+        warnings.warn(msg, RuntimeWarning, stacklevel=5)  # the caller of tessera.plan
+
+
+def _current_device_id() -> int | None:
+    from .._array import cupy_or_none  # noqa: PLC0415
+
+    cp = cupy_or_none()
+    if cp is None:
+        return None
+    try:
+        return int(cp.cuda.runtime.getDevice())
+    except Exception:
+        return None
+
+
+def current_gpu_name() -> str | None:
+    """The current CUDA device's name (e.g. ``"NVIDIA H200"``), or None without a GPU."""
+    dev = _current_device_id()
+    if dev is None:
+        return None
+    if dev not in _gpu_names:
+        from .._array import cupy_or_none  # noqa: PLC0415
+
+        try:
+            name = cupy_or_none().cuda.runtime.getDeviceProperties(dev)["name"]
+            _gpu_names[dev] = name.decode() if isinstance(name, bytes) else str(name)
+        except Exception:
+            _gpu_names[dev] = None
+    return _gpu_names[dev]
+
+
+def _device_arch() -> int | None:
+    """Compute capability of the current device (cached per device), None without one."""
+    dev = _current_device_id()
+    if dev is None:
+        return None
+    if dev not in _device_archs:
+        from .._array import cupy_or_none  # noqa: PLC0415
+
+        try:
+            _device_archs[dev] = int(cupy_or_none().cuda.Device(dev).compute_capability)
+        except Exception:
+            return None
+    return _device_archs[dev]
+
+
+def use_table(table: "str | os.PathLike | RegimeTable | None") -> RegimeTable | None:
+    """Choose the regime table plans use.
+
+    A path (loaded and validated now: a bad file raises ``ValueError``) or a
+    :class:`RegimeTable`: that table, for plans on its architecture and GPU. ``None``: no table,
+    every plan takes the heuristic :func:`default_regime`. ``"auto"`` (the initial setting):
+    ``$TESSERA_REGIME_TABLE`` if set, else ``tables/<gpu-slug>.json`` beside the package when
+    it exists. Returns the table now in force for explicit choices (None otherwise).
+    """
+    global _explicit
+    if table is None or isinstance(table, RegimeTable):
+        _explicit = table
+    elif isinstance(table, str) and table == _AUTO:
+        _explicit = _AUTO
+    else:
+        _explicit = RegimeTable.load(table)
+    _resolved.clear()
+    _warned.clear()
+    return None if isinstance(_explicit, str) else _explicit
+
+
+def _table_source() -> tuple[str, str | None, bool]:
+    """(how the table is chosen, its path or None, whether a missing file is an error)."""
+    if isinstance(_explicit, RegimeTable) or _explicit is None:
+        return "use_table", None, False
+    env = os.environ.get(ENV_TABLE)
+    if env:
+        return f"${ENV_TABLE}", env, True
+    name = current_gpu_name()
+    if name is None:
+        return "tables", None, False
+    return "tables", str(TABLES_DIR / f"{gpu_slug(name)}.json"), False
+
+
+def active_table(arch: int | None) -> RegimeTable | None:
+    """The table plans for compute capability ``arch`` use, or None (the heuristic).
+
+    None for ``arch=None`` (no GPU). A table that cannot be read, or that was profiled on
+    another architecture or another GPU, gives a warning (once) and None: planning never fails
+    because of a table.
+    """
+    if arch is None:
+        return None
+    how, path, required = _table_source()
+    cache_key = (how, path, arch, id(_explicit))
+    if cache_key in _resolved:
+        return _resolved[cache_key]
+    table: RegimeTable | None = None
+    if how == "use_table":
+        table = _explicit
+    elif path is not None:
+        try:
+            table = RegimeTable.load(path)
+        except FileNotFoundError:
+            if required:
+                _warn_once(f"regime table {path} (from {how}) does not exist; "
+                           "using the heuristic default regime")
+        except (OSError, ValueError) as exc:
+            _warn_once(f"regime table from {how} is unusable: {exc}; "
+                       "using the heuristic default regime")
+    if table is not None:
+        here = current_gpu_name()
+        if table.arch is not None and table.arch != arch:
+            _warn_once(f"regime table {table.describe()} was profiled on sm_{table.arch}, "
+                       f"but this plan is for sm_{arch}; using the heuristic default regime")
+            table = None
+        elif here is not None and table.gpu is not None and gpu_slug(here) != gpu_slug(table.gpu):
+            _warn_once(f"regime table {table.describe()} was profiled on {table.gpu}, but this "
+                       f"GPU is {here}; using the heuristic default regime")
+            table = None
+    _resolved[cache_key] = table
+    return table
+
+
+def select_regime(mask: Any, *, arch: int | None, head_dim: int, dtype: Any,
+                  num_q_heads: int, batch: int) -> Regime:
+    """The regime ``tessera.plan`` uses when none is given.
+
+    ``arch`` None with a device mask means the current device's. With a table in force for the
+    architecture (:func:`active_table`), the mask's features are computed once and looked up;
+    without one, or when the table has nothing for this head dim / dtype / geometry, the
+    heuristic :func:`default_regime`.
+    """
+    if arch is None and mask.on_device:
+        arch = _device_arch()
+    table = active_table(arch)
+    if table is not None:
+        try:
+            found = table.lookup(mask_features(mask, head_dim=head_dim, dtype=dtype, arch=arch,
+                                               num_q_heads=num_q_heads, batch=batch))
+        except Exception as exc:  # a table must never break planning
+            _warn_once(f"regime table lookup failed ({type(exc).__name__}: {exc}); "
+                       "using the heuristic default regime")
+            found = None
+        if found is not None:
+            return found
+    return default_regime(arch, head_dim, float(np.median(np.diff(mask.q_bounds))))
+
+
+def describe_table_in_use(arch: int | None) -> str:
+    """For ``python -m tessera info``: which table plans use here, or ``none: heuristic``."""
+    how, path, _ = _table_source()
+    if arch is None:
+        if how == "use_table" and isinstance(_explicit, RegimeTable):
+            return (f"none: heuristic (no GPU; {_explicit.describe()} from use_table applies "
+                    "on a GPU)")
+        if path is not None:
+            return f"none: heuristic (no GPU; {path} from {how} applies on a GPU)"
+        return "none: heuristic (no GPU)"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        table = active_table(arch)
+    if table is not None:
+        return f"{table.describe()} (from {how})"
+    why = "; ".join(str(w.message) for w in caught)
+    if why:
+        return f"none: heuristic ({why})"
+    if how == "use_table":
+        return "none: heuristic (use_table(None))"
+    return f"none: heuristic (no table at {path})" if path else "none: heuristic"

@@ -1,0 +1,476 @@
+"""The offline regime profiler: ``python -m tessera profile`` writes ``tables/<gpu>.json``.
+
+It builds a corpus of masks (the :mod:`tessera.masks` families at the WORKLOADS shapes, with
+few heads to keep the runs short, plus random masks at several densities), computes each mask's
+:class:`~tessera.runtime.regime.MaskFeatures`, times every candidate regime on it (kernel and
+planning) and keeps, per feature key, the regime that was fastest relative to each mask's best
+(the oracle). The table is rewritten, with its provenance, after every mask, so an interrupted
+run loses at most one mask, and ``--resume`` continues where it stopped.
+
+The GPU part is only :func:`gpu_timer` and :func:`gpu_environment`; everything else (corpus,
+bookkeeping, merging, resume, budget) takes the timer as an argument and is tested on the CPU
+with a fake one.
+
+Entry fields written beside the required ``features``/``regime``/``ms``/``oracle_ms``:
+``key``; ``name`` (the regime's); ``objective`` (``request``: kernel + planning time, or
+``kernel``); ``kernel_ms``/``plan_ms`` of the chosen regime; ``default``/``default_ms``: the
+heuristic regime (for the latest mask merged) and its mean time; ``masks``: labels of the
+corpus masks merged into the entry (``measures``: their raw density, imbalance, ...);
+``candidates``: per regime name, mean ``ms``, ``kernel_ms``, ``plan_ms`` and ``rel`` (time /
+the mask's best time) over those masks.
+
+Resuming is by mask: a case whose label the table already records is skipped (without
+building its mask); a new case whose features fall on an existing key is merged into it.
+``ms`` and ``oracle_ms`` are means over the entry's masks: ``ms`` of the chosen regime,
+``oracle_ms`` of each mask's own best, so ``ms / oracle_ms`` is what bucketing costs.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, NamedTuple, Sequence, TextIO
+
+from .regime import (MaskMeasures, Regime, RegimeTable, candidate_regimes, default_regime,
+                     features_from_measures, gpu_slug, mask_measures)
+
+__all__ = ["Case", "Timing", "ProfileResult", "ProfilerUnavailable", "build_corpus",
+           "merge_entry", "profile", "gpu_timer", "gpu_environment", "DENSITIES",
+           "SMALL_BLOCK_DENSITIES"]
+
+# Random masks per shape: 128-token blocks at these densities, 64-token blocks at the others.
+DENSITIES = (0.03, 0.10, 0.20, 0.45, 0.80)
+SMALL_BLOCK_DENSITIES = (0.10, 0.30)
+OBJECTIVES = ("request", "kernel")
+_ROUND = 5  # decimals kept for times in the file
+
+
+class ProfilerUnavailable(RuntimeError):
+    """The GPU profiler cannot run here (no PyTorch, CuPy or GPU)."""
+
+
+@dataclass(frozen=True)
+class Case:
+    """One corpus mask: built on demand (``build()`` returns a host :class:`BlockMask`)."""
+
+    label: str
+    shape: str
+    family: str
+    head_dim: int
+    heads: int
+    build: Callable[[], Any] = field(compare=False, repr=False)
+
+
+class Timing(NamedTuple):
+    kernel_ms: float
+    plan_ms: float
+
+
+# A timer runs one regime on one mask and returns its kernel and planning times (ms). It may
+# raise: that regime is then left out for this mask (e.g. a variant that does not build).
+Timer = Callable[[Case, Any, Regime], "Timing | tuple[float, float]"]
+
+
+@dataclass
+class ProfileResult:
+    table: RegimeTable
+    profiled: list[str]  # case labels timed and merged in this run
+    skipped: list[str]  # already in the table (resume)
+    failed: list[str]  # no candidate regime ran
+    stopped: str  # "done" or "budget"
+    elapsed_s: float
+    timings: int  # timer calls made
+
+
+# ---------------------------------------------------------------------------- corpus
+def build_corpus(shapes: Sequence[str] | None = None, families: Sequence[str] | None = None,
+                 *, heads: int = 4, densities: Sequence[float] = DENSITIES,
+                 small_block_densities: Sequence[float] = SMALL_BLOCK_DENSITIES,
+                 seed: int = 0) -> list[Case]:
+    """Corpus cases for ``shapes`` (WORKLOADS names) x ``families`` (FAMILIES names), all by
+    default, shape-major. ``random_blocks`` stands for random masks at ``densities`` with
+    128-token blocks and ``small_block_densities`` with 64-token blocks (text tokens as the
+    workload has them). Masks are built only when a case runs; ``heads`` query heads each.
+    """
+    from .. import masks  # noqa: PLC0415
+    from ..workloads import FAMILIES, WORKLOADS, example_mask  # noqa: PLC0415
+
+    shapes = list(WORKLOADS) if shapes is None else list(shapes)
+    families = list(FAMILIES) if families is None else list(families)
+    for s in shapes:
+        if s not in WORKLOADS:
+            raise ValueError(f"unknown shape {s!r}; choose from {', '.join(WORKLOADS)}")
+    for f in families:
+        if f not in FAMILIES:
+            raise ValueError(f"unknown family {f!r}; choose from {', '.join(FAMILIES)}")
+    if heads <= 0:
+        raise ValueError(f"heads must be positive, got {heads}")
+    cases = []
+    for s in shapes:
+        w = WORKLOADS[s]
+        text = dict(text_tokens=w.text_tokens, text_valid=w.text_valid or None)
+        for f in families:
+            if f != "random_blocks":
+                cases.append(Case(f"{s}/{f}", s, f, w.head_dim, heads,
+                                  lambda w=w, f=f: example_mask(w, f, heads=heads, seed=seed,
+                                                                head_dim=w.head_dim).mask))
+                continue
+            for block, dens in [(128, d) for d in densities] + \
+                               [(64, d) for d in small_block_densities]:
+                cases.append(Case(
+                    f"{s}/random_blocks@{dens:g}/b{block}", s, f, w.head_dim, heads,
+                    lambda w=w, b=block, d=dens, text=text: masks.random_blocks(
+                        heads, w.seq_len, block=b, density=d, seed=seed, **text).mask))
+    return cases
+
+
+# ---------------------------------------------------------------------------- bookkeeping
+def _objective(kernel_ms: float, plan_ms: float, objective: str) -> float:
+    return kernel_ms + plan_ms if objective == "request" else kernel_ms
+
+
+def merge_entry(existing: dict | None, features: Any, label: str,
+                results: dict[str, tuple[Regime, float, float]], default_name: str,
+                objective: str, measures: MaskMeasures | None = None) -> dict:
+    """The table entry for ``features`` after adding one mask's measurements.
+
+    ``results`` maps regime names to ``(regime, kernel_ms, plan_ms)``. Per candidate the entry
+    keeps running means (over its masks) of the objective time, kernel and planning time and
+    ``rel`` = time / that mask's best; only candidates measured on every mask of the entry stay
+    eligible. The chosen regime has the lowest mean ``rel`` (then time, then name). An entry
+    without candidate data (written by hand) is replaced.
+    """
+    if not results:
+        raise ValueError("merge_entry needs at least one measured regime")
+    obj = {n: _objective(k, p, objective) for n, (_, k, p) in results.items()}
+    best = min(obj.values())
+    new = {n: {"ms": obj[n], "kernel_ms": k, "plan_ms": p,
+               "rel": obj[n] / best if best > 0 else 1.0}
+           for n, (_, k, p) in results.items()}
+    old = existing.get("candidates") if existing else None
+    n_old = len(existing.get("masks", [])) if existing else 0
+    common = [n for n in new if isinstance(old, dict) and n in old]
+    if existing and n_old and common:
+        w = n_old / (n_old + 1)
+        cands = {n: {f: w * float(old[n][f]) + (1 - w) * new[n][f] for f in new[n]}
+                 for n in common}
+        oracle = w * float(existing["oracle_ms"]) + (1 - w) * best
+        masks = list(existing["masks"]) + [label]
+        meas = list(existing.get("measures", [None] * n_old)) + [
+            measures.to_dict() if measures else None]
+    else:
+        cands, oracle, masks = new, best, [label]
+        meas = [measures.to_dict() if measures else None]
+    chosen = min(cands, key=lambda n: (cands[n]["rel"], cands[n]["ms"], n))
+    regimes = {n: r for n, (r, _, _) in results.items()}
+    rnd = lambda x: round(float(x), _ROUND)  # noqa: E731
+    entry = {
+        "key": features.key(), "features": features.to_dict(),
+        "regime": regimes[chosen].to_dict(), "name": chosen, "objective": objective,
+        "ms": rnd(cands[chosen]["ms"]), "oracle_ms": rnd(oracle),
+        "kernel_ms": rnd(cands[chosen]["kernel_ms"]), "plan_ms": rnd(cands[chosen]["plan_ms"]),
+        "default": default_name,
+        "default_ms": rnd(cands[default_name]["ms"]) if default_name in cands else None,
+        "masks": masks, "measures": meas,
+        "candidates": {n: {f: rnd(v) for f, v in c.items()} for n, c in sorted(cands.items())},
+    }
+    return entry
+
+
+def _corpus_summary(entries: dict[str, dict], old: dict, cases: dict[str, Case],
+                    extra: dict) -> dict:
+    labels = [m for e in entries.values() for m in e.get("masks", [])]
+    shapes = set(old.get("shapes", [])) | {cases[m].shape for m in labels if m in cases}
+    families = set(old.get("families", [])) | {cases[m].family for m in labels if m in cases}
+    return {**old, **extra, "masks": len(labels), "keys": len(entries),
+            "shapes": sorted(shapes), "families": sorted(families)}
+
+
+def _fmt_min(seconds: float) -> str:
+    return f"{seconds / 60:.1f}"
+
+
+def _status(stream: TextIO | None, text: str, final: bool = False) -> None:
+    if stream is None:
+        return
+    stream.write("\r" + text.ljust(110)[:160] + ("\n" if final else ""))
+    stream.flush()
+
+
+def profile(cases: Sequence[Case], *, out: str | Path, arch: int, timer: Timer,
+            dtype: str = "bfloat16", batch: int = 1, objective: str = "request",
+            budget_s: float | None = None, resume: bool = False, overwrite: bool = False,
+            provenance: dict | None = None, prepare: Callable[[Any], Any] | None = None,
+            clock: Callable[[], float] = time.monotonic,
+            progress: TextIO | None = sys.stderr) -> ProfileResult:
+    """Time every candidate regime on every case and write the table to ``out``.
+
+    ``timer(case, mask, regime)`` gives ``(kernel_ms, plan_ms)``; ``prepare`` (e.g. moving the
+    mask to the device) runs on each built mask before features and timings. The table is
+    written (atomically) after every case. ``out`` existing is an error unless ``resume``
+    (continue it: cases whose label it already records are skipped, new ones merged into
+    their keys; it must be for the same architecture, GPU, dtype and objective) or
+    ``overwrite``. Before each case, the run stops if ``budget_s`` seconds of ``clock`` have
+    passed since it started (so it may overrun by at most one case).
+    """
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
+    out = Path(out)
+    provenance = dict(provenance or {})
+    entries: dict[str, dict] = {}
+    old_prov: dict = {}
+    if out.exists() and resume:
+        old = RegimeTable.load(out)
+        old_corpus = old.provenance.get("corpus", {}) if isinstance(
+            old.provenance.get("corpus"), dict) else {}
+        if old.arch is not None and old.arch != arch:
+            raise ValueError(f"{out} was profiled on sm_{old.arch}, this GPU is sm_{arch}; "
+                             "give another --out")
+        here = provenance.get("gpu")
+        if old.gpu and here and gpu_slug(old.gpu) != gpu_slug(here):
+            raise ValueError(f"{out} was profiled on {old.gpu}, this GPU is {here}; "
+                             "give another --out")
+        heads = sorted({c.heads for c in cases})
+        for name, now in (("objective", objective), ("dtype", dtype), ("batch", batch),
+                          ("heads", heads)):
+            if old_corpus.get(name, now) != now:
+                raise ValueError(f"{out} was profiled with {name}={old_corpus[name]!r}, "
+                                 f"this run has {now!r}; give another --out")
+        entries = {e["key"]: e for e in old.entries}
+        old_prov = old.provenance
+    elif out.exists() and not overwrite:
+        raise FileExistsError(f"{out} exists: pass --resume to continue it or --overwrite to "
+                              "start over")
+    done = {m for e in entries.values() for m in e.get("masks", [])}
+    by_label = {c.label: c for c in cases}
+    started = time.strftime("%Y-%m-%d %H:%M:%S")
+    corpus_extra = dict(heads=sorted({c.heads for c in cases}), batch=batch, dtype=dtype,
+                        objective=objective)
+
+    def write() -> RegimeTable:
+        from .. import __version__  # noqa: PLC0415
+
+        old_corpus = old_prov.get("corpus", {}) if isinstance(old_prov.get("corpus"),
+                                                                dict) else {}
+        prov = {**old_prov, **provenance, "arch": arch, "tessera": __version__,
+                "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+                "started": old_prov.get("started", started),
+                "corpus": _corpus_summary(entries, old_corpus, by_label, corpus_extra)}
+        table = RegimeTable(list(entries.values()), prov, source=str(out))
+        table.save(out)
+        return table
+
+    profiled: list[str] = []
+    skipped: list[str] = []
+    failed: list[str] = []
+    stopped = "done"
+    calls = 0
+    t0 = clock()
+    n = len(cases)
+    table = None
+    for i, case in enumerate(cases):
+        elapsed = clock() - t0
+        budget = f"{_fmt_min(elapsed)}/{_fmt_min(budget_s)} min" if budget_s else \
+            f"{_fmt_min(elapsed)} min"
+        head = f"[{i + 1}/{n}] {budget} {case.label}"
+        if case.label in done:
+            skipped.append(case.label)
+            _status(progress, f"{head}: already in {out.name}, skipped", final=True)
+            continue
+        if budget_s is not None and elapsed >= budget_s:
+            stopped = "budget"
+            _status(progress, f"[{i}/{n}] budget of {_fmt_min(budget_s)} min spent; "
+                              f"{n - i} cases left (run again with --resume)", final=True)
+            break
+        _status(progress, f"{head}: building the mask")
+        mask = case.build()
+        if prepare is not None:
+            mask = prepare(mask)
+        meas = mask_measures(mask)
+        feats = features_from_measures(meas, head_dim=case.head_dim, dtype=dtype, arch=arch,
+                                       num_q_heads=case.heads, batch=batch)
+        heuristic = default_regime(arch, case.head_dim, meas.q_block)
+        regimes = candidate_regimes(case.head_dim, arch)
+        if heuristic not in regimes:
+            regimes.append(heuristic)
+        results: dict[str, tuple[Regime, float, float]] = {}
+        errors: list[str] = []
+        for j, r in enumerate(regimes):
+            _status(progress, f"{head}: regime {j + 1}/{len(regimes)} {r.name}")
+            calls += 1
+            try:
+                k_ms, p_ms = (float(x) for x in timer(case, mask, r))
+            except Exception as exc:  # one regime failing must not end the run
+                errors.append(f"{r.name}: {type(exc).__name__}: {exc}")
+                continue
+            if not (math.isfinite(k_ms) and math.isfinite(p_ms) and k_ms >= 0 and p_ms >= 0):
+                errors.append(f"{r.name}: bad timing {k_ms!r}, {p_ms!r}")
+                continue
+            results[r.name] = (r, k_ms, p_ms)
+        for e in errors:
+            _status(progress, f"  {case.label}: {e}", final=True)
+        if not results:
+            failed.append(case.label)
+            _status(progress, f"{head}: no regime ran; not recorded", final=True)
+            continue
+        key = feats.key()
+        entry = merge_entry(entries.get(key), feats, case.label, results, heuristic.name,
+                            objective, meas)
+        entries[key] = entry
+        profiled.append(case.label)
+        table = write()
+        gain = (f", default x{entry['default_ms'] / entry['ms']:.2f}"
+                if entry["default_ms"] and entry["ms"] else "")
+        _status(progress, f"{head}: {key} -> {entry['name']} {entry['ms']:.3f} ms{gain}",
+                final=True)
+    if table is None:  # nothing new: a resumed table as it was, else an empty one written
+        table = (RegimeTable(list(entries.values()), old_prov, source=str(out))
+                 if resume and out.exists() else write())
+    return ProfileResult(table=table, profiled=profiled, skipped=skipped, failed=failed,
+                         stopped=stopped, elapsed_s=clock() - t0, timings=calls)
+
+
+# ---------------------------------------------------------------------------- GPU (not on CI)
+def gpu_environment() -> tuple[int, dict]:
+    """(compute capability, provenance) of the current GPU; :class:`ProfilerUnavailable` with
+    a message saying what is missing when the profiler cannot run here."""
+    try:
+        import torch  # noqa: PLC0415
+    except ImportError:
+        raise ProfilerUnavailable("profile needs PyTorch (its CUDA event timers) and a CUDA "
+                                  "GPU; PyTorch is not installed here.") from None
+    if not torch.cuda.is_available():
+        raise ProfilerUnavailable("profile needs a CUDA GPU; none is visible. Plans on this "
+                                  "machine use the heuristic default regime.")
+    from .._array import cupy_or_none  # noqa: PLC0415
+
+    cp = cupy_or_none()
+    if cp is None:
+        raise ProfilerUnavailable("profile needs CuPy: pip install 'tessera[cuda13]' "
+                                  "(or cuda12)")
+    from ..cuda.loader import device_cc, nvrtc_version  # noqa: PLC0415
+
+    cc = device_cc()
+    props = cp.cuda.runtime.getDeviceProperties(cp.cuda.runtime.getDevice())
+    name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    drv = cp.cuda.runtime.driverGetVersion()
+    rt = cp.cuda.runtime.runtimeGetVersion()
+    nv = nvrtc_version()
+    prov = dict(gpu=name, arch=cc, sms=int(props["multiProcessorCount"]),
+                driver=_nvidia_driver() or f"CUDA {drv // 1000}.{drv % 1000 // 10} (driver API)",
+                cuda=f"{rt // 1000}.{rt % 1000 // 10}", nvrtc="%d.%d" % nv if nv else None,
+                cupy=cp.__version__, torch=torch.__version__)
+    return cc, prov
+
+
+def _nvidia_driver() -> str | None:
+    import subprocess  # noqa: PLC0415
+
+    try:
+        res = subprocess.run(["nvidia-smi", "--query-gpu=driver_version",
+                              "--format=csv,noheader"], capture_output=True, text=True,
+                             timeout=20)
+        line = res.stdout.strip().splitlines()[0] if res.returncode == 0 else ""
+        return line.strip() or None
+    except Exception:
+        return None
+
+
+def gpu_timer(*, dtype: str = "bfloat16", batch: int = 1, reps: int = 10,
+              plan_reps: int = 5) -> Timer:
+    """A timer for :func:`profile` on the current GPU (needs PyTorch and CuPy).
+
+    Per call: plan the mask with the regime, then the median of ``reps`` CUDA-event timings of
+    ``plan.run`` (q, k, v random, ``[batch, heads, L, head_dim]``, reused while the shape
+    stays) and of ``plan_reps`` timings of planning again (the dynamic-mask path).
+    NOT YET RUN ON A GPU.
+    """
+    import torch  # noqa: PLC0415
+
+    from ..bench import cuda_time_ms  # noqa: PLC0415
+    from .plan import plan as make_plan  # noqa: PLC0415
+
+    tdtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    cache: dict[str, Any] = {}
+
+    def timer(case: Case, mask: Any, regime: Regime) -> Timing:
+        shape = (batch, case.heads, mask.seq_len_q, case.head_dim)
+        if cache.get("shape") != shape:
+            cache.clear()  # free the previous shape's tensors first
+            gen = torch.Generator(device="cuda").manual_seed(0)
+            cache["qkv"] = tuple(torch.randn(shape, device="cuda", dtype=tdtype, generator=gen)
+                                 for _ in range(3))
+            cache["shape"] = shape
+        q, k, v = cache["qkv"]
+        kw = dict(num_q_heads=case.heads, head_dim=case.head_dim, batch=batch, dtype=dtype,
+                  regime=regime)
+        p = make_plan(mask, **kw)
+        kernel_ms = cuda_time_ms(lambda: p.run(q, k, v), reps=reps, warmup=2)
+        plan_ms = cuda_time_ms(lambda: make_plan(mask, **kw), reps=plan_reps, warmup=1)
+        return Timing(kernel_ms, plan_ms)
+
+    return timer
+
+
+# ---------------------------------------------------------------------------- command line
+def add_arguments(ap: Any) -> None:
+    ap.add_argument("--out", help="table to write (default: tables/<gpu-slug>.json)")
+    ap.add_argument("--budget-minutes", type=float, default=30.0,
+                    help="stop starting new masks after this long (default 30)")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue an existing table: skip the masks it already records")
+    ap.add_argument("--overwrite", action="store_true", help="replace an existing table")
+    ap.add_argument("--shapes", help="comma list of tessera.workloads shapes (default: all)")
+    ap.add_argument("--families", help="comma list of mask families (default: all)")
+    ap.add_argument("--heads", type=int, default=4, help="query heads per mask (default 4)")
+    ap.add_argument("--dtype", choices=["bfloat16", "float16"], default="bfloat16")
+    ap.add_argument("--objective", choices=OBJECTIVES, default="request",
+                    help="request: kernel + planning time (default); kernel: kernel only")
+    ap.add_argument("--reps", type=int, default=10, help="timed kernel runs per regime")
+    ap.add_argument("--list", action="store_true",
+                    help="list the corpus and the candidate regimes, time nothing")
+
+
+def command(args: Any) -> int:
+    """``python -m tessera profile``: 0 done, 1 cannot run here (or bad table), 2 bad args."""
+    from .regime import TABLES_DIR  # noqa: PLC0415
+
+    split = lambda s: [x for x in s.split(",") if x] if s else None  # noqa: E731
+    try:
+        cases = build_corpus(split(args.shapes), split(args.families), heads=args.heads)
+    except ValueError as exc:
+        print(exc)
+        return 2
+    if args.list:
+        for c in cases:
+            print(f"{c.label} (head dim {c.head_dim}, {c.heads} heads)")
+        for cc in (80, 86, 90):
+            for d in sorted({c.head_dim for c in cases}):
+                print(f"sm_{cc} head dim {d}: {len(candidate_regimes(d, cc))} candidate "
+                      "regimes")
+        return 0
+    try:
+        arch, prov = gpu_environment()
+    except ProfilerUnavailable as exc:
+        print(exc)
+        return 1
+    out = Path(args.out) if args.out else TABLES_DIR / f"{gpu_slug(prov['gpu'])}.json"
+    print(f"profiling {len(cases)} masks on {prov['gpu']} (sm_{arch}) into {out}, budget "
+          f"{args.budget_minutes:g} min", file=sys.stderr)
+    try:
+        res = profile(cases, out=out, arch=arch, timer=gpu_timer(dtype=args.dtype,
+                                                                 reps=args.reps),
+                      dtype=args.dtype, objective=args.objective,
+                      budget_s=args.budget_minutes * 60, resume=args.resume,
+                      overwrite=args.overwrite, provenance=prov,
+                      prepare=lambda m: m.to_device())
+    except (FileExistsError, ValueError) as exc:
+        print(exc)
+        return 1
+    print(f"{out}: {len(res.table)} entries; this run profiled {len(res.profiled)} masks, "
+          f"skipped {len(res.skipped)}, failed {len(res.failed)}, in {res.elapsed_s / 60:.1f} "
+          f"min ({res.stopped})")
+    return 0
