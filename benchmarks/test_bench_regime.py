@@ -22,15 +22,8 @@ from tessera import BlockMask
 from tessera.runtime.regime import (DENSITY_BUCKETS, SEQ_BUCKETS, MaskFeatures, RegimeTable,
                                     candidate_regimes, mask_features)
 
-HEADS = 12
-SEQ_LEN = 32_760
-DENSITY = 0.10
-HEAD_DIM = 128
-
-
-def wan_dense(block: int) -> np.ndarray:
-    n = -(-SEQ_LEN // block)
-    return np.random.default_rng(0).random((HEADS, n, n)) < DENSITY
+# The same Wan-1.3B-shaped mask as the planning benchmark (pytest puts benchmarks/ on the path).
+from test_bench_plan import HEAD_DIM, HEADS, SEQ_LEN, wan_dense  # noqa: E402
 
 
 def synthetic_table() -> RegimeTable:
