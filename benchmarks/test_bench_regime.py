@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import itertools
 
-import numpy as np
 import pytest
 
 from tessera import BlockMask
