@@ -106,9 +106,19 @@ def attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *, scale: float | N
     b, hq, lq, d = ops.shape_q
     _, hkv, lkv, _ = ops.shape_kv
     _check_mask(block_mask, b, hq, hkv, lq, lkv)
-    p = plan(block_mask, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, batch=b,
-             dtype=ops.q.dtype, layout=layout, regime=regime, arch=_device_cc())
+    # Plan on the caller's stream too: the device planner's arrays must be ready before the
+    # kernels read them, and a framework's side stream does not wait for CuPy's default one.
+    with _caller_stream(ops):
+        p = plan(block_mask, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, batch=b,
+                 dtype=ops.q.dtype, layout=layout, regime=regime, arch=_device_cc())
     return _launch(p, ops, scale, return_lse)
+
+
+def _caller_stream(ops: _Operands):
+    """The caller's current stream as a CuPy stream (usable as a context manager)."""
+    cp = cupy_or_none()
+    ptr = current_stream_ptr(ops.q.framework, ops.q.device_id)
+    return cp.cuda.ExternalStream(ptr, ops.q.device_id) if ptr else cp.cuda.Stream.null
 
 
 def _device_cc() -> int:
@@ -162,10 +172,10 @@ def _launch(p: Plan, ops: _Operands, scale: float | None, return_lse: bool):
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     bf16 = ops.q.dtype == "bfloat16"
     r = p.regime
-    with cp.cuda.Device(ops.q.device_id):
-        stream_ptr = current_stream_ptr(ops.q.framework, ops.q.device_id)
-        stream = cp.cuda.ExternalStream(stream_ptr, ops.q.device_id) if stream_ptr else \
-            cp.cuda.Stream.null
+    stream = _caller_stream(ops)
+    with cp.cuda.Device(ops.q.device_id), stream:  # CuPy work below goes on that stream too
+        if "ready" in p._cache:  # a device-built plan: its arrays may still be being written
+            stream.wait_event(p._cache["ready"])
         queue = _device_queue(p, cp)
         out_shape = (b, hq, lq, d) if p.layout == "bhld" else (b, lq, hq, d)
         out_desc, finish_out = empty_like_caller(ops.q, out_shape, ops.q.dtype)

@@ -179,6 +179,14 @@ def plan(block_mask: BlockMask, *, num_q_heads: int, num_kv_heads: int | None = 
                              head_of=head_of, mask_batch_heads=block_mask.batch_heads,
                              split_ratio=regime.split_ratio,
                              min_split_chunks=regime.min_split_chunks)
-    return Plan(mask=block_mask, regime=regime, batch=batch, num_q_heads=num_q_heads,
-                num_kv_heads=num_kv_heads, head_dim=head_dim, head_dim_v=head_dim_v,
-                dtype=dtype, layout=layout, tiles=tiles, queue=queue)
+    p = Plan(mask=block_mask, regime=regime, batch=batch, num_q_heads=num_q_heads,
+             num_kv_heads=num_kv_heads, head_dim=head_dim, head_dim_v=head_dim_v,
+             dtype=dtype, layout=layout, tiles=tiles, queue=queue)
+    xp = block_mask.xp
+    if xp is not np:
+        # The queue was built on CuPy's current stream; runs on another stream wait for this
+        # event on the device (no host synchronization).
+        ready = xp.cuda.Event(disable_timing=True)
+        ready.record()
+        p._cache["ready"] = ready
+    return p
