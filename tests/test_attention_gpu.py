@@ -253,3 +253,30 @@ def test_validation_errors():
         tessera.attention(q, q.half(), q.half(), m)
     with pytest.raises(TypeError, match="block_mask"):
         tessera.attention(q, q, q, m.to_dense())
+
+
+def test_device_mask_on_a_side_stream():
+    """Planning on the device and running on a PyTorch side stream: the kernels must see the
+    finished plan (attention plans on the caller's stream; a plan made elsewhere is waited for
+    through an event)."""
+    torch = _torch()
+    rng = np.random.default_rng(14)
+    blocks = torch.from_numpy(rng.random((2, 24, 24)) < 0.3).cuda()
+    q, k, v = (torch.randn(1, 2, 3000, 64, device="cuda", dtype=torch.bfloat16)
+               for _ in range(3))
+    ref = reference.attention(*(x.float().cpu().numpy() for x in (q, k, v)),
+                              tessera.BlockMask.from_dense(blocks.cpu().numpy(), block_size=128,
+                                                           seq_len_q=3000, seq_len_kv=3000))
+    s = torch.cuda.Stream()
+    for _ in range(3):
+        with torch.cuda.stream(s):
+            m = tessera.BlockMask.from_dense(blocks, block_size=128, seq_len_q=3000,
+                                             seq_len_kv=3000)
+            out1 = tessera.attention(q, k, v, m)
+            p = tessera.plan(m, num_q_heads=2, head_dim=64)
+        with torch.cuda.stream(torch.cuda.Stream()):
+            out2 = p.run(q, k, v)
+        torch.cuda.synchronize()
+        for out in (out1, out2):
+            got = out.float().cpu().numpy()
+            assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-2
