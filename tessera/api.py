@@ -136,8 +136,13 @@ def _check_mask(mask: BlockMask, b: int, hq: int, hkv: int, lq: int, lkv: int) -
 
 
 def run_plan(p: Plan, q: Any, k: Any, v: Any, *, scale: float | None = None,
-             return_lse: bool = False):
-    """Run a plan on the GPU (``Plan.run``); q/k/v must match the shapes it was planned for."""
+             return_lse: bool = False, out: Any = None, lse: Any = None):
+    """Run a plan on the GPU (``Plan.run``); q/k/v must match the shapes it was planned for.
+
+    ``out`` (same dtype and layout as q, last dim contiguous) and ``lse`` (float32
+    ``[B, Hq, Lq]``, contiguous) are written in place when given, so a run allocates nothing
+    (CUDA-graph capture); they are returned as given.
+    """
     ops = _describe(q, k, v, p.layout)
     b, hq, lq, d = ops.shape_q
     _, hkv, lkv, _ = ops.shape_kv
@@ -148,7 +153,34 @@ def run_plan(p: Plan, q: Any, k: Any, v: Any, *, scale: float | None = None,
     if ops.q.dtype != p.dtype:
         raise TypeError(f"q dtype {ops.q.dtype} differs from the plan's {p.dtype}")
     _check_mask(p.mask, b, hq, hkv, lq, lkv)
-    return _launch(p, ops, scale, return_lse)
+    given = _given_outputs(ops, p.layout, out, lse)
+    return _launch(p, ops, scale, return_lse or lse is not None, given)
+
+
+def _given_outputs(ops: _Operands, layout: str, out: Any, lse: Any) -> dict:
+    """Validate caller-provided outputs; {} when none."""
+    given = {}
+    b, hq, lq, d = ops.shape_q
+    if out is not None:
+        od = from_any(out, "out")
+        want = (b, hq, lq, d) if layout == "bhld" else (b, lq, hq, d)
+        if od.shape != want:
+            raise ValueError(f"out must have shape {want} ({layout}), got {od.shape}")
+        if od.dtype != ops.q.dtype:
+            raise TypeError(f"out must be {ops.q.dtype} like q, got {od.dtype}")
+        if od.strides[3] != 1 or any(s_ % 2 for s_ in od.strides[:3]) or od.ptr % 4:
+            raise ValueError(f"out must be contiguous in the head dim with even strides, got "
+                             f"strides {od.strides}")
+        if od.device_id != ops.q.device_id:
+            raise ValueError(f"out is on device {od.device_id} but q is on {ops.q.device_id}")
+        given["out"] = (od, out)
+    if lse is not None:
+        ld = from_any(lse, "lse")
+        if ld.shape != (b, hq, lq) or ld.dtype != "float32" or ld.strides != (hq * lq, lq, 1):
+            raise ValueError(f"lse must be a contiguous float32 array of shape {(b, hq, lq)}, "
+                             f"got {ld.dtype} {ld.shape} strides {ld.strides}")
+        given["lse"] = (ld, lse)
+    return given
 
 
 def _device_queue(p: Plan, cp) -> dict:
@@ -164,7 +196,8 @@ def _device_queue(p: Plan, cp) -> dict:
     return c
 
 
-def _launch(p: Plan, ops: _Operands, scale: float | None, return_lse: bool):
+def _launch(p: Plan, ops: _Operands, scale: float | None, return_lse: bool,
+            given: dict | None = None):
     from .cuda.loader import Variant, load_kernel, smem_bytes  # noqa: PLC0415
 
     cp = cupy_or_none()
@@ -177,16 +210,25 @@ def _launch(p: Plan, ops: _Operands, scale: float | None, return_lse: bool):
         if "ready" in p._cache:  # a device-built plan: its arrays may still be being written
             stream.wait_event(p._cache["ready"])
         queue = _device_queue(p, cp)
+        given = given or {}
         out_shape = (b, hq, lq, d) if p.layout == "bhld" else (b, lq, hq, d)
-        out_desc, finish_out = empty_like_caller(ops.q, out_shape, ops.q.dtype)
+        if "out" in given:
+            out_desc, out_obj = given["out"]
+            finish_out = lambda stream: out_obj  # noqa: E731
+        else:
+            out_desc, finish_out = empty_like_caller(ops.q, out_shape, ops.q.dtype)
         o_str = out_desc.strides if p.layout == "bhld" else tuple(
             out_desc.strides[i] for i in (0, 2, 1, 3))
         lse_desc = finish_lse = None
-        if return_lse:
+        if "lse" in given:
+            lse_desc, lse_obj = given["lse"]
+            finish_lse = lambda stream: lse_obj  # noqa: E731
+        elif return_lse:
             lse_desc, finish_lse = empty_like_caller(ops.q, (b, hq, lq), "float32")
         lse_ptr = lse_desc.ptr if lse_desc else 0
-        if poison_outputs:
-            for desc in (out_desc, lse_desc):
+        if poison_outputs:  # only what this call allocated (given outputs may be strided views)
+            for desc in (None if "out" in given else out_desc,
+                         None if "lse" in given else lse_desc):
                 if desc is not None:
                     n = int(np.prod(desc.shape)) * desc.itemsize
                     cp.cuda.runtime.memsetAsync(desc.ptr, 0xFF, n, stream.ptr)  # NaN in all types

@@ -280,3 +280,32 @@ def test_device_mask_on_a_side_stream():
         for out in (out1, out2):
             got = out.float().cpu().numpy()
             assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-2
+
+
+def test_run_into_given_outputs():
+    """Plan.run(out=, lse=) writes caller-owned (NaN-poisoned, strided) buffers in place."""
+    torch = _torch()
+    rng = np.random.default_rng(15)
+    m = _random_mask(rng, (2, 6, 6), 0.4, block_size=128, seq_len_q=700, seq_len_kv=700)
+    q, k, v = (torch.randn(1, 700, 2, 64, device="cuda", dtype=torch.bfloat16)
+               for _ in range(3))  # blhd
+    p = tessera.plan(m, num_q_heads=2, head_dim=64, layout="blhd")
+    big = torch.full((1, 700, 2, 128), float("nan"), device="cuda", dtype=torch.bfloat16)
+    out = big[..., 32:96]  # a strided view: row stride 256 elements
+    lse = torch.full((1, 2, 700), float("nan"), device="cuda", dtype=torch.float32)
+    res_out, res_lse = p.run(q, k, v, out=out, lse=lse)
+    assert res_out is out and res_lse is lse
+    ref, ref_lse = reference.attention(*(x.float().cpu().numpy() for x in (q, k, v)), m,
+                                       return_lse=True, layout="blhd")
+    got = out.float().cpu().numpy()
+    assert not np.isnan(got).any()
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-2
+    assert torch.isnan(big[..., :32]).all() and torch.isnan(big[..., 96:]).all()  # untouched
+    gl = lse.cpu().numpy()
+    fin = np.isfinite(ref_lse)
+    assert np.array_equal(np.isneginf(gl), np.isneginf(ref_lse))
+    assert np.abs(gl[fin] - ref_lse[fin]).max() < 2e-2
+    with pytest.raises(ValueError, match="out must have shape"):
+        p.run(q, k, v, out=big)
+    with pytest.raises(ValueError, match="lse must be"):
+        p.run(q, k, v, lse=lse[:, :1])

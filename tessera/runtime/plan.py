@@ -115,11 +115,12 @@ class Plan:
             mean_task_chunks=float(cost.mean()))
 
     def run(self, q: Any, k: Any, v: Any, *, scale: float | None = None,
-            return_lse: bool = False):
-        """Execute on the GPU (see tessera.api); needs CuPy and a CUDA device."""
+            return_lse: bool = False, out: Any = None, lse: Any = None):
+        """Execute on the GPU (see tessera.api.run_plan); needs CuPy and a CUDA device.
+        With ``out``/``lse`` given the run writes them in place and allocates nothing."""
         from ..api import run_plan  # noqa: PLC0415 - the GPU path is optional
 
-        return run_plan(self, q, k, v, scale=scale, return_lse=return_lse)
+        return run_plan(self, q, k, v, scale=scale, return_lse=return_lse, out=out, lse=lse)
 
 
 def _host(a: Any) -> np.ndarray:
