@@ -37,6 +37,7 @@ class _Operands:
     strides_q: tuple[int, int, int, int]  # element strides of b, h, l, d
     strides_k: tuple[int, int, int, int]
     strides_v: tuple[int, int, int, int]
+    stream_ptr: int  # the caller's current stream (0: the legacy default stream)
 
 
 def _bhld(t: DeviceTensor, layout: str, name: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -87,7 +88,7 @@ def _describe(q: Any, k: Any, v: Any, layout: str) -> _Operands:
                              "aligned (multiples of 8 elements)")
         if min(st[:3]) < 0:
             raise ValueError(f"{name} has negative strides {st}")
-    return _Operands(qd, kd, vd, sq, sk, tq, tk, tv)
+    return _Operands(qd, kd, vd, sq, sk, tq, tk, tv, stream)
 
 
 def attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *, scale: float | None = None,
@@ -117,7 +118,7 @@ def attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *, scale: float | N
 def _caller_stream(ops: _Operands):
     """The caller's current stream as a CuPy stream (usable as a context manager)."""
     cp = cupy_or_none()
-    ptr = current_stream_ptr(ops.q.framework, ops.q.device_id)
+    ptr = ops.stream_ptr
     return cp.cuda.ExternalStream(ptr, ops.q.device_id) if ptr else cp.cuda.Stream.null
 
 
@@ -217,8 +218,7 @@ def _launch(p: Plan, ops: _Operands, scale: float | None, return_lse: bool,
             finish_out = lambda stream: out_obj  # noqa: E731
         else:
             out_desc, finish_out = empty_like_caller(ops.q, out_shape, ops.q.dtype)
-        o_str = out_desc.strides if p.layout == "bhld" else tuple(
-            out_desc.strides[i] for i in (0, 2, 1, 3))
+        o_str = _bhld(out_desc, p.layout, "out")[1]
         lse_desc = finish_lse = None
         if "lse" in given:
             lse_desc, lse_obj = given["lse"]

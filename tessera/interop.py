@@ -58,6 +58,11 @@ _capi.PyCapsule_New.restype = ctypes.py_object
 _capi.PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
 
 
+def _row_major_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Element strides of a compact row-major array of ``shape``."""
+    return tuple(int(np.prod(shape[i + 1:], dtype=np.int64)) for i in range(len(shape)))
+
+
 @dataclass
 class DeviceTensor:
     """What a kernel needs of a device array: address, shape, element strides, dtype.
@@ -109,7 +114,7 @@ def _from_capsule(x: Any, capsule: Any, framework: str, name: str) -> DeviceTens
     if t.strides:
         strides = tuple(t.strides[i] for i in range(t.ndim))
     else:  # NULL strides mean compact row-major
-        strides = tuple(int(np.prod(shape[i + 1:], dtype=np.int64)) for i in range(t.ndim))
+        strides = _row_major_strides(shape)
     ptr = (t.data or 0) + t.byte_offset
     return DeviceTensor(ptr, shape, strides, dtype, int(t.device.device_id), framework,
                         (x, capsule))
@@ -185,8 +190,7 @@ class _Exporter:
         code, bits = next(k for k, v in _DL_CODES.items() if v == self.dtype)
         mt = _DLManagedTensor()
         shape = (ctypes.c_int64 * len(self.shape))(*self.shape)
-        strides = (ctypes.c_int64 * len(self.shape))(
-            *[int(np.prod(self.shape[i + 1:], dtype=np.int64)) for i in range(len(self.shape))])
+        strides = (ctypes.c_int64 * len(self.shape))(*_row_major_strides(self.shape))
         mt.dl_tensor = _DLTensor(self.buf.data.ptr, _DLDevice(_KDL_CUDA, self.device_id),
                                  len(self.shape), _DLDataType(code, bits, 1), shape, strides, 0)
         mt.deleter = _release
@@ -215,7 +219,7 @@ def empty_like_caller(template: DeviceTensor, shape: tuple[int, ...], dtype: str
         n = int(np.prod(shape, dtype=np.int64))
         buf = cp.empty(n, dtype=cp.uint16 if dtype == "bfloat16" else dtype).reshape(shape)
     desc = DeviceTensor(int(buf.data.ptr), shape,
-                        tuple(int(np.prod(shape[i + 1:], dtype=np.int64)) for i in range(len(shape))),
+                        _row_major_strides(shape),
                         dtype, template.device_id, fw, buf)
     if fw == "jax":
         def finish(stream: Any) -> Any:

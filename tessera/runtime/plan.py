@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from .._array import to_numpy
 from ..mask import BlockMask
 from .mapping import PhysicalTiles, map_to_tiles
 from .regime import ROW_GROUP, Regime, select_regime
@@ -83,8 +84,8 @@ class Plan:
     def computed_pairs(self) -> int:
         """(query, key) pairs the kernels evaluate: per span chunk, block_n keys for every row
         group (ROW_GROUP rows, one warp's share) holding at least one row the span applies to."""
-        tasks = np.asarray(_host(self.queue.tasks), dtype=np.int64)
-        spans = np.asarray(_host(self.queue.spans), dtype=np.int64)
+        tasks = np.asarray(to_numpy(self.queue.tasks), dtype=np.int64)
+        spans = np.asarray(to_numpy(self.queue.spans), dtype=np.int64)
         if tasks.size == 0:
             return 0
         n_sp = tasks[:, 5] - tasks[:, 4]
@@ -104,7 +105,7 @@ class Plan:
         """Useful and computed pairs, waste, task counts and balance (computed on the host)."""
         useful = int(self.mask.selected_pairs(self.batch, self.num_q_heads).sum())
         computed = self.computed_pairs()
-        cost = np.asarray(_host(self.queue.tasks[:, 7])) if self.queue.num_tasks else np.zeros(1)
+        cost = np.asarray(to_numpy(self.queue.tasks[:, 7])) if self.queue.num_tasks else np.zeros(1)
         return PlanStats(
             useful_pairs=useful, computed_pairs=computed,
             wasted_ratio=computed / useful if useful else float("nan"),
@@ -121,12 +122,6 @@ class Plan:
         from ..api import run_plan  # noqa: PLC0415 - the GPU path is optional
 
         return run_plan(self, q, k, v, scale=scale, return_lse=return_lse, out=out, lse=lse)
-
-
-def _host(a: Any) -> np.ndarray:
-    from .._array import to_numpy  # noqa: PLC0415
-
-    return to_numpy(a)
 
 
 def heads_per_task(regime: Regime, mask_heads: int, num_q_heads: int, num_kv_heads: int) -> int:
