@@ -106,21 +106,20 @@ def build_task_queue(tiles: PhysicalTiles, *, batch: int, num_q_heads: int, num_
         total_tasks = total_chunks = max_chunks = 0
     mean = total_chunks / max(total_tasks, 1)
     limit = max(int(min_split_chunks), int(np.ceil(split_ratio * mean)))
-    if max_chunks > limit:
-        parts = xp.maximum((chunks + limit - 1) // limit, 1)
-    else:
-        parts = xp.ones(tiles.num_tiles, dtype=np.int64)
-    split = parts > 1
+    any_split = max_chunks > limit
 
     # Parts, tile-major: an unsplit tile is one part over its own spans; the spans of split
-    # tiles are cut into parts and appended after the existing span list.
-    part_off = offsets_from_counts(parts, xp)
+    # tiles are cut into parts and appended after the existing span list. Without splits (the
+    # common case) parts are the tiles and nothing below is computed.
     spans_k0, spans_k1, spans_r0, spans_r1 = tiles.k0, tiles.k1, tiles.r0, tiles.r1
-    if max_chunks <= limit:
+    if not any_split:
         n_parts = tiles.num_tiles
         part_tile = xp.arange(n_parts)
         part_begin, part_end, part_cost = tiles.span_begin, tiles.span_end, chunks
     else:
+        parts = xp.maximum((chunks + limit - 1) // limit, 1)
+        split = parts > 1
+        part_off = offsets_from_counts(parts, xp)
         n_parts = int(part_off[-1])
         part_tile = segment_ids(part_off, n_parts, xp)
         part_begin = tiles.span_begin[part_tile].astype(np.int64)
@@ -161,10 +160,11 @@ def build_task_queue(tiles: PhysicalTiles, *, batch: int, num_q_heads: int, num_
 
     # Slots: each (split tile, assignment) is one combine job owning `parts` consecutive slots,
     # one per part in part order.
-    j_off = offsets_from_counts(xp.where(split, expansions, 0), xp)
-    n_jobs = int(j_off[-1]) if max_chunks > limit else 0
-    num_slots = 0
+    n_jobs = num_slots = 0
     t_slot = xp.full(n_tasks, -1, dtype=np.int64)
+    if any_split:
+        j_off = offsets_from_counts(xp.where(split, expansions, 0), xp)
+        n_jobs = int(j_off[-1])
     if n_jobs:
         j_tile = segment_ids(j_off, n_jobs, xp)
         job_parts = parts[j_tile]
