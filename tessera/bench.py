@@ -1,9 +1,17 @@
 """``python -m tessera bench``: Tessera against dense SDPA (cuDNN, flash) and FlexAttention with
 a per-request BlockMask, in one process, on the WORKLOADS shapes and mask families.
 
+Two kinds of masks: ``--case`` (random or banded masks on 128-token blocks, which FlexAttention's
+default 128x128 BlockMask takes as they are) and ``--family`` (the :mod:`tessera.masks`
+families at their typical parameters, :func:`tessera.workloads.example_mask`). A family's
+blocks need not be 128-token aligned (64-token cubes, variable clusters): FlexAttention then
+runs the mask padded to the 128x128 tiles it accepts (every tile that holds a selected pair),
+which is what users of a fixed-block kernel do today; useful FLOPs count the logical mask for both.
+
 Useful FLOPs = 4 * D * selected (query, key) pairs. "request" = everything a dynamic-mask call
-costs: building the mask object from a device bool matrix, planning and running. Needs a GPU and
-PyTorch (the baselines and the timers); prints a table and can write JSON and a PNG chart.
+costs: building the mask object from a device bool block matrix, planning and running
+(FlexAttention: building its BlockMask and running). Needs a GPU and PyTorch (the baselines and
+the timers); prints a table and can write JSON and a PNG chart.
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ import numpy as np
 
 import tessera
 
-from .workloads import WORKLOADS
+from .workloads import FAMILIES, WORKLOADS
 
 # Mask cases on 128-token blocks that FlexAttention's default 128x128 BlockMask also accepts.
 BLOCK = 128
@@ -66,9 +74,39 @@ def _progress(i: int, n: int, label: str) -> None:
         sys.stderr.write("\n")
 
 
+def _family_blocks(shape: str, family: str, heads: int, seed: int = 0):
+    """A family mask for ``shape`` as (host bool block matrix [H', nQB, nKB] with H' = 1 or
+    ``heads``, q bounds, kv bounds) — what a sparse-attention method hands over each step."""
+    from .workloads import example_mask  # noqa: PLC0415
+
+    w = WORKLOADS[shape]
+    m = example_mask(w, family, heads=heads, seed=seed, head_dim=w.head_dim).mask
+    return m.to_dense()[0], m.q_bounds, m.kv_bounds
+
+
+def padded_to_tiles(blocks: np.ndarray, q_bounds: np.ndarray, kv_bounds: np.ndarray,
+                    tile: int) -> np.ndarray:
+    """``blocks`` ([..., nQB, nKB] bool, any block geometry) coarsened to ``tile``-token tiles: a
+    tile is selected when it holds any selected (query, key) pair — the padding a kernel with a
+    fixed block size needs to run the mask."""
+
+    def member(bounds: np.ndarray) -> np.ndarray:  # [n_blocks, n_tiles]: block meets tile
+        bounds = np.asarray(bounds, dtype=np.int64)
+        n_tiles = -(-int(bounds[-1]) // tile)
+        first, last = bounds[:-1] // tile, (bounds[1:] - 1) // tile
+        t = np.arange(n_tiles)
+        nonempty = (bounds[1:] > bounds[:-1])[:, None]
+        return ((t >= first[:, None]) & (t <= last[:, None]) & nonempty).astype(np.float32)
+
+    mq, mk = member(q_bounds), member(kv_bounds)
+    return (mq.T @ np.asarray(blocks, dtype=np.float32) @ mk) > 0
+
+
 def run(shapes: list[str], cases: list[str], reps: int = 20, flex: bool = True,
-        batch: int = 1) -> list[dict]:
-    """Time every (shape, case); returns one dict of figures per pair."""
+        batch: int = 1, heads: int | None = None) -> list[dict]:
+    """Time every (shape, case); returns one dict of figures per pair. A case is a name of
+    :data:`CASES` or of a mask family (:data:`tessera.workloads.FAMILIES`). ``heads`` (default:
+    the model's) slices the model's query heads, e.g. to keep host-built family masks quick."""
     import torch  # noqa: PLC0415
     import torch.nn.functional as F  # noqa: PLC0415
     from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: PLC0415
@@ -88,7 +126,7 @@ def run(shapes: list[str], cases: list[str], reps: int = 20, flex: bool = True,
     step = 0
     for shape in shapes:
         w = WORKLOADS[shape]
-        h, d, L = w.heads, w.head_dim, w.seq_len
+        h, d, L = (heads or w.heads), w.head_dim, w.seq_len
         q, k, v = (torch.randn(batch, h, L, d, device="cuda", dtype=torch.bfloat16)
                    for _ in range(3))
         dense_flops = 4 * d * L * L * batch * h
@@ -105,11 +143,18 @@ def run(shapes: list[str], cases: list[str], reps: int = 20, flex: bool = True,
         for case in cases:
             _progress(step, total, f"{shape} {case}")
             step += 1
-            blocks = torch.from_numpy(CASES[case](rng, h, n)).cuda()
+            if case in CASES:
+                blocks = torch.from_numpy(CASES[case](rng, h, n)).cuda()
+                qb = kb = np.minimum(np.arange(n + 1) * BLOCK, L)
+                tiles = blocks
+            else:
+                host, qb, kb = _family_blocks(shape, case, h)
+                blocks = torch.from_numpy(host).cuda()
+                tiles = torch.from_numpy(padded_to_tiles(host, qb, kb, BLOCK)).cuda()
+                tiles = tiles.expand(h, n, n).contiguous()
 
             def new_mask():
-                return tessera.BlockMask.from_dense(blocks, block_size=BLOCK, seq_len_q=L,
-                                                    seq_len_kv=L)
+                return tessera.BlockMask.from_dense(blocks, q_bounds=qb, kv_bounds=kb)
 
             m = new_mask()
             flops = 4 * d * int(m.selected_pairs(batch, h).sum())
@@ -128,8 +173,8 @@ def run(shapes: list[str], cases: list[str], reps: int = 20, flex: bool = True,
             if flex_fn is not None:
                 try:
                     def build():
-                        knb = blocks.sum(-1, dtype=torch.int32)[None]
-                        kidx = torch.argsort(~blocks, dim=-1, stable=True).to(torch.int32)[None]
+                        knb = tiles.sum(-1, dtype=torch.int32)[None]
+                        kidx = torch.argsort(~tiles, dim=-1, stable=True).to(torch.int32)[None]
                         return flex_mask.from_kv_blocks(knb, kidx, BLOCK_SIZE=BLOCK,
                                                         seq_lengths=(L, L))
                     fm = build()
@@ -137,6 +182,7 @@ def run(shapes: list[str], cases: list[str], reps: int = 20, flex: bool = True,
                     t_build = cuda_time_ms(build, reps)
                     t_flex_req = cuda_time_ms(lambda: flex_fn(q, k, v, block_mask=build()), reps)
                     row.update(flex_ms=t_flex, flex_tflops=flops / t_flex / 1e9,
+                               flex_tile_density=round(float(tiles.float().mean()), 4),
                                flex_build_ms=t_build, flex_request_ms=t_flex_req,
                                kernel_vs_flex=t_flex / t_kernel,
                                request_vs_flex=t_flex_req / t_req)
@@ -150,12 +196,12 @@ def run(shapes: list[str], cases: list[str], reps: int = 20, flex: bool = True,
 def table(rows: list[dict]) -> str:
     """The figures as a fixed-width table (ms, useful TFLOP/s, ratios to FlexAttention)."""
     nan = float("nan")
-    out = [f"{'shape':15} {'case':10} {'dens':>5} {'kernel':>7} {'TF/s':>5} {'plan':>6} "
+    out = [f"{'shape':15} {'case':17} {'dens':>5} {'kernel':>7} {'TF/s':>5} {'plan':>6} "
            f"{'request':>7} {'flex':>7} {'TF/s':>5} {'f.req':>7} {'k x':>5} {'req x':>5} "
            f"{'cudnn':>6} {'fa2':>6}"]
     for r in rows:
         out.append(
-            f"{r['shape']:15} {r['case']:10} {r['density']:5.2f} {r['tessera_ms']:7.2f} "
+            f"{r['shape']:15} {r['case']:17} {r['density']:5.2f} {r['tessera_ms']:7.2f} "
             f"{r['tessera_tflops']:5.0f} {r['tessera_plan_ms']:6.2f} "
             f"{r['tessera_request_ms']:7.2f} {r.get('flex_ms', nan):7.2f} "
             f"{r.get('flex_tflops', nan):5.0f} {r.get('flex_request_ms', nan):7.2f} "
@@ -188,19 +234,33 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tessera bench")
     ap.add_argument("--shape", default="wan-1.3b-480p,cogvideox-5b",
                     help=f"comma list of {', '.join(WORKLOADS)}")
-    ap.add_argument("--case", default=",".join(CASES), help=f"comma list of {', '.join(CASES)}")
+    ap.add_argument("--case", default=None,
+                    help=f"comma list of {', '.join(CASES)} (default: all, unless --family)")
+    ap.add_argument("--family", default=None,
+                    help=f"comma list of mask families: {', '.join(FAMILIES)}, or 'all'")
+    ap.add_argument("--heads", type=int, default=None,
+                    help="query heads (default: the model's; data-dependent families build "
+                         "their masks on the host, which takes a while at full size)")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--json", help="write the figures as JSON here")
     ap.add_argument("--png", help="write a bar chart here (needs matplotlib)")
     args = ap.parse_args(argv)
-    shapes, cases = args.shape.split(","), args.case.split(",")
+    shapes = args.shape.split(",")
+    cases = args.case.split(",") if args.case else ([] if args.family else list(CASES))
+    families = (list(FAMILIES) if args.family == "all" else args.family.split(",")) \
+        if args.family else []
     for s in shapes:
         if s not in WORKLOADS:
             ap.error(f"unknown shape {s!r}; choose from {', '.join(WORKLOADS)}")
     for c in cases:
         if c not in CASES:
             ap.error(f"unknown case {c!r}; choose from {', '.join(CASES)}")
+    for f in families:
+        if f not in FAMILIES:
+            ap.error(f"unknown family {f!r}; choose from {', '.join(FAMILIES)}")
+    if args.heads is not None and args.heads <= 0:
+        ap.error(f"--heads must be positive, got {args.heads}")
     try:
         import torch  # noqa: PLC0415
 
@@ -212,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         print("bench needs a CUDA GPU; none is visible. `python -m tessera demo` runs on the "
               "CPU emulator instead.")
         return 1
-    rows = run(shapes, cases, args.reps, flex=not args.no_flex)
+    rows = run(shapes, cases + families, args.reps, flex=not args.no_flex, heads=args.heads)
     print(table(rows))
     if args.json:
         with open(args.json, "w") as f:

@@ -183,16 +183,21 @@ def test_device_planner_equals_host_planner(case):
     dense, geo = _device_vs_host_masks()[case]
     host = tessera.BlockMask.from_dense(dense, **geo)
     dev = tessera.BlockMask.from_dense(cp.asarray(dense), **geo)
-    assert dev.on_device
+    # The same mask arriving as CSR on the device: the planner scatters it to dense rows.
+    csr = tessera.BlockMask(host.q_bounds, host.kv_bounds, host.indptr, host.indices,
+                            host.batch_heads).to_device()
+    assert dev.on_device and csr.on_device and csr.dense_rows is None
     for reg in (Regime(), Regime(block_m=64), Regime(split_ratio=1.0, min_split_chunks=2)):
         h = dense.shape[0]
         ph = tessera.plan(host, num_q_heads=h, head_dim=128, regime=reg)
-        pd = tessera.plan(dev, num_q_heads=h, head_dim=128, regime=reg)
-        assert isinstance(pd.queue.tasks, cp.ndarray)
-        np.testing.assert_array_equal(ph.queue.tasks, pd.queue.tasks.get())
-        np.testing.assert_array_equal(ph.queue.spans, pd.queue.spans.get())
-        np.testing.assert_array_equal(ph.queue.combine, pd.queue.combine.get())
+        for m in (dev, csr):
+            pd = tessera.plan(m, num_q_heads=h, head_dim=128, regime=reg)
+            assert isinstance(pd.queue.tasks, cp.ndarray)
+            np.testing.assert_array_equal(ph.queue.tasks, pd.queue.tasks.get())
+            np.testing.assert_array_equal(ph.queue.spans, pd.queue.spans.get())
+            np.testing.assert_array_equal(ph.queue.combine, pd.queue.combine.get())
     _check(dev, hq=dense.shape[0], d=128)
+    _check(csr, hq=dense.shape[0], d=128)
 
 
 def test_torch_zero_copy_and_type():

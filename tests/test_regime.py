@@ -596,3 +596,77 @@ def test_profile_command_without_gpu(tmp_path, capsys):
     assert main(["profile", "--out", str(tmp_path / "t.json"), "--budget-minutes", "1"]) == 1
     out = capsys.readouterr().out
     assert "profile needs" in out and not (tmp_path / "t.json").exists()
+
+
+# ---------------------------------------------------------------------------- evaluation
+def test_summarize_evaluation_by_hand():
+    """Three masks, three regimes, figures worked by hand."""
+    recs = [  # times: name -> [kernel_ms, plan_ms]
+        dict(label="m1", chosen="A", default="C", exact=True,
+             times={"A": [1.0, 0.0], "B": [2.0, 0.0], "C": [1.2, 0.0]}),
+        dict(label="m2", chosen="B", default="C", exact=False,
+             times={"A": [3.0, 0.0], "B": [1.0, 0.0], "C": [1.5, 0.0]}),
+        dict(label="m3", chosen="A", default="C", exact=True,
+             times={"A": [1.1, 0.1], "B": [1.0, 0.1], "C": [2.0, 0.1]}),
+    ]
+    s = prof.summarize_evaluation(recs, "request")
+    req, ker = s["request"], s["kernel"]
+    # request ratios: m1 1.0, m2 1.0, m3 1.2/1.1
+    assert req["masks"] == 3 and req["within_5pct"] == pytest.approx(2 / 3)
+    assert req["mean_slowdown"] == pytest.approx((1 + 1 + 1.2 / 1.1) / 3 - 1)
+    assert req["worst"] == pytest.approx(1.2 / 1.1)
+    # mean ratio per regime: A (1 + 3 + 1.2/1.1)/3, B (2 + 1 + 1)/3, C (1.2 + 1.5 + 2.1/1.1)/3
+    assert req["best_fixed"] == "B"
+    assert req["gain_vs_best_fixed"] == pytest.approx((2 + 1 + 1.1) / (1 + 1 + 1.2))
+    assert req["gain_vs_default"] == pytest.approx((1.2 + 1.5 + 2.1) / (1 + 1 + 1.2))
+    assert ker["worst"] == pytest.approx(1.1) and s["exact_keys"] == 2
+    assert set(prof.summarize_evaluation(recs, "kernel")) == {"kernel", "exact_keys"}
+    text = prof.format_summary(s)
+    assert "within 5% of the oracle 67%" in text and "best fixed regime B" in text
+
+
+def test_evaluate_with_fake_timer_resume_and_budget(tmp_path):
+    fav = Regime(block_m=128, block_n=32, split_ratio=2.0, combine_threshold=0.0)
+    train = [small_case("a", density=0.1, seed=0)]
+    t0 = FakeTimer({"a": fav})
+    table = prof.profile(train, out=tmp_path / "t.json", arch=90, timer=t0, clock=t0.clock,
+                         progress=None, objective="kernel").table
+    # Held out: same features as "a" (so the table's pick applies), one where fav is also the
+    # oracle and one where it is not; and a head dim the table lacks (heuristic).
+    held = [small_case("h1", density=0.1, seed=10), small_case("h2", density=0.1, seed=11),
+            small_case("h3", density=0.1, seed=12, head_dim=128)]
+    out = tmp_path / "eval.json"
+    t1 = FakeTimer({"h1": fav, "h2": Regime(block_m=64, block_n=32, split_ratio=2.0)})
+    doc = prof.evaluate(held, table=table, out=out, arch=90, timer=t1, clock=t1.clock,
+                        budget_s=30, progress=None)
+    assert [r["label"] for r in doc["records"]] == ["h1", "h2"]  # budget: 24 calls a mask
+    r1, r2 = doc["records"]
+    assert r1["chosen"] == fav.name and r1["exact"] and r2["chosen"] == fav.name
+    assert r1["default"] == default_regime(90, 64, 128.0).name
+    assert doc["objective"] == "kernel" and doc["summary"]["kernel"]["within_5pct"] == 0.5
+    with pytest.raises(FileExistsError):
+        prof.evaluate(held, table=table, out=out, arch=90, timer=t1, progress=None)
+    with pytest.raises(ValueError, match="sm_90"):
+        prof.evaluate(held, table=table, out=out, arch=80, timer=t1, resume=True,
+                      progress=None)
+    t2 = FakeTimer({})
+    doc = prof.evaluate(held, table=table, out=out, arch=90, timer=t2, clock=t2.clock,
+                        resume=True, progress=None)
+    assert [r["label"] for r in doc["records"]] == ["h1", "h2", "h3"]
+    assert set(t2.calls) == {"h3"}
+    r3 = doc["records"][2]
+    assert r3["chosen"] == r3["default"] == default_regime(90, 128, 128.0).name
+    assert not r3["exact"]
+    saved = json.loads(out.read_text())
+    assert saved["summary"] == doc["summary"] and saved["format"] == prof.EVAL_FORMAT
+
+
+def test_heldout_corpus_differs_from_profile_corpus():
+    held = prof.build_heldout_corpus(heads=4)
+    train = prof.build_corpus(heads=4)
+    assert not {c.shape for c in held} & {c.shape for c in train}
+    assert {c.family for c in held} == {c.family for c in train}
+    m = next(c for c in held if c.label == "cogvideox-5b-9f/topk_pooled@0.2").build()
+    assert 0.15 < m.density < 0.3 and m.batch_heads == (1, 4)
+    with pytest.raises(ValueError, match="unknown held-out shape"):
+        prof.build_heldout_corpus(["wan-1.3b-480p"])

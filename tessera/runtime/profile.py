@@ -38,8 +38,8 @@ from .regime import (MaskMeasures, Regime, RegimeTable, candidate_regimes, defau
                      features_from_measures, gpu_slug, mask_measures)
 
 __all__ = ["Case", "Timing", "ProfileResult", "ProfilerUnavailable", "build_corpus",
-           "merge_entry", "profile", "gpu_timer", "gpu_environment", "DENSITIES",
-           "SMALL_BLOCK_DENSITIES"]
+           "build_heldout_corpus", "merge_entry", "profile", "evaluate", "summarize_evaluation",
+           "gpu_timer", "gpu_environment", "DENSITIES", "SMALL_BLOCK_DENSITIES"]
 
 # Random masks per shape: 128-token blocks at these densities, 64-token blocks at the others.
 DENSITIES = (0.03, 0.10, 0.20, 0.45, 0.80)
@@ -124,6 +124,72 @@ def build_corpus(shapes: Sequence[str] | None = None, families: Sequence[str] | 
                     f"{s}/random_blocks@{dens:g}/b{block}", s, f, w.head_dim, heads,
                     lambda w=w, b=block, d=dens, text=text: masks.random_blocks(
                         heads, w.seq_len, block=b, density=d, seed=seed, **text).mask))
+    return cases
+
+
+# Held-out shapes: latent grids and lengths no WORKLOADS entry has (other resolutions and clip
+# lengths of the same models), so an evaluation never meets a mask the profile timed.
+HELDOUT_SHAPES = {
+    "wan-1.3b-720p-13f": dict(head_dim=128, latent=(13, 45, 80)),
+    "wan-1.3b-480p-31f": dict(head_dim=128, latent=(31, 30, 52)),
+    "hunyuan-540p": dict(head_dim=128, latent=(33, 34, 60), text_tokens=256, text_valid=80),
+    "cogvideox-5b-9f": dict(head_dim=64, latent=(9, 30, 45), text_tokens=226, text_valid=226),
+}
+
+
+def build_heldout_corpus(shapes: Sequence[str] | None = None, *, heads: int = 4,
+                         seed: int = 1) -> list[Case]:
+    """The evaluation corpus: :data:`HELDOUT_SHAPES` x the mask families with other seeds and
+    other family parameters than :func:`build_corpus` uses (STA windows, top-k fraction,
+    cluster counts, random densities), so a regime table is judged on masks it never saw."""
+    import numpy as np  # noqa: PLC0415
+
+    from .. import masks  # noqa: PLC0415
+
+    shapes = list(HELDOUT_SHAPES) if shapes is None else list(shapes)
+    for s in shapes:
+        if s not in HELDOUT_SHAPES:
+            raise ValueError(f"unknown held-out shape {s!r}; choose from "
+                             f"{', '.join(HELDOUT_SHAPES)}")
+    cases: list[Case] = []
+    for i, s in enumerate(shapes):
+        spec = HELDOUT_SHAPES[s]
+        lat, d = spec["latent"], spec["head_dim"]
+        text = dict(text_tokens=spec.get("text_tokens", 0), text_valid=spec.get("text_valid"))
+        seq = math.prod(lat) + text["text_tokens"]
+        r = seed + i
+
+        def qk(r=r, seq=seq, d=d):
+            rng = np.random.default_rng(r)
+            return [rng.standard_normal((heads, seq, d), dtype=np.float32) for _ in range(2)]
+
+        windows = [(1, 3, 3), (3, 5, 5), (5, 3, 3), (1, 1, 7)]
+        n_cubes = math.prod(-(-a // 4) for a in lat)
+        topk = (0.05, 0.2)[i % 2]
+        dens = ((0.07, 0.35), (0.15, 0.6))[i % 2]
+        builders = {
+            "sliding_tile": lambda lat=lat, text=text: masks.sliding_tile(
+                lat, window=[windows[h % 4] for h in range(heads)], **text),
+            "spatial_temporal": lambda lat=lat, text=text: masks.spatial_temporal(
+                lat, heads=["temporal", "spatial"] * (heads // 2) + ["spatial"] * (heads % 2),
+                width=2, **text),
+            "radial": lambda lat=lat, text=text: masks.radial(lat, dense_distance=2,
+                                                              sink_frame=False, **text),
+            f"topk_pooled@{topk:g}": lambda lat=lat, text=text, qk=qk, f=topk, n=n_cubes:
+                masks.topk_pooled(*qk(), lat, topk=max(1, round(f * n)), **text),
+            "semantic_clusters": lambda seq=seq, text=text, qk=qk, r=r: masks.semantic_clusters(
+                *qk(), max(2, seq // 256), max(2, seq // 192), top_p=0.8, seed=r, **text),
+            f"random_blocks@{dens[0]:g}/b128": lambda seq=seq, text=text, r=r, p=dens[0]:
+                masks.random_blocks(heads, seq, block=128, density=p, seed=r, **text),
+            f"random_blocks@{dens[1]:g}/b128": lambda seq=seq, text=text, r=r, p=dens[1]:
+                masks.random_blocks(heads, seq, block=128, density=p, seed=r, **text),
+            "random_blocks@0.2/b64": lambda seq=seq, text=text, r=r: masks.random_blocks(
+                heads, seq, block=64, density=0.2, seed=r, **text),
+        }
+        for name, build in builders.items():
+            family = name.split("@")[0]
+            cases.append(Case(f"{s}/{name}", s, family, d, heads,
+                              lambda build=build: build().mask))
     return cases
 
 
@@ -333,6 +399,145 @@ def profile(cases: Sequence[Case], *, out: str | Path, arch: int, timer: Timer,
                          stopped=stopped, elapsed_s=clock() - t0, timings=calls)
 
 
+# ---------------------------------------------------------------------------- evaluation
+EVAL_FORMAT = "tessera-regime-evaluation"
+WITHIN = 1.05  # "within 5% of the oracle"
+
+
+def evaluate(cases: Sequence[Case], *, table: RegimeTable, out: str | Path, arch: int,
+             timer: Timer, dtype: str = "bfloat16", batch: int = 1,
+             objective: str | None = None, budget_s: float | None = None, resume: bool = False,
+             overwrite: bool = False, provenance: dict | None = None,
+             prepare: Callable[[Any], Any] | None = None,
+             clock: Callable[[], float] = time.monotonic,
+             progress: TextIO | None = sys.stderr) -> dict:
+    """Judge ``table`` on ``cases`` (a held-out corpus): time every candidate regime on each
+    mask (the oracle is the fastest) and record which regime the table's lookup picks (the
+    heuristic when it has nothing for the mask) and which the heuristic would.
+
+    Writes ``out`` (JSON: provenance, one record per mask with every regime's kernel and
+    planning times, and :func:`summarize_evaluation`'s summary) after every mask; ``resume``
+    skips masks already recorded there. ``objective`` defaults to the table's.
+    """
+    import json  # noqa: PLC0415
+
+    objective = objective or table.provenance.get("corpus", {}).get("objective", "request")
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
+    out = Path(out)
+    records: list[dict] = []
+    if out.exists() and resume:
+        old = json.loads(out.read_text())
+        if old.get("format") != EVAL_FORMAT:
+            raise ValueError(f"{out} is not a regime evaluation; give another --out")
+        if old.get("objective") != objective or old.get("arch") != arch:
+            raise ValueError(f"{out} was made for sm_{old.get('arch')} / {old.get('objective')}"
+                             f", this run is sm_{arch} / {objective}; give another --out")
+        records = list(old.get("records", []))
+    elif out.exists() and not overwrite:
+        raise FileExistsError(f"{out} exists: pass --resume to continue it or --overwrite to "
+                              "start over")
+    done = {r["label"] for r in records}
+    head_info = dict(format=EVAL_FORMAT, arch=arch, objective=objective, dtype=dtype,
+                     batch=batch, table=table.source, table_entries=len(table),
+                     table_date=table.provenance.get("date"),
+                     provenance=dict(provenance or {}))
+
+    def write() -> dict:
+        doc = {**head_info, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+               "summary": summarize_evaluation(records, objective) if records else None,
+               "records": records}
+        tmp = out.with_name(out.name + ".tmp")
+        tmp.write_text(json.dumps(doc, indent=1))
+        tmp.replace(out)
+        return doc
+
+    t0 = clock()
+    for i, case in enumerate(cases):
+        head = f"[{i + 1}/{len(cases)}] {_fmt_min(clock() - t0)} min {case.label}"
+        if case.label in done:
+            continue
+        if budget_s is not None and clock() - t0 >= budget_s:
+            _status(progress, f"budget spent; {len(cases) - i} masks left (--resume)", True)
+            break
+        _status(progress, f"{head}: building the mask")
+        mask = case.build()
+        if prepare is not None:
+            mask = prepare(mask)
+        meas = mask_measures(mask)
+        feats = features_from_measures(meas, head_dim=case.head_dim, dtype=dtype, arch=arch,
+                                       num_q_heads=case.heads, batch=batch)
+        heuristic = default_regime(arch, case.head_dim, meas.q_block)
+        chosen = table.lookup(feats) or heuristic
+        regimes = candidate_regimes(case.head_dim, arch)
+        for extra in (heuristic, chosen):
+            if extra not in regimes:
+                regimes.append(extra)
+        times: dict[str, list[float]] = {}
+        for j, r in enumerate(regimes):
+            _status(progress, f"{head}: regime {j + 1}/{len(regimes)} {r.name}")
+            try:
+                k_ms, p_ms = (float(x) for x in timer(case, mask, r))
+            except Exception as exc:
+                _status(progress, f"  {case.label}: {r.name}: {type(exc).__name__}: {exc}", True)
+                continue
+            if math.isfinite(k_ms) and math.isfinite(p_ms):
+                times[r.name] = [round(k_ms, _ROUND), round(p_ms, _ROUND)]
+        if chosen.name not in times or heuristic.name not in times:
+            _status(progress, f"{head}: the chosen or default regime did not run; skipped", True)
+            continue
+        records.append(dict(label=case.label, shape=case.shape, family=case.family,
+                            key=feats.key(), exact=table.lookup_exact(feats) is not None,
+                            measures=meas.to_dict(), chosen=chosen.name,
+                            default=heuristic.name, times=times))
+        write()
+        obj = {n: _objective(k, p, objective) for n, (k, p) in times.items()}
+        ratio = obj[chosen.name] / min(obj.values())
+        _status(progress, f"{head}: chosen {chosen.name} x{ratio:.3f} of the oracle", True)
+    return write()
+
+
+def summarize_evaluation(records: Sequence[dict], objective: str = "request") -> dict:
+    """What a held-out evaluation shows, for ``objective`` and for kernel time alone.
+
+    Per mask: ``ratio`` = the looked-up regime's time / the oracle's (the fastest measured).
+    Reported: the share of masks within 5% of the oracle, the mean slowdown (mean ratio - 1),
+    the worst ratio; the single best fixed regime in hindsight (lowest mean ratio over these
+    very masks, among regimes measured on all of them) and the heuristic default, each as the
+    total time they need over the looked-up regimes' total (> 1: the table is faster).
+    """
+    def metrics(obj_of: Callable[[list[float]], float]) -> dict:
+        ratios, chosen_t, default_t = [], 0.0, 0.0
+        per_regime: dict[str, list[float]] = {}
+        totals: dict[str, float] = {}
+        for r in records:
+            obj = {n: obj_of(t) for n, t in r["times"].items()}
+            best = min(obj.values())
+            ratios.append(obj[r["chosen"]] / best)
+            chosen_t += obj[r["chosen"]]
+            default_t += obj[r["default"]]
+            for n, v in obj.items():
+                per_regime.setdefault(n, []).append(v / best)
+                totals[n] = totals.get(n, 0.0) + v
+        common = [n for n, v in per_regime.items() if len(v) == len(records)]
+        fixed = min(common, key=lambda n: (sum(per_regime[n]), n)) if common else None
+        n = len(ratios)
+        return dict(
+            masks=n, within_5pct=sum(x <= WITHIN for x in ratios) / n if n else None,
+            mean_slowdown=sum(ratios) / n - 1 if n else None,
+            worst=max(ratios) if n else None,
+            best_fixed=fixed,
+            best_fixed_mean_slowdown=(sum(per_regime[fixed]) / n - 1) if fixed else None,
+            gain_vs_best_fixed=(totals[fixed] / chosen_t) if fixed and chosen_t else None,
+            gain_vs_default=(default_t / chosen_t) if chosen_t else None)
+
+    summary = {objective: metrics(lambda t: _objective(t[0], t[1], objective))}
+    if objective != "kernel":
+        summary["kernel"] = metrics(lambda t: t[0])
+    summary["exact_keys"] = sum(bool(r.get("exact")) for r in records)
+    return summary
+
+
 # ---------------------------------------------------------------------------- GPU (not on CI)
 def gpu_environment() -> tuple[int, dict]:
     """(compute capability, provenance) of the current GPU; :class:`ProfilerUnavailable` with
@@ -385,8 +590,8 @@ def gpu_timer(*, dtype: str = "bfloat16", batch: int = 1, reps: int = 10,
 
     Per call: plan the mask with the regime, then the median of ``reps`` CUDA-event timings of
     ``plan.run`` (q, k, v random, ``[batch, heads, L, head_dim]``, reused while the shape
-    stays) and of ``plan_reps`` timings of planning again (the dynamic-mask path).
-    NOT YET RUN ON A GPU.
+    stays; a third of them, at least 3, for kernels over 20 ms) and of ``plan_reps`` timings
+    of planning again (the dynamic-mask path).
     """
     import torch  # noqa: PLC0415
 
@@ -408,7 +613,11 @@ def gpu_timer(*, dtype: str = "bfloat16", batch: int = 1, reps: int = 10,
         kw = dict(num_q_heads=case.heads, head_dim=case.head_dim, batch=batch, dtype=dtype,
                   regime=regime)
         p = make_plan(mask, **kw)
-        kernel_ms = cuda_time_ms(lambda: p.run(q, k, v), reps=reps, warmup=2)
+        # Long kernels (tens of ms) are steady: fewer repetitions keep a profile of the
+        # largest shapes within a device session.
+        first = cuda_time_ms(lambda: p.run(q, k, v), reps=1, warmup=1)
+        n = reps if first < 20 else max(3, reps // 3)
+        kernel_ms = cuda_time_ms(lambda: p.run(q, k, v), reps=n, warmup=0)
         plan_ms = cuda_time_ms(lambda: make_plan(mask, **kw), reps=plan_reps, warmup=1)
         return Timing(kernel_ms, plan_ms)
 
@@ -432,6 +641,10 @@ def add_arguments(ap: Any) -> None:
     ap.add_argument("--reps", type=int, default=10, help="timed kernel runs per regime")
     ap.add_argument("--list", action="store_true",
                     help="list the corpus and the candidate regimes, time nothing")
+    ap.add_argument("--evaluate", metavar="TABLE",
+                    help="instead of profiling: judge TABLE on the held-out corpus (other "
+                         "shapes, seeds and family parameters) against the oracle of every "
+                         "candidate; --out names the evaluation JSON")
 
 
 def command(args: Any) -> int:
@@ -440,9 +653,17 @@ def command(args: Any) -> int:
 
     split = lambda s: [x for x in s.split(",") if x] if s else None  # noqa: E731
     try:
-        cases = build_corpus(split(args.shapes), split(args.families), heads=args.heads)
+        if args.evaluate:
+            cases = build_heldout_corpus(split(args.shapes), heads=args.heads)
+            if args.families:
+                cases = [c for c in cases if c.family in split(args.families)]
+        else:
+            cases = build_corpus(split(args.shapes), split(args.families), heads=args.heads)
     except ValueError as exc:
         print(exc)
+        return 2
+    if args.evaluate and not args.out and not args.list:
+        print("--evaluate needs --out (the evaluation JSON to write)")
         return 2
     if args.list:
         for c in cases:
@@ -457,6 +678,8 @@ def command(args: Any) -> int:
     except ProfilerUnavailable as exc:
         print(exc)
         return 1
+    if args.evaluate:
+        return _evaluate_command(args, cases, arch, prov)
     out = Path(args.out) if args.out else TABLES_DIR / f"{gpu_slug(prov['gpu'])}.json"
     print(f"profiling {len(cases)} masks on {prov['gpu']} (sm_{arch}) into {out}, budget "
           f"{args.budget_minutes:g} min", file=sys.stderr)
@@ -474,3 +697,41 @@ def command(args: Any) -> int:
           f"skipped {len(res.skipped)}, failed {len(res.failed)}, in {res.elapsed_s / 60:.1f} "
           f"min ({res.stopped})")
     return 0
+
+
+def _evaluate_command(args: Any, cases: list[Case], arch: int, prov: dict) -> int:
+    try:
+        table = RegimeTable.load(args.evaluate)
+    except (OSError, ValueError) as exc:
+        print(f"cannot read the table to evaluate: {exc}")
+        return 1
+    print(f"evaluating {args.evaluate} on {len(cases)} held-out masks on {prov['gpu']} "
+          f"(sm_{arch}) into {args.out}, budget {args.budget_minutes:g} min", file=sys.stderr)
+    try:
+        doc = evaluate(cases, table=table, out=args.out, arch=arch,
+                       timer=gpu_timer(dtype=args.dtype, reps=args.reps), dtype=args.dtype,
+                       budget_s=args.budget_minutes * 60, resume=args.resume,
+                       overwrite=args.overwrite, provenance=prov,
+                       prepare=lambda m: m.to_device())
+    except (FileExistsError, ValueError) as exc:
+        print(exc)
+        return 1
+    print(format_summary(doc.get("summary")))
+    return 0
+
+
+def format_summary(summary: dict | None) -> str:
+    """A few lines of :func:`summarize_evaluation`'s figures, for the terminal."""
+    if not summary:
+        return "no masks evaluated"
+    lines = []
+    for obj, m in summary.items():
+        if not isinstance(m, dict):
+            continue
+        lines.append(
+            f"{obj:8}: {m['masks']} masks, within 5% of the oracle {100 * m['within_5pct']:.0f}%"
+            f", mean slowdown {100 * m['mean_slowdown']:.1f}%, worst x{m['worst']:.2f}; best "
+            f"fixed regime {m['best_fixed']} x{m['gain_vs_best_fixed']:.3f}, heuristic "
+            f"x{m['gain_vs_default']:.3f} (their total time / the table's)")
+    lines.append(f"exact table keys: {summary.get('exact_keys')}")
+    return "\n".join(lines)
