@@ -93,6 +93,32 @@ def test_dtype_headdim_layout(dtype, d, layout):
     _check(m, dtype=dtype, d=d, layout=layout, hq=2)
 
 
+def _regime_stress_mask():
+    """Variable blocks (some shorter than a row group), an empty row, a heavy row that splits
+    under split_ratio 2 or 4, and adjacent short rows a 0.3 combine threshold merges."""
+    rng = np.random.default_rng(21)
+    qb = np.r_[0, np.cumsum([40, 24, 130, 8, 64, 200, 96, 16, 48, 120])]
+    kb = np.r_[0, np.cumsum(rng.integers(16, 150, 40))]
+    dense = rng.random((2, qb.size - 1, kb.size - 1)) < 0.25
+    dense[:, 3] = False  # empty row
+    dense[0, 5] = True  # heavy row
+    dense[:, 1] = dense[:, 0]  # adjacent short blocks with shared keys
+    dense[:, 1, :3] = True
+    return tessera.BlockMask.from_dense(dense, q_bounds=qb, kv_bounds=kb)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("index", range(24))
+def test_every_candidate_regime(d, index):
+    """Every regime the profiler may put in a table computes the exact attention."""
+    from tessera.runtime.regime import candidate_regimes
+
+    regimes = candidate_regimes(d, 90)
+    if index >= len(regimes):
+        pytest.skip("fewer candidates at this head dim")
+    _check(_regime_stress_mask(), d=d, hq=2, regime=regimes[index], seed=index)
+
+
 @pytest.mark.parametrize("group", [1, 2, 4, 8])
 @pytest.mark.parametrize("mask_heads", ["one", "kv", "q"])
 def test_gqa(group, mask_heads):
