@@ -670,3 +670,71 @@ def test_heldout_corpus_differs_from_profile_corpus():
     assert 0.15 < m.density < 0.3 and m.batch_heads == (1, 4)
     with pytest.raises(ValueError, match="unknown held-out shape"):
         prof.build_heldout_corpus(["wan-1.3b-480p"])
+
+
+def test_regime_names_parse_back():
+    for d in (64, 128):
+        for r in candidate_regimes(d, 90):
+            assert R.regime_from_name(r.name) == r
+    r = Regime(pack_gqa=False, min_split_chunks=3)
+    assert R.regime_from_name(r.name) == r
+    for bad in ("", "sm80_128x64", "sm80_128x64_w4_s2[colour=3]", "sm80_100x64_w4_s2",
+                "sm80_128x64_w4_s2[split_ratio=x]"):
+        assert R.regime_from_name(bad) is None
+    f = feats(geometry="variable-384+", density="60-100%", seq_len=">128k")
+    assert MaskFeatures.from_key(f.key()) == f
+    with pytest.raises(ValueError, match="not a feature key"):
+        MaskFeatures.from_key("sm90/d128")
+
+
+def _profiled_entry(f: MaskFeatures, rels: dict[Regime, float], masks: int = 1) -> dict:
+    """An entry as the profiler writes it: every candidate's mean relative time."""
+    best = min(rels, key=lambda r: (rels[r], r.name))
+    return {"features": f.to_dict(), "regime": best.to_dict(), "ms": 1.0, "oracle_ms": 1.0,
+            "masks": [f"m{i}" for i in range(masks)],
+            "candidates": {r.name: {"ms": v, "kernel_ms": v, "plan_ms": 0.0, "rel": v}
+                           for r, v in rels.items()}}
+
+
+def test_smoothed_lookup_pools_neighbours():
+    a, b, c = Regime(), Regime(block_m=64), Regime(block_n=32)
+    # Exact key: b wins by a hair on one mask; two neighbours one density step away say a
+    # clearly, and b poorly: pooled (weights 1, 0.5, 0.5), a wins.
+    here = feats(density="15-30%")
+    t = RegimeTable([
+        _profiled_entry(here, {a: 1.02, b: 1.0, c: 1.5}),
+        _profiled_entry(feats(density="5-15%"), {a: 1.0, b: 1.3, c: 1.5}),
+        _profiled_entry(feats(density="30-60%"), {a: 1.0, b: 1.3, c: 1.5}),
+    ], {})
+    assert t.lookup_exact(here) == b  # the entry's own pick is kept in the file
+    assert t.lookup(here) == a
+    # Evidence an entry holds many masks for outweighs a neighbour's single mask.
+    t2 = RegimeTable([
+        _profiled_entry(here, {a: 1.1, b: 1.0, c: 1.5}, masks=4),
+        _profiled_entry(feats(density="5-15%"), {a: 1.0, b: 1.3, c: 1.5}),
+    ], {})
+    assert t2.lookup(here) == b
+    # Another geometry answers too (from the nearest evidence), another head dim does not.
+    assert t.lookup(feats(geometry="variable-128")) == a
+    assert t.lookup(feats(head_dim=64)) is None
+    # A regime some weighted entry never measured is not eligible.
+    t3 = RegimeTable([
+        _profiled_entry(here, {a: 1.1, c: 1.0}),
+        _profiled_entry(feats(density="5-15%"), {a: 1.0, b: 1.3}),
+    ], {})
+    assert t3.lookup(here) == a
+
+
+def test_rescore_evaluation_uses_the_tables_lookup():
+    a, b = Regime(), Regime(block_m=64)
+    f = feats(arch=90, head_dim=64)
+    t = RegimeTable([_profiled_entry(f, {a: 1.0, b: 1.2})], {})
+    doc = {"objective": "kernel", "records": [
+        dict(label="x", key=f.key(), chosen=b.name, default=b.name, exact=False,
+             times={a.name: [1.0, 0.0], b.name: [2.0, 0.0]}),
+        dict(label="y", key=feats(arch=90, head_dim=96).key(), chosen=a.name, default=b.name,
+             exact=False, times={a.name: [1.0, 0.0], b.name: [3.0, 0.0]})]}
+    new = prof.rescore_evaluation(doc, t)
+    assert [r["chosen"] for r in new["records"]] == [a.name, b.name]  # y: heuristic
+    assert new["records"][0]["exact"] and not new["records"][1]["exact"]
+    assert new["summary"]["kernel"]["within_5pct"] == 0.5

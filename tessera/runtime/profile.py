@@ -38,7 +38,8 @@ from .regime import (MaskMeasures, Regime, RegimeTable, candidate_regimes, defau
                      features_from_measures, gpu_slug, mask_measures)
 
 __all__ = ["Case", "Timing", "ProfileResult", "ProfilerUnavailable", "build_corpus",
-           "build_heldout_corpus", "merge_entry", "profile", "evaluate", "summarize_evaluation",
+           "build_heldout_corpus", "merge_entry", "profile", "evaluate", "rescore_evaluation",
+           "summarize_evaluation",
            "gpu_timer", "gpu_environment", "DENSITIES", "SMALL_BLOCK_DENSITIES"]
 
 # Random masks per shape: 128-token blocks at these densities, 64-token blocks at the others.
@@ -495,6 +496,24 @@ def evaluate(cases: Sequence[Case], *, table: RegimeTable, out: str | Path, arch
         ratio = obj[chosen.name] / min(obj.values())
         _status(progress, f"{head}: chosen {chosen.name} x{ratio:.3f} of the oracle", True)
     return write()
+
+
+def rescore_evaluation(doc: dict, table: RegimeTable) -> dict:
+    """An evaluation's records with the regime ``table`` picks now (from the recorded feature
+    keys; the heuristic where it has nothing) and their summary. Every candidate was timed on
+    every held-out mask, so a changed lookup rule is judged on the same measurements."""
+    from .regime import MaskFeatures  # noqa: PLC0415
+
+    records = []
+    for r in doc["records"]:
+        found = table.lookup(MaskFeatures.from_key(r["key"]))
+        name = found.name if found is not None else r["default"]
+        if name not in r["times"]:
+            raise ValueError(f"{r['label']}: the table picks {name}, which was not timed")
+        records.append({**r, "chosen": name,
+                        "exact": table.lookup_exact(MaskFeatures.from_key(r["key"])) is not None})
+    return {**doc, "table": table.source, "records": records,
+            "summary": summarize_evaluation(records, doc.get("objective", "request"))}
 
 
 def summarize_evaluation(records: Sequence[dict], objective: str = "request") -> dict:

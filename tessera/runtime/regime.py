@@ -20,6 +20,7 @@ Selection (``tessera.plan(..., regime=None)``, :func:`select_regime`):
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -246,6 +247,17 @@ class MaskFeatures:
         return (f"sm{self.arch}/d{self.head_dim}/{self.dtype}/{self.geometry}/L{self.seq_len}"
                 f"/p{self.density}/r{self.imbalance}/bh{self.batch_heads}")
 
+    @classmethod
+    def from_key(cls, key: str) -> "MaskFeatures":
+        """Parse :meth:`key` back (``ValueError`` when it is not one)."""
+        m = re.fullmatch(r"sm(\d+)/d(\d+)/(\w+)/([\w+-]+)/L(.+)/p(.+)/r(.+)/bh(.+)", key)
+        if not m:
+            raise ValueError(f"not a feature key: {key!r}")
+        return cls.from_dict(dict(arch=int(m.group(1)), head_dim=int(m.group(2)),
+                                  dtype=m.group(3), geometry=m.group(4), seq_len=m.group(5),
+                                  density=m.group(6), imbalance=m.group(7),
+                                  batch_heads=m.group(8)))
+
     @property
     def group(self) -> tuple[int, int, str, str]:
         """What a nearest-entry lookup must match exactly: arch, head dim, dtype, geometry."""
@@ -396,6 +408,64 @@ def _check_regime_dict(d: Any) -> Regime:
         raise ValueError(f"regime: {exc}") from None
 
 
+# Smoothed lookup: one step of geometry (uniform vs variable, or one block-size bucket) counts
+# as this many bucket steps of the other features (leave-one-out on the H200 table).
+GEOMETRY_STEP = 3
+ALL_GEOMETRIES = tuple([f"uniform-{q}x{k}" for q in BLOCK_BUCKETS for k in BLOCK_BUCKETS]
+                       + [f"variable-{q}" for q in BLOCK_BUCKETS])
+
+
+def _geometry_position(geometry: str) -> tuple[int, int, int]:
+    """(variable?, query block bucket, key block bucket) of a geometry label, for distances
+    (a variable geometry's key bucket is taken equal to its query bucket)."""
+    kind, sizes = geometry.split("-", 1)
+    q, _, k = sizes.partition("x")
+    qi = BLOCK_BUCKETS.index(q)
+    return (int(kind == "variable"), qi, BLOCK_BUCKETS.index(k) if k else qi)
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _regime_from_name(name: str, cand: Any, own: Regime) -> Regime | None:
+    """The regime a candidate name stands for: the entry's own regime when the names match,
+    else the candidate's ``regime`` field, else parsed from the name; None if unreadable."""
+    if own.name == name:
+        return own
+    if isinstance(cand, dict) and isinstance(cand.get("regime"), dict):
+        try:
+            return _check_regime_dict(cand["regime"])
+        except ValueError:
+            return None
+    return regime_from_name(name)
+
+
+def regime_from_name(name: str) -> Regime | None:
+    """Parse :attr:`Regime.name` (``sm80_128x64_w4_s2[split_ratio=2.0]``) back into a regime;
+    None when the name is not one."""
+    m = re.fullmatch(r"(\w+?)_(\d+)x(\d+)_w(\d+)_s(\d+)(?:\[(.*)\])?", name)
+    if not m:
+        return None
+    fields: dict[str, Any] = dict(family=m.group(1), block_m=int(m.group(2)),
+                                  block_n=int(m.group(3)), num_warps=int(m.group(4)),
+                                  stages=int(m.group(5)))
+    for item in filter(None, (m.group(6) or "").split(",")):
+        k, _, v = item.partition("=")
+        default = getattr(Regime, k, None)
+        if default is None:
+            return None
+        try:
+            fields[k] = (v == "True") if isinstance(default, bool) else type(default)(float(v))
+        except ValueError:
+            return None
+    try:
+        r = Regime(**fields)
+    except (TypeError, ValueError):
+        return None
+    return r if r.name == name else None
+
+
 class RegimeTable:
     """A profiled map from :class:`MaskFeatures` to the fastest :class:`Regime`.
 
@@ -410,10 +480,18 @@ class RegimeTable:
     Entries may carry more fields (the profiler writes the heuristic's time, the masks behind
     the entry and every candidate's time). All entries share one architecture.
 
-    :meth:`lookup`: the entry with the same key; else, among entries with the same arch, head
-    dim, dtype and geometry, the nearest by bucket distance (density first, then sequence
-    length, then imbalance, then batch x heads; ties by key); else None. Every answer is
-    precomputed when the table is built, so a lookup is one key format and one dict read.
+    :meth:`lookup`, for tables whose entries carry every candidate's measurements (what the
+    profiler writes): a smoothed vote. Each entry of the same arch, head dim and dtype weighs
+    ``masks x 0.5**distance`` (distance: bucket steps of density, sequence length, imbalance
+    and batch x heads, plus :data:`GEOMETRY_STEP` per step of geometry), and the regime with
+    the lowest weighted mean relative time (time / that entry's oracle) wins. One profiled
+    mask per key is a noisy vote; pooling the neighbours' evidence picked better regimes in
+    leave-one-out tests on the H200 table (benchmarks/RESULTS.md). Tables without candidate
+    data (written by hand): the entry with the same key; else, among entries with the same
+    arch, head dim, dtype and geometry, the nearest by bucket distance (density first, then
+    sequence length, then imbalance, then batch x heads; ties by key). Else None. Every
+    answer is precomputed when the table is built, so a lookup is one key format and one
+    dict read.
     """
 
     def __init__(self, entries: list[dict], provenance: dict | None = None, *,
@@ -475,8 +553,63 @@ class RegimeTable:
 
     # ------------------------------------------------------------------ lookup
     def _precompute(self) -> dict[str, Regime]:
-        """Every key a lookup can answer: the entries' own, then for each (arch, head dim,
-        dtype, geometry) group every bucket combination mapped to its nearest entry."""
+        """Every key a lookup can answer (see the class docstring for the two rules)."""
+        if self._entries and all(isinstance(e.get("candidates"), dict) and e["candidates"]
+                                 for e in self._entries.values()):
+            return self._precompute_smoothed()
+        return self._precompute_nearest()
+
+    def _precompute_smoothed(self) -> dict[str, Regime]:
+        keys = sorted(self._entries)
+        feats = [self._features[k] for k in keys]
+        regimes: dict[str, Regime] = {}
+        for k in keys:  # candidate names -> regimes, from the entries' own regimes or names
+            for name, c in self._entries[k]["candidates"].items():
+                regimes.setdefault(name, _regime_from_name(name, c, self._regimes[k]))
+        names = sorted(n for n, r in regimes.items() if r is not None)
+        col = {n: i for i, n in enumerate(names)}
+        rel = np.zeros((len(keys), len(names)))
+        seen = np.zeros((len(keys), len(names)))
+        for i, k in enumerate(keys):
+            for name, c in self._entries[k]["candidates"].items():
+                if name in col and isinstance(c, dict) and _finite(c.get("rel")):
+                    rel[i, col[name]] = float(c["rel"])
+                    seen[i, col[name]] = 1.0
+        weight0 = np.array([max(len(self._entries[k].get("masks", [])), 1) for k in keys],
+                           dtype=np.float64)
+        pos = np.array([f.bucket_index for f in feats], dtype=np.float64)
+        geo = np.array([_geometry_position(f.geometry) for f in feats], dtype=np.float64)
+        index: dict[str, Regime] = {}
+        groups: dict[tuple, list[int]] = {}
+        for i, f in enumerate(feats):
+            groups.setdefault((f.arch, f.head_dim, f.dtype), []).append(i)
+        grid = np.array(list(itertools.product(range(len(DENSITY_BUCKETS)),
+                                               range(len(SEQ_BUCKETS)),
+                                               range(len(IMBALANCE_BUCKETS)),
+                                               range(len(BATCH_HEADS_BUCKETS)))),
+                        dtype=np.float64)
+        for (arch, hd, dt), members in groups.items():
+            m = np.array(members)
+            for geometry in ALL_GEOMETRIES:
+                g = np.array(_geometry_position(geometry), dtype=np.float64)
+                dist = (np.abs(grid[:, None, :] - pos[m][None, :, :]).sum(-1)
+                        + GEOMETRY_STEP * np.abs(geo[m] - g).sum(-1)[None, :])
+                w = weight0[m][None, :] * 0.5 ** dist  # [grid, members]
+                num, den = w @ (rel[m] * seen[m]), w @ seen[m]
+                # A regime must have been measured wherever the weight is (all but 0.1%).
+                ok = den >= 0.999 * w.sum(1, keepdims=True)
+                score = np.where(ok, num / np.maximum(den, 1e-300), np.inf)
+                best = score.argmin(1)  # ties: the first name, names sorted
+                for gi, b in enumerate(best):
+                    d, sq, im, bh = (int(x) for x in grid[gi])
+                    key = MaskFeatures(arch, hd, dt, geometry, SEQ_BUCKETS[sq],
+                                       DENSITY_BUCKETS[d], IMBALANCE_BUCKETS[im],
+                                       BATCH_HEADS_BUCKETS[bh]).key()
+                    if np.isfinite(score[gi, b]):
+                        index[key] = regimes[names[b]]
+        return index
+
+    def _precompute_nearest(self) -> dict[str, Regime]:
         index = dict(self._regimes)
         groups: dict[tuple, list[tuple[tuple[int, ...], str]]] = {}
         for key, f in sorted(self._features.items()):
@@ -496,7 +629,7 @@ class RegimeTable:
         return index
 
     def lookup(self, features: MaskFeatures) -> Regime | None:
-        """The regime for ``features``: exact entry, else the nearest of its group, else None."""
+        """The regime for ``features`` by the table's rule (class docstring), or None."""
         return self._index.get(features.key())
 
     def lookup_exact(self, features: MaskFeatures) -> Regime | None:
