@@ -335,6 +335,20 @@ def test_plan_uses_table_and_falls_back():
     assert plan90(m).regime == heuristic(m)
 
 
+def test_features_measured_only_when_the_table_could_answer(monkeypatch):
+    m = wan_like_mask()
+    R.use_table(table_for(m))
+    calls = []
+    real = R.mask_features
+    monkeypatch.setattr(R, "mask_features", lambda *a, **k: calls.append(1) or real(*a, **k))
+    assert plan90(m, dtype="float16").regime == heuristic(m)
+    assert plan90(m, head_dim=64).regime == heuristic(m, head_dim=64)
+    assert calls == []
+    assert plan90(m).regime == PICK and calls == [1]
+    assert R.active_table(90).covers(90, 128, "bfloat16")
+    assert not R.active_table(90).covers(90, 128, "float16")
+
+
 def test_env_var_and_default_location(tmp_path, monkeypatch):
     m = wan_like_mask()
     path = tmp_path / "mine.json"

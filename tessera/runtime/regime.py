@@ -550,6 +550,7 @@ class RegimeTable:
                              f"{sorted(archs, key=str)}; a table is for one GPU")
         self.arch: int | None = archs.pop() if archs else None
         self._index = self._precompute()
+        self._groups = {(f.arch, f.head_dim, f.dtype) for f in self._features.values()}
 
     # ------------------------------------------------------------------ lookup
     def _precompute(self) -> dict[str, Regime]:
@@ -565,7 +566,8 @@ class RegimeTable:
         regimes: dict[str, Regime] = {}
         for k in keys:  # candidate names -> regimes, from the entries' own regimes or names
             for name, c in self._entries[k]["candidates"].items():
-                regimes.setdefault(name, _regime_from_name(name, c, self._regimes[k]))
+                if name not in regimes:
+                    regimes[name] = _regime_from_name(name, c, self._regimes[k])
         names = sorted(n for n, r in regimes.items() if r is not None)
         col = {n: i for i, n in enumerate(names)}
         rel = np.zeros((len(keys), len(names)))
@@ -627,6 +629,11 @@ class RegimeTable:
                                 tuple(abs(a - b) for a, b in zip(m[0], pos)), m[1]))
                             index[k] = self._regimes[best[1]]
         return index
+
+    def covers(self, arch: int, head_dim: int, dtype: str) -> bool:
+        """Whether any lookup for this architecture, head dim and dtype can answer (so a plan
+        need not measure its mask's features when none can)."""
+        return (arch, head_dim, dtype) in self._groups
 
     def lookup(self, features: MaskFeatures) -> Regime | None:
         """The regime for ``features`` by the table's rule (class docstring), or None."""
@@ -866,7 +873,11 @@ def select_regime(mask: Any, *, arch: int | None, head_dim: int, dtype: Any,
     if arch is None and mask.on_device:
         arch = _device_arch()
     table = active_table(arch)
-    if table is not None:
+    from .plan import _dtype_name  # noqa: PLC0415 - plan imports this module
+
+    # Measuring the mask costs a few reductions and a synchronization: only when the table
+    # has entries this plan could be answered from.
+    if table is not None and table.covers(int(arch), int(head_dim), _dtype_name(dtype)):
         try:
             found = table.lookup(mask_features(mask, head_dim=head_dim, dtype=dtype, arch=arch,
                                                num_q_heads=num_q_heads, batch=batch))
