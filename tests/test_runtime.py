@@ -618,3 +618,69 @@ def test_one_token_sequences():
     check_queue(plan)
     rng = np.random.default_rng(6)
     check_emulation(plan, mask, *random_qkv(rng, 1, 1, 1, 1, 1, d=4), None)
+
+
+# ---------------------------------------------------------------------------- device planner
+def _np_plan_row_stats(grid, block, args):
+    """numpy stand-in for plan.cu's plan_row_stats (same outputs, row by row)."""
+    dense, n_rows, n_kv, n_q, kb, block_n, count, nspans, ktok, otok, chunks, ident = args
+    klen = np.diff(kb)
+    for r in range(int(n_rows)):
+        sel = dense[r].astype(bool)
+        prev = dense[r - 1].astype(bool) if r % int(n_q) else None
+        starts = np.flatnonzero(sel & ~np.r_[False, sel[:-1]])
+        ends = np.flatnonzero(sel & ~np.r_[sel[1:], False])
+        count[r], nspans[r], ktok[r] = sel.sum(), starts.size, klen[sel].sum()
+        otok[r] = klen[sel & prev].sum() if prev is not None else 0
+        chunks[r] = sum(-(-(kb[e + 1] - kb[s0]) // int(block_n)) for s0, e in zip(starts, ends))
+        ident[r] = prev is not None and sel.sum() == prev.sum() == (sel & prev).sum()
+
+
+def _np_plan_write_spans(grid, block, args):
+    """numpy stand-in for plan.cu's plan_write_spans."""
+    dense, n_rows, n_kv, kb, span_dst, row_q0, row_q1, spans = args
+    for r in range(int(n_rows)):
+        if span_dst[r] < 0:
+            continue
+        sel = dense[r].astype(bool)
+        starts = np.flatnonzero(sel & ~np.r_[False, sel[:-1]])
+        ends = np.flatnonzero(sel & ~np.r_[sel[1:], False])
+        for i, (s0, e) in enumerate(zip(starts, ends)):
+            spans[span_dst[r] + i] = (kb[s0], kb[e + 1], row_q0[r], row_q1[r])
+
+
+@pytest.mark.parametrize("source", ["dense", "csr"])
+@pytest.mark.parametrize("threshold", [0.0, 0.3, 1.0])
+def test_device_planner_logic_equals_host_planner(monkeypatch, source, threshold):
+    """The device planner's array logic (kernels replaced by numpy stand-ins) gives the host
+    planner's tiles, also when restricted merges send it on to the general path with the
+    kernels' row statistics, and for masks arriving as CSR (scattered to dense rows)."""
+    from tessera.cuda import loader
+    from tessera.runtime import mapping
+
+    kernels = {"plan_row_stats": _np_plan_row_stats, "plan_write_spans": _np_plan_write_spans}
+    monkeypatch.setattr(loader, "load_kernel", lambda v: kernels[v.kernel])
+    rng = np.random.default_rng(17)
+    band = np.zeros((2, 16, 16), bool)
+    for i in range(16):
+        band[:, i, max(0, i - 2):i + 2] = True
+    variable = dict(q_bounds=np.r_[0, np.cumsum(rng.integers(8, 150, 12))],
+                    kv_bounds=np.r_[0, np.cumsum(rng.integers(8, 200, 30))])
+    cases = [(band, dict(block_size=64)),
+             (rng.random((3, 12, 30)) < 0.3, variable),
+             (np.repeat(rng.random((2, 6, 20)) < 0.4, 2, axis=1), dict(block_size=32))]
+    merged = 0
+    for dense, geo in cases:
+        host = BlockMask.from_dense(dense, **geo)
+        ref = mapping.map_to_tiles(host, 128, 64, threshold)
+        m = host if source == "dense" else BlockMask(host.q_bounds, host.kv_bounds, host.indptr,
+                                                     host.indices, host.batch_heads)
+        with monkeypatch.context() as mp:
+            mp.setattr(mapping, "_use_device_planner", lambda xp: True)
+            got = mapping.map_to_tiles(m, 128, 64, threshold)
+        merged += ref.num_merged
+        assert (got.num_groups, got.num_merged) == (ref.num_groups, ref.num_merged)
+        for f in ("mask_bh", "q0", "q1", "span_begin", "span_end", "chunks", "k0", "k1", "r0",
+                  "r1"):
+            np.testing.assert_array_equal(getattr(got, f), getattr(ref, f), err_msg=f)
+    assert (merged > 0) == (threshold > 0)  # the merge path was exercised where it can be

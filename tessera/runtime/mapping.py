@@ -112,15 +112,22 @@ def _in_previous_row(mask: BlockMask, entry_row: Any, j: Any, xp) -> Any:
     return hit & (entry_row > 0)
 
 
-def _row_stats(mask: BlockMask, xp) -> _RowStats:
+def _entries(mask: BlockMask, xp) -> tuple[Any, Any, Any]:
+    """Per CSR entry: its row, its key block (int64), and whether it starts a key span."""
     indptr, nnz = mask.indptr, mask.indices.size
-    n_rows = indptr.size - 1
-    klen = xp.asarray(np.diff(mask.kv_bounds))
     entry_row = segment_ids(indptr, nnz, xp)
     j = mask.indices.astype(np.int64)
     span_start = xp.ones(nnz, dtype=bool)
     if nnz > 1:
         span_start[1:] = (j[1:] != j[:-1] + 1) | (entry_row[1:] != entry_row[:-1])
+    return entry_row, j, span_start
+
+
+def _row_stats(mask: BlockMask, xp) -> _RowStats:
+    indptr = mask.indptr
+    n_rows = indptr.size - 1
+    klen = xp.asarray(np.diff(mask.kv_bounds))
+    entry_row, j, span_start = _entries(mask, xp)
     in_prev = _in_previous_row(mask, entry_row, j, xp)
     count = xp.diff(indptr)
     kt = klen[j]
@@ -181,25 +188,28 @@ def map_to_tiles(mask: BlockMask, tile_rows: int, block_n: int,
     differ; identical consecutive blocks always combine).
     """
     xp = mask.xp
-    if xp is not np:
-        dense = _device_dense_rows(mask)
-        if dense is not None:
-            tiles = _map_dense_on_device(mask, dense, tile_rows, block_n, combine_threshold)
-            if tiles is not None:
-                return tiles
     n_q = mask.num_q_blocks
-    n_rows = mask.indptr.size - 1
+    n_rows = mask.batch_heads[0] * mask.batch_heads[1] * n_q
     qb = xp.asarray(mask.q_bounds)
     kb = xp.asarray(mask.kv_bounds)
-    stats = _row_stats(mask, xp)
-
-    # Step 2: runs of identical consecutive rows.
-    run_first, run_bh, run_q0, run_q1 = _runs(stats, n_rows, n_q, qb, xp)
+    dense = _device_dense_rows(mask) if _use_device_planner(xp) else None
+    if dense is not None:
+        tiles, runs = _map_dense_on_device(mask, dense, tile_rows, block_n, combine_threshold)
+        if tiles is not None:
+            return tiles
+        # Restricted merges: keep the kernel's row statistics and runs; only the per-entry
+        # arrays the merged spans need come from the CSR.
+        stats, (run_first, run_bh, run_q0, run_q1), merge_next = runs
+        stats = _RowStats(*_entries(mask, xp), stats.count, stats.key_tokens,
+                          stats.overlap_tokens, stats.identical)
+    else:
+        stats = _row_stats(mask, xp)
+        # Step 2: runs of identical consecutive rows.
+        run_first, run_bh, run_q0, run_q1 = _runs(stats, n_rows, n_q, qb, xp)
+        # Step 3: restricted merges of adjacent short runs.
+        merge_next = _restricted_pairs(stats, run_first, run_q0, run_q1, run_bh, tile_rows,
+                                       combine_threshold, xp)
     n_runs = int(run_first.size)
-
-    # Step 3: restricted merges of adjacent short runs.
-    merge_next = _restricted_pairs(stats, run_first, run_q0, run_q1, run_bh, tile_rows,
-                                   combine_threshold, xp)
     merged_into_prev = xp.concatenate([xp.zeros(1, dtype=bool), merge_next[:-1]])
     num_merged = int(merge_next.sum())
     if num_merged:
@@ -274,6 +284,11 @@ def _subdivide(group_q0, group_q1, group_bh, g_span_off, g_chunks, k0, k1, r0, r
 DENSE_ON_DEVICE_LIMIT = 1 << 29
 
 
+def _use_device_planner(xp) -> bool:
+    """Device masks take the planner kernels (tests substitute numpy versions of them)."""
+    return xp is not np
+
+
 def _device_dense_rows(mask: BlockMask) -> Any:
     """The mask's dense block rows ``[rows, nKB]`` on the device (its own when built from a
     dense matrix, else scattered from its CSR), or None when that would exceed the limit."""
@@ -286,10 +301,11 @@ def _device_dense_rows(mask: BlockMask) -> Any:
 
 
 def _map_dense_on_device(mask: BlockMask, dense_rows: Any, tile_rows: int, block_n: int,
-                         combine_threshold: float) -> PhysicalTiles | None:
+                         combine_threshold: float) -> tuple[PhysicalTiles | None, Any]:
     """The device planner: row statistics and spans by two kernels over the dense block matrix
-    (tessera/cuda/plan.cu), the rest on per-row arrays. Returns None when a restricted merge is
-    chosen (the general path handles those)."""
+    (tessera/cuda/plan.cu), the rest on per-row arrays. Returns ``(tiles, None)``, or, when a
+    restricted merge is chosen, ``(None, (row stats, runs, merge_next))`` for the general path
+    to finish from (it needs the per-entry arrays the merged spans are cut from)."""
     from ..cuda.loader import Variant, load_kernel  # noqa: PLC0415 - device only
 
     xp = mask.xp
@@ -310,10 +326,12 @@ def _map_dense_on_device(mask: BlockMask, dense_rows: Any, tile_rows: int, block
         grid, (256,), (dense, i32(n_rows), i32(n_kv), i32(n_q), kb, i32(block_n), count, nspans,
                        key_tokens, overlap_tokens, chunks, identical))
     stats = _RowStats(None, None, None, count, key_tokens, overlap_tokens, identical.view(bool))
-    run_first, run_bh, run_q0, run_q1 = _runs(stats, n_rows, n_q, qb, xp)
-    if bool(_restricted_pairs(stats, run_first, run_q0, run_q1, run_bh, tile_rows,
-                              combine_threshold, xp).any()):
-        return None
+    runs = _runs(stats, n_rows, n_q, qb, xp)
+    run_first, run_bh, run_q0, run_q1 = runs
+    merge_next = _restricted_pairs(stats, run_first, run_q0, run_q1, run_bh, tile_rows,
+                                   combine_threshold, xp)
+    if bool(merge_next.any()):
+        return None, (stats, runs, merge_next)
     g_span_off = offsets_from_counts(nspans[run_first].astype(np.int64), xp)
     n_spans = int(g_span_off[-1])
     span_dst = xp.full(n_rows, -1, dtype=np.int64)
@@ -327,7 +345,7 @@ def _map_dense_on_device(mask: BlockMask, dense_rows: Any, tile_rows: int, block
         grid, (256,), (dense, i32(n_rows), i32(n_kv), kb, span_dst, row_q0, row_q1, spans))
     g_chunks = chunks[run_first].astype(np.int64)
     return _subdivide(run_q0, run_q1, run_bh, g_span_off, g_chunks, spans[:, 0], spans[:, 1],
-                      spans[:, 2], spans[:, 3], tile_rows, block_n, 0, xp)
+                      spans[:, 2], spans[:, 3], tile_rows, block_n, 0, xp), None
 
 
 def _merged_spans(e_j, e_run, run_group, merged_into_prev, run_q0, run_q1, group_q0, group_q1,
