@@ -358,10 +358,13 @@ def test_env_var_and_default_location(tmp_path, monkeypatch):
     assert "mine.json" in R.describe_table_in_use(90)
     monkeypatch.delenv(R.ENV_TABLE)
     assert plan90(m).regime == heuristic(m)  # no GPU name: no default table
-    # tables/<gpu-slug>.json beside the package, for the GPU this process runs on.
+    # tables/<gpu-slug>.json beside the package, for the GPU this process runs on: opt-in.
     monkeypatch.setattr(R, "TABLES_DIR", tmp_path)
     monkeypatch.setattr(R, "current_gpu_name", lambda: "NVIDIA H200")
     table_for(m, regime=Regime(block_n=32)).save(tmp_path / "nvidia-h200.json")
+    assert plan90(m).regime == heuristic(m)
+    assert "opt-in" in R.describe_table_in_use(90)
+    monkeypatch.setenv(R.ENV_TABLE, "auto")
     assert plan90(m).regime == Regime(block_n=32)
     assert "nvidia-h200.json" in R.describe_table_in_use(90)
     monkeypatch.setattr(R, "current_gpu_name", lambda: "NVIDIA A100-SXM4-80GB")

@@ -6,11 +6,17 @@ A regime is a small frozen value so it can be named, compared, stored in a table
 Selection (``tessera.plan(..., regime=None)``, :func:`select_regime`):
 
 1. A regime table in force for the plan's architecture (:func:`active_table`): chosen by
-   :func:`use_table`, else the file named by ``$TESSERA_REGIME_TABLE``, else
+   :func:`use_table`, else by ``$TESSERA_REGIME_TABLE``: a file, or ``auto`` for
    ``tables/<gpu-slug>.json`` beside the package (``"NVIDIA H200"`` -> ``nvidia-h200.json``).
    The mask's :class:`MaskFeatures` (a few reductions where the mask lives, one small
    transfer) are looked up in it (:meth:`RegimeTable.lookup`). Tables are written offline by
    ``python -m tessera profile`` (tessera/runtime/profile.py).
+
+   Tables are opt-in for now: measuring a device mask's features synchronizes with the GPU at
+   the start of planning, so a new plan can no longer overlap the previous request's kernel,
+   and on the H200 that cost more per request (2-3 ms on the demo's Wan-shaped masks) than the
+   table's picks saved over :func:`default_regime` (benchmarks/RESULTS.md). A planner that
+   measures the mask in the pass it already makes would remove the cost.
 2. Otherwise, or when the table has no entry for the head dim / dtype / geometry, the
    documented heuristic :func:`default_regime`. Plans without an architecture (``arch=None``
    with a host mask: a CPU-only machine) always take the heuristic. A table that is corrupt or
@@ -115,12 +121,14 @@ def default_regime(arch: int | None = None, head_dim: int = 128,
     sm_86/sm_89 allow 99 KB of shared memory per CTA, too little for the 128-row tile at head
     dim 128, so they take 64-row tiles there too. Masks whose query blocks are mostly 64 tokens
     or fewer (``q_block``: the median query block size) take 64-row tiles as well: such blocks
-    rarely share key sets, so a 128-row tile would run half empty.
+    rarely share key sets, so a 128-row tile would run half empty. Restricted merges are off
+    (``combine_threshold=0``): over the 72 profiled and 32 held-out masks on the H200 they
+    lost more in planning and kernel time than they saved (benchmarks/RESULTS.md).
     """
     small_blocks = q_block is not None and q_block <= 64
     if head_dim <= 64 or small_blocks or (arch in (86, 87, 89) and head_dim > 96):
-        return Regime(block_m=64, num_warps=4)
-    return Regime()
+        return Regime(block_m=64, num_warps=4, combine_threshold=0.0)
+    return Regime(combine_threshold=0.0)
 
 
 # ================================================================================ candidates
@@ -813,7 +821,9 @@ def _table_source() -> tuple[str, str | None, bool]:
     if isinstance(_explicit, RegimeTable) or _explicit is None:
         return "use_table", None, False
     env = os.environ.get(ENV_TABLE)
-    if env:
+    if not env:
+        return "default", None, False  # opt-in: see the module docstring
+    if env != _AUTO:
         return f"${ENV_TABLE}", env, True
     name = current_gpu_name()
     if name is None:
@@ -910,4 +920,7 @@ def describe_table_in_use(arch: int | None) -> str:
         return f"none: heuristic ({why})"
     if how == "use_table":
         return "none: heuristic (use_table(None))"
+    if how == "default":
+        return (f"none: heuristic (tables are opt-in: {ENV_TABLE}=auto uses "
+                "tables/<gpu>.json)")
     return f"none: heuristic (no table at {path})" if path else "none: heuristic"
