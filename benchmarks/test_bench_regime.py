@@ -81,3 +81,22 @@ def test_bench_mask_features_wan(benchmark, source):
     assert f.geometry == "uniform-128x128" and f.density == "5-15%"
     if source == "dense":
         assert m._indptr is None  # features never derived the CSR arrays
+
+
+def test_bench_lookup_h200_table(benchmark, wan_features):
+    """The committed H200 table (smoothed vote, precomputed): a Wan-shaped key."""
+    from tessera.runtime.regime import TABLES_DIR
+
+    t = RegimeTable.load(TABLES_DIR / "nvidia-h200.json")
+    benchmark.group = "regime lookup"
+    benchmark.extra_info.update(entries=len(t), key=wan_features.key())
+    assert benchmark(t.lookup, wan_features) is not None
+
+
+def test_bench_load_h200_table(benchmark):
+    """Loading (and precomputing every answer of) the committed H200 table: once a process."""
+    from tessera.runtime.regime import TABLES_DIR
+
+    benchmark.group = "regime table load"
+    t = benchmark(RegimeTable.load, TABLES_DIR / "nvidia-h200.json")
+    assert len(t) == 45
