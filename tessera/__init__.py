@@ -8,8 +8,8 @@ needs only numpy and scipy; CuPy is needed to run on a GPU.
 from .api import attention
 from .mask import BlockMask
 from .runtime.plan import Plan, plan
-from .runtime.regime import Regime
+from .runtime.regime import Regime, use_table
 
 __version__ = "0.1.0"
 
-__all__ = ["BlockMask", "Plan", "Regime", "attention", "plan", "__version__"]
+__all__ = ["BlockMask", "Plan", "Regime", "attention", "plan", "use_table", "__version__"]
