@@ -755,3 +755,23 @@ def test_rescore_evaluation_uses_the_tables_lookup():
     assert [r["chosen"] for r in new["records"]] == [a.name, b.name]  # y: heuristic
     assert new["records"][0]["exact"] and not new["records"][1]["exact"]
     assert new["summary"]["kernel"]["within_5pct"] == 0.5
+
+
+@pytest.mark.gpu
+def test_short_profile_on_the_gpu_writes_a_valid_table(tmp_path, capsys):
+    """``profile --budget-minutes 1`` on a small corpus: a loadable table for this GPU whose
+    entries hold measured candidates. (Run on the H200 as part of the full profile, call B of
+    the second session; this short form was written after the session's device time ran out.)"""
+    pytest.importorskip("torch")
+    from tessera.__main__ import main
+
+    out = tmp_path / "t.json"
+    rc = main(["profile", "--out", str(out), "--budget-minutes", "1", "--shapes",
+               "cogvideox-5b", "--families", "radial,spatial_temporal", "--reps", "3"])
+    assert rc == 0, capsys.readouterr().out
+    t = RegimeTable.load(out)
+    assert len(t) >= 1 and t.gpu and t.arch == R._device_arch()
+    for e in t.entries:
+        assert len(e["candidates"]) >= 18 and e["oracle_ms"] > 0
+        assert e["ms"] >= e["oracle_ms"] * 0.999
+        assert e["name"] in e["candidates"]

@@ -267,6 +267,45 @@ def _status(stream: TextIO | None, text: str, final: bool = False) -> None:
     stream.flush()
 
 
+class _Measured(NamedTuple):
+    mask: Any
+    measures: MaskMeasures
+    features: Any
+    heuristic: Regime
+
+
+def _measure_case(case: Case, prepare: Callable[[Any], Any] | None, *, dtype: str, arch: int,
+                  batch: int) -> _Measured:
+    """Build a case's mask (``prepare``d, e.g. moved to the device), its features and the
+    heuristic regime for it."""
+    mask = case.build()
+    if prepare is not None:
+        mask = prepare(mask)
+    meas = mask_measures(mask)
+    feats = features_from_measures(meas, head_dim=case.head_dim, dtype=dtype, arch=arch,
+                                   num_q_heads=case.heads, batch=batch)
+    return _Measured(mask, meas, feats, default_regime(arch, case.head_dim, meas.q_block))
+
+
+def _time_regimes(case: Case, mask: Any, regimes: Sequence[Regime], timer: Timer, head: str,
+                  progress: TextIO | None) -> dict[str, tuple[Regime, float, float]]:
+    """``(regime, kernel_ms, plan_ms)`` by name for every regime the timer could run; a
+    regime that fails or gives a bad timing is reported and left out (never ends the run)."""
+    results: dict[str, tuple[Regime, float, float]] = {}
+    for j, r in enumerate(regimes):
+        _status(progress, f"{head}: regime {j + 1}/{len(regimes)} {r.name}")
+        try:
+            k_ms, p_ms = (float(x) for x in timer(case, mask, r))
+        except Exception as exc:
+            _status(progress, f"  {case.label}: {r.name}: {type(exc).__name__}: {exc}", True)
+            continue
+        if not (math.isfinite(k_ms) and math.isfinite(p_ms) and k_ms >= 0 and p_ms >= 0):
+            _status(progress, f"  {case.label}: {r.name}: bad timing {k_ms!r}, {p_ms!r}", True)
+            continue
+        results[r.name] = (r, k_ms, p_ms)
+    return results
+
+
 def profile(cases: Sequence[Case], *, out: str | Path, arch: int, timer: Timer,
             dtype: str = "bfloat16", batch: int = 1, objective: str = "request",
             budget_s: float | None = None, resume: bool = False, overwrite: bool = False,
@@ -353,32 +392,13 @@ def profile(cases: Sequence[Case], *, out: str | Path, arch: int, timer: Timer,
                               f"{n - i} cases left (run again with --resume)", final=True)
             break
         _status(progress, f"{head}: building the mask")
-        mask = case.build()
-        if prepare is not None:
-            mask = prepare(mask)
-        meas = mask_measures(mask)
-        feats = features_from_measures(meas, head_dim=case.head_dim, dtype=dtype, arch=arch,
-                                       num_q_heads=case.heads, batch=batch)
-        heuristic = default_regime(arch, case.head_dim, meas.q_block)
+        mask, meas, feats, heuristic = _measure_case(case, prepare, dtype=dtype, arch=arch,
+                                                     batch=batch)
         regimes = candidate_regimes(case.head_dim, arch)
         if heuristic not in regimes:
             regimes.append(heuristic)
-        results: dict[str, tuple[Regime, float, float]] = {}
-        errors: list[str] = []
-        for j, r in enumerate(regimes):
-            _status(progress, f"{head}: regime {j + 1}/{len(regimes)} {r.name}")
-            calls += 1
-            try:
-                k_ms, p_ms = (float(x) for x in timer(case, mask, r))
-            except Exception as exc:  # one regime failing must not end the run
-                errors.append(f"{r.name}: {type(exc).__name__}: {exc}")
-                continue
-            if not (math.isfinite(k_ms) and math.isfinite(p_ms) and k_ms >= 0 and p_ms >= 0):
-                errors.append(f"{r.name}: bad timing {k_ms!r}, {p_ms!r}")
-                continue
-            results[r.name] = (r, k_ms, p_ms)
-        for e in errors:
-            _status(progress, f"  {case.label}: {e}", final=True)
+        calls += len(regimes)
+        results = _time_regimes(case, mask, regimes, timer, head, progress)
         if not results:
             failed.append(case.label)
             _status(progress, f"{head}: no regime ran; not recorded", final=True)
@@ -462,28 +482,16 @@ def evaluate(cases: Sequence[Case], *, table: RegimeTable, out: str | Path, arch
             _status(progress, f"budget spent; {len(cases) - i} masks left (--resume)", True)
             break
         _status(progress, f"{head}: building the mask")
-        mask = case.build()
-        if prepare is not None:
-            mask = prepare(mask)
-        meas = mask_measures(mask)
-        feats = features_from_measures(meas, head_dim=case.head_dim, dtype=dtype, arch=arch,
-                                       num_q_heads=case.heads, batch=batch)
-        heuristic = default_regime(arch, case.head_dim, meas.q_block)
+        mask, meas, feats, heuristic = _measure_case(case, prepare, dtype=dtype, arch=arch,
+                                                     batch=batch)
         chosen = table.lookup(feats) or heuristic
         regimes = candidate_regimes(case.head_dim, arch)
         for extra in (heuristic, chosen):
             if extra not in regimes:
                 regimes.append(extra)
-        times: dict[str, list[float]] = {}
-        for j, r in enumerate(regimes):
-            _status(progress, f"{head}: regime {j + 1}/{len(regimes)} {r.name}")
-            try:
-                k_ms, p_ms = (float(x) for x in timer(case, mask, r))
-            except Exception as exc:
-                _status(progress, f"  {case.label}: {r.name}: {type(exc).__name__}: {exc}", True)
-                continue
-            if math.isfinite(k_ms) and math.isfinite(p_ms):
-                times[r.name] = [round(k_ms, _ROUND), round(p_ms, _ROUND)]
+        times = {n: [round(k, _ROUND), round(p, _ROUND)]
+                 for n, (_, k, p) in _time_regimes(case, mask, regimes, timer, head,
+                                                   progress).items()}
         if chosen.name not in times or heuristic.name not in times:
             _status(progress, f"{head}: the chosen or default regime did not run; skipped", True)
             continue
