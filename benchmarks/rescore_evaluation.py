@@ -12,7 +12,7 @@ import argparse
 import json
 
 from tessera.runtime.profile import format_summary, rescore_evaluation
-from tessera.runtime.regime import RegimeTable
+from tessera.runtime.regime import MaskFeatures, RegimeTable
 
 
 def leave_one_out(table: RegimeTable) -> str:
@@ -21,8 +21,6 @@ def leave_one_out(table: RegimeTable) -> str:
     rels = []
     for i, e in enumerate(entries):
         rest = RegimeTable(entries[:i] + entries[i + 1:], table.provenance)
-        from tessera.runtime.regime import MaskFeatures
-
         r = rest.lookup(MaskFeatures.from_dict(e["features"]))
         name = r.name if r is not None and r.name in e["candidates"] else e["default"]
         rels.append(e["candidates"][name]["rel"])

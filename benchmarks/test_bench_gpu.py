@@ -9,7 +9,7 @@ the device (planning + launches + kernels, a new plan every call). Every timed c
 device synchronize so the wall-clock pytest-benchmark measures includes the GPU work.
 Useful FLOPs for a row = 4 * D * ``extra_info["useful_pairs"]``.
 
-Not yet run on a GPU (written after the session's device time was spent).
+Run on the H200: figures in benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations

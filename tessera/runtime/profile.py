@@ -34,8 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, Sequence, TextIO
 
-from .regime import (MaskMeasures, Regime, RegimeTable, candidate_regimes, default_regime,
-                     features_from_measures, gpu_slug, mask_measures)
+from .regime import (MaskFeatures, MaskMeasures, Regime, RegimeTable, candidate_regimes,
+                     default_regime, features_from_measures, gpu_slug, mask_measures,
+                     write_json_atomic)
 
 __all__ = ["Case", "Timing", "ProfileResult", "ProfilerUnavailable", "build_corpus",
            "build_heldout_corpus", "merge_entry", "profile", "evaluate", "rescore_evaluation",
@@ -468,9 +469,7 @@ def evaluate(cases: Sequence[Case], *, table: RegimeTable, out: str | Path, arch
         doc = {**head_info, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
                "summary": summarize_evaluation(records, objective) if records else None,
                "records": records}
-        tmp = out.with_name(out.name + ".tmp")
-        tmp.write_text(json.dumps(doc, indent=1))
-        tmp.replace(out)
+        write_json_atomic(out, doc)
         return doc
 
     t0 = clock()
@@ -510,16 +509,14 @@ def rescore_evaluation(doc: dict, table: RegimeTable) -> dict:
     """An evaluation's records with the regime ``table`` picks now (from the recorded feature
     keys; the heuristic where it has nothing) and their summary. Every candidate was timed on
     every held-out mask, so a changed lookup rule is judged on the same measurements."""
-    from .regime import MaskFeatures  # noqa: PLC0415
-
     records = []
     for r in doc["records"]:
-        found = table.lookup(MaskFeatures.from_key(r["key"]))
+        feats = MaskFeatures.from_key(r["key"])
+        found = table.lookup(feats)
         name = found.name if found is not None else r["default"]
         if name not in r["times"]:
             raise ValueError(f"{r['label']}: the table picks {name}, which was not timed")
-        records.append({**r, "chosen": name,
-                        "exact": table.lookup_exact(MaskFeatures.from_key(r["key"])) is not None})
+        records.append({**r, "chosen": name, "exact": table.lookup_exact(feats) is not None})
     return {**doc, "table": table.source, "records": records,
             "summary": summarize_evaluation(records, doc.get("objective", "request"))}
 
@@ -711,12 +708,8 @@ def command(args: Any) -> int:
     print(f"profiling {len(cases)} masks on {prov['gpu']} (sm_{arch}) into {out}, budget "
           f"{args.budget_minutes:g} min", file=sys.stderr)
     try:
-        res = profile(cases, out=out, arch=arch, timer=gpu_timer(dtype=args.dtype,
-                                                                 reps=args.reps),
-                      dtype=args.dtype, objective=args.objective,
-                      budget_s=args.budget_minutes * 60, resume=args.resume,
-                      overwrite=args.overwrite, provenance=prov,
-                      prepare=lambda m: m.to_device())
+        res = profile(cases, out=out, arch=arch, objective=args.objective,
+                      **_gpu_run_options(args, prov))
     except (FileExistsError, ValueError) as exc:
         print(exc)
         return 1
@@ -724,6 +717,14 @@ def command(args: Any) -> int:
           f"skipped {len(res.skipped)}, failed {len(res.failed)}, in {res.elapsed_s / 60:.1f} "
           f"min ({res.stopped})")
     return 0
+
+
+def _gpu_run_options(args: Any, prov: dict) -> dict[str, Any]:
+    """What profiling and evaluating on this GPU share: the timer, dtype, budget, resume /
+    overwrite, provenance, and masks moved to the device before they are measured."""
+    return dict(timer=gpu_timer(dtype=args.dtype, reps=args.reps), dtype=args.dtype,
+                budget_s=args.budget_minutes * 60, resume=args.resume,
+                overwrite=args.overwrite, provenance=prov, prepare=lambda m: m.to_device())
 
 
 def _evaluate_command(args: Any, cases: list[Case], arch: int, prov: dict) -> int:
@@ -736,10 +737,7 @@ def _evaluate_command(args: Any, cases: list[Case], arch: int, prov: dict) -> in
           f"(sm_{arch}) into {args.out}, budget {args.budget_minutes:g} min", file=sys.stderr)
     try:
         doc = evaluate(cases, table=table, out=args.out, arch=arch,
-                       timer=gpu_timer(dtype=args.dtype, reps=args.reps), dtype=args.dtype,
-                       budget_s=args.budget_minutes * 60, resume=args.resume,
-                       overwrite=args.overwrite, provenance=prov,
-                       prepare=lambda m: m.to_device())
+                       **_gpu_run_options(args, prov))
     except (FileExistsError, ValueError) as exc:
         print(exc)
         return 1

@@ -436,19 +436,6 @@ def _finite(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
-def _regime_from_name(name: str, cand: Any, own: Regime) -> Regime | None:
-    """The regime a candidate name stands for: the entry's own regime when the names match,
-    else the candidate's ``regime`` field, else parsed from the name; None if unreadable."""
-    if own.name == name:
-        return own
-    if isinstance(cand, dict) and isinstance(cand.get("regime"), dict):
-        try:
-            return _check_regime_dict(cand["regime"])
-        except ValueError:
-            return None
-    return regime_from_name(name)
-
-
 def regime_from_name(name: str) -> Regime | None:
     """Parse :attr:`Regime.name` (``sm80_128x64_w4_s2[split_ratio=2.0]``) back into a regime;
     None when the name is not one."""
@@ -572,10 +559,11 @@ class RegimeTable:
         keys = sorted(self._entries)
         feats = [self._features[k] for k in keys]
         regimes: dict[str, Regime] = {}
-        for k in keys:  # candidate names -> regimes, from the entries' own regimes or names
-            for name, c in self._entries[k]["candidates"].items():
+        for k in keys:  # candidate names -> regimes: the entry's own, else parsed from the name
+            for name in self._entries[k]["candidates"]:
                 if name not in regimes:
-                    regimes[name] = _regime_from_name(name, c, self._regimes[k])
+                    own = self._regimes[k]
+                    regimes[name] = own if own.name == name else regime_from_name(name)
         names = sorted(n for n, r in regimes.items() if r is not None)
         col = {n: i for i, n in enumerate(names)}
         rel = np.zeros((len(keys), len(names)))
@@ -718,23 +706,29 @@ class RegimeTable:
         return cls.from_json(obj, source=str(path))
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write the table atomically (a temporary file in the same folder, then a rename)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        text = json.dumps(self.to_json(), indent=1, allow_nan=False) + "\n"
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            # mkstemp makes the file private; a table is meant to be shared (and committed).
-            os.chmod(tmp, path.stat().st_mode & 0o777 if path.exists() else 0o644)
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        """Write the table atomically (:func:`write_json_atomic`)."""
+        write_json_atomic(path, self.to_json())
+
+
+def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
+    """Write ``obj`` as JSON to ``path`` atomically (a temporary file in the same folder, then
+    a rename), so an interrupted profile or evaluation never leaves a truncated file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(obj, indent=1, allow_nan=False) + "\n"
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        # mkstemp makes the file private; tables are meant to be shared (and committed).
+        os.chmod(tmp, path.stat().st_mode & 0o777 if path.exists() else 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 # ================================================================================ selection
