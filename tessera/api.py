@@ -206,6 +206,9 @@ def _launch(p: Plan, ops: _Operands, scale: float | None, return_lse: bool,
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     bf16 = ops.q.dtype == "bfloat16"
     r = p.regime
+    cc = _device_cc()
+    if not r.runs_on(cc):
+        raise ValueError(f"regime {r.name} runs on sm_90 GPUs only; this device is sm_{cc}")
     stream = _caller_stream(ops)
     with cp.cuda.Device(ops.q.device_id), stream:  # CuPy work below goes on that stream too
         if "ready" in p._cache:  # a device-built plan: its arrays may still be being written
@@ -234,8 +237,7 @@ def _launch(p: Plan, ops: _Operands, scale: float | None, return_lse: bool,
                     cp.cuda.runtime.memsetAsync(desc.ptr, 0xFF, n, stream.ptr)  # NaN in all types
         lse_sb, lse_sh = (hq * lq, lq)
 
-        fwd = Variant.bsa_sm80(block_m=r.block_m, block_n=r.block_n, head_dim=d,
-                               num_warps=r.num_warps, stages=r.stages, bf16=bf16)
+        fwd = r.variant(d, bf16)
         fn = load_kernel(fwd)
         i64, i32, f32, ptr = np.int64, np.int32, np.float32, np.uint64
         args = (queue["tasks"], queue["spans"],
@@ -249,7 +251,7 @@ def _launch(p: Plan, ops: _Operands, scale: float | None, return_lse: bool,
                 f32(scale * _LOG2E))
         n_tasks = p.queue.num_tasks
         if n_tasks:
-            fn((n_tasks,), (r.num_warps * 32,), args, shared_mem=smem_bytes(fwd), stream=stream)
+            fn((n_tasks,), (fwd.threads,), args, shared_mem=smem_bytes(fwd), stream=stream)
         n_jobs = int(p.queue.combine.shape[0])
         if n_jobs:
             comb = load_kernel(Variant.combine(bf16=bf16))

@@ -80,6 +80,26 @@ def _check(mask, fw="torch", dtype="bfloat16", b=1, hq=2, hkv=None, d=64, layout
     return out
 
 
+def _device_cc() -> int:
+    from tessera.cuda.loader import device_cc
+
+    return device_cc()
+
+
+def _regime(family: str, block_m: int = 128, **policy) -> Regime:
+    """A regime of kernel ``family`` ("sm80", or "sm90", skipped off Hopper) with tiles of
+    ``block_m`` rows and the portable family's warps."""
+    if family == "sm90":
+        if _device_cc() != 90:
+            pytest.skip("the sm90 family runs on Hopper only")
+        return Regime(family="sm90", block_m=block_m, num_warps=block_m // 16, block_n=128,
+                      **policy)
+    return Regime(block_m=block_m, num_warps=4, **policy)
+
+
+FAMILIES = ["sm80", "sm90"]
+
+
 def _random_mask(rng, shape, density, **geo):
     return tessera.BlockMask.from_dense(rng.random(shape) < density, **geo)
 
@@ -87,10 +107,13 @@ def _random_mask(rng, shape, density, **geo):
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("d", [64, 96, 128])
 @pytest.mark.parametrize("layout", ["bhld", "blhd"])
-def test_dtype_headdim_layout(dtype, d, layout):
+@pytest.mark.parametrize("family", ["default", "sm80"])
+def test_dtype_headdim_layout(dtype, d, layout, family):
+    """The default regime (sm90 on Hopper) and the portable family everywhere."""
     rng = np.random.default_rng(d)
     m = _random_mask(rng, (2, 8, 9), 0.35, block_size=128, seq_len_q=1000, seq_len_kv=1100)
-    _check(m, dtype=dtype, d=d, layout=layout, hq=2)
+    regime = None if family == "default" else Regime(block_m=64, num_warps=4)
+    _check(m, dtype=dtype, d=d, layout=layout, hq=2, regime=regime)
 
 
 def _regime_stress_mask():
@@ -108,7 +131,7 @@ def _regime_stress_mask():
 
 
 @pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("index", range(24))
+@pytest.mark.parametrize("index", range(48))
 def test_every_candidate_regime(d, index):
     """Every regime the profiler may put in a table computes the exact attention."""
     from tessera.runtime.regime import candidate_regimes
@@ -121,16 +144,19 @@ def test_every_candidate_regime(d, index):
 
 @pytest.mark.parametrize("group", [1, 2, 4, 8])
 @pytest.mark.parametrize("mask_heads", ["one", "kv", "q"])
-def test_gqa(group, mask_heads):
+@pytest.mark.parametrize("family", FAMILIES)
+def test_gqa(group, mask_heads, family):
     rng = np.random.default_rng(group)
     hkv = 2
     hq = hkv * group
     h = {"one": 1, "kv": hkv, "q": hq}[mask_heads]
     m = _random_mask(rng, (h, 6, 6), 0.4, block_size=64, seq_len_q=370, seq_len_kv=380)
-    _check(m, hq=hq, hkv=hkv, d=128, b=2)
+    _check(m, hq=hq, hkv=hkv, d=128, b=2, regime=_regime(family))
 
 
-def test_variable_blocks_and_empty_rows():
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("block_m", [64, 128])
+def test_variable_blocks_and_empty_rows(family, block_m):
     rng = np.random.default_rng(5)
     qs = rng.integers(16, 300, size=9)
     ks = rng.integers(8, 200, size=11)
@@ -138,36 +164,39 @@ def test_variable_blocks_and_empty_rows():
     dense[:, 2, :] = False  # an empty query block: output 0, lse -inf
     m = tessera.BlockMask.from_dense(dense, q_bounds=np.r_[0, np.cumsum(qs)],
                                      kv_bounds=np.r_[0, np.cumsum(ks)])
-    _check(m, hq=3, d=128)
+    _check(m, hq=3, d=128, regime=_regime(family, block_m))
 
 
-def test_64_token_blocks_combined_onto_128_rows():
+@pytest.mark.parametrize("family", FAMILIES)
+def test_64_token_blocks_combined_onto_128_rows(family):
     rng = np.random.default_rng(6)
     pairs = np.repeat(rng.random((2, 16, 32)) < 0.2, 2, axis=1)
     m = tessera.BlockMask.from_dense(pairs, block_size=64)
-    reg = Regime(block_m=128, num_warps=4)
+    reg = _regime(family)
     assert tessera.plan(m, num_q_heads=2, head_dim=128, regime=reg).stats().wasted_ratio == 1.0
     _check(m, hq=2, d=128, regime=reg)
 
 
-def test_restricted_merge_rows():
+@pytest.mark.parametrize("family", FAMILIES)
+def test_restricted_merge_rows(family):
     d = np.zeros((1, 8, 8), bool)
     for i in range(8):
         d[0, i, max(0, i - 2):i + 2] = True  # a band: neighbours share most keys
     m = tessera.BlockMask.from_dense(d, block_size=64, seq_len_q=500, seq_len_kv=512)
-    reg = Regime(block_m=128, num_warps=4)  # 128-row tiles: two 64-row blocks fit
+    reg = _regime(family)  # 128-row tiles: two 64-row blocks fit
     p = tessera.plan(m, num_q_heads=1, head_dim=128, regime=reg)
     assert p.tiles.num_merged > 0
     _check(m, hq=1, d=128, regime=reg)
 
 
-def test_heavy_rows_split_and_combined():
+@pytest.mark.parametrize("family", FAMILIES)
+def test_heavy_rows_split_and_combined(family):
     rng = np.random.default_rng(7)
     dense = rng.random((2, 12, 40)) < 0.05
     dense[:, 3, :] = True
     dense[:, 7, :30] = True
     m = tessera.BlockMask.from_dense(dense, block_size=64, seq_len_q=740, seq_len_kv=2500)
-    reg = Regime(split_ratio=1.5, min_split_chunks=4)
+    reg = _regime(family, split_ratio=1.5, min_split_chunks=4)
     p = tessera.plan(m, num_q_heads=2, head_dim=128, regime=reg)
     assert p.queue.combine.shape[0] > 0
     for dtype in ("bfloat16", "float16"):

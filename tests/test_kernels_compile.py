@@ -32,14 +32,47 @@ VARIANTS = [(t, r, d, bf16) for t, rs in sorted(_regimes().items())
                               for t, r, d, b in VARIANTS])
 def test_bsa_variant_compiles_without_spills(target, regime, d, bf16, tmp_path, monkeypatch):
     monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
-    v = loader.Variant.bsa_sm80(block_m=regime.block_m, block_n=regime.block_n, head_dim=d,
-                                num_warps=regime.num_warps, stages=regime.stages, bf16=bf16)
+    v = regime.variant(d, bf16)
     res = loader.compile_variant(v, target)  # raises BuildError on any spill
     assert res.spill_bytes == 0 and res.stack_bytes == 0
     assert res.registers <= 255 and len(res.cubin) > 1000
     # The kernel's shared memory must fit the smallest per-CTA limit of the target (sm_86/89).
-    limit = 101376 if target in ("sm_86", "sm_89") else 166912
+    limit = {"sm_86": 101376, "sm_89": 101376}.get(target, 166912)
+    if regime.family == "sm90":
+        limit = 232448
     assert loader.smem_bytes(v) <= limit
+
+
+SM90_SHAPES = [(bm, bn, d, stages) for bm in (64, 128) for bn in (64, 128)
+               for d in HEAD_DIMS for stages in (2, 3)
+               if loader.smem_bytes(loader.Variant.bsa_sm90(
+                   block_m=bm, block_n=bn, head_dim=d, stages=stages, bf16=True)) <= 232448]
+
+
+@pytest.mark.parametrize("bm,bn,d,stages", SM90_SHAPES,
+                         ids=[f"{bm}x{bn}-d{d}-s{s}" for bm, bn, d, s in SM90_SHAPES])
+def test_sm90_variants_compile_without_spills(bm, bn, d, stages, tmp_path, monkeypatch):
+    """Every tile shape of the Hopper family that fits in shared memory builds for sm_90a with
+    no spills and no serialized wgmma (the loader refuses both)."""
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    for bf16 in (True, False):
+        v = loader.Variant.bsa_sm90(block_m=bm, block_n=bn, head_dim=d, stages=stages, bf16=bf16)
+        res = loader.compile_variant(v, "sm_90a")
+        assert res.spill_bytes == 0 and res.stack_bytes == 0 and res.registers <= 255
+
+
+def test_sm90_family_is_refused_off_hopper(tmp_path, monkeypatch):
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    v = loader.Variant.bsa_sm90(block_m=128, block_n=128, head_dim=128, stages=2, bf16=True)
+    with pytest.raises(loader.BuildError, match="sm_90a"):
+        loader.compile_variant(v, "sm_80")
+
+
+def test_wgmma_header_is_generated():
+    """wgmma.cuh is exactly what its generator writes (edit the generator, not the header)."""
+    from tessera.cuda import gen_wgmma
+
+    assert gen_wgmma.header_path().read_text() == gen_wgmma.render()
 
 
 @pytest.mark.parametrize("target", loader.CI_TARGETS)

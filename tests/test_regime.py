@@ -56,13 +56,20 @@ def test_candidates_small_valid_and_fitting():
     for d in (64, 96, 128):
         for arch in (80, 86, 89, 90, 100, None):
             cands = candidate_regimes(d, arch)
-            assert 0 < len(cands) <= 24
+            assert 0 < len(cands) <= (48 if arch == 90 else 24)
             assert len({r.name for r in cands}) == len(cands)
             assert all(R.regime_fits(r, d, arch) for r in cands)
             assert all(r.num_warps == 4 and r.block_m in (64, 128) and r.block_n in (32, 64)
-                       for r in cands)
-    assert len(candidate_regimes(128, 90)) == 24
-    assert Regime() in candidate_regimes(128, 90)  # the heuristic's choice is measured too
+                       for r in cands if r.family == "sm80")
+            assert all(r.num_warps == r.block_m // 16 and r.block_n in (64, 128)
+                       for r in cands if r.family == "sm90")
+            assert {r.family for r in cands} == ({"sm80", "sm90"} if arch == 90 else {"sm80"})
+    assert len(candidate_regimes(128, 90)) == 48
+    # The heuristic's choices are measured too.
+    assert Regime() in candidate_regimes(128, 90)
+    for d in (64, 96, 128):
+        for q_block in (64, 128):
+            assert default_regime(90, d, q_block) in candidate_regimes(d, 90)
     # sm_86/89 (99 KB) cannot hold the 128x64 tile at head dim 128; unknown arch is as strict.
     small = candidate_regimes(128, 86)
     assert len(small) == 18 and all((r.block_m, r.block_n) != (128, 64) for r in small)
@@ -265,7 +272,7 @@ def good_json() -> dict:
     (lambda o: {**o, "entries": [{**o["entries"][0], "regime": {
         **o["entries"][0]["regime"], "block_n": "64"}}]}, "block_n must be int"),
     (lambda o: {**o, "entries": [{**o["entries"][0], "regime": {
-        **o["entries"][0]["regime"], "family": "sm90"}}]}, "family must be one of"),
+        **o["entries"][0]["regime"], "family": "sm70"}}]}, "family must be one of"),
     (lambda o: {**o, "entries": [{**o["entries"][0], "features": {
         **o["entries"][0]["features"], "density": "7%"}}]}, "density must be one of"),
     (lambda o: {**o, "entries": [{**o["entries"][0], "features": {
@@ -477,7 +484,7 @@ def test_profiler_picks_fastest_and_writes_valid_table(tmp_path):
     res = prof.profile(cases, out=out, arch=90, timer=timer, clock=timer.clock, progress=log,
                        provenance={"gpu": "NVIDIA H200", "driver": "x"})
     assert res.stopped == "done" and res.profiled == ["a", "b"] and not res.failed
-    assert res.timings == 48 and timer.calls == {"a": 24, "b": 24}
+    assert res.timings == 96 and timer.calls == {"a": 48, "b": 48}  # 24 sm80 + 24 sm90
     t = RegimeTable.load(out)
     assert len(t) == 2 and t.arch == 90 and t.gpu == "NVIDIA H200"
     assert t.provenance["corpus"]["masks"] == 2 and t.provenance["driver"] == "x"
@@ -488,7 +495,7 @@ def test_profiler_picks_fastest_and_writes_valid_table(tmp_path):
     assert a["ms"] == pytest.approx(a["oracle_ms"]) == pytest.approx((1.0 + 0.128 + 0.0032)
                                                                       * 0.8 + 0.05, abs=1e-4)
     assert a["default"] == default_regime(90, 64, 128.0).name and a["default_ms"] > a["ms"]
-    assert len(a["candidates"]) == 24 and a["candidates"][fav.name]["rel"] == 1.0
+    assert len(a["candidates"]) == 48 and a["candidates"][fav.name]["rel"] == 1.0
     # Without a favourite the cheapest by construction: 64-row tiles, 32 keys, split 2.
     assert (b["regime"]["block_m"], b["regime"]["block_n"], b["regime"]["split_ratio"]) == \
         (64, 32, 2.0)
@@ -534,7 +541,7 @@ def test_profiler_budget_and_resume(tmp_path):
     t1 = FakeTimer({})
     res = prof.profile(cases, out=out, arch=90, timer=t1, clock=t1.clock, budget_s=10,
                        progress=None, provenance={"gpu": "NVIDIA H200"})
-    assert res.stopped == "budget" and res.profiled == ["a"] and t1.calls == {"a": 24}
+    assert res.stopped == "budget" and res.profiled == ["a"] and t1.calls == {"a": 48}
     assert len(RegimeTable.load(out)) == 1
     with pytest.raises(FileExistsError, match="--resume"):
         prof.profile(cases, out=out, arch=90, timer=t1, progress=None)
@@ -572,7 +579,7 @@ def test_profiler_survives_failing_regimes(tmp_path):
                        progress=log)
     assert res.profiled == ["a"] and res.failed == ["dead"]
     (e,) = res.table.entries
-    assert bad.name not in e["candidates"] and len(e["candidates"]) == 23
+    assert bad.name not in e["candidates"] and len(e["candidates"]) == 47
     assert "variant failed to build" in log.getvalue()
 
 
@@ -655,8 +662,8 @@ def test_evaluate_with_fake_timer_resume_and_budget(tmp_path):
     out = tmp_path / "eval.json"
     t1 = FakeTimer({"h1": fav, "h2": Regime(block_m=64, block_n=32, split_ratio=2.0)})
     doc = prof.evaluate(held, table=table, out=out, arch=90, timer=t1, clock=t1.clock,
-                        budget_s=30, progress=None)
-    assert [r["label"] for r in doc["records"]] == ["h1", "h2"]  # budget: 24 calls a mask
+                        budget_s=60, progress=None)
+    assert [r["label"] for r in doc["records"]] == ["h1", "h2"]  # budget: 48 calls a mask
     r1, r2 = doc["records"]
     assert r1["chosen"] == fav.name and r1["exact"] and r2["chosen"] == fav.name
     assert r1["default"] == default_regime(90, 64, 128.0).name

@@ -39,35 +39,17 @@ constexpr int KV_TILE = BN * LDS;        // elements of one K or V tile
 constexpr int STAGE = 2 * KV_TILE;       // K then V
 constexpr int Q_TILE = BM * LDS;
 constexpr int CPR = D / 8;               // 16-byte chunks per row
-constexpr float LN2 = 0.69314718055994530942f;
-// How far (log2 units) a score may exceed the running max before the accumulators are rescaled.
-constexpr float RESCALE_SLACK = 8.f;
 static_assert(BM == NW * 16 * MT, "BM = warps x 16 x MT");
 static_assert(D % 16 == 0 && BN % 16 == 0, "D and BN must be multiples of 16");
 static_assert(STAGES >= 2, "at least double buffering");
 
-// Walks the chunks of a task: span by span, BN keys at a time. Kept to three registers (the
-// row restriction is read from the span when a chunk is computed): two walks are live at once.
-struct ChunkWalk {
-  int si, k1, kpos;
-  __device__ __forceinline__ void open(const int* spans, int s, int se) {
-    si = s;
-    if (si < se) {
-      kpos = spans[(i64)si * SPAN_FIELDS];
-      k1 = spans[(i64)si * SPAN_FIELDS + 1];
-    }
-  }
-  __device__ __forceinline__ void next(const int* spans, int se) {
-    kpos += BN;
-    if (kpos >= k1) open(spans, si + 1, se);
-  }
-};
+using Walk = ChunkWalk<BN>;
 
 // Issue the asynchronous copies of one K/V chunk into a stage. Rows past the span end are read
 // from its last key (finite data; their scores are masked), so no read leaves the span.
 // k_head/v_head point at (batch, kv head) row 0; the row stride is in elements.
 __device__ __forceinline__ void load_kv(u16* stage, const u16* k_head, i64 k_sl,
-                                        const u16* v_head, i64 v_sl, const ChunkWalk& w,
+                                        const u16* v_head, i64 v_sl, const Walk& w,
                                         int tid) {
   const u32 ks = smem_addr(stage), vs = smem_addr(stage + KV_TILE);
   if constexpr (NT % CPR == 0) {
@@ -123,9 +105,9 @@ bsa_fwd_sm80(const int* __restrict__ tasks, const int* __restrict__ spans,
   const int se = task[TASK_SPAN_END];
   const u16* k_head = k_ptr + b * k_sb + kvh * k_sh;
   const u16* v_head = v_ptr + b * v_sb + kvh * v_sh;
-  ChunkWalk load_walk;
+  Walk load_walk;
   load_walk.open(spans, task[TASK_SPAN_BEGIN], se);
-  ChunkWalk walk = load_walk;
+  Walk walk = load_walk;
 
   // Prologue: Q tile, then chunks 0 .. STAGES-2. One commit per chunk keeps the wait_group
   // count meaning "all but the newest STAGES-1 chunks have landed".
@@ -223,7 +205,6 @@ bsa_fwd_sm80(const int* __restrict__ tasks, const int* __restrict__ spans,
           }
         }
       }
-      const bool key_edge = walk.kpos + BN > walk.k1;
       bool rescale = false;
       float al[MT][2];
 #pragma unroll
@@ -232,51 +213,8 @@ bsa_fwd_sm80(const int* __restrict__ tasks, const int* __restrict__ spans,
         if (!active[mi]) continue;
         // Mask: keys past the span end, rows outside the span's restriction or the tile.
         const int t0 = tok_base[mi] + g, t1 = t0 + 8;
-        const bool ok0 = t0 >= lo && t0 < hi, ok1 = t1 >= lo && t1 < hi;
-        if (key_edge || !(ok0 && ok1)) {
-#pragma unroll
-          for (int nt = 0; nt < BN / 8; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const bool key_ok = walk.kpos + nt * 8 + 2 * t + (e & 1) < walk.k1;
-              if (!(key_ok && (e < 2 ? ok0 : ok1))) s[mi][nt][e] = NEG_INF;
-            }
-        }
-        float mx0 = NEG_INF, mx1 = NEG_INF;
-#pragma unroll
-        for (int nt = 0; nt < BN / 8; ++nt) {
-          mx0 = fmaxf(mx0, fmaxf(s[mi][nt][0], s[mi][nt][1]));
-          mx1 = fmaxf(mx1, fmaxf(s[mi][nt][2], s[mi][nt][3]));
-        }
-        // Running max in log2 units. It moves only when a score exceeds it by more than
-        // RESCALE_SLACK (the softmax is invariant to the shift; p stays <= 2^RESCALE_SLACK),
-        // so most chunks skip rescaling the accumulators.
-        const float mn0 = warp_quad_max(mx0) * scale_log2, mn1 = warp_quad_max(mx1) * scale_log2;
-        if (mn0 > m[mi][0] + RESCALE_SLACK) {
-          al[mi][0] = fast_exp2(m[mi][0] - mn0);
-          m[mi][0] = mn0;
-          rescale = true;
-        }
-        if (mn1 > m[mi][1] + RESCALE_SLACK) {
-          al[mi][1] = fast_exp2(m[mi][1] - mn1);
-          m[mi][1] = mn1;
-          rescale = true;
-        }
-        // A row with nothing unmasked yet keeps m = -inf; subtract 0 so exp2 gives 0, not NaN.
-        const float base0 = m[mi][0] == NEG_INF ? 0.f : m[mi][0];
-        const float base1 = m[mi][1] == NEG_INF ? 0.f : m[mi][1];
-        float rs0 = 0.f, rs1 = 0.f;
-#pragma unroll
-        for (int nt = 0; nt < BN / 8; ++nt) {
-          s[mi][nt][0] = fast_exp2(fmaf(s[mi][nt][0], scale_log2, -base0));
-          s[mi][nt][1] = fast_exp2(fmaf(s[mi][nt][1], scale_log2, -base0));
-          s[mi][nt][2] = fast_exp2(fmaf(s[mi][nt][2], scale_log2, -base1));
-          s[mi][nt][3] = fast_exp2(fmaf(s[mi][nt][3], scale_log2, -base1));
-          rs0 += s[mi][nt][0] + s[mi][nt][1];
-          rs1 += s[mi][nt][2] + s[mi][nt][3];
-        }
-        l[mi][0] = l[mi][0] * al[mi][0] + rs0;
-        l[mi][1] = l[mi][1] * al[mi][1] + rs1;
+        rescale |= softmax_chunk(s[mi], m[mi], l[mi], al[mi], walk.kpos, walk.k1,
+                                 t0 >= lo && t0 < hi, t1 >= lo && t1 < hi, t, scale_log2);
       }
       if (__any_sync(0xffffffffu, rescale)) {
 #pragma unroll
@@ -292,12 +230,7 @@ bsa_fwd_sm80(const int* __restrict__ tasks, const int* __restrict__ spans,
       for (int kk = 0; kk < BN / 16; ++kk) {
         u32 pa[MT][4];
 #pragma unroll
-        for (int mi = 0; mi < MT; ++mi) {
-          pa[mi][0] = pack2(s[mi][2 * kk][0], s[mi][2 * kk][1]);
-          pa[mi][1] = pack2(s[mi][2 * kk][2], s[mi][2 * kk][3]);
-          pa[mi][2] = pack2(s[mi][2 * kk + 1][0], s[mi][2 * kk + 1][1]);
-          pa[mi][3] = pack2(s[mi][2 * kk + 1][2], s[mi][2 * kk + 1][3]);
-        }
+        for (int mi = 0; mi < MT; ++mi) p_fragment(pa[mi], s[mi], kk);
 #pragma unroll
         for (int dp = 0; dp < D / 16; ++dp) {
           u32 b0, b1, b2, b3;
@@ -316,44 +249,11 @@ bsa_fwd_sm80(const int* __restrict__ tasks, const int* __restrict__ spans,
   }
   cp_async_wait<0>();
 
+  const Output out{o_ptr, o_sb, o_sh, o_sl, lse_ptr, lse_sb, lse_sh, part_o, part_lse};
 #pragma unroll
   for (int mi = 0; mi < MT; ++mi) {
     if (!tile_real[mi]) continue;
-    const float l0 = warp_quad_sum(l[mi][0]), l1 = warp_quad_sum(l[mi][1]);
-    const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
-    const float lse0 = l0 > 0.f ? (m[mi][0] + __log2f(l0)) * LN2 : NEG_INF;
-    const float lse1 = l1 > 0.f ? (m[mi][1] + __log2f(l1)) * LN2 : NEG_INF;
-    const int tok0 = tok_base[mi] + g, tok1 = tok0 + 8;
-    const bool real0 = tok0 < q_end, real1 = tok1 < q_end;
-    const float (*a)[4] = acc[mi];
-    if (slot < 0) {
-      u16* o0 = o_ptr + b * o_sb + head[mi] * o_sh + tok0 * o_sl;
-      u16* o1 = o_ptr + b * o_sb + head[mi] * o_sh + tok1 * o_sl;
-#pragma unroll
-      for (int nt = 0; nt < D / 8; ++nt) {
-        const int col = nt * 8 + 2 * t;
-        if (real0) *reinterpret_cast<u32*>(o0 + col) = pack2(a[nt][0] * inv0, a[nt][1] * inv0);
-        if (real1) *reinterpret_cast<u32*>(o1 + col) = pack2(a[nt][2] * inv1, a[nt][3] * inv1);
-      }
-      if (lse_ptr != nullptr && t == 0) {
-        float* lrow = lse_ptr + b * lse_sb + head[mi] * lse_sh;
-        if (real0) lrow[tok0] = lse0;
-        if (real1) lrow[tok1] = lse1;
-      }
-    } else {
-      const int r0 = (warp * MT + mi) * 16 + g, r1 = r0 + 8;
-      float* p0 = part_o + ((i64)slot * BM + r0) * D;
-      float* p1 = part_o + ((i64)slot * BM + r1) * D;
-#pragma unroll
-      for (int nt = 0; nt < D / 8; ++nt) {
-        const int col = nt * 8 + 2 * t;
-        if (real0) *reinterpret_cast<float2*>(p0 + col) = make_float2(a[nt][0] * inv0, a[nt][1] * inv0);
-        if (real1) *reinterpret_cast<float2*>(p1 + col) = make_float2(a[nt][2] * inv1, a[nt][3] * inv1);
-      }
-      if (t == 0) {
-        if (real0) part_lse[(i64)slot * BM + r0] = lse0;
-        if (real1) part_lse[(i64)slot * BM + r1] = lse1;
-      }
-    }
+    store_rows<D>(out, acc[mi], m[mi], l[mi], b, head[mi], tok_base[mi] + g, q_end,
+                  (warp * MT + mi) * 16 + g, BM, slot, t);
   }
 }

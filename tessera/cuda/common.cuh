@@ -1,6 +1,8 @@
 // Shared pieces of every Tessera kernel family: the task-queue contract, 16-bit number handling
-// without CUDA headers (NVRTC needs none of the toolkit's include files this way), and the
-// warp-level matrix and copy primitives of sm_80 and newer, as inline PTX.
+// without CUDA headers (NVRTC needs none of the toolkit's include files this way), the warp-level
+// matrix and copy primitives of sm_80 and newer as inline PTX, the key-span walk, the online
+// softmax step and the output epilogue (both families hold scores and outputs in mma.sync's
+// m16n8 accumulator layout, wgmma's being the same per warp).
 //
 // The task-queue layout is defined in tessera/runtime/tasks.py; the constants below mirror it.
 #pragma once
@@ -109,4 +111,149 @@ __device__ __forceinline__ float warp_quad_max(float x) {
 __device__ __forceinline__ float warp_quad_sum(float x) {
   x += __shfl_xor_sync(0xffffffffu, x, 1);
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// ---- the walk over a task's key spans ---------------------------------------------------------
+// Span by span, bn keys at a time. Kept to three registers (the row restriction is read from
+// the span when a chunk is computed): two walks, loading and computing, are live at once.
+template <int BN_>
+struct ChunkWalk {
+  int si, k1, kpos;
+  __device__ __forceinline__ void open(const int* spans, int s, int se) {
+    si = s;
+    if (si < se) {
+      kpos = spans[(i64)si * SPAN_FIELDS];
+      k1 = spans[(i64)si * SPAN_FIELDS + 1];
+    }
+  }
+  __device__ __forceinline__ void next(const int* spans, int se) {
+    kpos += BN_;
+    if (kpos >= k1) open(spans, si + 1, se);
+  }
+};
+
+// ---- online softmax step ----------------------------------------------------------------------
+// How far (log2 units) a score may exceed the running max before the accumulators are rescaled.
+constexpr float RESCALE_SLACK = 8.f;
+
+// One key chunk for the two rows (g and g + 8 of a 16-row tile) a thread holds: s[NB][4] are raw
+// scores of NB key octets in the m16n8 accumulator layout, keys key0 + 8 * j + 2 * t (+1).
+// Masks keys at or past k_end and rows whose ok flag is false, exponentiates s in place against
+// the running max m (log2 units), adds the row sums to l, and sets al to the factor the output
+// accumulators must be multiplied by (1 when the max did not move). Returns whether any did.
+template <int NB>
+__device__ __forceinline__ bool softmax_chunk(float (&s)[NB][4], float (&m)[2], float (&l)[2],
+                                              float (&al)[2], int key0, int k_end, bool ok0,
+                                              bool ok1, int t, float scale_log2) {
+  al[0] = al[1] = 1.f;
+  if (key0 + NB * 8 > k_end || !(ok0 && ok1)) {
+#pragma unroll
+    for (int nt = 0; nt < NB; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const bool key_ok = key0 + nt * 8 + 2 * t + (e & 1) < k_end;
+        if (!(key_ok && (e < 2 ? ok0 : ok1))) s[nt][e] = NEG_INF;
+      }
+  }
+  float mx0 = NEG_INF, mx1 = NEG_INF;
+#pragma unroll
+  for (int nt = 0; nt < NB; ++nt) {
+    mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
+    mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
+  }
+  // The running max moves only when a score exceeds it by more than RESCALE_SLACK (the softmax
+  // is invariant to the shift; p stays <= 2^RESCALE_SLACK), so most chunks skip rescaling.
+  const float mn0 = warp_quad_max(mx0) * scale_log2, mn1 = warp_quad_max(mx1) * scale_log2;
+  bool rescale = false;
+  if (mn0 > m[0] + RESCALE_SLACK) {
+    al[0] = fast_exp2(m[0] - mn0);
+    m[0] = mn0;
+    rescale = true;
+  }
+  if (mn1 > m[1] + RESCALE_SLACK) {
+    al[1] = fast_exp2(m[1] - mn1);
+    m[1] = mn1;
+    rescale = true;
+  }
+  // A row with nothing unmasked yet keeps m = -inf; subtract 0 so exp2 gives 0, not NaN.
+  const float base0 = m[0] == NEG_INF ? 0.f : m[0];
+  const float base1 = m[1] == NEG_INF ? 0.f : m[1];
+  float rs0 = 0.f, rs1 = 0.f;
+#pragma unroll
+  for (int nt = 0; nt < NB; ++nt) {
+    s[nt][0] = fast_exp2(fmaf(s[nt][0], scale_log2, -base0));
+    s[nt][1] = fast_exp2(fmaf(s[nt][1], scale_log2, -base0));
+    s[nt][2] = fast_exp2(fmaf(s[nt][2], scale_log2, -base1));
+    s[nt][3] = fast_exp2(fmaf(s[nt][3], scale_log2, -base1));
+    rs0 += s[nt][0] + s[nt][1];
+    rs1 += s[nt][2] + s[nt][3];
+  }
+  l[0] = l[0] * al[0] + rs0;
+  l[1] = l[1] * al[1] + rs1;
+  return rescale;
+}
+
+// The A fragment (m16k16) of P for keys 16 * kk .. 16 * kk + 15: two key octets of scores.
+template <int NB>
+__device__ __forceinline__ void p_fragment(u32 (&pa)[4], const float (&s)[NB][4], int kk) {
+  pa[0] = pack2(s[2 * kk][0], s[2 * kk][1]);
+  pa[1] = pack2(s[2 * kk][2], s[2 * kk][3]);
+  pa[2] = pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+  pa[3] = pack2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+}
+
+// ---- epilogue ---------------------------------------------------------------------------------
+// Where a task's rows go: the output and lse (slot < 0) or a split-KV workspace slot.
+struct Output {
+  u16* o;
+  i64 sb, sh, sl;
+  float* lse;  // may be null
+  i64 lse_sb, lse_sh;
+  float* part_o;
+  float* part_lse;
+};
+
+// Normalise and store the two rows (tokens tok0 and tok0 + 8 of query head `head`; physical rows
+// row0 and row0 + 8 of a bm-row task) a thread holds; rows at or past q_end are padding.
+template <int D_>
+__device__ __forceinline__ void store_rows(const Output& out, const float (&acc)[D_ / 8][4],
+                                           const float (&m)[2], const float (&l)[2], int b,
+                                           int head, int tok0, int q_end, int row0, int bm,
+                                           int slot, int t) {
+  constexpr float LN2 = 0.69314718055994530942f;
+  const float l0 = warp_quad_sum(l[0]), l1 = warp_quad_sum(l[1]);
+  const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
+  const float lse0 = l0 > 0.f ? (m[0] + __log2f(l0)) * LN2 : NEG_INF;
+  const float lse1 = l1 > 0.f ? (m[1] + __log2f(l1)) * LN2 : NEG_INF;
+  const int tok1 = tok0 + 8;
+  const bool real0 = tok0 < q_end, real1 = tok1 < q_end;
+  if (slot < 0) {
+    u16* o0 = out.o + b * out.sb + head * out.sh + tok0 * out.sl;
+    u16* o1 = out.o + b * out.sb + head * out.sh + tok1 * out.sl;
+#pragma unroll
+    for (int nt = 0; nt < D_ / 8; ++nt) {
+      const int col = nt * 8 + 2 * t;
+      if (real0) *reinterpret_cast<u32*>(o0 + col) = pack2(acc[nt][0] * inv0, acc[nt][1] * inv0);
+      if (real1) *reinterpret_cast<u32*>(o1 + col) = pack2(acc[nt][2] * inv1, acc[nt][3] * inv1);
+    }
+    if (out.lse != nullptr && t == 0) {
+      float* lrow = out.lse + b * out.lse_sb + head * out.lse_sh;
+      if (real0) lrow[tok0] = lse0;
+      if (real1) lrow[tok1] = lse1;
+    }
+  } else {
+    const int row1 = row0 + 8;
+    float* p0 = out.part_o + ((i64)slot * bm + row0) * D_;
+    float* p1 = out.part_o + ((i64)slot * bm + row1) * D_;
+#pragma unroll
+    for (int nt = 0; nt < D_ / 8; ++nt) {
+      const int col = nt * 8 + 2 * t;
+      if (real0) *reinterpret_cast<float2*>(p0 + col) = make_float2(acc[nt][0] * inv0, acc[nt][1] * inv0);
+      if (real1) *reinterpret_cast<float2*>(p1 + col) = make_float2(acc[nt][2] * inv1, acc[nt][3] * inv1);
+    }
+    if (t == 0) {
+      if (real0) out.part_lse[(i64)slot * bm + row0] = lse0;
+      if (real1) out.part_lse[(i64)slot * bm + row1] = lse1;
+    }
+  }
 }

@@ -24,9 +24,11 @@ __all__ = ["Variant", "CompileResult", "BuildError", "CI_TARGETS", "compile_vari
            "target_for", "load_kernel", "smem_bytes", "nvrtc_version", "cache_dir"]
 
 SOURCE_DIR = Path(__file__).resolve().parent
-HEADERS = ("common.cuh",)
+HEADERS = ("common.cuh", "wgmma.cuh")
 # Targets CI compiles every variant for (no GPU needed): Ampere, Ada, Hopper, Blackwell.
 CI_TARGETS = ("sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a")
+# Sources built for sm_90a alone (wgmma exists on no other target).
+SM90A_ONLY = ("bsa_sm90.cu",)
 
 
 class BuildError(RuntimeError):
@@ -54,6 +56,21 @@ class Variant:
             ("STAGES", stages), ("MIN_BLOCKS", min_blocks), ("BF16", int(bf16))))
 
     @classmethod
+    def bsa_sm90(cls, *, block_m: int, block_n: int, head_dim: int, stages: int,
+                 bf16: bool) -> "Variant":
+        """The Hopper family (sm_90a only): 64 rows per warpgroup."""
+        return cls("bsa_sm90.cu", "bsa_fwd_sm90", (
+            ("BM", block_m), ("BN", block_n), ("D", head_dim), ("STAGES", stages),
+            ("BF16", int(bf16))))
+
+    @property
+    def threads(self) -> int:
+        """Threads per CTA of a block-sparse attention variant."""
+        if self.source == "bsa_sm90.cu":
+            return self.macro("BM") // 64 * 128
+        return self.macro("WARPS") * 32
+
+    @classmethod
     def combine(cls, *, bf16: bool) -> "Variant":
         return cls("combine.cu", "bsa_combine", (("BF16", int(bf16)),))
 
@@ -68,11 +85,15 @@ class Variant:
 
 
 def smem_bytes(v: Variant) -> int:
-    """Dynamic shared memory of a bsa_sm80 variant (mirrors the formula in bsa_sm80.cu)."""
-    if v.source != "bsa_sm80.cu":
-        return 0
-    lds = v.macro("D") + 8
-    return 2 * lds * (v.macro("BM") + v.macro("STAGES") * 2 * v.macro("BN"))
+    """Dynamic shared memory of a block-sparse attention variant (mirrors the formulas in
+    bsa_sm80.cu and bsa_sm90.cu); 0 for other kernels."""
+    if v.source == "bsa_sm80.cu":
+        lds = v.macro("D") + 8
+        return 2 * lds * (v.macro("BM") + v.macro("STAGES") * 2 * v.macro("BN"))
+    if v.source == "bsa_sm90.cu":  # tiles unpadded (swizzled), plus 1 KiB to align them
+        d = v.macro("D")
+        return 1024 + 2 * d * (v.macro("BM") + v.macro("STAGES") * 2 * v.macro("BN"))
+    return 0
 
 
 @dataclass
@@ -148,6 +169,8 @@ def compile_variant(variant: Variant, target: str, *, allow_spills: bool = False
     H200 machine's NVRTC for a program compiled after CuPy's own kernels in the same process);
     the spill gate is CI's job, where the report is always required. Registers are then -1.
     """
+    if variant.source in SM90A_ONLY and target != "sm_90a":
+        raise BuildError(f"{variant.label} uses wgmma and builds for sm_90a only, not {target}")
     nvrtc = _nvrtc()
     src = _read_source(variant.source)
     headers = [_read_source(h) for h in HEADERS]
@@ -205,6 +228,8 @@ def compile_variant(variant: Variant, target: str, *, allow_spills: bool = False
     if not allow_spills and result.spill_bytes:
         raise BuildError(f"{variant.label} spills registers on {target} "
                          f"({spill_st} B stores, {spill_ld} B loads):\n{log}")
+    if "wgmma.mma_async instructions are serialized" in log:
+        raise BuildError(f"{variant.label} on {target}: ptxas serialized its wgmma:\n{log}")
     if "C7508" in log or "setmaxnreg ignored" in log:
         raise BuildError(f"{variant.label} on {target}: ptxas ignored setmaxnreg:\n{log}")
     return result

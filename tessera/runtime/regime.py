@@ -46,6 +46,8 @@ __all__ = ["Regime", "default_regime", "ROW_GROUP", "candidate_regimes", "MaskFe
 # Rows one warp owns in every kernel family (the M of one mma.sync / a quarter of a wgmma M=64).
 # Row groups with no valid row skip their matrix work, so stats count computed pairs per group.
 ROW_GROUP = 16
+# Kernel families: "sm80" (mma.sync, every target) and "sm90" (wgmma, Hopper only).
+KNOWN_FAMILIES = ("sm80", "sm90")
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,8 @@ class Regime:
     """One execution plan.
 
     Attributes:
-        family: kernel family ("sm80": mma.sync, runs on sm_80 and newer).
+        family: kernel family ("sm80": mma.sync, runs on sm_80 and newer; "sm90": wgmma,
+            sm_90 only, 64 rows per warpgroup of 4 warps, 64 or 128 keys a step).
         block_m: physical tile rows (BM) per task; with GQA packing, shared by the packed heads.
         block_n: keys consumed per inner step (BN); key spans are walked BN keys at a time.
         num_warps: warps per CTA; each owns ``block_m / num_warps`` rows, 16 or 32 (two row
@@ -87,6 +90,14 @@ class Regime:
                              f"(num_warps={self.num_warps})")
         if self.combine_threshold < 0 or self.split_ratio < 1 or self.min_split_chunks < 1:
             raise ValueError("combine_threshold >= 0, split_ratio >= 1 and min_split_chunks >= 1")
+        if self.family not in KNOWN_FAMILIES:
+            raise ValueError(f"family must be one of {list(KNOWN_FAMILIES)}, got {self.family!r}")
+        if self.family == "sm90" and (self.block_m not in (64, 128)
+                                      or self.num_warps != self.block_m // ROW_GROUP
+                                      or self.block_n not in (64, 128)):
+            raise ValueError(f"the sm90 family takes block_m 64 or 128 with one warp per 16 rows "
+                             f"and block_n 64 or 128, got {self.block_m}x{self.block_n} "
+                             f"with {self.num_warps} warps")
 
     @property
     def name(self) -> str:
@@ -99,6 +110,20 @@ class Regime:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def variant(self, head_dim: int, bf16: bool = True):
+        """The attention kernel variant (``tessera.cuda.loader.Variant``) this regime runs."""
+        from ..cuda.loader import Variant  # noqa: PLC0415 - no CuPy needed
+
+        if self.family == "sm90":
+            return Variant.bsa_sm90(block_m=self.block_m, block_n=self.block_n,
+                                    head_dim=head_dim, stages=self.stages, bf16=bf16)
+        return Variant.bsa_sm80(block_m=self.block_m, block_n=self.block_n, head_dim=head_dim,
+                                num_warps=self.num_warps, stages=self.stages, bf16=bf16)
+
+    def runs_on(self, arch: int | None) -> bool:
+        """Whether this regime's family runs on compute capability ``arch`` (None: any GPU)."""
+        return self.family != "sm90" or arch == 90
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Regime":
@@ -115,7 +140,9 @@ def default_regime(arch: int | None = None, head_dim: int = 128,
                    q_block: float | None = None) -> Regime:
     """The heuristic regime for a GPU with compute capability ``arch`` (e.g. 90), or None (CPU).
 
-    The portable family: 128-row tiles over 4 warps (32 rows each), 64 keys a step, double
+    Hopper (sm_90) takes the wgmma family: 128-row tiles (two warpgroups), 128 keys a step,
+    double buffered; 64-row tiles (one warpgroup) for masks of small query blocks.
+    Elsewhere the portable family: 128-row tiles over 4 warps (32 rows each), 64 keys a step, double
     buffered. Head dim 64 takes 64-row tiles (16 rows a warp): its tasks are short, and more of
     them in flight hide each task's pipeline fill better (H200, benchmarks/RESULTS.md).
     sm_86/sm_89 allow 99 KB of shared memory per CTA, too little for the 128-row tile at head
@@ -126,6 +153,10 @@ def default_regime(arch: int | None = None, head_dim: int = 128,
     lost more in planning and kernel time than they saved (benchmarks/RESULTS.md).
     """
     small_blocks = q_block is not None and q_block <= 64
+    if arch == 90:
+        return Regime(family="sm90", block_m=64 if small_blocks else 128,
+                      num_warps=4 if small_blocks else 8, block_n=128, stages=2,
+                      combine_threshold=0.0)
     if head_dim <= 64 or small_blocks or (arch in (86, 87, 89) and head_dim > 96):
         return Regime(block_m=64, num_warps=4, combine_threshold=0.0)
     return Regime(combine_threshold=0.0)
@@ -138,12 +169,13 @@ SMEM_LIMIT_KIB = {80: 163, 87: 163, 90: 227, 100: 227, 103: 227, 86: 99, 89: 99,
                   121: 99}
 _SMEM_FALLBACK_KIB = 99
 
-# The sm80-family space the profiler measures (kept small: 2 x 2 x 3 x 2 = 24 at most).
+# The space the profiler measures: 2 x 2 x 3 x 2 = 24 sm80 regimes, as many sm90 ones on sm_90.
 CANDIDATE_BLOCK_M = (64, 128)
 CANDIDATE_BLOCK_N = (32, 64)
 CANDIDATE_SPLIT_RATIO = (2.0, 4.0, 1e9)  # 1e9: never split
 CANDIDATE_COMBINE = (0.0, 0.3)
 CANDIDATE_WARPS = 4
+CANDIDATE_SM90_BLOCK_N = (64, 128)
 
 
 def smem_limit_bytes(arch: int | None) -> int:
@@ -153,31 +185,34 @@ def smem_limit_bytes(arch: int | None) -> int:
 
 def regime_fits(regime: Regime, head_dim: int, arch: int | None) -> bool:
     """Whether ``regime``'s kernel variant needs no more shared memory than ``arch`` allows."""
-    from ..cuda.loader import Variant, smem_bytes  # noqa: PLC0415 - no CuPy needed
+    from ..cuda.loader import smem_bytes  # noqa: PLC0415 - no CuPy needed
 
-    v = Variant.bsa_sm80(block_m=regime.block_m, block_n=regime.block_n, head_dim=head_dim,
-                         num_warps=regime.num_warps, stages=regime.stages, bf16=True)
-    return smem_bytes(v) <= smem_limit_bytes(arch)
+    return smem_bytes(regime.variant(head_dim)) <= smem_limit_bytes(arch)
 
 
 def candidate_regimes(head_dim: int, arch: int | None) -> list[Regime]:
     """The regimes worth profiling for ``head_dim`` on compute capability ``arch``.
 
     The sm80 family with 4 warps: 64- or 128-row tiles (16 or 32 rows a warp, the two shapes the
-    kernel supports at 4 warps), 32 or 64 keys a step, double buffered; split policy 2x or 4x
+    kernel supports at 4 warps), 32 or 64 keys a step; on sm_90 also the sm90 family with one or
+    two warpgroups (64- or 128-row tiles) and 64 or 128 keys a step; all double buffered; split
+    policy 2x or 4x
     the mean task, or never (1e9); combine threshold 0 (merge only identical key sets) or 0.3.
     Variants whose shared memory exceeds ``arch``'s per-CTA limit are left out. The order is
     stable (tile shape, then split, then combine), so names index the list reproducibly.
     """
+    shapes = [dict(block_m=bm, block_n=bn, num_warps=CANDIDATE_WARPS)
+              for bm in CANDIDATE_BLOCK_M for bn in CANDIDATE_BLOCK_N]
+    if arch == 90:
+        shapes += [dict(family="sm90", block_m=bm, block_n=bn, num_warps=bm // ROW_GROUP)
+                   for bm in CANDIDATE_BLOCK_M for bn in CANDIDATE_SM90_BLOCK_N]
     out = []
-    for bm in CANDIDATE_BLOCK_M:
-        for bn in CANDIDATE_BLOCK_N:
-            for split in CANDIDATE_SPLIT_RATIO:
-                for comb in CANDIDATE_COMBINE:
-                    r = Regime(block_m=bm, block_n=bn, num_warps=CANDIDATE_WARPS, stages=2,
-                               split_ratio=split, combine_threshold=comb)
-                    if regime_fits(r, head_dim, arch):
-                        out.append(r)
+    for shape in shapes:
+        for split in CANDIDATE_SPLIT_RATIO:
+            for comb in CANDIDATE_COMBINE:
+                r = Regime(**shape, stages=2, split_ratio=split, combine_threshold=comb)
+                if regime_fits(r, head_dim, arch):
+                    out.append(r)
     return out
 
 
@@ -282,6 +317,20 @@ class MaskFeatures:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def variant(self, head_dim: int, bf16: bool = True):
+        """The attention kernel variant (``tessera.cuda.loader.Variant``) this regime runs."""
+        from ..cuda.loader import Variant  # noqa: PLC0415 - no CuPy needed
+
+        if self.family == "sm90":
+            return Variant.bsa_sm90(block_m=self.block_m, block_n=self.block_n,
+                                    head_dim=head_dim, stages=self.stages, bf16=bf16)
+        return Variant.bsa_sm80(block_m=self.block_m, block_n=self.block_n, head_dim=head_dim,
+                                num_warps=self.num_warps, stages=self.stages, bf16=bf16)
+
+    def runs_on(self, arch: int | None) -> bool:
+        """Whether this regime's family runs on compute capability ``arch`` (None: any GPU)."""
+        return self.family != "sm90" or arch == 90
+
     @classmethod
     def from_dict(cls, d: Any) -> "MaskFeatures":
         """Parse and validate (``ValueError`` naming the field on any problem)."""
@@ -377,7 +426,6 @@ def mask_features(mask: Any, *, head_dim: int, dtype: Any, arch: int, num_q_head
 TABLE_FORMAT = "tessera-regime-table"
 TABLE_VERSION = 1
 ENTRY_REQUIRED = ("features", "regime", "ms", "oracle_ms")
-KNOWN_FAMILIES = ("sm80",)
 ENV_TABLE = "TESSERA_REGIME_TABLE"
 # Committed tables live in tables/ beside the package (the repository root).
 TABLES_DIR = Path(__file__).resolve().parents[2] / "tables"

@@ -1,0 +1,236 @@
+// Hopper block-sparse attention forward (sm_90a): warpgroup MMA (wgmma) with Q and K/V read by
+// the tensor cores straight from swizzled shared memory, P kept in registers, a cp.async K/V
+// pipeline, and the same online softmax, masking and epilogue as the portable family
+// (common.cuh). Same task queue and kernel arguments as bsa_sm80.cu.
+//
+// One CTA runs one task: BM = 64 x WGS physical rows, warpgroup w owning rows 64w .. 64w+63
+// (warp i of the CTA owns rows 16i .. 16i+15, as in the portable family), walking the task's key
+// spans BN keys at a time: S = Q K^T (wgmma, both operands K-major in shared memory), softmax on
+// the S accumulators, O += P V (wgmma, P from registers, V N-major in shared memory).
+//
+// Variant parameters (macros, set by tessera/cuda/loader.py):
+//   TESSERA_BM       rows per task, 64 per warpgroup
+//   TESSERA_BN       keys per step: 64 or 128 (a width wgmma.cuh instantiates)
+//   TESSERA_D        head dim: 64, 96 or 128
+//   TESSERA_STAGES   K/V pipeline depth (>= 2)
+//   TESSERA_BF16     1: bfloat16, 0: float16
+//
+// Shared memory: Q (BM x D), then STAGES x {K, V} (BN x D each), every tile in the layout wgmma
+// reads: rows cut into SW-byte column chunks (SW = 128 when D is a multiple of 64, else 64),
+// chunk-major ([chunk][row][SW bytes]), 16-byte pieces XOR-swizzled by the row within each
+// 8-row group, each tile starting on a 1024-byte boundary. loader.smem_bytes mirrors the size.
+#include "common.cuh"
+#include "wgmma.cuh"
+
+namespace {
+constexpr int BM = TESSERA_BM;
+constexpr int BN = TESSERA_BN;
+constexpr int D = TESSERA_D;
+constexpr int STAGES = TESSERA_STAGES;
+constexpr int WGS = BM / 64;
+constexpr int NT = WGS * 128;
+constexpr int SW = D % 64 == 0 ? 128 : 64;  // swizzle span and chunk width, bytes
+constexpr int PPC = SW / 16;                // 16-byte pieces per chunk row
+constexpr int CPR = D / 8;                  // 16-byte pieces per row
+constexpr int Q_BYTES = BM * D * 2;
+constexpr int KV_BYTES = BN * D * 2;
+constexpr int STAGE_BYTES = 2 * KV_BYTES;
+static_assert(BM % 64 == 0 && BM >= 64, "64 rows per warpgroup");
+static_assert(BN % 64 == 0, "BN must be a multiple of 64");
+static_assert(D == 64 || D == 96 || D == 128, "head dim 64, 96 or 128");
+static_assert(STAGES >= 2, "at least double buffering");
+static_assert(Q_BYTES % 1024 == 0 && KV_BYTES % 1024 == 0, "tiles stay 1024-byte aligned");
+
+using Walk = ChunkWalk<BN>;
+
+// Byte offset of 16-byte piece `piece` (along D) of row `row` in a tile of ROWS rows. The XOR
+// is the hardware's swizzle of address bits [4, 4 + log2(PPC)) by bits [7, ...), which the
+// tile's 1024-byte alignment makes the same on offsets as on addresses.
+template <int ROWS>
+__device__ __forceinline__ u32 tile_offset(int row, int piece) {
+  const u32 o = (u32)((piece / PPC) * ROWS * SW + row * SW + (piece % PPC) * 16);
+  return o ^ (((o >> 7) & (PPC - 1)) << 4);
+}
+
+// wgmma shared-memory matrix descriptor: start address, leading and stride byte offsets (all
+// encoded >> 4) and the swizzle mode (1: 128-byte, 2: 64-byte).
+__device__ __forceinline__ u64 smem_desc(u32 addr, u32 lbo, u32 sbo) {
+  constexpr u64 mode = SW == 128 ? 1 : 2;
+  return (u64)((addr & 0x3FFFF) >> 4) | ((u64)(lbo >> 4) << 16) | ((u64)(sbo >> 4) << 32) |
+         (mode << 62);
+}
+
+// K-major operand (rows of D elements: Q or K), the 16 columns of step kk, starting at row 0 of
+// `base` within a tile of ROWS rows. Within a chunk the step is a plain byte offset: the
+// hardware applies the swizzle to the address it forms.
+template <int ROWS>
+__device__ __forceinline__ u64 k_major_desc(u32 base, int kk) {
+  constexpr int STEPS_PER_CHUNK = SW / 32;
+  return smem_desc(base + (u32)((kk / STEPS_PER_CHUNK) * ROWS * SW + (kk % STEPS_PER_CHUNK) * 32),
+                   16, 8 * SW);
+}
+
+// N-major operand V (keys x D, D contiguous), keys 16 kk .. 16 kk + 15: chunks of D are LBO apart,
+// groups of 8 keys SBO apart.
+__device__ __forceinline__ u64 v_desc(u32 base, int kk) {
+  return smem_desc(base + (u32)(kk * 16 * SW), BN * SW, 8 * SW);
+}
+
+// Issue the asynchronous copies of one K/V chunk. Rows past the span end are read from its last
+// key (finite data; their scores are masked), so no read leaves the span.
+__device__ __forceinline__ void load_kv(u32 ks, const u16* k_head, i64 k_sl, const u16* v_head,
+                                        i64 v_sl, const Walk& w, int tid) {
+  const u32 vs = ks + KV_BYTES;
+#pragma unroll 2
+  for (int i = tid; i < BN * CPR; i += NT) {
+    const int r = i / CPR, p = i % CPR;
+    const i64 key = min(w.kpos + r, w.k1 - 1);
+    const u32 off = tile_offset<BN>(r, p);
+    cp_async16(ks + off, k_head + key * k_sl + p * 8);
+    cp_async16(vs + off, v_head + key * v_sl + p * 8);
+  }
+}
+
+// Makes this thread's completed cp.async writes visible to the tensor cores' (async proxy)
+// reads that follow the next barrier.
+__device__ __forceinline__ void fence_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(NT, 1)
+bsa_fwd_sm90(const int* __restrict__ tasks, const int* __restrict__ spans,
+             const u16* q_ptr, i64 q_sb, i64 q_sh, i64 q_sl,
+             const u16* k_ptr, i64 k_sb, i64 k_sh, i64 k_sl,
+             const u16* v_ptr, i64 v_sb, i64 v_sh, i64 v_sl,
+             u16* o_ptr, i64 o_sb, i64 o_sh, i64 o_sl,
+             float* lse_ptr, i64 lse_sb, i64 lse_sh,
+             float* part_o, float* part_lse,
+             int tile_rows, int group, float scale_log2) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const Operand q{q_ptr, q_sb, q_sh, q_sl};
+
+  const int* task = tasks + (i64)blockIdx.x * TASK_FIELDS;
+  const int b = task[TASK_BATCH], h0 = task[TASK_Q_HEAD0];
+  const int q_start = task[TASK_Q_START], q_end = task[TASK_Q_END];
+  const int slot = task[TASK_SLOT];
+  const int kvh = h0 / group;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int wg = warp / 4;
+  const int g = lane / 4, t = lane % 4;
+
+  const u32 q_base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // wgmma's swizzle alignment
+  const u32 stage_base = q_base + Q_BYTES;
+
+  const int se = task[TASK_SPAN_END];
+  const u16* k_head = k_ptr + b * k_sb + kvh * k_sh;
+  const u16* v_head = v_ptr + b * v_sb + kvh * v_sh;
+  Walk load_walk;
+  load_walk.open(spans, task[TASK_SPAN_BEGIN], se);
+  Walk walk = load_walk;
+
+  // Prologue: Q tile, then chunks 0 .. STAGES-2, one commit group per chunk (Q rides with the
+  // first), so "all but the newest STAGES-1 groups have landed" means the current chunk has.
+  for (int i = tid; i < BM * CPR; i += NT) {
+    const int r = i / CPR, p = i % CPR;
+    int tok = q_start + r % tile_rows;
+    tok = tok < q_end ? tok : q_start;  // padding rows read a real row; never stored
+    cp_async16(q_base + tile_offset<BM>(r, p), q.row(b, h0 + r / tile_rows, tok) + p * 8);
+  }
+#pragma unroll
+  for (int st = 0; st < STAGES - 1; ++st) {
+    if (load_walk.si < se) {
+      load_kv(stage_base + st * STAGE_BYTES, k_head, k_sl, v_head, v_sl, load_walk, tid);
+      load_walk.next(spans, se);
+    }
+    cp_async_commit();
+  }
+
+  // This warp's 16 rows are one head and 16 consecutive tokens (tile_rows is a multiple of 16);
+  // the warpgroup's first row tile decides where its 64 rows start.
+  const int head = h0 + warp * 16 / tile_rows;
+  const int tok_base = q_start + warp * 16 % tile_rows;
+  const bool tile_real = tok_base < q_end;
+
+  float o[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
+  const u32 q_wg = q_base + (u32)(wg * 64 * SW);
+
+  for (int c = 0; walk.si < se; ++c) {
+    // Prefetch STAGES-1 chunks ahead while this one is computed.
+    if (load_walk.si < se) {
+      load_kv(stage_base + ((c + STAGES - 1) % STAGES) * STAGE_BYTES, k_head, k_sl, v_head, v_sl,
+              load_walk, tid);
+      load_walk.next(spans, se);
+    }
+    cp_async_commit();
+    cp_async_wait<STAGES - 1>();
+    fence_async_smem();
+    __syncthreads();
+
+    const u32 ks = stage_base + (u32)((c % STAGES) * STAGE_BYTES);
+    const u32 vs = ks + KV_BYTES;
+    // Rows this span applies to, clipped to the tile's real rows.
+    const int lo = max(spans[(i64)walk.si * SPAN_FIELDS + 2], q_start);
+    const int hi = min(spans[(i64)walk.si * SPAN_FIELDS + 3], q_end);
+    const bool active = tile_real && tok_base < hi && tok_base + 16 > lo;
+    // The warpgroup issues its matrix operations together: it skips them only when none of its
+    // four row tiles takes part (the same answer in all of its threads).
+    bool wg_active = false;
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const int tb = q_start + (wg * 4 + w) * 16 % tile_rows;
+      wg_active |= tb < q_end && tb < hi && tb + 16 > lo;
+    }
+    if (wg_active) {
+      // S = Q K^T (raw scores; the scale is applied inside the exponent).
+      float s[BN / 8][4];
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk)
+        Wgmma<BN>::ss(&s[0][0], k_major_desc<BM>(q_wg, kk), k_major_desc<BN>(ks, kk), kk > 0);
+      wgmma_commit();
+      wgmma_wait<0>();
+      wgmma_hold<BN / 2>(&s[0][0]);
+
+      float al[2] = {1.f, 1.f};
+      if (active) {
+        // Mask: keys past the span end, rows outside the span's restriction or the tile.
+        const int t0 = tok_base + g, t1 = t0 + 8;
+        softmax_chunk(s, m, l, al, walk.kpos, walk.k1, t0 >= lo && t0 < hi,
+                      t1 >= lo && t1 < hi, t, scale_log2);
+      } else {
+#pragma unroll
+        for (int i = 0; i < BN / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+      }
+      if (al[0] != 1.f || al[1] != 1.f) {
+#pragma unroll
+        for (int i = 0; i < D / 8; ++i) {
+          o[i][0] *= al[0]; o[i][1] *= al[0];
+          o[i][2] *= al[1]; o[i][3] *= al[1];
+        }
+      }
+      // O += P V, P from registers: the scores of two key octets form one A fragment.
+      u32 pa[BN / 16][4];
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) p_fragment(pa[kk], s, kk);
+      wgmma_hold<D / 2>(&o[0][0]);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) Wgmma<D>::rs(&o[0][0], pa[kk], v_desc(vs, kk), 1);
+      wgmma_commit();
+      wgmma_wait<0>();
+      wgmma_hold<D / 2>(&o[0][0]);
+    }
+    __syncthreads();  // everyone is done with this stage before it is refilled
+    walk.next(spans, se);
+  }
+  cp_async_wait<0>();
+
+  if (tile_real) {
+    const Output out{o_ptr, o_sb, o_sh, o_sl, lse_ptr, lse_sb, lse_sh, part_o, part_lse};
+    store_rows<D>(out, o, m, l, b, head, tok_base + g, q_end, warp * 16 + g, BM, slot, t);
+  }
+}
