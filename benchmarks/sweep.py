@@ -26,11 +26,10 @@ REGIMES = [
     Regime(block_m=64, block_n=64, num_warps=4, stages=2),
     Regime(block_m=64, block_n=64, num_warps=2, stages=2),
     # The Hopper family (sm_90 only; fails elsewhere with a clear message).
-    Regime(family="sm90", block_m=128, block_n=128, num_warps=8, stages=2),
     Regime(family="sm90", block_m=128, block_n=128, num_warps=8, stages=3),
-    Regime(family="sm90", block_m=128, block_n=64, num_warps=8, stages=2),
     Regime(family="sm90", block_m=128, block_n=64, num_warps=8, stages=3),
-    Regime(family="sm90", block_m=64, block_n=128, num_warps=4, stages=2),
+    Regime(family="sm90", block_m=128, block_n=64, num_warps=8, stages=4),
+    Regime(family="sm90", block_m=64, block_n=128, num_warps=4, stages=3),
     Regime(family="sm90", block_m=64, block_n=64, num_warps=4, stages=3),
 ]
 

@@ -44,7 +44,7 @@ def test_bsa_variant_compiles_without_spills(target, regime, d, bf16, tmp_path, 
 
 
 SM90_SHAPES = [(bm, bn, d, stages) for bm in (64, 128) for bn in (64, 128)
-               for d in HEAD_DIMS for stages in (2, 3)
+               for d in HEAD_DIMS for stages in (3, 4)
                if loader.smem_bytes(loader.Variant.bsa_sm90(
                    block_m=bm, block_n=bn, head_dim=d, stages=stages, bf16=True)) <= 232448]
 
@@ -63,7 +63,7 @@ def test_sm90_variants_compile_without_spills(bm, bn, d, stages, tmp_path, monke
 
 def test_sm90_family_is_refused_off_hopper(tmp_path, monkeypatch):
     monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
-    v = loader.Variant.bsa_sm90(block_m=128, block_n=128, head_dim=128, stages=2, bf16=True)
+    v = loader.Variant.bsa_sm90(block_m=128, block_n=128, head_dim=128, stages=3, bf16=True)
     with pytest.raises(loader.BuildError, match="sm_90a"):
         loader.compile_variant(v, "sm_80")
 

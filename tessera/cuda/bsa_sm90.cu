@@ -6,13 +6,14 @@
 // One CTA runs one task: BM = 64 x WGS physical rows, warpgroup w owning rows 64w .. 64w+63
 // (warp i of the CTA owns rows 16i .. 16i+15, as in the portable family), walking the task's key
 // spans BN keys at a time: S = Q K^T (wgmma, both operands K-major in shared memory), softmax on
-// the S accumulators, O += P V (wgmma, P from registers, V N-major in shared memory).
+// the S accumulators, O += P V (wgmma, P from registers, V N-major in shared memory). The
+// softmax of one chunk runs while the tensor cores multiply the previous chunk's P by its V.
 //
 // Variant parameters (macros, set by tessera/cuda/loader.py):
 //   TESSERA_BM       rows per task, 64 per warpgroup
 //   TESSERA_BN       keys per step: 64 or 128 (a width wgmma.cuh instantiates)
 //   TESSERA_D        head dim: 64, 96 or 128
-//   TESSERA_STAGES   K/V pipeline depth (>= 2)
+//   TESSERA_STAGES   K/V stages (>= 3: chunk j computes, j-1's V is read, j+1 loads)
 //   TESSERA_BF16     1: bfloat16, 0: float16
 //
 // Shared memory: Q (BM x D), then STAGES x {K, V} (BN x D each), every tile in the layout wgmma
@@ -38,7 +39,7 @@ constexpr int STAGE_BYTES = 2 * KV_BYTES;
 static_assert(BM % 64 == 0 && BM >= 64, "64 rows per warpgroup");
 static_assert(BN % 64 == 0, "BN must be a multiple of 64");
 static_assert(D == 64 || D == 96 || D == 128, "head dim 64, 96 or 128");
-static_assert(STAGES >= 2, "at least double buffering");
+static_assert(STAGES >= 3, "P V of chunk j-1 reads its stage while chunk j+1 loads");
 static_assert(Q_BYTES % 1024 == 0 && KV_BYTES % 1024 == 0, "tiles stay 1024-byte aligned");
 
 using Walk = ChunkWalk<BN>;
@@ -129,25 +130,21 @@ bsa_fwd_sm90(const int* __restrict__ tasks, const int* __restrict__ spans,
   load_walk.open(spans, task[TASK_SPAN_BEGIN], se);
   Walk walk = load_walk;
 
-  // Prologue: Q tile, then chunks 0 .. STAGES-2, one commit group per chunk (Q rides with the
-  // first), so "all but the newest STAGES-1 groups have landed" means the current chunk has.
+  // Prologue: the Q tile and chunk 0 in one commit group; every iteration then commits one
+  // chunk (the next), so waiting for all groups means the current chunk has landed.
   for (int i = tid; i < BM * CPR; i += NT) {
     const int r = i / CPR, p = i % CPR;
     int tok = q_start + r % tile_rows;
     tok = tok < q_end ? tok : q_start;  // padding rows read a real row; never stored
     cp_async16(q_base + tile_offset<BM>(r, p), q.row(b, h0 + r / tile_rows, tok) + p * 8);
   }
-#pragma unroll
-  for (int st = 0; st < STAGES - 1; ++st) {
-    if (load_walk.si < se) {
-      load_kv(stage_base + st * STAGE_BYTES, k_head, k_sl, v_head, v_sl, load_walk, tid);
-      load_walk.next(spans, se);
-    }
-    cp_async_commit();
+  if (load_walk.si < se) {
+    load_kv(stage_base, k_head, k_sl, v_head, v_sl, load_walk, tid);
+    load_walk.next(spans, se);
   }
+  cp_async_commit();
 
-  // This warp's 16 rows are one head and 16 consecutive tokens (tile_rows is a multiple of 16);
-  // the warpgroup's first row tile decides where its 64 rows start.
+  // This warp's 16 rows are one head and 16 consecutive tokens (tile_rows is a multiple of 16).
   const int head = h0 + warp * 16 / tile_rows;
   const int tok_base = q_start + warp * 16 % tile_rows;
   const bool tile_real = tok_base < q_end;
@@ -158,74 +155,79 @@ bsa_fwd_sm90(const int* __restrict__ tasks, const int* __restrict__ spans,
   float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
   const u32 q_wg = q_base + (u32)(wg * 64 * SW);
 
-  for (int c = 0; walk.si < se; ++c) {
-    // Prefetch STAGES-1 chunks ahead while this one is computed.
+  // Software pipeline, per warpgroup: iteration j issues S_j = Q K_j^T and then O += P_{j-1}
+  // V_{j-1}, waits for S_j only, runs the softmax of chunk j while the tensor cores still work on
+  // P V, then waits for that, rescales O and turns S_j into P_j. The stage being refilled in
+  // iteration j held chunk j-2, which every warpgroup finished with before the barrier. The
+  // matrix operations are issued unconditionally (a row tile with no part in a chunk gets P = 0):
+  // ptxas serializes wgmma issued on paths it cannot prove uniform across the warpgroup.
+  u32 pa[BN / 16][4];  // P of the previous chunk, bf16/fp16 pairs (A fragments)
+  float s[BN / 8][4];
+  u32 vs_prev = 0;
+  for (int j = 0; walk.si < se; ++j) {
+    cp_async_wait<0>();
+    fence_async_smem();
+    __syncthreads();
     if (load_walk.si < se) {
-      load_kv(stage_base + ((c + STAGES - 1) % STAGES) * STAGE_BYTES, k_head, k_sl, v_head, v_sl,
+      load_kv(stage_base + (u32)(((j + 1) % STAGES) * STAGE_BYTES), k_head, k_sl, v_head, v_sl,
               load_walk, tid);
       load_walk.next(spans, se);
     }
     cp_async_commit();
-    cp_async_wait<STAGES - 1>();
-    fence_async_smem();
-    __syncthreads();
 
-    const u32 ks = stage_base + (u32)((c % STAGES) * STAGE_BYTES);
-    const u32 vs = ks + KV_BYTES;
+    const u32 ks = stage_base + (u32)((j % STAGES) * STAGE_BYTES);
     // Rows this span applies to, clipped to the tile's real rows.
     const int lo = max(spans[(i64)walk.si * SPAN_FIELDS + 2], q_start);
     const int hi = min(spans[(i64)walk.si * SPAN_FIELDS + 3], q_end);
     const bool active = tile_real && tok_base < hi && tok_base + 16 > lo;
-    // The warpgroup issues its matrix operations together: it skips them only when none of its
-    // four row tiles takes part (the same answer in all of its threads).
-    bool wg_active = false;
-#pragma unroll
-    for (int w = 0; w < 4; ++w) {
-      const int tb = q_start + (wg * 4 + w) * 16 % tile_rows;
-      wg_active |= tb < q_end && tb < hi && tb + 16 > lo;
-    }
-    if (wg_active) {
-      // S = Q K^T (raw scores; the scale is applied inside the exponent).
-      float s[BN / 8][4];
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk)
-        Wgmma<BN>::ss(&s[0][0], k_major_desc<BM>(q_wg, kk), k_major_desc<BN>(ks, kk), kk > 0);
-      wgmma_commit();
-      wgmma_wait<0>();
-      wgmma_hold<BN / 2>(&s[0][0]);
 
-      float al[2] = {1.f, 1.f};
-      if (active) {
-        // Mask: keys past the span end, rows outside the span's restriction or the tile.
-        const int t0 = tok_base + g, t1 = t0 + 8;
-        softmax_chunk(s, m, l, al, walk.kpos, walk.k1, t0 >= lo && t0 < hi,
-                      t1 >= lo && t1 < hi, t, scale_log2);
-      } else {
+    wgmma_hold<D / 2>(&o[0][0]);
+    wgmma_fence();
 #pragma unroll
-        for (int i = 0; i < BN / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
-      }
-      if (al[0] != 1.f || al[1] != 1.f) {
+    for (int kk = 0; kk < D / 16; ++kk)
+      Wgmma<BN>::ss(&s[0][0], k_major_desc<BM>(q_wg, kk), k_major_desc<BN>(ks, kk), kk > 0);
+    wgmma_commit();
+    if (j > 0) {
 #pragma unroll
-        for (int i = 0; i < D / 8; ++i) {
-          o[i][0] *= al[0]; o[i][1] *= al[0];
-          o[i][2] *= al[1]; o[i][3] *= al[1];
-        }
-      }
-      // O += P V, P from registers: the scores of two key octets form one A fragment.
-      u32 pa[BN / 16][4];
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk) p_fragment(pa[kk], s, kk);
-      wgmma_hold<D / 2>(&o[0][0]);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk) Wgmma<D>::rs(&o[0][0], pa[kk], v_desc(vs, kk), 1);
-      wgmma_commit();
-      wgmma_wait<0>();
-      wgmma_hold<D / 2>(&o[0][0]);
+      for (int kk = 0; kk < BN / 16; ++kk) Wgmma<D>::rs(&o[0][0], pa[kk], v_desc(vs_prev, kk), 1);
     }
-    __syncthreads();  // everyone is done with this stage before it is refilled
+    wgmma_commit();  // an empty group when j == 0 keeps the wait counts below the same
+
+    wgmma_wait<1>();
+    wgmma_hold<BN / 2>(&s[0][0]);
+    float al[2] = {1.f, 1.f};
+    if (active) {
+      // Mask: keys past the span end, rows outside the span's restriction or the tile.
+      const int t0 = tok_base + g, t1 = t0 + 8;
+      softmax_chunk(s, m, l, al, walk.kpos, walk.k1, t0 >= lo && t0 < hi, t1 >= lo && t1 < hi,
+                    t, scale_log2);
+    } else {
+#pragma unroll
+      for (int i = 0; i < BN / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+    }
+    wgmma_wait<0>();
+    wgmma_hold<D / 2>(&o[0][0]);
+    wgmma_hold<BN / 2>(&s[0][0]);  // P is rewritten only after the P V that read it is done
+    if (al[0] != 1.f || al[1] != 1.f) {
+#pragma unroll
+      for (int i = 0; i < D / 8; ++i) {
+        o[i][0] *= al[0]; o[i][1] *= al[0];
+        o[i][2] *= al[1]; o[i][3] *= al[1];
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) p_fragment(pa[kk], s, kk);
+    vs_prev = ks + KV_BYTES;
     walk.next(spans, se);
+  }
+  if (vs_prev != 0) {  // the last chunk's P V (uniform: every thread walked the same spans)
+    wgmma_hold<D / 2>(&o[0][0]);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) Wgmma<D>::rs(&o[0][0], pa[kk], v_desc(vs_prev, kk), 1);
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_hold<D / 2>(&o[0][0]);
   }
   cp_async_wait<0>();
 

@@ -98,6 +98,8 @@ class Regime:
             raise ValueError(f"the sm90 family takes block_m 64 or 128 with one warp per 16 rows "
                              f"and block_n 64 or 128, got {self.block_m}x{self.block_n} "
                              f"with {self.num_warps} warps")
+        if self.family == "sm90" and self.stages < 3:
+            raise ValueError(f"the sm90 family needs stages >= 3, got {self.stages}")
 
     @property
     def name(self) -> str:
@@ -141,7 +143,8 @@ def default_regime(arch: int | None = None, head_dim: int = 128,
     """The heuristic regime for a GPU with compute capability ``arch`` (e.g. 90), or None (CPU).
 
     Hopper (sm_90) takes the wgmma family: 128-row tiles (two warpgroups), 128 keys a step,
-    double buffered; 64-row tiles (one warpgroup) for masks of small query blocks.
+    three K/V stages; 64-row tiles (one warpgroup) and 64 keys a step for masks of small
+    query blocks (key spans of 64-token blocks would leave half of a 128-key step masked).
     Elsewhere the portable family: 128-row tiles over 4 warps (32 rows each), 64 keys a step, double
     buffered. Head dim 64 takes 64-row tiles (16 rows a warp): its tasks are short, and more of
     them in flight hide each task's pipeline fill better (H200, benchmarks/RESULTS.md).
@@ -155,8 +158,8 @@ def default_regime(arch: int | None = None, head_dim: int = 128,
     small_blocks = q_block is not None and q_block <= 64
     if arch == 90:
         return Regime(family="sm90", block_m=64 if small_blocks else 128,
-                      num_warps=4 if small_blocks else 8, block_n=128, stages=2,
-                      combine_threshold=0.0)
+                      num_warps=4 if small_blocks else 8, block_n=64 if small_blocks else 128,
+                      stages=3, combine_threshold=0.0)
     if head_dim <= 64 or small_blocks or (arch in (86, 87, 89) and head_dim > 96):
         return Regime(block_m=64, num_warps=4, combine_threshold=0.0)
     return Regime(combine_threshold=0.0)
@@ -195,7 +198,8 @@ def candidate_regimes(head_dim: int, arch: int | None) -> list[Regime]:
 
     The sm80 family with 4 warps: 64- or 128-row tiles (16 or 32 rows a warp, the two shapes the
     kernel supports at 4 warps), 32 or 64 keys a step; on sm_90 also the sm90 family with one or
-    two warpgroups (64- or 128-row tiles) and 64 or 128 keys a step; all double buffered; split
+    two warpgroups (64- or 128-row tiles), 64 or 128 keys a step and three stages; sm80 double
+    buffered; split
     policy 2x or 4x
     the mean task, or never (1e9); combine threshold 0 (merge only identical key sets) or 0.3.
     Variants whose shared memory exceeds ``arch``'s per-CTA limit are left out. The order is
@@ -210,7 +214,8 @@ def candidate_regimes(head_dim: int, arch: int | None) -> list[Regime]:
     for shape in shapes:
         for split in CANDIDATE_SPLIT_RATIO:
             for comb in CANDIDATE_COMBINE:
-                r = Regime(**shape, stages=2, split_ratio=split, combine_threshold=comb)
+                stages = 3 if shape.get("family") == "sm90" else 2
+                r = Regime(**shape, stages=stages, split_ratio=split, combine_threshold=comb)
                 if regime_fits(r, head_dim, arch):
                     out.append(r)
     return out
