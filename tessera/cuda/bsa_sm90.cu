@@ -82,14 +82,39 @@ __device__ __forceinline__ u64 v_desc(u32 base, int kk) {
 __device__ __forceinline__ void load_kv(u32 ks, const u16* k_head, i64 k_sl, const u16* v_head,
                                         i64 v_sl, const Walk& w, int tid) {
   const u32 vs = ks + KV_BYTES;
+  constexpr int ROW_STEP = NT / CPR;
+  if constexpr (NT % CPR == 0 && ROW_STEP % 8 == 0) {
+    // Each thread copies the same piece of every ROW_STEP-th row: a multiple of 8 rows keeps the
+    // swizzle pattern, so the shared-memory offsets step by a compile-time constant.
+    const int r0 = tid / CPR, p = tid % CPR;
+    const u32 off0 = tile_offset<BN>(r0, p);
+#pragma unroll
+    for (int it = 0; it < BN / ROW_STEP; ++it) {
+      const i64 key = min(w.kpos + r0 + it * ROW_STEP, w.k1 - 1);
+      const u32 off = off0 + (u32)(it * ROW_STEP * SW);
+      cp_async16(ks + off, k_head + key * k_sl + p * 8);
+      cp_async16(vs + off, v_head + key * v_sl + p * 8);
+    }
+  } else {
 #pragma unroll 2
-  for (int i = tid; i < BN * CPR; i += NT) {
-    const int r = i / CPR, p = i % CPR;
-    const i64 key = min(w.kpos + r, w.k1 - 1);
-    const u32 off = tile_offset<BN>(r, p);
-    cp_async16(ks + off, k_head + key * k_sl + p * 8);
-    cp_async16(vs + off, v_head + key * v_sl + p * 8);
+    for (int i = tid; i < BN * CPR; i += NT) {
+      const int r = i / CPR, p = i % CPR;
+      const i64 key = min(w.kpos + r, w.k1 - 1);
+      const u32 off = tile_offset<BN>(r, p);
+      cp_async16(ks + off, k_head + key * k_sl + p * 8);
+      cp_async16(vs + off, v_head + key * v_sl + p * 8);
+    }
   }
+}
+
+// Named barrier 1 orders the two warpgroups' matrix work (barrier 0 is __syncthreads): the
+// second warpgroup issues its wgmma only after the first has issued its own, so the tensor
+// cores run one warpgroup's products while the other one computes its softmax.
+__device__ __forceinline__ void named_bar_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
 // Makes this thread's completed cp.async writes visible to the tensor cores' (async proxy)
@@ -181,6 +206,7 @@ bsa_fwd_sm90(const int* __restrict__ tasks, const int* __restrict__ spans,
     const int hi = min(spans[(i64)walk.si * SPAN_FIELDS + 3], q_end);
     const bool active = tile_real && tok_base < hi && tok_base + 16 > lo;
 
+    if (WGS == 2 && wg == 1) named_bar_sync(1, 256);
     wgmma_hold<D / 2>(&o[0][0]);
     wgmma_fence();
 #pragma unroll
@@ -192,6 +218,7 @@ bsa_fwd_sm90(const int* __restrict__ tasks, const int* __restrict__ spans,
       for (int kk = 0; kk < BN / 16; ++kk) Wgmma<D>::rs(&o[0][0], pa[kk], v_desc(vs_prev, kk), 1);
     }
     wgmma_commit();  // an empty group when j == 0 keeps the wait counts below the same
+    if (WGS == 2 && wg == 0) named_bar_arrive(1, 256);
 
     wgmma_wait<1>();
     wgmma_hold<BN / 2>(&s[0][0]);
