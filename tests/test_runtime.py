@@ -462,6 +462,25 @@ def test_neighbours_without_shared_keys_never_merge():
         assert plan.stats().num_tiles == 8
 
 
+@settings(max_examples=300, deadline=None)
+@given(cases(BASE_REGIMES))
+def test_threshold_zero_never_merges(case):
+    """The device planner skips the merge cost model at threshold 0 (mapping.py): that is only
+    sound if the model can never pick a merge there, on any geometry or selection."""
+    from tessera.runtime import mapping
+
+    mask = case[1]
+    xp = mask.xp
+    stats = mapping._row_stats(mask, xp)
+    n_rows = mask.indptr.size - 1
+    run_first, run_bh, run_q0, run_q1 = mapping._runs(stats, n_rows, mask.num_q_blocks,
+                                                      np.asarray(mask.q_bounds), xp)
+    for tile_rows in (16, 64, 128, 1 << 20):
+        take = mapping._restricted_pairs(stats, run_first, run_q0, run_q1, run_bh, tile_rows,
+                                         0.0, xp)
+        assert not take.any()
+
+
 def banded_mask(n=8):
     """Row i selects key blocks i-2 .. i+1 (clipped)."""
     i = np.arange(n)[:, None]

@@ -328,10 +328,13 @@ def _map_dense_on_device(mask: BlockMask, dense_rows: Any, tile_rows: int, block
     stats = _RowStats(None, None, None, count, key_tokens, overlap_tokens, identical.view(bool))
     runs = _runs(stats, n_rows, n_q, qb, xp)
     run_first, run_bh, run_q0, run_q1 = runs
-    merge_next = _restricted_pairs(stats, run_first, run_q0, run_q1, run_bh, tile_rows,
-                                   combine_threshold, xp)
-    if bool(merge_next.any()):
-        return None, (stats, runs, merge_next)
+    # At threshold 0 no pair of runs can merge (a merge adding no masked work needs equal key
+    # sets, i.e. identical rows, which are one run already): skip the cost model and its sync.
+    if combine_threshold > 0:
+        merge_next = _restricted_pairs(stats, run_first, run_q0, run_q1, run_bh, tile_rows,
+                                       combine_threshold, xp)
+        if bool(merge_next.any()):
+            return None, (stats, runs, merge_next)
     g_span_off = offsets_from_counts(nspans[run_first].astype(np.int64), xp)
     n_spans = int(g_span_off[-1])
     span_dst = xp.full(n_rows, -1, dtype=np.int64)

@@ -143,8 +143,10 @@ def default_regime(arch: int | None = None, head_dim: int = 128,
     """The heuristic regime for a GPU with compute capability ``arch`` (e.g. 90), or None (CPU).
 
     Hopper (sm_90) takes the wgmma family: 128-row tiles (two warpgroups), 128 keys a step,
-    three K/V stages; 64-row tiles (one warpgroup) and 64 keys a step for masks of small
-    query blocks (key spans of 64-token blocks would leave half of a 128-key step masked).
+    three K/V stages; head dim 64 takes 64-row tiles (one warpgroup; fastest on the
+    CogVideoX-5B shape on the H200, benchmarks/RESULTS.md), and masks of small query blocks
+    64-row tiles and 64 keys a step (key spans of 64-token blocks would leave half of a
+    128-key step masked).
     Elsewhere the portable family: 128-row tiles over 4 warps (32 rows each), 64 keys a step, double
     buffered. Head dim 64 takes 64-row tiles (16 rows a warp): its tasks are short, and more of
     them in flight hide each task's pipeline fill better (H200, benchmarks/RESULTS.md).
@@ -157,9 +159,9 @@ def default_regime(arch: int | None = None, head_dim: int = 128,
     """
     small_blocks = q_block is not None and q_block <= 64
     if arch == 90:
-        return Regime(family="sm90", block_m=64 if small_blocks else 128,
-                      num_warps=4 if small_blocks else 8, block_n=64 if small_blocks else 128,
-                      stages=3, combine_threshold=0.0)
+        bm = 64 if small_blocks or head_dim <= 64 else 128
+        return Regime(family="sm90", block_m=bm, num_warps=bm // ROW_GROUP,
+                      block_n=64 if small_blocks else 128, stages=3, combine_threshold=0.0)
     if head_dim <= 64 or small_blocks or (arch in (86, 87, 89) and head_dim > 96):
         return Regime(block_m=64, num_warps=4, combine_threshold=0.0)
     return Regime(combine_threshold=0.0)
