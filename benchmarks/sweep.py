@@ -1,7 +1,7 @@
 """Kernel-only timing of several regimes on one mask (used to pick defaults and to build tables).
 
-``python benchmarks/sweep.py [--shape wan-1.3b] [--density 0.1]``: prints ms and useful TFLOP/s
-per regime, fastest first.
+``python benchmarks/sweep.py [--shape wan-1.3b-480p] [--density 0.1 | --family topk_pooled]``:
+prints ms and useful TFLOP/s per regime, fastest first.
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ REGIMES = [
     Regime(family="sm90", block_m=128, block_n=64, num_warps=8, stages=4),
     Regime(family="sm90", block_m=64, block_n=128, num_warps=4, stages=3),
     Regime(family="sm90", block_m=64, block_n=64, num_warps=4, stages=3),
+    Regime(family="sm90", block_m=128, block_n=128, num_warps=8, stages=3, combine_threshold=0),
+    Regime(family="sm90", block_m=64, block_n=64, num_warps=4, stages=3, combine_threshold=0),
 ]
 
 
@@ -40,14 +42,23 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="wan-1.3b-480p")
     ap.add_argument("--density", type=float, default=0.1)
+    ap.add_argument("--family", default=None, help="a tessera.masks family instead of random")
     args = ap.parse_args(argv)
     w = WORKLOADS[args.shape]
     b, h, L, d = 1, w.heads, w.seq_len, w.head_dim
     q, k, v = (torch.randn(b, h, L, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    n = math.ceil(L / 128)
-    dense = np.random.default_rng(0).random((h, n, n)) < args.density
-    m = tessera.BlockMask.from_dense(torch.from_numpy(dense).cuda(), block_size=128,
-                                     seq_len_q=L, seq_len_kv=L)
+    if args.family:
+        from tessera.workloads import example_mask
+
+        m = example_mask(w, args.family, heads=h, head_dim=d).mask
+        m = tessera.BlockMask.from_dense(torch.from_numpy(m.to_dense()).cuda(),
+                                         q_bounds=m.q_bounds, kv_bounds=m.kv_bounds)
+        args.density = args.family
+    else:
+        n = math.ceil(L / 128)
+        dense = np.random.default_rng(0).random((h, n, n)) < args.density
+        m = tessera.BlockMask.from_dense(torch.from_numpy(dense).cuda(), block_size=128,
+                                         seq_len_q=L, seq_len_kv=L)
     flops = 4 * d * int(m.selected_pairs(b, h).sum())
     rows = []
     for r in REGIMES:

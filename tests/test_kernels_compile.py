@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tessera.cuda import loader
-from tessera.runtime.regime import Regime, default_regime
+from tessera.runtime.regime import Regime, default_regime, regime_fits
 
 pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="NVRTC comes with the CUDA extras")
 
@@ -45,8 +45,8 @@ def test_bsa_variant_compiles_without_spills(target, regime, d, bf16, tmp_path, 
 
 SM90_SHAPES = [(bm, bn, d, stages) for bm in (64, 128) for bn in (64, 128)
                for d in HEAD_DIMS for stages in (3, 4)
-               if loader.smem_bytes(loader.Variant.bsa_sm90(
-                   block_m=bm, block_n=bn, head_dim=d, stages=stages, bf16=True)) <= 232448]
+               if regime_fits(Regime(family="sm90", block_m=bm, num_warps=bm // 16, block_n=bn,
+                                     stages=stages), d, 90)]
 
 
 @pytest.mark.parametrize("bm,bn,d,stages", SM90_SHAPES,
