@@ -57,8 +57,9 @@ def info() -> int:
     lines, cc = _gpu_lines()
     for line in lines:
         print(line)
-    print("Kernel families: sm80 (mma.sync, runs on sm_80 and newer); combine")
-    print(f"Compile targets checked in CI: {', '.join(CI_TARGETS)}")
+    print("Kernel families: sm80 (mma.sync, runs on sm_80 and newer); sm90 (wgmma, sm_90 "
+          "only, the default there); combine")
+    print(f"Compile targets checked in CI: {', '.join(CI_TARGETS)} (sm90 family: sm_90a)")
     cached = sorted(p.name for p in cache_dir().glob("*.cubin")) if cache_dir().is_dir() else []
     print(f"Compiled kernels cached in {cache_dir()}: {len(cached)}")
     tables = sorted(TABLES_DIR.glob("*.json")) if TABLES_DIR.is_dir() else []

@@ -5,7 +5,7 @@
 //
 // One CTA runs one task: BM = 64 x WGS physical rows, warpgroup w owning rows 64w .. 64w+63
 // (warp i of the CTA owns rows 16i .. 16i+15, as in the portable family), walking the task's key
-// spans BN keys at a time (keys of consecutive spans packed into one chunk): S = Q K^T (wgmma, both operands K-major in shared memory), softmax on
+// spans BN keys at a time: S = Q K^T (wgmma, both operands K-major in shared memory), softmax on
 // the S accumulators, O += P V (wgmma, P from registers, V N-major in shared memory). The
 // softmax of one chunk runs while the tensor cores multiply the previous chunk's P by its V.
 //
@@ -42,6 +42,8 @@ static_assert(D == 64 || D == 96 || D == 128, "head dim 64, 96 or 128");
 static_assert(STAGES >= 3, "P V of chunk j-1 reads its stage while chunk j+1 loads");
 static_assert(Q_BYTES % 1024 == 0 && KV_BYTES % 1024 == 0, "tiles stay 1024-byte aligned");
 
+using Walk = ChunkWalk<BN>;
+
 // Byte offset of 16-byte piece `piece` (along D) of row `row` in a tile of ROWS rows. The XOR
 // is the hardware's swizzle of address bits [4, 4 + log2(PPC)) by bits [7, ...), which the
 // tile's 1024-byte alignment makes the same on offsets as on addresses.
@@ -75,58 +77,34 @@ __device__ __forceinline__ u64 v_desc(u32 base, int kk) {
   return smem_desc(base + (u32)(kk * 16 * SW), BN * SW, 8 * SW);
 }
 
-// Key packing: a chunk is the next BN keys of the task's spans taken in order, across one span
-// boundary (64-token key blocks fill a 128-key step instead of masking half of it), when the two
-// spans share their row restriction. The walk is the same in every thread.
-struct KeyPacker {
-  int si, kpos;  // next span, next key in it
-  __device__ __forceinline__ void open(const int* spans, int s, int se) {
-    si = s;
-    if (si < se) kpos = spans[(i64)si * SPAN_FIELDS];
-  }
-  // Takes up to `room` keys of the current span: returns the first key and sets `taken`.
-  __device__ __forceinline__ int take(const int* spans, int se, int room, int& taken) {
-    const int k1 = spans[(i64)si * SPAN_FIELDS + 1];
-    const int first = kpos;
-    taken = min(room, k1 - kpos);
-    kpos += taken;
-    if (kpos >= k1) open(spans, si + 1, se);
-    return first;
-  }
-};
-
-// Pieces of a chunk this thread copies: piece i = tid + it * NT of the BN x CPR pieces.
-constexpr int LOAD_ITERS = (BN * CPR + NT - 1) / NT;
-
-// Take the next chunk's keys (one span segment, or two) and issue their copies into stage `ks`.
-// Returns the chunk's number of keys (0: none left) and its row restriction [r0, r1). Rows past
-// the last key repeat it (finite data; their scores are masked), so no read leaves the spans.
-__device__ __forceinline__ int load_chunk(KeyPacker& w, const int* spans, int se, u32 ks,
-                                          const u16* k_head, i64 k_sl, const u16* v_head,
-                                          i64 v_sl, int tid, int& r0, int& r1) {
-  if (w.si >= se) return 0;
-  r0 = spans[(i64)w.si * SPAN_FIELDS + 2];
-  r1 = spans[(i64)w.si * SPAN_FIELDS + 3];
-  int na = 0, nb = 0;
-  const int ka = w.take(spans, se, BN, na);
-  int kb = ka + na;  // rows past the first segment continue it unless a second one is packed
-  if (na < BN && w.si < se && spans[(i64)w.si * SPAN_FIELDS + 2] == r0 &&
-      spans[(i64)w.si * SPAN_FIELDS + 3] == r1)
-    kb = w.take(spans, se, BN - na, nb);
-  const int n = na + nb;
-  const int last = nb ? kb + nb - 1 : ka + na - 1;
+// Issue the asynchronous copies of one K/V chunk. Rows past the span end are read from its last
+// key (finite data; their scores are masked), so no read leaves the span.
+__device__ __forceinline__ void load_kv(u32 ks, const u16* k_head, i64 k_sl, const u16* v_head,
+                                        i64 v_sl, const Walk& w, int tid) {
+  const u32 vs = ks + KV_BYTES;
+  constexpr int ROW_STEP = NT / CPR;
+  if constexpr (NT % CPR == 0 && ROW_STEP % 8 == 0) {
+    // Each thread copies the same piece of every ROW_STEP-th row: a multiple of 8 rows keeps the
+    // swizzle pattern, so the shared-memory offsets step by a compile-time constant.
+    const int r0 = tid / CPR, p = tid % CPR;
+    const u32 off0 = tile_offset<BN>(r0, p);
 #pragma unroll
-  for (int it = 0; it < LOAD_ITERS; ++it) {
-    const int i = tid + it * NT;
-    if (BN * CPR % NT == 0 || i < BN * CPR) {
+    for (int it = 0; it < BN / ROW_STEP; ++it) {
+      const i64 key = min(w.kpos + r0 + it * ROW_STEP, w.k1 - 1);
+      const u32 off = off0 + (u32)(it * ROW_STEP * SW);
+      cp_async16(ks + off, k_head + key * k_sl + p * 8);
+      cp_async16(vs + off, v_head + key * v_sl + p * 8);
+    }
+  } else {
+#pragma unroll 2
+    for (int i = tid; i < BN * CPR; i += NT) {
       const int r = i / CPR, p = i % CPR;
-      const i64 key = r < na ? ka + r : min(kb + r - na, last);
+      const i64 key = min(w.kpos + r, w.k1 - 1);
       const u32 off = tile_offset<BN>(r, p);
       cp_async16(ks + off, k_head + key * k_sl + p * 8);
-      cp_async16(ks + KV_BYTES + off, v_head + key * v_sl + p * 8);
+      cp_async16(vs + off, v_head + key * v_sl + p * 8);
     }
   }
-  return n;
 }
 
 // Named barrier 1 orders the two warpgroups' matrix work (barrier 0 is __syncthreads): the
@@ -173,8 +151,9 @@ bsa_fwd_sm90(const int* __restrict__ tasks, const int* __restrict__ spans,
   const int se = task[TASK_SPAN_END];
   const u16* k_head = k_ptr + b * k_sb + kvh * k_sh;
   const u16* v_head = v_ptr + b * v_sb + kvh * v_sh;
-  KeyPacker packer;
-  packer.open(spans, task[TASK_SPAN_BEGIN], se);
+  Walk load_walk;
+  load_walk.open(spans, task[TASK_SPAN_BEGIN], se);
+  Walk walk = load_walk;
 
   // Prologue: the Q tile and chunk 0 in one commit group; every iteration then commits one
   // chunk (the next), so waiting for all groups means the current chunk has landed.
@@ -184,9 +163,10 @@ bsa_fwd_sm90(const int* __restrict__ tasks, const int* __restrict__ spans,
     tok = tok < q_end ? tok : q_start;  // padding rows read a real row; never stored
     cp_async16(q_base + tile_offset<BM>(r, p), q.row(b, h0 + r / tile_rows, tok) + p * 8);
   }
-  int cur_r0 = 0, cur_r1 = 0;
-  int cur_n = load_chunk(packer, spans, se, stage_base, k_head, k_sl, v_head, v_sl, tid, cur_r0,
-                         cur_r1);
+  if (load_walk.si < se) {
+    load_kv(stage_base, k_head, k_sl, v_head, v_sl, load_walk, tid);
+    load_walk.next(spans, se);
+  }
   cp_async_commit();
 
   // This warp's 16 rows are one head and 16 consecutive tokens (tile_rows is a multiple of 16).
@@ -209,20 +189,21 @@ bsa_fwd_sm90(const int* __restrict__ tasks, const int* __restrict__ spans,
   u32 pa[BN / 16][4];  // P of the previous chunk, bf16/fp16 pairs (A fragments)
   float s[BN / 8][4];
   u32 vs_prev = 0;
-  for (int j = 0; cur_n > 0; ++j) {
+  for (int j = 0; walk.si < se; ++j) {
     cp_async_wait<0>();
     fence_async_smem();
     __syncthreads();
-    int nxt_r0 = 0, nxt_r1 = 0;
-    const int nxt_n = load_chunk(packer, spans, se,
-                                 stage_base + (u32)(((j + 1) % STAGES) * STAGE_BYTES), k_head,
-                                 k_sl, v_head, v_sl, tid, nxt_r0, nxt_r1);
+    if (load_walk.si < se) {
+      load_kv(stage_base + (u32)(((j + 1) % STAGES) * STAGE_BYTES), k_head, k_sl, v_head, v_sl,
+              load_walk, tid);
+      load_walk.next(spans, se);
+    }
     cp_async_commit();
 
     const u32 ks = stage_base + (u32)((j % STAGES) * STAGE_BYTES);
-    // Rows this chunk applies to, clipped to the tile's real rows.
-    const int lo = max(cur_r0, q_start);
-    const int hi = min(cur_r1, q_end);
+    // Rows this span applies to, clipped to the tile's real rows.
+    const int lo = max(spans[(i64)walk.si * SPAN_FIELDS + 2], q_start);
+    const int hi = min(spans[(i64)walk.si * SPAN_FIELDS + 3], q_end);
     const bool active = tile_real && tok_base < hi && tok_base + 16 > lo;
 
     if (WGS == 2 && wg == 1) named_bar_sync(1, 256);
@@ -245,8 +226,8 @@ bsa_fwd_sm90(const int* __restrict__ tasks, const int* __restrict__ spans,
     if (active) {
       // Mask: keys past the span end, rows outside the span's restriction or the tile.
       const int t0 = tok_base + g, t1 = t0 + 8;
-      softmax_chunk(s, m, l, al, 0, cur_n, t0 >= lo && t0 < hi, t1 >= lo && t1 < hi, t,
-                    scale_log2);
+      softmax_chunk(s, m, l, al, walk.kpos, walk.k1, t0 >= lo && t0 < hi, t1 >= lo && t1 < hi,
+                    t, scale_log2);
     } else {
 #pragma unroll
       for (int i = 0; i < BN / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
@@ -264,11 +245,9 @@ bsa_fwd_sm90(const int* __restrict__ tasks, const int* __restrict__ spans,
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) p_fragment(pa[kk], s, kk);
     vs_prev = ks + KV_BYTES;
-    cur_n = nxt_n;
-    cur_r0 = nxt_r0;
-    cur_r1 = nxt_r1;
+    walk.next(spans, se);
   }
-  if (vs_prev != 0) {  // the last chunk's P V (uniform: every thread packed the same chunks)
+  if (vs_prev != 0) {  // the last chunk's P V (uniform: every thread walked the same spans)
     wgmma_hold<D / 2>(&o[0][0]);
     wgmma_fence();
 #pragma unroll

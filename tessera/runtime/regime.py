@@ -189,12 +189,9 @@ def smem_limit_bytes(arch: int | None) -> int:
 
 
 def regime_fits(regime: Regime, head_dim: int, arch: int | None) -> bool:
-    """Whether ``regime``'s kernel variant builds for ``head_dim`` (no spills) and needs no more
-    shared memory than ``arch`` allows."""
+    """Whether ``regime``'s kernel variant needs no more shared memory than ``arch`` allows."""
     from ..cuda.loader import smem_bytes  # noqa: PLC0415 - no CuPy needed
 
-    if regime.family == "sm90" and (regime.block_m, regime.block_n) == (64, 128) and head_dim > 64:
-        return False  # one warpgroup cannot hold 128-key scores and a wider output: it spills
     return smem_bytes(regime.variant(head_dim)) <= smem_limit_bytes(arch)
 
 
