@@ -242,15 +242,24 @@ def test_device_planner_equals_host_planner(case):
     csr = tessera.BlockMask(host.q_bounds, host.kv_bounds, host.indptr, host.indices,
                             host.batch_heads).to_device()
     assert dev.on_device and csr.on_device and csr.dense_rows is None
-    for reg in (Regime(), Regime(block_m=64), Regime(split_ratio=1.0, min_split_chunks=2)):
-        h = dense.shape[0]
-        ph = tessera.plan(host, num_q_heads=h, head_dim=128, regime=reg)
-        for m in (dev, csr):
-            pd = tessera.plan(m, num_q_heads=h, head_dim=128, regime=reg)
-            assert isinstance(pd.queue.tasks, cp.ndarray)
-            np.testing.assert_array_equal(ph.queue.tasks, pd.queue.tasks.get())
-            np.testing.assert_array_equal(ph.queue.spans, pd.queue.spans.get())
-            np.testing.assert_array_equal(ph.queue.combine, pd.queue.combine.get())
+    # Threshold 0 takes the one-sync planner (device_planner.py) unless a task splits; 0.3 the
+    # general path on the device.
+    regimes = [Regime(), Regime(block_m=64), Regime(split_ratio=1.0, min_split_chunks=2)]
+    regimes += [r.with_(combine_threshold=0.0) for r in regimes]
+    h = dense.shape[0]
+    for reg in regimes:
+        for hq, hkv in ((h, h), (2 * h, h)):  # GQA packs two query heads per mask head
+            ph = tessera.plan(host, num_q_heads=hq, num_kv_heads=hkv, head_dim=128, regime=reg)
+            for m in (dev, csr):
+                pd = tessera.plan(m, num_q_heads=hq, num_kv_heads=hkv, head_dim=128,
+                                  regime=reg)
+                assert isinstance(pd.queue.tasks, cp.ndarray)
+                for f in ("tasks", "spans", "combine"):
+                    np.testing.assert_array_equal(getattr(ph.queue, f),
+                                                  getattr(pd.queue, f).get(), err_msg=f)
+                for f in ("mask_bh", "q0", "q1", "span_begin", "span_end", "chunks"):
+                    np.testing.assert_array_equal(getattr(ph.tiles, f),
+                                                  cp.asnumpy(getattr(pd.tiles, f)), err_msg=f)
     _check(dev, hq=dense.shape[0], d=128)
     _check(csr, hq=dense.shape[0], d=128)
 

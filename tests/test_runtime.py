@@ -668,6 +668,133 @@ def _np_plan_write_spans(grid, block, args):
             spans[span_dst[r] + i] = (kb[s0], kb[e + 1], row_q0[r], row_q1[r])
 
 
+def _np_row_spans(dense_row, kb, q0, q1):
+    sel = dense_row.astype(bool)
+    starts = np.flatnonzero(sel & ~np.r_[False, sel[:-1]])
+    ends = np.flatnonzero(sel & ~np.r_[sel[1:], False])
+    return [(kb[s0], kb[e + 1], q0, q1) for s0, e in zip(starts, ends)]
+
+
+def _np_plan_scan(grid, block, args):
+    """numpy stand-in for plan.cu's plan_scan (one CTA: runs, per-run offsets, totals)."""
+    (ident, nspans, chunks, n_rows, n_q, qb, tile_rows, expansions, run_row0, run_row1,
+     span_off, tile_off, task_off, totals) = args
+    n_rows, n_q, tile_rows = int(n_rows), int(n_q), int(tile_rows)
+    ident = ident.astype(bool)
+    first = np.flatnonzero(~ident)
+    last = np.r_[first[1:] - 1, n_rows - 1]
+    n = first.size
+    run_row0[:n], run_row1[:n] = first, last
+    q0, q1 = qb[first % n_q], qb[last % n_q + 1]
+    sp = nspans[first].astype(np.int64)
+    tl = (q1 - q0 + tile_rows - 1) // tile_rows
+    tk = tl * expansions[first // n_q]
+    ch = chunks[first].astype(np.int64)
+    for out, v in ((span_off, sp), (tile_off, tl), (task_off, tk)):
+        out[:n] = np.r_[0, np.cumsum(v)[:-1]]
+    totals[:] = (n, sp.sum(), tl.sum(), tk.sum(), (tk * ch).sum(), ch.max(initial=0))
+
+
+def _np_plan_write_runs(grid, block, args):
+    """numpy stand-in for plan.cu's plan_write_runs (one run at a time)."""
+    (dense, n_kv, n_q, kb, qb, tile_rows, n_runs, run_row0, run_row1, span_off, tile_off,
+     task_off, nspans, chunks, expansions, assign_off, assign_b, assign_h0, spans, tiles,
+     tasks) = args
+    n_q, tile_rows = int(n_q), int(tile_rows)
+    for u in range(int(n_runs)):
+        r0, r1 = int(run_row0[u]), int(run_row1[u])
+        bh = r0 // n_q
+        q0, q1 = int(qb[r0 % n_q]), int(qb[r1 % n_q + 1])
+        sb = int(span_off[u])
+        se = sb + int(nspans[r0])
+        for i, sp in enumerate(_np_row_spans(dense[r0], kb, q0, q1)):
+            spans[sb + i] = sp
+        ch, e_count, a0 = int(chunks[r0]), int(expansions[bh]), int(assign_off[bh])
+        n_tiles = -(-(q1 - q0) // tile_rows)
+        for i in range(n_tiles):
+            t0, t1 = q0 + i * tile_rows, min(q0 + (i + 1) * tile_rows, q1)
+            tiles[int(tile_off[u]) + i] = (bh, t0, t1, sb, se, ch)
+            for e in range(e_count):
+                tasks[int(task_off[u]) + i * e_count + e] = (
+                    assign_b[a0 + e], assign_h0[a0 + e], t0, t1, sb, se, -1, ch)
+
+
+PLANNER_STAND_INS = {"plan_row_stats": _np_plan_row_stats,
+                     "plan_write_spans": _np_plan_write_spans,
+                     "plan_scan": _np_plan_scan, "plan_write_runs": _np_plan_write_runs}
+
+
+@pytest.mark.parametrize("group,mask_heads,batch", [(1, "q", 1), (2, "one", 2), (4, "kv", 1),
+                                                    (2, "q", 2)])
+@pytest.mark.parametrize("regime", [TILE_128x64.with_(combine_threshold=0.0),
+                                    Regime(block_m=64, num_warps=4, combine_threshold=0.0),
+                                    Regime(family="sm90", block_m=128, num_warps=8,
+                                           block_n=128, stages=3, combine_threshold=0.0)])
+def test_one_sync_planner_equals_general_planner(monkeypatch, group, mask_heads, batch, regime):
+    """The fused device planner (runtime/device_planner.py, kernels replaced by numpy
+    stand-ins) gives the general planner's tiles and task queue array for array, GQA packing and
+    per-(batch, head) masks included; when a task must split it hands over (returns None)."""
+    from tessera.cuda import loader
+    from tessera.runtime import device_planner, mapping
+
+    monkeypatch.setattr(loader, "load_kernel", lambda v: PLANNER_STAND_INS[v.kernel])
+    rng = np.random.default_rng(group * 7 + batch)
+    hkv = 2
+    hq = hkv * group
+    mh = {"one": 1, "kv": hkv, "q": hq}[mask_heads]
+    mb = batch if mask_heads == "q" else 1
+    variable = dict(q_bounds=np.r_[0, np.cumsum(rng.integers(8, 300, 14))],
+                    kv_bounds=np.r_[0, np.cumsum(rng.integers(8, 200, 30))])
+    repeated = np.repeat(rng.random((mb, mh, 7, 30)) < 0.3, 2, axis=2)  # identical row pairs
+    cases = [(rng.random((mb, mh, 14, 30)) < 0.25, variable),
+             (repeated, dict(block_size=64)),
+             (rng.random((mb, mh, 9, 12)) < 0.5, dict(block_size=128, seq_len_q=1100,
+                                                      seq_len_kv=1500))]
+    for dense, geo in cases:
+        mask = BlockMask.from_dense(dense, **geo)
+        ref = tessera.plan(mask, num_q_heads=hq, num_kv_heads=hkv, head_dim=64, batch=batch,
+                           regime=regime)
+        with monkeypatch.context() as mp:
+            mp.setattr(mapping, "_use_device_planner", lambda xp: True)
+            spy = []
+            real = device_planner.plan_on_device
+            mp.setattr(tessera.runtime.plan, "plan_on_device",
+                       lambda *a, **k: spy.append(real(*a, **k)) or spy[-1])
+            got = tessera.plan(mask, num_q_heads=hq, num_kv_heads=hkv, head_dim=64,
+                               batch=batch, regime=regime)
+        split = ref.queue.combine.shape[0] > 0
+        assert (spy[0] is None) == split, "the fused planner runs exactly when nothing splits"
+        for f in ("mask_bh", "q0", "q1", "span_begin", "span_end", "chunks", "k0", "k1", "r0",
+                  "r1"):
+            np.testing.assert_array_equal(getattr(got.tiles, f), getattr(ref.tiles, f),
+                                          err_msg=f)
+        for f in ("tasks", "spans", "combine"):
+            np.testing.assert_array_equal(getattr(got.queue, f), getattr(ref.queue, f),
+                                          err_msg=f)
+        assert (got.queue.num_slots, got.tiles.num_groups) == (ref.queue.num_slots,
+                                                               ref.tiles.num_groups)
+
+
+def test_one_sync_planner_hands_heavy_rows_over(monkeypatch):
+    """A row far heavier than the mean splits: the fused planner declines, the general planner
+    splits it, and the result is the host plan."""
+    from tessera.cuda import loader
+    from tessera.runtime import device_planner, mapping
+
+    monkeypatch.setattr(loader, "load_kernel", lambda v: PLANNER_STAND_INS[v.kernel])
+    dense = np.random.default_rng(3).random((1, 12, 60)) < 0.05
+    dense[0, 4] = True
+    mask = BlockMask.from_dense(dense, block_size=64)
+    regime = TILE_128x64.with_(combine_threshold=0.0, split_ratio=2.0, min_split_chunks=4)
+    monkeypatch.setattr(mapping, "_use_device_planner", lambda xp: True)
+    assert device_planner.plan_on_device(
+        mask, tile_rows=128, block_n=64, heads_per_task=1, batch=1, num_q_heads=1,
+        num_kv_heads=1, batch_of=mask.batch_index(1), head_of=mask.head_index(1, 1),
+        split_ratio=2.0, min_split_chunks=4) is None
+    p = tessera.plan(mask, num_q_heads=1, head_dim=64, regime=regime)
+    assert p.queue.combine.shape[0] > 0
+
+
 @pytest.mark.parametrize("source", ["dense", "csr"])
 @pytest.mark.parametrize("threshold", [0.0, 0.3, 1.0])
 def test_device_planner_logic_equals_host_planner(monkeypatch, source, threshold):

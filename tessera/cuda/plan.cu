@@ -80,20 +80,12 @@ extern "C" __global__ void plan_row_stats(const unsigned char* __restrict__ dens
   }
 }
 
-// Writes the key spans of every row with span_dst[r] >= 0 (the first row of each group) at
-// span_dst[r], with the group's query range as their row restriction: int32 [S, 4] rows of
-// (k_start, k_end, r_start, r_end), the task-queue span layout.
-extern "C" __global__ void plan_write_spans(const unsigned char* __restrict__ dense, int n_rows,
-                                            int n_kv, const i64* __restrict__ kv_bounds,
-                                            const i64* __restrict__ span_dst,
-                                            const i64* __restrict__ row_q0,
-                                            const i64* __restrict__ row_q1, int* spans) {
-  const int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
-  if (warp >= n_rows || span_dst[warp] < 0) return;
-  const int r = warp;
-  RowWalk w{dense + (i64)r * n_kv, nullptr, n_kv};
-  i64 out = span_dst[r];
-  const int q0 = (int)row_q0[r], q1 = (int)row_q1[r];
+// Writes the key spans of dense row `row` (one warp) at spans[out ...], with [q0, q1) as their
+// row restriction: int32 rows of (k_start, k_end, r_start, r_end), the task-queue span layout.
+__device__ __forceinline__ void write_row_spans(const unsigned char* row, int n_kv,
+                                                const i64* __restrict__ kv_bounds, i64 out,
+                                                int q0, int q1, int* spans, int lane) {
+  RowWalk w{row, nullptr, n_kv};
   int carry = -1;
   for (int base = 0; base < n_kv; base += 32) {
     const int c = base + lane;
@@ -112,5 +104,152 @@ extern "C" __global__ void plan_write_spans(const unsigned char* __restrict__ de
     out += __popc(ends);
     const u32 last_sel = __ballot_sync(0xffffffffu, s) >> 31;
     carry = last_sel ? (starts ? base + 31 - __clz(starts) : carry) : -1;
+  }
+}
+
+// Writes the key spans of every row with span_dst[r] >= 0 (the first row of each group) at
+// span_dst[r], with the group's query range as their row restriction.
+extern "C" __global__ void plan_write_spans(const unsigned char* __restrict__ dense, int n_rows,
+                                            int n_kv, const i64* __restrict__ kv_bounds,
+                                            const i64* __restrict__ span_dst,
+                                            const i64* __restrict__ row_q0,
+                                            const i64* __restrict__ row_q1, int* spans) {
+  const int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+  if (warp >= n_rows || span_dst[warp] < 0) return;
+  write_row_spans(dense + (i64)warp * n_kv, n_kv, kv_bounds, span_dst[warp], (int)row_q0[warp],
+                  (int)row_q1[warp], spans, lane);
+}
+
+// ---- the one-sync planner (tessera/runtime/device_planner.py) -----------------------------------
+// Block-wide exclusive scan of one value per thread (blockDim.x = SCAN_THREADS); `total` gets
+// the sum. Every thread of the block must call it.
+constexpr int SCAN_THREADS = 1024;
+__device__ __forceinline__ i64 block_exclusive_scan(i64 x, i64& total) {
+  __shared__ i64 warp_incl[SCAN_THREADS / 32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  i64 incl = x;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const i64 y = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += y;
+  }
+  if (lane == 31) warp_incl[warp] = incl;
+  __syncthreads();
+  if (warp == 0) {
+    i64 v = warp_incl[lane];
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const i64 y = __shfl_up_sync(0xffffffffu, v, o);
+      if (lane >= o) v += y;
+    }
+    warp_incl[lane] = v;
+  }
+  __syncthreads();
+  const i64 before = warp ? warp_incl[warp - 1] : 0;
+  total = warp_incl[SCAN_THREADS / 32 - 1];
+  __syncthreads();  // warp_incl is reused by the next call
+  return before + incl - x;
+}
+
+// One CTA of SCAN_THREADS. Pass 1: runs of identical consecutive rows (run_row0/1: first and
+// last row of each). Pass 2, per run: its key spans, its tiles (query tokens / tile_rows), its
+// tasks (tiles x the (batch, head) pairs reading its mask head), their exclusive scans, and the
+// totals the split decision needs: totals = [runs, spans, tiles, tasks, task chunks (tasks x
+// their chunks), most chunks of a tile].
+extern "C" __global__ void __launch_bounds__(SCAN_THREADS)
+plan_scan(const unsigned char* __restrict__ identical, const int* __restrict__ nspans,
+          const int* __restrict__ chunks, int n_rows, int n_q, const i64* __restrict__ q_bounds,
+          int tile_rows, const int* __restrict__ expansions, i64* run_row0, i64* run_row1,
+          i64* run_span_off, i64* run_tile_off, i64* run_task_off, i64* totals) {
+  __shared__ int max_chunks;
+  if (threadIdx.x == 0) max_chunks = 0;
+  i64 runs = 0, total;
+  for (int base = 0; base < n_rows; base += SCAN_THREADS) {
+    const int r = base + threadIdx.x;
+    const bool first = r < n_rows && !identical[r];
+    const bool last = r < n_rows && (r + 1 == n_rows || !identical[r + 1]);
+    const i64 before = runs + block_exclusive_scan(first, total);
+    if (first) run_row0[before] = r;
+    if (last) run_row1[before + first - 1] = r;
+    runs += total;
+  }
+  __syncthreads();  // run_row0/1 are read by other threads below
+  i64 span_base = 0, tile_base = 0, task_base = 0, task_chunks = 0;
+  for (int base = 0; base < runs; base += SCAN_THREADS) {
+    const i64 u = base + threadIdx.x;
+    i64 sp = 0, tl = 0, tk = 0, ch = 0;
+    if (u < runs) {
+      const i64 r0 = run_row0[u], r1 = run_row1[u];
+      const i64 q0 = q_bounds[r0 % n_q], q1 = q_bounds[r1 % n_q + 1];
+      sp = nspans[r0];
+      ch = chunks[r0];
+      tl = (q1 - q0 + tile_rows - 1) / tile_rows;
+      tk = tl * expansions[r0 / n_q];
+      atomicMax(&max_chunks, (int)ch);
+    }
+    const i64 so = block_exclusive_scan(sp, total);
+    if (u < runs) run_span_off[u] = span_base + so;
+    span_base += total;
+    const i64 to = block_exclusive_scan(tl, total);
+    if (u < runs) run_tile_off[u] = tile_base + to;
+    tile_base += total;
+    const i64 ko = block_exclusive_scan(tk, total);
+    if (u < runs) run_task_off[u] = task_base + ko;
+    task_base += total;
+    block_exclusive_scan(tk * ch, total);
+    task_chunks += total;
+  }
+  if (threadIdx.x == 0) {
+    totals[0] = runs;
+    totals[1] = span_base;
+    totals[2] = tile_base;
+    totals[3] = task_base;
+    totals[4] = task_chunks;
+    totals[5] = max_chunks;
+  }
+}
+
+// One warp per run: its spans (from its first row), its tiles (int32 [T, 6]: mask_bh, q0, q1,
+// span_begin, span_end, chunks) and its tasks (the task-queue layout, slot -1, unsorted:
+// tile-major, then the (batch, head) pairs of the mask head in assignment order).
+extern "C" __global__ void plan_write_runs(
+    const unsigned char* __restrict__ dense, int n_kv, int n_q,
+    const i64* __restrict__ kv_bounds, const i64* __restrict__ q_bounds, int tile_rows,
+    int n_runs, const i64* __restrict__ run_row0, const i64* __restrict__ run_row1,
+    const i64* __restrict__ run_span_off, const i64* __restrict__ run_tile_off,
+    const i64* __restrict__ run_task_off, const int* __restrict__ nspans,
+    const int* __restrict__ chunks, const int* __restrict__ expansions,
+    const int* __restrict__ assign_off, const int* __restrict__ assign_b,
+    const int* __restrict__ assign_h0, int* spans, int* tiles, int* tasks) {
+  const int u = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+  if (u >= n_runs) return;
+  const i64 r0 = run_row0[u], r1 = run_row1[u];
+  const int bh = (int)(r0 / n_q);
+  const int q0 = (int)q_bounds[r0 % n_q], q1 = (int)q_bounds[r1 % n_q + 1];
+  const int span_begin = (int)run_span_off[u], span_end = span_begin + nspans[r0];
+  const int ch = chunks[r0], e_count = expansions[bh], a0 = assign_off[bh];
+  write_row_spans(dense + r0 * n_kv, n_kv, kv_bounds, span_begin, q0, q1, spans, lane);
+  const int n_tiles = (q1 - q0 + tile_rows - 1) / tile_rows;
+  const i64 tile0 = run_tile_off[u], task0 = run_task_off[u];
+  for (int i = lane; i < n_tiles; i += 32) {
+    int* t = tiles + (tile0 + i) * 6;
+    t[0] = bh;
+    t[1] = q0 + i * tile_rows;
+    t[2] = min(q0 + (i + 1) * tile_rows, q1);
+    t[3] = span_begin;
+    t[4] = span_end;
+    t[5] = ch;
+  }
+  for (int k = lane; k < n_tiles * e_count; k += 32) {
+    const int i = k / e_count, e = k % e_count;
+    int* t = tasks + (task0 + k) * TASK_FIELDS;
+    t[TASK_BATCH] = assign_b[a0 + e];
+    t[TASK_Q_HEAD0] = assign_h0[a0 + e];
+    t[TASK_Q_START] = q0 + i * tile_rows;
+    t[TASK_Q_END] = min(q0 + (i + 1) * tile_rows, q1);
+    t[TASK_SPAN_BEGIN] = span_begin;
+    t[TASK_SPAN_END] = span_end;
+    t[TASK_SLOT] = -1;
+    t[7] = ch;
   }
 }

@@ -32,7 +32,7 @@ import numpy as np
 from .._array import offsets_from_counts, segment_ids
 from ..mask import BlockMask
 
-__all__ = ["PhysicalTiles", "map_to_tiles"]
+__all__ = ["PhysicalTiles", "map_to_tiles", "row_stats_on_device", "device_bounds"]
 
 
 @dataclass
@@ -190,8 +190,8 @@ def map_to_tiles(mask: BlockMask, tile_rows: int, block_n: int,
     xp = mask.xp
     n_q = mask.num_q_blocks
     n_rows = mask.batch_heads[0] * mask.batch_heads[1] * n_q
-    qb = xp.asarray(mask.q_bounds)
-    kb = xp.asarray(mask.kv_bounds)
+    qb = device_bounds(mask.q_bounds, xp)
+    kb = device_bounds(mask.kv_bounds, xp)
     dense = _device_dense_rows(mask) if _use_device_planner(xp) else None
     if dense is not None:
         tiles, runs = _map_dense_on_device(mask, dense, tile_rows, block_n, combine_threshold)
@@ -300,20 +300,31 @@ def _device_dense_rows(mask: BlockMask) -> Any:
     return mask.to_dense().reshape(n_rows, mask.num_kv_blocks)
 
 
-def _map_dense_on_device(mask: BlockMask, dense_rows: Any, tile_rows: int, block_n: int,
-                         combine_threshold: float) -> tuple[PhysicalTiles | None, Any]:
-    """The device planner: row statistics and spans by two kernels over the dense block matrix
-    (tessera/cuda/plan.cu), the rest on per-row arrays. Returns ``(tiles, None)``, or, when a
-    restricted merge is chosen, ``(None, (row stats, runs, merge_next))`` for the general path
-    to finish from (it needs the per-entry arrays the merged spans are cut from)."""
+_BOUNDS_CACHE: dict = {}
+
+
+def device_bounds(bounds: np.ndarray, xp) -> Any:
+    """A mask's token bounds (host int64) on the device, copied once per distinct geometry: a
+    copy from pageable host memory may wait for the stream, so requests reuse the first one."""
+    if xp is np or not isinstance(bounds, np.ndarray):
+        return xp.asarray(bounds)
+    key = (xp.cuda.Device().id, bounds.tobytes())
+    got = _BOUNDS_CACHE.get(key)
+    if got is None:
+        if len(_BOUNDS_CACHE) > 64:
+            _BOUNDS_CACHE.clear()
+        got = _BOUNDS_CACHE[key] = xp.asarray(bounds)
+    return got
+
+
+def row_stats_on_device(mask: BlockMask, dense_rows: Any, block_n: int):
+    """Per-row statistics by the plan_row_stats kernel: (dense uint8 rows, row stats, key spans
+    per row, BN-chunks per row)."""
     from ..cuda.loader import Variant, load_kernel  # noqa: PLC0415 - device only
 
     xp = mask.xp
     dense = xp.ascontiguousarray(dense_rows).view(np.uint8)
     n_rows, n_kv = dense.shape
-    n_q = mask.num_q_blocks
-    qb = xp.asarray(mask.q_bounds)
-    kb = xp.asarray(mask.kv_bounds)
     count = xp.empty(n_rows, dtype=np.int32)
     nspans = xp.empty(n_rows, dtype=np.int32)
     chunks = xp.empty(n_rows, dtype=np.int32)
@@ -323,9 +334,29 @@ def _map_dense_on_device(mask: BlockMask, dense_rows: Any, tile_rows: int, block
     grid = ((n_rows * 32 + 255) // 256,)
     i32 = np.int32
     load_kernel(Variant("plan.cu", "plan_row_stats"))(
-        grid, (256,), (dense, i32(n_rows), i32(n_kv), i32(n_q), kb, i32(block_n), count, nspans,
+        grid, (256,), (dense, i32(n_rows), i32(n_kv), i32(mask.num_q_blocks),
+                       device_bounds(mask.kv_bounds, xp), i32(block_n), count, nspans,
                        key_tokens, overlap_tokens, chunks, identical))
     stats = _RowStats(None, None, None, count, key_tokens, overlap_tokens, identical.view(bool))
+    return dense, stats, nspans, chunks
+
+
+def _map_dense_on_device(mask: BlockMask, dense_rows: Any, tile_rows: int, block_n: int,
+                         combine_threshold: float) -> tuple[PhysicalTiles | None, Any]:
+    """The device planner: row statistics and spans by two kernels over the dense block matrix
+    (tessera/cuda/plan.cu), the rest on per-row arrays. Returns ``(tiles, None)``, or, when a
+    restricted merge is chosen, ``(None, (row stats, runs, merge_next))`` for the general path
+    to finish from (it needs the per-entry arrays the merged spans are cut from)."""
+    from ..cuda.loader import Variant, load_kernel  # noqa: PLC0415 - device only
+
+    xp = mask.xp
+    dense, stats, nspans, chunks = row_stats_on_device(mask, dense_rows, block_n)
+    n_rows, n_kv = dense.shape
+    n_q = mask.num_q_blocks
+    qb = device_bounds(mask.q_bounds, xp)
+    kb = device_bounds(mask.kv_bounds, xp)
+    grid = ((n_rows * 32 + 255) // 256,)
+    i32 = np.int32
     runs = _runs(stats, n_rows, n_q, qb, xp)
     run_first, run_bh, run_q0, run_q1 = runs
     # At threshold 0 no pair of runs can merge (a merge adding no masked work needs equal key

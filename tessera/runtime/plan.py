@@ -2,7 +2,9 @@
 
 ``plan()`` is the whole host/device planning path: physical mapping, then task organization.
 It is array-module agnostic: a CuPy mask is planned on the device with no copy of the mask to the
-host (only a few scalars, the sizes of the arrays it makes, come back).
+host (only a few scalars, the sizes of the arrays it makes, come back). A device mask without
+restricted merges and without splits takes the one-sync planner kernels
+(``device_planner.py``); everything else the general path, which gives the same arrays.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import numpy as np
 
 from .._array import to_numpy
 from ..mask import BlockMask
+from . import mapping
+from .device_planner import plan_on_device
 from .mapping import PhysicalTiles, map_to_tiles
 from .regime import ROW_GROUP, Regime, select_regime
 from .tasks import TaskQueue, build_task_queue
@@ -124,6 +128,10 @@ class Plan:
         return run_plan(self, q, k, v, scale=scale, return_lse=return_lse, out=out, lse=lse)
 
 
+def _use_device_planner(xp) -> bool:
+    return mapping._use_device_planner(xp)  # looked up at call time: tests substitute it
+
+
 def heads_per_task(regime: Regime, mask_heads: int, num_q_heads: int, num_kv_heads: int) -> int:
     """GQA packing factor: all query heads of a kv head in one task when they share a mask head
     and each still gets a whole number of row groups."""
@@ -169,12 +177,24 @@ def plan(block_mask: BlockMask, *, num_q_heads: int, num_kv_heads: int | None = 
 
     hp = heads_per_task(regime, block_mask.batch_heads[1], num_q_heads, num_kv_heads)
     tile_rows = regime.block_m // hp
-    tiles = map_to_tiles(block_mask, tile_rows, regime.block_n, regime.combine_threshold)
-    queue = build_task_queue(tiles, batch=batch, num_q_heads=num_q_heads,
-                             num_kv_heads=num_kv_heads, heads_per_task=hp, batch_of=batch_of,
-                             head_of=head_of, mask_batch_heads=block_mask.batch_heads,
-                             split_ratio=regime.split_ratio,
-                             min_split_chunks=regime.min_split_chunks)
+    fused = None
+    if _use_device_planner(block_mask.xp) and regime.combine_threshold == 0:
+        # The common request: the one-sync planner kernels (runtime/device_planner.py).
+        fused = plan_on_device(block_mask, tile_rows=tile_rows, block_n=regime.block_n,
+                               heads_per_task=hp, batch=batch, num_q_heads=num_q_heads,
+                               num_kv_heads=num_kv_heads, batch_of=batch_of, head_of=head_of,
+                               split_ratio=regime.split_ratio,
+                               min_split_chunks=regime.min_split_chunks)
+    if fused is not None:
+        tiles, queue = fused
+    else:
+        tiles = map_to_tiles(block_mask, tile_rows, regime.block_n, regime.combine_threshold)
+        queue = build_task_queue(tiles, batch=batch, num_q_heads=num_q_heads,
+                                 num_kv_heads=num_kv_heads, heads_per_task=hp,
+                                 batch_of=batch_of, head_of=head_of,
+                                 mask_batch_heads=block_mask.batch_heads,
+                                 split_ratio=regime.split_ratio,
+                                 min_split_chunks=regime.min_split_chunks)
     p = Plan(mask=block_mask, regime=regime, batch=batch, num_q_heads=num_q_heads,
              num_kv_heads=num_kv_heads, head_dim=head_dim, head_dim_v=head_dim_v,
              dtype=dtype, layout=layout, tiles=tiles, queue=queue)
