@@ -29,10 +29,11 @@ REGIMES = [
     Regime(family="sm90", block_m=128, block_n=128, num_warps=8, stages=3),
     Regime(family="sm90", block_m=128, block_n=64, num_warps=8, stages=3),
     Regime(family="sm90", block_m=128, block_n=64, num_warps=8, stages=4),
+    Regime(family="sm90", block_m=128, block_n=64, num_warps=8, stages=5),
     Regime(family="sm90", block_m=64, block_n=128, num_warps=4, stages=3),
+    Regime(family="sm90", block_m=64, block_n=128, num_warps=4, stages=4),
     Regime(family="sm90", block_m=64, block_n=64, num_warps=4, stages=3),
-    Regime(family="sm90", block_m=128, block_n=128, num_warps=8, stages=3, combine_threshold=0),
-    Regime(family="sm90", block_m=64, block_n=64, num_warps=4, stages=3, combine_threshold=0),
+    Regime(family="sm90", block_m=64, block_n=64, num_warps=4, stages=4),
 ]
 
 

@@ -13,7 +13,7 @@
 //   TESSERA_BM       rows per task, 64 per warpgroup
 //   TESSERA_BN       keys per step: 64 or 128 (a width wgmma.cuh instantiates)
 //   TESSERA_D        head dim: 64, 96 or 128
-//   TESSERA_STAGES   K/V stages (>= 3: chunk j computes, j-1's V is read, j+1 loads)
+//   TESSERA_STAGES   K/V stages (>= 3: chunk j computes, j-1's V is read, STAGES-2 load ahead)
 //   TESSERA_BF16     1: bfloat16, 0: float16
 //
 // Shared memory: Q (BM x D), then STAGES x {K, V} (BN x D each), every tile in the layout wgmma
@@ -40,6 +40,9 @@ static_assert(BM % 64 == 0 && BM >= 64, "64 rows per warpgroup");
 static_assert(BN % 64 == 0, "BN must be a multiple of 64");
 static_assert(D == 64 || D == 96 || D == 128, "head dim 64, 96 or 128");
 static_assert(STAGES >= 3, "P V of chunk j-1 reads its stage while chunk j+1 loads");
+// Chunks loaded ahead of the one computed: every stage but the current chunk's and the previous
+// chunk's (whose V the pipelined P V still reads).
+constexpr int PREFETCH = STAGES - 2;
 static_assert(Q_BYTES % 1024 == 0 && KV_BYTES % 1024 == 0, "tiles stay 1024-byte aligned");
 
 using Walk = ChunkWalk<BN>;
@@ -155,19 +158,23 @@ bsa_fwd_sm90(const int* __restrict__ tasks, const int* __restrict__ spans,
   load_walk.open(spans, task[TASK_SPAN_BEGIN], se);
   Walk walk = load_walk;
 
-  // Prologue: the Q tile and chunk 0 in one commit group; every iteration then commits one
-  // chunk (the next), so waiting for all groups means the current chunk has landed.
+  // Prologue: the Q tile and chunks 0 .. PREFETCH-1, one commit group per chunk (Q rides with
+  // the first); every iteration then commits one chunk (PREFETCH ahead), so "all but the newest
+  // PREFETCH-1 groups have landed" means the current chunk has.
   for (int i = tid; i < BM * CPR; i += NT) {
     const int r = i / CPR, p = i % CPR;
     int tok = q_start + r % tile_rows;
     tok = tok < q_end ? tok : q_start;  // padding rows read a real row; never stored
     cp_async16(q_base + tile_offset<BM>(r, p), q.row(b, h0 + r / tile_rows, tok) + p * 8);
   }
-  if (load_walk.si < se) {
-    load_kv(stage_base, k_head, k_sl, v_head, v_sl, load_walk, tid);
-    load_walk.next(spans, se);
+#pragma unroll
+  for (int st = 0; st < PREFETCH; ++st) {
+    if (load_walk.si < se) {
+      load_kv(stage_base + (u32)(st * STAGE_BYTES), k_head, k_sl, v_head, v_sl, load_walk, tid);
+      load_walk.next(spans, se);
+    }
+    cp_async_commit();
   }
-  cp_async_commit();
 
   // This warp's 16 rows are one head and 16 consecutive tokens (tile_rows is a multiple of 16).
   const int head = h0 + warp * 16 / tile_rows;
@@ -183,19 +190,20 @@ bsa_fwd_sm90(const int* __restrict__ tasks, const int* __restrict__ spans,
   // Software pipeline, per warpgroup: iteration j issues S_j = Q K_j^T and then O += P_{j-1}
   // V_{j-1}, waits for S_j only, runs the softmax of chunk j while the tensor cores still work on
   // P V, then waits for that, rescales O and turns S_j into P_j. The stage being refilled in
-  // iteration j held chunk j-2, which every warpgroup finished with before the barrier. The
+  // iteration j (with chunk j + PREFETCH) held chunk j-2, which every warpgroup finished with
+  // before the barrier. The
   // matrix operations are issued unconditionally (a row tile with no part in a chunk gets P = 0):
   // ptxas serializes wgmma issued on paths it cannot prove uniform across the warpgroup.
   u32 pa[BN / 16][4];  // P of the previous chunk, bf16/fp16 pairs (A fragments)
   float s[BN / 8][4];
   u32 vs_prev = 0;
   for (int j = 0; walk.si < se; ++j) {
-    cp_async_wait<0>();
+    cp_async_wait<PREFETCH - 1>();
     fence_async_smem();
     __syncthreads();
     if (load_walk.si < se) {
-      load_kv(stage_base + (u32)(((j + 1) % STAGES) * STAGE_BYTES), k_head, k_sl, v_head, v_sl,
-              load_walk, tid);
+      load_kv(stage_base + (u32)(((j + PREFETCH) % STAGES) * STAGE_BYTES), k_head, k_sl, v_head,
+              v_sl, load_walk, tid);
       load_walk.next(spans, se);
     }
     cp_async_commit();

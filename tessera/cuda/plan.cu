@@ -210,8 +210,9 @@ plan_scan(const unsigned char* __restrict__ identical, const int* __restrict__ n
 }
 
 // One warp per run: its spans (from its first row), its tiles (int32 [T, 6]: mask_bh, q0, q1,
-// span_begin, span_end, chunks) and its tasks (the task-queue layout, slot -1, unsorted:
-// tile-major, then the (batch, head) pairs of the mask head in assignment order).
+// span_begin, span_end, chunks) and, unless `tasks` is null, its tasks (the task-queue layout,
+// slot -1, unsorted: tile-major, then the (batch, head) pairs of the mask head in assignment
+// order).
 extern "C" __global__ void plan_write_runs(
     const unsigned char* __restrict__ dense, int n_kv, int n_q,
     const i64* __restrict__ kv_bounds, const i64* __restrict__ q_bounds, int tile_rows,
@@ -240,6 +241,7 @@ extern "C" __global__ void plan_write_runs(
     t[4] = span_end;
     t[5] = ch;
   }
+  if (tasks == nullptr) return;  // tasks are split on the host path (device_planner.py)
   for (int k = lane; k < n_tiles * e_count; k += 32) {
     const int i = k / e_count, e = k % e_count;
     int* t = tasks + (task0 + k) * TASK_FIELDS;

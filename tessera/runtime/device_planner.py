@@ -13,9 +13,10 @@ same work:
 3. after the one synchronization that reads those totals, ``plan_write_runs``: spans, tiles and
    tasks, followed by the longest-first sort of the tasks.
 
-The result is array for array the general planner's (tested on the GPU, and on the CPU with
-numpy stand-ins for the kernels). When the totals call for a split, :func:`plan_on_device`
-returns None and the general planner runs.
+When the totals call for a split (a few rows far heavier than the mean, e.g. text tokens that
+attend to everything), step 3 writes spans and tiles only and the general task organization
+(``tasks.build_task_queue``) cuts and orders the tasks. The result is array for array the
+general planner's (tested on the GPU, and on the CPU with numpy stand-ins for the kernels).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import numpy as np
 from .._array import to_numpy
 from ..mask import BlockMask
 from .mapping import PhysicalTiles, _device_dense_rows, device_bounds, row_stats_on_device
-from .tasks import TaskQueue, head_assignments
+from .tasks import TaskQueue, build_task_queue, head_assignments
 
 __all__ = ["plan_on_device"]
 
@@ -58,8 +59,7 @@ def plan_on_device(mask: BlockMask, *, tile_rows: int, block_n: int, heads_per_t
                    head_of: np.ndarray, split_ratio: float, min_split_chunks: int
                    ) -> tuple[PhysicalTiles, TaskQueue] | None:
     """Tiles and task queue of a device mask without restricted merges, by the planner kernels;
-    None when a task would be split (or the mask's dense rows would be too large): the general
-    planner then takes over."""
+    None when the mask's dense rows would be too large (the general planner then takes over)."""
     from ..cuda.loader import Variant, load_kernel  # noqa: PLC0415 - device only
 
     xp = mask.xp
@@ -86,23 +86,30 @@ def plan_on_device(mask: BlockMask, *, tile_rows: int, block_n: int, heads_per_t
                                                                   to_numpy(totals))
     # The split policy of tasks.build_task_queue, on the same totals.
     limit = max(int(min_split_chunks), int(np.ceil(split_ratio * task_chunks / max(n_tasks, 1))))
-    if n_tiles and max_chunks > limit:
-        return None
+    split = bool(n_tiles) and max_chunks > limit
     spans = xp.empty((n_spans, 4), dtype=i32)
     tiles = xp.empty((n_tiles, 6), dtype=i32)
-    tasks = xp.empty((n_tasks, 8), dtype=i32)
+    tasks = None if split else xp.empty((n_tasks, 8), dtype=i32)
     if n_runs:
         load_kernel(Variant("plan.cu", "plan_write_runs"))(
             ((n_runs * 32 + 255) // 256,), (256,),
             (dense, i32(n_kv), i32(n_q), kb, qb, i32(tile_rows), i32(n_runs), run_row0,
              run_row1, span_off, tile_off, task_off, nspans, chunks, expansions, assign_off,
-             assign_b, assign_h0, spans, tiles, tasks))
-    # Longest first (stable, as the general planner orders them).
-    tasks = xp.ascontiguousarray(tasks[xp.argsort(-tasks[:, 7], kind="stable")])
+             assign_b, assign_h0, spans, tiles, np.uint64(0) if split else tasks))
     pt = PhysicalTiles(tile_rows=tile_rows, block_n=block_n, mask_bh=tiles[:, 0], q0=tiles[:, 1],
                        q1=tiles[:, 2], span_begin=tiles[:, 3], span_end=tiles[:, 4],
                        chunks=tiles[:, 5], k0=spans[:, 0], k1=spans[:, 1], r0=spans[:, 2],
                        r1=spans[:, 3], num_groups=n_runs, num_merged=0)
+    if split:
+        # Heavy tiles are cut into parts by the general task organization (array operations on
+        # these tiles, which equal the general mapping's).
+        return pt, build_task_queue(pt, batch=batch, num_q_heads=num_q_heads,
+                                    num_kv_heads=num_kv_heads, heads_per_task=heads_per_task,
+                                    batch_of=batch_of, head_of=head_of,
+                                    mask_batch_heads=mask.batch_heads, split_ratio=split_ratio,
+                                    min_split_chunks=min_split_chunks)
+    # Longest first (stable, as the general planner orders them).
+    tasks = xp.ascontiguousarray(tasks[xp.argsort(-tasks[:, 7], kind="stable")])
     queue = TaskQueue(tasks=tasks, spans=spans, combine=xp.zeros((0, 6), dtype=i32),
                       num_slots=0, heads_per_task=heads_per_task, tile_rows=tile_rows)
     return pt, queue
