@@ -378,3 +378,16 @@ def test_run_into_given_outputs():
         p.run(q, k, v, out=big)
     with pytest.raises(ValueError, match="lse must be"):
         p.run(q, k, v, lse=lse[:, :1])
+
+
+def test_sm90_regime_is_refused_off_hopper():
+    """A plan made for the Hopper family says so on any other GPU, before launching."""
+    if _device_cc() == 90:
+        pytest.skip("this is a Hopper GPU")
+    import cupy as cp
+
+    m = _random_mask(np.random.default_rng(2), (1, 2, 2), 1.0, block_size=128)
+    q = cp.zeros((1, 1, 256, 128), dtype=cp.float16)
+    reg = Regime(family="sm90", block_m=128, num_warps=8, block_n=128, stages=3)
+    with pytest.raises(ValueError, match="sm_90 GPUs only"):
+        tessera.attention(q, q, q, m, regime=reg)

@@ -310,12 +310,27 @@ def wan_like_mask() -> BlockMask:
     return BlockMask.from_dense(dense, block_size=128, seq_len_q=2000, seq_len_kv=2000)
 
 
-PICK = Regime(block_m=64, block_n=32, split_ratio=2.0, combine_threshold=0.0)
+# What the test tables say for sm_90 (a Hopper-family regime no heuristic picks) and for sm_80.
+PICK = Regime(family="sm90", block_m=64, block_n=64, num_warps=4, stages=3, split_ratio=2.0,
+              combine_threshold=0.0)
+PICK80 = Regime(block_m=64, block_n=32, split_ratio=2.0, combine_threshold=0.0)
 
 
-def table_for(mask: BlockMask, *, arch=90, gpu="NVIDIA H200", regime=PICK) -> RegimeTable:
+def table_for(mask: BlockMask, *, arch=90, gpu="NVIDIA H200", regime=None) -> RegimeTable:
     f = mask_features(mask, head_dim=128, dtype="bfloat16", arch=arch, num_q_heads=2, batch=1)
+    regime = regime or (PICK if arch == 90 else PICK80)
     return RegimeTable([entry(f, regime)], {"gpu": gpu, "arch": arch, "date": "2025-01-02"})
+
+
+def test_table_without_the_hopper_family_is_not_used_on_hopper():
+    """A table profiled before the sm90 family existed would steer sm_90 plans to the portable
+    kernel: it warns once and the heuristic (the sm90 default) plans instead."""
+    m = wan_like_mask()
+    R.use_table(table_for(m, regime=PICK80))
+    with pytest.warns(RuntimeWarning, match="no sm90 regimes"):
+        assert plan90(m).regime == heuristic(m)
+    assert heuristic(m).family == "sm90"
+    assert table_for(m).families == {"sm90"}
 
 
 def plan90(mask, **kw):
@@ -368,11 +383,12 @@ def test_env_var_and_default_location(tmp_path, monkeypatch):
     # tables/<gpu-slug>.json beside the package, for the GPU this process runs on: opt-in.
     monkeypatch.setattr(R, "TABLES_DIR", tmp_path)
     monkeypatch.setattr(R, "current_gpu_name", lambda: "NVIDIA H200")
-    table_for(m, regime=Regime(block_n=32)).save(tmp_path / "nvidia-h200.json")
+    own = PICK.with_(block_m=128, num_warps=8)
+    table_for(m, regime=own).save(tmp_path / "nvidia-h200.json")
     assert plan90(m).regime == heuristic(m)
     assert "opt-in" in R.describe_table_in_use(90)
     monkeypatch.setenv(R.ENV_TABLE, "auto")
-    assert plan90(m).regime == Regime(block_n=32)
+    assert plan90(m).regime == own
     assert "nvidia-h200.json" in R.describe_table_in_use(90)
     monkeypatch.setattr(R, "current_gpu_name", lambda: "NVIDIA A100-SXM4-80GB")
     assert plan90(m).regime == heuristic(m)  # no table for that GPU: quietly the heuristic
@@ -381,7 +397,7 @@ def test_env_var_and_default_location(tmp_path, monkeypatch):
     monkeypatch.setattr(R, "current_gpu_name", lambda: "NVIDIA H200")
     monkeypatch.setenv(R.ENV_TABLE, str(path))
     R.use_table(tmp_path / "nvidia-h200.json")
-    assert plan90(m).regime == Regime(block_n=32)
+    assert plan90(m).regime == own
     R.use_table(None)
     assert plan90(m).regime == heuristic(m)
     assert R.describe_table_in_use(90) == "none: heuristic (use_table(None))"
@@ -782,3 +798,34 @@ def test_short_profile_on_the_gpu_writes_a_valid_table(tmp_path, capsys):
         assert len(e["candidates"]) >= 18 and e["oracle_ms"] > 0
         assert e["ms"] >= e["oracle_ms"] * 0.999
         assert e["name"] in e["candidates"]
+
+
+# ---------------------------------------------------------------------------- kernel families
+def test_sm90_regimes_are_checked_and_map_to_the_hopper_variant():
+    r = Regime(family="sm90", block_m=128, num_warps=8, block_n=128, stages=3)
+    v = r.variant(128, bf16=False)
+    assert v.source == "bsa_sm90.cu" and v.threads == 256
+    assert dict(v.macros) == {"BM": 128, "BN": 128, "D": 128, "STAGES": 3, "BF16": 0}
+    assert Regime().variant(64).source == "bsa_sm80.cu" and Regime().variant(64).threads == 128
+    assert r.runs_on(90) and not r.runs_on(80) and not r.runs_on(100) and Regime().runs_on(80)
+    assert R.regime_from_name(r.name) == r
+    for bad, word in ((dict(block_m=96, num_warps=6), "block_m 64 or 128"),
+                      (dict(num_warps=4), "one warp per 16 rows"),
+                      (dict(block_n=32), "block_n 64 or 128"),
+                      (dict(stages=2), "stages >= 3")):
+        with pytest.raises(ValueError, match=word):
+            r.with_(**bad)
+    with pytest.raises(ValueError, match="family must be one of"):
+        Regime(family="sm70")
+
+
+def test_defaults_per_architecture():
+    """sm_90 takes the Hopper family (64-row tiles for head dim 64 and for small query blocks,
+    64-key steps for small blocks); every other GPU the portable family."""
+    assert default_regime(90, 128).name == "sm90_128x128_w8_s3[combine_threshold=0.0]"
+    assert default_regime(90, 64).name == "sm90_64x128_w4_s3[combine_threshold=0.0]"
+    assert default_regime(90, 128, q_block=64).name == "sm90_64x64_w4_s3[combine_threshold=0.0]"
+    for arch in (80, 86, 89, 100, None):
+        assert default_regime(arch, 128).family == "sm80"
+    for d in (64, 96, 128):
+        assert R.regime_fits(default_regime(90, d), d, 90)

@@ -38,6 +38,9 @@ EXTRA_REGIMES = [  # other tile shapes: short and long key steps, tiny tiles, no
     Regime(block_m=128, block_n=128, num_warps=4),
     Regime(block_m=32, block_n=32, num_warps=1),
     Regime(block_m=128, num_warps=4, pack_gqa=False),
+    # The Hopper family's tile shapes (the plan is the same contract; its stats differ).
+    Regime(family="sm90", block_m=128, num_warps=8, block_n=128, stages=3),
+    Regime(family="sm90", block_m=64, num_warps=4, block_n=64, stages=3, combine_threshold=0.0),
 ]
 SPLIT_REGIMES = (
     [r.with_(split_ratio=1.0, min_split_chunks=1) for r in BASE_REGIMES + EXTRA_REGIMES[:2]]
@@ -707,8 +710,8 @@ def _np_plan_write_runs(grid, block, args):
         q0, q1 = int(qb[r0 % n_q]), int(qb[r1 % n_q + 1])
         sb = int(span_off[u])
         se = sb + int(nspans[r0])
-        for i, sp in enumerate(_np_row_spans(dense[r0], kb, q0, q1)):
-            spans[sb + i] = sp
+        for i, span in enumerate(_np_row_spans(dense[r0], kb, q0, q1)):
+            spans[sb + i] = span
         ch, e_count, a0 = int(chunks[r0]), int(expansions[bh]), int(assign_off[bh])
         n_tiles = -(-(q1 - q0) // tile_rows)
         for i in range(n_tiles):

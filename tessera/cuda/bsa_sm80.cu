@@ -80,42 +80,31 @@ __device__ __forceinline__ void load_kv(u16* stage, const u16* k_head, i64 k_sl,
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(NT, TESSERA_MIN_BLOCKS)
-bsa_fwd_sm80(const int* __restrict__ tasks, const int* __restrict__ spans,
-             const u16* q_ptr, i64 q_sb, i64 q_sh, i64 q_sl,
-             const u16* k_ptr, i64 k_sb, i64 k_sh, i64 k_sl,
-             const u16* v_ptr, i64 v_sb, i64 v_sh, i64 v_sl,
-             u16* o_ptr, i64 o_sb, i64 o_sh, i64 o_sl,
-             float* lse_ptr, i64 lse_sb, i64 lse_sh,
-             float* part_o, float* part_lse,
-             int tile_rows, int group, float scale_log2) {
+bsa_fwd_sm80(TESSERA_BSA_PARAMS) {
   extern __shared__ __align__(16) u16 smem[];
   const Operand q{q_ptr, q_sb, q_sh, q_sl};
 
-  const int* task = tasks + (i64)blockIdx.x * TASK_FIELDS;
-  const int b = task[TASK_BATCH], h0 = task[TASK_Q_HEAD0];
-  const int q_start = task[TASK_Q_START], q_end = task[TASK_Q_END];
-  const int slot = task[TASK_SLOT];
-  const int kvh = h0 / group;
+  const Task task(tasks, k_ptr, k_sb, k_sh, v_ptr, v_sb, v_sh, group);
+  const int b = task.b, h0 = task.h0, q_start = task.q_start, q_end = task.q_end;
+  const int slot = task.slot;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
 
   u16* q_tile = smem;
   u16* stages = smem + Q_TILE;
 
-  const int se = task[TASK_SPAN_END];
-  const u16* k_head = k_ptr + b * k_sb + kvh * k_sh;
-  const u16* v_head = v_ptr + b * v_sb + kvh * v_sh;
+  const int se = task.span_end;
+  const u16* k_head = task.k_head;
+  const u16* v_head = task.v_head;
   Walk load_walk;
-  load_walk.open(spans, task[TASK_SPAN_BEGIN], se);
+  load_walk.open(spans, task.span_begin, se);
   Walk walk = load_walk;
 
   // Prologue: Q tile, then chunks 0 .. STAGES-2. One commit per chunk keeps the wait_group
   // count meaning "all but the newest STAGES-1 chunks have landed".
   for (int i = tid; i < BM * CPR; i += NT) {
     const int r = i / CPR, c = i % CPR;
-    int tok = q_start + r % tile_rows;
-    tok = tok < q_end ? tok : q_start;  // padding rows read a real row; never stored
-    cp_async16(smem_addr(q_tile + r * LDS + c * 8), q.row(b, h0 + r / tile_rows, tok) + c * 8);
+    cp_async16(smem_addr(q_tile + r * LDS + c * 8), task.q_row(q, r, tile_rows) + c * 8);
   }
 #pragma unroll
   for (int st = 0; st < STAGES - 1; ++st) {

@@ -128,22 +128,13 @@ __device__ __forceinline__ void fence_async_smem() {
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(NT, 1)
-bsa_fwd_sm90(const int* __restrict__ tasks, const int* __restrict__ spans,
-             const u16* q_ptr, i64 q_sb, i64 q_sh, i64 q_sl,
-             const u16* k_ptr, i64 k_sb, i64 k_sh, i64 k_sl,
-             const u16* v_ptr, i64 v_sb, i64 v_sh, i64 v_sl,
-             u16* o_ptr, i64 o_sb, i64 o_sh, i64 o_sl,
-             float* lse_ptr, i64 lse_sb, i64 lse_sh,
-             float* part_o, float* part_lse,
-             int tile_rows, int group, float scale_log2) {
+bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const Operand q{q_ptr, q_sb, q_sh, q_sl};
 
-  const int* task = tasks + (i64)blockIdx.x * TASK_FIELDS;
-  const int b = task[TASK_BATCH], h0 = task[TASK_Q_HEAD0];
-  const int q_start = task[TASK_Q_START], q_end = task[TASK_Q_END];
-  const int slot = task[TASK_SLOT];
-  const int kvh = h0 / group;
+  const Task task(tasks, k_ptr, k_sb, k_sh, v_ptr, v_sb, v_sh, group);
+  const int b = task.b, h0 = task.h0, q_start = task.q_start, q_end = task.q_end;
+  const int slot = task.slot;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int wg = warp / 4;
   const int g = lane / 4, t = lane % 4;
@@ -151,11 +142,11 @@ bsa_fwd_sm90(const int* __restrict__ tasks, const int* __restrict__ spans,
   const u32 q_base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // wgmma's swizzle alignment
   const u32 stage_base = q_base + Q_BYTES;
 
-  const int se = task[TASK_SPAN_END];
-  const u16* k_head = k_ptr + b * k_sb + kvh * k_sh;
-  const u16* v_head = v_ptr + b * v_sb + kvh * v_sh;
+  const int se = task.span_end;
+  const u16* k_head = task.k_head;
+  const u16* v_head = task.v_head;
   Walk load_walk;
-  load_walk.open(spans, task[TASK_SPAN_BEGIN], se);
+  load_walk.open(spans, task.span_begin, se);
   Walk walk = load_walk;
 
   // Prologue: the Q tile and chunks 0 .. PREFETCH-1, one commit group per chunk (Q rides with
@@ -163,9 +154,7 @@ bsa_fwd_sm90(const int* __restrict__ tasks, const int* __restrict__ spans,
   // PREFETCH-1 groups have landed" means the current chunk has.
   for (int i = tid; i < BM * CPR; i += NT) {
     const int r = i / CPR, p = i % CPR;
-    int tok = q_start + r % tile_rows;
-    tok = tok < q_end ? tok : q_start;  // padding rows read a real row; never stored
-    cp_async16(q_base + tile_offset<BM>(r, p), q.row(b, h0 + r / tile_rows, tok) + p * 8);
+    cp_async16(q_base + tile_offset<BM>(r, p), task.q_row(q, r, tile_rows) + p * 8);
   }
 #pragma unroll
   for (int st = 0; st < PREFETCH; ++st) {

@@ -81,11 +81,11 @@ def _width(n: int) -> str:
           f'        "{_regs(4, r)}, %{r + 4}, p, 1, 1, 1;\\n}}\\n"\n'
           f'        : {_outs(r)}\n'
           f'        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));\n')
+    fn = "  __device__ static __forceinline__ void"
     return (f"template <>\nstruct Wgmma<{n}> {{\n"
-            f"  static constexpr int REGS = {r};\n"
-            f"  __device__ static __forceinline__ void ss(float* d, u64 a, u64 b, int accumulate) {{\n"
+            f"{fn} ss(float* d, u64 a, u64 b, int accumulate) {{\n"
             f"{ss}  }}\n"
-            f"  __device__ static __forceinline__ void rs(float* d, const u32* a, u64 b, int accumulate) {{\n"
+            f"{fn} rs(float* d, const u32* a, u64 b, int accumulate) {{\n"
             f"{rs}  }}\n}};\n")
 
 

@@ -38,7 +38,6 @@ struct Wgmma;
 
 template <>
 struct Wgmma<64> {
-  static constexpr int REGS = 32;
   __device__ static __forceinline__ void ss(float* d, u64 a, u64 b, int accumulate) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
@@ -67,7 +66,6 @@ struct Wgmma<64> {
 
 template <>
 struct Wgmma<96> {
-  static constexpr int REGS = 48;
   __device__ static __forceinline__ void ss(float* d, u64 a, u64 b, int accumulate) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %50, 0;\n"
@@ -100,7 +98,6 @@ struct Wgmma<96> {
 
 template <>
 struct Wgmma<128> {
-  static constexpr int REGS = 64;
   __device__ static __forceinline__ void ss(float* d, u64 a, u64 b, int accumulate) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"

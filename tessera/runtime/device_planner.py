@@ -21,8 +21,6 @@ general planner's (tested on the GPU, and on the CPU with numpy stand-ins for th
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from .._array import to_numpy

@@ -87,7 +87,8 @@ class Plan:
 
     def computed_pairs(self) -> int:
         """(query, key) pairs the kernels evaluate: per span chunk, block_n keys for every row
-        group (ROW_GROUP rows, one warp's share) holding at least one row the span applies to."""
+        group (ROW_GROUP rows, one warp's share) holding at least one row the span applies to
+        (sm80), or for all block_m rows of the task (sm90: its warpgroups issue every chunk)."""
         tasks = np.asarray(to_numpy(self.queue.tasks), dtype=np.int64)
         spans = np.asarray(to_numpy(self.queue.spans), dtype=np.int64)
         if tasks.size == 0:
@@ -100,9 +101,11 @@ class Plan:
         k0, k1, r0, r1 = spans[s_idx].T
         lo = np.maximum(q0, r0) - q0
         hi = np.minimum(q1, r1) - q0
-        groups = np.where(hi > lo, (hi + ROW_GROUP - 1) // ROW_GROUP - lo // ROW_GROUP, 0)
         bn = self.regime.block_n
         chunks = (k1 - k0 + bn - 1) // bn
+        if self.regime.family == "sm90":  # every warpgroup multiplies every chunk of its task
+            return int((chunks * bn * self.regime.block_m).sum())
+        groups = np.where(hi > lo, (hi + ROW_GROUP - 1) // ROW_GROUP - lo // ROW_GROUP, 0)
         return int((groups * self.heads_per_task * ROW_GROUP * bn * chunks).sum())
 
     def stats(self) -> PlanStats:

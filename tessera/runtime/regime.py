@@ -324,20 +324,6 @@ class MaskFeatures:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    def variant(self, head_dim: int, bf16: bool = True):
-        """The attention kernel variant (``tessera.cuda.loader.Variant``) this regime runs."""
-        from ..cuda.loader import Variant  # noqa: PLC0415 - no CuPy needed
-
-        if self.family == "sm90":
-            return Variant.bsa_sm90(block_m=self.block_m, block_n=self.block_n,
-                                    head_dim=head_dim, stages=self.stages, bf16=bf16)
-        return Variant.bsa_sm80(block_m=self.block_m, block_n=self.block_n, head_dim=head_dim,
-                                num_warps=self.num_warps, stages=self.stages, bf16=bf16)
-
-    def runs_on(self, arch: int | None) -> bool:
-        """Whether this regime's family runs on compute capability ``arch`` (None: any GPU)."""
-        return self.family != "sm90" or arch == 90
-
     @classmethod
     def from_dict(cls, d: Any) -> "MaskFeatures":
         """Parse and validate (``ValueError`` naming the field on any problem)."""
@@ -703,6 +689,17 @@ class RegimeTable:
         e = self._entries.get(key)
         return None if e is None else json.loads(json.dumps(e))
 
+    @property
+    def families(self) -> set[str]:
+        """The kernel families the table's regimes (and measured candidates) belong to."""
+        fams = {r.family for r in self._regimes.values()}
+        for e in self._entries.values():
+            for name in e.get("candidates", {}) or {}:
+                r = regime_from_name(name)
+                if r is not None:
+                    fams.add(r.family)
+        return fams
+
     def __len__(self) -> int:
         return len(self._entries)
 
@@ -883,9 +880,9 @@ def _table_source() -> tuple[str, str | None, bool]:
 def active_table(arch: int | None) -> RegimeTable | None:
     """The table plans for compute capability ``arch`` use, or None (the heuristic).
 
-    None for ``arch=None`` (no GPU). A table that cannot be read, or that was profiled on
-    another architecture or another GPU, gives a warning (once) and None: planning never fails
-    because of a table.
+    None for ``arch=None`` (no GPU). A table that cannot be read, that was profiled on another
+    architecture or another GPU, or that never measured the architecture's default kernel family,
+    gives a warning (once) and None: planning never fails because of a table.
     """
     if arch is None:
         return None
@@ -915,6 +912,13 @@ def active_table(arch: int | None) -> RegimeTable | None:
         elif here is not None and table.gpu is not None and gpu_slug(here) != gpu_slug(table.gpu):
             _warn_once(f"regime table {table.describe()} was profiled on {table.gpu}, but this "
                        f"GPU is {here}; using the heuristic default regime")
+            table = None
+        elif default_regime(arch).family not in table.families:
+            # A table that never measured this GPU's own kernel family would steer plans to a
+            # slower one (the H200 table predates the sm90 family): profile again.
+            _warn_once(f"regime table {table.describe()} has no {default_regime(arch).family} "
+                       "regimes (profiled before that kernel family existed); using the "
+                       "heuristic default regime; run `python -m tessera profile` again")
             table = None
     _resolved[cache_key] = table
     return table
