@@ -180,9 +180,9 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
   // V_{j-1}, waits for S_j only, runs the softmax of chunk j while the tensor cores still work on
   // P V, then waits for that, rescales O and turns S_j into P_j. The stage being refilled in
   // iteration j (with chunk j + PREFETCH) held chunk j-2, which every warpgroup finished with
-  // before the barrier. The
-  // matrix operations are issued unconditionally (a row tile with no part in a chunk gets P = 0):
-  // ptxas serializes wgmma issued on paths it cannot prove uniform across the warpgroup.
+  // before the barrier. The matrix operations are issued unconditionally (a row tile with no
+  // part in a chunk gets P = 0): ptxas serializes wgmma issued on paths it cannot prove uniform
+  // across the warpgroup.
   u32 pa[BN / 16][4];  // P of the previous chunk, bf16/fp16 pairs (A fragments)
   float s[BN / 8][4];
   u32 vs_prev = 0;
