@@ -87,17 +87,19 @@ def _device_cc() -> int:
 
 
 def _regime(family: str, block_m: int = 128, block_n: int | None = None, **policy) -> Regime:
-    """A regime of kernel ``family`` ("sm80", or "sm90", skipped off Hopper) with tiles of
-    ``block_m`` rows; block_n defaults to the family's (64 for sm80, 128 for sm90)."""
-    if family == "sm90":
+    """A regime of kernel ``family`` ("sm80"; "sm90" or its warp-specialized "sm90ws", both
+    skipped off Hopper) with tiles of ``block_m`` rows; block_n defaults to the family's (64 for
+    sm80, 128 for sm90)."""
+    if family.startswith("sm90"):
         if _device_cc() != 90:
             pytest.skip("the sm90 family runs on Hopper only")
-        return Regime(family="sm90", block_m=block_m, num_warps=block_m // 16,
+        producer_warps = 4 if family == "sm90ws" else 0
+        return Regime(family="sm90", block_m=block_m, num_warps=block_m // 16 + producer_warps,
                       block_n=block_n or 128, stages=3, **policy)
     return Regime(block_m=block_m, num_warps=4, block_n=block_n or 64, **policy)
 
 
-FAMILIES = ["sm80", "sm90"]
+FAMILIES = ["sm80", "sm90", "sm90ws"]
 
 
 def _random_mask(rng, shape, density, **geo):

@@ -61,6 +61,23 @@ def test_sm90_variants_compile_without_spills(bm, bn, d, stages, tmp_path, monke
         assert res.spill_bytes == 0 and res.stack_bytes == 0 and res.registers <= 255
 
 
+@pytest.mark.parametrize("bm,bn,d", [(128, 128, 128), (128, 64, 128), (128, 128, 96),
+                                     (128, 128, 64), (64, 128, 64), (64, 64, 128)])
+def test_sm90_producer_variants_compile(bm, bn, d, tmp_path, monkeypatch):
+    """The warp-specialized variant (a producer warpgroup, register reallocation): no spills,
+    no serialized wgmma, setmaxnreg honoured (the loader refuses all three)."""
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    reg = Regime(family="sm90", block_m=bm, num_warps=bm // 16 + 4, block_n=bn, stages=3)
+    assert reg.producer and regime_fits(reg, d, 90)
+    v = reg.variant(d, bf16=True)
+    assert v.threads == (bm // 64 + 1) * 128
+    res = loader.compile_variant(v, "sm_90a")
+    assert res.spill_bytes == 0 and res.stack_bytes == 0
+    # Barriers for the stage hand-over sit after the tiles.
+    plain = Regime(family="sm90", block_m=bm, num_warps=bm // 16, block_n=bn, stages=3)
+    assert loader.smem_bytes(v) == loader.smem_bytes(plain.variant(d)) + 8 * 7
+
+
 def test_sm90_family_is_refused_off_hopper(tmp_path, monkeypatch):
     monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
     v = loader.Variant.bsa_sm90(block_m=128, block_n=128, head_dim=128, stages=3, bf16=True)

@@ -817,6 +817,14 @@ def test_sm90_regimes_are_checked_and_map_to_the_hopper_variant():
             r.with_(**bad)
     with pytest.raises(ValueError, match="family must be one of"):
         Regime(family="sm70")
+    # Four warps beyond the rows' own: the warp-specialized variant (a producer warpgroup).
+    ws = r.with_(num_warps=12)
+    assert ws.producer and not r.producer and not Regime().producer
+    assert ws.name == "sm90_128x128_w12_s3" and R.regime_from_name(ws.name) == ws
+    assert ws.variant(128).threads == 384 and dict(ws.variant(128).macros)["PRODUCER"] == 1
+    assert "PRODUCER" not in dict(r.variant(128).macros)
+    with pytest.raises(ValueError, match="plus 4 for a producer"):
+        r.with_(num_warps=10)
 
 
 def test_defaults_per_architecture():

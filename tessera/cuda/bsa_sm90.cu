@@ -15,6 +15,9 @@
 //   TESSERA_D        head dim: 64, 96 or 128
 //   TESSERA_STAGES   K/V stages (>= 3: chunk j computes, j-1's V is read, STAGES-2 load ahead)
 //   TESSERA_BF16     1: bfloat16, 0: float16
+//   TESSERA_PRODUCER 1: warp-specialized (a producer warpgroup copies, consumers compute, with
+//                    register reallocation and strictly alternating consumer issue); 0: every
+//                    warpgroup copies and computes, one CTA barrier per key step
 //
 // Shared memory: Q (BM x D), then STAGES x {K, V} (BN x D each), every tile in the layout wgmma
 // reads: rows cut into SW-byte column chunks (SW = 128 when D is a multiple of 64, else 64),
@@ -23,13 +26,22 @@
 #include "common.cuh"
 #include "wgmma.cuh"
 
+#ifndef TESSERA_PRODUCER
+#define TESSERA_PRODUCER 0
+#endif
+
 namespace {
 constexpr int BM = TESSERA_BM;
 constexpr int BN = TESSERA_BN;
 constexpr int D = TESSERA_D;
 constexpr int STAGES = TESSERA_STAGES;
-constexpr int WGS = BM / 64;
-constexpr int NT = WGS * 128;
+constexpr int WGS = BM / 64;  // consumer warpgroups (they own the rows)
+// TESSERA_PRODUCER = 1 adds a producer warpgroup that alone copies Q and K/V, handing stages
+// over on mbarriers; the consumers then never wait for one another at a CTA-wide barrier.
+constexpr bool WS = TESSERA_PRODUCER != 0;
+constexpr int CONSUMERS = WGS * 128;
+constexpr int NT = CONSUMERS + (WS ? 128 : 0);
+constexpr int LOADERS = WS ? 128 : NT;  // threads that issue the copies
 constexpr int SW = D % 64 == 0 ? 128 : 64;  // swizzle span and chunk width, bytes
 constexpr int PPC = SW / 16;                // 16-byte pieces per chunk row
 constexpr int CPR = D / 8;                  // 16-byte pieces per row
@@ -85,8 +97,8 @@ __device__ __forceinline__ u64 v_desc(u32 base, int kk) {
 __device__ __forceinline__ void load_kv(u32 ks, const u16* k_head, i64 k_sl, const u16* v_head,
                                         i64 v_sl, const Walk& w, int tid) {
   const u32 vs = ks + KV_BYTES;
-  constexpr int ROW_STEP = NT / CPR;
-  if constexpr (NT % CPR == 0 && ROW_STEP % 8 == 0) {
+  constexpr int ROW_STEP = LOADERS / CPR;
+  if constexpr (LOADERS % CPR == 0 && ROW_STEP % 8 == 0) {
     // Each thread copies the same piece of every ROW_STEP-th row: a multiple of 8 rows keeps the
     // swizzle pattern, so the shared-memory offsets step by a compile-time constant.
     const int r0 = tid / CPR, p = tid % CPR;
@@ -100,7 +112,7 @@ __device__ __forceinline__ void load_kv(u32 ks, const u16* k_head, i64 k_sl, con
     }
   } else {
 #pragma unroll 2
-    for (int i = tid; i < BN * CPR; i += NT) {
+    for (int i = tid; i < BN * CPR; i += LOADERS) {
       const int r = i / CPR, p = i % CPR;
       const i64 key = min(w.kpos + r, w.k1 - 1);
       const u32 off = tile_offset<BN>(r, p);
@@ -110,15 +122,61 @@ __device__ __forceinline__ void load_kv(u32 ks, const u16* k_head, i64 k_sl, con
   }
 }
 
-// Named barrier 1 orders the two warpgroups' matrix work (barrier 0 is __syncthreads): the
+// Named barriers order the two warpgroups' matrix work (barrier 0 is __syncthreads): the
 // second warpgroup issues its wgmma only after the first has issued its own, so the tensor
-// cores run one warpgroup's products while the other one computes its softmax.
+// cores run one warpgroup's products while the other one computes its softmax. With a CTA
+// barrier every key step (no producer) one barrier suffices; without it the turns strictly
+// alternate on two (barrier 1 + w: warpgroup w's turn), so neither runs a step ahead.
 __device__ __forceinline__ void named_bar_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 __device__ __forceinline__ void named_bar_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
+__device__ __forceinline__ void wait_issue_turn(int wg) {
+  if constexpr (WGS == 2) {
+    if (WS) named_bar_sync(1 + wg, 256);
+    else if (wg == 1) named_bar_sync(1, 256);
+  }
+}
+__device__ __forceinline__ void pass_issue_turn(int wg) {
+  if constexpr (WGS == 2) {
+    if (WS) named_bar_arrive(2 - wg, 256);
+    else if (wg == 0) named_bar_arrive(1, 256);
+  }
+}
+
+// ---- warp specialization (TESSERA_PRODUCER) -----------------------------------------------------
+__device__ __forceinline__ void mbar_init(u32 bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(u32 bar) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}" ::"r"(bar)
+               : "memory");
+}
+// Arrives on `bar` once every cp.async this thread issued before has completed.
+__device__ __forceinline__ void mbar_arrive_on_copies(u32 bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(u32 bar, int parity) {
+  asm volatile(
+      "{\n.reg .pred p;\nWAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra WAIT;\n}" ::"r"(bar), "r"(parity) : "memory");
+}
+template <int REGS>
+__device__ __forceinline__ void regs_decrease() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(REGS));
+}
+template <int REGS>
+__device__ __forceinline__ void regs_increase() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(REGS));
+}
+// Registers per thread after reallocation: the producer needs few; the consumers take the rest
+// of the 64K (multiples of 8).
+constexpr int PRODUCER_REGS = 40;
+constexpr int CONSUMER_REGS_FIT = (65536 - 128 * PRODUCER_REGS) / CONSUMERS / 8 * 8;
+constexpr int CONSUMER_REGS = CONSUMER_REGS_FIT < 240 ? CONSUMER_REGS_FIT : 240;
 
 // Makes this thread's completed cp.async writes visible to the tensor cores' (async proxy)
 // reads that follow the next barrier.
@@ -141,6 +199,10 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
 
   const u32 q_base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // wgmma's swizzle alignment
   const u32 stage_base = q_base + Q_BYTES;
+  // mbarriers after the stages (producer variant): full[STAGES], empty[STAGES], q_full.
+  const u32 full_bar = stage_base + STAGES * STAGE_BYTES;
+  const u32 empty_bar = full_bar + 8 * STAGES;
+  const u32 q_bar = empty_bar + 8 * STAGES;
 
   const int se = task.span_end;
   const u16* k_head = task.k_head;
@@ -149,20 +211,52 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
   load_walk.open(spans, task.span_begin, se);
   Walk walk = load_walk;
 
-  // Prologue: the Q tile and chunks 0 .. PREFETCH-1, one commit group per chunk (Q rides with
-  // the first); every iteration then commits one chunk (PREFETCH ahead), so "all but the newest
-  // PREFETCH-1 groups have landed" means the current chunk has.
-  for (int i = tid; i < BM * CPR; i += NT) {
-    const int r = i / CPR, p = i % CPR;
-    cp_async16(q_base + tile_offset<BM>(r, p), task.q_row(q, r, tile_rows) + p * 8);
-  }
-#pragma unroll
-  for (int st = 0; st < PREFETCH; ++st) {
-    if (load_walk.si < se) {
-      load_kv(stage_base + (u32)(st * STAGE_BYTES), k_head, k_sl, v_head, v_sl, load_walk, tid);
-      load_walk.next(spans, se);
+  if constexpr (WS) {
+    if (tid == 0) {
+      for (int st = 0; st < STAGES; ++st) {
+        mbar_init(full_bar + 8 * st, LOADERS);
+        mbar_init(empty_bar + 8 * st, CONSUMERS);
+      }
+      mbar_init(q_bar, LOADERS);
     }
-    cp_async_commit();
+    __syncthreads();
+    if (wg == WGS) {
+      // The producer: Q, then every chunk into stage c % STAGES once the consumers have
+      // released the chunk STAGES before it. Its copies arrive on the stage's full barrier.
+      regs_decrease<PRODUCER_REGS>();
+      const int ptid = tid - CONSUMERS;
+      for (int i = ptid; i < BM * CPR; i += LOADERS) {
+        const int r = i / CPR, p = i % CPR;
+        cp_async16(q_base + tile_offset<BM>(r, p), task.q_row(q, r, tile_rows) + p * 8);
+      }
+      mbar_arrive_on_copies(q_bar);
+      for (int c = 0; load_walk.si < se; ++c) {
+        const int st = c % STAGES;
+        if (c >= STAGES) mbar_wait(empty_bar + 8 * st, (c / STAGES - 1) & 1);
+        load_kv(stage_base + (u32)(st * STAGE_BYTES), k_head, k_sl, v_head, v_sl, load_walk, ptid);
+        mbar_arrive_on_copies(full_bar + 8 * st);
+        load_walk.next(spans, se);
+      }
+      cp_async_wait<0>();
+      return;
+    }
+    regs_increase<CONSUMER_REGS>();
+  } else {
+    // Prologue: the Q tile and chunks 0 .. PREFETCH-1, one commit group per chunk (Q rides
+    // with the first); every iteration then commits one chunk (PREFETCH ahead), so "all but the
+    // newest PREFETCH-1 groups have landed" means the current chunk has.
+    for (int i = tid; i < BM * CPR; i += NT) {
+      const int r = i / CPR, p = i % CPR;
+      cp_async16(q_base + tile_offset<BM>(r, p), task.q_row(q, r, tile_rows) + p * 8);
+    }
+#pragma unroll
+    for (int st = 0; st < PREFETCH; ++st) {
+      if (load_walk.si < se) {
+        load_kv(stage_base + (u32)(st * STAGE_BYTES), k_head, k_sl, v_head, v_sl, load_walk, tid);
+        load_walk.next(spans, se);
+      }
+      cp_async_commit();
+    }
   }
 
   // This warp's 16 rows are one head and 16 consecutive tokens (tile_rows is a multiple of 16).
@@ -186,16 +280,25 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
   u32 pa[BN / 16][4];  // P of the previous chunk, bf16/fp16 pairs (A fragments)
   float s[BN / 8][4];
   u32 vs_prev = 0;
+  if constexpr (WS) {
+    mbar_wait(q_bar, 0);
+    if (WGS == 2 && wg == 1) named_bar_arrive(1, 256);  // warpgroup 0 issues first
+  }
   for (int j = 0; walk.si < se; ++j) {
-    cp_async_wait<PREFETCH - 1>();
-    fence_async_smem();
-    __syncthreads();
-    if (load_walk.si < se) {
-      load_kv(stage_base + (u32)(((j + PREFETCH) % STAGES) * STAGE_BYTES), k_head, k_sl, v_head,
-              v_sl, load_walk, tid);
-      load_walk.next(spans, se);
+    if constexpr (WS) {
+      mbar_wait(full_bar + 8 * (j % STAGES), (j / STAGES) & 1);
+      fence_async_smem();
+    } else {
+      cp_async_wait<PREFETCH - 1>();
+      fence_async_smem();
+      __syncthreads();
+      if (load_walk.si < se) {
+        load_kv(stage_base + (u32)(((j + PREFETCH) % STAGES) * STAGE_BYTES), k_head, k_sl,
+                v_head, v_sl, load_walk, tid);
+        load_walk.next(spans, se);
+      }
+      cp_async_commit();
     }
-    cp_async_commit();
 
     const u32 ks = stage_base + (u32)((j % STAGES) * STAGE_BYTES);
     // Rows this span applies to, clipped to the tile's real rows.
@@ -203,7 +306,7 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
     const int hi = min(spans[(i64)walk.si * SPAN_FIELDS + 3], q_end);
     const bool active = tile_real && tok_base < hi && tok_base + 16 > lo;
 
-    if (WGS == 2 && wg == 1) named_bar_sync(1, 256);
+    wait_issue_turn(wg);
     wgmma_hold<D / 2>(&o[0][0]);
     wgmma_fence();
 #pragma unroll
@@ -215,7 +318,7 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
       for (int kk = 0; kk < BN / 16; ++kk) Wgmma<D>::rs(&o[0][0], pa[kk], v_desc(vs_prev, kk), 1);
     }
     wgmma_commit();  // an empty group when j == 0 keeps the wait counts below the same
-    if (WGS == 2 && wg == 0) named_bar_arrive(1, 256);
+    pass_issue_turn(wg);
 
     wgmma_wait<1>();
     wgmma_hold<BN / 2>(&s[0][0]);
@@ -232,6 +335,7 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
     wgmma_wait<0>();
     wgmma_hold<D / 2>(&o[0][0]);
     wgmma_hold<BN / 2>(&s[0][0]);  // P is rewritten only after the P V that read it is done
+    if (WS && j > 0) mbar_arrive(empty_bar + 8 * ((j - 1) % STAGES));  // chunk j-1 is done
     if (al[0] != 1.f || al[1] != 1.f) {
 #pragma unroll
       for (int i = 0; i < D / 8; ++i) {
@@ -253,7 +357,11 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
     wgmma_wait<0>();
     wgmma_hold<D / 2>(&o[0][0]);
   }
-  cp_async_wait<0>();
+  if constexpr (WS) {
+    if (WGS == 2 && wg == 0) named_bar_sync(1, 256);  // the turn warpgroup 1 passed last
+  } else {
+    cp_async_wait<0>();
+  }
 
   if (tile_real) {
     const Output out{o_ptr, o_sb, o_sh, o_sl, lse_ptr, lse_sb, lse_sh, part_o, part_lse};

@@ -57,17 +57,18 @@ class Variant:
 
     @classmethod
     def bsa_sm90(cls, *, block_m: int, block_n: int, head_dim: int, stages: int,
-                 bf16: bool) -> "Variant":
-        """The Hopper family (sm_90a only): 64 rows per warpgroup."""
+                 bf16: bool, producer: bool = False) -> "Variant":
+        """The Hopper family (sm_90a only): 64 rows per consumer warpgroup, plus a producer
+        warpgroup that does all copies when ``producer``."""
         return cls("bsa_sm90.cu", "bsa_fwd_sm90", (
             ("BM", block_m), ("BN", block_n), ("D", head_dim), ("STAGES", stages),
-            ("BF16", int(bf16))))
+            ("BF16", int(bf16))) + ((("PRODUCER", 1),) if producer else ()))
 
     @property
     def threads(self) -> int:
         """Threads per CTA of a block-sparse attention variant."""
         if self.source == "bsa_sm90.cu":
-            return self.macro("BM") // 64 * 128
+            return (self.macro("BM") // 64 + dict(self.macros).get("PRODUCER", 0)) * 128
         return self.macro("WARPS") * 32
 
     @classmethod
@@ -91,8 +92,9 @@ def smem_bytes(v: Variant) -> int:
         lds = v.macro("D") + 8
         return 2 * lds * (v.macro("BM") + v.macro("STAGES") * 2 * v.macro("BN"))
     if v.source == "bsa_sm90.cu":  # tiles unpadded (swizzled), plus 1 KiB to align them
-        d = v.macro("D")
-        return 1024 + 2 * d * (v.macro("BM") + v.macro("STAGES") * 2 * v.macro("BN"))
+        d, stages = v.macro("D"), v.macro("STAGES")
+        barriers = 8 * (2 * stages + 1) if dict(v.macros).get("PRODUCER") else 0
+        return 1024 + 2 * d * (v.macro("BM") + stages * 2 * v.macro("BN")) + barriers
     return 0
 
 

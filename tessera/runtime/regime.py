@@ -56,7 +56,8 @@ class Regime:
 
     Attributes:
         family: kernel family ("sm80": mma.sync, runs on sm_80 and newer; "sm90": wgmma,
-            sm_90 only, 64 rows per warpgroup of 4 warps, 64 or 128 keys a step).
+            sm_90 only, 64 rows per warpgroup of 4 warps, 64 or 128 keys a step; four more
+            warps than the rows need select its warp-specialized variant).
         block_m: physical tile rows (BM) per task; with GQA packing, shared by the packed heads.
         block_n: keys consumed per inner step (BN); key spans are walked BN keys at a time.
         num_warps: warps per CTA; each owns ``block_m / num_warps`` rows, 16 or 32 (two row
@@ -84,8 +85,8 @@ class Regime:
             raise ValueError(f"block_m must be a positive multiple of {ROW_GROUP}, got {self.block_m}")
         if self.block_n % 16 or self.block_n <= 0:
             raise ValueError(f"block_n must be a positive multiple of 16, got {self.block_n}")
-        if self.num_warps <= 0 or self.block_m not in (self.num_warps * ROW_GROUP,
-                                                        2 * self.num_warps * ROW_GROUP):
+        if self.family != "sm90" and (self.num_warps <= 0 or self.block_m not in (
+                self.num_warps * ROW_GROUP, 2 * self.num_warps * ROW_GROUP)):
             raise ValueError(f"block_m={self.block_m} must be 16 or 32 rows per warp "
                              f"(num_warps={self.num_warps})")
         if self.combine_threshold < 0 or self.split_ratio < 1 or self.min_split_chunks < 1:
@@ -93,11 +94,12 @@ class Regime:
         if self.family not in KNOWN_FAMILIES:
             raise ValueError(f"family must be one of {list(KNOWN_FAMILIES)}, got {self.family!r}")
         if self.family == "sm90" and (self.block_m not in (64, 128)
-                                      or self.num_warps != self.block_m // ROW_GROUP
+                                      or self.num_warps not in (self.block_m // ROW_GROUP,
+                                                                self.block_m // ROW_GROUP + 4)
                                       or self.block_n not in (64, 128)):
             raise ValueError(f"the sm90 family takes block_m 64 or 128 with one warp per 16 rows "
-                             f"and block_n 64 or 128, got {self.block_m}x{self.block_n} "
-                             f"with {self.num_warps} warps")
+                             f"(plus 4 for a producer warpgroup) and block_n 64 or 128, got "
+                             f"{self.block_m}x{self.block_n} with {self.num_warps} warps")
         if self.family == "sm90" and self.stages < 3:
             raise ValueError(f"the sm90 family needs stages >= 3, got {self.stages}")
 
@@ -119,9 +121,15 @@ class Regime:
 
         if self.family == "sm90":
             return Variant.bsa_sm90(block_m=self.block_m, block_n=self.block_n,
-                                    head_dim=head_dim, stages=self.stages, bf16=bf16)
+                                    head_dim=head_dim, stages=self.stages, bf16=bf16,
+                                    producer=self.producer)
         return Variant.bsa_sm80(block_m=self.block_m, block_n=self.block_n, head_dim=head_dim,
                                 num_warps=self.num_warps, stages=self.stages, bf16=bf16)
+
+    @property
+    def producer(self) -> bool:
+        """sm90 only: a producer warpgroup does the copies (four warps beyond the rows' own)."""
+        return self.family == "sm90" and self.num_warps == self.block_m // ROW_GROUP + 4
 
     def runs_on(self, arch: int | None) -> bool:
         """Whether this regime's family runs on compute capability ``arch`` (None: any GPU)."""
