@@ -95,3 +95,18 @@ def offsets_from_counts(counts: Any, xp) -> Any:
     out = xp.zeros(counts.size + 1, dtype=np.int64)
     xp.cumsum(counts, out=out[1:])
     return out
+
+
+_DEVICE_COPIES: dict = {}
+
+
+def device_copy(key: tuple, make: Any, xp) -> Any:
+    """``make()`` (host arrays put on the device), made once per ``key`` and current device: a
+    copy from pageable host memory may wait for the stream, so requests reuse the first one."""
+    key = (xp.cuda.Device().id, *key)
+    got = _DEVICE_COPIES.get(key)
+    if got is None:
+        if len(_DEVICE_COPIES) > 128:
+            _DEVICE_COPIES.clear()
+        got = _DEVICE_COPIES[key] = make()
+    return got

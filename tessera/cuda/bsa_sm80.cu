@@ -45,8 +45,8 @@ static_assert(STAGES >= 2, "at least double buffering");
 
 using Walk = ChunkWalk<BN>;
 
-// Issue the asynchronous copies of one K/V chunk into a stage. Rows past the span end are read
-// from its last key (finite data; their scores are masked), so no read leaves the span.
+// Issue the asynchronous copies of one K/V chunk into a stage (rows past the span end: see
+// ChunkWalk::row_key).
 // k_head/v_head point at (batch, kv head) row 0; the row stride is in elements.
 __device__ __forceinline__ void load_kv(u16* stage, const u16* k_head, i64 k_sl,
                                         const u16* v_head, i64 v_sl, const Walk& w,
@@ -60,7 +60,7 @@ __device__ __forceinline__ void load_kv(u16* stage, const u16* k_head, i64 k_sl,
     const u32 off0 = (u32)(r0 * LDS + c * 8) * 2u;
 #pragma unroll
     for (int j = 0; j < BN / ROW_STEP; ++j) {
-      const i64 key = min(w.kpos + r0 + j * ROW_STEP, w.k1 - 1);
+      const i64 key = w.row_key(r0 + j * ROW_STEP);
       const u32 off = off0 + (u32)(j * ROW_STEP * LDS * 2);
       cp_async16(ks + off, k_head + key * k_sl + c * 8);
       cp_async16(vs + off, v_head + key * v_sl + c * 8);
@@ -70,7 +70,7 @@ __device__ __forceinline__ void load_kv(u16* stage, const u16* k_head, i64 k_sl,
 #pragma unroll 1
     for (int i = tid; i < BN * CPR; i += NT) {
       const int r = i / CPR, c = i % CPR;
-      const i64 key = min(w.kpos + r, w.k1 - 1);
+      const i64 key = w.row_key(r);
       const u32 off = (u32)(r * LDS + c * 8) * 2u;
       cp_async16(ks + off, k_head + key * k_sl + c * 8);
       cp_async16(vs + off, v_head + key * v_sl + c * 8);

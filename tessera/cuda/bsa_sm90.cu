@@ -92,8 +92,7 @@ __device__ __forceinline__ u64 v_desc(u32 base, int kk) {
   return smem_desc(base + (u32)(kk * 16 * SW), BN * SW, 8 * SW);
 }
 
-// Issue the asynchronous copies of one K/V chunk. Rows past the span end are read from its last
-// key (finite data; their scores are masked), so no read leaves the span.
+// Issue the asynchronous copies of one K/V chunk (rows past the span end: ChunkWalk::row_key).
 __device__ __forceinline__ void load_kv(u32 ks, const u16* k_head, i64 k_sl, const u16* v_head,
                                         i64 v_sl, const Walk& w, int tid) {
   const u32 vs = ks + KV_BYTES;
@@ -105,7 +104,7 @@ __device__ __forceinline__ void load_kv(u32 ks, const u16* k_head, i64 k_sl, con
     const u32 off0 = tile_offset<BN>(r0, p);
 #pragma unroll
     for (int it = 0; it < BN / ROW_STEP; ++it) {
-      const i64 key = min(w.kpos + r0 + it * ROW_STEP, w.k1 - 1);
+      const i64 key = w.row_key(r0 + it * ROW_STEP);
       const u32 off = off0 + (u32)(it * ROW_STEP * SW);
       cp_async16(ks + off, k_head + key * k_sl + p * 8);
       cp_async16(vs + off, v_head + key * v_sl + p * 8);
@@ -114,7 +113,7 @@ __device__ __forceinline__ void load_kv(u32 ks, const u16* k_head, i64 k_sl, con
 #pragma unroll 2
     for (int i = tid; i < BN * CPR; i += LOADERS) {
       const int r = i / CPR, p = i % CPR;
-      const i64 key = min(w.kpos + r, w.k1 - 1);
+      const i64 key = w.row_key(r);
       const u32 off = tile_offset<BN>(r, p);
       cp_async16(ks + off, k_head + key * k_sl + p * 8);
       cp_async16(vs + off, v_head + key * v_sl + p * 8);

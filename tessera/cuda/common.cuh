@@ -167,6 +167,9 @@ struct ChunkWalk {
     kpos += BN_;
     if (kpos >= k1) open(spans, si + 1, se);
   }
+  // The key row r of the current chunk is copied from: rows past the span end repeat its last
+  // key (finite data; their scores are masked), so no read leaves the span.
+  __device__ __forceinline__ i64 row_key(int r) const { return min(kpos + r, k1 - 1); }
 };
 
 // ---- online softmax step ----------------------------------------------------------------------

@@ -23,33 +23,29 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._array import to_numpy
+from .._array import device_copy, to_numpy
 from ..mask import BlockMask
 from .mapping import PhysicalTiles, _device_dense_rows, device_bounds, row_stats_on_device
 from .tasks import TaskQueue, build_task_queue, head_assignments
 
 __all__ = ["plan_on_device"]
 
-_ASSIGN_CACHE: dict = {}
-
-
 def _assignments(xp, batch: int, num_q_heads: int, num_kv_heads: int, hp: int,
                  batch_of: np.ndarray, head_of: np.ndarray, mask_batch_heads: tuple[int, int]):
     """Per mask (b, h): how many (batch, first query head) pairs read it, where they start in the
     assignment list, and the list itself -- on the device, copied once per attention shape."""
-    key = (xp.cuda.Device().id if xp is not np else -1, batch, num_q_heads, num_kv_heads, hp,
-           batch_of.tobytes(), head_of.tobytes(), mask_batch_heads)
-    got = _ASSIGN_CACHE.get(key)
-    if got is None:
+    def make():
         a_b, a_h0, a_bh = head_assignments(batch, num_q_heads, num_kv_heads, hp, batch_of,
                                            head_of, mask_batch_heads[1])
         per_bh = np.bincount(a_bh, minlength=mask_batch_heads[0] * mask_batch_heads[1])
         off = np.concatenate([[0], np.cumsum(per_bh)[:-1]])
-        got = tuple(xp.asarray(a.astype(np.int32)) for a in (per_bh, off, a_b, a_h0))
-        if len(_ASSIGN_CACHE) > 64:
-            _ASSIGN_CACHE.clear()
-        _ASSIGN_CACHE[key] = got
-    return got
+        return tuple(xp.asarray(a.astype(np.int32)) for a in (per_bh, off, a_b, a_h0))
+
+    if xp is np:
+        return make()
+    key = ("assignments", batch, num_q_heads, num_kv_heads, hp, batch_of.tobytes(),
+           head_of.tobytes(), mask_batch_heads)
+    return device_copy(key, make, xp)
 
 
 def plan_on_device(mask: BlockMask, *, tile_rows: int, block_n: int, heads_per_task: int,

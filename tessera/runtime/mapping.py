@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from .._array import offsets_from_counts, segment_ids
+from .._array import device_copy, offsets_from_counts, segment_ids
 from ..mask import BlockMask
 
 __all__ = ["PhysicalTiles", "map_to_tiles", "row_stats_on_device", "device_bounds"]
@@ -300,21 +300,11 @@ def _device_dense_rows(mask: BlockMask) -> Any:
     return mask.to_dense().reshape(n_rows, mask.num_kv_blocks)
 
 
-_BOUNDS_CACHE: dict = {}
-
-
 def device_bounds(bounds: np.ndarray, xp) -> Any:
-    """A mask's token bounds (host int64) on the device, copied once per distinct geometry: a
-    copy from pageable host memory may wait for the stream, so requests reuse the first one."""
+    """A mask's token bounds (host int64) in ``xp``, copied to the device once per geometry."""
     if xp is np or not isinstance(bounds, np.ndarray):
         return xp.asarray(bounds)
-    key = (xp.cuda.Device().id, bounds.tobytes())
-    got = _BOUNDS_CACHE.get(key)
-    if got is None:
-        if len(_BOUNDS_CACHE) > 64:
-            _BOUNDS_CACHE.clear()
-        got = _BOUNDS_CACHE[key] = xp.asarray(bounds)
-    return got
+    return device_copy(("bounds", bounds.tobytes()), lambda: xp.asarray(bounds), xp)
 
 
 def row_stats_on_device(mask: BlockMask, dense_rows: Any, block_n: int):

@@ -97,14 +97,14 @@ class Plan:
         t_of = np.repeat(np.arange(tasks.shape[0]), n_sp)
         s_idx = np.concatenate([np.arange(a, b) for a, b in tasks[:, 4:6]]) if n_sp.sum() else \
             np.zeros(0, np.int64)
-        q0, q1 = tasks[t_of, 2], tasks[t_of, 3]
         k0, k1, r0, r1 = spans[s_idx].T
-        lo = np.maximum(q0, r0) - q0
-        hi = np.minimum(q1, r1) - q0
         bn = self.regime.block_n
         chunks = (k1 - k0 + bn - 1) // bn
         if self.regime.family == "sm90":  # every warpgroup multiplies every chunk of its task
             return int((chunks * bn * self.regime.block_m).sum())
+        q0, q1 = tasks[t_of, 2], tasks[t_of, 3]
+        lo = np.maximum(q0, r0) - q0
+        hi = np.minimum(q1, r1) - q0
         groups = np.where(hi > lo, (hi + ROW_GROUP - 1) // ROW_GROUP - lo // ROW_GROUP, 0)
         return int((groups * self.heads_per_task * ROW_GROUP * bn * chunks).sum())
 
@@ -129,10 +129,6 @@ class Plan:
         from ..api import run_plan  # noqa: PLC0415 - the GPU path is optional
 
         return run_plan(self, q, k, v, scale=scale, return_lse=return_lse, out=out, lse=lse)
-
-
-def _use_device_planner(xp) -> bool:
-    return mapping._use_device_planner(xp)  # looked up at call time: tests substitute it
 
 
 def heads_per_task(regime: Regime, mask_heads: int, num_q_heads: int, num_kv_heads: int) -> int:
@@ -181,7 +177,7 @@ def plan(block_mask: BlockMask, *, num_q_heads: int, num_kv_heads: int | None = 
     hp = heads_per_task(regime, block_mask.batch_heads[1], num_q_heads, num_kv_heads)
     tile_rows = regime.block_m // hp
     fused = None
-    if _use_device_planner(block_mask.xp) and regime.combine_threshold == 0:
+    if mapping._use_device_planner(block_mask.xp) and regime.combine_threshold == 0:
         # The common request: the one-sync planner kernels (runtime/device_planner.py).
         fused = plan_on_device(block_mask, tile_rows=tile_rows, block_n=regime.block_n,
                                heads_per_task=hp, batch=batch, num_q_heads=num_q_heads,
