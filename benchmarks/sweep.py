@@ -31,7 +31,7 @@ REGIMES = [
     Regime(family="sm90", block_m=128, block_n=64, num_warps=8, stages=4),
     Regime(family="sm90", block_m=128, block_n=64, num_warps=8, stages=5),
     Regime(family="sm90", block_m=64, block_n=128, num_warps=4, stages=3),
-    Regime(family="sm90", block_m=64, block_n=128, num_warps=4, stages=4),
+    Regime(family="sm90", block_m=64, block_n=64, num_warps=8, stages=3),
     Regime(family="sm90", block_m=64, block_n=64, num_warps=4, stages=3),
     Regime(family="sm90", block_m=64, block_n=64, num_warps=4, stages=4),
     # Warp-specialized: a producer warpgroup (four more warps than the rows need).

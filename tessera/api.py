@@ -200,6 +200,7 @@ def _device_queue(p: Plan, cp) -> dict:
 def _launch(p: Plan, ops: _Operands, scale: float | None, return_lse: bool,
             given: dict | None = None):
     from .cuda.loader import Variant, load_kernel, smem_bytes  # noqa: PLC0415
+    from .runtime.regime import smem_limit_bytes  # noqa: PLC0415
 
     cp = cupy_or_none()
     b, hq, lq, d = ops.shape_q
@@ -209,6 +210,10 @@ def _launch(p: Plan, ops: _Operands, scale: float | None, return_lse: bool,
     cc = _device_cc()
     if not r.runs_on(cc):
         raise ValueError(f"regime {r.name} runs on sm_90 GPUs only; this device is sm_{cc}")
+    fwd = r.variant(ops.shape_q[3], bf16)
+    if smem_bytes(fwd) > smem_limit_bytes(cc):  # the launch would fail with a bare driver error
+        raise ValueError(f"regime {r.name} needs {smem_bytes(fwd)} bytes of shared memory at head "
+                         f"dim {d}; sm_{cc} allows {smem_limit_bytes(cc)} per block")
     stream = _caller_stream(ops)
     with cp.cuda.Device(ops.q.device_id), stream:  # CuPy work below goes on that stream too
         if "ready" in p._cache:  # a device-built plan: its arrays may still be being written
@@ -237,7 +242,6 @@ def _launch(p: Plan, ops: _Operands, scale: float | None, return_lse: bool,
                     cp.cuda.runtime.memsetAsync(desc.ptr, 0xFF, n, stream.ptr)  # NaN in all types
         lse_sb, lse_sh = (hq * lq, lq)
 
-        fwd = r.variant(d, bf16)
         fn = load_kernel(fwd)
         i64, i32, f32, ptr = np.int64, np.int32, np.float32, np.uint64
         args = (queue["tasks"], queue["spans"],

@@ -393,3 +393,14 @@ def test_sm90_regime_is_refused_off_hopper():
     reg = Regime(family="sm90", block_m=128, num_warps=8, block_n=128, stages=3)
     with pytest.raises(ValueError, match="sm_90 GPUs only"):
         tessera.attention(q, q, q, m, regime=reg)
+
+
+def test_regime_over_the_shared_memory_limit_is_refused():
+    """A tile/stage combination the GPU cannot hold is refused with the numbers, not a driver error."""
+    import cupy as cp
+
+    m = _random_mask(np.random.default_rng(3), (1, 2, 2), 1.0, block_size=128)
+    q = cp.ones((1, 1, 256, 128), dtype=cp.float16)
+    reg = Regime(block_m=128, block_n=64, num_warps=4, stages=8)  # ~290 KB at head dim 128
+    with pytest.raises(ValueError, match="shared memory"):
+        tessera.attention(q, q, q, m, regime=reg)

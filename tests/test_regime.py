@@ -61,7 +61,8 @@ def test_candidates_small_valid_and_fitting():
             assert all(R.regime_fits(r, d, arch) for r in cands)
             assert all(r.num_warps == 4 and r.block_m in (64, 128) and r.block_n in (32, 64)
                        for r in cands if r.family == "sm80")
-            assert all(r.num_warps == r.block_m // 16 and r.block_n in (64, 128)
+            # 64-row sm90 tiles plain, 128-row ones warp-specialized (a producer warpgroup).
+            assert all(r.producer == (r.block_m == 128) and r.block_n in (64, 128)
                        for r in cands if r.family == "sm90")
             assert {r.family for r in cands} == ({"sm80", "sm90"} if arch == 90 else {"sm80"})
     assert len(candidate_regimes(128, 90)) == 48
@@ -828,10 +829,11 @@ def test_sm90_regimes_are_checked_and_map_to_the_hopper_variant():
 
 
 def test_defaults_per_architecture():
-    """sm_90 takes the Hopper family (64-row tiles for head dim 64 and for small query blocks,
-    64-key steps for small blocks); every other GPU the portable family."""
-    assert default_regime(90, 128).name == "sm90_128x128_w8_s3[combine_threshold=0.0]"
-    assert default_regime(90, 64).name == "sm90_64x128_w4_s3[combine_threshold=0.0]"
+    """sm_90 takes the Hopper family (warp-specialized 128x128 tiles; 64-row tiles and 64-key
+    steps for small query blocks); every other GPU the portable family."""
+    assert default_regime(90, 128).name == "sm90_128x128_w12_s3[combine_threshold=0.0]"
+    assert default_regime(90, 64).name == "sm90_128x128_w12_s3[combine_threshold=0.0]"
+    assert default_regime(90, 96).producer
     assert default_regime(90, 128, q_block=64).name == "sm90_64x64_w4_s3[combine_threshold=0.0]"
     for arch in (80, 86, 89, 100, None):
         assert default_regime(arch, 128).family == "sm80"

@@ -150,11 +150,11 @@ def default_regime(arch: int | None = None, head_dim: int = 128,
                    q_block: float | None = None) -> Regime:
     """The heuristic regime for a GPU with compute capability ``arch`` (e.g. 90), or None (CPU).
 
-    Hopper (sm_90) takes the wgmma family: 128-row tiles (two warpgroups), 128 keys a step,
-    three K/V stages; head dim 64 takes 64-row tiles (one warpgroup; fastest on the
-    CogVideoX-5B shape on the H200, benchmarks/RESULTS.md), and masks of small query blocks
-    64-row tiles and 64 keys a step (key spans of 64-token blocks would leave half of a
-    128-key step masked).
+    Hopper (sm_90) takes the warp-specialized wgmma variant: 128-row tiles (two consumer
+    warpgroups and a producer warpgroup), 128 keys a step, three K/V stages — the fastest sm90
+    shape for head dims 64 and 128 on the H200 (benchmarks/RESULTS.md, fourth session); masks of
+    small query blocks take 64-row tiles and 64 keys a step (key spans of 64-token blocks would
+    leave half of a 128-key step masked).
     Elsewhere the portable family: 128-row tiles over 4 warps (32 rows each), 64 keys a step, double
     buffered. Head dim 64 takes 64-row tiles (16 rows a warp): its tasks are short, and more of
     them in flight hide each task's pipeline fill better (H200, benchmarks/RESULTS.md).
@@ -167,9 +167,11 @@ def default_regime(arch: int | None = None, head_dim: int = 128,
     """
     small_blocks = q_block is not None and q_block <= 64
     if arch == 90:
-        bm = 64 if small_blocks or head_dim <= 64 else 128
-        return Regime(family="sm90", block_m=bm, num_warps=bm // ROW_GROUP,
-                      block_n=64 if small_blocks else 128, stages=3, combine_threshold=0.0)
+        if small_blocks:
+            return Regime(family="sm90", block_m=64, num_warps=4, block_n=64, stages=3,
+                          combine_threshold=0.0)
+        return Regime(family="sm90", block_m=128, num_warps=128 // ROW_GROUP + 4, block_n=128,
+                      stages=3, combine_threshold=0.0)
     if head_dim <= 64 or small_blocks or (arch in (86, 87, 89) and head_dim > 96):
         return Regime(block_m=64, num_warps=4, combine_threshold=0.0)
     return Regime(combine_threshold=0.0)
@@ -207,8 +209,8 @@ def candidate_regimes(head_dim: int, arch: int | None) -> list[Regime]:
     """The regimes worth profiling for ``head_dim`` on compute capability ``arch``.
 
     The sm80 family with 4 warps: 64- or 128-row tiles (16 or 32 rows a warp, the two shapes the
-    kernel supports at 4 warps), 32 or 64 keys a step; on sm_90 also the sm90 family with one or
-    two warpgroups (64- or 128-row tiles), 64 or 128 keys a step and three stages; sm80 double
+    kernel supports at 4 warps), 32 or 64 keys a step; on sm_90 also the sm90 family, 64-row tiles
+    on one warpgroup or 128-row tiles warp-specialized, 64 or 128 keys a step, three stages; sm80 double
     buffered; split
     policy 2x or 4x
     the mean task, or never (1e9); combine threshold 0 (merge only identical key sets) or 0.3.
@@ -218,7 +220,10 @@ def candidate_regimes(head_dim: int, arch: int | None) -> list[Regime]:
     shapes = [dict(block_m=bm, block_n=bn, num_warps=CANDIDATE_WARPS)
               for bm in CANDIDATE_BLOCK_M for bn in CANDIDATE_BLOCK_N]
     if arch == 90:
-        shapes += [dict(family="sm90", block_m=bm, block_n=bn, num_warps=bm // ROW_GROUP)
+        # 64-row tiles plain (one warpgroup), 128-row tiles warp-specialized (the plain
+        # 128-row variant was slower on every swept mask: benchmarks/RESULTS.md).
+        shapes += [dict(family="sm90", block_m=bm, block_n=bn,
+                        num_warps=bm // ROW_GROUP + (4 if bm == 128 else 0))
                    for bm in CANDIDATE_BLOCK_M for bn in CANDIDATE_SM90_BLOCK_N]
     out = []
     for shape in shapes:
