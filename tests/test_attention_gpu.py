@@ -251,7 +251,8 @@ def test_device_planner_equals_host_planner(case):
     h = dense.shape[0]
     for reg in regimes:
         for hq, hkv in ((h, h), (2 * h, h)):  # GQA packs two query heads per mask head
-            ph = tessera.plan(host, num_q_heads=hq, num_kv_heads=hkv, head_dim=128, regime=reg)
+            ph = tessera.plan(host, num_q_heads=hq, num_kv_heads=hkv, head_dim=128, regime=reg,
+                              arch=_device_cc())  # both plans for this GPU
             for m in (dev, csr):
                 pd = tessera.plan(m, num_q_heads=hq, num_kv_heads=hkv, head_dim=128,
                                   regime=reg)

@@ -803,6 +803,67 @@ def test_one_sync_planner_splits_heavy_rows_like_the_general_planner(monkeypatch
     assert got.queue.num_slots == ref.queue.num_slots
 
 
+def test_split_limit_counts_the_tasks_in_flight():
+    """The split rule: above split_ratio x the mean and min_split_chunks, and above the average
+    work per task slot when the number of slots is known."""
+    from tessera.runtime.tasks import split_limit
+
+    assert split_limit(4.0, 16, 100, 1000, 0) == 40  # 4 x the mean of 10
+    assert split_limit(4.0, 64, 100, 1000, 0) == 64
+    assert split_limit(4.0, 16, 100, 1000, 10) == 100  # 10 slots: 100 chunks each
+    assert split_limit(4.0, 16, 100, 1001, 10) == 101  # rounded up
+    assert split_limit(4.0, 16, 100, 1000, 1000) == 40  # many slots: the ratio rule decides
+    assert split_limit(2.0, 1, 0, 0, 132) == 1
+
+
+@pytest.mark.parametrize("slots,splits", [(1, False), (10_000, True)])
+def test_plans_for_the_current_gpu_split_only_what_its_slots_need(monkeypatch, slots, splits):
+    """Planning for the current GPU, a heavy row that the ratio rule would cut stays whole when
+    the average work per task slot exceeds it (one SM here) and splits as before on a GPU with
+    many slots; both planners agree either way, and a portable host plan (arch None) keeps the
+    ratio rule alone."""
+    seen = []
+    from tessera.cuda import loader
+    from tessera.runtime import mapping
+    from tessera.runtime import plan as plan_mod
+
+    monkeypatch.setattr(loader, "load_kernel", lambda v: PLANNER_STAND_INS[v.kernel])
+    monkeypatch.setattr(plan_mod, "_device_arch", lambda: 90)
+    monkeypatch.setattr(plan_mod, "device_sm_count", lambda: 7)
+    monkeypatch.setattr(plan_mod, "tasks_in_flight",
+                        lambda r, d, arch, sms: seen.append((arch, sms)) or slots)
+    dense = np.random.default_rng(3).random((2, 12, 60)) < 0.05
+    dense[:, 4] = True
+    mask = BlockMask.from_dense(dense, block_size=64, seq_len_q=740)
+    regime = TILE_128x64.with_(combine_threshold=0.0, split_ratio=2.0, min_split_chunks=4)
+    kw = dict(num_q_heads=2, head_dim=64, regime=regime)
+    portable = tessera.plan(mask, **kw)
+    assert portable.queue.combine.shape[0] > 0  # the ratio rule splits row 4
+    ref = tessera.plan(mask, arch=90, **kw)
+    assert (ref.queue.combine.shape[0] > 0) == splits
+    monkeypatch.setattr(mapping, "_use_device_planner", lambda xp: True)
+    got = tessera.plan(mask, arch=90, **kw)
+    for f in ("tasks", "spans", "combine"):
+        np.testing.assert_array_equal(getattr(got.queue, f), getattr(ref.queue, f), err_msg=f)
+    if splits:
+        np.testing.assert_array_equal(ref.queue.tasks, portable.queue.tasks)
+    else:
+        assert ref.queue.num_slots == 0 and ref.queue.tasks[:, 7].max() == 60
+    assert seen and set(seen) == {(90, 7)}  # asked for this GPU's SMs, never for the host plan
+
+
+def test_tasks_in_flight_estimates():
+    """Resident CTAs per SM from shared memory and threads, times the SMs."""
+    from tessera.runtime.regime import default_regime, tasks_in_flight
+
+    ws = default_regime(90, 128)  # ~225 KB: one CTA per SM
+    assert tasks_in_flight(ws, 128, 90, 132) == 132
+    assert tasks_in_flight(default_regime(90, 128, q_block=64), 128, 90, 132) == 264
+    assert tasks_in_flight(Regime(block_m=64, num_warps=4), 64, 90, 132) >= 264
+    # A variant larger than the architecture allows still counts one per SM.
+    assert tasks_in_flight(ws, 128, 86, 84) == 84
+
+
 @pytest.mark.parametrize("source", ["dense", "csr"])
 @pytest.mark.parametrize("threshold", [0.0, 0.3, 1.0])
 def test_device_planner_logic_equals_host_planner(monkeypatch, source, threshold):

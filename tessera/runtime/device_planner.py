@@ -26,7 +26,7 @@ import numpy as np
 from .._array import device_copy, to_numpy
 from ..mask import BlockMask
 from .mapping import PhysicalTiles, _device_dense_rows, device_bounds, row_stats_on_device
-from .tasks import TaskQueue, build_task_queue, head_assignments
+from .tasks import TaskQueue, build_task_queue, head_assignments, split_limit
 
 __all__ = ["plan_on_device"]
 
@@ -50,8 +50,8 @@ def _assignments(xp, batch: int, num_q_heads: int, num_kv_heads: int, hp: int,
 
 def plan_on_device(mask: BlockMask, *, tile_rows: int, block_n: int, heads_per_task: int,
                    batch: int, num_q_heads: int, num_kv_heads: int, batch_of: np.ndarray,
-                   head_of: np.ndarray, split_ratio: float, min_split_chunks: int
-                   ) -> tuple[PhysicalTiles, TaskQueue] | None:
+                   head_of: np.ndarray, split_ratio: float, min_split_chunks: int,
+                   in_flight: int = 0) -> tuple[PhysicalTiles, TaskQueue] | None:
     """Tiles and task queue of a device mask without restricted merges, by the planner kernels;
     None when the mask's dense rows would be too large (the general planner then takes over)."""
     from ..cuda.loader import Variant, load_kernel  # noqa: PLC0415 - device only
@@ -79,7 +79,7 @@ def plan_on_device(mask: BlockMask, *, tile_rows: int, block_n: int, heads_per_t
     n_runs, n_spans, n_tiles, n_tasks, task_chunks, max_chunks = (int(x) for x in
                                                                   to_numpy(totals))
     # The split policy of tasks.build_task_queue, on the same totals.
-    limit = max(int(min_split_chunks), int(np.ceil(split_ratio * task_chunks / max(n_tasks, 1))))
+    limit = split_limit(split_ratio, min_split_chunks, n_tasks, task_chunks, in_flight)
     split = bool(n_tiles) and max_chunks > limit
     spans = xp.empty((n_spans, 4), dtype=i32)
     tiles = xp.empty((n_tiles, 6), dtype=i32)
@@ -101,7 +101,7 @@ def plan_on_device(mask: BlockMask, *, tile_rows: int, block_n: int, heads_per_t
                                     num_kv_heads=num_kv_heads, heads_per_task=heads_per_task,
                                     batch_of=batch_of, head_of=head_of,
                                     mask_batch_heads=mask.batch_heads, split_ratio=split_ratio,
-                                    min_split_chunks=min_split_chunks)
+                                    min_split_chunks=min_split_chunks, in_flight=in_flight)
     # Longest first (stable, as the general planner orders them).
     tasks = xp.ascontiguousarray(tasks[xp.argsort(-tasks[:, 7], kind="stable")])
     queue = TaskQueue(tasks=tasks, spans=spans, combine=xp.zeros((0, 6), dtype=i32),

@@ -19,7 +19,8 @@ from ..mask import BlockMask
 from . import mapping
 from .device_planner import plan_on_device
 from .mapping import PhysicalTiles, map_to_tiles
-from .regime import ROW_GROUP, Regime, select_regime
+from .regime import (ROW_GROUP, Regime, _device_arch, device_sm_count, select_regime,
+                     tasks_in_flight)
 from .tasks import TaskQueue, build_task_queue
 
 __all__ = ["Plan", "PlanStats", "plan", "SUPPORTED_DTYPES"]
@@ -174,6 +175,11 @@ def plan(block_mask: BlockMask, *, num_q_heads: int, num_kv_heads: int | None = 
     if not isinstance(regime, Regime):
         raise TypeError(f"regime must be a tessera Regime, got {type(regime).__name__}")
 
+    # Planning for the current GPU (a device mask, or its architecture named): the split rule
+    # may count the tasks it runs at once; a portable host plan (arch None) does not.
+    in_flight = 0
+    if block_mask.on_device or (arch is not None and arch == _device_arch()):
+        in_flight = tasks_in_flight(regime, head_dim, _device_arch(), device_sm_count())
     hp = heads_per_task(regime, block_mask.batch_heads[1], num_q_heads, num_kv_heads)
     tile_rows = regime.block_m // hp
     fused = None
@@ -183,7 +189,7 @@ def plan(block_mask: BlockMask, *, num_q_heads: int, num_kv_heads: int | None = 
                                heads_per_task=hp, batch=batch, num_q_heads=num_q_heads,
                                num_kv_heads=num_kv_heads, batch_of=batch_of, head_of=head_of,
                                split_ratio=regime.split_ratio,
-                               min_split_chunks=regime.min_split_chunks)
+                               min_split_chunks=regime.min_split_chunks, in_flight=in_flight)
     if fused is not None:
         tiles, queue = fused
     else:
@@ -193,7 +199,7 @@ def plan(block_mask: BlockMask, *, num_q_heads: int, num_kv_heads: int | None = 
                                  batch_of=batch_of, head_of=head_of,
                                  mask_batch_heads=block_mask.batch_heads,
                                  split_ratio=regime.split_ratio,
-                                 min_split_chunks=regime.min_split_chunks)
+                                 min_split_chunks=regime.min_split_chunks, in_flight=in_flight)
     p = Plan(mask=block_mask, regime=regime, batch=batch, num_q_heads=num_q_heads,
              num_kv_heads=num_kv_heads, head_dim=head_dim, head_dim_v=head_dim_v,
              dtype=dtype, layout=layout, tiles=tiles, queue=queue)

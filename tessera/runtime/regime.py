@@ -41,7 +41,8 @@ import numpy as np
 
 __all__ = ["Regime", "default_regime", "ROW_GROUP", "candidate_regimes", "MaskFeatures",
            "MaskMeasures", "mask_features", "mask_measures", "RegimeTable", "use_table",
-           "active_table", "select_regime", "gpu_slug", "TABLES_DIR", "ENV_TABLE"]
+           "active_table", "select_regime", "gpu_slug", "TABLES_DIR", "ENV_TABLE",
+           "tasks_in_flight", "device_sm_count"]
 
 # Rows one warp owns in every kernel family (the M of one mma.sync / a quarter of a wgmma M=64).
 # Row groups with no valid row skip their matrix work, so stats count computed pairs per group.
@@ -203,6 +204,21 @@ def regime_fits(regime: Regime, head_dim: int, arch: int | None) -> bool:
     from ..cuda.loader import smem_bytes  # noqa: PLC0415 - no CuPy needed
 
     return smem_bytes(regime.variant(head_dim)) <= smem_limit_bytes(arch)
+
+
+def tasks_in_flight(regime: Regime, head_dim: int, arch: int | None, sm_count: int) -> int:
+    """How many of ``regime``'s tasks a GPU with ``sm_count`` SMs of ``arch`` runs at once.
+
+    An estimate from shared memory (each resident CTA also takes 1 KiB the driver reserves) and
+    threads (2048 per SM); the split rule (``tasks.split_limit``) only needs the right order
+    of magnitude.
+    """
+    from ..cuda.loader import smem_bytes  # noqa: PLC0415 - no CuPy needed
+
+    v = regime.variant(head_dim)
+    per_sm_smem = smem_limit_bytes(arch) + 1024
+    by_smem = per_sm_smem // (smem_bytes(v) + 1024)
+    return int(sm_count * max(1, min(by_smem, 2048 // v.threads)))
 
 
 def candidate_regimes(head_dim: int, arch: int | None) -> list[Regime]:
@@ -800,6 +816,7 @@ _resolved: dict[tuple, RegimeTable | None] = {}
 _warned: set[str] = set()
 _gpu_names: dict[int, str | None] = {}
 _device_archs: dict[int, int] = {}
+_device_sms: dict[int, int] = {}
 
 
 def _warn_once(msg: str) -> None:
@@ -849,6 +866,22 @@ def _device_arch() -> int | None:
         except Exception:
             return None
     return _device_archs[dev]
+
+
+def device_sm_count() -> int:
+    """Multiprocessors of the current device (cached per device), 0 without one."""
+    dev = _current_device_id()
+    if dev is None:
+        return 0
+    if dev not in _device_sms:
+        from .._array import cupy_or_none  # noqa: PLC0415
+
+        try:
+            _device_sms[dev] = int(cupy_or_none().cuda.Device(dev).attributes[
+                "MultiProcessorCount"])
+        except Exception:
+            return 0
+    return _device_sms[dev]
 
 
 def use_table(table: "str | os.PathLike | RegimeTable | None") -> RegimeTable | None:

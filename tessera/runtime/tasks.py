@@ -39,7 +39,7 @@ import numpy as np
 from .._array import array_module, offsets_from_counts, segment_ids, to_numpy
 from .mapping import PhysicalTiles
 
-__all__ = ["TaskQueue", "build_task_queue", "TASK_FIELDS", "SPAN_FIELDS", "COMBINE_FIELDS"]
+__all__ = ["TaskQueue", "build_task_queue", "split_limit", "TASK_FIELDS", "SPAN_FIELDS", "COMBINE_FIELDS"]
 
 TASK_FIELDS = ("batch", "q_head0", "q_start", "q_end", "span_begin", "span_end", "slot", "cost")
 SPAN_FIELDS = ("k_start", "k_end", "r_start", "r_end")
@@ -77,15 +77,33 @@ def head_assignments(batch: int, num_q_heads: int, num_kv_heads: int, heads_per_
     return b[order], h0[order], bh[order]
 
 
+def split_limit(split_ratio: float, min_split_chunks: int, total_tasks: int, total_chunks: int,
+                in_flight: int = 0) -> int:
+    """The most key chunks a task may have before it is split (both planners' one rule).
+
+    A task is split when it exceeds ``split_ratio`` x the mean task and ``min_split_chunks``,
+    and -- when ``in_flight`` (tasks the GPU runs at once; 0: unknown) is given -- also the
+    work each of those slots gets on average: launched longest first, a task no longer than
+    that finishes within the time the rest of the queue takes anyway, so cutting it would
+    only add partials, a combine step and planning work (the text rows of video models, which
+    attend to every key, are such tasks on full-size shapes).
+    """
+    mean = total_chunks / max(total_tasks, 1)
+    limit = max(int(min_split_chunks), int(np.ceil(split_ratio * mean)))
+    if in_flight > 0:
+        limit = max(limit, -(-total_chunks // in_flight))
+    return limit
+
+
 def build_task_queue(tiles: PhysicalTiles, *, batch: int, num_q_heads: int, num_kv_heads: int,
                      heads_per_task: int, batch_of: np.ndarray, head_of: np.ndarray,
                      mask_batch_heads: tuple[int, int], split_ratio: float,
-                     min_split_chunks: int) -> TaskQueue:
+                     min_split_chunks: int, in_flight: int = 0) -> TaskQueue:
     """Expand tiles over the (batch, head) pairs that read them, split heavy tiles, order by cost.
 
-    A tile whose key chunks exceed both ``split_ratio`` x the mean task and ``min_split_chunks``
-    is cut into near-equal parts (spans are cut at chunk boundaries); each part writes a partial
-    that the combine step merges by log-sum-exp, in part order, so results are deterministic.
+    A tile longer than :func:`split_limit` allows is cut into near-equal parts (spans are cut
+    at chunk boundaries); each part writes a partial that the combine step merges by
+    log-sum-exp, in part order, so results are deterministic.
     """
     xp = array_module(tiles.q0)
     a_b, a_h0, a_bh = head_assignments(batch, num_q_heads, num_kv_heads, heads_per_task,
@@ -104,8 +122,7 @@ def build_task_queue(tiles: PhysicalTiles, *, batch: int, num_q_heads: int, num_
         total_tasks, total_chunks, max_chunks = (int(x) for x in to_numpy(totals))
     else:
         total_tasks = total_chunks = max_chunks = 0
-    mean = total_chunks / max(total_tasks, 1)
-    limit = max(int(min_split_chunks), int(np.ceil(split_ratio * mean)))
+    limit = split_limit(split_ratio, min_split_chunks, total_tasks, total_chunks, in_flight)
     any_split = max_chunks > limit
 
     # Parts, tile-major: an unsplit tile is one part over its own spans; the spans of split
