@@ -19,8 +19,12 @@ def main():
     q, k, v = (torch.randn(b, h, L, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     n = math.ceil(L / 128)
     dense = np.random.default_rng(0).random((h, n, n)) < density
-    m = tessera.BlockMask.from_dense(dense, block_size=128, seq_len_q=L, seq_len_kv=L)
+    # A device mask, as requests bring them: the plan is then made for this GPU (its default
+    # kernel family), not the portable host plan.
+    m = tessera.BlockMask.from_dense(torch.from_numpy(dense).cuda(), block_size=128,
+                                     seq_len_q=L, seq_len_kv=L)
     p = tessera.plan(m, num_q_heads=h, head_dim=d)
+    print("regime:", p.regime.name)
     for _ in range(4):
         p.run(q, k, v)
     torch.cuda.synchronize()
