@@ -68,29 +68,37 @@ __device__ __forceinline__ u32 tile_offset(int row, int piece) {
   return o ^ (((o >> 7) & (PPC - 1)) << 4);
 }
 
-// wgmma shared-memory matrix descriptor: start address, leading and stride byte offsets (all
-// encoded >> 4) and the swizzle mode (1: 128-byte, 2: 64-byte).
-__device__ __forceinline__ u64 smem_desc(u32 addr, u32 lbo, u32 sbo) {
-  constexpr u64 mode = SW == 128 ? 1 : 2;
-  return (u64)((addr & 0x3FFFF) >> 4) | ((u64)(lbo >> 4) << 16) | ((u64)(sbo >> 4) << 32) |
-         (mode << 62);
+// wgmma shared-memory matrix descriptor, held as its two words: the low one the start address
+// and the leading byte offset, the high one the stride byte offset and the swizzle mode (1:
+// 128-byte, 2: 64-byte), all byte counts >> 4. A tile's descriptor is built once and each
+// operand slice addressed as a byte offset from it: one integer add per wgmma on the issue path
+// instead of rebuilding the fields. The add cannot carry out of the 14-bit start-address field,
+// since shared addresses stay below 256 KB.
+struct SmemDesc {
+  u32 lo, hi;
+  __device__ __forceinline__ u64 at(u32 byte_offset) const {
+    return ((u64)hi << 32) | (u64)(lo + (byte_offset >> 4));
+  }
+};
+__device__ __forceinline__ SmemDesc smem_desc(u32 addr, u32 lbo, u32 sbo) {
+  constexpr u32 mode = SW == 128 ? 1 : 2;
+  return {((addr & 0x3FFFF) >> 4) | ((lbo >> 4) << 16), (sbo >> 4) | (mode << 30)};
 }
 
-// K-major operand (rows of D elements: Q or K), the 16 columns of step kk, starting at row 0 of
-// `base` within a tile of ROWS rows. Within a chunk the step is a plain byte offset: the
+// K-major operand (rows of D elements: Q or K) of a tile of ROWS rows: its descriptor, and the
+// byte offset of the 16 columns of step kk. Within a chunk the step is a plain byte offset: the
 // hardware applies the swizzle to the address it forms.
+__device__ __forceinline__ SmemDesc k_major_desc(u32 base) { return smem_desc(base, 16, 8 * SW); }
 template <int ROWS>
-__device__ __forceinline__ u64 k_major_desc(u32 base, int kk) {
+__device__ __forceinline__ u32 k_major_step(int kk) {
   constexpr int STEPS_PER_CHUNK = SW / 32;
-  return smem_desc(base + (u32)((kk / STEPS_PER_CHUNK) * ROWS * SW + (kk % STEPS_PER_CHUNK) * 32),
-                   16, 8 * SW);
+  return (u32)((kk / STEPS_PER_CHUNK) * ROWS * SW + (kk % STEPS_PER_CHUNK) * 32);
 }
 
-// N-major operand V (keys x D, D contiguous), keys 16 kk .. 16 kk + 15: chunks of D are LBO apart,
-// groups of 8 keys SBO apart.
-__device__ __forceinline__ u64 v_desc(u32 base, int kk) {
-  return smem_desc(base + (u32)(kk * 16 * SW), BN * SW, 8 * SW);
-}
+// N-major operand V (keys x D, D contiguous): chunks of D are LBO apart, groups of 8 keys SBO
+// apart; keys 16 kk .. 16 kk + 15 start kk * 16 * SW bytes in.
+__device__ __forceinline__ SmemDesc v_desc(u32 base) { return smem_desc(base, BN * SW, 8 * SW); }
+__device__ __forceinline__ u32 v_step(int kk) { return (u32)(kk * 16 * SW); }
 
 // Issue the asynchronous copies of one K/V chunk (rows past the span end: ChunkWalk::row_key).
 __device__ __forceinline__ void load_kv(u32 ks, const u16* k_head, i64 k_sl, const u16* v_head,
@@ -193,7 +201,9 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
   const int b = task.b, h0 = task.h0, q_start = task.q_start, q_end = task.q_end;
   const int slot = task.slot;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int wg = warp / 4;
+  // Broadcast from lane 0: the compiler then knows it is warp-uniform and keeps what derives
+  // from it (the Q descriptor) in uniform registers, next to the wgmma that read them.
+  const int wg = __shfl_sync(0xffffffffu, warp / 4, 0);
   const int g = lane / 4, t = lane % 4;
 
   const u32 q_base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // wgmma's swizzle alignment
@@ -267,7 +277,7 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
 #pragma unroll
   for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
   float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
-  const u32 q_wg = q_base + (u32)(wg * 64 * SW);
+  const SmemDesc q_desc = k_major_desc(q_base + (u32)(wg * 64 * SW));
 
   // Software pipeline, per warpgroup: iteration j issues S_j = Q K_j^T and then O += P_{j-1}
   // V_{j-1}, waits for S_j only, runs the softmax of chunk j while the tensor cores still work on
@@ -308,13 +318,15 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
     wait_issue_turn(wg);
     wgmma_hold<D / 2>(&o[0][0]);
     wgmma_fence();
+    const SmemDesc k_desc = k_major_desc(ks), vd = v_desc(vs_prev);
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
-      Wgmma<BN>::ss(&s[0][0], k_major_desc<BM>(q_wg, kk), k_major_desc<BN>(ks, kk), kk > 0);
+      Wgmma<BN>::ss(&s[0][0], q_desc.at(k_major_step<BM>(kk)),
+                    k_desc.at(k_major_step<BN>(kk)), kk > 0);
     wgmma_commit();
     if (j > 0) {
 #pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk) Wgmma<D>::rs(&o[0][0], pa[kk], v_desc(vs_prev, kk), 1);
+      for (int kk = 0; kk < BN / 16; ++kk) Wgmma<D>::rs(&o[0][0], pa[kk], vd.at(v_step(kk)), 1);
     }
     wgmma_commit();  // an empty group when j == 0 keeps the wait counts below the same
     pass_issue_turn(wg);
@@ -350,8 +362,9 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
   if (vs_prev != 0) {  // the last chunk's P V (uniform: every thread walked the same spans)
     wgmma_hold<D / 2>(&o[0][0]);
     wgmma_fence();
+    const SmemDesc vd = v_desc(vs_prev);
 #pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) Wgmma<D>::rs(&o[0][0], pa[kk], v_desc(vs_prev, kk), 1);
+    for (int kk = 0; kk < BN / 16; ++kk) Wgmma<D>::rs(&o[0][0], pa[kk], vd.at(v_step(kk)), 1);
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_hold<D / 2>(&o[0][0]);

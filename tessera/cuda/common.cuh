@@ -176,6 +176,16 @@ struct ChunkWalk {
 // How far (log2 units) a score may exceed the running max before the accumulators are rescaled.
 constexpr float RESCALE_SLACK = 8.f;
 
+// Reduces v[0 .. N) with op pairwise (log2 N dependent steps instead of N - 1), in place.
+template <int N, typename Op>
+__device__ __forceinline__ float tree_reduce(float (&v)[N], Op op) {
+#pragma unroll
+  for (int stride = 1; stride < N; stride *= 2)
+#pragma unroll
+    for (int i = 0; i + stride < N; i += 2 * stride) v[i] = op(v[i], v[i + stride]);
+  return v[0];
+}
+
 // One key chunk for the two rows (g and g + 8 of a 16-row tile) a thread holds: s[NB][4] are raw
 // scores of NB key octets in the m16n8 accumulator layout, keys key0 + 8 * j + 2 * t (+1).
 // Masks keys at or past k_end and rows whose ok flag is false, exponentiates s in place against
@@ -195,11 +205,18 @@ __device__ __forceinline__ bool softmax_chunk(float (&s)[NB][4], float (&m)[2], 
         if (!(key_ok && (e < 2 ? ok0 : ok1))) s[nt][e] = NEG_INF;
       }
   }
-  float mx0 = NEG_INF, mx1 = NEG_INF;
+  // Reductions over the thread's scores run as trees (tree_reduce): a serial chain would leave
+  // the consumer warp waiting out each instruction's latency, with little else to issue.
+  float mx0, mx1;
+  {
+    float r0[NB], r1[NB];
 #pragma unroll
-  for (int nt = 0; nt < NB; ++nt) {
-    mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
-    mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
+    for (int nt = 0; nt < NB; ++nt) {
+      r0[nt] = fmaxf(s[nt][0], s[nt][1]);
+      r1[nt] = fmaxf(s[nt][2], s[nt][3]);
+    }
+    mx0 = tree_reduce<NB>(r0, [](float a, float b) { return fmaxf(a, b); });
+    mx1 = tree_reduce<NB>(r1, [](float a, float b) { return fmaxf(a, b); });
   }
   // The running max moves only when a score exceeds it by more than RESCALE_SLACK (the softmax
   // is invariant to the shift; p stays <= 2^RESCALE_SLACK), so most chunks skip rescaling.
@@ -218,18 +235,19 @@ __device__ __forceinline__ bool softmax_chunk(float (&s)[NB][4], float (&m)[2], 
   // A row with nothing unmasked yet keeps m = -inf; subtract 0 so exp2 gives 0, not NaN.
   const float base0 = m[0] == NEG_INF ? 0.f : m[0];
   const float base1 = m[1] == NEG_INF ? 0.f : m[1];
-  float rs0 = 0.f, rs1 = 0.f;
+  float r0[NB], r1[NB];
 #pragma unroll
   for (int nt = 0; nt < NB; ++nt) {
     s[nt][0] = fast_exp2(fmaf(s[nt][0], scale_log2, -base0));
     s[nt][1] = fast_exp2(fmaf(s[nt][1], scale_log2, -base0));
     s[nt][2] = fast_exp2(fmaf(s[nt][2], scale_log2, -base1));
     s[nt][3] = fast_exp2(fmaf(s[nt][3], scale_log2, -base1));
-    rs0 += s[nt][0] + s[nt][1];
-    rs1 += s[nt][2] + s[nt][3];
+    r0[nt] = s[nt][0] + s[nt][1];
+    r1[nt] = s[nt][2] + s[nt][3];
   }
-  l[0] = l[0] * al[0] + rs0;
-  l[1] = l[1] * al[1] + rs1;
+  const auto add = [](float a, float b) { return a + b; };
+  l[0] = l[0] * al[0] + tree_reduce<NB>(r0, add);
+  l[1] = l[1] * al[1] + tree_reduce<NB>(r1, add);
   return rescale;
 }
 
