@@ -297,7 +297,7 @@ def blocks_per_sm(variant: Variant) -> int:
     if key not in _resident:
         from cupy_backends.cuda.api import driver  # noqa: PLC0415 - device only
 
-        fn = load_kernel(variant)
+        fn = load_kernel(variant).kernel  # the RawKernel's driver function
         _resident[key] = max(1, int(driver.occupancyMaxActiveBlocksPerMultiprocessor(
             fn.ptr, variant.threads, smem_bytes(variant))))
     return _resident[key]
