@@ -258,10 +258,12 @@ def _launch(p: Plan, ops: _Operands, scale: float | None, return_lse: bool,
                 f32(scale * _LOG2E), i32(p.queue.num_tasks))
         n_tasks = p.queue.num_tasks
         if n_tasks:
-            grid = n_tasks
-            if fwd.persistent:  # as many CTAs as the GPU holds at once, each running tasks
+            grid, counter = n_tasks, None
+            if fwd.persistent:  # as many CTAs as the GPU holds at once, taking tasks in turn
                 grid = min(n_tasks, max(1, blocks_per_sm(fwd) * device_sm_count()),
                            persistent_grid_cap or n_tasks)
+                counter = cp.zeros(1, dtype=np.int32)  # per launch: concurrent runs never share
+            args += (ptr(0 if counter is None else counter.data.ptr),)
             fn((grid,), (fwd.threads,), args, shared_mem=smem_bytes(fwd), stream=stream)
         n_jobs = int(p.queue.combine.shape[0])
         if n_jobs:

@@ -62,7 +62,8 @@ def test_sm90_variants_compile_without_spills(bm, bn, d, stages, tmp_path, monke
 
 
 @pytest.mark.parametrize("bm,bn,d", [(128, 128, 128), (128, 64, 128), (128, 128, 96),
-                                     (128, 128, 64), (64, 128, 64), (64, 64, 128)])
+                                     (128, 128, 64), (64, 128, 64), (64, 64, 128),
+                                     (64, 128, 128)])
 def test_sm90_producer_variants_compile(bm, bn, d, tmp_path, monkeypatch):
     """The warp-specialized variant (a producer warpgroup, register reallocation): no spills,
     no serialized wgmma, setmaxnreg honoured (the loader refuses all three)."""
@@ -73,9 +74,10 @@ def test_sm90_producer_variants_compile(bm, bn, d, tmp_path, monkeypatch):
     assert v.threads == (bm // 64 + 1) * 128
     res = loader.compile_variant(v, "sm_90a")
     assert res.spill_bytes == 0 and res.stack_bytes == 0
-    # Barriers for the stage and Q hand-overs (full and empty each) sit after the tiles.
+    # Barriers for the stage and Q hand-overs (full and empty each) and the task index sit
+    # after the tiles.
     plain = Regime(family="sm90", block_m=bm, num_warps=bm // 16, block_n=bn, stages=3)
-    assert loader.smem_bytes(v) == loader.smem_bytes(plain.variant(d)) + 8 * (2 * 3 + 2)
+    assert loader.smem_bytes(v) == loader.smem_bytes(plain.variant(d)) + 8 * (2 * 3 + 3)
     assert v.persistent and not plain.variant(d).persistent
 
 

@@ -180,10 +180,11 @@ __device__ __forceinline__ void regs_increase() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(REGS));
 }
 // Registers per thread after reallocation: the producer needs few; the consumers take the rest
-// of the 64K (multiples of 8).
+// of the 64K (multiples of 8), up to setmaxnreg's 256 (one consumer warpgroup at head dim 128
+// needs all of it).
 constexpr int PRODUCER_REGS = 40;
 constexpr int CONSUMER_REGS_FIT = (65536 - 128 * PRODUCER_REGS) / CONSUMERS / 8 * 8;
-constexpr int CONSUMER_REGS = CONSUMER_REGS_FIT < 240 ? CONSUMER_REGS_FIT : 240;
+constexpr int CONSUMER_REGS = CONSUMER_REGS_FIT < 256 ? CONSUMER_REGS_FIT : 256;
 
 // Makes this thread's completed cp.async writes visible to the tensor cores' (async proxy)
 // reads that follow the next barrier.
@@ -204,18 +205,23 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
 
   const u32 q_base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // wgmma's swizzle alignment
   const u32 stage_base = q_base + Q_BYTES;
-  // mbarriers after the stages (producer variant): full[STAGES], empty[STAGES], Q full, Q empty.
+  // mbarriers after the stages (producer variant): full[STAGES], empty[STAGES], Q full, Q empty,
+  // then the index of the CTA's current task.
   const u32 full_bar = stage_base + STAGES * STAGE_BYTES;
   const u32 empty_bar = full_bar + 8 * STAGES;
   const u32 q_full_bar = empty_bar + 8 * STAGES;
   const u32 q_empty_bar = q_full_bar + 8;
 
-  // The producer variant is persistent: CTA blockIdx.x runs tasks blockIdx.x, blockIdx.x +
-  // gridDim.x, ... (longest first, as the queue is ordered), and the K/V stage ring runs on
-  // across its tasks, so the next task's first chunks load while the current one finishes.
+  // The producer variant is persistent: CTA blockIdx.x starts with task blockIdx.x and then
+  // takes the next untaken task of the queue from a global counter (gridDim.x + the count), so
+  // tasks start longest first, in queue order, on whichever CTA is free -- the hardware's own
+  // order for one-task CTAs, which keeps the K/V being read by concurrent tasks together in L2.
+  // The K/V stage ring runs on across a CTA's tasks: the next task's first chunks load while
+  // the current one finishes. The producer passes each task index to the consumers through
+  // shared memory with the Q hand-over; an index past the queue ends the CTA.
   // Otherwise one CTA runs one task.
-  const int task_end = WS ? num_tasks : (int)blockIdx.x + 1;
-  const int task_step = WS ? (int)gridDim.x : 1;
+  volatile int* task_slot = reinterpret_cast<volatile int*>(smem_raw + (q_empty_bar + 8 -
+                                                                      smem_addr(smem_raw)));
 
   if constexpr (WS) {
     if (tid == 0) {
@@ -223,7 +229,7 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
         mbar_init(full_bar + 8 * st, LOADERS);
         mbar_init(empty_bar + 8 * st, CONSUMERS);
       }
-      mbar_init(q_full_bar, LOADERS);
+      mbar_init(q_full_bar, LOADERS + 1);  // + the arrive that publishes the task index
       mbar_init(q_empty_bar, CONSUMERS);
     }
     __syncthreads();
@@ -234,9 +240,23 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
       regs_decrease<PRODUCER_REGS>();
       const int ptid = tid - CONSUMERS;
       int c = 0;  // chunks loaded, over all of this CTA's tasks
-      for (int n = 0, ti = blockIdx.x; ti < task_end; ++n, ti += task_step) {
+      int ti = blockIdx.x;  // the first task; later ones are taken from the shared counter
+      for (int n = 0;; ++n) {
+        if (n > 0) {
+          // The consumers are done with the previous task's Q (and have read its index).
+          mbar_wait(q_empty_bar, (n - 1) & 1);
+          if (ptid == 0) *task_slot = atomicAdd(task_counter, 1) + (int)gridDim.x;
+          named_bar_sync(3, LOADERS);  // the producer's own barrier: the index is written
+          ti = *task_slot;
+        } else if (ptid == 0) {
+          *task_slot = ti;
+        }
+        if (ptid == 0) mbar_arrive(q_full_bar);  // releases the index to the consumers
+        if (ti >= num_tasks) {
+          mbar_arrive(q_full_bar);  // no Q to copy: the consumers find the end of the queue
+          break;
+        }
         const Task task(tasks, ti, k_ptr, k_sb, k_sh, v_ptr, v_sb, v_sh, group);
-        if (n > 0) mbar_wait(q_empty_bar, (n - 1) & 1);
         for (int i = ptid; i < BM * CPR; i += LOADERS) {
           const int r = i / CPR, p = i % CPR;
           cp_async16(q_base + tile_offset<BM>(r, p), task.q_row(q, r, tile_rows) + p * 8);
@@ -261,7 +281,15 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
 
   const SmemDesc q_desc = k_major_desc(q_base + (u32)(wg * 64 * SW));
   int j = 0;  // chunks computed, over all of this CTA's tasks: chunk j sits in stage j % STAGES
-  for (int n = 0, ti = blockIdx.x; ti < task_end; ++n, ti += task_step) {
+  for (int n = 0;; ++n) {
+    int ti = blockIdx.x;
+    if constexpr (WS) {
+      mbar_wait(q_full_bar, n & 1);  // the task's index, and its Q
+      ti = *task_slot;
+      if (ti >= num_tasks) break;
+    } else if (n > 0) {
+      break;
+    }
     const Task task(tasks, ti, k_ptr, k_sb, k_sh, v_ptr, v_sb, v_sh, group);
     const int q_start = task.q_start, q_end = task.q_end, se = task.span_end;
     Walk load_walk;
@@ -307,7 +335,6 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
     u32 pa[BN / 16][4];  // P of the previous chunk, bf16/fp16 pairs (A fragments)
     float s[BN / 8][4];
     u32 vs_prev = 0;  // V of the previous chunk of this task
-    if constexpr (WS) mbar_wait(q_full_bar, n & 1);
     // jt counts this task's chunks: conditions on it (not on vs_prev) are ones the compiler can
     // prove uniform, which keeps the wgmma under them from being serialized.
     int jt = 0;

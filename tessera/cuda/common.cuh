@@ -116,13 +116,15 @@ __device__ __forceinline__ float warp_quad_sum(float x) {
 // ---- kernel arguments and the task a CTA runs --------------------------------------------------
 // Every attention family takes the same arguments (tessera/api.py passes them): the task queue,
 // q/k/v and the output as [B, H, L, D] strides in elements, lse, the split-KV workspace, rows per
-// tile of one head, query heads per kv head, and the softmax scale times log2(e).
+// tile of one head, query heads per kv head, the softmax scale times log2(e), the number of tasks
+// and a zeroed counter persistent kernels take tasks from (null for one-task CTAs).
 #define TESSERA_BSA_PARAMS                                                        \
   const int *__restrict__ tasks, const int *__restrict__ spans, const u16 *q_ptr,  \
       i64 q_sb, i64 q_sh, i64 q_sl, const u16 *k_ptr, i64 k_sb, i64 k_sh, i64 k_sl, \
       const u16 *v_ptr, i64 v_sb, i64 v_sh, i64 v_sl, u16 *o_ptr, i64 o_sb, i64 o_sh, \
       i64 o_sl, float *lse_ptr, i64 lse_sb, i64 lse_sh, float *part_o,              \
-      float *part_lse, int tile_rows, int group, float scale_log2, int num_tasks
+      float *part_lse, int tile_rows, int group, float scale_log2, int num_tasks,     \
+      int *task_counter
 
 // Task `index` of the queue (layout in tessera/runtime/tasks.py) and where its keys live.
 struct Task {

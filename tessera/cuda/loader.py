@@ -99,7 +99,8 @@ def smem_bytes(v: Variant) -> int:
         return 2 * lds * (v.macro("BM") + v.macro("STAGES") * 2 * v.macro("BN"))
     if v.source == "bsa_sm90.cu":  # tiles unpadded (swizzled), plus 1 KiB to align them
         d, stages = v.macro("D"), v.macro("STAGES")
-        barriers = 8 * (2 * stages + 2) if dict(v.macros).get("PRODUCER") else 0
+        # producer: full/empty per stage, Q full/empty, the current task's index
+        barriers = 8 * (2 * stages + 3) if dict(v.macros).get("PRODUCER") else 0
         return 1024 + 2 * d * (v.macro("BM") + stages * 2 * v.macro("BN")) + barriers
     return 0
 
