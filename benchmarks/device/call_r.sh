@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# (Ran the persistent kernel of commits 481e447/2dc2450, since reverted: see RESULTS.md.)
 # Session 4: the persistent warp-specialized kernel (CTAs run task sequences; the stage ring and
 # the Q hand-over continue across tasks). Smoke test first (a deadlock would eat the budget),
 # then the GPU suite, racecheck and memcheck on the persistent tests, and the sweep (before, at

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# (Ran the persistent kernel of commit 2dc2450, since reverted: see RESULTS.md.)
 # Session 4, last call: the persistent kernel with a global task counter — smoke test, GPU
 # suite, racecheck/memcheck on the persistent tests, the Wan sweep, then the bench against the
 # baselines and the demo at this commit.
