@@ -397,7 +397,8 @@ def test_sm90_regime_is_refused_off_hopper():
 
 
 def test_regime_over_the_shared_memory_limit_is_refused():
-    """A tile/stage combination the GPU cannot hold is refused with the numbers, not a driver error."""
+    """A tile/stage combination the GPU cannot hold is refused with the numbers, not with a
+    driver error."""
     import cupy as cp
 
     m = _random_mask(np.random.default_rng(3), (1, 2, 2), 1.0, block_size=128)

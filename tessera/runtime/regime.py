@@ -225,11 +225,10 @@ def candidate_regimes(head_dim: int, arch: int | None) -> list[Regime]:
     """The regimes worth profiling for ``head_dim`` on compute capability ``arch``.
 
     The sm80 family with 4 warps: 64- or 128-row tiles (16 or 32 rows a warp, the two shapes the
-    kernel supports at 4 warps), 32 or 64 keys a step; on sm_90 also the sm90 family, 64-row tiles
-    on one warpgroup or 128-row tiles warp-specialized, 64 or 128 keys a step, three stages; sm80 double
-    buffered; split
-    policy 2x or 4x
-    the mean task, or never (1e9); combine threshold 0 (merge only identical key sets) or 0.3.
+    kernel supports at 4 warps), 32 or 64 keys a step, double buffered; on sm_90 also the sm90
+    family, 64-row tiles on one warpgroup or 128-row tiles warp-specialized, 64 or 128 keys a
+    step, three stages; split policy 2x or 4x the mean task, or never (1e9); combine threshold 0
+    (merge only identical key sets) or 0.3.
     Variants whose shared memory exceeds ``arch``'s per-CTA limit are left out. The order is
     stable (tile shape, then split, then combine), so names index the list reproducibly.
     """
