@@ -492,6 +492,40 @@ class FakeTimer:
         return base, 0.05
 
 
+def test_profile_limited_to_kernel_families(tmp_path):
+    """--kernel-families sm90 times only that family (24 candidates instead of 48 on sm_90),
+    records the limit, refuses to resume a table made with another, and refuses a limit that
+    leaves no candidate; the evaluation's oracle is limited the same way."""
+    assert len(candidate_regimes(128, 90, ("sm90",))) == 24
+    assert {r.family for r in candidate_regimes(64, 90, ("sm90",))} == {"sm90"}
+    assert candidate_regimes(128, 80, ("sm90",)) == []
+    fav = Regime(family="sm90", block_m=64, block_n=64, num_warps=4, stages=3,
+                 combine_threshold=0.0)
+    cases = [small_case("a", density=0.2, seed=0), small_case("b", density=0.6, seed=1)]
+    timer = FakeTimer({"a": fav})
+    out = tmp_path / "t.json"
+    res = prof.profile(cases[:1], out=out, arch=90, timer=timer, clock=timer.clock,
+                       progress=None, kernel_families=("sm90",))
+    assert res.stopped == "done" and timer.calls == {"a": 24}
+    t = RegimeTable.load(out)
+    assert t.provenance["corpus"]["kernel_families"] == ["sm90"]
+    assert Regime.from_dict(t.entries[0]["regime"]) == fav
+    assert all(name.startswith("sm90_") for name in t.entries[0]["candidates"])
+    with pytest.raises(ValueError, match="kernel_families"):
+        prof.profile(cases, out=out, arch=90, timer=timer, progress=None, resume=True)
+    res = prof.profile(cases, out=out, arch=90, timer=timer, clock=timer.clock, progress=None,
+                       resume=True, kernel_families=["sm90"])
+    assert res.profiled == ["b"] and timer.calls["b"] == 24
+    with pytest.raises(ValueError, match="no candidate regimes"):
+        prof.profile(cases, out=tmp_path / "u.json", arch=80, timer=timer, progress=None,
+                     kernel_families=("sm90",))
+    t2 = FakeTimer({"h": fav})
+    doc = prof.evaluate([small_case("h", density=0.2, seed=5)], table=RegimeTable.load(out),
+                        out=tmp_path / "e.json", arch=90, timer=t2, clock=t2.clock,
+                        progress=None, kernel_families=("sm90",))
+    assert t2.calls == {"h": 24} and doc["kernel_families"] == ["sm90"]
+
+
 def test_profiler_picks_fastest_and_writes_valid_table(tmp_path):
     fav = Regime(block_m=128, block_n=32, split_ratio=2.0, combine_threshold=0.0)
     cases = [small_case("a", density=0.1, seed=0), small_case("b", density=0.9, seed=1)]

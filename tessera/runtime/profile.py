@@ -257,6 +257,19 @@ def _corpus_summary(entries: dict[str, dict], old: dict, cases: dict[str, Case],
             "shapes": sorted(shapes), "families": sorted(families)}
 
 
+def _kernel_families(kernel_families: Sequence[str] | None, cases: Sequence[Case],
+                     arch: int) -> list[str] | str:
+    """``kernel_families`` as recorded ("all" when not limited), refused when it leaves a
+    case's head dim without candidates on ``arch``."""
+    if kernel_families is None:
+        return "all"
+    for d in sorted({c.head_dim for c in cases}):
+        if not candidate_regimes(d, arch, kernel_families):
+            raise ValueError(f"no candidate regimes of kernel families {list(kernel_families)} "
+                             f"for head dim {d} on sm_{arch}")
+    return sorted(kernel_families)
+
+
 def _fmt_min(seconds: float) -> str:
     return f"{seconds / 60:.1f}"
 
@@ -312,8 +325,12 @@ def profile(cases: Sequence[Case], *, out: str | Path, arch: int, timer: Timer,
             budget_s: float | None = None, resume: bool = False, overwrite: bool = False,
             provenance: dict | None = None, prepare: Callable[[Any], Any] | None = None,
             clock: Callable[[], float] = time.monotonic,
-            progress: TextIO | None = sys.stderr) -> ProfileResult:
+            progress: TextIO | None = sys.stderr,
+            kernel_families: Sequence[str] | None = None) -> ProfileResult:
     """Time every candidate regime on every case and write the table to ``out``.
+
+    ``kernel_families`` (e.g. ``("sm90",)``) limits the candidates to those kernel families,
+    for a GPU where measurements show the others never win (it halves the profile on sm_90).
 
     ``timer(case, mask, regime)`` gives ``(kernel_ms, plan_ms)``; ``prepare`` (e.g. moving the
     mask to the device) runs on each built mask before features and timings. The table is
@@ -325,6 +342,7 @@ def profile(cases: Sequence[Case], *, out: str | Path, arch: int, timer: Timer,
     """
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
+    kinds = _kernel_families(kernel_families, cases, arch)
     out = Path(out)
     provenance = dict(provenance or {})
     entries: dict[str, dict] = {}
@@ -342,7 +360,7 @@ def profile(cases: Sequence[Case], *, out: str | Path, arch: int, timer: Timer,
                              "give another --out")
         heads = sorted({c.heads for c in cases})
         for name, now in (("objective", objective), ("dtype", dtype), ("batch", batch),
-                          ("heads", heads)):
+                          ("heads", heads), ("kernel_families", kinds)):
             if old_corpus.get(name, now) != now:
                 raise ValueError(f"{out} was profiled with {name}={old_corpus[name]!r}, "
                                  f"this run has {now!r}; give another --out")
@@ -355,7 +373,7 @@ def profile(cases: Sequence[Case], *, out: str | Path, arch: int, timer: Timer,
     by_label = {c.label: c for c in cases}
     started = time.strftime("%Y-%m-%d %H:%M:%S")
     corpus_extra = dict(heads=sorted({c.heads for c in cases}), batch=batch, dtype=dtype,
-                        objective=objective)
+                        objective=objective, kernel_families=kinds)
 
     def write() -> RegimeTable:
         from .. import __version__  # noqa: PLC0415
@@ -395,7 +413,7 @@ def profile(cases: Sequence[Case], *, out: str | Path, arch: int, timer: Timer,
         _status(progress, f"{head}: building the mask")
         mask, meas, feats, heuristic = _measure_case(case, prepare, dtype=dtype, arch=arch,
                                                      batch=batch)
-        regimes = candidate_regimes(case.head_dim, arch)
+        regimes = candidate_regimes(case.head_dim, arch, kernel_families)
         if heuristic not in regimes:
             regimes.append(heuristic)
         calls += len(regimes)
@@ -432,20 +450,23 @@ def evaluate(cases: Sequence[Case], *, table: RegimeTable, out: str | Path, arch
              overwrite: bool = False, provenance: dict | None = None,
              prepare: Callable[[Any], Any] | None = None,
              clock: Callable[[], float] = time.monotonic,
-             progress: TextIO | None = sys.stderr) -> dict:
+             progress: TextIO | None = sys.stderr,
+             kernel_families: Sequence[str] | None = None) -> dict:
     """Judge ``table`` on ``cases`` (a held-out corpus): time every candidate regime on each
     mask (the oracle is the fastest) and record which regime the table's lookup picks (the
     heuristic when it has nothing for the mask) and which the heuristic would.
 
     Writes ``out`` (JSON: provenance, one record per mask with every regime's kernel and
     planning times, and :func:`summarize_evaluation`'s summary) after every mask; ``resume``
-    skips masks already recorded there. ``objective`` defaults to the table's.
+    skips masks already recorded there. ``objective`` defaults to the table's;
+    ``kernel_families`` limits the oracle's candidates as :func:`profile`'s.
     """
     import json  # noqa: PLC0415
 
     objective = objective or table.provenance.get("corpus", {}).get("objective", "request")
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
+    kinds = _kernel_families(kernel_families, cases, arch)
     out = Path(out)
     records: list[dict] = []
     if out.exists() and resume:
@@ -462,7 +483,7 @@ def evaluate(cases: Sequence[Case], *, table: RegimeTable, out: str | Path, arch
     done = {r["label"] for r in records}
     head_info = dict(format=EVAL_FORMAT, arch=arch, objective=objective, dtype=dtype,
                      batch=batch, table=table.source, table_entries=len(table),
-                     table_date=table.provenance.get("date"),
+                     table_date=table.provenance.get("date"), kernel_families=kinds,
                      provenance=dict(provenance or {}))
 
     def write() -> dict:
@@ -484,7 +505,7 @@ def evaluate(cases: Sequence[Case], *, table: RegimeTable, out: str | Path, arch
         mask, meas, feats, heuristic = _measure_case(case, prepare, dtype=dtype, arch=arch,
                                                      batch=batch)
         chosen = table.lookup(feats) or heuristic
-        regimes = candidate_regimes(case.head_dim, arch)
+        regimes = candidate_regimes(case.head_dim, arch, kernel_families)
         for extra in (heuristic, chosen):
             if extra not in regimes:
                 regimes.append(extra)
@@ -658,6 +679,9 @@ def add_arguments(ap: Any) -> None:
     ap.add_argument("--overwrite", action="store_true", help="replace an existing table")
     ap.add_argument("--shapes", help="comma list of tessera.workloads shapes (default: all)")
     ap.add_argument("--families", help="comma list of mask families (default: all)")
+    ap.add_argument("--kernel-families",
+                    help="comma list of kernel families to time, e.g. sm90 (default: every "
+                         "family the GPU runs)")
     ap.add_argument("--heads", type=int, default=4, help="query heads per mask (default 4)")
     ap.add_argument("--dtype", choices=["bfloat16", "float16"], default="bfloat16")
     ap.add_argument("--objective", choices=OBJECTIVES, default="request",
@@ -694,8 +718,8 @@ def command(args: Any) -> int:
             print(f"{c.label} (head dim {c.head_dim}, {c.heads} heads)")
         for cc in (80, 86, 90):
             for d in sorted({c.head_dim for c in cases}):
-                print(f"sm_{cc} head dim {d}: {len(candidate_regimes(d, cc))} candidate "
-                      "regimes")
+                n = len(candidate_regimes(d, cc, split(args.kernel_families)))
+                print(f"sm_{cc} head dim {d}: {n} candidate regimes")
         return 0
     try:
         arch, prov = gpu_environment()
@@ -722,9 +746,11 @@ def command(args: Any) -> int:
 def _gpu_run_options(args: Any, prov: dict) -> dict[str, Any]:
     """What profiling and evaluating on this GPU share: the timer, dtype, budget, resume /
     overwrite, provenance, and masks moved to the device before they are measured."""
+    kinds = [x for x in (args.kernel_families or "").split(",") if x] or None
     return dict(timer=gpu_timer(dtype=args.dtype, reps=args.reps), dtype=args.dtype,
                 budget_s=args.budget_minutes * 60, resume=args.resume,
-                overwrite=args.overwrite, provenance=prov, prepare=lambda m: m.to_device())
+                overwrite=args.overwrite, provenance=prov, prepare=lambda m: m.to_device(),
+                kernel_families=kinds)
 
 
 def _evaluate_command(args: Any, cases: list[Case], arch: int, prov: dict) -> int:

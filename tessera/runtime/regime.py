@@ -35,7 +35,7 @@ import tempfile
 import warnings
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -221,8 +221,10 @@ def tasks_in_flight(regime: Regime, head_dim: int, arch: int | None, sm_count: i
     return int(sm_count * max(1, min(by_smem, 2048 // v.threads)))
 
 
-def candidate_regimes(head_dim: int, arch: int | None) -> list[Regime]:
-    """The regimes worth profiling for ``head_dim`` on compute capability ``arch``.
+def candidate_regimes(head_dim: int, arch: int | None,
+                      kernel_families: Sequence[str] | None = None) -> list[Regime]:
+    """The regimes worth profiling for ``head_dim`` on compute capability ``arch`` (only those
+    of ``kernel_families``, e.g. ``("sm90",)``, when given).
 
     The sm80 family with 4 warps: 64- or 128-row tiles (16 or 32 rows a warp, the two shapes the
     kernel supports at 4 warps), 32 or 64 keys a step, double buffered; on sm_90 also the sm90
@@ -246,7 +248,8 @@ def candidate_regimes(head_dim: int, arch: int | None) -> list[Regime]:
             for comb in CANDIDATE_COMBINE:
                 stages = 3 if shape.get("family") == "sm90" else 2
                 r = Regime(**shape, stages=stages, split_ratio=split, combine_threshold=comb)
-                if regime_fits(r, head_dim, arch):
+                if regime_fits(r, head_dim, arch) and (kernel_families is None
+                                                       or r.family in kernel_families):
                     out.append(r)
     return out
 
