@@ -828,7 +828,7 @@ def test_short_profile_on_the_gpu_writes_a_valid_table(tmp_path, capsys):
                "cogvideox-5b", "--families", "radial,spatial_temporal", "--reps", "3"])
     assert rc == 0, capsys.readouterr().out
     t = RegimeTable.load(out)
-    assert len(t) >= 1 and t.gpu and t.arch == R._device_arch()
+    assert len(t) >= 1 and t.gpu and t.arch == R.device_arch()
     for e in t.entries:
         assert len(e["candidates"]) >= 18 and e["oracle_ms"] > 0
         assert e["ms"] >= e["oracle_ms"] * 0.999

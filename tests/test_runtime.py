@@ -828,7 +828,7 @@ def test_plans_for_the_current_gpu_split_only_what_its_slots_need(monkeypatch, s
     from tessera.runtime import plan as plan_mod
 
     monkeypatch.setattr(loader, "load_kernel", lambda v: PLANNER_STAND_INS[v.kernel])
-    monkeypatch.setattr(plan_mod, "_device_arch", lambda: 90)
+    monkeypatch.setattr(plan_mod, "device_arch", lambda: 90)
     monkeypatch.setattr(plan_mod, "device_sm_count", lambda: 7)
     monkeypatch.setattr(plan_mod, "tasks_in_flight",
                         lambda r, d, arch, sms: seen.append((arch, sms)) or slots)

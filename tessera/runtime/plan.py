@@ -19,7 +19,7 @@ from ..mask import BlockMask
 from . import mapping
 from .device_planner import plan_on_device
 from .mapping import PhysicalTiles, map_to_tiles
-from .regime import (ROW_GROUP, Regime, _device_arch, device_sm_count, select_regime,
+from .regime import (ROW_GROUP, Regime, device_arch, device_sm_count, select_regime,
                      tasks_in_flight)
 from .tasks import TaskQueue, build_task_queue
 
@@ -177,9 +177,9 @@ def plan(block_mask: BlockMask, *, num_q_heads: int, num_kv_heads: int | None = 
 
     # Planning for the current GPU (a device mask, or its architecture named): the split rule
     # may count the tasks it runs at once; a portable host plan (arch None) does not.
-    in_flight = 0
-    if block_mask.on_device or (arch is not None and arch == _device_arch()):
-        in_flight = tasks_in_flight(regime, head_dim, _device_arch(), device_sm_count())
+    in_flight, here = 0, device_arch()
+    if here is not None and (block_mask.on_device or arch == here):
+        in_flight = tasks_in_flight(regime, head_dim, here, device_sm_count())
     hp = heads_per_task(regime, block_mask.batch_heads[1], num_q_heads, num_kv_heads)
     tile_rows = regime.block_m // hp
     fused = None

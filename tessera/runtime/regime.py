@@ -42,7 +42,7 @@ import numpy as np
 __all__ = ["Regime", "default_regime", "ROW_GROUP", "candidate_regimes", "MaskFeatures",
            "MaskMeasures", "mask_features", "mask_measures", "RegimeTable", "use_table",
            "active_table", "select_regime", "gpu_slug", "TABLES_DIR", "ENV_TABLE",
-           "tasks_in_flight", "device_sm_count"]
+           "tasks_in_flight", "device_arch", "device_sm_count"]
 
 # Rows one warp owns in every kernel family (the M of one mma.sync / a quarter of a wgmma M=64).
 # Row groups with no valid row skip their matrix work, so stats count computed pairs per group.
@@ -855,7 +855,7 @@ def current_gpu_name() -> str | None:
     return _gpu_names[dev]
 
 
-def _device_arch() -> int | None:
+def device_arch() -> int | None:
     """Compute capability of the current device (cached per device), None without one."""
     dev = _current_device_id()
     if dev is None:
@@ -979,7 +979,7 @@ def select_regime(mask: Any, *, arch: int | None, head_dim: int, dtype: Any,
     heuristic :func:`default_regime`.
     """
     if arch is None and mask.on_device:
-        arch = _device_arch()
+        arch = device_arch()
     table = active_table(arch)
     from .plan import _dtype_name  # noqa: PLC0415 - plan imports this module
 
