@@ -68,8 +68,12 @@ def info() -> int:
     else:
         print("Regime tables: none yet; plans use the heuristic default regime")
     print(f"Regime table in use: {describe_table_in_use(cc)}")
+    where = f"sm_{cc}" if cc is not None else "no GPU"
     for d in (64, 128):
-        print(f"Default regime for head dim {d}: {default_regime(cc, d).name}")
+        line = f"Default regime for head dim {d} ({where}): {default_regime(cc, d).name}"
+        if cc != 90:  # what a Hopper GPU would take instead
+            line += f"; on sm_90: {default_regime(90, d).name}"
+        print(line)
     return 0
 
 

@@ -22,6 +22,8 @@ def test_info_as_module():
                          text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert "Default regime for head dim 128" in res.stdout
+    # Off Hopper it also says what a Hopper GPU would take.
+    assert "sm90_128x128_w12_s3" in res.stdout
 
 
 def test_bench_table_and_chart(tmp_path):
