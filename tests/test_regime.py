@@ -20,6 +20,9 @@ from tessera.runtime.regime import (MaskFeatures, Regime, RegimeTable, candidate
                                     default_regime, mask_features, mask_measures)
 
 
+REAL_GPU_NAME = R.current_gpu_name  # the fixture below stubs it; one test checks the real one
+
+
 @pytest.fixture(autouse=True)
 def clean_selection(monkeypatch):
     """Every test starts from discovery with no env var and no GPU name (deterministic on GPU
@@ -873,3 +876,38 @@ def test_defaults_per_architecture():
         assert default_regime(arch, 128).family == "sm80"
     for d in (64, 96, 128):
         assert R.regime_fits(default_regime(90, d), d, 90)
+
+
+def test_device_properties_cached_per_device(monkeypatch):
+    """Name, architecture and SM count of the current device are read once per device; a failed
+    read gives the 'no GPU' answer and is retried (the name's failure is remembered)."""
+    import types
+
+    import tessera._array as A
+
+    reads = {"device": 0}
+
+    class Device:
+        def __init__(self, dev):
+            reads["device"] += 1
+            self.compute_capability = "90"
+            self.attributes = {"MultiProcessorCount": 132 if dev == 0 else 114}
+
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        Device=Device, runtime=types.SimpleNamespace(
+            getDeviceProperties=lambda dev: {"name": b"NVIDIA H200"})))
+    monkeypatch.setattr(A, "cupy_or_none", lambda: fake)
+    monkeypatch.setattr(R, "_gpu_names", {})
+    monkeypatch.setattr(R, "_device_archs", {})
+    monkeypatch.setattr(R, "_device_sms", {})
+    dev = {"id": 0}
+    monkeypatch.setattr(R, "_current_device_id", lambda: dev["id"])
+    assert (REAL_GPU_NAME(), R.device_arch(), R.device_sm_count()) == ("NVIDIA H200", 90, 132)
+    assert R.device_arch() == 90 and R.device_sm_count() == 132 and reads["device"] == 2  # cached
+    dev["id"] = 1
+    assert R.device_sm_count() == 114
+    dev["id"] = None
+    assert (REAL_GPU_NAME(), R.device_arch(), R.device_sm_count()) == (None, None, 0)
+    dev["id"] = 2
+    monkeypatch.setattr(fake.cuda, "Device", lambda d: 1 / 0)
+    assert R.device_arch() is None and R.device_sm_count() == 0 and 2 not in R._device_archs

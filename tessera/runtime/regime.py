@@ -35,7 +35,7 @@ import tempfile
 import warnings
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -839,51 +839,44 @@ def _current_device_id() -> int | None:
         return None
 
 
-def current_gpu_name() -> str | None:
-    """The current CUDA device's name (e.g. ``"NVIDIA H200"``), or None without a GPU."""
+def _per_device(cache: dict[int, Any], read: Callable[[Any, int], Any], missing: Any) -> Any:
+    """``read(cupy, device)`` for the current device, cached per device; ``missing`` without a
+    GPU or when reading raises (not cached: the next call tries again)."""
     dev = _current_device_id()
     if dev is None:
-        return None
-    if dev not in _gpu_names:
+        return missing
+    if dev not in cache:
         from .._array import cupy_or_none  # noqa: PLC0415
 
         try:
-            name = cupy_or_none().cuda.runtime.getDeviceProperties(dev)["name"]
-            _gpu_names[dev] = name.decode() if isinstance(name, bytes) else str(name)
+            cache[dev] = read(cupy_or_none(), dev)
         except Exception:
-            _gpu_names[dev] = None
-    return _gpu_names[dev]
+            return missing
+    return cache[dev]
+
+
+def current_gpu_name() -> str | None:
+    """The current CUDA device's name (e.g. ``"NVIDIA H200"``), or None without a GPU."""
+    def read(cp: Any, dev: int) -> str | None:
+        try:
+            name = cp.cuda.runtime.getDeviceProperties(dev)["name"]
+            return name.decode() if isinstance(name, bytes) else str(name)
+        except Exception:
+            return None  # remembered: the name is only shown and recorded
+
+    return _per_device(_gpu_names, read, None)
 
 
 def device_arch() -> int | None:
     """Compute capability of the current device (cached per device), None without one."""
-    dev = _current_device_id()
-    if dev is None:
-        return None
-    if dev not in _device_archs:
-        from .._array import cupy_or_none  # noqa: PLC0415
-
-        try:
-            _device_archs[dev] = int(cupy_or_none().cuda.Device(dev).compute_capability)
-        except Exception:
-            return None
-    return _device_archs[dev]
+    return _per_device(_device_archs,
+                       lambda cp, dev: int(cp.cuda.Device(dev).compute_capability), None)
 
 
 def device_sm_count() -> int:
     """Multiprocessors of the current device (cached per device), 0 without one."""
-    dev = _current_device_id()
-    if dev is None:
-        return 0
-    if dev not in _device_sms:
-        from .._array import cupy_or_none  # noqa: PLC0415
-
-        try:
-            _device_sms[dev] = int(cupy_or_none().cuda.Device(dev).attributes[
-                "MultiProcessorCount"])
-        except Exception:
-            return 0
-    return _device_sms[dev]
+    return _per_device(_device_sms, lambda cp, dev: int(
+        cp.cuda.Device(dev).attributes["MultiProcessorCount"]), 0)
 
 
 def use_table(table: "str | os.PathLike | RegimeTable | None") -> RegimeTable | None:
