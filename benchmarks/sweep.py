@@ -48,7 +48,12 @@ def main(argv=None):
     ap.add_argument("--shape", default="wan-1.3b-480p")
     ap.add_argument("--density", type=float, default=0.1)
     ap.add_argument("--family", default=None, help="a tessera.masks family instead of random")
+    ap.add_argument("--only", default="", help="time only regimes whose name contains this")
+    ap.add_argument("--one-task-ctas", action="store_true",
+                    help="launch persistent kernels with one CTA per task (A/B of persistence)")
     args = ap.parse_args(argv)
+    if args.one_task_ctas:
+        tessera.api.persistent_grid_cap = 0
     w = WORKLOADS[args.shape]
     b, h, L, d = 1, w.heads, w.seq_len, w.head_dim
     q, k, v = (torch.randn(b, h, L, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -66,7 +71,7 @@ def main(argv=None):
                                          seq_len_q=L, seq_len_kv=L)
     flops = 4 * d * int(m.selected_pairs(b, h).sum())
     rows = []
-    for r in REGIMES:
+    for r in (r for r in REGIMES if args.only in r.name):
         try:
             p = tessera.plan(m, num_q_heads=h, head_dim=d, batch=b, regime=r)
             t = bench(lambda: p.run(q, k, v), 10)

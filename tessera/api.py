@@ -24,6 +24,10 @@ SUPPORTED_HEAD_DIMS = (64, 96, 128)
 # Testing hook: fill every output with NaN before the kernels run, so a test can prove that each
 # element was written. Off in normal use (it costs a memset per call).
 poison_outputs = False
+# Most CTAs a persistent kernel is launched with (None: as many as the GPU holds at once; 0: one
+# per task, i.e. not persistent). Tests set it low so that a small mask's tasks queue up behind
+# few CTAs, each running several; benchmarks set 0 to measure what persistence buys.
+persistent_grid_cap: int | None = None
 _LOG2E = 1.4426950408889634
 
 
@@ -199,8 +203,8 @@ def _device_queue(p: Plan, cp) -> dict:
 
 def _launch(p: Plan, ops: _Operands, scale: float | None, return_lse: bool,
             given: dict | None = None):
-    from .cuda.loader import Variant, load_kernel, smem_bytes  # noqa: PLC0415
-    from .runtime.regime import smem_limit_bytes  # noqa: PLC0415
+    from .cuda.loader import Variant, blocks_per_sm, load_kernel, smem_bytes  # noqa: PLC0415
+    from .runtime.regime import device_sm_count, smem_limit_bytes  # noqa: PLC0415
 
     cp = cupy_or_none()
     b, hq, lq, d = ops.shape_q
@@ -252,10 +256,17 @@ def _launch(p: Plan, ops: _Operands, scale: float | None, return_lse: bool,
                 ptr(lse_ptr), i64(lse_sb), i64(lse_sh),
                 queue["part_o"], queue["part_lse"],
                 i32(p.queue.tile_rows), i32(p.num_q_heads // p.num_kv_heads),
-                f32(scale * _LOG2E))
+                f32(scale * _LOG2E), i32(p.queue.num_tasks))
         n_tasks = p.queue.num_tasks
         if n_tasks:
-            fn((n_tasks,), (fwd.threads,), args, shared_mem=smem_bytes(fwd), stream=stream)
+            grid, counter = n_tasks, None
+            if fwd.persistent:  # as many CTAs as the GPU holds at once, taking tasks in turn
+                grid = n_tasks if persistent_grid_cap == 0 else min(
+                    n_tasks, max(1, blocks_per_sm(fwd) * device_sm_count()),
+                    persistent_grid_cap or n_tasks)
+                counter = cp.zeros(1, dtype=np.int32)  # per launch: concurrent runs never share
+            args += (ptr(0 if counter is None else counter.data.ptr),)
+            fn((grid,), (fwd.threads,), args, shared_mem=smem_bytes(fwd), stream=stream)
         n_jobs = int(p.queue.combine.shape[0])
         if n_jobs:
             comb = load_kernel(Variant.combine(bf16=bf16))

@@ -406,3 +406,28 @@ def test_regime_over_the_shared_memory_limit_is_refused():
     reg = Regime(block_m=128, block_n=64, num_warps=4, stages=8)  # ~290 KB at head dim 128
     with pytest.raises(ValueError, match="shared memory"):
         tessera.attention(q, q, q, m, regime=reg)
+
+
+@pytest.mark.parametrize("cap", [1, 3, 7])
+@pytest.mark.parametrize("d", [64, 128])
+def test_persistent_ctas_run_many_tasks(monkeypatch, cap, d):
+    """The warp-specialized variant is persistent: with the grid capped at a few CTAs each runs
+    a run of tasks back to back (the K/V stage ring and the Q hand-over carry on across them),
+    including tasks with no keys, split parts and GQA-packed tiles."""
+    monkeypatch.setattr(api, "persistent_grid_cap", cap)
+    reg = _regime("sm90ws", split_ratio=2.0, min_split_chunks=2)
+    stress = _regime_stress_mask()
+    p = tessera.plan(stress, num_q_heads=4, num_kv_heads=2, head_dim=d, regime=reg)
+    assert p.queue.num_tasks > 3 * cap and p.queue.combine.shape[0] > 0
+    _check(stress, hq=4, hkv=2, d=d, regime=reg)
+    many = _random_mask(np.random.default_rng(d + cap), (3, 16, 20), 0.3, block_size=64,
+                        seq_len_q=1000)
+    _check(many, hq=3, d=d, regime=reg, dtype="float16")
+
+
+def test_persistent_kernel_with_one_cta_per_task(monkeypatch):
+    """persistent_grid_cap = 0 launches the persistent variant with one CTA per task (each
+    finds the queue exhausted after its first task): the same results."""
+    monkeypatch.setattr(api, "persistent_grid_cap", 0)
+    reg = _regime("sm90ws", split_ratio=2.0, min_split_chunks=2)
+    _check(_regime_stress_mask(), hq=4, hkv=2, d=128, regime=reg)

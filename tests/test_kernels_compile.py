@@ -74,9 +74,10 @@ def test_sm90_producer_variants_compile(bm, bn, d, tmp_path, monkeypatch):
     assert v.threads == (bm // 64 + 1) * 128
     res = loader.compile_variant(v, "sm_90a")
     assert res.spill_bytes == 0 and res.stack_bytes == 0
-    # Barriers for the stage hand-over sit after the tiles.
+    # Barriers for the stage and Q hand-overs and the task-index words sit after the tiles.
     plain = Regime(family="sm90", block_m=bm, num_warps=bm // 16, block_n=bn, stages=3)
-    assert loader.smem_bytes(v) == loader.smem_bytes(plain.variant(d)) + 8 * 7
+    assert loader.smem_bytes(v) == loader.smem_bytes(plain.variant(d)) + 8 * (2 * 3 + 4)
+    assert v.persistent and not plain.variant(d).persistent
 
 
 def test_sm90_family_is_refused_off_hopper(tmp_path, monkeypatch):

@@ -84,7 +84,7 @@ bsa_fwd_sm80(TESSERA_BSA_PARAMS) {
   extern __shared__ __align__(16) u16 smem[];
   const Operand q{q_ptr, q_sb, q_sh, q_sl};
 
-  const Task task(tasks, k_ptr, k_sb, k_sh, v_ptr, v_sb, v_sh, group);
+  const Task task(tasks, blockIdx.x, k_ptr, k_sb, k_sh, v_ptr, v_sb, v_sh, group);
   const int b = task.b, h0 = task.h0, q_start = task.q_start, q_end = task.q_end;
   const int slot = task.slot;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;

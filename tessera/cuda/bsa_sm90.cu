@@ -179,11 +179,13 @@ template <int REGS>
 __device__ __forceinline__ void regs_increase() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(REGS));
 }
-// Registers per thread after reallocation: the producer needs few; the consumers take the rest
-// of the 64K (multiples of 8).
-constexpr int PRODUCER_REGS = 40;
+// Registers per thread after reallocation: the producer needs few (56 hold its task loop
+// without spills); the consumers take the rest
+// of the 64K (multiples of 8), up to setmaxnreg's 256 (one consumer warpgroup at head dim 128
+// needs all of it).
+constexpr int PRODUCER_REGS = 56;
 constexpr int CONSUMER_REGS_FIT = (65536 - 128 * PRODUCER_REGS) / CONSUMERS / 8 * 8;
-constexpr int CONSUMER_REGS = CONSUMER_REGS_FIT < 240 ? CONSUMER_REGS_FIT : 240;
+constexpr int CONSUMER_REGS = CONSUMER_REGS_FIT < 256 ? CONSUMER_REGS_FIT : 256;
 
 // Makes this thread's completed cp.async writes visible to the tensor cores' (async proxy)
 // reads that follow the next barrier.
@@ -196,10 +198,6 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
 bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const Operand q{q_ptr, q_sb, q_sh, q_sl};
-
-  const Task task(tasks, k_ptr, k_sb, k_sh, v_ptr, v_sb, v_sh, group);
-  const int b = task.b, h0 = task.h0, q_start = task.q_start, q_end = task.q_end;
-  const int slot = task.slot;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   // Broadcast from lane 0: the compiler then knows it is warp-uniform and keeps what derives
   // from it (the Q descriptor) in uniform registers, next to the wgmma that read them.
@@ -208,17 +206,27 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
 
   const u32 q_base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // wgmma's swizzle alignment
   const u32 stage_base = q_base + Q_BYTES;
-  // mbarriers after the stages (producer variant): full[STAGES], empty[STAGES], q_full.
+  // mbarriers after the stages (producer variant): full[STAGES], empty[STAGES], Q full, Q empty,
+  // then four task-index words.
   const u32 full_bar = stage_base + STAGES * STAGE_BYTES;
   const u32 empty_bar = full_bar + 8 * STAGES;
-  const u32 q_bar = empty_bar + 8 * STAGES;
+  const u32 q_full_bar = empty_bar + 8 * STAGES;
+  const u32 q_empty_bar = q_full_bar + 8;
 
-  const int se = task.span_end;
-  const u16* k_head = task.k_head;
-  const u16* v_head = task.v_head;
-  Walk load_walk;
-  load_walk.open(spans, task.span_begin, se);
-  Walk walk = load_walk;
+  // The producer variant is persistent: CTA blockIdx.x starts with task blockIdx.x and then
+  // takes the next untaken task of the queue from a global counter (gridDim.x + the count), so
+  // tasks start longest first, in queue order, on whichever CTA is free -- the hardware's own
+  // order for one-task CTAs, which keeps the K/V being read by concurrent tasks together in L2.
+  // The producer takes the next task as soon as it has issued the current one's copies, and the
+  // K/V stage ring runs on across tasks: the next task's first chunks load while the current
+  // one is computed. Its Q follows once the consumers have finished the current task's S, and
+  // goes to them with the task's index through shared memory; an index past the queue ends
+  // the CTA. Otherwise one CTA runs one task.
+  // Two words each, used alternately by successive tasks: the index published to the
+  // consumers with a task's Q, and the index the producer takes ahead for itself.
+  volatile int* task_slot = reinterpret_cast<volatile int*>(smem_raw + (q_empty_bar + 8 -
+                                                                      smem_addr(smem_raw)));
+  volatile int* next_slot = task_slot + 2;
 
   if constexpr (WS) {
     if (tid == 0) {
@@ -226,157 +234,223 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
         mbar_init(full_bar + 8 * st, LOADERS);
         mbar_init(empty_bar + 8 * st, CONSUMERS);
       }
-      mbar_init(q_bar, LOADERS);
+      mbar_init(q_full_bar, LOADERS + 1);  // + the arrive that publishes the task index
+      mbar_init(q_empty_bar, CONSUMERS);
     }
     __syncthreads();
     if (wg == WGS) {
-      // The producer: Q, then every chunk into stage c % STAGES once the consumers have
-      // released the chunk STAGES before it. Its copies arrive on the stage's full barrier.
+      // The producer: per task its Q (once the consumers are done with the previous task's),
+      // then every chunk c into stage c % STAGES once the consumers have released chunk
+      // c - STAGES. Its copies arrive on the Q / stage full barriers.
       regs_decrease<PRODUCER_REGS>();
       const int ptid = tid - CONSUMERS;
-      for (int i = ptid; i < BM * CPR; i += LOADERS) {
-        const int r = i / CPR, p = i % CPR;
-        cp_async16(q_base + tile_offset<BM>(r, p), task.q_row(q, r, tile_rows) + p * 8);
-      }
-      mbar_arrive_on_copies(q_bar);
-      for (int c = 0; load_walk.si < se; ++c) {
-        const int st = c % STAGES;
-        if (c >= STAGES) mbar_wait(empty_bar + 8 * st, (c / STAGES - 1) & 1);
-        load_kv(stage_base + (u32)(st * STAGE_BYTES), k_head, k_sl, v_head, v_sl, load_walk, ptid);
-        mbar_arrive_on_copies(full_bar + 8 * st);
-        load_walk.next(spans, se);
+      int c = 0;  // chunks loaded, over all of this CTA's tasks
+      int ti = blockIdx.x;  // the first task; later ones are taken from the shared counter
+      for (int n = 0;; ++n) {
+        // Task n's Q, once the consumers are done with task n-1's, published with its index.
+        const auto hand_over_q = [&](bool real) {
+          if (n > 0) mbar_wait(q_empty_bar, (n - 1) & 1);
+          if (ptid == 0) {
+            task_slot[n & 1] = ti;
+            mbar_arrive(q_full_bar);  // releases the index to the consumers
+          }
+          if (!real) {
+            mbar_arrive(q_full_bar);  // no Q to copy: the consumers find the end of the queue
+            return;
+          }
+          const Task task(tasks, ti, k_ptr, k_sb, k_sh, v_ptr, v_sb, v_sh, group);
+          for (int i = ptid; i < BM * CPR; i += LOADERS) {
+            const int r = i / CPR, p = i % CPR;
+            cp_async16(q_base + tile_offset<BM>(r, p), task.q_row(q, r, tile_rows) + p * 8);
+          }
+          mbar_arrive_on_copies(q_full_bar);
+        };
+        if (ti >= num_tasks) {
+          hand_over_q(false);
+          break;
+        }
+        // Task n's chunks go into the stages as soon as the previous task's chunks leave them;
+        // its Q can only follow the previous task's last S. So the chunks are issued first,
+        // up to the point where the producer would wait for a stage holding one of this task's
+        // own chunks -- the consumers release those only once they have this Q.
+        const Task task(tasks, ti, k_ptr, k_sb, k_sh, v_ptr, v_sb, v_sh, group);
+        const int c0 = c;
+        bool q_sent = false;
+        Walk w;
+        for (w.open(spans, task.span_begin, task.span_end); w.si < task.span_end; ++c) {
+          const int st = c % STAGES;
+          if (!q_sent && c - STAGES >= c0) {
+            hand_over_q(true);
+            q_sent = true;
+          }
+          if (c >= STAGES) mbar_wait(empty_bar + 8 * st, (c / STAGES - 1) & 1);
+          load_kv(stage_base + (u32)(st * STAGE_BYTES), task.k_head, k_sl, task.v_head, v_sl, w,
+                  ptid);
+          mbar_arrive_on_copies(full_bar + 8 * st);
+          w.next(spans, task.span_end);
+        }
+        if (!q_sent) hand_over_q(true);
+        // The next task, taken now so that its chunks load while this one is computed.
+        if (ptid == 0) next_slot[(n + 1) & 1] = atomicAdd(task_counter, 1) + (int)gridDim.x;
+        named_bar_sync(3, LOADERS);  // the producer's own barrier: the index is written
+        ti = next_slot[(n + 1) & 1];
       }
       cp_async_wait<0>();
       return;
     }
     regs_increase<CONSUMER_REGS>();
-  } else {
-    // Prologue: the Q tile and chunks 0 .. PREFETCH-1, one commit group per chunk (Q rides
-    // with the first); every iteration then commits one chunk (PREFETCH ahead), so "all but the
-    // newest PREFETCH-1 groups have landed" means the current chunk has.
-    for (int i = tid; i < BM * CPR; i += NT) {
-      const int r = i / CPR, p = i % CPR;
-      cp_async16(q_base + tile_offset<BM>(r, p), task.q_row(q, r, tile_rows) + p * 8);
-    }
-#pragma unroll
-    for (int st = 0; st < PREFETCH; ++st) {
-      if (load_walk.si < se) {
-        load_kv(stage_base + (u32)(st * STAGE_BYTES), k_head, k_sl, v_head, v_sl, load_walk, tid);
-        load_walk.next(spans, se);
-      }
-      cp_async_commit();
-    }
-  }
-
-  // This warp's 16 rows are one head and 16 consecutive tokens (tile_rows is a multiple of 16).
-  const int head = h0 + warp * 16 / tile_rows;
-  const int tok_base = q_start + warp * 16 % tile_rows;
-  const bool tile_real = tok_base < q_end;
-
-  float o[D / 8][4];
-#pragma unroll
-  for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-  float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
-  const SmemDesc q_desc = k_major_desc(q_base + (u32)(wg * 64 * SW));
-
-  // Software pipeline, per warpgroup: iteration j issues S_j = Q K_j^T and then O += P_{j-1}
-  // V_{j-1}, waits for S_j only, runs the softmax of chunk j while the tensor cores still work on
-  // P V, then waits for that, rescales O and turns S_j into P_j. The stage being refilled in
-  // iteration j (with chunk j + PREFETCH) held chunk j-2, which every warpgroup finished with
-  // before the barrier. The matrix operations are issued unconditionally (a row tile with no
-  // part in a chunk gets P = 0): ptxas serializes wgmma issued on paths it cannot prove uniform
-  // across the warpgroup.
-  u32 pa[BN / 16][4];  // P of the previous chunk, bf16/fp16 pairs (A fragments)
-  float s[BN / 8][4];
-  u32 vs_prev = 0;
-  if constexpr (WS) {
-    mbar_wait(q_bar, 0);
     if (WGS == 2 && wg == 1) named_bar_arrive(1, 256);  // warpgroup 0 issues first
   }
-  for (int j = 0; walk.si < se; ++j) {
+
+  const SmemDesc q_desc = k_major_desc(q_base + (u32)(wg * 64 * SW));
+  int j = 0;  // chunks computed, over all of this CTA's tasks: chunk j sits in stage j % STAGES
+  for (int n = 0;; ++n) {
+    int ti = blockIdx.x;
     if constexpr (WS) {
-      mbar_wait(full_bar + 8 * (j % STAGES), (j / STAGES) & 1);
-      fence_async_smem();
-    } else {
-      cp_async_wait<PREFETCH - 1>();
-      fence_async_smem();
-      __syncthreads();
-      if (load_walk.si < se) {
-        load_kv(stage_base + (u32)(((j + PREFETCH) % STAGES) * STAGE_BYTES), k_head, k_sl,
-                v_head, v_sl, load_walk, tid);
-        load_walk.next(spans, se);
+      mbar_wait(q_full_bar, n & 1);  // the task's index, and its Q
+      ti = task_slot[n & 1];
+      if (ti >= num_tasks) break;
+    } else if (n > 0) {
+      break;
+    }
+    const Task task(tasks, ti, k_ptr, k_sb, k_sh, v_ptr, v_sb, v_sh, group);
+    const int q_start = task.q_start, q_end = task.q_end, se = task.span_end;
+    Walk load_walk;
+    load_walk.open(spans, task.span_begin, se);
+    Walk walk = load_walk;
+    if constexpr (!WS) {
+      // Prologue: the Q tile and chunks 0 .. PREFETCH-1, one commit group per chunk (Q rides
+      // with the first); every iteration then commits one chunk (PREFETCH ahead), so "all but
+      // the newest PREFETCH-1 groups have landed" means the current chunk has.
+      for (int i = tid; i < BM * CPR; i += NT) {
+        const int r = i / CPR, p = i % CPR;
+        cp_async16(q_base + tile_offset<BM>(r, p), task.q_row(q, r, tile_rows) + p * 8);
       }
-      cp_async_commit();
+#pragma unroll
+      for (int st = 0; st < PREFETCH; ++st) {
+        if (load_walk.si < se) {
+          load_kv(stage_base + (u32)(st * STAGE_BYTES), task.k_head, k_sl, task.v_head, v_sl,
+                  load_walk, tid);
+          load_walk.next(spans, se);
+        }
+        cp_async_commit();
+      }
     }
 
-    const u32 ks = stage_base + (u32)((j % STAGES) * STAGE_BYTES);
-    // Rows this span applies to, clipped to the tile's real rows.
-    const int lo = max(spans[(i64)walk.si * SPAN_FIELDS + 2], q_start);
-    const int hi = min(spans[(i64)walk.si * SPAN_FIELDS + 3], q_end);
-    const bool active = tile_real && tok_base < hi && tok_base + 16 > lo;
+    // This warp's 16 rows are one head and 16 consecutive tokens (tile_rows is a multiple of
+    // 16).
+    const int head = task.h0 + warp * 16 / tile_rows;
+    const int tok_base = q_start + warp * 16 % tile_rows;
+    const bool tile_real = tok_base < q_end;
 
-    wait_issue_turn(wg);
-    wgmma_hold<D / 2>(&o[0][0]);
-    wgmma_fence();
-    const SmemDesc k_desc = k_major_desc(ks), vd = v_desc(vs_prev);
+    float o[D / 8][4];
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-      Wgmma<BN>::ss(&s[0][0], q_desc.at(k_major_step<BM>(kk)),
-                    k_desc.at(k_major_step<BN>(kk)), kk > 0);
-    wgmma_commit();
-    if (j > 0) {
+    for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
+
+    // Software pipeline, per warpgroup: iteration j issues S_j = Q K_j^T and then O += P_{j-1}
+    // V_{j-1}, waits for S_j only, runs the softmax of chunk j while the tensor cores still work
+    // on P V, then waits for that, rescales O and turns S_j into P_j. The stage being refilled
+    // in iteration j (with chunk j + PREFETCH) held chunk j-2, which every warpgroup finished
+    // with before the barrier. The matrix operations are issued unconditionally (a row tile
+    // with no part in a chunk gets P = 0): ptxas serializes wgmma issued on paths it cannot
+    // prove uniform across the warpgroup.
+    u32 pa[BN / 16][4];  // P of the previous chunk, bf16/fp16 pairs (A fragments)
+    float s[BN / 8][4];
+    u32 vs_prev = 0;  // V of the previous chunk of this task
+    // jt counts this task's chunks: conditions on it (not on vs_prev) are ones the compiler can
+    // prove uniform, which keeps the wgmma under them from being serialized.
+    int jt = 0;
+    for (; walk.si < se; ++j, ++jt) {
+      if constexpr (WS) {
+        mbar_wait(full_bar + 8 * (j % STAGES), (j / STAGES) & 1);
+        fence_async_smem();
+      } else {
+        cp_async_wait<PREFETCH - 1>();
+        fence_async_smem();
+        __syncthreads();
+        if (load_walk.si < se) {
+          load_kv(stage_base + (u32)(((j + PREFETCH) % STAGES) * STAGE_BYTES), task.k_head,
+                  k_sl, task.v_head, v_sl, load_walk, tid);
+          load_walk.next(spans, se);
+        }
+        cp_async_commit();
+      }
+
+      const u32 ks = stage_base + (u32)((j % STAGES) * STAGE_BYTES);
+      // Rows this span applies to, clipped to the tile's real rows.
+      const int lo = max(spans[(i64)walk.si * SPAN_FIELDS + 2], q_start);
+      const int hi = min(spans[(i64)walk.si * SPAN_FIELDS + 3], q_end);
+      const bool active = tile_real && tok_base < hi && tok_base + 16 > lo;
+
+      wait_issue_turn(wg);
+      wgmma_hold<D / 2>(&o[0][0]);
+      wgmma_fence();
+      const SmemDesc k_desc = k_major_desc(ks), vd = v_desc(vs_prev);
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk)
+        Wgmma<BN>::ss(&s[0][0], q_desc.at(k_major_step<BM>(kk)),
+                      k_desc.at(k_major_step<BN>(kk)), kk > 0);
+      wgmma_commit();
+      if (jt > 0) {
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk)
+          Wgmma<D>::rs(&o[0][0], pa[kk], vd.at(v_step(kk)), 1);
+      }
+      wgmma_commit();  // an empty group for a task's first chunk keeps the wait counts below
+      pass_issue_turn(wg);
+
+      wgmma_wait<1>();
+      wgmma_hold<BN / 2>(&s[0][0]);
+      float al[2] = {1.f, 1.f};
+      if (active) {
+        // Mask: keys past the span end, rows outside the span's restriction or the tile.
+        const int t0 = tok_base + g, t1 = t0 + 8;
+        softmax_chunk(s, m, l, al, walk.kpos, walk.k1, t0 >= lo && t0 < hi,
+                      t1 >= lo && t1 < hi, t, scale_log2);
+      } else {
+#pragma unroll
+        for (int i = 0; i < BN / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+      }
+      wgmma_wait<0>();
+      wgmma_hold<D / 2>(&o[0][0]);
+      wgmma_hold<BN / 2>(&s[0][0]);  // P is rewritten only after the P V that read it is done
+      if (WS && jt > 0) mbar_arrive(empty_bar + 8 * ((j - 1) % STAGES));  // j-1 is done
+      if (al[0] != 1.f || al[1] != 1.f) {
+#pragma unroll
+        for (int i = 0; i < D / 8; ++i) {
+          o[i][0] *= al[0]; o[i][1] *= al[0];
+          o[i][2] *= al[1]; o[i][3] *= al[1];
+        }
+      }
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) p_fragment(pa[kk], s, kk);
+      vs_prev = ks + KV_BYTES;
+      walk.next(spans, se);
+    }
+    // Every S of this task has been waited for: the producer may load the next task's Q.
+    if constexpr (WS) mbar_arrive(q_empty_bar);
+    if (jt > 0) {  // the last chunk's P V (uniform: every thread walked the same spans)
+      wgmma_hold<D / 2>(&o[0][0]);
+      wgmma_fence();
+      const SmemDesc vd = v_desc(vs_prev);
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk) Wgmma<D>::rs(&o[0][0], pa[kk], vd.at(v_step(kk)), 1);
+      wgmma_commit();
+      wgmma_wait<0>();
+      wgmma_hold<D / 2>(&o[0][0]);
+      if (WS) mbar_arrive(empty_bar + 8 * ((j - 1) % STAGES));  // the task's last chunk is done
     }
-    wgmma_commit();  // an empty group when j == 0 keeps the wait counts below the same
-    pass_issue_turn(wg);
+    if constexpr (!WS) cp_async_wait<0>();
 
-    wgmma_wait<1>();
-    wgmma_hold<BN / 2>(&s[0][0]);
-    float al[2] = {1.f, 1.f};
-    if (active) {
-      // Mask: keys past the span end, rows outside the span's restriction or the tile.
-      const int t0 = tok_base + g, t1 = t0 + 8;
-      softmax_chunk(s, m, l, al, walk.kpos, walk.k1, t0 >= lo && t0 < hi, t1 >= lo && t1 < hi,
-                    t, scale_log2);
-    } else {
-#pragma unroll
-      for (int i = 0; i < BN / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
-    }
-    wgmma_wait<0>();
-    wgmma_hold<D / 2>(&o[0][0]);
-    wgmma_hold<BN / 2>(&s[0][0]);  // P is rewritten only after the P V that read it is done
-    if (WS && j > 0) mbar_arrive(empty_bar + 8 * ((j - 1) % STAGES));  // chunk j-1 is done
-    if (al[0] != 1.f || al[1] != 1.f) {
-#pragma unroll
-      for (int i = 0; i < D / 8; ++i) {
-        o[i][0] *= al[0]; o[i][1] *= al[0];
-        o[i][2] *= al[1]; o[i][3] *= al[1];
-      }
-    }
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) p_fragment(pa[kk], s, kk);
-    vs_prev = ks + KV_BYTES;
-    walk.next(spans, se);
-  }
-  if (vs_prev != 0) {  // the last chunk's P V (uniform: every thread walked the same spans)
-    wgmma_hold<D / 2>(&o[0][0]);
-    wgmma_fence();
-    const SmemDesc vd = v_desc(vs_prev);
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) Wgmma<D>::rs(&o[0][0], pa[kk], vd.at(v_step(kk)), 1);
-    wgmma_commit();
-    wgmma_wait<0>();
-    wgmma_hold<D / 2>(&o[0][0]);
+    // Every warp runs the epilogue (store_rows writes real rows only): a branch on tile_real
+    // here would put the accumulators on a divergent path before the next task's wgmma, which
+    // ptxas answers by serializing them (C7520).
+    const Output out{o_ptr, o_sb, o_sh, o_sl, lse_ptr, lse_sb, lse_sh, part_o, part_lse};
+    store_rows<D>(out, o, m, l, task.b, head, tok_base + g, q_end, warp * 16 + g, BM, task.slot,
+                  t);
   }
   if constexpr (WS) {
     if (WGS == 2 && wg == 0) named_bar_sync(1, 256);  // the turn warpgroup 1 passed last
-  } else {
-    cp_async_wait<0>();
-  }
-
-  if (tile_real) {
-    const Output out{o_ptr, o_sb, o_sh, o_sl, lse_ptr, lse_sb, lse_sh, part_o, part_lse};
-    store_rows<D>(out, o, m, l, b, head, tok_base + g, q_end, warp * 16 + g, BM, slot, t);
   }
 }

@@ -116,22 +116,24 @@ __device__ __forceinline__ float warp_quad_sum(float x) {
 // ---- kernel arguments and the task a CTA runs --------------------------------------------------
 // Every attention family takes the same arguments (tessera/api.py passes them): the task queue,
 // q/k/v and the output as [B, H, L, D] strides in elements, lse, the split-KV workspace, rows per
-// tile of one head, query heads per kv head, and the softmax scale times log2(e).
+// tile of one head, query heads per kv head, the softmax scale times log2(e), the number of tasks
+// and a zeroed counter persistent kernels take tasks from (null for one-task CTAs).
 #define TESSERA_BSA_PARAMS                                                        \
   const int *__restrict__ tasks, const int *__restrict__ spans, const u16 *q_ptr,  \
       i64 q_sb, i64 q_sh, i64 q_sl, const u16 *k_ptr, i64 k_sb, i64 k_sh, i64 k_sl, \
       const u16 *v_ptr, i64 v_sb, i64 v_sh, i64 v_sl, u16 *o_ptr, i64 o_sb, i64 o_sh, \
       i64 o_sl, float *lse_ptr, i64 lse_sb, i64 lse_sh, float *part_o,              \
-      float *part_lse, int tile_rows, int group, float scale_log2
+      float *part_lse, int tile_rows, int group, float scale_log2, int num_tasks,     \
+      int *task_counter
 
-// The task of CTA blockIdx.x (layout in tessera/runtime/tasks.py) and where its keys live.
+// Task `index` of the queue (layout in tessera/runtime/tasks.py) and where its keys live.
 struct Task {
   int b, h0, q_start, q_end, slot, span_begin, span_end;
   const u16* k_head;  // (batch, kv head) row 0 of k and v
   const u16* v_head;
-  __device__ __forceinline__ Task(const int* tasks, const u16* k_ptr, i64 k_sb, i64 k_sh,
-                                  const u16* v_ptr, i64 v_sb, i64 v_sh, int group) {
-    const int* t = tasks + (i64)blockIdx.x * TASK_FIELDS;
+  __device__ __forceinline__ Task(const int* tasks, int index, const u16* k_ptr, i64 k_sb,
+                                  i64 k_sh, const u16* v_ptr, i64 v_sb, i64 v_sh, int group) {
+    const int* t = tasks + (i64)index * TASK_FIELDS;
     b = t[TASK_BATCH];
     h0 = t[TASK_Q_HEAD0];
     q_start = t[TASK_Q_START];

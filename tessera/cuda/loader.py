@@ -71,6 +71,12 @@ class Variant:
             return (self.macro("BM") // 64 + dict(self.macros).get("PRODUCER", 0)) * 128
         return self.macro("WARPS") * 32
 
+    @property
+    def persistent(self) -> bool:
+        """Whether a CTA runs a sequence of tasks (grid of at most the CTAs the GPU holds at
+        once) rather than one: the warp-specialized sm90 variant."""
+        return self.source == "bsa_sm90.cu" and bool(dict(self.macros).get("PRODUCER"))
+
     @classmethod
     def combine(cls, *, bf16: bool) -> "Variant":
         return cls("combine.cu", "bsa_combine", (("BF16", int(bf16)),))
@@ -93,7 +99,8 @@ def smem_bytes(v: Variant) -> int:
         return 2 * lds * (v.macro("BM") + v.macro("STAGES") * 2 * v.macro("BN"))
     if v.source == "bsa_sm90.cu":  # tiles unpadded (swizzled), plus 1 KiB to align them
         d, stages = v.macro("D"), v.macro("STAGES")
-        barriers = 8 * (2 * stages + 1) if dict(v.macros).get("PRODUCER") else 0
+        # producer: full/empty per stage, Q full/empty, four task-index words
+        barriers = 8 * (2 * stages + 4) if dict(v.macros).get("PRODUCER") else 0
         return 1024 + 2 * d * (v.macro("BM") + stages * 2 * v.macro("BN")) + barriers
     return 0
 
@@ -279,3 +286,20 @@ def load_kernel(variant: Variant) -> Any:
             fn.max_dynamic_shared_size_bytes = smem
         _loaded[key] = fn
     return fn
+
+
+_resident: dict[tuple, int] = {}
+
+
+def blocks_per_sm(variant: Variant) -> int:
+    """CTAs of ``variant`` one SM of the current device holds at once (the driver's occupancy
+    calculation, from registers, threads and shared memory); sizes persistent grids."""
+    key = (variant, device_cc())
+    if key not in _resident:
+        from cupy_backends.cuda.api import driver  # noqa: PLC0415 - device only
+
+        fn = load_kernel(variant).kernel  # the RawKernel's driver function
+        _resident[key] = max(1, int(driver.occupancyMaxActiveBlocksPerMultiprocessor(
+            fn.ptr, variant.threads, smem_bytes(variant))))
+    return _resident[key]
+
