@@ -119,11 +119,26 @@ def attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *, scale: float | N
     return _launch(p, ops, scale, return_lse)
 
 
+class _RawStream:
+    """A raw stream pointer in the CUDA stream protocol, which ``Stream.from_external`` reads."""
+
+    def __init__(self, ptr: int) -> None:
+        self.ptr = ptr
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.ptr)
+
+
 def _caller_stream(ops: _Operands):
     """The caller's current stream as a CuPy stream (usable as a context manager)."""
     cp = cupy_or_none()
     ptr = ops.stream_ptr
-    return cp.cuda.ExternalStream(ptr, ops.q.device_id) if ptr else cp.cuda.Stream.null
+    if not ptr:
+        return cp.cuda.Stream.null
+    if hasattr(cp.cuda.Stream, "from_external"):  # CuPy 14 deprecates ExternalStream for it
+        with cp.cuda.Device(ops.q.device_id):  # the stream belongs to q's device
+            return cp.cuda.Stream.from_external(_RawStream(ptr))
+    return cp.cuda.ExternalStream(ptr, ops.q.device_id)
 
 
 def _device_cc() -> int:

@@ -47,8 +47,10 @@ CASES: dict[str, Callable[[np.random.Generator, int, int], np.ndarray]] = {
 }
 
 
-def cuda_time_ms(fn: Callable[[], Any], reps: int = 20, warmup: int = 3) -> float:
-    """Median of ``reps`` CUDA-event timings of ``fn`` after ``warmup`` calls."""
+def cuda_time_ms(fn: Callable[[], Any], reps: int = 20, warmup: int = 3,
+                 stat: Callable[[list[float]], float] = statistics.median) -> float:
+    """``stat`` (the median unless told) of ``reps`` CUDA-event timings of ``fn`` after
+    ``warmup`` calls."""
     import torch  # noqa: PLC0415
 
     for _ in range(warmup):
@@ -62,7 +64,7 @@ def cuda_time_ms(fn: Callable[[], Any], reps: int = 20, warmup: int = 3) -> floa
         b.record()
         b.synchronize()
         times.append(a.elapsed_time(b))
-    return statistics.median(times)
+    return stat(times)
 
 
 def _progress(i: int, n: int, label: str) -> None:
