@@ -649,7 +649,9 @@ def test_corpus_from_workloads():
     assert m.batch_heads == (1, 4) and m.uniform_block_size() == (64, 64)
     assert mask_features(m, head_dim=128, dtype="bfloat16", arch=90, num_q_heads=4,
                          batch=1).density == "5-15%"
-    assert len(prof.build_corpus()) == 6 * 12
+    assert len(prof.build_corpus()) == 8 * 12  # six models and two short clips
+    clip = prof.build_corpus(["cogvideox-5b-5f"], ["radial"])[0].build()
+    assert clip.seq_len_q == 5 * 30 * 45 + 226
     with pytest.raises(ValueError, match="unknown shape"):
         prof.build_corpus(["nope"])
     with pytest.raises(ValueError, match="unknown family"):

@@ -1,7 +1,7 @@
 """The offline regime profiler: ``python -m tessera profile`` writes ``tables/<gpu>.json``.
 
-It builds a corpus of masks (the :mod:`tessera.masks` families at the WORKLOADS shapes, with
-few heads to keep the runs short, plus random masks at several densities), computes each mask's
+It builds a corpus of masks (the :mod:`tessera.masks` families at the WORKLOADS shapes and two
+short clips of them, with few heads to keep the runs short, plus random masks at several densities), computes each mask's
 :class:`~tessera.runtime.regime.MaskFeatures`, times every candidate regime on it (kernel and
 planning) and keeps, per feature key, the regime that was fastest relative to each mask's best
 (the oracle). The table is rewritten, with its provenance, after every mask, so an interrupted
@@ -88,23 +88,45 @@ class ProfileResult:
 
 
 # ---------------------------------------------------------------------------- corpus
+def _short_clips() -> dict[str, Any]:
+    """Profile-only shapes: short clips of WORKLOADS models (previews, first steps of long
+    generations), so sequences under 16k tokens have table entries of their own rather than
+    borrowing the 17k+ shapes' choices; the held-out shapes use other clip lengths."""
+    from ..workloads import WORKLOADS, Workload  # noqa: PLC0415
+
+    def clip(model: str, frames: int) -> Workload:
+        w = WORKLOADS[model]
+        return Workload(f"{model}-{frames}f", w.heads, w.head_dim, (frames, *w.latent[1:]),
+                        w.text_tokens, w.text_valid)
+
+    return {w.name: w for w in (clip("wan-1.3b-480p", 7), clip("cogvideox-5b", 5))}
+
+
+def profile_shapes() -> dict[str, Any]:
+    """Every shape :func:`build_corpus` knows: the WORKLOADS models and the short clips."""
+    from ..workloads import WORKLOADS  # noqa: PLC0415
+
+    return {**WORKLOADS, **_short_clips()}
+
+
 def build_corpus(shapes: Sequence[str] | None = None, families: Sequence[str] | None = None,
                  *, heads: int = 4, densities: Sequence[float] = DENSITIES,
                  small_block_densities: Sequence[float] = SMALL_BLOCK_DENSITIES,
                  seed: int = 0) -> list[Case]:
-    """Corpus cases for ``shapes`` (WORKLOADS names) x ``families`` (FAMILIES names), all by
-    default, shape-major. ``random_blocks`` stands for random masks at ``densities`` with
+    """Corpus cases for ``shapes`` (:func:`profile_shapes` names) x ``families`` (FAMILIES
+    names), all by default, shape-major. ``random_blocks`` stands for random masks at ``densities`` with
     128-token blocks and ``small_block_densities`` with 64-token blocks (text tokens as the
     workload has them). Masks are built only when a case runs; ``heads`` query heads each.
     """
     from .. import masks  # noqa: PLC0415
-    from ..workloads import FAMILIES, WORKLOADS, example_mask  # noqa: PLC0415
+    from ..workloads import FAMILIES, example_mask  # noqa: PLC0415
 
-    shapes = list(WORKLOADS) if shapes is None else list(shapes)
+    known = profile_shapes()
+    shapes = list(known) if shapes is None else list(shapes)
     families = list(FAMILIES) if families is None else list(families)
     for s in shapes:
-        if s not in WORKLOADS:
-            raise ValueError(f"unknown shape {s!r}; choose from {', '.join(WORKLOADS)}")
+        if s not in known:
+            raise ValueError(f"unknown shape {s!r}; choose from {', '.join(known)}")
     for f in families:
         if f not in FAMILIES:
             raise ValueError(f"unknown family {f!r}; choose from {', '.join(FAMILIES)}")
@@ -112,7 +134,7 @@ def build_corpus(shapes: Sequence[str] | None = None, families: Sequence[str] | 
         raise ValueError(f"heads must be positive, got {heads}")
     cases = []
     for s in shapes:
-        w = WORKLOADS[s]
+        w = known[s]
         text = dict(text_tokens=w.text_tokens, text_valid=w.text_valid or None)
         for f in families:
             if f != "random_blocks":
@@ -129,7 +151,7 @@ def build_corpus(shapes: Sequence[str] | None = None, families: Sequence[str] | 
     return cases
 
 
-# Held-out shapes: latent grids and lengths no WORKLOADS entry has (other resolutions and clip
+# Held-out shapes: latent grids and lengths no profile shape has (other resolutions and clip
 # lengths of the same models), so an evaluation never meets a mask the profile timed.
 HELDOUT_SHAPES = {
     "wan-1.3b-720p-13f": dict(head_dim=128, latent=(13, 45, 80)),
