@@ -122,6 +122,47 @@ def test_features_uniform_128_known_density_and_balance():
     assert mask_measures(csr) == meas
 
 
+def _np_mask_pairs(grid, block, args):
+    """numpy stand-in for plan.cu's mask_pairs (out[0] += pairs, out[1] = max, per row)."""
+    dense, n_rows, n_kv, n_q, qb, kb, out = args
+    for r in range(int(n_rows)):
+        i = r % int(n_q)
+        pairs = int(np.diff(kb)[dense[r].astype(bool)].sum()) * int(qb[i + 1] - qb[i])
+        out[0] += np.uint64(pairs)
+        out[1] = max(int(out[1]), pairs)
+
+
+def test_device_measures_equal_host_measures(monkeypatch):
+    """The one-kernel device path (kernel replaced by its numpy stand-in) measures uniform,
+    ragged, variable, per-head and empty masks exactly as the host path does."""
+    from tessera.cuda import loader
+    from tessera.runtime import mapping
+
+    rng = np.random.default_rng(7)
+    variable = dict(q_bounds=np.r_[0, np.cumsum(rng.integers(8, 300, 10))],
+                    kv_bounds=np.r_[0, np.cumsum(rng.integers(8, 200, 13))])
+    heavy = rng.random((3, 10, 13)) < 0.2
+    heavy[1, 4] = True  # one row far heavier than the rest
+    masks = [BlockMask.from_dense(rng.random((4, 9, 9)) < 0.4, block_size=128),
+             BlockMask.from_dense(rng.random((2, 8, 8)) < 0.3, block_size=128, seq_len_q=1000,
+                                  seq_len_kv=900),
+             BlockMask.from_dense(heavy, **variable),
+             BlockMask.from_dense(rng.random((2, 3, 10, 13)) < 0.5, **variable),
+             BlockMask.from_dense(np.zeros((2, 5, 5), bool), block_size=64)]
+    host = [mask_measures(m) for m in masks]
+    assert host[2].imbalance > 2
+    calls = []
+    monkeypatch.setattr(loader, "load_kernel", lambda v: calls.append(v.kernel) or _np_mask_pairs)
+    monkeypatch.setattr(mapping, "_use_device_planner", lambda xp: True)
+    for m, want in zip(masks, host):
+        assert mask_measures(m) == want
+    assert calls == ["mask_pairs"] * len(masks)
+    # A mask given as CSR only (no dense rows) keeps the array path.
+    csr = BlockMask(masks[0].q_bounds, masks[0].kv_bounds, masks[0].indptr, masks[0].indices,
+                    masks[0].batch_heads)
+    assert mask_measures(csr) == host[0] and len(calls) == len(masks)
+
+
 def test_features_ragged_and_variable_match_brute_force():
     rng = np.random.default_rng(1)
     # Ragged: 1000 query and 900 key tokens in 128-token blocks (short last blocks).
@@ -841,6 +882,27 @@ def test_short_profile_on_the_gpu_writes_a_valid_table(tmp_path, capsys):
 
 
 # ---------------------------------------------------------------------------- kernel families
+@pytest.mark.gpu
+def test_device_measures_on_the_gpu():
+    """The mask_pairs kernel measures device masks exactly as the host path measures the same
+    selections (uniform, ragged, variable with a heavy row, per batch and head, empty)."""
+    import cupy as cp
+
+    rng = np.random.default_rng(11)
+    variable = dict(q_bounds=np.r_[0, np.cumsum(rng.integers(8, 300, 40))],
+                    kv_bounds=np.r_[0, np.cumsum(rng.integers(8, 200, 70))])
+    heavy = rng.random((3, 40, 70)) < 0.1
+    heavy[2, 7] = True
+    cases = [(rng.random((12, 256, 256)) < 0.1, dict(block_size=128)),
+             (rng.random((2, 30, 33)) < 0.3, dict(block_size=64, seq_len_q=1900,
+                                                  seq_len_kv=2100)),
+             (heavy, variable), (rng.random((2, 3, 40, 70)) < 0.5, variable),
+             (np.zeros((2, 5, 5), bool), dict(block_size=64))]
+    for dense, geo in cases:
+        want = mask_measures(BlockMask.from_dense(dense, **geo))
+        assert mask_measures(BlockMask.from_dense(cp.asarray(dense), **geo)) == want
+
+
 def test_sm90_regimes_are_checked_and_map_to_the_hopper_variant():
     r = Regime(family="sm90", block_m=128, num_warps=8, block_n=128, stages=3)
     v = r.variant(128, bf16=False)

@@ -255,3 +255,25 @@ extern "C" __global__ void plan_write_runs(
     t[7] = ch;
   }
 }
+
+// The regime table's mask measures in one launch: the (query token, key token) pairs the mask
+// selects in total and in its heaviest row (a row: one (batch, head, query block) of the dense
+// block matrix), accumulated into out[0] (sum) and out[1] (max), which the caller zeroes.
+extern "C" __global__ void mask_pairs(const unsigned char* __restrict__ dense, int n_rows,
+                                      int n_kv, int n_q, const i64* __restrict__ q_bounds,
+                                      const i64* __restrict__ kv_bounds,
+                                      unsigned long long* out) {
+  const int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+  if (warp >= n_rows) return;
+  const unsigned char* row = dense + (i64)warp * n_kv;
+  i64 keys = 0;
+  for (int c = lane; c < n_kv; c += 32)
+    if (row[c]) keys += kv_bounds[c + 1] - kv_bounds[c];
+  keys = warp_sum(keys);
+  if (lane == 0 && keys) {
+    const int i = warp % n_q;
+    const unsigned long long pairs = (unsigned long long)(keys * (q_bounds[i + 1] - q_bounds[i]));
+    atomicAdd(out, pairs);
+    atomicMax(out + 1, pairs);
+  }
+}

@@ -331,6 +331,26 @@ def row_stats_on_device(mask: BlockMask, dense_rows: Any, block_n: int):
     return dense, stats, nspans, chunks
 
 
+def mask_pairs_on_device(mask: BlockMask, dense_rows: Any) -> tuple[int, int]:
+    """(total, heaviest row) selected token pairs of a mask with dense rows, by the mask_pairs
+    kernel: one launch and one 16-byte copy (the regime table's features, runtime/regime.py;
+    with the array operations before it, plans that looked up the table took ~0.5 ms longer
+    on the H200, benchmarks/RESULTS.md)."""
+    from .._array import to_numpy  # noqa: PLC0415
+    from ..cuda.loader import Variant, load_kernel  # noqa: PLC0415 - device only
+
+    xp = mask.xp
+    dense = xp.ascontiguousarray(dense_rows).view(np.uint8)
+    n_rows, n_kv = dense.shape
+    out = xp.zeros(2, dtype=np.uint64)
+    load_kernel(Variant("plan.cu", "mask_pairs"))(
+        ((n_rows * 32 + 255) // 256,), (256,),
+        (dense, np.int32(n_rows), np.int32(n_kv), np.int32(mask.num_q_blocks),
+         device_bounds(mask.q_bounds, xp), device_bounds(mask.kv_bounds, xp), out))
+    total, heaviest = (int(x) for x in to_numpy(out))
+    return total, heaviest
+
+
 def _map_dense_on_device(mask: BlockMask, dense_rows: Any, tile_rows: int, block_n: int,
                          combine_threshold: float) -> tuple[PhysicalTiles | None, Any]:
     """The device planner: row statistics and spans by two kernels over the dense block matrix

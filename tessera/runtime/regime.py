@@ -385,19 +385,23 @@ class MaskFeatures:
 def mask_measures(mask: Any) -> MaskMeasures:
     """Sequence length, token-pair density, row imbalance and block geometry of ``mask``.
 
-    Works where the mask lives. On the device the per-row reductions run there and one small
-    array (total and heaviest row pairs) comes back: one synchronization, no copy of the mask.
-    A mask built from a dense matrix whose CSR arrays were never derived is measured from its
-    dense rows (the CSR is not derived for this).
+    Works where the mask lives. On the device the per-row reductions run there and two numbers
+    (total and heaviest row pairs) come back: one synchronization, no copy of the mask; a mask
+    with dense rows (built from a dense matrix) takes one kernel for it
+    (:func:`~tessera.runtime.mapping.mask_pairs_on_device`). On the host a mask built from a
+    dense matrix whose CSR arrays were never derived is measured from its dense rows (the CSR
+    is not derived for this).
     """
     from .._array import to_numpy  # noqa: PLC0415
+    from .mapping import _use_device_planner, mask_pairs_on_device  # noqa: PLC0415
 
     xp = mask.xp
+    dense = mask.dense_rows
+    if dense is not None and _use_device_planner(xp):
+        return _measures(mask, *mask_pairs_on_device(mask, dense))
     qlen = np.diff(mask.q_bounds)
     klen = np.diff(mask.kv_bounds)
     n_bh = mask.batch_heads[0] * mask.batch_heads[1]
-    n_rows = n_bh * qlen.size
-    dense = mask.dense_rows
     if mask._indptr is None and dense is not None:
         if np.all(klen[:-1] == klen[0]):  # uniform key blocks: counts, corrected for the last
             keys = dense.sum(axis=1, dtype=np.int64) * int(klen[0])
@@ -410,6 +414,14 @@ def mask_measures(mask: Any) -> MaskMeasures:
     else:
         pairs = mask.row_pairs()
     total, heaviest = (int(x) for x in to_numpy(xp.stack([pairs.sum(), pairs.max()])))
+    return _measures(mask, total, heaviest)
+
+
+def _measures(mask: Any, total: int, heaviest: int) -> MaskMeasures:
+    """:class:`MaskMeasures` from the mask's geometry and its total / heaviest-row pairs."""
+    qlen = np.diff(mask.q_bounds)
+    n_bh = mask.batch_heads[0] * mask.batch_heads[1]
+    n_rows = n_bh * qlen.size
     lq, lkv = int(mask.q_bounds[-1]), int(mask.kv_bounds[-1])
     density = total / (n_bh * lq * lkv)
     imbalance = heaviest * n_rows / total if total else 1.0
