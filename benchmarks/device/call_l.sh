@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device call prepared for the next session (NOT yet run): first run of the warp-specialized
+# Prepared in the third session; the fourth ran call_m.sh instead (smoke test first): first run of the warp-specialized
 # sm90 variant (GPU tests with the sm90ws parameters, racecheck on it, the sweep with the
 # producer regimes), then the start of a fresh H200 regime table with both kernel families
 # (resumable: run the profile line again with --resume until it reports done).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prepared for the next session (branch persistent-prefetch, NOT yet run): the persistent
+# Fifth session (ran at 15ea1fe, figures in RESULTS.md): the persistent
 # producer kernel that takes its next task as soon as the current task's copies are issued.
 # Smoke test first (a deadlock would eat the budget), then an A/B of persistence on the same masks (--one-task-ctas launches
 # the same kernel with one CTA per task, which is what main does), then the GPU suite,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prepared for the next session (NOT yet run): a fresh H200 regime table over the sm90 family
+# Fifth session (ran at 3fad90a, figures in RESULTS.md): a fresh H200 regime table over the sm90 family
 # (--kernel-families sm90: the portable family lost on every mask swept on the H200, so its 24
 # candidates are left out and the profile takes half the time), then its held-out evaluation.
 # If the profile stops on its budget, copy $OUT/nvidia-h200.json to tables/, commit, and run the
