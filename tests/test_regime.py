@@ -570,6 +570,74 @@ def test_profile_limited_to_kernel_families(tmp_path):
     assert t2.calls == {"h": 24} and doc["kernel_families"] == ["sm90"]
 
 
+def test_profile_limited_to_combine_thresholds(tmp_path):
+    """--combine-thresholds 0 times only the one-sync mapping policy (12 sm90 candidates on
+    sm_90), records it, refuses to resume a table profiled with every policy (or with none
+    recorded), and limits the evaluation's oracle the same way."""
+    assert len(candidate_regimes(128, 90, ("sm90",), (0.0,))) == 12
+    assert {r.combine_threshold for r in candidate_regimes(64, 90, None, (0.0,))} == {0.0}
+    assert candidate_regimes(64, 90, None, (0.5,)) == []
+    fav = Regime(family="sm90", block_m=64, block_n=64, num_warps=4, stages=3,
+                 combine_threshold=0.0)
+    cases = [small_case("a", density=0.2, seed=0), small_case("b", density=0.6, seed=1)]
+    timer = FakeTimer({"a": fav})
+    out = tmp_path / "t.json"
+    kw = dict(arch=90, timer=timer, clock=timer.clock, progress=None, kernel_families=("sm90",))
+    prof.profile(cases[:1], out=out, combine_thresholds=(0.0,), **kw)
+    assert timer.calls == {"a": 12}
+    corpus = RegimeTable.load(out).provenance["corpus"]
+    assert corpus["combine_thresholds"] == [0.0] and corpus["kernel_families"] == ["sm90"]
+    with pytest.raises(ValueError, match="combine_thresholds"):
+        prof.profile(cases, out=out, resume=True, **kw)
+    prof.profile(cases[:1], out=tmp_path / "all.json", **kw)  # every policy: "all" recorded
+    assert RegimeTable.load(tmp_path / "all.json").provenance["corpus"][
+        "combine_thresholds"] == "all"
+    with pytest.raises(ValueError, match="combine_thresholds"):
+        prof.profile(cases, out=tmp_path / "all.json", resume=True, combine_thresholds=(0.0,),
+                     **kw)
+    with pytest.raises(ValueError, match="no candidate regimes"):
+        prof.profile(cases, out=tmp_path / "u.json", combine_thresholds=(0.5,), **kw)
+    t2 = FakeTimer({"h": fav})
+    doc = prof.evaluate([small_case("h", density=0.2, seed=5)], table=RegimeTable.load(out),
+                        out=tmp_path / "e.json", arch=90, timer=t2, clock=t2.clock,
+                        progress=None, kernel_families=("sm90",), combine_thresholds=(0.0,))
+    assert t2.calls == {"h": 12} and doc["combine_thresholds"] == [0.0]
+
+
+def test_corpora_at_the_models_head_counts():
+    """heads=None builds every mask with its model's head count (each case its own: the
+    builders bind their shape's count, not the loop's last)."""
+    from tessera.workloads import WORKLOADS
+
+    cases = prof.build_corpus(["wan-1.3b-480p", "cogvideox-5b-5f"], ["sliding_tile",
+                                                                   "random_blocks"], heads=None)
+    assert {c.shape: c.heads for c in cases} == {"wan-1.3b-480p": 12, "cogvideox-5b-5f": 48}
+    first = next(c for c in cases if c.shape == "wan-1.3b-480p" and c.family == "random_blocks")
+    assert first.build().batch_heads == (1, WORKLOADS["wan-1.3b-480p"].heads)
+    held = prof.build_heldout_corpus(["wan-1.3b-480p-31f", "cogvideox-5b-9f"], heads=None)
+    assert {c.shape: c.heads for c in held} == {"wan-1.3b-480p-31f": 12, "cogvideox-5b-9f": 48}
+    for c in held:
+        if c.family in ("sliding_tile", "random_blocks"):
+            assert c.build().batch_heads == (1, c.heads), c.label
+    with pytest.raises(ValueError, match="heads"):
+        prof.build_corpus(heads=0)
+
+
+def test_profile_command_options(capsys):
+    from tessera.__main__ import main
+
+    assert main(["profile", "--list", "--shapes", "cogvideox-5b", "--families", "radial",
+                 "--heads", "model", "--kernel-families", "sm90", "--combine-thresholds",
+                 "0"]) == 0
+    out = capsys.readouterr().out
+    assert "cogvideox-5b/radial (head dim 64, 48 heads)" in out
+    assert "sm_90 head dim 64: 12 candidate regimes" in out
+    assert main(["profile", "--list", "--combine-thresholds", "zero"]) == 2
+    assert "--combine-thresholds" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["profile", "--list", "--heads", "0"])
+
+
 def test_profiler_picks_fastest_and_writes_valid_table(tmp_path):
     fav = Regime(block_m=128, block_n=32, split_ratio=2.0, combine_threshold=0.0)
     cases = [small_case("a", density=0.1, seed=0), small_case("b", density=0.9, seed=1)]

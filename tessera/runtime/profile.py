@@ -1,7 +1,8 @@
 """The offline regime profiler: ``python -m tessera profile`` writes ``tables/<gpu>.json``.
 
 It builds a corpus of masks (the :mod:`tessera.masks` families at the WORKLOADS shapes and two
-short clips of them, with few heads to keep the runs short, plus random masks at several densities), computes each mask's
+short clips of them, with few heads to keep the runs short or the models' own head counts, plus
+random masks at several densities), computes each mask's
 :class:`~tessera.runtime.regime.MaskFeatures`, times every candidate regime on it (kernel and
 planning) and keeps, per feature key, the regime that was fastest relative to each mask's best
 (the oracle). The table is rewritten, with its provenance, after every mask, so an interrupted
@@ -110,13 +111,14 @@ def profile_shapes() -> dict[str, Any]:
 
 
 def build_corpus(shapes: Sequence[str] | None = None, families: Sequence[str] | None = None,
-                 *, heads: int = 4, densities: Sequence[float] = DENSITIES,
+                 *, heads: int | None = 4, densities: Sequence[float] = DENSITIES,
                  small_block_densities: Sequence[float] = SMALL_BLOCK_DENSITIES,
                  seed: int = 0) -> list[Case]:
     """Corpus cases for ``shapes`` (:func:`profile_shapes` names) x ``families`` (FAMILIES
-    names), all by default, shape-major. ``random_blocks`` stands for random masks at ``densities`` with
-    128-token blocks and ``small_block_densities`` with 64-token blocks (text tokens as the
-    workload has them). Masks are built only when a case runs; ``heads`` query heads each.
+    names), all by default, shape-major. ``random_blocks`` stands for random masks at
+    ``densities`` with 128-token blocks and ``small_block_densities`` with 64-token blocks (text tokens as the
+    workload has them). Masks are built only when a case runs; ``heads`` query heads each
+    (None: the model's own count, what a table for full-size requests should be profiled at).
     """
     from .. import masks  # noqa: PLC0415
     from ..workloads import FAMILIES, example_mask  # noqa: PLC0415
@@ -130,42 +132,52 @@ def build_corpus(shapes: Sequence[str] | None = None, families: Sequence[str] | 
     for f in families:
         if f not in FAMILIES:
             raise ValueError(f"unknown family {f!r}; choose from {', '.join(FAMILIES)}")
-    if heads <= 0:
-        raise ValueError(f"heads must be positive, got {heads}")
+    _check_heads(heads)
     cases = []
     for s in shapes:
         w = known[s]
+        h = w.heads if heads is None else heads
         text = dict(text_tokens=w.text_tokens, text_valid=w.text_valid or None)
         for f in families:
             if f != "random_blocks":
-                cases.append(Case(f"{s}/{f}", s, f, w.head_dim, heads,
-                                  lambda w=w, f=f: example_mask(w, f, heads=heads, seed=seed,
-                                                                head_dim=w.head_dim).mask))
+                cases.append(Case(f"{s}/{f}", s, f, w.head_dim, h,
+                                  lambda w=w, f=f, h=h: example_mask(
+                                      w, f, heads=h, seed=seed, head_dim=w.head_dim).mask))
                 continue
             for block, dens in [(128, d) for d in densities] + \
                                [(64, d) for d in small_block_densities]:
                 cases.append(Case(
-                    f"{s}/random_blocks@{dens:g}/b{block}", s, f, w.head_dim, heads,
-                    lambda w=w, b=block, d=dens, text=text: masks.random_blocks(
-                        heads, w.seq_len, block=b, density=d, seed=seed, **text).mask))
+                    f"{s}/random_blocks@{dens:g}/b{block}", s, f, w.head_dim, h,
+                    lambda w=w, b=block, d=dens, text=text, h=h: masks.random_blocks(
+                        h, w.seq_len, block=b, density=d, seed=seed, **text).mask))
     return cases
 
 
+def _check_heads(heads: int | None) -> None:
+    if heads is not None and (isinstance(heads, bool) or not isinstance(heads, int)
+                              or heads <= 0):
+        raise ValueError(f"heads must be a positive int or None (the model's), got {heads!r}")
+
+
 # Held-out shapes: latent grids and lengths no profile shape has (other resolutions and clip
-# lengths of the same models), so an evaluation never meets a mask the profile timed.
+# lengths of the same models, with the models' head counts), so an evaluation never meets a
+# mask the profile timed.
 HELDOUT_SHAPES = {
-    "wan-1.3b-720p-13f": dict(head_dim=128, latent=(13, 45, 80)),
-    "wan-1.3b-480p-31f": dict(head_dim=128, latent=(31, 30, 52)),
-    "hunyuan-540p": dict(head_dim=128, latent=(33, 34, 60), text_tokens=256, text_valid=80),
-    "cogvideox-5b-9f": dict(head_dim=64, latent=(9, 30, 45), text_tokens=226, text_valid=226),
+    "wan-1.3b-720p-13f": dict(heads=12, head_dim=128, latent=(13, 45, 80)),
+    "wan-1.3b-480p-31f": dict(heads=12, head_dim=128, latent=(31, 30, 52)),
+    "hunyuan-540p": dict(heads=24, head_dim=128, latent=(33, 34, 60), text_tokens=256,
+                         text_valid=80),
+    "cogvideox-5b-9f": dict(heads=48, head_dim=64, latent=(9, 30, 45), text_tokens=226,
+                            text_valid=226),
 }
 
 
-def build_heldout_corpus(shapes: Sequence[str] | None = None, *, heads: int = 4,
+def build_heldout_corpus(shapes: Sequence[str] | None = None, *, heads: int | None = 4,
                          seed: int = 1) -> list[Case]:
     """The evaluation corpus: :data:`HELDOUT_SHAPES` x the mask families with other seeds and
     other family parameters than :func:`build_corpus` uses (STA windows, top-k fraction,
-    cluster counts, random densities), so a regime table is judged on masks it never saw."""
+    cluster counts, random densities), so a regime table is judged on masks it never saw.
+    ``heads`` query heads per mask (None: the model's)."""
     import numpy as np  # noqa: PLC0415
 
     from .. import masks  # noqa: PLC0415
@@ -175,27 +187,31 @@ def build_heldout_corpus(shapes: Sequence[str] | None = None, *, heads: int = 4,
         if s not in HELDOUT_SHAPES:
             raise ValueError(f"unknown held-out shape {s!r}; choose from "
                              f"{', '.join(HELDOUT_SHAPES)}")
+    _check_heads(heads)
     cases: list[Case] = []
     for i, s in enumerate(shapes):
         spec = HELDOUT_SHAPES[s]
+        nh = spec["heads"] if heads is None else heads
         lat, d = spec["latent"], spec["head_dim"]
         text = dict(text_tokens=spec.get("text_tokens", 0), text_valid=spec.get("text_valid"))
         seq = math.prod(lat) + text["text_tokens"]
         r = seed + i
 
-        def qk(r=r, seq=seq, d=d):
+        def qk(r=r, seq=seq, d=d, nh=nh):
             rng = np.random.default_rng(r)
-            return [rng.standard_normal((heads, seq, d), dtype=np.float32) for _ in range(2)]
+            return [rng.standard_normal((nh, seq, d), dtype=np.float32) for _ in range(2)]
 
         windows = [(1, 3, 3), (3, 5, 5), (5, 3, 3), (1, 1, 7)]
         n_cubes = math.prod(-(-a // 4) for a in lat)
         topk = (0.05, 0.2)[i % 2]
         dens = ((0.07, 0.35), (0.15, 0.6))[i % 2]
+        # Every builder binds this shape's values (nh included) as defaults: the lambdas run
+        # later, after the loop has moved on.
         builders = {
-            "sliding_tile": lambda lat=lat, text=text: masks.sliding_tile(
-                lat, window=[windows[h % 4] for h in range(heads)], **text),
-            "spatial_temporal": lambda lat=lat, text=text: masks.spatial_temporal(
-                lat, heads=["temporal", "spatial"] * (heads // 2) + ["spatial"] * (heads % 2),
+            "sliding_tile": lambda lat=lat, text=text, nh=nh: masks.sliding_tile(
+                lat, window=[windows[h % 4] for h in range(nh)], **text),
+            "spatial_temporal": lambda lat=lat, text=text, nh=nh: masks.spatial_temporal(
+                lat, heads=["temporal", "spatial"] * (nh // 2) + ["spatial"] * (nh % 2),
                 width=2, **text),
             "radial": lambda lat=lat, text=text: masks.radial(lat, dense_distance=2,
                                                               sink_frame=False, **text),
@@ -203,16 +219,16 @@ def build_heldout_corpus(shapes: Sequence[str] | None = None, *, heads: int = 4,
                 masks.topk_pooled(*qk(), lat, topk=max(1, round(f * n)), **text),
             "semantic_clusters": lambda seq=seq, text=text, qk=qk, r=r: masks.semantic_clusters(
                 *qk(), max(2, seq // 256), max(2, seq // 192), top_p=0.8, seed=r, **text),
-            f"random_blocks@{dens[0]:g}/b128": lambda seq=seq, text=text, r=r, p=dens[0]:
-                masks.random_blocks(heads, seq, block=128, density=p, seed=r, **text),
-            f"random_blocks@{dens[1]:g}/b128": lambda seq=seq, text=text, r=r, p=dens[1]:
-                masks.random_blocks(heads, seq, block=128, density=p, seed=r, **text),
-            "random_blocks@0.2/b64": lambda seq=seq, text=text, r=r: masks.random_blocks(
-                heads, seq, block=64, density=0.2, seed=r, **text),
+            f"random_blocks@{dens[0]:g}/b128": lambda seq=seq, text=text, r=r, p=dens[0], nh=nh:
+                masks.random_blocks(nh, seq, block=128, density=p, seed=r, **text),
+            f"random_blocks@{dens[1]:g}/b128": lambda seq=seq, text=text, r=r, p=dens[1], nh=nh:
+                masks.random_blocks(nh, seq, block=128, density=p, seed=r, **text),
+            "random_blocks@0.2/b64": lambda seq=seq, text=text, r=r, nh=nh: masks.random_blocks(
+                nh, seq, block=64, density=0.2, seed=r, **text),
         }
         for name, build in builders.items():
             family = name.split("@")[0]
-            cases.append(Case(f"{s}/{name}", s, family, d, heads,
+            cases.append(Case(f"{s}/{name}", s, family, d, nh,
                               lambda build=build: build().mask))
     return cases
 
@@ -279,17 +295,20 @@ def _corpus_summary(entries: dict[str, dict], old: dict, cases: dict[str, Case],
             "shapes": sorted(shapes), "families": sorted(families)}
 
 
-def _kernel_families(kernel_families: Sequence[str] | None, cases: Sequence[Case],
-                     arch: int) -> list[str] | str:
-    """``kernel_families`` as recorded ("all" when not limited), refused when it leaves a
-    case's head dim without candidates on ``arch``."""
-    if kernel_families is None:
-        return "all"
+def _restrictions(kernel_families: Sequence[str] | None,
+                  combine_thresholds: Sequence[float] | None, cases: Sequence[Case],
+                  arch: int) -> dict[str, Any]:
+    """The candidate restrictions as recorded (``"all"`` where not limited), refused when they
+    leave a case's head dim without candidates on ``arch``."""
     for d in sorted({c.head_dim for c in cases}):
-        if not candidate_regimes(d, arch, kernel_families):
-            raise ValueError(f"no candidate regimes of kernel families {list(kernel_families)} "
-                             f"for head dim {d} on sm_{arch}")
-    return sorted(kernel_families)
+        if not candidate_regimes(d, arch, kernel_families, combine_thresholds):
+            raise ValueError(f"no candidate regimes of kernel families "
+                             f"{list(kernel_families or ['all'])} and combine thresholds "
+                             f"{list(combine_thresholds or ['all'])} for head dim {d} on "
+                             f"sm_{arch}")
+    return dict(kernel_families="all" if kernel_families is None else sorted(kernel_families),
+                combine_thresholds="all" if combine_thresholds is None else
+                sorted(float(x) for x in combine_thresholds))
 
 
 def _fmt_min(seconds: float) -> str:
@@ -348,11 +367,15 @@ def profile(cases: Sequence[Case], *, out: str | Path, arch: int, timer: Timer,
             provenance: dict | None = None, prepare: Callable[[Any], Any] | None = None,
             clock: Callable[[], float] = time.monotonic,
             progress: TextIO | None = sys.stderr,
-            kernel_families: Sequence[str] | None = None) -> ProfileResult:
+            kernel_families: Sequence[str] | None = None,
+            combine_thresholds: Sequence[float] | None = None) -> ProfileResult:
     """Time every candidate regime on every case and write the table to ``out``.
 
     ``kernel_families`` (e.g. ``("sm90",)``) limits the candidates to those kernel families,
-    for a GPU where measurements show the others never win (it halves the profile on sm_90).
+    for a GPU where measurements show the others never win (it halves the profile on sm_90);
+    ``combine_thresholds`` (e.g. ``(0.0,)``) to those mapping policies (restricted merges plan
+    on the host in milliseconds and never came within 5% of the best request on the H200:
+    leaving them out halves a request-objective profile again).
 
     ``timer(case, mask, regime)`` gives ``(kernel_ms, plan_ms)``; ``prepare`` (e.g. moving the
     mask to the device) runs on each built mask before features and timings. The table is
@@ -364,7 +387,7 @@ def profile(cases: Sequence[Case], *, out: str | Path, arch: int, timer: Timer,
     """
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
-    kinds = _kernel_families(kernel_families, cases, arch)
+    limits = _restrictions(kernel_families, combine_thresholds, cases, arch)
     out = Path(out)
     provenance = dict(provenance or {})
     entries: dict[str, dict] = {}
@@ -382,8 +405,9 @@ def profile(cases: Sequence[Case], *, out: str | Path, arch: int, timer: Timer,
                              "give another --out")
         heads = sorted({c.heads for c in cases})
         for name, now in (("objective", objective), ("dtype", dtype), ("batch", batch),
-                          ("heads", heads), ("kernel_families", kinds)):
-            if old_corpus.get(name, now) != now:
+                          ("heads", heads), *limits.items()):
+            # A table that predates a restriction was profiled without it.
+            if old_corpus.get(name, "all" if name in limits else now) != now:
                 raise ValueError(f"{out} was profiled with {name}={old_corpus[name]!r}, "
                                  f"this run has {now!r}; give another --out")
         entries = {e["key"]: e for e in old.entries}
@@ -395,7 +419,7 @@ def profile(cases: Sequence[Case], *, out: str | Path, arch: int, timer: Timer,
     by_label = {c.label: c for c in cases}
     started = time.strftime("%Y-%m-%d %H:%M:%S")
     corpus_extra = dict(heads=sorted({c.heads for c in cases}), batch=batch, dtype=dtype,
-                        objective=objective, kernel_families=kinds)
+                        objective=objective, **limits)
 
     def write() -> RegimeTable:
         from .. import __version__  # noqa: PLC0415
@@ -435,7 +459,7 @@ def profile(cases: Sequence[Case], *, out: str | Path, arch: int, timer: Timer,
         _status(progress, f"{head}: building the mask")
         mask, meas, feats, heuristic = _measure_case(case, prepare, dtype=dtype, arch=arch,
                                                      batch=batch)
-        regimes = candidate_regimes(case.head_dim, arch, kernel_families)
+        regimes = candidate_regimes(case.head_dim, arch, kernel_families, combine_thresholds)
         if heuristic not in regimes:
             regimes.append(heuristic)
         calls += len(regimes)
@@ -473,7 +497,8 @@ def evaluate(cases: Sequence[Case], *, table: RegimeTable, out: str | Path, arch
              prepare: Callable[[Any], Any] | None = None,
              clock: Callable[[], float] = time.monotonic,
              progress: TextIO | None = sys.stderr,
-             kernel_families: Sequence[str] | None = None) -> dict:
+             kernel_families: Sequence[str] | None = None,
+             combine_thresholds: Sequence[float] | None = None) -> dict:
     """Judge ``table`` on ``cases`` (a held-out corpus): time every candidate regime on each
     mask (the oracle is the fastest) and record which regime the table's lookup picks (the
     heuristic when it has nothing for the mask) and which the heuristic would.
@@ -481,14 +506,15 @@ def evaluate(cases: Sequence[Case], *, table: RegimeTable, out: str | Path, arch
     Writes ``out`` (JSON: provenance, one record per mask with every regime's kernel and
     planning times, and :func:`summarize_evaluation`'s summary) after every mask; ``resume``
     skips masks already recorded there. ``objective`` defaults to the table's;
-    ``kernel_families`` limits the oracle's candidates as :func:`profile`'s.
+    ``kernel_families`` and ``combine_thresholds`` limit the oracle's candidates as
+    :func:`profile`'s.
     """
     import json  # noqa: PLC0415
 
     objective = objective or table.provenance.get("corpus", {}).get("objective", "request")
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
-    kinds = _kernel_families(kernel_families, cases, arch)
+    limits = _restrictions(kernel_families, combine_thresholds, cases, arch)
     out = Path(out)
     records: list[dict] = []
     if out.exists() and resume:
@@ -505,7 +531,7 @@ def evaluate(cases: Sequence[Case], *, table: RegimeTable, out: str | Path, arch
     done = {r["label"] for r in records}
     head_info = dict(format=EVAL_FORMAT, arch=arch, objective=objective, dtype=dtype,
                      batch=batch, table=table.source, table_entries=len(table),
-                     table_date=table.provenance.get("date"), kernel_families=kinds,
+                     table_date=table.provenance.get("date"), **limits,
                      provenance=dict(provenance or {}))
 
     def write() -> dict:
@@ -527,7 +553,7 @@ def evaluate(cases: Sequence[Case], *, table: RegimeTable, out: str | Path, arch
         mask, meas, feats, heuristic = _measure_case(case, prepare, dtype=dtype, arch=arch,
                                                      batch=batch)
         chosen = table.lookup(feats) or heuristic
-        regimes = candidate_regimes(case.head_dim, arch, kernel_families)
+        regimes = candidate_regimes(case.head_dim, arch, kernel_families, combine_thresholds)
         for extra in (heuristic, chosen):
             if extra not in regimes:
                 regimes.append(extra)
@@ -704,6 +730,37 @@ def gpu_timer(*, dtype: str = "bfloat16", batch: int = 1, reps: int = 10,
 
 
 # ---------------------------------------------------------------------------- command line
+def _heads_arg(text: str) -> int | None:
+    """``--heads``: a positive int, or ``model`` (None: each model's own head count)."""
+    import argparse  # noqa: PLC0415
+
+    if text == "model":
+        return None
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive int or 'model', got {text!r}")
+    return n
+
+
+def _thresholds(text: str | None) -> list[float] | None:
+    """``--combine-thresholds``: floats >= 0 (``ValueError`` naming the bad one)."""
+    if not text:
+        return None
+    out = []
+    for x in (x for x in text.split(",") if x):
+        try:
+            v = float(x)
+        except ValueError:
+            v = -1.0
+        if not v >= 0:
+            raise ValueError(f"--combine-thresholds: {x!r} is not a number >= 0")
+        out.append(v)
+    return out or None
+
+
 def add_arguments(ap: Any) -> None:
     ap.add_argument("--out", help="table to write (default: tables/<gpu-slug>.json)")
     ap.add_argument("--budget-minutes", type=float, default=30.0,
@@ -716,7 +773,12 @@ def add_arguments(ap: Any) -> None:
     ap.add_argument("--kernel-families",
                     help="comma list of kernel families to time, e.g. sm90 (default: every "
                          "family the GPU runs)")
-    ap.add_argument("--heads", type=int, default=4, help="query heads per mask (default 4)")
+    ap.add_argument("--combine-thresholds",
+                    help="comma list of combine thresholds (mapping policies) to time, e.g. 0 "
+                         "(default: all; restricted merges never won a request on the H200)")
+    ap.add_argument("--heads", type=_heads_arg, default=4,
+                    help="query heads per mask, or 'model' for each model's own count "
+                         "(default 4)")
     ap.add_argument("--dtype", choices=["bfloat16", "float16"], default="bfloat16")
     ap.add_argument("--objective", choices=OBJECTIVES, default="request",
                     help="request: kernel + planning time (default); kernel: kernel only")
@@ -735,6 +797,7 @@ def command(args: Any) -> int:
 
     split = lambda s: [x for x in s.split(",") if x] if s else None  # noqa: E731
     try:
+        thresholds = _thresholds(args.combine_thresholds)
         if args.evaluate:
             cases = build_heldout_corpus(split(args.shapes), heads=args.heads)
             if args.families:
@@ -752,7 +815,7 @@ def command(args: Any) -> int:
             print(f"{c.label} (head dim {c.head_dim}, {c.heads} heads)")
         for cc in (80, 86, 90):
             for d in sorted({c.head_dim for c in cases}):
-                n = len(candidate_regimes(d, cc, split(args.kernel_families)))
+                n = len(candidate_regimes(d, cc, split(args.kernel_families), thresholds))
                 print(f"sm_{cc} head dim {d}: {n} candidate regimes")
         return 0
     try:
@@ -784,7 +847,7 @@ def _gpu_run_options(args: Any, prov: dict) -> dict[str, Any]:
     return dict(timer=gpu_timer(dtype=args.dtype, reps=args.reps), dtype=args.dtype,
                 budget_s=args.budget_minutes * 60, resume=args.resume,
                 overwrite=args.overwrite, provenance=prov, prepare=lambda m: m.to_device(),
-                kernel_families=kinds)
+                kernel_families=kinds, combine_thresholds=_thresholds(args.combine_thresholds))
 
 
 def _evaluate_command(args: Any, cases: list[Case], arch: int, prov: dict) -> int:

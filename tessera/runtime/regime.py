@@ -223,9 +223,11 @@ def tasks_in_flight(regime: Regime, head_dim: int, arch: int | None, sm_count: i
 
 
 def candidate_regimes(head_dim: int, arch: int | None,
-                      kernel_families: Sequence[str] | None = None) -> list[Regime]:
+                      kernel_families: Sequence[str] | None = None,
+                      combine_thresholds: Sequence[float] | None = None) -> list[Regime]:
     """The regimes worth profiling for ``head_dim`` on compute capability ``arch`` (only those
-    of ``kernel_families``, e.g. ``("sm90",)``, when given).
+    of ``kernel_families``, e.g. ``("sm90",)``, and of ``combine_thresholds``, e.g. ``(0.0,)``,
+    when given).
 
     The sm80 family with 4 warps: 64- or 128-row tiles (16 or 32 rows a warp, the two shapes the
     kernel supports at 4 warps), 32 or 64 keys a step, double buffered; on sm_90 also the sm90
@@ -249,8 +251,9 @@ def candidate_regimes(head_dim: int, arch: int | None,
             for comb in CANDIDATE_COMBINE:
                 stages = 3 if shape.get("family") == "sm90" else 2
                 r = Regime(**shape, stages=stages, split_ratio=split, combine_threshold=comb)
-                if regime_fits(r, head_dim, arch) and (kernel_families is None
-                                                       or r.family in kernel_families):
+                if (regime_fits(r, head_dim, arch)
+                        and (kernel_families is None or r.family in kernel_families)
+                        and (combine_thresholds is None or comb in combine_thresholds)):
                     out.append(r)
     return out
 
