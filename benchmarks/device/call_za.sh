@@ -18,3 +18,8 @@ if grep -q "(done)" "$out/profile.txt"; then
     --out "$out/eval.json" --budget-minutes 2.3 > "$out/eval.txt" 2>&1
   echo "evaluate rc=$?"; tail -3 "$out/eval.txt"
 fi
+# Where a request's host time goes (#4's request target): cProfile of 200 requests.
+for s in wan-1.3b-480p cogvideox-5b; do
+  timeout 60 python3 benchmarks/request_profile.py --shape $s > "$out/request_profile_$s.txt" 2>&1
+  echo "request profile $s rc=$?: $(tail -1 $out/request_profile_$s.txt)"
+done
