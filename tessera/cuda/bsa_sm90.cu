@@ -3,9 +3,10 @@
 // pipeline, and the same online softmax, masking and epilogue as the portable family
 // (common.cuh). Same task queue and kernel arguments as bsa_sm80.cu.
 //
-// One CTA runs one task: BM = 64 x WGS physical rows, warpgroup w owning rows 64w .. 64w+63
-// (warp i of the CTA owns rows 16i .. 16i+15, as in the portable family), walking the task's key
-// spans BN keys at a time: S = Q K^T (wgmma, both operands K-major in shared memory), softmax on
+// A CTA runs one task at a time (the plain variant one task; the producer variant is persistent,
+// taking tasks from a counter, see the kernel): BM = 64 x WGS physical rows, warpgroup w owning
+// rows 64w .. 64w+63 (warp i of the CTA owns rows 16i .. 16i+15, as in the portable family),
+// walking the task's key spans BN keys at a time: S = Q K^T (wgmma, both operands K-major in shared memory), softmax on
 // the S accumulators, O += P V (wgmma, P from registers, V N-major in shared memory). The
 // softmax of one chunk runs while the tensor cores multiply the previous chunk's P by its V.
 //
@@ -15,8 +16,9 @@
 //   TESSERA_D        head dim: 64, 96 or 128
 //   TESSERA_STAGES   K/V stages (>= 3: chunk j computes, j-1's V is read, STAGES-2 load ahead)
 //   TESSERA_BF16     1: bfloat16, 0: float16
-//   TESSERA_PRODUCER 1: warp-specialized (a producer warpgroup copies, consumers compute, with
-//                    register reallocation and strictly alternating consumer issue); 0: every
+//   TESSERA_PRODUCER 1: warp-specialized and persistent (a producer warpgroup copies, consumers
+//                    compute, with register reallocation and strictly alternating consumer
+//                    issue; the next task's chunks load while the current one computes); 0: every
 //                    warpgroup copies and computes, one CTA barrier per key step
 //
 // Shared memory: Q (BM x D), then STAGES x {K, V} (BN x D each), every tile in the layout wgmma
