@@ -1,0 +1,32 @@
+# Shared by the device scripts from the fifth session on (earlier call_*.sh stay as they ran):
+# source it first. Sets $out (the run tool's $OUT), the environment, and the steps that recur.
+out=${OUT:-/tmp/out}; mkdir -p "$out"
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TESSERA_CACHE_DIR=/tmp/tc
+
+# gpu_tests NAME TIMEOUT PYTEST-ARGS...: the GPU-marked tests, logged to $out/NAME.txt; prints
+# the summary line and the failures.
+gpu_tests() {
+  local name=$1 limit=$2 start; shift 2; start=$(date +%s)
+  timeout "$limit" python3 -m pytest -q -p no:cacheprovider -m gpu "$@" > "$out/$name.txt" 2>&1
+  echo "$name rc=$? $(( $(date +%s) - start ))s: $(tail -1 "$out/$name.txt")"
+  grep -E "^(FAILED|E ) " "$out/$name.txt" | head -10
+}
+
+# profile_table TABLE TIMEOUT BUDGET_MINUTES PROFILE-ARGS...: the regime profiler into TABLE,
+# logged to $out/profile.txt; succeeds only when the whole corpus was profiled.
+profile_table() {
+  local table=$1 limit=$2 budget=$3 start; shift 3; start=$(date +%s)
+  timeout "$limit" python3 -m tessera profile --out "$table" --budget-minutes "$budget" "$@" \
+    > "$out/profile.txt" 2>&1
+  echo "profile rc=$? $(( $(date +%s) - start ))s: $(tail -1 "$out/profile.txt")"
+  grep -q "(done)" "$out/profile.txt"
+}
+
+# evaluate_table TABLE TIMEOUT BUDGET_MINUTES PROFILE-ARGS...: its held-out evaluation into
+# $out/eval.json; prints the summary.
+evaluate_table() {
+  local table=$1 limit=$2 budget=$3 start; shift 3; start=$(date +%s)
+  timeout "$limit" python3 -m tessera profile --evaluate "$table" --out "$out/eval.json" \
+    --budget-minutes "$budget" "$@" > "$out/eval.txt" 2>&1
+  echo "evaluate rc=$? $(( $(date +%s) - start ))s"; tail -3 "$out/eval.txt"
+}
