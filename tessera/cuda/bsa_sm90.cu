@@ -6,9 +6,10 @@
 // A CTA runs one task at a time (the plain variant one task; the producer variant is persistent,
 // taking tasks from a counter, see the kernel): BM = 64 x WGS physical rows, warpgroup w owning
 // rows 64w .. 64w+63 (warp i of the CTA owns rows 16i .. 16i+15, as in the portable family),
-// walking the task's key spans BN keys at a time: S = Q K^T (wgmma, both operands K-major in shared memory), softmax on
-// the S accumulators, O += P V (wgmma, P from registers, V N-major in shared memory). The
-// softmax of one chunk runs while the tensor cores multiply the previous chunk's P by its V.
+// walking the task's key spans BN keys at a time: S = Q K^T (wgmma, both operands K-major in
+// shared memory), softmax on the S accumulators, O += P V (wgmma, P from registers, V N-major in
+// shared memory). The softmax of one chunk runs while the tensor cores multiply the previous
+// chunk's P by its V.
 //
 // Variant parameters (macros, set by tessera/cuda/loader.py):
 //   TESSERA_BM       rows per task, 64 per warpgroup

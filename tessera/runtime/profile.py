@@ -116,8 +116,8 @@ def build_corpus(shapes: Sequence[str] | None = None, families: Sequence[str] | 
                  seed: int = 0) -> list[Case]:
     """Corpus cases for ``shapes`` (:func:`profile_shapes` names) x ``families`` (FAMILIES
     names), all by default, shape-major. ``random_blocks`` stands for random masks at
-    ``densities`` with 128-token blocks and ``small_block_densities`` with 64-token blocks (text tokens as the
-    workload has them). Masks are built only when a case runs; ``heads`` query heads each
+    ``densities`` with 128-token blocks and ``small_block_densities`` with 64-token blocks
+    (text tokens as the workload has them). Masks are built only when a case runs; ``heads`` query heads each
     (None: the model's own count, what a table for full-size requests should be profiled at).
     """
     from .. import masks  # noqa: PLC0415
