@@ -161,7 +161,8 @@ def run_plan(p: Plan, q: Any, k: Any, v: Any, *, scale: float | None = None,
 
     ``out`` (same dtype and layout as q, last dim contiguous) and ``lse`` (float32
     ``[B, Hq, Lq]``, contiguous) are written in place when given, so a run allocates nothing
-    (CUDA-graph capture); they are returned as given.
+    after the plan's first run on the stream (then a CUDA graph can capture it); they are
+    returned as given.
     """
     ops = _describe(q, k, v, p.layout)
     b, hq, lq, d = ops.shape_q
@@ -216,6 +217,32 @@ def _device_queue(p: Plan, cp) -> dict:
     return c
 
 
+def _wait_until_planned(p: Plan, stream: Any) -> None:
+    """Order ``stream`` after the device planner's work for ``p`` (no host synchronization).
+    Once per stream: its later work stays ordered after it, so repeated runs -- and a CUDA
+    graph captured on a stream the plan already ran on -- make no event calls."""
+    ready = p._cache.get("ready")
+    if ready is None:  # a host-built plan
+        return
+    waited = p._cache.setdefault("ready_on", set())
+    if stream.ptr not in waited:
+        stream.wait_event(ready)
+        waited.add(stream.ptr)
+
+
+def _task_counter(p: Plan, cp: Any, stream: Any) -> Any:
+    """The counter a persistent kernel takes ``p``'s tasks from, zeroed on ``stream`` before
+    each launch. One per (plan, stream): runs on one stream execute in order and may share it,
+    runs on different streams never do, and a run allocates nothing after its first on a
+    stream (CUDA-graph capture replays the zeroing with the launch)."""
+    key = ("task_counter", stream.ptr)
+    counter = p._cache.get(key)
+    if counter is None:
+        counter = p._cache[key] = cp.empty(1, dtype=np.int32)
+    cp.cuda.runtime.memsetAsync(counter.data.ptr, 0, counter.nbytes, stream.ptr)
+    return counter
+
+
 def _launch(p: Plan, ops: _Operands, scale: float | None, return_lse: bool,
             given: dict | None = None):
     from .cuda.loader import Variant, blocks_per_sm, load_kernel, smem_bytes  # noqa: PLC0415
@@ -235,8 +262,7 @@ def _launch(p: Plan, ops: _Operands, scale: float | None, return_lse: bool,
                          f"dim {d}; sm_{cc} allows {smem_limit_bytes(cc)} per block")
     stream = _caller_stream(ops)
     with cp.cuda.Device(ops.q.device_id), stream:  # CuPy work below goes on that stream too
-        if "ready" in p._cache:  # a device-built plan: its arrays may still be being written
-            stream.wait_event(p._cache["ready"])
+        _wait_until_planned(p, stream)
         queue = _device_queue(p, cp)
         given = given or {}
         out_shape = (b, hq, lq, d) if p.layout == "bhld" else (b, lq, hq, d)
@@ -279,7 +305,7 @@ def _launch(p: Plan, ops: _Operands, scale: float | None, return_lse: bool,
                 grid = n_tasks if persistent_grid_cap == 0 else min(
                     n_tasks, max(1, blocks_per_sm(fwd) * device_sm_count()),
                     persistent_grid_cap or n_tasks)
-                counter = cp.zeros(1, dtype=np.int32)  # per launch: concurrent runs never share
+                counter = _task_counter(p, cp, stream)
             args += (ptr(0 if counter is None else counter.data.ptr),)
             fn((grid,), (fwd.threads,), args, shared_mem=smem_bytes(fwd), stream=stream)
         n_jobs = int(p.queue.combine.shape[0])

@@ -1,0 +1,61 @@
+"""CPU: the launch bookkeeping of tessera.api that needs no GPU (fakes stand in for CuPy)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tessera import api
+
+
+class _Stream:
+    def __init__(self, ptr: int) -> None:
+        self.ptr, self.waited = ptr, []
+
+    def wait_event(self, event) -> None:
+        self.waited.append(event)
+
+
+class _Plan:
+    def __init__(self, ready=None) -> None:
+        self._cache = {} if ready is None else {"ready": ready}
+
+
+class _CuPy:
+    """Just what _task_counter uses: empty arrays and an asynchronous memset, recorded."""
+
+    def __init__(self) -> None:
+        self.memsets, self.allocations = [], 0
+        self.cuda = type("cuda", (), {"runtime": type("rt", (), {
+            "memsetAsync": staticmethod(lambda p, v, n, s: self.memsets.append((p, v, n, s)))})})
+
+    def empty(self, n, dtype):
+        self.allocations += 1
+        return _Array(1000 + self.allocations, n * np.dtype(dtype).itemsize)
+
+
+class _Array:
+    def __init__(self, ptr: int, nbytes: int) -> None:
+        self.data, self.nbytes = type("mem", (), {"ptr": ptr})(), nbytes
+
+
+def test_plan_is_waited_for_once_per_stream():
+    ready = object()
+    p, a, b = _Plan(ready), _Stream(1), _Stream(2)
+    for _ in range(3):
+        api._wait_until_planned(p, a)
+    api._wait_until_planned(p, b)
+    assert a.waited == [ready] and b.waited == [ready]
+    host_built, c = _Plan(), _Stream(3)
+    api._wait_until_planned(host_built, c)
+    assert c.waited == []
+
+
+def test_task_counter_one_per_stream_zeroed_every_launch():
+    cp, p = _CuPy(), _Plan()
+    a, b = _Stream(11), _Stream(12)
+    first = api._task_counter(p, cp, a)
+    again = api._task_counter(p, cp, a)
+    other = api._task_counter(p, cp, b)
+    assert first is again and other is not first and cp.allocations == 2
+    assert cp.memsets == [(first.data.ptr, 0, 4, 11), (first.data.ptr, 0, 4, 11),
+                          (other.data.ptr, 0, 4, 12)]
