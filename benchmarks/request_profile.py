@@ -1,65 +1,64 @@
-"""Where a request's host time goes: ``tessera.attention(q, k, v, new_mask())`` repeated under
-cProfile (the functions with the most own and cumulative time), next to its CUDA-event time
-and the kernel alone -- what to cut to bring request time towards kernel time (#4, #5).
+"""Where a request's host time goes, with the regime table in force and without.
 
-    python3 benchmarks/request_profile.py [--shape wan-1.3b-480p] [--density 0.1] [--n 200]
+``PYTHONPATH=. python3 benchmarks/request_profile.py``: CogVideoX-5B random_blocks (CSR on the
+device, fp16 CuPy) and Wan-1.3B sliding_tile (from_dense); median request ms, the time of
+``mask_features`` alone, and a cProfile (cumulative) of 10 requests with the table.
 """
 
-import argparse
-import cProfile
-import io
-import math
-import pstats
-import sys
+from __future__ import annotations
 
-import numpy as np
+import cProfile
+import pstats
+import statistics
+import time
 
 import tessera
-from tessera.bench import cuda_time_ms
-from tessera.workloads import WORKLOADS
+from tessera.runtime import regime as R
+from tessera.workloads import WORKLOADS, example_mask
 
 
-def main(argv=None) -> int:
-    import torch
+def med(fn, sync, reps=15):
+    fn()
+    sync()
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        sync()
+        ts.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(ts)
 
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--shape", default="wan-1.3b-480p")
-    ap.add_argument("--density", type=float, default=0.1)
-    ap.add_argument("--n", type=int, default=200, help="requests profiled")
-    ap.add_argument("--top", type=int, default=25)
-    args = ap.parse_args(argv)
-    w = WORKLOADS[args.shape]
-    h, d, L = w.heads, w.head_dim, w.seq_len
-    q, k, v = (torch.randn(1, h, L, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    n = math.ceil(L / 128)
-    blocks = torch.from_numpy(np.random.default_rng(0).random((h, n, n)) < args.density).cuda()
 
-    def new_mask():
-        return tessera.BlockMask.from_dense(blocks, block_size=128, seq_len_q=L, seq_len_kv=L)
+def main() -> None:
+    import cupy as cp
 
-    def request():
-        return tessera.attention(q, k, v, new_mask())
-
-    p = tessera.plan(new_mask(), num_q_heads=h, head_dim=d)
-    kernel = cuda_time_ms(lambda: p.run(q, k, v), 20)
-    req = cuda_time_ms(request, 20)
-    plan = cuda_time_ms(lambda: tessera.plan(new_mask(), num_q_heads=h, head_dim=d), 20)
-    mask = cuda_time_ms(new_mask, 20)
-    prof = cProfile.Profile()
-    torch.cuda.synchronize()
-    prof.enable()
-    for _ in range(args.n):
-        request()
-    torch.cuda.synchronize()
-    prof.disable()
-    for key in ("tottime", "cumulative"):
-        s = io.StringIO()
-        pstats.Stats(prof, stream=s).sort_stats(key).print_stats(args.top)
-        print(f"== by {key} ({args.n} requests)\n" + s.getvalue().split("\n\n", 2)[-1])
-    print(f"{args.shape} density {args.density}: kernel {kernel:.3f} ms, request {req:.3f} ms, "
-          f"plan {plan:.3f} ms, mask object {mask:.3f} ms ({p.regime.name})")
-    return 0
+    sync = cp.cuda.Device().synchronize
+    for shape, fam, dense in (("cogvideox-5b", "random_blocks", False),
+                              ("wan-1.3b-480p", "sliding_tile", True)):
+        w = WORKLOADS[shape]
+        vm = example_mask(w, fam, heads=4, head_dim=w.head_dim).mask
+        m = (tessera.BlockMask.from_dense(cp.asarray(vm.to_dense()), q_bounds=vm.q_bounds,
+                                          kv_bounds=vm.kv_bounds) if dense else vm.to_device())
+        q, k, v = (cp.random.standard_normal((1, 4, w.seq_len, w.head_dim), dtype=cp.float32)
+                   .astype(cp.float16) for _ in range(3))
+        for label, table in (("table", "auto"), ("no table", None)):
+            R.use_table(table)
+            req = med(lambda: tessera.attention(q, k, v, m), sync)
+            feat = med(lambda: R.mask_features(m, head_dim=w.head_dim, dtype="float16", arch=90,
+                                               num_q_heads=4, batch=1), sync)
+            sel = med(lambda: R.select_regime(m, arch=90, head_dim=w.head_dim, dtype="float16",
+                                              num_q_heads=4, batch=1), sync)
+            print(f"{shape} {fam} {label:8}: request {req:.2f} ms, mask_features {feat:.3f} ms,"
+                  f" select_regime {sel:.3f} ms", flush=True)
+        R.use_table("auto")
+        pr = cProfile.Profile()
+        pr.enable()
+        for _ in range(10):
+            tessera.attention(q, k, v, m)
+            sync()
+        pr.disable()
+        pstats.Stats(pr).sort_stats("cumulative").print_stats(18)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

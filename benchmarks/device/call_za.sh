@@ -9,8 +9,8 @@
 set -uo pipefail
 . benchmarks/device/common.sh
 for s in wan-1.3b-480p cogvideox-5b; do
-  timeout 45 python3 benchmarks/request_profile.py --shape $s > "$out/request_profile_$s.txt" 2>&1
-  echo "request profile $s rc=$?: $(tail -1 $out/request_profile_$s.txt)"
+  timeout 45 python3 benchmarks/request_hotspots.py --shape $s > "$out/request_hotspots_$s.txt" 2>&1
+  echo "request hotspots $s rc=$?: $(tail -1 $out/request_hotspots_$s.txt)"
 done
 opts=(--kernel-families sm90 --combine-thresholds 0 --heads model)
 table="$out/nvidia-h200-model-heads.json"

@@ -302,4 +302,3 @@ def blocks_per_sm(variant: Variant) -> int:
         _resident[key] = max(1, int(driver.occupancyMaxActiveBlocksPerMultiprocessor(
             fn.ptr, variant.threads, smem_bytes(variant))))
     return _resident[key]
-

@@ -1,0 +1,65 @@
+"""Where a request's host time goes: ``tessera.attention(q, k, v, new_mask())`` repeated under
+cProfile (the functions with the most own and cumulative time), next to its CUDA-event time
+and the kernel alone -- what to cut to bring request time towards kernel time (#4, #5).
+
+    python3 benchmarks/request_hotspots.py [--shape wan-1.3b-480p] [--density 0.1] [--n 200]
+"""
+
+import argparse
+import cProfile
+import io
+import math
+import pstats
+import sys
+
+import numpy as np
+
+import tessera
+from tessera.bench import cuda_time_ms
+from tessera.workloads import WORKLOADS
+
+
+def main(argv=None) -> int:
+    import torch
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", default="wan-1.3b-480p")
+    ap.add_argument("--density", type=float, default=0.1)
+    ap.add_argument("--n", type=int, default=200, help="requests profiled")
+    ap.add_argument("--top", type=int, default=25)
+    args = ap.parse_args(argv)
+    w = WORKLOADS[args.shape]
+    h, d, L = w.heads, w.head_dim, w.seq_len
+    q, k, v = (torch.randn(1, h, L, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    n = math.ceil(L / 128)
+    blocks = torch.from_numpy(np.random.default_rng(0).random((h, n, n)) < args.density).cuda()
+
+    def new_mask():
+        return tessera.BlockMask.from_dense(blocks, block_size=128, seq_len_q=L, seq_len_kv=L)
+
+    def request():
+        return tessera.attention(q, k, v, new_mask())
+
+    p = tessera.plan(new_mask(), num_q_heads=h, head_dim=d)
+    kernel = cuda_time_ms(lambda: p.run(q, k, v), 20)
+    req = cuda_time_ms(request, 20)
+    plan = cuda_time_ms(lambda: tessera.plan(new_mask(), num_q_heads=h, head_dim=d), 20)
+    mask = cuda_time_ms(new_mask, 20)
+    prof = cProfile.Profile()
+    torch.cuda.synchronize()
+    prof.enable()
+    for _ in range(args.n):
+        request()
+    torch.cuda.synchronize()
+    prof.disable()
+    for key in ("tottime", "cumulative"):
+        s = io.StringIO()
+        pstats.Stats(prof, stream=s).sort_stats(key).print_stats(args.top)
+        print(f"== by {key} ({args.n} requests)\n" + s.getvalue().split("\n\n", 2)[-1])
+    print(f"{args.shape} density {args.density}: kernel {kernel:.3f} ms, request {req:.3f} ms, "
+          f"plan {plan:.3f} ms, mask object {mask:.3f} ms ({p.regime.name})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
