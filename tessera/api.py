@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 
 from ._array import cupy_or_none
-from .interop import DeviceTensor, current_stream_ptr, empty_like_caller, from_any
+from .interop import (DeviceTensor, current_stream_ptr, device_of, empty_like_caller,
+                      framework_of, from_any)
 from .mask import BlockMask
 from .runtime.plan import SUPPORTED_DTYPES, Plan, plan
 
@@ -59,8 +60,11 @@ def _describe(q: Any, k: Any, v: Any, layout: str) -> _Operands:
         raise ValueError(f"layout must be 'bhld' or 'blhd', got {layout!r}")
     if cupy_or_none() is None:
         raise RuntimeError("the GPU path needs CuPy: pip install 'tessera[cuda13]' (or cuda12)")
-    qd = from_any(q, "q")
-    stream = current_stream_ptr(qd.framework, qd.device_id)
+    # The caller's stream first: a DLPack producer orders its pending work before it.
+    fw = framework_of(q)
+    on_host = fw == "torch" and not getattr(q, "is_cuda", True)  # from_any says so below
+    stream = 0 if on_host else current_stream_ptr(fw, device_of(q))
+    qd = from_any(q, "q", stream)
     kd = from_any(k, "k", stream)
     vd = from_any(v, "v", stream)
     for name, t in (("q", qd), ("k", kd), ("v", vd)):
@@ -183,7 +187,7 @@ def _given_outputs(ops: _Operands, layout: str, out: Any, lse: Any) -> dict:
     given = {}
     b, hq, lq, d = ops.shape_q
     if out is not None:
-        od = from_any(out, "out")
+        od = from_any(out, "out", ops.stream_ptr)
         want = (b, hq, lq, d) if layout == "bhld" else (b, lq, hq, d)
         if od.shape != want:
             raise ValueError(f"out must have shape {want} ({layout}), got {od.shape}")
@@ -196,7 +200,7 @@ def _given_outputs(ops: _Operands, layout: str, out: Any, lse: Any) -> dict:
             raise ValueError(f"out is on device {od.device_id} but q is on {ops.q.device_id}")
         given["out"] = (od, out)
     if lse is not None:
-        ld = from_any(lse, "lse")
+        ld = from_any(lse, "lse", ops.stream_ptr)
         if ld.shape != (b, hq, lq) or ld.dtype != "float32" or ld.strides != (hq * lq, lq, 1):
             raise ValueError(f"lse must be a contiguous float32 array of shape {(b, hq, lq)}, "
                              f"got {ld.dtype} {ld.shape} strides {ld.strides}")

@@ -2,8 +2,11 @@
 
 Kernels only need a pointer, a shape, element strides and a dtype, so inputs are described by a
 small :class:`DeviceTensor` read straight from the DLPack capsule (ctypes). That is also how
-bfloat16 passes through: CuPy has no bfloat16 dtype, DLPack does. Outputs are allocated in the
-caller's framework (``tensor.new_empty`` for PyTorch, a CuPy buffer exported through DLPack for
+bfloat16 passes through: CuPy has no bfloat16 dtype, DLPack does. PyTorch tensors are described
+from their own attributes instead (``data_ptr``, ``stride``; still no copy): torch's
+``__dlpack__`` makes a stream wait on an event unless asked with its current stream, which a
+CUDA graph being captured forbids, and it costs tens of microseconds a call on a request path
+that reads five tensors. Outputs are allocated in the caller's framework (``tensor.new_empty`` for PyTorch, a CuPy buffer exported through DLPack for
 JAX, CuPy otherwise) and kernels run on the caller's current stream.
 """
 
@@ -18,7 +21,8 @@ import numpy as np
 
 from ._array import cupy_or_none
 
-__all__ = ["DeviceTensor", "from_any", "empty_like_caller", "current_stream_ptr", "framework_of"]
+__all__ = ["DeviceTensor", "from_any", "empty_like_caller", "current_stream_ptr", "device_of",
+           "framework_of"]
 
 _KDL_CUDA, _KDL_CUDA_MANAGED = 2, 13
 _DL_CODES = {(2, 16): "float16", (4, 16): "bfloat16", (2, 32): "float32", (0, 32): "int32",
@@ -120,12 +124,26 @@ def _from_capsule(x: Any, capsule: Any, framework: str, name: str) -> DeviceTens
                         (x, capsule))
 
 
+def _from_torch(x: Any, name: str) -> DeviceTensor:
+    if x.device.type != "cuda":
+        raise ValueError(f"{name} must be on a CUDA device, got a torch tensor on {x.device}")
+    dtype = str(x.dtype).removeprefix("torch.")
+    if dtype not in _ITEMSIZE:
+        raise TypeError(f"{name}: unsupported dtype {x.dtype}")
+    return DeviceTensor(int(x.data_ptr()), tuple(x.shape), tuple(x.stride()), dtype,
+                        int(x.device.index), "torch", x)
+
+
 def from_any(x: Any, name: str, stream_ptr: int | None = None) -> DeviceTensor:
-    """Describe a device tensor without copying it; raise TypeError/ValueError naming ``name``."""
+    """Describe a device tensor without copying it; raise TypeError/ValueError naming ``name``.
+    ``stream_ptr``: the stream the kernels will run on, which a DLPack producer orders its
+    pending work before (PyTorch and CuPy are read directly; their work is on that stream)."""
     fw = framework_of(x)
     cp = cupy_or_none()
     if cp is not None and isinstance(x, cp.ndarray):
         return _from_cupy(x)
+    if fw == "torch" and hasattr(x, "data_ptr"):
+        return _from_torch(x, name)
     if isinstance(x, np.ndarray):
         raise ValueError(f"{name} is a host (numpy) array; Tessera runs on CUDA device arrays "
                          "(use tessera.reference.attention on the host)")
@@ -136,11 +154,24 @@ def from_any(x: Any, name: str, stream_ptr: int | None = None) -> DeviceTensor:
         if dev_type not in (_KDL_CUDA, _KDL_CUDA_MANAGED):
             raise ValueError(f"{name} must be on a CUDA device (DLPack device type {dev_type})")
     try:
-        # Asking with our stream makes the producer order its pending work before our launch.
-        capsule = x.__dlpack__(stream=stream_ptr if stream_ptr else None)
+        # Asking with our stream makes the producer order its pending work before our launch
+        # (DLPack's stream 1 is the legacy default stream, which CUDA calls 0).
+        capsule = x.__dlpack__(stream=(stream_ptr or 1) if stream_ptr is not None else None)
     except TypeError:
         capsule = x.__dlpack__()
     return _from_capsule(x, capsule, fw, name)
+
+
+def device_of(x: Any) -> int:
+    """The CUDA device a tensor lives on, read without describing it (0 when unknown)."""
+    cp = cupy_or_none()
+    if cp is not None and isinstance(x, cp.ndarray):
+        return int(x.device.id)
+    if framework_of(x) == "torch" and hasattr(x, "device"):
+        return int(x.device.index or 0)
+    if hasattr(x, "__dlpack_device__"):
+        return int(x.__dlpack_device__()[1])
+    return 0
 
 
 def current_stream_ptr(fw: str, device_id: int) -> int:
