@@ -209,12 +209,13 @@ def _given_outputs(ops: _Operands, layout: str, out: Any, lse: Any) -> dict:
 
 
 def _device_queue(p: Plan, cp) -> dict:
-    """The plan's queue and workspace on the device (copied/allocated once per plan)."""
+    """The plan's launch queue and workspace on the device (copied/allocated once per plan)."""
     c = p._cache
     if "tasks" not in c:
-        c["tasks"] = cp.ascontiguousarray(cp.asarray(p.queue.tasks, dtype=cp.int32))
-        c["spans"] = cp.ascontiguousarray(cp.asarray(p.queue.spans, dtype=cp.int32))
-        c["combine"] = cp.ascontiguousarray(cp.asarray(p.queue.combine, dtype=cp.int32))
+        q = p.launch_queue
+        c["tasks"] = cp.ascontiguousarray(cp.asarray(q.tasks, dtype=cp.int32))
+        c["spans"] = cp.ascontiguousarray(cp.asarray(q.spans, dtype=cp.int32))
+        c["combine"] = cp.ascontiguousarray(cp.asarray(q.combine, dtype=cp.int32))
         n_o, n_l = p.workspace_elements
         c["part_o"] = cp.empty(max(n_o, 1), dtype=cp.float32)
         c["part_lse"] = cp.empty(max(n_l, 1), dtype=cp.float32)
@@ -292,6 +293,7 @@ def _launch(p: Plan, ops: _Operands, scale: float | None, return_lse: bool,
         lse_sb, lse_sh = (hq * lq, lq)
 
         fn = load_kernel(fwd)
+        launch = p.launch_queue
         i64, i32, f32, ptr = np.int64, np.int32, np.float32, np.uint64
         args = (queue["tasks"], queue["spans"],
                 ptr(ops.q.ptr), *map(i64, ops.strides_q[:3]),
@@ -300,9 +302,12 @@ def _launch(p: Plan, ops: _Operands, scale: float | None, return_lse: bool,
                 ptr(out_desc.ptr), *map(i64, o_str[:3]),
                 ptr(lse_ptr), i64(lse_sb), i64(lse_sh),
                 queue["part_o"], queue["part_lse"],
-                i32(p.queue.tile_rows), i32(p.num_q_heads // p.num_kv_heads),
-                f32(scale * _LOG2E), i32(p.queue.num_tasks))
-        n_tasks = p.queue.num_tasks
+                i32(launch.tile_rows), i32(p.num_q_heads // p.num_kv_heads),
+                f32(scale * _LOG2E), i32(launch.num_tasks),
+                ptr(0 if launch.count is None else launch.count.data.ptr))
+        # The grid: the tasks, or for a sync-free plan the most there can be (the kernels read
+        # the real count and surplus CTAs return at once).
+        n_tasks = launch.num_tasks
         if n_tasks:
             grid, counter = n_tasks, None
             if fwd.persistent:  # as many CTAs as the GPU holds at once, taking tasks in turn
@@ -312,13 +317,13 @@ def _launch(p: Plan, ops: _Operands, scale: float | None, return_lse: bool,
                 counter = _task_counter(p, cp, stream)
             args += (ptr(0 if counter is None else counter.data.ptr),)
             fn((grid,), (fwd.threads,), args, shared_mem=smem_bytes(fwd), stream=stream)
-        n_jobs = int(p.queue.combine.shape[0])
+        n_jobs = int(launch.combine.shape[0])
         if n_jobs:
             comb = load_kernel(Variant.combine(bf16=bf16))
             comb((n_jobs,), (256,), (queue["combine"], queue["part_o"], queue["part_lse"],
                                      ptr(out_desc.ptr), *map(i64, o_str[:3]), ptr(lse_ptr),
                                      i64(lse_sb), i64(lse_sh), i32(r.block_m), i32(d),
-                                     i32(p.queue.tile_rows)), stream=stream)
+                                     i32(launch.tile_rows)), stream=stream)
         result = finish_out(stream)
         if return_lse:
             return result, finish_lse(stream)

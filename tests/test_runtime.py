@@ -679,9 +679,10 @@ def _np_row_spans(dense_row, kb, q0, q1):
 
 
 def _np_plan_scan(grid, block, args):
-    """numpy stand-in for plan.cu's plan_scan (one CTA: runs, per-run offsets, totals)."""
-    (ident, nspans, chunks, n_rows, n_q, qb, tile_rows, expansions, run_row0, run_row1,
-     span_off, tile_off, task_off, totals) = args
+    """numpy stand-in for plan.cu's plan_scan (one CTA: runs, per-run offsets -- the tasks' in
+    longest-first order -- and totals)."""
+    (ident, nspans, chunks, n_rows, n_q, qb, tile_rows, expansions, n_keys, hist, run_row0,
+     run_row1, span_off, tile_off, task_off, totals) = args
     n_rows, n_q, tile_rows = int(n_rows), int(n_q), int(tile_rows)
     ident = ident.astype(bool)
     first = np.flatnonzero(~ident)
@@ -693,18 +694,24 @@ def _np_plan_scan(grid, block, args):
     tl = (q1 - q0 + tile_rows - 1) // tile_rows
     tk = tl * expansions[first // n_q]
     ch = chunks[first].astype(np.int64)
-    for out, v in ((span_off, sp), (tile_off, tl), (task_off, tk)):
+    assert ch.max(initial=0) < int(n_keys)  # the host's bound on a task's cost
+    for out, v in ((span_off, sp), (tile_off, tl)):
         out[:n] = np.r_[0, np.cumsum(v)[:-1]]
+    order = np.argsort(-ch, kind="stable")  # runs by cost, then run order
+    task_off[order] = np.r_[0, np.cumsum(tk[order])[:-1]]
+    hist[:] = -1  # scratch: its contents are no contract
     totals[:] = (n, sp.sum(), tl.sum(), tk.sum(), (tk * ch).sum(), ch.max(initial=0))
 
 
 def _np_plan_write_runs(grid, block, args):
-    """numpy stand-in for plan.cu's plan_write_runs (one run at a time)."""
-    (dense, n_kv, n_q, kb, qb, tile_rows, n_runs, run_row0, run_row1, span_off, tile_off,
+    """numpy stand-in for plan.cu's plan_write_runs (one run at a time, as many as plan_scan
+    found; the grid may be larger)."""
+    (dense, n_kv, n_q, kb, qb, tile_rows, totals, run_row0, run_row1, span_off, tile_off,
      task_off, nspans, chunks, expansions, assign_off, assign_b, assign_h0, spans, tiles,
      tasks) = args
     n_q, tile_rows = int(n_q), int(tile_rows)
-    for u in range(int(n_runs)):
+    assert grid[0] * 256 // 32 >= totals[0]
+    for u in range(int(totals[0])):
         r0, r1 = int(run_row0[u]), int(run_row1[u])
         bh = r0 // n_q
         q0, q1 = int(qb[r0 % n_q]), int(qb[r1 % n_q + 1])
@@ -862,6 +869,80 @@ def test_tasks_in_flight_estimates():
     assert tasks_in_flight(Regime(block_m=64, num_warps=4), 64, 90, 132) >= 264
     # A variant larger than the architecture allows still counts one per SM.
     assert tasks_in_flight(ws, 128, 86, 84) == 84
+
+
+def _sync_free_cases(rng):
+    """Masks that push the sync-free bounds: a checkerboard (a span per two key blocks), rows
+    that all differ, identical rows (one run), empty rows, short variable blocks."""
+    checker = np.add.outer(np.arange(9), np.arange(31)) % 2 == 0
+    ragged = dict(q_bounds=np.r_[0, np.cumsum(rng.integers(1, 200, 11))],
+                  kv_bounds=np.r_[0, np.cumsum(rng.integers(1, 90, 31))])
+    empty = rng.random((11, 31)) < 0.2
+    empty[3:6] = False
+    return [(checker, dict(block_size=64)),
+            (rng.random((11, 31)) < 0.4, ragged),
+            (np.ones((9, 31), bool), dict(block_size=64)),
+            (empty, ragged)]
+
+
+@pytest.mark.parametrize("group,mask_heads,batch", [(1, "q", 1), (2, "one", 2), (4, "kv", 1)])
+@pytest.mark.parametrize("regime", [TILE_128x64.with_(combine_threshold=0.0, split_ratio=1e9),
+                                    Regime(family="sm90", block_m=128, num_warps=12,
+                                           block_n=128, stages=3, combine_threshold=0.0,
+                                           split_ratio=1e9)])
+def test_sync_free_planner_equals_general_planner(monkeypatch, group, mask_heads, batch,
+                                                  regime):
+    """When no task may split, the device planner never reads its totals back: its buffers are
+    sized by the geometry's bounds (every adversarial mask here fits them), the task count
+    stays on the device for the kernels, and the arrays cut at the totals are the general
+    planner's, array for array -- the tasks already longest first, as the stable sort orders
+    them."""
+    from tessera.cuda import loader
+    from tessera.runtime import mapping
+
+    monkeypatch.setattr(loader, "load_kernel", lambda v: PLANNER_STAND_INS[v.kernel])
+    rng = np.random.default_rng(group * 11 + batch)
+    hkv = 2
+    hq = hkv * group
+    kw = dict(num_q_heads=hq, num_kv_heads=hkv, head_dim=64, batch=batch, regime=regime)
+    lead = (batch if mask_heads == "q" else 1, {"one": 1, "kv": hkv, "q": hq}[mask_heads])
+    for base, geo in _sync_free_cases(rng):
+        dense = base | (rng.random((*lead, *base.shape)) < 0.05)  # heads differ a little
+        if base.all():
+            dense[:] = True  # every row alike: one run per head
+        mask = BlockMask.from_dense(dense, **geo)
+        ref = tessera.plan(mask, **kw)
+        with monkeypatch.context() as mp:
+            mp.setattr(mapping, "_use_device_planner", lambda xp: True)
+            got = tessera.plan(mask, **kw)
+        assert got.sync_free and callable(got._exact)  # nothing read back yet
+        launch = got.launch_queue
+        n = int(launch.count[0])
+        assert launch.num_tasks >= n == ref.queue.num_tasks
+        for f in ("mask_bh", "q0", "q1", "span_begin", "span_end", "chunks", "k0", "k1", "r0",
+                  "r1"):
+            np.testing.assert_array_equal(getattr(got.tiles, f), getattr(ref.tiles, f),
+                                          err_msg=f)
+        for f in ("tasks", "spans", "combine"):
+            np.testing.assert_array_equal(getattr(got.queue, f), getattr(ref.queue, f),
+                                          err_msg=f)
+        np.testing.assert_array_equal(launch.tasks[:n], ref.queue.tasks)
+        costs = ref.queue.tasks[:, 7]
+        assert (np.diff(costs) <= 0).all()  # longest first
+        assert got.tiles.num_groups == ref.tiles.num_groups and got.queue.num_slots == 0
+
+
+def test_may_split_rule():
+    """Never for never-split ratios; planning for a GPU, not once the shape guarantees 16 tasks
+    per slot; a portable plan (no slots known) keeps the split rule."""
+    from tessera.runtime.tasks import may_split, tasks_lower_bound
+
+    assert tasks_lower_bound(2, 12, 1, 32760, 128) == 2 * 12 * 256
+    assert tasks_lower_bound(1, 8, 4, 1000, 32) == 2 * 32
+    assert not may_split(1e9, 10, 0)
+    assert may_split(4.0, 10**6, 0)
+    assert may_split(4.0, 16 * 132 - 1, 132)
+    assert not may_split(4.0, 16 * 132, 132)
 
 
 @pytest.mark.parametrize("source", ["dense", "csr"])

@@ -82,6 +82,8 @@ __device__ __forceinline__ void load_kv(u16* stage, const u16* k_head, i64 k_sl,
 extern "C" __global__ void __launch_bounds__(NT, TESSERA_MIN_BLOCKS)
 bsa_fwd_sm80(TESSERA_BSA_PARAMS) {
   extern __shared__ __align__(16) u16 smem[];
+  TESSERA_NUM_TASKS;
+  if ((int)blockIdx.x >= num_tasks) return;  // a grid sized by a bound (sync-free plan)
   const Operand q{q_ptr, q_sb, q_sh, q_sl};
 
   const Task task(tasks, blockIdx.x, k_ptr, k_sb, k_sh, v_ptr, v_sb, v_sh, group);

@@ -200,6 +200,8 @@ __device__ __forceinline__ void fence_async_smem() {
 extern "C" __global__ void __launch_bounds__(NT, 1)
 bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
+  TESSERA_NUM_TASKS;
+  if ((int)blockIdx.x >= num_tasks) return;  // a grid sized by a bound (sync-free plan)
   const Operand q{q_ptr, q_sb, q_sh, q_sl};
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   // Broadcast from lane 0: the compiler then knows it is warp-uniform and keeps what derives

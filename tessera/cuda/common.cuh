@@ -116,15 +116,21 @@ __device__ __forceinline__ float warp_quad_sum(float x) {
 // ---- kernel arguments and the task a CTA runs --------------------------------------------------
 // Every attention family takes the same arguments (tessera/api.py passes them): the task queue,
 // q/k/v and the output as [B, H, L, D] strides in elements, lse, the split-KV workspace, rows per
-// tile of one head, query heads per kv head, the softmax scale times log2(e), the number of tasks
-// and a zeroed counter persistent kernels take tasks from (null for one-task CTAs).
+// tile of one head, query heads per kv head, the softmax scale times log2(e), the number of
+// tasks -- max_tasks, or *task_count when that is not null (a sync-free plan: the device planner
+// wrote the count, the host only knows a bound and sized the grid by it) -- and a zeroed counter
+// persistent kernels take tasks from (null for one-task CTAs).
 #define TESSERA_BSA_PARAMS                                                        \
   const int *__restrict__ tasks, const int *__restrict__ spans, const u16 *q_ptr,  \
       i64 q_sb, i64 q_sh, i64 q_sl, const u16 *k_ptr, i64 k_sb, i64 k_sh, i64 k_sl, \
       const u16 *v_ptr, i64 v_sb, i64 v_sh, i64 v_sl, u16 *o_ptr, i64 o_sb, i64 o_sh, \
       i64 o_sl, float *lse_ptr, i64 lse_sb, i64 lse_sh, float *part_o,              \
-      float *part_lse, int tile_rows, int group, float scale_log2, int num_tasks,     \
-      int *task_counter
+      float *part_lse, int tile_rows, int group, float scale_log2, int max_tasks,     \
+      const i64 *task_count, int *task_counter
+
+// The number of tasks, at the top of every attention kernel (see TESSERA_BSA_PARAMS).
+#define TESSERA_NUM_TASKS \
+  const int num_tasks = task_count != nullptr ? (int)*task_count : max_tasks
 
 // Task `index` of the queue (layout in tessera/runtime/tasks.py) and where its keys live.
 struct Task {

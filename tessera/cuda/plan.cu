@@ -153,16 +153,25 @@ __device__ __forceinline__ i64 block_exclusive_scan(i64 x, i64& total) {
 
 // One CTA of SCAN_THREADS. Pass 1: runs of identical consecutive rows (run_row0/1: first and
 // last row of each). Pass 2, per run: its key spans, its tiles (query tokens / tile_rows), its
-// tasks (tiles x the (batch, head) pairs reading its mask head), their exclusive scans, and the
-// totals the split decision needs: totals = [runs, spans, tiles, tasks, task chunks (tasks x
-// their chunks), most chunks of a tile].
+// tasks (tiles x the (batch, head) pairs reading its mask head), the exclusive scans of spans
+// and tiles, and the totals: totals = [runs, spans, tiles, tasks, task chunks (tasks x their
+// chunks), most chunks of a tile]. Passes 3-4: each run's first task in the longest-first
+// order (run_task_off), so the tasks are written sorted and no sort follows.
+//
+// The order is the stable sort of the run-major task list by descending cost: all tasks of a
+// run cost the run's chunks, so it is a stable counting sort of the runs by cost, weighted by
+// their task counts -- hist (n_keys >= 1 + the largest cost, scratch) counts tasks per cost,
+// its scan gives each cost's first position, and runs of one cost take their places in run
+// order (one warp at a time; lanes of a cost found by __match_any_sync).
 extern "C" __global__ void __launch_bounds__(SCAN_THREADS)
 plan_scan(const unsigned char* __restrict__ identical, const int* __restrict__ nspans,
           const int* __restrict__ chunks, int n_rows, int n_q, const i64* __restrict__ q_bounds,
-          int tile_rows, const int* __restrict__ expansions, i64* run_row0, i64* run_row1,
-          i64* run_span_off, i64* run_tile_off, i64* run_task_off, i64* totals) {
+          int tile_rows, const int* __restrict__ expansions, int n_keys, i64* hist,
+          i64* run_row0, i64* run_row1, i64* run_span_off, i64* run_tile_off, i64* run_task_off,
+          i64* totals) {
   __shared__ int max_chunks;
   if (threadIdx.x == 0) max_chunks = 0;
+  for (int c = threadIdx.x; c < n_keys; c += SCAN_THREADS) hist[c] = 0;
   i64 runs = 0, total;
   for (int base = 0; base < n_rows; base += SCAN_THREADS) {
     const int r = base + threadIdx.x;
@@ -173,7 +182,9 @@ plan_scan(const unsigned char* __restrict__ identical, const int* __restrict__ n
     if (last) run_row1[before + first - 1] = r;
     runs += total;
   }
-  __syncthreads();  // run_row0/1 are read by other threads below
+  __syncthreads();  // run_row0/1 and the zeroed hist are read by other threads below
+  // A run's sort key: costs descending, clamped into the table (n_keys bounds every cost).
+  const auto key_of = [&](int ch) { return max(0, n_keys - 1 - ch); };
   i64 span_base = 0, tile_base = 0, task_base = 0, task_chunks = 0;
   for (int base = 0; base < runs; base += SCAN_THREADS) {
     const i64 u = base + threadIdx.x;
@@ -186,6 +197,9 @@ plan_scan(const unsigned char* __restrict__ identical, const int* __restrict__ n
       tl = (q1 - q0 + tile_rows - 1) / tile_rows;
       tk = tl * expansions[r0 / n_q];
       atomicMax(&max_chunks, (int)ch);
+      run_task_off[u] = tk;  // its weight in the sort below, replaced by its position there
+      atomicAdd(reinterpret_cast<unsigned long long*>(hist + key_of((int)ch)),
+                (unsigned long long)tk);
     }
     const i64 so = block_exclusive_scan(sp, total);
     if (u < runs) run_span_off[u] = span_base + so;
@@ -193,11 +207,48 @@ plan_scan(const unsigned char* __restrict__ identical, const int* __restrict__ n
     const i64 to = block_exclusive_scan(tl, total);
     if (u < runs) run_tile_off[u] = tile_base + to;
     tile_base += total;
-    const i64 ko = block_exclusive_scan(tk, total);
-    if (u < runs) run_task_off[u] = task_base + ko;
+    block_exclusive_scan(tk, total);
     task_base += total;
     block_exclusive_scan(tk * ch, total);
     task_chunks += total;
+  }
+  __syncthreads();  // hist is complete
+  // Pass 3: first position of each cost (exclusive scan of hist, in place).
+  i64 key_base = 0;
+  for (int base = 0; base < n_keys; base += SCAN_THREADS) {
+    const int c = base + threadIdx.x;
+    const i64 n = c < n_keys ? hist[c] : 0;
+    const i64 before = block_exclusive_scan(n, total);
+    if (c < n_keys) hist[c] = key_base + before;
+    key_base += total;
+  }
+  __syncthreads();
+  // Pass 4: runs take their places in run order, SCAN_THREADS at a time, one warp after the
+  // other; within a warp, the lanes of one cost by lane order.
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int base = 0; base < runs; base += SCAN_THREADS) {
+    const i64 u = base + threadIdx.x;
+    const bool real = u < runs;
+    const i64 weight = real ? run_task_off[u] : 0;
+    const int key = real ? key_of(chunks[run_row0[u]]) : -1;
+    for (int turn = 0; turn < SCAN_THREADS / 32; ++turn) {
+      if (warp == turn) {
+        const u32 peers = __match_any_sync(0xffffffffu, key);
+        i64 before = 0;  // weights of the lanes of this cost below this one
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+          const i64 w = __shfl_sync(0xffffffffu, weight, j);
+          if (j < lane && ((peers >> j) & 1u)) before += w;
+        }
+        const i64 pos = real ? hist[key] + before : 0;
+        __syncwarp();
+        if (real) {
+          run_task_off[u] = pos;
+          if (lane == 31 - __clz(peers)) hist[key] = pos + weight;  // the cost's last lane
+        }
+      }
+      __syncthreads();
+    }
   }
   if (threadIdx.x == 0) {
     totals[0] = runs;
@@ -211,19 +262,20 @@ plan_scan(const unsigned char* __restrict__ identical, const int* __restrict__ n
 
 // One warp per run: its spans (from its first row), its tiles (int32 [T, 6]: mask_bh, q0, q1,
 // span_begin, span_end, chunks) and, unless `tasks` is null, its tasks (the task-queue layout,
-// slot -1, unsorted: tile-major, then the (batch, head) pairs of the mask head in assignment
-// order).
+// slot -1) from run_task_off[u] on: tile-major, then the (batch, head) pairs of the mask head
+// in assignment order. The number of runs is plan_scan's totals[0], so the grid may be sized
+// for the most runs the mask can have (the sync-free plan) and surplus warps return.
 extern "C" __global__ void plan_write_runs(
     const unsigned char* __restrict__ dense, int n_kv, int n_q,
     const i64* __restrict__ kv_bounds, const i64* __restrict__ q_bounds, int tile_rows,
-    int n_runs, const i64* __restrict__ run_row0, const i64* __restrict__ run_row1,
+    const i64* __restrict__ totals, const i64* __restrict__ run_row0, const i64* __restrict__ run_row1,
     const i64* __restrict__ run_span_off, const i64* __restrict__ run_tile_off,
     const i64* __restrict__ run_task_off, const int* __restrict__ nspans,
     const int* __restrict__ chunks, const int* __restrict__ expansions,
     const int* __restrict__ assign_off, const int* __restrict__ assign_b,
     const int* __restrict__ assign_h0, int* spans, int* tiles, int* tasks) {
   const int u = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
-  if (u >= n_runs) return;
+  if (u >= totals[0]) return;
   const i64 r0 = run_row0[u], r1 = run_row1[u];
   const int bh = (int)(r0 / n_q);
   const int q0 = (int)q_bounds[r0 % n_q], q1 = (int)q_bounds[r1 % n_q + 1];

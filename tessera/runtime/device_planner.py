@@ -1,34 +1,100 @@
-"""The one-sync device planner: physical mapping and task organization fused for device masks.
+"""The device planner: physical mapping and task organization fused for device masks.
 
 The general planner (``mapping.map_to_tiles`` then ``tasks.build_task_queue``) runs on CuPy as
 some eighty small array operations with five host synchronizations, milliseconds per plan. For
 the common request -- a device mask, no restricted merges (``combine_threshold == 0``, the
-default), no task heavy enough to split -- three kernels of ``tessera/cuda/plan.cu`` do the
-same work:
+default) -- three kernels of ``tessera/cuda/plan.cu`` do the same work:
 
 1. ``plan_row_stats`` (shared with the general path): per mask row, its key spans, chunks and
    whether it equals the row before it;
 2. ``plan_scan`` (one CTA): runs of identical rows, each run's spans, tiles and tasks, their
-   offsets, and the totals the split decision needs;
-3. after the one synchronization that reads those totals, ``plan_write_runs``: spans, tiles and
-   tasks, followed by the longest-first sort of the tasks.
+   offsets -- the tasks' already in longest-first order -- and the totals;
+3. ``plan_write_runs``: spans, tiles and the sorted tasks.
 
-When the totals call for a split (a few rows far heavier than the mean, e.g. text tokens that
-attend to everything), step 3 writes spans and tiles only and the general task organization
-(``tasks.build_task_queue``) cuts and orders the tasks. The result is array for array the
-general planner's (tested on the GPU, and on the CPU with numpy stand-ins for the kernels).
+**Sync-free** when no task may split (``tasks.may_split``: a never-split regime, or a shape with
+many tasks per slot of the GPU): the arrays are buffers sized by bounds the mask's geometry
+gives (at most a span per two key blocks a row, ...), the totals never leave the device, and
+the attention kernels read the number of tasks from them. Nothing waits for the GPU, so a model
+that plans a new mask per layer keeps the GPU fed. The host learns the real lengths only when
+it asks for the plan's arrays (``Plan.tiles``/``Plan.queue``: one copy then).
+
+**One sync** otherwise (or when the bounds would exceed :data:`SYNC_FREE_WORKSPACE_LIMIT`):
+the totals are read after step 2 to size the arrays and to apply the split rule; when a task
+must split, step 3 writes spans and tiles only and the general task organization
+(``tasks.build_task_queue``) cuts and orders the tasks.
+
+Either way the result is array for array the general planner's (tested on the GPU, and on the
+CPU with numpy stand-ins for the kernels).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from dataclasses import dataclass
+from typing import Any
+
 from .._array import device_copy, to_numpy
 from ..mask import BlockMask
 from .mapping import PhysicalTiles, _device_dense_rows, device_bounds, row_stats_on_device
 from .tasks import TaskQueue, build_task_queue, head_assignments, split_limit
 
-__all__ = ["plan_on_device"]
+__all__ = ["plan_on_device", "SyncFreePlan", "SYNC_FREE_WORKSPACE_LIMIT"]
+
+# Most bytes the bounded buffers of a sync-free plan may take; beyond (e.g. HunyuanVideo's 930
+# x 930 blocks per head, whose kernels take tens of milliseconds) the one-sync path sizes them.
+SYNC_FREE_WORKSPACE_LIMIT = 64 << 20
+
+
+@dataclass
+class SyncFreePlan:
+    """A sync-free plan's device buffers: ``tiles`` int32 [capacity, 6], ``spans`` [capacity,
+    4], ``tasks`` [capacity, 8] (longest first), filled up to ``totals`` (device int64: runs,
+    spans, tiles, tasks, task chunks, most chunks of a tile), which stay on the device until
+    :meth:`settle`."""
+
+    tiles: Any
+    spans: Any
+    tasks: Any
+    totals: Any
+    tile_rows: int
+    block_n: int
+    heads_per_task: int
+
+    def launch_queue(self) -> TaskQueue:
+        """The queue the kernels read: the buffers, with the task count on the device."""
+        xp = _module_of(self.tasks)
+        return TaskQueue(tasks=self.tasks, spans=self.spans,
+                         combine=xp.zeros((0, 6), dtype=np.int32), num_slots=0,
+                         heads_per_task=self.heads_per_task, tile_rows=self.tile_rows,
+                         count=self.totals[3:4])
+
+    def settle(self) -> tuple[PhysicalTiles, TaskQueue]:
+        """The exact tiles and queue: views of the buffers cut at the totals (one copy of six
+        numbers from the device, which waits for the planner's kernels)."""
+        n_runs, n_spans, n_tiles, n_tasks = (int(x) for x in to_numpy(self.totals)[:4])
+        tiles, spans = self.tiles[:n_tiles], self.spans[:n_spans]
+        pt = _physical_tiles(tiles, spans, self.tile_rows, self.block_n, n_runs)
+        xp = _module_of(self.tasks)
+        queue = TaskQueue(tasks=self.tasks[:n_tasks], spans=spans,
+                          combine=xp.zeros((0, 6), dtype=np.int32), num_slots=0,
+                          heads_per_task=self.heads_per_task, tile_rows=self.tile_rows)
+        return pt, queue
+
+
+def _module_of(a: Any):
+    from .._array import array_module  # noqa: PLC0415
+
+    return array_module(a)
+
+
+def _physical_tiles(tiles: Any, spans: Any, tile_rows: int, block_n: int,
+                    n_runs: int) -> PhysicalTiles:
+    return PhysicalTiles(tile_rows=tile_rows, block_n=block_n, mask_bh=tiles[:, 0],
+                         q0=tiles[:, 1], q1=tiles[:, 2], span_begin=tiles[:, 3],
+                         span_end=tiles[:, 4], chunks=tiles[:, 5], k0=spans[:, 0],
+                         k1=spans[:, 1], r0=spans[:, 2], r1=spans[:, 3], num_groups=n_runs,
+                         num_merged=0)
 
 def _assignments(xp, batch: int, num_q_heads: int, num_kv_heads: int, hp: int,
                  batch_of: np.ndarray, head_of: np.ndarray, mask_batch_heads: tuple[int, int]):
@@ -48,12 +114,30 @@ def _assignments(xp, batch: int, num_q_heads: int, num_kv_heads: int, hp: int,
     return device_copy(key, make, xp)
 
 
+def _capacities(mask: BlockMask, n_rows: int, tile_rows: int, assignments: int
+                ) -> tuple[int, int, int]:
+    """Most spans, tiles and tasks any mask of this geometry can make (the sync-free buffers):
+    a row has at most a span per two key blocks; a run of rows, at most one tile more than its
+    tokens fill; every tile is expanded over the (batch, head) pairs that read its mask head,
+    at most ``assignments`` per stored mask head all together."""
+    n_kv, n_q = mask.num_kv_blocks, mask.num_q_blocks
+    spans = n_rows * ((n_kv + 1) // 2)
+    per_head_tiles = -(-mask.seq_len_q // tile_rows) + n_q
+    tiles = mask.batch_heads[0] * mask.batch_heads[1] * per_head_tiles
+    return spans, tiles, assignments * per_head_tiles
+
+
 def plan_on_device(mask: BlockMask, *, tile_rows: int, block_n: int, heads_per_task: int,
                    batch: int, num_q_heads: int, num_kv_heads: int, batch_of: np.ndarray,
                    head_of: np.ndarray, split_ratio: float, min_split_chunks: int,
-                   in_flight: int = 0) -> tuple[PhysicalTiles, TaskQueue] | None:
-    """Tiles and task queue of a device mask without restricted merges, by the planner kernels;
-    None when the mask's dense rows would be too large (the general planner then takes over)."""
+                   in_flight: int = 0, allow_split: bool = True
+                   ) -> tuple[PhysicalTiles, TaskQueue] | SyncFreePlan | None:
+    """Tiles and task queue of a device mask without restricted merges, by the planner kernels.
+
+    A :class:`SyncFreePlan` when ``allow_split`` is False (``tasks.may_split``) and its buffers
+    fit :data:`SYNC_FREE_WORKSPACE_LIMIT`; else exact arrays after one synchronization; None
+    when the mask's dense rows would be too large (the general planner then takes over).
+    """
     from ..cuda.loader import Variant, load_kernel  # noqa: PLC0415 - device only
 
     xp = mask.xp
@@ -69,31 +153,47 @@ def plan_on_device(mask: BlockMask, *, tile_rows: int, block_n: int, heads_per_t
         xp, batch, num_q_heads, num_kv_heads, heads_per_task, batch_of, head_of,
         mask.batch_heads)
     i32, i64 = np.int32, np.int64
+    # Sort keys: one per possible task cost (key chunks of a row: at most one per block_n keys,
+    # plus one per span for its partial last chunk).
+    n_keys = -(-mask.seq_len_kv // block_n) + n_kv + 1
+    hist = xp.empty(n_keys, dtype=i64)
     run_row0, run_row1, span_off, tile_off, task_off = (xp.empty(n_rows, dtype=i64)
                                                         for _ in range(5))
     totals = xp.empty(6, dtype=i64)
     load_kernel(Variant("plan.cu", "plan_scan"))(
         (1,), (1024,), (stats.identical.view(np.uint8), nspans, chunks, i32(n_rows), i32(n_q),
-                        qb, i32(tile_rows), expansions, run_row0, run_row1, span_off, tile_off,
-                        task_off, totals))
+                        qb, i32(tile_rows), expansions, i32(n_keys), hist, run_row0, run_row1,
+                        span_off, tile_off, task_off, totals))
+
+    def write_runs(grid_runs: int, spans: Any, tiles: Any, tasks: Any) -> None:
+        if grid_runs:
+            load_kernel(Variant("plan.cu", "plan_write_runs"))(
+                ((grid_runs * 32 + 255) // 256,), (256,),
+                (dense, i32(n_kv), i32(n_q), kb, qb, i32(tile_rows), totals, run_row0,
+                 run_row1, span_off, tile_off, task_off, nspans, chunks, expansions,
+                 assign_off, assign_b, assign_h0, spans, tiles,
+                 np.uint64(0) if tasks is None else tasks))
+
+    cap_spans, cap_tiles, cap_tasks = _capacities(mask, n_rows, tile_rows, int(assign_b.size))
+    if not allow_split and 4 * (4 * cap_spans + 6 * cap_tiles + 8 * cap_tasks) \
+            <= SYNC_FREE_WORKSPACE_LIMIT:
+        spans = xp.empty((cap_spans, 4), dtype=i32)
+        tiles = xp.empty((cap_tiles, 6), dtype=i32)
+        tasks = xp.empty((cap_tasks, 8), dtype=i32)
+        write_runs(n_rows, spans, tiles, tasks)  # a warp per row: the most runs there can be
+        return SyncFreePlan(tiles=tiles, spans=spans, tasks=tasks, totals=totals,
+                            tile_rows=tile_rows, block_n=block_n, heads_per_task=heads_per_task)
+
     n_runs, n_spans, n_tiles, n_tasks, task_chunks, max_chunks = (int(x) for x in
                                                                   to_numpy(totals))
     # The split policy of tasks.build_task_queue, on the same totals.
     limit = split_limit(split_ratio, min_split_chunks, n_tasks, task_chunks, in_flight)
-    split = bool(n_tiles) and max_chunks > limit
+    split = allow_split and bool(n_tiles) and max_chunks > limit
     spans = xp.empty((n_spans, 4), dtype=i32)
     tiles = xp.empty((n_tiles, 6), dtype=i32)
     tasks = None if split else xp.empty((n_tasks, 8), dtype=i32)
-    if n_runs:
-        load_kernel(Variant("plan.cu", "plan_write_runs"))(
-            ((n_runs * 32 + 255) // 256,), (256,),
-            (dense, i32(n_kv), i32(n_q), kb, qb, i32(tile_rows), i32(n_runs), run_row0,
-             run_row1, span_off, tile_off, task_off, nspans, chunks, expansions, assign_off,
-             assign_b, assign_h0, spans, tiles, np.uint64(0) if split else tasks))
-    pt = PhysicalTiles(tile_rows=tile_rows, block_n=block_n, mask_bh=tiles[:, 0], q0=tiles[:, 1],
-                       q1=tiles[:, 2], span_begin=tiles[:, 3], span_end=tiles[:, 4],
-                       chunks=tiles[:, 5], k0=spans[:, 0], k1=spans[:, 1], r0=spans[:, 2],
-                       r1=spans[:, 3], num_groups=n_runs, num_merged=0)
+    write_runs(n_runs, spans, tiles, tasks)
+    pt = _physical_tiles(tiles, spans, tile_rows, block_n, n_runs)
     if split:
         # Heavy tiles are cut into parts by the general task organization (array operations on
         # these tiles, which equal the general mapping's).
@@ -102,8 +202,6 @@ def plan_on_device(mask: BlockMask, *, tile_rows: int, block_n: int, heads_per_t
                                     batch_of=batch_of, head_of=head_of,
                                     mask_batch_heads=mask.batch_heads, split_ratio=split_ratio,
                                     min_split_chunks=min_split_chunks, in_flight=in_flight)
-    # Longest first (stable, as the general planner orders them).
-    tasks = xp.ascontiguousarray(tasks[xp.argsort(-tasks[:, 7], kind="stable")])
     queue = TaskQueue(tasks=tasks, spans=spans, combine=xp.zeros((0, 6), dtype=i32),
                       num_slots=0, heads_per_task=heads_per_task, tile_rows=tile_rows)
     return pt, queue

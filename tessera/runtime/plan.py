@@ -2,26 +2,26 @@
 
 ``plan()`` is the whole host/device planning path: physical mapping, then task organization.
 It is array-module agnostic: a CuPy mask is planned on the device with no copy of the mask to the
-host (only a few scalars, the sizes of the arrays it makes, come back). A device mask without
-restricted merges and without splits takes the one-sync planner kernels
-(``device_planner.py``); everything else the general path, which gives the same arrays.
+host (at most a few scalars, the sizes of the arrays it makes, come back). A device mask without
+restricted merges takes the planner kernels (``device_planner.py``), with no synchronization at
+all when no task may split; everything else the general path, which gives the same arrays.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from .._array import to_numpy
 from ..mask import BlockMask
 from . import mapping
-from .device_planner import plan_on_device
+from .device_planner import SyncFreePlan, plan_on_device
 from .mapping import PhysicalTiles, map_to_tiles
 from .regime import (ROW_GROUP, Regime, device_arch, device_sm_count, select_regime,
                      tasks_in_flight)
-from .tasks import TaskQueue, build_task_queue
+from .tasks import TaskQueue, build_task_queue, may_split, tasks_lower_bound
 
 __all__ = ["Plan", "PlanStats", "plan", "SUPPORTED_DTYPES"]
 
@@ -61,7 +61,13 @@ class PlanStats:
 
 @dataclass
 class Plan:
-    """A mask planned for one attention shape; ``run`` executes it (GPU), ``emulate.run`` on CPU."""
+    """A mask planned for one attention shape; ``run`` executes it (GPU), ``emulate.run`` on CPU.
+
+    ``tiles`` and ``queue`` are the exact arrays. ``launch_queue`` is what the kernels read: the
+    queue itself, or for a sync-free device plan its bounded buffers with the task count left on
+    the device -- then ``tiles``/``queue`` are cut from them on first use (one small copy, which
+    waits for the planner's kernels), and a request that only runs the plan never waits.
+    """
 
     mask: BlockMask
     regime: Regime
@@ -72,18 +78,40 @@ class Plan:
     head_dim_v: int
     dtype: str
     layout: str
-    tiles: PhysicalTiles
-    queue: TaskQueue
+    launch_queue: TaskQueue
+    # (tiles, queue), or for a sync-free plan the callable that cuts them from its buffers.
+    _exact: tuple[PhysicalTiles, TaskQueue] | Callable[[], tuple[PhysicalTiles, TaskQueue]] = \
+        field(repr=False, default=None)  # type: ignore[assignment]
     _cache: dict = field(default_factory=dict, repr=False)
+
+    def _settled(self) -> tuple[PhysicalTiles, TaskQueue]:
+        if callable(self._exact):
+            self._exact = self._exact()
+        return self._exact
+
+    @property
+    def tiles(self) -> PhysicalTiles:
+        """The physical tiles (exact; see the class docstring)."""
+        return self._settled()[0]
+
+    @property
+    def queue(self) -> TaskQueue:
+        """The task queue (exact; see the class docstring)."""
+        return self._settled()[1]
+
+    @property
+    def sync_free(self) -> bool:
+        """Whether the task count stayed on the device (the plan's buffers are bounds)."""
+        return self.launch_queue.count is not None
 
     @property
     def heads_per_task(self) -> int:
-        return self.queue.heads_per_task
+        return self.launch_queue.heads_per_task
 
     @property
     def workspace_elements(self) -> tuple[int, int]:
         """Elements of fp32 partial output and of fp32 partial lse the split-KV step needs."""
-        slots = self.queue.num_slots
+        slots = self.launch_queue.num_slots
         return slots * self.regime.block_m * self.head_dim_v, slots * self.regime.block_m
 
     def computed_pairs(self) -> int:
@@ -182,27 +210,35 @@ def plan(block_mask: BlockMask, *, num_q_heads: int, num_kv_heads: int | None = 
         in_flight = tasks_in_flight(regime, head_dim, here, device_sm_count())
     hp = heads_per_task(regime, block_mask.batch_heads[1], num_q_heads, num_kv_heads)
     tile_rows = regime.block_m // hp
+    allow_split = may_split(regime.split_ratio, tasks_lower_bound(
+        batch, num_q_heads, hp, block_mask.seq_len_q, tile_rows), in_flight)
     fused = None
     if mapping._use_device_planner(block_mask.xp) and regime.combine_threshold == 0:
-        # The common request: the one-sync planner kernels (runtime/device_planner.py).
+        # The common request: the planner kernels (runtime/device_planner.py).
         fused = plan_on_device(block_mask, tile_rows=tile_rows, block_n=regime.block_n,
                                heads_per_task=hp, batch=batch, num_q_heads=num_q_heads,
                                num_kv_heads=num_kv_heads, batch_of=batch_of, head_of=head_of,
                                split_ratio=regime.split_ratio,
-                               min_split_chunks=regime.min_split_chunks, in_flight=in_flight)
-    if fused is not None:
-        tiles, queue = fused
+                               min_split_chunks=regime.min_split_chunks, in_flight=in_flight,
+                               allow_split=allow_split)
+    if isinstance(fused, SyncFreePlan):
+        launch, exact = fused.launch_queue(), fused.settle
     else:
-        tiles = map_to_tiles(block_mask, tile_rows, regime.block_n, regime.combine_threshold)
-        queue = build_task_queue(tiles, batch=batch, num_q_heads=num_q_heads,
-                                 num_kv_heads=num_kv_heads, heads_per_task=hp,
-                                 batch_of=batch_of, head_of=head_of,
-                                 mask_batch_heads=block_mask.batch_heads,
-                                 split_ratio=regime.split_ratio,
-                                 min_split_chunks=regime.min_split_chunks, in_flight=in_flight)
+        if fused is not None:
+            tiles, queue = fused
+        else:
+            tiles = map_to_tiles(block_mask, tile_rows, regime.block_n, regime.combine_threshold)
+            queue = build_task_queue(tiles, batch=batch, num_q_heads=num_q_heads,
+                                     num_kv_heads=num_kv_heads, heads_per_task=hp,
+                                     batch_of=batch_of, head_of=head_of,
+                                     mask_batch_heads=block_mask.batch_heads,
+                                     split_ratio=regime.split_ratio,
+                                     min_split_chunks=regime.min_split_chunks,
+                                     in_flight=in_flight, allow_split=allow_split)
+        launch, exact = queue, (tiles, queue)
     p = Plan(mask=block_mask, regime=regime, batch=batch, num_q_heads=num_q_heads,
              num_kv_heads=num_kv_heads, head_dim=head_dim, head_dim_v=head_dim_v,
-             dtype=dtype, layout=layout, tiles=tiles, queue=queue)
+             dtype=dtype, layout=layout, launch_queue=launch, _exact=exact)
     xp = block_mask.xp
     if xp is not np:
         # The queue was built on CuPy's current stream; runs on another stream wait for this

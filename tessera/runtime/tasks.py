@@ -39,8 +39,8 @@ import numpy as np
 from .._array import array_module, offsets_from_counts, segment_ids, to_numpy
 from .mapping import PhysicalTiles
 
-__all__ = ["TaskQueue", "build_task_queue", "split_limit", "TASK_FIELDS", "SPAN_FIELDS",
-           "COMBINE_FIELDS"]
+__all__ = ["TaskQueue", "build_task_queue", "split_limit", "may_split", "tasks_lower_bound",
+           "TASK_FIELDS", "SPAN_FIELDS", "COMBINE_FIELDS"]
 
 TASK_FIELDS = ("batch", "q_head0", "q_start", "q_end", "span_begin", "span_end", "slot", "cost")
 SPAN_FIELDS = ("k_start", "k_end", "r_start", "r_end")
@@ -49,7 +49,13 @@ COMBINE_FIELDS = ("batch", "q_head0", "q_start", "q_end", "slot_begin", "parts")
 
 @dataclass
 class TaskQueue:
-    """Flat int32 arrays a kernel reads directly (see the module docstring for the layout)."""
+    """Flat int32 arrays a kernel reads directly (see the module docstring for the layout).
+
+    ``count`` is set on the queue a sync-free plan launches (``device_planner.py``): a device
+    int64 array whose first element is the number of real tasks, which only the device knows;
+    ``tasks`` and ``spans`` are then buffers sized by bounds, and rows past the real ones are
+    not meaningful. ``None``: the arrays are exact.
+    """
 
     tasks: Any
     spans: Any
@@ -57,9 +63,11 @@ class TaskQueue:
     num_slots: int
     heads_per_task: int
     tile_rows: int
+    count: Any = None
 
     @property
     def num_tasks(self) -> int:
+        """Rows of ``tasks``: the tasks, or for a queue with a device ``count`` its capacity."""
         return int(self.tasks.shape[0])
 
 
@@ -96,15 +104,46 @@ def split_limit(split_ratio: float, min_split_chunks: int, total_tasks: int, tot
     return limit
 
 
+# Split ratios from this one up mean "never split" (the profiler's candidates use 1e9).
+NEVER_SPLIT_RATIO = 1e6
+# Planning for a GPU that runs S tasks at once, a shape that guarantees at least this many tasks
+# per slot is never split (see may_split).
+SPLIT_FREE_TASKS_PER_SLOT = 16
+
+
+def tasks_lower_bound(batch: int, num_q_heads: int, heads_per_task: int, seq_len_q: int,
+                      tile_rows: int) -> int:
+    """The fewest tasks any mask of this shape makes: every (batch, head group) covers all its
+    query tokens with tiles of at most ``tile_rows`` rows."""
+    return batch * (num_q_heads // heads_per_task) * -(-seq_len_q // tile_rows)
+
+
+def may_split(split_ratio: float, tasks_bound: int, in_flight: int) -> bool:
+    """Whether a plan may split heavy tasks at all, decided before the mask is read (both
+    planners' one rule; the device planner then needs no host synchronization at all).
+
+    Never for a never-split ratio; nor, planning for a GPU with ``in_flight`` task slots, when
+    the shape guarantees ``tasks_bound`` >= SPLIT_FREE_TASKS_PER_SLOT tasks per slot: launched
+    longest first, the queue then finishes within its average work per slot plus the heaviest
+    task, and a task only exceeds that average when it is 16 times the mean -- the text rows of
+    full-size video models, which split_limit keeps whole anyway (benchmarks/RESULTS.md).
+    """
+    if split_ratio >= NEVER_SPLIT_RATIO:
+        return False
+    return not (in_flight > 0 and tasks_bound >= SPLIT_FREE_TASKS_PER_SLOT * in_flight)
+
+
 def build_task_queue(tiles: PhysicalTiles, *, batch: int, num_q_heads: int, num_kv_heads: int,
                      heads_per_task: int, batch_of: np.ndarray, head_of: np.ndarray,
                      mask_batch_heads: tuple[int, int], split_ratio: float,
-                     min_split_chunks: int, in_flight: int = 0) -> TaskQueue:
+                     min_split_chunks: int, in_flight: int = 0,
+                     allow_split: bool = True) -> TaskQueue:
     """Expand tiles over the (batch, head) pairs that read them, split heavy tiles, order by cost.
 
     A tile longer than :func:`split_limit` allows is cut into near-equal parts (spans are cut
     at chunk boundaries); each part writes a partial that the combine step merges by
-    log-sum-exp, in part order, so results are deterministic.
+    log-sum-exp, in part order, so results are deterministic. ``allow_split=False``
+    (:func:`may_split`) keeps every tile whole.
     """
     xp = array_module(tiles.q0)
     a_b, a_h0, a_bh = head_assignments(batch, num_q_heads, num_kv_heads, heads_per_task,
@@ -118,7 +157,7 @@ def build_task_queue(tiles: PhysicalTiles, *, batch: int, num_q_heads: int, num_
     # totals it needs come back from the device in one transfer.
     chunks = tiles.chunks.astype(np.int64)
     expansions = xp.asarray(per_bh)[tiles.mask_bh]
-    if tiles.num_tiles:
+    if tiles.num_tiles and allow_split:
         totals = xp.stack([expansions.sum(), (chunks * expansions).sum(), chunks.max()])
         total_tasks, total_chunks, max_chunks = (int(x) for x in to_numpy(totals))
     else:
