@@ -6,8 +6,9 @@ bfloat16 passes through: CuPy has no bfloat16 dtype, DLPack does. PyTorch tensor
 from their own attributes instead (``data_ptr``, ``stride``; still no copy): torch's
 ``__dlpack__`` makes a stream wait on an event unless asked with its current stream, which a
 CUDA graph being captured forbids, and it costs tens of microseconds a call on a request path
-that reads five tensors. Outputs are allocated in the caller's framework (``tensor.new_empty`` for PyTorch, a CuPy buffer exported through DLPack for
-JAX, CuPy otherwise) and kernels run on the caller's current stream.
+that reads five tensors. Outputs are allocated in the caller's framework (``tensor.new_empty``
+for PyTorch, a CuPy buffer exported through DLPack for JAX, CuPy otherwise) and kernels run on
+the caller's current stream.
 """
 
 from __future__ import annotations
