@@ -48,6 +48,8 @@ def as_array(a: Any, name: str) -> Any:
     """
     if isinstance(a, np.ndarray) or is_cupy(a):
         return a
+    if type(a).__module__.startswith("torch") and getattr(a, "is_cuda", False):
+        return _cupy_view_of_torch(a, name)
     if hasattr(a, "__dlpack__"):
         device_type = None
         if hasattr(a, "__dlpack_device__"):
@@ -63,6 +65,31 @@ def as_array(a: Any, name: str) -> Any:
     except Exception as exc:  # pragma: no cover - message path
         raise TypeError(f"{name} must be an array (numpy, CuPy or a DLPack tensor), "
                         f"got {type(a).__name__}") from exc
+
+
+def _cupy_view_of_torch(a: Any, name: str) -> Any:
+    """A CuPy array over a CUDA torch tensor's memory, no copy, without torch's ``__dlpack__``
+    (which costs tens of microseconds on the request path) when torch and CuPy work on the same
+    stream, so that CuPy's work on the array is ordered after torch's. Otherwise, and for
+    bfloat16 (no CuPy dtype), DLPack, whose stream handshake orders them."""
+    import torch  # noqa: PLC0415 - the caller's own framework, already imported
+
+    cp = cupy_or_none()
+    if cp is None:
+        raise TypeError(f"{name} is a CUDA tensor but CuPy is not installed")
+    dtype = str(a.dtype).removeprefix("torch.")
+    same_stream = (torch.cuda.current_stream(a.device).cuda_stream
+                   == cp.cuda.get_current_stream().ptr)
+    if dtype == "bfloat16" or not hasattr(np, dtype) or not same_stream:
+        return cp.from_dlpack(a)
+    dt = np.dtype(dtype)
+    if a.numel() == 0:
+        return cp.empty(tuple(a.shape), dtype=dt)
+    span = 1 + sum((n - 1) * s for n, s in zip(a.shape, a.stride()))  # elements spanned
+    with cp.cuda.Device(a.device.index):
+        mem = cp.cuda.UnownedMemory(a.data_ptr(), span * dt.itemsize, a, a.device.index)
+        return cp.ndarray(tuple(a.shape), dtype=dt, memptr=cp.cuda.MemoryPointer(mem, 0),
+                          strides=tuple(s * dt.itemsize for s in a.stride()))
 
 
 def to_numpy(a: Any) -> np.ndarray:

@@ -445,6 +445,28 @@ def test_persistent_kernel_with_one_cta_per_task(monkeypatch):
     _check(_regime_stress_mask(), hq=4, hkv=2, d=128, regime=reg)
 
 
+def test_torch_mask_read_without_copy_and_ordered_on_side_streams():
+    """A torch bool block matrix becomes a CuPy view of its memory (no copy) when torch and CuPy
+    share a stream; on a torch side stream it goes through DLPack, whose handshake orders the
+    mask's producer before CuPy's copy -- the plan then sees the mask as written."""
+    torch = _torch()
+    from tessera._array import as_array
+
+    t = torch.rand(2, 6, 6, device="cuda") < 0.5
+    view = as_array(t, "mask")
+    assert view.data.ptr == t.data_ptr() and view.shape == (2, 6, 6)
+    assert (view.get() == t.cpu().numpy()).all()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(50_000_000)  # the producer is late
+        late = torch.ones(2, 6, 6, device="cuda", dtype=torch.bool)
+        mask = tessera.BlockMask.from_dense(late, block_size=64)
+        p = tessera.plan(mask, num_q_heads=2, head_dim=64)
+    torch.cuda.synchronize()
+    spans = p.queue.spans.get()
+    assert len(spans) and ((spans[:, 1] - spans[:, 0]) == 384).all()  # all six key blocks
+
+
 def test_full_size_request_never_waits_for_the_gpu():
     """At a model's shape (Wan: 12 heads x 256 query blocks, enough tasks per SM that none may
     split) the default plan is sync-free: with the GPU busy for a long while, a new device mask

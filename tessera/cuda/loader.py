@@ -11,6 +11,7 @@ would spill fails at build time (in CI, for every target) instead of running slo
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
@@ -91,6 +92,7 @@ class Variant:
         return Path(self.source).stem + "".join(f"_{k.lower()}{v}" for k, v in self.macros)
 
 
+@functools.lru_cache(maxsize=256)  # asked on every launch
 def smem_bytes(v: Variant) -> int:
     """Dynamic shared memory of a block-sparse attention variant (mirrors the formulas in
     bsa_sm80.cu and bsa_sm90.cu); 0 for other kernels."""

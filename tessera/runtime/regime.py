@@ -27,6 +27,7 @@ Selection (``tessera.plan(..., regime=None)``, :func:`select_regime`):
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import json
 import math
@@ -117,6 +118,7 @@ class Regime:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @functools.lru_cache(maxsize=256)  # noqa: B019 - regimes are few and immutable
     def variant(self, head_dim: int, bf16: bool = True):
         """The attention kernel variant (``tessera.cuda.loader.Variant``) this regime runs."""
         from ..cuda.loader import Variant  # noqa: PLC0415 - no CuPy needed
@@ -207,6 +209,7 @@ def regime_fits(regime: Regime, head_dim: int, arch: int | None) -> bool:
     return smem_bytes(regime.variant(head_dim)) <= smem_limit_bytes(arch)
 
 
+@functools.lru_cache(maxsize=256)  # on every plan for the current GPU: cache the arithmetic
 def tasks_in_flight(regime: Regime, head_dim: int, arch: int | None, sm_count: int) -> int:
     """How many of ``regime``'s tasks a GPU with ``sm_count`` SMs of ``arch`` runs at once.
 
@@ -1004,7 +1007,18 @@ def select_regime(mask: Any, *, arch: int | None, head_dim: int, dtype: Any,
             found = None
         if found is not None:
             return found
-    return default_regime(arch, head_dim, float(np.median(np.diff(mask.q_bounds))))
+    return default_regime(arch, head_dim, _typical_q_block(mask.q_bounds))
+
+
+def _typical_q_block(q_bounds: np.ndarray) -> float:
+    """The median query block of a mask's geometry (cached: every request of a model asks it of
+    the same few geometries, and a median costs ~30 us)."""
+    return _median_block(np.asarray(q_bounds, dtype=np.int64).tobytes())
+
+
+@functools.lru_cache(maxsize=64)
+def _median_block(bounds: bytes) -> float:
+    return float(np.median(np.diff(np.frombuffer(bounds, dtype=np.int64))))
 
 
 def describe_table_in_use(arch: int | None) -> str:
