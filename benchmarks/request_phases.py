@@ -23,16 +23,19 @@ from tessera.workloads import WORKLOADS
 
 
 def host_us(fn, n: int) -> float:
-    """Mean host microseconds of ``fn`` over ``n`` calls (GPU left to run behind)."""
+    """Median host microseconds of one call of ``fn``, the GPU idle when it starts (a
+    synchronization between calls, not timed: back to back, the launch queue would fill and
+    the host would wait for the GPU)."""
     import torch
 
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
+    times = []
     for _ in range(n):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
         fn()
-    t = (time.perf_counter() - t0) * 1e6 / n
+        times.append((time.perf_counter() - t0) * 1e6)
     torch.cuda.synchronize()
-    return t
+    return float(np.median(times))
 
 
 def main(argv=None) -> int:
