@@ -76,9 +76,10 @@ def main(argv=None) -> int:
             tessera.attention(q, k, v, new_mask())
         prof.disable()
         torch.cuda.synchronize()
-        s = io.StringIO()
-        pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(30)
-        print(s.getvalue().split("\n\n", 2)[-1])
+        for key in ("tottime", "cumulative"):
+            s = io.StringIO()
+            pstats.Stats(prof, stream=s).sort_stats(key).print_stats(30)
+            print(f"== by {key}\n" + s.getvalue().split("\n\n", 2)[-1])
     print(f"{args.shape} density {args.density}: kernel {kernel:.3f} ms, request alone {req:.3f} "
           f"ms, sync-free plan: {p.sync_free} ({p.regime.name})")
     return 0
