@@ -492,15 +492,18 @@ def test_full_size_request_never_waits_for_the_gpu():
     torch.testing.assert_close(out, ref, rtol=0, atol=0)  # deterministic: same plan, same bits
 
 
-@pytest.mark.parametrize("family", ["default", "sm90ws"])
+@pytest.mark.parametrize("family", ["default", "sm90ws", "sync-free"])
 def test_plan_reused_on_one_stream_and_in_a_cuda_graph(family):
     """One device-built plan run again and again on one stream (the persistent kernel's task
     counter is zeroed before every launch: a counter left at the end of the queue would leave
     the outputs poisoned), then captured in a CUDA graph after a warm-up run on the capture
-    stream and replayed on new inputs into the same caller-owned outputs."""
+    stream and replayed on new inputs into the same caller-owned outputs. "sync-free": a
+    never-split plan whose task count the kernel reads from the device."""
     torch = _torch()
-    regime = None if family == "default" else _regime("sm90ws", split_ratio=2.0,
-                                                      min_split_chunks=2)
+    regime = {"default": None,
+              "sm90ws": lambda: _regime("sm90ws", split_ratio=2.0, min_split_chunks=2),
+              "sync-free": lambda: _regime("sm90ws", split_ratio=1e9)}[family]
+    regime = regime and regime()
     rng = np.random.default_rng(16)
     host = rng.random((2, 10, 10)) < 0.4
     host[1, 3] = True  # a heavy row: split parts and a combine step for sm90ws
@@ -515,6 +518,7 @@ def test_plan_reused_on_one_stream_and_in_a_cuda_graph(family):
     s = torch.cuda.Stream()
     with torch.cuda.stream(s):
         p = tessera.plan(mask, num_q_heads=2, head_dim=64, regime=regime)
+    assert p.sync_free == (family == "sync-free")
 
     def check():
         ref = reference.attention(*(x.float().cpu().numpy() for x in (q, k, v)), host_mask)
