@@ -502,7 +502,8 @@ def test_plan_reused_on_one_stream_and_in_a_cuda_graph(family):
     torch = _torch()
     regime = {"default": None,
               "sm90ws": lambda: _regime("sm90ws", split_ratio=2.0, min_split_chunks=2),
-              "sync-free": lambda: _regime("sm90ws", split_ratio=1e9, combine_threshold=0.0)}[family]
+              "sync-free": lambda: _regime("sm90ws", split_ratio=1e9,
+                                           combine_threshold=0.0)}[family]
     regime = regime and regime()
     rng = np.random.default_rng(16)
     host = rng.random((2, 10, 10)) < 0.4
