@@ -604,6 +604,47 @@ def test_profile_limited_to_combine_thresholds(tmp_path):
     assert t2.calls == {"h": 12} and doc["combine_thresholds"] == [0.0]
 
 
+def test_regimes_that_plan_alike_are_timed_once(tmp_path):
+    """With the GPU's SM count known (provenance "sms"), candidates that differ only in split
+    policy where no task may split (16+ tasks per slot: here one SM) plan identically and are
+    timed once, the others sharing the timing; with more slots than that they are all timed.
+    The evaluation's oracle does the same."""
+    fav = Regime(family="sm90", block_m=64, block_n=64, num_warps=4, stages=3,
+                 combine_threshold=0.0)
+
+    def eight_heads(label: str, seed: int) -> prof.Case:
+        # 8 heads x 8 query blocks of 128: 64 tasks of 128 rows, 128 of 64 -- at least 16 per
+        # slot of a one-SM GPU for every tile shape (up to 3 resident CTAs).
+        def build():
+            dense = np.random.default_rng(seed).random((1, 8, 8)) < 0.3
+            dense[:, :, 0] = True
+            return BlockMask.from_dense(dense, block_size=128)
+        return prof.Case(label, "toy", "random_blocks", 64, 8, build)
+
+    case = eight_heads("a", 0)
+    kw = dict(arch=90, progress=None, kernel_families=("sm90",), combine_thresholds=(0.0,))
+    timer = FakeTimer({"a": fav})
+    out = tmp_path / "t.json"
+    prof.profile([case], out=out, timer=timer, clock=timer.clock, provenance=dict(sms=1), **kw)
+    assert timer.calls == {"a": 4}  # 12 candidates, 4 tile shapes
+    entry = RegimeTable.load(out).entries[0]
+    times = {n: c["ms"] if isinstance(c, dict) else c for n, c in entry["candidates"].items()}
+    assert len(times) == 12
+    by_shape: dict[str, set] = {}
+    for name, t in times.items():
+        by_shape.setdefault(name.split("[")[0], set()).add(str(t))
+    assert all(len(v) == 1 for v in by_shape.values())  # twins share their timing
+    many = FakeTimer({"a": fav})
+    prof.profile([case], out=tmp_path / "u.json", timer=many, clock=many.clock,
+                 provenance=dict(sms=1000), **kw)
+    assert many.calls == {"a": 12}
+    t2 = FakeTimer({"h": fav})
+    prof.evaluate([eight_heads("h", 5)], table=RegimeTable.load(out),
+                  out=tmp_path / "e.json", timer=t2, clock=t2.clock, provenance=dict(sms=1),
+                  **kw)
+    assert t2.calls == {"h": 4}
+
+
 def test_corpora_at_the_models_head_counts():
     """heads=None builds every mask with its model's head count (each case its own: the
     builders bind their shape's count, not the loop's last)."""

@@ -342,12 +342,41 @@ def _measure_case(case: Case, prepare: Callable[[Any], Any] | None, *, dtype: st
     return _Measured(mask, meas, feats, default_regime(arch, case.head_dim, meas.q_block))
 
 
+def same_plan_key(regime: Regime, case: Case, mask: Any, batch: int, arch: int,
+                  sm_count: int | None) -> str:
+    """A name shared by the regimes whose plans of ``mask`` are identical: those differing only
+    in split policy when no task may split (``tasks.may_split``: at a model's head count there
+    are 16+ tasks per slot of the GPU, so the 2x, 4x and never-split candidates plan alike).
+    ``sm_count`` None (the GPU unknown): every regime is its own."""
+    if sm_count is None or regime.family not in ("sm80", "sm90"):
+        return regime.name
+    from .plan import heads_per_task  # noqa: PLC0415 - plan imports this module's neighbours
+    from .regime import tasks_in_flight  # noqa: PLC0415
+    from .tasks import NEVER_SPLIT_RATIO, may_split, tasks_lower_bound  # noqa: PLC0415
+
+    hp = heads_per_task(regime, mask.batch_heads[1], case.heads, case.heads)
+    bound = tasks_lower_bound(batch, case.heads, hp, mask.seq_len_q, regime.block_m // hp)
+    in_flight = tasks_in_flight(regime, case.head_dim, arch, sm_count)
+    if may_split(regime.split_ratio, bound, in_flight):
+        return regime.name
+    return regime.with_(split_ratio=NEVER_SPLIT_RATIO,
+                        min_split_chunks=Regime().min_split_chunks).name
+
+
 def _time_regimes(case: Case, mask: Any, regimes: Sequence[Regime], timer: Timer, head: str,
-                  progress: TextIO | None) -> dict[str, tuple[Regime, float, float]]:
+                  progress: TextIO | None, same_plan: Callable[[Regime], str] | None = None
+                  ) -> dict[str, tuple[Regime, float, float]]:
     """``(regime, kernel_ms, plan_ms)`` by name for every regime the timer could run; a
-    regime that fails or gives a bad timing is reported and left out (never ends the run)."""
+    regime that fails or gives a bad timing is reported and left out (never ends the run).
+    Regimes ``same_plan`` names alike plan the mask identically: the first is timed and the
+    others get its timings (a third of the timings at a model's head count)."""
     results: dict[str, tuple[Regime, float, float]] = {}
+    timed: dict[str, tuple[float, float]] = {}
     for j, r in enumerate(regimes):
+        twin = same_plan(r) if same_plan is not None else r.name
+        if twin in timed:
+            results[r.name] = (r, *timed[twin])
+            continue
         _status(progress, f"{head}: regime {j + 1}/{len(regimes)} {r.name}")
         try:
             k_ms, p_ms = (float(x) for x in timer(case, mask, r))
@@ -358,6 +387,7 @@ def _time_regimes(case: Case, mask: Any, regimes: Sequence[Regime], timer: Timer
             _status(progress, f"  {case.label}: {r.name}: bad timing {k_ms!r}, {p_ms!r}", True)
             continue
         results[r.name] = (r, k_ms, p_ms)
+        timed[twin] = (k_ms, p_ms)
     return results
 
 
@@ -390,6 +420,7 @@ def profile(cases: Sequence[Case], *, out: str | Path, arch: int, timer: Timer,
     limits = _restrictions(kernel_families, combine_thresholds, cases, arch)
     out = Path(out)
     provenance = dict(provenance or {})
+    sm_count = provenance.get("sms")  # the GPU's, when the caller says (gpu_environment)
     entries: dict[str, dict] = {}
     old_prov: dict = {}
     if out.exists() and resume:
@@ -463,7 +494,8 @@ def profile(cases: Sequence[Case], *, out: str | Path, arch: int, timer: Timer,
         if heuristic not in regimes:
             regimes.append(heuristic)
         calls += len(regimes)
-        results = _time_regimes(case, mask, regimes, timer, head, progress)
+        results = _time_regimes(case, mask, regimes, timer, head, progress,
+                                lambda r: same_plan_key(r, case, mask, batch, arch, sm_count))
         if not results:
             failed.append(case.label)
             _status(progress, f"{head}: no regime ran; not recorded", final=True)
@@ -516,6 +548,7 @@ def evaluate(cases: Sequence[Case], *, table: RegimeTable, out: str | Path, arch
         raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
     limits = _restrictions(kernel_families, combine_thresholds, cases, arch)
     out = Path(out)
+    sm_count = (provenance or {}).get("sms")  # the GPU's, when the caller says
     records: list[dict] = []
     if out.exists() and resume:
         old = json.loads(out.read_text())
@@ -557,9 +590,10 @@ def evaluate(cases: Sequence[Case], *, table: RegimeTable, out: str | Path, arch
         for extra in (heuristic, chosen):
             if extra not in regimes:
                 regimes.append(extra)
+        same = lambda r: same_plan_key(r, case, mask, batch, arch, sm_count)  # noqa: E731
         times = {n: [round(k, _ROUND), round(p, _ROUND)]
                  for n, (_, k, p) in _time_regimes(case, mask, regimes, timer, head,
-                                                   progress).items()}
+                                                   progress, same).items()}
         if chosen.name not in times or heuristic.name not in times:
             _status(progress, f"{head}: the chosen or default regime did not run; skipped", True)
             continue
