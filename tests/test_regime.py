@@ -416,6 +416,28 @@ def test_features_measured_only_when_the_table_could_answer(monkeypatch):
     assert not R.active_table(90).covers(90, 128, "float16")
 
 
+def test_table_looked_up_only_where_tasks_may_split(monkeypatch):
+    """Planning for this GPU, a shape with 16+ tasks per task slot keeps the heuristic without
+    measuring the mask (its plan needs no synchronization, and at the models' head counts the
+    H200 table's picks equal the heuristic's); a GPU with more slots than that, or a portable
+    plan, looks the table up."""
+    m = wan_like_mask()
+    R.use_table(table_for(m))
+    measured = []
+    real = R.mask_features
+    monkeypatch.setattr(R, "mask_features", lambda *a, **k: measured.append(1) or real(*a, **k))
+    monkeypatch.setattr(R, "device_arch", lambda: 90)
+    for sms, looked_up in ((1, False), (10_000, True)):
+        monkeypatch.setattr(R, "device_sm_count", lambda sms=sms: sms)
+        measured.clear()
+        got = R.select_regime(m, arch=90, head_dim=128, dtype="bfloat16", num_q_heads=2,
+                              batch=1)
+        assert got == (PICK if looked_up else heuristic(m)) and bool(measured) == looked_up
+    monkeypatch.setattr(R, "device_arch", lambda: None)  # a portable plan: the split rule
+    assert R.select_regime(m, arch=90, head_dim=128, dtype="bfloat16", num_q_heads=2,
+                           batch=1) == PICK
+
+
 def test_env_var_and_default_location(tmp_path, monkeypatch):
     m = wan_like_mask()
     path = tmp_path / "mine.json"
@@ -425,13 +447,17 @@ def test_env_var_and_default_location(tmp_path, monkeypatch):
     assert "mine.json" in R.describe_table_in_use(90)
     monkeypatch.delenv(R.ENV_TABLE)
     assert plan90(m).regime == heuristic(m)  # no GPU name: no default table
-    # tables/<gpu-slug>.json beside the package, for the GPU this process runs on: opt-in.
+    # tables/<gpu-slug>.json beside the package, for the GPU this process runs on, unless
+    # $TESSERA_REGIME_TABLE=none.
     monkeypatch.setattr(R, "TABLES_DIR", tmp_path)
     monkeypatch.setattr(R, "current_gpu_name", lambda: "NVIDIA H200")
     own = PICK.with_(block_m=128, num_warps=8)
     table_for(m, regime=own).save(tmp_path / "nvidia-h200.json")
+    assert plan90(m).regime == own
+    assert "nvidia-h200.json" in R.describe_table_in_use(90)
+    monkeypatch.setenv(R.ENV_TABLE, "none")
     assert plan90(m).regime == heuristic(m)
-    assert "opt-in" in R.describe_table_in_use(90)
+    assert "TESSERA_REGIME_TABLE=none" in R.describe_table_in_use(90)
     monkeypatch.setenv(R.ENV_TABLE, "auto")
     assert plan90(m).regime == own
     assert "nvidia-h200.json" in R.describe_table_in_use(90)

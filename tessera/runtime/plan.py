@@ -199,7 +199,7 @@ def plan(block_mask: BlockMask, *, num_q_heads: int, num_kv_heads: int | None = 
     batch_of = block_mask.batch_index(batch)
     if regime is None:  # the table in force for arch, else the heuristic (runtime/regime.py)
         regime = select_regime(block_mask, arch=arch, head_dim=head_dim, dtype=dtype,
-                               num_q_heads=num_q_heads, batch=batch)
+                               num_q_heads=num_q_heads, batch=batch, num_kv_heads=num_kv_heads)
     if not isinstance(regime, Regime):
         raise TypeError(f"regime must be a tessera Regime, got {type(regime).__name__}")
 

@@ -6,18 +6,21 @@ A regime is a small frozen value so it can be named, compared, stored in a table
 Selection (``tessera.plan(..., regime=None)``, :func:`select_regime`):
 
 1. A regime table in force for the plan's architecture (:func:`active_table`): chosen by
-   :func:`use_table`, else by ``$TESSERA_REGIME_TABLE``: a file, or ``auto`` for
-   ``tables/<gpu-slug>.json`` beside the package (``"NVIDIA H200"`` -> ``nvidia-h200.json``).
-   The mask's :class:`MaskFeatures` (a few reductions where the mask lives, one small
-   transfer) are looked up in it (:meth:`RegimeTable.lookup`). Tables are written offline by
-   ``python -m tessera profile`` (tessera/runtime/profile.py).
+   :func:`use_table`, else by ``$TESSERA_REGIME_TABLE`` (a file; ``none`` for no table), else
+   ``tables/<gpu-slug>.json`` beside the package (``"NVIDIA H200"`` -> ``nvidia-h200.json``)
+   when it exists. Tables are written offline by ``python -m tessera profile``
+   (tessera/runtime/profile.py).
 
-   Tables are opt-in for now. The H200 table (sm90 family) meets its held-out evaluation
-   (91% of masks within 5% of the oracle, 4-head masks), but in same-run requests at the
-   models' full head counts its picks did not beat :func:`default_regime`, and the lookup adds
-   ~0.1 ms of planning (the measures: one kernel and a 16-byte copy); the profile covers only
-   4-head masks (benchmarks/RESULTS.md, fifth session). A profile at the models' head counts
-   is what would decide making it the default.
+   The table is consulted where its choice matters: when the heuristic regime's plan may split
+   tasks (``tasks.may_split``: shapes with fewer than 16 tasks per slot of the GPU -- few heads,
+   short clips -- whose plans synchronize once anyway). There the mask's :class:`MaskFeatures`
+   (one kernel and a 16-byte copy on the device) are looked up (:meth:`RegimeTable.lookup`);
+   the H200 table picks within 5% of the oracle on 91% of held-out 4-head masks, 1.09x faster
+   than the heuristic. At the models' full head counts no task may split, the plan needs no
+   synchronization, and the heuristic is kept: profiled at those head counts the table's
+   picks equal the heuristic's (x1.000 over 32 held-out masks, 97% within 5% of the oracle,
+   benchmarks/RESULTS.md, sixth session), so measuring the mask there would only cost a
+   synchronization.
 2. Otherwise, or when the table has no entry for the head dim / dtype / geometry, the
    documented heuristic :func:`default_regime`. Plans without an architecture (``arch=None``
    with a host mask: a CPU-only machine) always take the heuristic. A table that is corrupt or
@@ -832,6 +835,7 @@ def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
 
 # ================================================================================ selection
 _AUTO = "auto"
+_NONE = "none"  # $TESSERA_REGIME_TABLE=none: no table, the heuristic everywhere
 _explicit: Any = _AUTO  # "auto": discover; None: no table; a RegimeTable: that one
 _resolved: dict[tuple, RegimeTable | None] = {}
 _warned: set[str] = set()
@@ -904,8 +908,8 @@ def use_table(table: "str | os.PathLike | RegimeTable | None") -> RegimeTable | 
     A path (loaded and validated now: a bad file raises ``ValueError``) or a
     :class:`RegimeTable`: that table, for plans on its architecture and GPU. ``None``: no table,
     every plan takes the heuristic :func:`default_regime`. ``"auto"`` (the initial setting):
-    ``$TESSERA_REGIME_TABLE`` if set, else ``tables/<gpu-slug>.json`` beside the package when
-    it exists. Returns the table now in force for explicit choices (None otherwise).
+    ``$TESSERA_REGIME_TABLE`` if set (``none``: no table), else ``tables/<gpu-slug>.json``
+    beside the package when it exists. Returns the table now in force for explicit choices (None otherwise).
     """
     global _explicit
     if table is None or isinstance(table, RegimeTable):
@@ -924,9 +928,9 @@ def _table_source() -> tuple[str, str | None, bool]:
     if isinstance(_explicit, RegimeTable) or _explicit is None:
         return "use_table", None, False
     env = os.environ.get(ENV_TABLE)
-    if not env:
-        return "default", None, False  # opt-in: see the module docstring
-    if env != _AUTO:
+    if env == _NONE:
+        return f"${ENV_TABLE}", None, False
+    if env and env != _AUTO:
         return f"${ENV_TABLE}", env, True
     name = current_gpu_name()
     if name is None:
@@ -982,22 +986,25 @@ def active_table(arch: int | None) -> RegimeTable | None:
 
 
 def select_regime(mask: Any, *, arch: int | None, head_dim: int, dtype: Any,
-                  num_q_heads: int, batch: int) -> Regime:
+                  num_q_heads: int, batch: int, num_kv_heads: int | None = None) -> Regime:
     """The regime ``tessera.plan`` uses when none is given.
 
-    ``arch`` None with a device mask means the current device's. With a table in force for the
-    architecture (:func:`active_table`), the mask's features are computed once and looked up;
-    without one, or when the table has nothing for this head dim / dtype / geometry, the
-    heuristic :func:`default_regime`.
+    ``arch`` None with a device mask means the current device's. The heuristic
+    :func:`default_regime`, unless a table is in force for the architecture
+    (:func:`active_table`) and the heuristic's plan may split tasks (see the module
+    docstring): then the mask's features are measured once and looked up, and the heuristic
+    stays the answer when the table has nothing for this head dim / dtype / geometry.
     """
     if arch is None and mask.on_device:
         arch = device_arch()
+    heuristic = default_regime(arch, head_dim, _typical_q_block(mask.q_bounds))
     table = active_table(arch)
     from .plan import _dtype_name  # noqa: PLC0415 - plan imports this module
 
-    # Measuring the mask costs a few reductions and a synchronization: only when the table
-    # has entries this plan could be answered from.
-    if table is not None and table.covers(int(arch), int(head_dim), _dtype_name(dtype)):
+    if (table is not None and table.covers(int(arch), int(head_dim), _dtype_name(dtype))
+            and _may_split(heuristic, mask, arch=arch, head_dim=head_dim,
+                           num_q_heads=num_q_heads, num_kv_heads=num_kv_heads or num_q_heads,
+                           batch=batch)):
         try:
             found = table.lookup(mask_features(mask, head_dim=head_dim, dtype=dtype, arch=arch,
                                                num_q_heads=num_q_heads, batch=batch))
@@ -1007,7 +1014,22 @@ def select_regime(mask: Any, *, arch: int | None, head_dim: int, dtype: Any,
             found = None
         if found is not None:
             return found
-    return default_regime(arch, head_dim, _typical_q_block(mask.q_bounds))
+    return heuristic
+
+
+def _may_split(regime: Regime, mask: Any, *, arch: int | None, head_dim: int,
+               num_q_heads: int, num_kv_heads: int, batch: int) -> bool:
+    """Whether ``tessera.plan`` would let ``regime``'s plan of ``mask`` split tasks (the same
+    inputs to ``tasks.may_split``: the GPU's task slots only when planning for it)."""
+    from .plan import heads_per_task  # noqa: PLC0415 - plan imports this module
+    from .tasks import may_split, tasks_lower_bound  # noqa: PLC0415
+
+    in_flight, here = 0, device_arch()
+    if here is not None and (mask.on_device or arch == here):
+        in_flight = tasks_in_flight(regime, head_dim, here, device_sm_count())
+    hp = heads_per_task(regime, mask.batch_heads[1], num_q_heads, num_kv_heads)
+    bound = tasks_lower_bound(batch, num_q_heads, hp, mask.seq_len_q, regime.block_m // hp)
+    return may_split(regime.split_ratio, bound, in_flight)
 
 
 def _typical_q_block(q_bounds: np.ndarray) -> float:
@@ -1035,13 +1057,13 @@ def describe_table_in_use(arch: int | None) -> str:
         warnings.simplefilter("always")
         table = active_table(arch)
     if table is not None:
-        return f"{table.describe()} (from {how})"
+        return (f"{table.describe()} (from {how}; looked up where tasks may split, the "
+                "heuristic elsewhere)")
     why = "; ".join(str(w.message) for w in caught)
     if why:
         return f"none: heuristic ({why})"
     if how == "use_table":
         return "none: heuristic (use_table(None))"
-    if how == "default":
-        return (f"none: heuristic (tables are opt-in: {ENV_TABLE}=auto uses "
-                "tables/<gpu>.json)")
+    if path is None and how.startswith("$"):
+        return f"none: heuristic ({ENV_TABLE}={_NONE})"
     return f"none: heuristic (no table at {path})" if path else "none: heuristic"
