@@ -719,7 +719,7 @@ def gpu_timer(*, dtype: str = "bfloat16", batch: int = 1, reps: int = 10,
     ``plan.run`` (q, k, v random, ``[batch, heads, L, head_dim]``, reused while the shape
     stays; a third of them, at least 3, for kernels over 20 ms) and the fastest of
     ``plan_reps`` timings of planning again (the dynamic-mask path; a third of them for plans
-    over 3 ms). Planning is host work (~0.5 ms of CuPy calls and one synchronization) whose
+    over 3 ms). Planning is host work (0.15-0.5 ms of CuPy calls, at most one synchronization) whose
     noise only adds: the same code path measured 0.43-0.87 ms as a median of 5 in one run
     (H200, benchmarks/RESULTS.md), enough to decide a lookup; the minimum of more timings is
     what one regime's planning costs.
