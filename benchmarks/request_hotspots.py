@@ -20,6 +20,23 @@ from tessera.bench import cuda_time_ms
 from tessera.workloads import WORKLOADS
 
 
+def random_request(shape: str, density: float):
+    """A model shape's random q/k/v (torch bf16, B = 1) and a maker of new mask objects over one
+    random 128-token block matrix of that density: (heads, head dim, (q, k, v), new_mask)."""
+    import torch
+
+    w = WORKLOADS[shape]
+    h, d, L = w.heads, w.head_dim, w.seq_len
+    q, k, v = (torch.randn(1, h, L, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    n = math.ceil(L / 128)
+    blocks = torch.from_numpy(np.random.default_rng(0).random((h, n, n)) < density).cuda()
+
+    def new_mask():
+        return tessera.BlockMask.from_dense(blocks, block_size=128, seq_len_q=L, seq_len_kv=L)
+
+    return h, d, (q, k, v), new_mask
+
+
 def main(argv=None) -> int:
     import torch
 
@@ -29,14 +46,7 @@ def main(argv=None) -> int:
     ap.add_argument("--n", type=int, default=200, help="requests profiled")
     ap.add_argument("--top", type=int, default=25)
     args = ap.parse_args(argv)
-    w = WORKLOADS[args.shape]
-    h, d, L = w.heads, w.head_dim, w.seq_len
-    q, k, v = (torch.randn(1, h, L, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    n = math.ceil(L / 128)
-    blocks = torch.from_numpy(np.random.default_rng(0).random((h, n, n)) < args.density).cuda()
-
-    def new_mask():
-        return tessera.BlockMask.from_dense(blocks, block_size=128, seq_len_q=L, seq_len_kv=L)
+    h, d, (q, k, v), new_mask = random_request(args.shape, args.density)
 
     def request():
         return tessera.attention(q, k, v, new_mask())

@@ -1,7 +1,7 @@
-"""Host time of a request's phases, back to back with no synchronization in between (the
-sync-free plan never waits for the GPU, so these are the host's own costs): building the mask
-object, planning, launching a plan, and the whole ``tessera.attention`` call; plus the CUDA-event
-time of one request alone and of the kernel. What #4's request target (1.5x FlexAttention's
+"""Host time of a request's phases, one call at a time with the GPU idle at its start (the
+host's own costs, since a sync-free plan never waits for the GPU): building the mask object,
+planning, launching a plan, and the whole ``tessera.attention`` call; plus the CUDA-event time
+of one request alone and of the kernel. What #4's request target (1.5x FlexAttention's
 request at ~10%) leaves to cut: request alone ~= host time + kernel time.
 
     python3 benchmarks/request_phases.py [--shape wan-1.3b-480p] [--density 0.1] [--n 300]
@@ -10,7 +10,6 @@ request at ~10%) leaves to cut: request alone ~= host time + kernel time.
 import argparse
 import cProfile
 import io
-import math
 import pstats
 import sys
 import time
@@ -19,7 +18,8 @@ import numpy as np
 
 import tessera
 from tessera.bench import cuda_time_ms
-from tessera.workloads import WORKLOADS
+
+from request_hotspots import random_request  # this folder's: run as a script
 
 
 def host_us(fn, n: int) -> float:
@@ -47,15 +47,7 @@ def main(argv=None) -> int:
     ap.add_argument("--n", type=int, default=300)
     ap.add_argument("--profile", action="store_true", help="cProfile the whole call too")
     args = ap.parse_args(argv)
-    w = WORKLOADS[args.shape]
-    h, d, L = w.heads, w.head_dim, w.seq_len
-    q, k, v = (torch.randn(1, h, L, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    n = math.ceil(L / 128)
-    blocks = torch.from_numpy(np.random.default_rng(0).random((h, n, n)) < args.density).cuda()
-
-    def new_mask():
-        return tessera.BlockMask.from_dense(blocks, block_size=128, seq_len_q=L, seq_len_kv=L)
-
+    h, d, (q, k, v), new_mask = random_request(args.shape, args.density)
     m = new_mask()
     p = tessera.plan(m, num_q_heads=h, head_dim=d)
     p.run(q, k, v)

@@ -731,6 +731,17 @@ def _np_plan_write_runs(grid, block, args):
                     assign_b[a0 + e], assign_h0[a0 + e], t0, t1, sb, se, -1, ch)
 
 
+def assert_same_plan(got, ref) -> None:
+    """Two plans' tiles and task queues, array for array."""
+    for f in ("mask_bh", "q0", "q1", "span_begin", "span_end", "chunks", "k0", "k1", "r0",
+              "r1"):
+        np.testing.assert_array_equal(getattr(got.tiles, f), getattr(ref.tiles, f), err_msg=f)
+    for f in ("tasks", "spans", "combine"):
+        np.testing.assert_array_equal(getattr(got.queue, f), getattr(ref.queue, f), err_msg=f)
+    assert (got.queue.num_slots, got.tiles.num_groups) == (ref.queue.num_slots,
+                                                           ref.tiles.num_groups)
+
+
 PLANNER_STAND_INS = {"plan_row_stats": _np_plan_row_stats,
                      "plan_write_spans": _np_plan_write_spans,
                      "plan_scan": _np_plan_scan, "plan_write_runs": _np_plan_write_runs}
@@ -775,15 +786,7 @@ def test_one_sync_planner_equals_general_planner(monkeypatch, group, mask_heads,
             got = tessera.plan(mask, num_q_heads=hq, num_kv_heads=hkv, head_dim=64,
                                batch=batch, regime=regime)
         assert spy[0] is not None, "the one-sync planner plans every device mask it can hold"
-        for f in ("mask_bh", "q0", "q1", "span_begin", "span_end", "chunks", "k0", "k1", "r0",
-                  "r1"):
-            np.testing.assert_array_equal(getattr(got.tiles, f), getattr(ref.tiles, f),
-                                          err_msg=f)
-        for f in ("tasks", "spans", "combine"):
-            np.testing.assert_array_equal(getattr(got.queue, f), getattr(ref.queue, f),
-                                          err_msg=f)
-        assert (got.queue.num_slots, got.tiles.num_groups) == (ref.queue.num_slots,
-                                                               ref.tiles.num_groups)
+        assert_same_plan(got, ref)
 
 
 @pytest.mark.parametrize("group", [1, 2])
@@ -919,17 +922,10 @@ def test_sync_free_planner_equals_general_planner(monkeypatch, group, mask_heads
         launch = got.launch_queue
         n = int(launch.count[0])
         assert launch.num_tasks >= n == ref.queue.num_tasks
-        for f in ("mask_bh", "q0", "q1", "span_begin", "span_end", "chunks", "k0", "k1", "r0",
-                  "r1"):
-            np.testing.assert_array_equal(getattr(got.tiles, f), getattr(ref.tiles, f),
-                                          err_msg=f)
-        for f in ("tasks", "spans", "combine"):
-            np.testing.assert_array_equal(getattr(got.queue, f), getattr(ref.queue, f),
-                                          err_msg=f)
+        assert_same_plan(got, ref)
         np.testing.assert_array_equal(launch.tasks[:n], ref.queue.tasks)
-        costs = ref.queue.tasks[:, 7]
-        assert (np.diff(costs) <= 0).all()  # longest first
-        assert got.tiles.num_groups == ref.tiles.num_groups and got.queue.num_slots == 0
+        assert (np.diff(ref.queue.tasks[:, 7]) <= 0).all()  # longest first
+        assert got.queue.num_slots == 0
 
 
 def test_may_split_rule():
