@@ -901,7 +901,7 @@ def test_sync_free_planner_equals_general_planner(monkeypatch, group, mask_heads
     planner's, array for array -- the tasks already longest first, as the stable sort orders
     them."""
     from tessera.cuda import loader
-    from tessera.runtime import mapping
+    from tessera.runtime import device_planner, mapping
 
     monkeypatch.setattr(loader, "load_kernel", lambda v: PLANNER_STAND_INS[v.kernel])
     rng = np.random.default_rng(group * 11 + batch)
@@ -917,8 +917,12 @@ def test_sync_free_planner_equals_general_planner(monkeypatch, group, mask_heads
         ref = tessera.plan(mask, **kw)
         with monkeypatch.context() as mp:
             mp.setattr(mapping, "_use_device_planner", lambda xp: True)
+            reads = []  # device-to-host copies (each would be a synchronization on the GPU)
+            mp.setattr(device_planner, "to_numpy", lambda a: reads.append(1) or np.asarray(a))
             got = tessera.plan(mask, **kw)
-        assert got.sync_free and callable(got._exact)  # nothing read back yet
+            assert got.sync_free and callable(got._exact) and not reads  # nothing read back
+            _ = got.tiles  # the exact arrays: one read of the totals
+            assert len(reads) == 1
         launch = got.launch_queue
         n = int(launch.count[0])
         assert launch.num_tasks >= n == ref.queue.num_tasks
