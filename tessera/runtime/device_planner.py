@@ -34,7 +34,7 @@ import numpy as np
 from dataclasses import dataclass
 from typing import Any
 
-from .._array import device_copy, to_numpy
+from .._array import array_module, device_copy, to_numpy
 from ..mask import BlockMask
 from .mapping import PhysicalTiles, _device_dense_rows, device_bounds, row_stats_on_device
 from .tasks import TaskQueue, build_task_queue, head_assignments, split_limit
@@ -63,7 +63,7 @@ class SyncFreePlan:
 
     def launch_queue(self) -> TaskQueue:
         """The queue the kernels read: the buffers, with the task count on the device."""
-        xp = _module_of(self.tasks)
+        xp = array_module(self.tasks)
         return TaskQueue(tasks=self.tasks, spans=self.spans,
                          combine=xp.zeros((0, 6), dtype=np.int32), num_slots=0,
                          heads_per_task=self.heads_per_task, tile_rows=self.tile_rows,
@@ -75,17 +75,11 @@ class SyncFreePlan:
         n_runs, n_spans, n_tiles, n_tasks = (int(x) for x in to_numpy(self.totals)[:4])
         tiles, spans = self.tiles[:n_tiles], self.spans[:n_spans]
         pt = _physical_tiles(tiles, spans, self.tile_rows, self.block_n, n_runs)
-        xp = _module_of(self.tasks)
+        xp = array_module(self.tasks)
         queue = TaskQueue(tasks=self.tasks[:n_tasks], spans=spans,
                           combine=xp.zeros((0, 6), dtype=np.int32), num_slots=0,
                           heads_per_task=self.heads_per_task, tile_rows=self.tile_rows)
         return pt, queue
-
-
-def _module_of(a: Any):
-    from .._array import array_module  # noqa: PLC0415
-
-    return array_module(a)
 
 
 def _physical_tiles(tiles: Any, spans: Any, tile_rows: int, block_n: int,
@@ -95,6 +89,7 @@ def _physical_tiles(tiles: Any, spans: Any, tile_rows: int, block_n: int,
                          span_end=tiles[:, 4], chunks=tiles[:, 5], k0=spans[:, 0],
                          k1=spans[:, 1], r0=spans[:, 2], r1=spans[:, 3], num_groups=n_runs,
                          num_merged=0)
+
 
 def _assignments(xp, batch: int, num_q_heads: int, num_kv_heads: int, hp: int,
                  batch_of: np.ndarray, head_of: np.ndarray, mask_batch_heads: tuple[int, int]):
