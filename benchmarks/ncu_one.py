@@ -1,6 +1,7 @@
-"""Run one Tessera kernel on a Wan-1.3B-shaped mask, for ``ncu`` to profile.
+"""Run one Tessera kernel on a model-shaped random mask, for ``ncu`` to profile.
 
-``ncu -k regex:bsa_fwd --launch-skip 2 --launch-count 1 python benchmarks/ncu_one.py [density]``
+``ncu -k regex:bsa_fwd --launch-skip 2 --launch-count 1 python benchmarks/ncu_one.py [density]
+[shape]`` (shape: a ``tessera.workloads`` name, Wan-2.1-1.3B by default)
 """
 
 import math
@@ -14,8 +15,11 @@ import tessera
 def main():
     import torch
 
+    from tessera.workloads import WORKLOADS
+
     density = float(sys.argv[1]) if len(sys.argv) > 1 else 1.0
-    b, h, L, d = 1, 12, 32760, 128
+    w = WORKLOADS[sys.argv[2] if len(sys.argv) > 2 else "wan-1.3b-480p"]
+    b, h, L, d = 1, w.heads, w.seq_len, w.head_dim
     q, k, v = (torch.randn(b, h, L, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     n = math.ceil(L / 128)
     dense = np.random.default_rng(0).random((h, n, n)) < density
