@@ -59,3 +59,40 @@ def test_task_counter_one_per_stream_zeroed_every_launch():
     assert first is again and other is not first and cp.allocations == 2
     assert cp.memsets == [(first.data.ptr, 0, 4, 11), (first.data.ptr, 0, 4, 11),
                           (other.data.ptr, 0, 4, 12)]
+
+
+class _TorchLike:
+    """What interop reads of a PyTorch tensor (its module says "torch"), without PyTorch."""
+
+    __module__ = "torch"
+
+    def __init__(self, device: str, dtype: str = "torch.bfloat16") -> None:
+        kind, _, index = device.partition(":")
+        self.device = type("device", (), {"type": kind, "index": int(index or 0)})()
+        self.dtype, self.shape = dtype, (2, 3, 64, 128)
+        self.is_cuda = kind == "cuda"
+
+    def data_ptr(self) -> int:
+        return 4096
+
+    def stride(self) -> tuple[int, ...]:
+        return (3 * 64 * 128, 128, 3 * 128, 1)  # a "blhd" tensor viewed as bhld
+
+
+def test_torch_tensors_described_from_their_own_attributes():
+    """A CUDA torch tensor is described from data_ptr/shape/stride (no __dlpack__, whose event
+    wait breaks CUDA-graph capture); a host tensor or an unsupported dtype is refused by name."""
+    import pytest
+
+    from tessera.interop import device_of, framework_of, from_any
+
+    t = _TorchLike("cuda:1")
+    assert framework_of(t) == "torch" and device_of(t) == 1
+    d = from_any(t, "q")
+    assert (d.ptr, d.shape, d.strides, d.dtype, d.device_id, d.framework) == (
+        4096, (2, 3, 64, 128), (3 * 64 * 128, 128, 3 * 128, 1), "bfloat16", 1, "torch")
+    assert d.owner is t  # kept alive while the pointer is in use
+    with pytest.raises(ValueError, match="q must be on a CUDA device"):
+        from_any(_TorchLike("cpu"), "q")
+    with pytest.raises(TypeError, match="k: unsupported dtype"):
+        from_any(_TorchLike("cuda:0", "torch.complex64"), "k")
