@@ -909,7 +909,8 @@ def use_table(table: "str | os.PathLike | RegimeTable | None") -> RegimeTable | 
     :class:`RegimeTable`: that table, for plans on its architecture and GPU. ``None``: no table,
     every plan takes the heuristic :func:`default_regime`. ``"auto"`` (the initial setting):
     ``$TESSERA_REGIME_TABLE`` if set (``none``: no table), else ``tables/<gpu-slug>.json``
-    beside the package when it exists. Returns the table now in force for explicit choices (None otherwise).
+    beside the package when it exists. Returns the table now in force for explicit choices
+    (None otherwise).
     """
     global _explicit
     if table is None or isinstance(table, RegimeTable):
