@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
+from types import SimpleNamespace
 
-from tessera.runtime.plan import heads_per_task
 from tessera.runtime.profile import (HELDOUT_SHAPES, format_summary, profile_shapes,
                                      summarize_evaluation)
-from tessera.runtime.regime import (MaskFeatures, RegimeTable, regime_from_name,
-                                    tasks_in_flight)
-from tessera.runtime.tasks import may_split, tasks_lower_bound
+from tessera.runtime.regime import (MaskFeatures, RegimeTable, plan_may_split,
+                                    regime_from_name, tasks_in_flight)
 
 
 def model_heads(shape: str) -> int:
@@ -47,13 +46,13 @@ def main() -> None:
         feats = MaskFeatures.from_key(r["key"])
         heads = model_heads(r["shape"]) if args.heads == "model" else int(args.heads)
         heuristic = regime_from_name(r["default"])
-        hp = heads_per_task(heuristic, heads, heads, heads)
-        bound = tasks_lower_bound(1, heads, hp, int(r["measures"]["seq_len"]),
-                                  heuristic.block_m // hp)
         found = table.lookup(feats)
         table_pick = found.name if found is not None else r["default"]
-        split = may_split(heuristic.split_ratio, bound,
-                          tasks_in_flight(heuristic, feats.head_dim, arch, sms))
+        # What the rule reads of a mask: its stored heads and query length (the corpus's masks
+        # carry one mask head per query head, batch 1).
+        mask = SimpleNamespace(batch_heads=(1, heads), seq_len_q=int(r["measures"]["seq_len"]))
+        split = plan_may_split(heuristic, mask, num_q_heads=heads, num_kv_heads=heads, batch=1,
+                               in_flight=tasks_in_flight(heuristic, feats.head_dim, arch, sms))
         looked_up += split
         for name, pick in (("rule", table_pick if split else r["default"]),
                            ("table everywhere", table_pick),

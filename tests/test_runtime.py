@@ -835,12 +835,12 @@ def test_plans_for_the_current_gpu_split_only_what_its_slots_need(monkeypatch, s
     seen = []
     from tessera.cuda import loader
     from tessera.runtime import mapping
-    from tessera.runtime import plan as plan_mod
+    from tessera.runtime import regime as regime_mod
 
     monkeypatch.setattr(loader, "load_kernel", lambda v: PLANNER_STAND_INS[v.kernel])
-    monkeypatch.setattr(plan_mod, "device_arch", lambda: 90)
-    monkeypatch.setattr(plan_mod, "device_sm_count", lambda: 7)
-    monkeypatch.setattr(plan_mod, "tasks_in_flight",
+    monkeypatch.setattr(regime_mod, "device_arch", lambda: 90)
+    monkeypatch.setattr(regime_mod, "device_sm_count", lambda: 7)
+    monkeypatch.setattr(regime_mod, "tasks_in_flight",
                         lambda r, d, arch, sms: seen.append((arch, sms)) or slots)
     dense = np.random.default_rng(3).random((2, 12, 60)) < 0.05
     dense[:, 4] = True

@@ -19,9 +19,8 @@ from ..mask import BlockMask
 from . import mapping
 from .device_planner import SyncFreePlan, plan_on_device
 from .mapping import PhysicalTiles, map_to_tiles
-from .regime import (ROW_GROUP, Regime, device_arch, device_sm_count, select_regime,
-                     tasks_in_flight)
-from .tasks import TaskQueue, build_task_queue, may_split, tasks_lower_bound
+from .regime import ROW_GROUP, Regime, plan_may_split, plan_tasks_in_flight, select_regime
+from .tasks import TaskQueue, build_task_queue
 
 __all__ = ["Plan", "PlanStats", "plan", "SUPPORTED_DTYPES"]
 
@@ -205,13 +204,11 @@ def plan(block_mask: BlockMask, *, num_q_heads: int, num_kv_heads: int | None = 
 
     # Planning for the current GPU (a device mask, or its architecture named): the split rule
     # may count the tasks it runs at once; a portable host plan (arch None) does not.
-    in_flight, here = 0, device_arch()
-    if here is not None and (block_mask.on_device or arch == here):
-        in_flight = tasks_in_flight(regime, head_dim, here, device_sm_count())
+    in_flight = plan_tasks_in_flight(regime, block_mask, head_dim, arch)
     hp = heads_per_task(regime, block_mask.batch_heads[1], num_q_heads, num_kv_heads)
     tile_rows = regime.block_m // hp
-    allow_split = may_split(regime.split_ratio, tasks_lower_bound(
-        batch, num_q_heads, hp, block_mask.seq_len_q, tile_rows), in_flight)
+    allow_split = plan_may_split(regime, block_mask, num_q_heads=num_q_heads,
+                                 num_kv_heads=num_kv_heads, batch=batch, in_flight=in_flight)
     fused = None
     if mapping._use_device_planner(block_mask.xp) and regime.combine_threshold == 0:
         # The common request: the planner kernels (runtime/device_planner.py).

@@ -117,8 +117,9 @@ def build_corpus(shapes: Sequence[str] | None = None, families: Sequence[str] | 
     """Corpus cases for ``shapes`` (:func:`profile_shapes` names) x ``families`` (FAMILIES
     names), all by default, shape-major. ``random_blocks`` stands for random masks at
     ``densities`` with 128-token blocks and ``small_block_densities`` with 64-token blocks
-    (text tokens as the workload has them). Masks are built only when a case runs; ``heads`` query heads each
-    (None: the model's own count, what a table for full-size requests should be profiled at).
+    (text tokens as the workload has them). Masks are built only when a case runs; ``heads``
+    query heads each (None: the model's own count, what a table for full-size requests should
+    be profiled at).
     """
     from .. import masks  # noqa: PLC0415
     from ..workloads import FAMILIES, example_mask  # noqa: PLC0415
@@ -348,16 +349,14 @@ def same_plan_key(regime: Regime, case: Case, mask: Any, batch: int, arch: int,
     in split policy when no task may split (``tasks.may_split``: at a model's head count there
     are 16+ tasks per slot of the GPU, so the 2x, 4x and never-split candidates plan alike).
     ``sm_count`` None (the GPU unknown): every regime is its own."""
-    if sm_count is None or regime.family not in ("sm80", "sm90"):
+    if sm_count is None:
         return regime.name
-    from .plan import heads_per_task  # noqa: PLC0415 - plan imports this module's neighbours
-    from .regime import tasks_in_flight  # noqa: PLC0415
-    from .tasks import NEVER_SPLIT_RATIO, may_split, tasks_lower_bound  # noqa: PLC0415
+    from .regime import plan_may_split, tasks_in_flight  # noqa: PLC0415
+    from .tasks import NEVER_SPLIT_RATIO  # noqa: PLC0415
 
-    hp = heads_per_task(regime, mask.batch_heads[1], case.heads, case.heads)
-    bound = tasks_lower_bound(batch, case.heads, hp, mask.seq_len_q, regime.block_m // hp)
-    in_flight = tasks_in_flight(regime, case.head_dim, arch, sm_count)
-    if may_split(regime.split_ratio, bound, in_flight):
+    if plan_may_split(regime, mask, num_q_heads=case.heads, num_kv_heads=case.heads,
+                      batch=batch, in_flight=tasks_in_flight(regime, case.head_dim, arch,
+                                                             sm_count)):
         return regime.name
     return regime.with_(split_ratio=NEVER_SPLIT_RATIO,
                         min_split_chunks=Regime().min_split_chunks).name

@@ -1003,9 +1003,9 @@ def select_regime(mask: Any, *, arch: int | None, head_dim: int, dtype: Any,
     from .plan import _dtype_name  # noqa: PLC0415 - plan imports this module
 
     if (table is not None and table.covers(int(arch), int(head_dim), _dtype_name(dtype))
-            and _may_split(heuristic, mask, arch=arch, head_dim=head_dim,
-                           num_q_heads=num_q_heads, num_kv_heads=num_kv_heads or num_q_heads,
-                           batch=batch)):
+            and plan_may_split(heuristic, mask, num_q_heads=num_q_heads,
+                               num_kv_heads=num_kv_heads or num_q_heads, batch=batch,
+                               in_flight=plan_tasks_in_flight(heuristic, mask, head_dim, arch))):
         try:
             found = table.lookup(mask_features(mask, head_dim=head_dim, dtype=dtype, arch=arch,
                                                num_q_heads=num_q_heads, batch=batch))
@@ -1018,16 +1018,24 @@ def select_regime(mask: Any, *, arch: int | None, head_dim: int, dtype: Any,
     return heuristic
 
 
-def _may_split(regime: Regime, mask: Any, *, arch: int | None, head_dim: int,
-               num_q_heads: int, num_kv_heads: int, batch: int) -> bool:
-    """Whether ``tessera.plan`` would let ``regime``'s plan of ``mask`` split tasks (the same
-    inputs to ``tasks.may_split``: the GPU's task slots only when planning for it)."""
+def plan_tasks_in_flight(regime: Regime, mask: Any, head_dim: int, arch: int | None) -> int:
+    """The task slots ``tessera.plan``'s split rule counts for ``regime``'s plan of ``mask``:
+    the current GPU's when the plan is for it (a device mask, or its architecture named), else
+    0 (a portable host plan, for whatever GPU runs it)."""
+    here = device_arch()
+    if here is not None and (mask.on_device or arch == here):
+        return tasks_in_flight(regime, head_dim, here, device_sm_count())
+    return 0
+
+
+def plan_may_split(regime: Regime, mask: Any, *, num_q_heads: int, num_kv_heads: int,
+                   batch: int, in_flight: int) -> bool:
+    """``tasks.may_split`` for ``regime``'s plan of ``mask`` (the one place the planner, the
+    regime selection and the profiler ask it): the fewest tasks its GQA packing and tile rows
+    can give, against ``in_flight`` task slots."""
     from .plan import heads_per_task  # noqa: PLC0415 - plan imports this module
     from .tasks import may_split, tasks_lower_bound  # noqa: PLC0415
 
-    in_flight, here = 0, device_arch()
-    if here is not None and (mask.on_device or arch == here):
-        in_flight = tasks_in_flight(regime, head_dim, here, device_sm_count())
     hp = heads_per_task(regime, mask.batch_heads[1], num_q_heads, num_kv_heads)
     bound = tasks_lower_bound(batch, num_q_heads, hp, mask.seq_len_q, regime.block_m // hp)
     return may_split(regime.split_ratio, bound, in_flight)
