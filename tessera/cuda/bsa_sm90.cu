@@ -21,8 +21,12 @@
 //                    compute, with register reallocation and strictly alternating consumer
 //                    issue; the next task's chunks load while the current one computes); 0: every
 //                    warpgroup copies and computes, one CTA barrier per key step
+//   TESSERA_Q_BUFFERS 2 (producer only, where shared memory allows): the next task's Q loads
+//                    while the current task computes, so the consumers start it without waiting
+//                    for Q (a tile read once, from DRAM); 1: it loads after the current task's
+//                    last S
 //
-// Shared memory: Q (BM x D), then STAGES x {K, V} (BN x D each), every tile in the layout wgmma
+// Shared memory: Q_BUFFERS x Q (BM x D), then STAGES x {K, V} (BN x D each), every tile in the layout wgmma
 // reads: rows cut into SW-byte column chunks (SW = 128 when D is a multiple of 64, else 64),
 // chunk-major ([chunk][row][SW bytes]), 16-byte pieces XOR-swizzled by the row within each
 // 8-row group, each tile starting on a 1024-byte boundary. loader.smem_bytes mirrors the size.
@@ -31,6 +35,9 @@
 
 #ifndef TESSERA_PRODUCER
 #define TESSERA_PRODUCER 0
+#endif
+#ifndef TESSERA_Q_BUFFERS
+#define TESSERA_Q_BUFFERS 1
 #endif
 
 namespace {
@@ -51,6 +58,8 @@ constexpr int CPR = D / 8;                  // 16-byte pieces per row
 constexpr int Q_BYTES = BM * D * 2;
 constexpr int KV_BYTES = BN * D * 2;
 constexpr int STAGE_BYTES = 2 * KV_BYTES;
+constexpr int Q_BUFS = TESSERA_Q_BUFFERS;
+static_assert(Q_BUFS == 1 || (Q_BUFS == 2 && WS), "two Q buffers need the producer");
 static_assert(BM % 64 == 0 && BM >= 64, "64 rows per warpgroup");
 static_assert(BN % 64 == 0, "BN must be a multiple of 64");
 static_assert(D == 64 || D == 96 || D == 128, "head dim 64, 96 or 128");
@@ -210,13 +219,13 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
   const int g = lane / 4, t = lane % 4;
 
   const u32 q_base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // wgmma's swizzle alignment
-  const u32 stage_base = q_base + Q_BYTES;
-  // mbarriers after the stages (producer variant): full[STAGES], empty[STAGES], Q full, Q empty,
-  // then four task-index words.
+  const u32 stage_base = q_base + Q_BUFS * Q_BYTES;
+  // mbarriers after the stages (producer variant): full[STAGES], empty[STAGES], Q full[Q_BUFS],
+  // Q empty[Q_BUFS], then four task-index words. Task n's Q sits in buffer n % Q_BUFS.
   const u32 full_bar = stage_base + STAGES * STAGE_BYTES;
   const u32 empty_bar = full_bar + 8 * STAGES;
   const u32 q_full_bar = empty_bar + 8 * STAGES;
-  const u32 q_empty_bar = q_full_bar + 8;
+  const u32 q_empty_bar = q_full_bar + 8 * Q_BUFS;
 
   // The producer variant is persistent: CTA blockIdx.x starts with task blockIdx.x and then
   // takes the next untaken task of the queue from a global counter (gridDim.x + the count), so
@@ -229,8 +238,8 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
   // the CTA. Otherwise one CTA runs one task.
   // Two words each, used alternately by successive tasks: the index published to the
   // consumers with a task's Q, and the index the producer takes ahead for itself.
-  volatile int* task_slot = reinterpret_cast<volatile int*>(smem_raw + (q_empty_bar + 8 -
-                                                                      smem_addr(smem_raw)));
+  volatile int* task_slot = reinterpret_cast<volatile int*>(
+      smem_raw + (q_empty_bar + 8 * Q_BUFS - smem_addr(smem_raw)));
   volatile int* next_slot = task_slot + 2;
 
   if constexpr (WS) {
@@ -239,8 +248,10 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
         mbar_init(full_bar + 8 * st, LOADERS);
         mbar_init(empty_bar + 8 * st, CONSUMERS);
       }
-      mbar_init(q_full_bar, LOADERS + 1);  // + the arrive that publishes the task index
-      mbar_init(q_empty_bar, CONSUMERS);
+      for (int b = 0; b < Q_BUFS; ++b) {
+        mbar_init(q_full_bar + 8 * b, LOADERS + 1);  // + the arrive publishing the task index
+        mbar_init(q_empty_bar + 8 * b, CONSUMERS);
+      }
     }
     __syncthreads();
     if (wg == WGS) {
@@ -252,35 +263,44 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
       int c = 0;  // chunks loaded, over all of this CTA's tasks
       int ti = blockIdx.x;  // the first task; later ones are taken from the shared counter
       for (int n = 0;; ++n) {
-        // Task n's Q, once the consumers are done with task n-1's, published with its index.
+        // Task n's Q, into buffer n % Q_BUFS once the consumers are done with the task that
+        // used it last (n - Q_BUFS), published with its index.
         const auto hand_over_q = [&](bool real) {
-          if (n > 0) mbar_wait(q_empty_bar, (n - 1) & 1);
+          const int qb = n % Q_BUFS;
+          const u32 full = q_full_bar + 8 * qb;
+          if (n >= Q_BUFS) mbar_wait(q_empty_bar + 8 * qb, (n / Q_BUFS - 1) & 1);
           if (ptid == 0) {
             task_slot[n & 1] = ti;
-            mbar_arrive(q_full_bar);  // releases the index to the consumers
+            mbar_arrive(full);  // releases the index to the consumers
           }
           if (!real) {
-            mbar_arrive(q_full_bar);  // no Q to copy: the consumers find the end of the queue
+            mbar_arrive(full);  // no Q to copy: the consumers find the end of the queue
             return;
           }
           const Task task(tasks, ti, k_ptr, k_sb, k_sh, v_ptr, v_sb, v_sh, group);
+          const u32 qs = q_base + (u32)(qb * Q_BYTES);
           for (int i = ptid; i < BM * CPR; i += LOADERS) {
             const int r = i / CPR, p = i % CPR;
-            cp_async16(q_base + tile_offset<BM>(r, p), task.q_row(q, r, tile_rows) + p * 8);
+            cp_async16(qs + tile_offset<BM>(r, p), task.q_row(q, r, tile_rows) + p * 8);
           }
-          mbar_arrive_on_copies(q_full_bar);
+          mbar_arrive_on_copies(full);
         };
         if (ti >= num_tasks) {
           hand_over_q(false);
           break;
         }
-        // Task n's chunks go into the stages as soon as the previous task's chunks leave them;
-        // its Q can only follow the previous task's last S. So the chunks are issued first,
-        // up to the point where the producer would wait for a stage holding one of this task's
-        // own chunks -- the consumers release those only once they have this Q.
+        // Task n's chunks go into the stages as soon as the previous task's chunks leave them.
+        // With one Q buffer its Q can only follow the previous task's last S, so the chunks are
+        // issued first, up to the point where the producer would wait for a stage holding one
+        // of this task's own chunks -- the consumers release those only once they have this Q.
+        // With two, the buffer is free (task n-2's) and Q goes first.
         const Task task(tasks, ti, k_ptr, k_sb, k_sh, v_ptr, v_sb, v_sh, group);
         const int c0 = c;
         bool q_sent = false;
+        if (Q_BUFS == 2) {
+          hand_over_q(true);
+          q_sent = true;
+        }
         Walk w;
         for (w.open(spans, task.span_begin, task.span_end); w.si < task.span_end; ++c) {
           const int st = c % STAGES;
@@ -307,17 +327,18 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
     if (WGS == 2 && wg == 1) named_bar_arrive(1, 256);  // warpgroup 0 issues first
   }
 
-  const SmemDesc q_desc = k_major_desc(q_base + (u32)(wg * 64 * SW));
   int j = 0;  // chunks computed, over all of this CTA's tasks: chunk j sits in stage j % STAGES
   for (int n = 0;; ++n) {
     int ti = blockIdx.x;
+    const int qb = n % Q_BUFS;
     if constexpr (WS) {
-      mbar_wait(q_full_bar, n & 1);  // the task's index, and its Q
+      mbar_wait(q_full_bar + 8 * qb, (n / Q_BUFS) & 1);  // the task's index, and its Q
       ti = task_slot[n & 1];
       if (ti >= num_tasks) break;
     } else if (n > 0) {
       break;
     }
+    const SmemDesc q_desc = k_major_desc(q_base + (u32)(qb * Q_BYTES + wg * 64 * SW));
     const Task task(tasks, ti, k_ptr, k_sb, k_sh, v_ptr, v_sb, v_sh, group);
     const int q_start = task.q_start, q_end = task.q_end, se = task.span_end;
     Walk load_walk;
@@ -433,8 +454,8 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
       vs_prev = ks + KV_BYTES;
       walk.next(spans, se);
     }
-    // Every S of this task has been waited for: the producer may load the next task's Q.
-    if constexpr (WS) mbar_arrive(q_empty_bar);
+    // Every S of this task has been waited for: the producer may reuse its Q buffer.
+    if constexpr (WS) mbar_arrive(q_empty_bar + 8 * qb);
     if (jt > 0) {  // the last chunk's P V (uniform: every thread walked the same spans)
       wgmma_hold<D / 2>(&o[0][0]);
       wgmma_fence();

@@ -60,10 +60,19 @@ class Variant:
     def bsa_sm90(cls, *, block_m: int, block_n: int, head_dim: int, stages: int,
                  bf16: bool, producer: bool = False) -> "Variant":
         """The Hopper family (sm_90a only): 64 rows per consumer warpgroup, plus a producer
-        warpgroup that does all copies when ``producer``."""
-        return cls("bsa_sm90.cu", "bsa_fwd_sm90", (
-            ("BM", block_m), ("BN", block_n), ("D", head_dim), ("STAGES", stages),
-            ("BF16", int(bf16))) + ((("PRODUCER", 1),) if producer else ()))
+        warpgroup that does all copies when ``producer`` -- then with two Q buffers where they
+        fit the sm_90 shared-memory limit (head dims 64 and 96), so the next task's Q loads while
+        the current task computes."""
+        macros = (("BM", block_m), ("BN", block_n), ("D", head_dim), ("STAGES", stages),
+                  ("BF16", int(bf16)))
+        if not producer:
+            return cls("bsa_sm90.cu", "bsa_fwd_sm90", macros)
+        from ..runtime.regime import smem_limit_bytes  # noqa: PLC0415 - no import cycle
+
+        two = cls("bsa_sm90.cu", "bsa_fwd_sm90", macros + (("PRODUCER", 1), ("Q_BUFFERS", 2)))
+        if smem_bytes(two) <= smem_limit_bytes(90):
+            return two
+        return cls("bsa_sm90.cu", "bsa_fwd_sm90", macros + (("PRODUCER", 1),))
 
     @property
     def threads(self) -> int:
@@ -101,9 +110,10 @@ def smem_bytes(v: Variant) -> int:
         return 2 * lds * (v.macro("BM") + v.macro("STAGES") * 2 * v.macro("BN"))
     if v.source == "bsa_sm90.cu":  # tiles unpadded (swizzled), plus 1 KiB to align them
         d, stages = v.macro("D"), v.macro("STAGES")
-        # producer: full/empty per stage, Q full/empty, four task-index words
-        barriers = 8 * (2 * stages + 4) if dict(v.macros).get("PRODUCER") else 0
-        return 1024 + 2 * d * (v.macro("BM") + stages * 2 * v.macro("BN")) + barriers
+        q_bufs = dict(v.macros).get("Q_BUFFERS", 1)
+        # producer: full/empty per stage and per Q buffer, four task-index words
+        barriers = 8 * (2 * stages + 2 * q_bufs + 2) if dict(v.macros).get("PRODUCER") else 0
+        return 1024 + 2 * d * (q_bufs * v.macro("BM") + stages * 2 * v.macro("BN")) + barriers
     return 0
 
 
