@@ -50,7 +50,7 @@ def main() -> None:
         return (lq.tasks, lq.spans, ptr(q.data_ptr()), *map(i64, (1, 1, 1)),
                 ptr(k.data_ptr()), *map(i64, (1, 1, 1)), ptr(v.data_ptr()), *map(i64, (1, 1, 1)),
                 ptr(out.data_ptr()), *map(i64, (1, 1, 1)), ptr(0), i64(0), i64(0),
-                p._cache["part_o"], p._cache["part_lse"], i32(128), i32(1), f32(0.1), i32(0),
+                ptr(0), ptr(0), i32(128), i32(1), f32(0.1), i32(0),
                 ptr(0), ptr(0))
 
     a = args()

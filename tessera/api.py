@@ -216,9 +216,10 @@ def _device_queue(p: Plan, cp) -> dict:
         c["tasks"] = cp.ascontiguousarray(cp.asarray(q.tasks, dtype=cp.int32))
         c["spans"] = cp.ascontiguousarray(cp.asarray(q.spans, dtype=cp.int32))
         c["combine"] = cp.ascontiguousarray(cp.asarray(q.combine, dtype=cp.int32))
+        # The split-KV workspace; a plan without split tasks (most) passes null pointers.
         n_o, n_l = p.workspace_elements
-        c["part_o"] = cp.empty(max(n_o, 1), dtype=cp.float32)
-        c["part_lse"] = cp.empty(max(n_l, 1), dtype=cp.float32)
+        c["part_o"] = cp.empty(n_o, dtype=cp.float32) if n_o else np.uint64(0)
+        c["part_lse"] = cp.empty(n_l, dtype=cp.float32) if n_l else np.uint64(0)
     return c
 
 

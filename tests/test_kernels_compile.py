@@ -74,9 +74,19 @@ def test_sm90_producer_variants_compile(bm, bn, d, tmp_path, monkeypatch):
     assert v.threads == (bm // 64 + 1) * 128
     res = loader.compile_variant(v, "sm_90a")
     assert res.spill_bytes == 0 and res.stack_bytes == 0
-    # Barriers for the stage and Q hand-overs and the task-index words sit after the tiles.
+    # A second Q buffer where it fits sm_90's shared memory (not at head dim 128 with 128-key
+    # steps: Wan's and HunyuanVideo's default); barriers for the stage and Q hand-overs and the
+    # task-index words after the tiles.
     plain = Regime(family="sm90", block_m=bm, num_warps=bm // 16, block_n=bn, stages=3)
-    assert loader.smem_bytes(v) == loader.smem_bytes(plain.variant(d)) + 8 * (2 * 3 + 4)
+    q_bufs = dict(v.macros).get("Q_BUFFERS", 1)
+    with_two = loader.smem_bytes(plain.variant(d)) + bm * d * 2 + 8 * (2 * 3 + 2 * 2 + 2)
+    assert (q_bufs == 2) == (with_two <= 227 * 1024)
+    if (bm, bn, d) == (128, 128, 128):
+        assert q_bufs == 1
+    assert loader.smem_bytes(v) == (loader.smem_bytes(plain.variant(d)) + (q_bufs - 1) * bm * d * 2
+                                    + 8 * (2 * 3 + 2 * q_bufs + 2))
+    if (bm, bn, d) == (128, 128, 64):  # CogVideoX's default
+        assert q_bufs == 2
     assert v.persistent and not plain.variant(d).persistent
 
 

@@ -644,8 +644,11 @@ def test_one_token_sequences():
 
 # ---------------------------------------------------------------------------- device planner
 def _np_plan_row_stats(grid, block, args):
-    """numpy stand-in for plan.cu's plan_row_stats (same outputs, row by row)."""
+    """numpy stand-in for plan.cu's plan_row_stats (same outputs, row by row; a null pointer,
+    np.uint64(0), for count or the token sums leaves them unwritten, as the kernel does)."""
     dense, n_rows, n_kv, n_q, kb, block_n, count, nspans, ktok, otok, chunks, ident = args
+    scratch = np.zeros(int(n_rows), dtype=np.int64)
+    count, ktok, otok = (scratch if isinstance(a, np.uint64) else a for a in (count, ktok, otok))
     klen = np.diff(kb)
     for r in range(int(n_rows)):
         sel = dense[r].astype(bool)

@@ -34,7 +34,8 @@ __device__ __forceinline__ T warp_sum(T x) {
 }  // namespace
 
 // Per row: selected blocks, key spans, selected key tokens, key tokens shared with the previous
-// row of the same head, BN-chunks of its spans, and whether it equals the previous row.
+// row of the same head, BN-chunks of its spans, and whether it equals the previous row. count,
+// key_tokens and overlap_tokens may be null (the device planner needs none of them).
 extern "C" __global__ void plan_row_stats(const unsigned char* __restrict__ dense, int n_rows,
                                           int n_kv, int n_q, const i64* __restrict__ kv_bounds,
                                           int block_n, int* count, int* nspans, i64* key_tokens,
@@ -71,10 +72,10 @@ extern "C" __global__ void plan_row_stats(const unsigned char* __restrict__ dens
   otok = warp_sum(otok);
   chk = warp_sum(chk);
   if (lane == 0) {
-    count[r] = cnt;
+    if (count != nullptr) count[r] = cnt;
     nspans[r] = spans;
-    key_tokens[r] = ktok;
-    overlap_tokens[r] = w.prev ? otok : 0;
+    if (key_tokens != nullptr) key_tokens[r] = ktok;
+    if (overlap_tokens != nullptr) overlap_tokens[r] = w.prev ? otok : 0;
     chunks[r] = (int)chk;
     identical[r] = w.prev != nullptr && cnt == prev_cnt && ov_cnt == cnt;
   }

@@ -63,9 +63,8 @@ class SyncFreePlan:
 
     def launch_queue(self) -> TaskQueue:
         """The queue the kernels read: the buffers, with the task count on the device."""
-        xp = array_module(self.tasks)
         return TaskQueue(tasks=self.tasks, spans=self.spans,
-                         combine=xp.zeros((0, 6), dtype=np.int32), num_slots=0,
+                         combine=_no_combine(array_module(self.tasks)), num_slots=0,
                          heads_per_task=self.heads_per_task, tile_rows=self.tile_rows,
                          count=self.totals[3:4])
 
@@ -75,11 +74,17 @@ class SyncFreePlan:
         n_runs, n_spans, n_tiles, n_tasks = (int(x) for x in to_numpy(self.totals)[:4])
         tiles, spans = self.tiles[:n_tiles], self.spans[:n_spans]
         pt = _physical_tiles(tiles, spans, self.tile_rows, self.block_n, n_runs)
-        xp = array_module(self.tasks)
         queue = TaskQueue(tasks=self.tasks[:n_tasks], spans=spans,
-                          combine=xp.zeros((0, 6), dtype=np.int32), num_slots=0,
+                          combine=_no_combine(array_module(self.tasks)), num_slots=0,
                           heads_per_task=self.heads_per_task, tile_rows=self.tile_rows)
         return pt, queue
+
+
+def _no_combine(xp) -> Any:
+    """The empty combine list of a plan without split tasks (one per device, not per plan)."""
+    if xp is np:
+        return np.zeros((0, 6), dtype=np.int32)
+    return device_copy(("no_combine",), lambda: xp.zeros((0, 6), dtype=np.int32), xp)
 
 
 def _physical_tiles(tiles: Any, spans: Any, tile_rows: int, block_n: int,
@@ -139,7 +144,8 @@ def plan_on_device(mask: BlockMask, *, tile_rows: int, block_n: int, heads_per_t
     dense_rows = _device_dense_rows(mask)
     if dense_rows is None:
         return None
-    dense, stats, nspans, chunks = row_stats_on_device(mask, dense_rows, block_n)
+    dense, stats, nspans, chunks = row_stats_on_device(mask, dense_rows, block_n,
+                                                       spans_only=True)
     n_rows, n_kv = dense.shape
     n_q = mask.num_q_blocks
     qb = device_bounds(mask.q_bounds, xp)
@@ -151,10 +157,12 @@ def plan_on_device(mask: BlockMask, *, tile_rows: int, block_n: int, heads_per_t
     # Sort keys: one per possible task cost (key chunks of a row: at most one per block_n keys,
     # plus one per span for its partial last chunk).
     n_keys = -(-mask.seq_len_kv // block_n) + n_kv + 1
-    hist = xp.empty(n_keys, dtype=i64)
-    run_row0, run_row1, span_off, tile_off, task_off = (xp.empty(n_rows, dtype=i64)
-                                                        for _ in range(5))
-    totals = xp.empty(6, dtype=i64)
+    # One allocation for the scan's scratch and totals (each costs microseconds on the host).
+    scratch = xp.empty(5 * n_rows + n_keys + 6, dtype=i64)
+    run_row0, run_row1, span_off, tile_off, task_off = (
+        scratch[i * n_rows:(i + 1) * n_rows] for i in range(5))
+    hist = scratch[5 * n_rows:5 * n_rows + n_keys]
+    totals = scratch[5 * n_rows + n_keys:]
     load_kernel(Variant("plan.cu", "plan_scan"))(
         (1,), (1024,), (stats.identical.view(np.uint8), nspans, chunks, i32(n_rows), i32(n_q),
                         qb, i32(tile_rows), expansions, i32(n_keys), hist, run_row0, run_row1,
@@ -197,6 +205,6 @@ def plan_on_device(mask: BlockMask, *, tile_rows: int, block_n: int, heads_per_t
                                     batch_of=batch_of, head_of=head_of,
                                     mask_batch_heads=mask.batch_heads, split_ratio=split_ratio,
                                     min_split_chunks=min_split_chunks, in_flight=in_flight)
-    queue = TaskQueue(tasks=tasks, spans=spans, combine=xp.zeros((0, 6), dtype=i32),
+    queue = TaskQueue(tasks=tasks, spans=spans, combine=_no_combine(xp),
                       num_slots=0, heads_per_task=heads_per_task, tile_rows=tile_rows)
     return pt, queue
