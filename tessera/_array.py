@@ -72,14 +72,13 @@ def _cupy_view_of_torch(a: Any, name: str) -> Any:
     (which costs tens of microseconds on the request path) when torch and CuPy work on the same
     stream, so that CuPy's work on the array is ordered after torch's. Otherwise, and for
     bfloat16 (no CuPy dtype), DLPack, whose stream handshake orders them."""
-    import torch  # noqa: PLC0415 - the caller's own framework, already imported
+    from .interop import torch_stream_ptr  # noqa: PLC0415 - interop imports this module
 
     cp = cupy_or_none()
     if cp is None:
         raise TypeError(f"{name} is a CUDA tensor but CuPy is not installed")
     dtype = str(a.dtype).removeprefix("torch.")
-    same_stream = (torch.cuda.current_stream(a.device).cuda_stream
-                   == cp.cuda.get_current_stream().ptr)
+    same_stream = torch_stream_ptr(a.device.index) == cp.cuda.get_current_stream().ptr
     if dtype == "bfloat16" or not hasattr(np, dtype) or not same_stream:
         return cp.from_dlpack(a)
     dt = np.dtype(dtype)

@@ -16,6 +16,8 @@ Indices within a row are kept sorted and unique: constructors sort them, and rej
 
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -59,7 +61,13 @@ def _uniform_bounds(n_blocks: int, block: int, seq_len: int | None, which: str) 
     if not (full - block < seq_len <= full):
         raise ValueError(f"seq_len_{which}={seq_len} does not fit {n_blocks} blocks of {block} "
                          f"tokens (must be in ({full - block}, {full}])")
-    b = np.minimum(np.arange(n_blocks + 1, dtype=np.int64) * int(block), seq_len)
+    return _uniform_offsets(int(n_blocks), int(block), int(seq_len))
+
+
+@functools.lru_cache(maxsize=64)  # every request of a model builds masks of the same geometry
+def _uniform_offsets(n_blocks: int, block: int, seq_len: int) -> np.ndarray:
+    b = np.minimum(np.arange(n_blocks + 1, dtype=np.int64) * block, seq_len)
+    b.flags.writeable = False  # shared by every mask of this geometry
     return b
 
 

@@ -36,7 +36,7 @@ from typing import Any
 
 from .._array import array_module, device_copy, to_numpy
 from ..mask import BlockMask
-from .mapping import PhysicalTiles, _device_dense_rows, device_bounds, row_stats_on_device
+from .mapping import PhysicalTiles, _device_dense_rows, device_bounds, launch_row_stats
 from .tasks import TaskQueue, build_task_queue, head_assignments, split_limit
 
 __all__ = ["plan_on_device", "SyncFreePlan", "SYNC_FREE_WORKSPACE_LIMIT"]
@@ -78,6 +78,32 @@ class SyncFreePlan:
                           combine=_no_combine(array_module(self.tasks)), num_slots=0,
                           heads_per_task=self.heads_per_task, tile_rows=self.tile_rows)
         return pt, queue
+
+
+class _Scratch:
+    """The planner kernels' scratch arrays in one allocation (each costs microseconds on the
+    host), handed to the kernels as raw device pointers -- or, on numpy (the CPU tests' kernel
+    stand-ins), as views. ``totals`` is an array either way: the plan keeps it."""
+
+    def __init__(self, xp: Any, regions: list[tuple[str, Any, int]]) -> None:
+        self._offsets: dict[str, tuple[int, Any, int]] = {}
+        nbytes = 0
+        for name, dtype, count in regions:
+            self._offsets[name] = (nbytes, np.dtype(dtype), count)
+            nbytes += -(-count * np.dtype(dtype).itemsize // 8) * 8  # 8-byte aligned regions
+        self._buf = xp.empty(nbytes // 8, dtype=np.int64)
+        self._ptr = None if xp is np else int(self._buf.data.ptr)
+        self.totals = self.view("totals")
+
+    def view(self, name: str) -> Any:
+        off, dtype, count = self._offsets[name]
+        return self._buf.view(np.uint8)[off:off + count * dtype.itemsize].view(dtype)
+
+    def arg(self, name: str) -> Any:
+        """A kernel argument for region ``name``: its device address, or a numpy view."""
+        if self._ptr is None:
+            return self.view(name)
+        return np.uint64(self._ptr + self._offsets[name][0])
 
 
 def _no_combine(xp) -> Any:
@@ -144,8 +170,7 @@ def plan_on_device(mask: BlockMask, *, tile_rows: int, block_n: int, heads_per_t
     dense_rows = _device_dense_rows(mask)
     if dense_rows is None:
         return None
-    dense, stats, nspans, chunks = row_stats_on_device(mask, dense_rows, block_n,
-                                                       spans_only=True)
+    dense = xp.ascontiguousarray(dense_rows).view(np.uint8)
     n_rows, n_kv = dense.shape
     n_q = mask.num_q_blocks
     qb = device_bounds(mask.q_bounds, xp)
@@ -157,25 +182,32 @@ def plan_on_device(mask: BlockMask, *, tile_rows: int, block_n: int, heads_per_t
     # Sort keys: one per possible task cost (key chunks of a row: at most one per block_n keys,
     # plus one per span for its partial last chunk).
     n_keys = -(-mask.seq_len_kv // block_n) + n_kv + 1
-    # One allocation for the scan's scratch and totals (each costs microseconds on the host).
-    scratch = xp.empty(5 * n_rows + n_keys + 6, dtype=i64)
-    run_row0, run_row1, span_off, tile_off, task_off = (
-        scratch[i * n_rows:(i + 1) * n_rows] for i in range(5))
-    hist = scratch[5 * n_rows:5 * n_rows + n_keys]
-    totals = scratch[5 * n_rows + n_keys:]
+    scratch = _Scratch(xp, [("totals", i64, 6), ("run_row0", i64, n_rows),
+                            ("run_row1", i64, n_rows), ("span_off", i64, n_rows),
+                            ("tile_off", i64, n_rows), ("task_off", i64, n_rows),
+                            ("hist", i64, n_keys), ("nspans", i32, n_rows),
+                            ("chunks", i32, n_rows), ("identical", np.uint8, n_rows)])
+    totals = scratch.totals
+    arg = scratch.arg
+    # Per row: spans, chunks, whether it repeats the row before (count and token sums: not
+    # needed here, left uncomputed).
+    null = np.uint64(0)
+    launch_row_stats(mask, dense, block_n, null, arg("nspans"), null, null, arg("chunks"),
+                     arg("identical"))
     load_kernel(Variant("plan.cu", "plan_scan"))(
-        (1,), (1024,), (stats.identical.view(np.uint8), nspans, chunks, i32(n_rows), i32(n_q),
-                        qb, i32(tile_rows), expansions, i32(n_keys), hist, run_row0, run_row1,
-                        span_off, tile_off, task_off, totals))
+        (1,), (1024,), (arg("identical"), arg("nspans"), arg("chunks"), i32(n_rows), i32(n_q),
+                        qb, i32(tile_rows), expansions, i32(n_keys), arg("hist"),
+                        arg("run_row0"), arg("run_row1"), arg("span_off"), arg("tile_off"),
+                        arg("task_off"), totals))
 
     def write_runs(grid_runs: int, spans: Any, tiles: Any, tasks: Any) -> None:
         if grid_runs:
             load_kernel(Variant("plan.cu", "plan_write_runs"))(
                 ((grid_runs * 32 + 255) // 256,), (256,),
-                (dense, i32(n_kv), i32(n_q), kb, qb, i32(tile_rows), totals, run_row0,
-                 run_row1, span_off, tile_off, task_off, nspans, chunks, expansions,
-                 assign_off, assign_b, assign_h0, spans, tiles,
-                 np.uint64(0) if tasks is None else tasks))
+                (dense, i32(n_kv), i32(n_q), kb, qb, i32(tile_rows), totals, arg("run_row0"),
+                 arg("run_row1"), arg("span_off"), arg("tile_off"), arg("task_off"),
+                 arg("nspans"), arg("chunks"), expansions, assign_off, assign_b, assign_h0,
+                 spans, tiles, np.uint64(0) if tasks is None else tasks))
 
     cap_spans, cap_tiles, cap_tasks = _capacities(mask, n_rows, tile_rows, int(assign_b.size))
     if not allow_split and 4 * (4 * cap_spans + 6 * cap_tiles + 8 * cap_tasks) \

@@ -32,7 +32,8 @@ import numpy as np
 from .._array import device_copy, offsets_from_counts, segment_ids
 from ..mask import BlockMask
 
-__all__ = ["PhysicalTiles", "map_to_tiles", "row_stats_on_device", "device_bounds"]
+__all__ = ["PhysicalTiles", "map_to_tiles", "row_stats_on_device", "launch_row_stats",
+           "device_bounds"]
 
 
 @dataclass
@@ -307,39 +308,38 @@ def device_bounds(bounds: np.ndarray, xp) -> Any:
     return device_copy(("bounds", bounds.tobytes()), lambda: xp.asarray(bounds), xp)
 
 
-def row_stats_on_device(mask: BlockMask, dense_rows: Any, block_n: int,
-                        spans_only: bool = False):
+def row_stats_on_device(mask: BlockMask, dense_rows: Any, block_n: int):
     """Per-row statistics by the plan_row_stats kernel: (dense uint8 rows, row stats, key spans
-    per row, BN-chunks per row). ``spans_only``: the stats' count and token sums are None (not
-    computed; the device planner needs only spans, chunks and which rows repeat)."""
-    from ..cuda.loader import Variant, load_kernel  # noqa: PLC0415 - device only
-
+    per row, BN-chunks per row)."""
     xp = mask.xp
     dense = xp.ascontiguousarray(dense_rows).view(np.uint8)
-    n_rows, n_kv = dense.shape
+    n_rows = dense.shape[0]
     # One allocation (each costs microseconds on the host), in int32 words: the int64 key and
-    # overlap tokens first (8-byte aligned; left out when spans_only), then count, spans and
-    # chunks, then the uint8 flags.
-    n64 = 0 if spans_only else 4 * n_rows
-    buf = xp.empty(n64 + 3 * n_rows + -(-n_rows // 4), dtype=np.int32)
-    count, nspans, chunks = (buf[n64 + i * n_rows:n64 + (i + 1) * n_rows] for i in range(3))
-    identical = buf[n64 + 3 * n_rows:].view(np.uint8)[:n_rows]
-    null = np.uint64(0)
-    if spans_only:
-        count = key_tokens = overlap_tokens = None
-    else:
-        key_tokens = buf[:2 * n_rows].view(np.int64)
-        overlap_tokens = buf[2 * n_rows:4 * n_rows].view(np.int64)
-    grid = ((n_rows * 32 + 255) // 256,)
-    i32 = np.int32
-    load_kernel(Variant("plan.cu", "plan_row_stats"))(
-        grid, (256,), (dense, i32(n_rows), i32(n_kv), i32(mask.num_q_blocks),
-                       device_bounds(mask.kv_bounds, xp), i32(block_n),
-                       null if count is None else count, nspans,
-                       null if key_tokens is None else key_tokens,
-                       null if overlap_tokens is None else overlap_tokens, chunks, identical))
+    # overlap tokens first (8-byte aligned), then count, spans and chunks, then the uint8 flags.
+    buf = xp.empty(7 * n_rows + -(-n_rows // 4), dtype=np.int32)
+    key_tokens = buf[:2 * n_rows].view(np.int64)
+    overlap_tokens = buf[2 * n_rows:4 * n_rows].view(np.int64)
+    count, nspans, chunks = (buf[(4 + i) * n_rows:(5 + i) * n_rows] for i in range(3))
+    identical = buf[7 * n_rows:].view(np.uint8)[:n_rows]
+    launch_row_stats(mask, dense, block_n, count, nspans, key_tokens, overlap_tokens, chunks,
+                     identical)
     stats = _RowStats(None, None, None, count, key_tokens, overlap_tokens, identical.view(bool))
     return dense, stats, nspans, chunks
+
+
+def launch_row_stats(mask: BlockMask, dense: Any, block_n: int, count: Any, nspans: Any,
+                     key_tokens: Any, overlap_tokens: Any, chunks: Any, identical: Any) -> None:
+    """Launch plan_row_stats over ``dense`` (uint8 [rows, nKB]) into the given arrays or raw
+    device pointers (np.uint64; 0 for count and the token sums leaves them uncomputed)."""
+    from ..cuda.loader import Variant, load_kernel  # noqa: PLC0415 - device only
+
+    n_rows, n_kv = dense.shape
+    i32 = np.int32
+    load_kernel(Variant("plan.cu", "plan_row_stats"))(
+        ((n_rows * 32 + 255) // 256,), (256,),
+        (dense, i32(n_rows), i32(n_kv), i32(mask.num_q_blocks),
+         device_bounds(mask.kv_bounds, mask.xp), i32(block_n), count, nspans, key_tokens,
+         overlap_tokens, chunks, identical))
 
 
 def mask_pairs_on_device(mask: BlockMask, dense_rows: Any) -> tuple[int, int]:

@@ -936,7 +936,12 @@ def _table_source() -> tuple[str, str | None, bool]:
     name = current_gpu_name()
     if name is None:
         return "tables", None, False
-    return "tables", str(TABLES_DIR / f"{gpu_slug(name)}.json"), False
+    return "tables", _default_table_path(name), False
+
+
+@functools.lru_cache(maxsize=16)  # asked on every plan: path arithmetic costs microseconds
+def _default_table_path(gpu_name: str) -> str:
+    return str(TABLES_DIR / f"{gpu_slug(gpu_name)}.json")
 
 
 def active_table(arch: int | None) -> RegimeTable | None:
