@@ -32,6 +32,21 @@ BlockSize = int | tuple[int, int]
 
 def _check_bounds(bounds: Any, name: str) -> np.ndarray:
     """Validate token offsets of blocks: 1-D integers, starting at 0, strictly increasing."""
+    if (isinstance(bounds, np.ndarray) and bounds.ndim == 1
+            and np.issubdtype(bounds.dtype, np.integer)):
+        # Requests bring the same few geometries again and again: validated once each.
+        return _validated_bounds(bounds.astype(np.int64, copy=False).tobytes(), name)
+    return _validate_bounds(bounds, name)
+
+
+@functools.lru_cache(maxsize=64)
+def _validated_bounds(raw: bytes, name: str) -> np.ndarray:
+    b = _validate_bounds(np.frombuffer(raw, dtype=np.int64).copy(), name)
+    b.flags.writeable = False  # shared by every mask of this geometry
+    return b
+
+
+def _validate_bounds(bounds: Any, name: str) -> np.ndarray:
     b = to_numpy(as_array(bounds, name))
     if b.ndim != 1 or b.size < 2:
         raise ValueError(f"{name} must be a 1-D array of at least 2 offsets, got shape {b.shape}")
