@@ -36,6 +36,10 @@ REGIMES = [
     Regime(family="sm90", block_m=64, block_n=64, num_warps=4, stages=4),
     # Warp-specialized: a producer warpgroup (four more warps than the rows need).
     Regime(family="sm90", block_m=128, block_n=128, num_warps=12, stages=3),
+    # Deeper K/V rings: they fit at head dims 64 and 96 only (none was faster, seventh session).
+    Regime(family="sm90", block_m=128, block_n=128, num_warps=12, stages=4),
+    Regime(family="sm90", block_m=128, block_n=128, num_warps=12, stages=5),
+    Regime(family="sm90", block_m=128, block_n=128, num_warps=12, stages=6),
     Regime(family="sm90", block_m=128, block_n=64, num_warps=12, stages=4),
     Regime(family="sm90", block_m=64, block_n=128, num_warps=8, stages=3),
 ]

@@ -2,6 +2,8 @@
 # Seventh session: exponentials moved to the FMA pipe (common.cuh exp2_poly) -- every N-th key
 # octet, N in 8, 4, 3, 2 -- timed against none on CogVideoX (D=64) and Wan (D=128); and where the
 # D=64 kernel's warps stall (ncu stall reasons and pipe use, default regime, random 10%).
+# Ran against a change since reverted (exp2_poly in common.cuh, a --exp2-poly flag in sweep.py:
+# no gain, benchmarks/RESULTS.md); kept as the record of what ran, it does not run at HEAD.
 set -uo pipefail
 . benchmarks/device/common.sh
 for dens in 0.1 1.0; do
