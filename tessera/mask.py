@@ -126,8 +126,9 @@ class BlockMask:
     """A logical block mask: geometry plus a batched CSR selection.
 
     Attributes:
-        q_bounds: int64 numpy ``[nQB + 1]``, token offsets of the query blocks.
-        kv_bounds: int64 numpy ``[nKB + 1]``, token offsets of the key blocks.
+        q_bounds: int64 numpy ``[nQB + 1]``, token offsets of the query blocks (read-only:
+            masks of one geometry share it).
+        kv_bounds: int64 numpy ``[nKB + 1]``, token offsets of the key blocks (read-only).
         indptr: int64 ``[B * H * nQB + 1]`` (numpy or CuPy); row ``(b, h, i)`` is
             ``(b * H + h) * nQB + i``.
         indices: int32 ``[nnz]``, selected key blocks, sorted and unique within each row.

@@ -30,3 +30,22 @@ evaluate_table() {
     --budget-minutes "$budget" "$@" > "$out/eval.txt" 2>&1
   echo "evaluate rc=$? $(( $(date +%s) - start ))s"; tail -3 "$out/eval.txt"
 }
+
+# request_bench TIMEOUT BENCH-ARGS...: `python3 -m tessera bench` into $out/bench.{txt,json,png};
+# prints its rc, seconds and table.
+request_bench() {
+  local limit=$1 start; shift; start=$(date +%s)
+  timeout "$limit" python3 -m tessera bench "$@" --json "$out/bench.json" --png "$out/bench.png" \
+    > "$out/bench.txt" 2>"$out/bench_err.txt"
+  echo "bench rc=$? $(( $(date +%s) - start ))s"; cat "$out/bench.txt"
+}
+
+# sanitize TOOL TIMEOUT K-EXPR: compute-sanitizer (memcheck, racecheck) on the GPU tests of
+# tests/test_attention_gpu.py selected by K-EXPR, appended to $out/sanitizer.txt; prints the
+# summary.
+sanitize() {
+  local tool=$1 limit=$2 expr=$3
+  timeout "$limit" compute-sanitizer --tool "$tool" --error-exitcode 9 python3 -m pytest -q \
+    -p no:cacheprovider -m gpu tests/test_attention_gpu.py -k "$expr" >> "$out/sanitizer.txt" 2>&1
+  echo "$tool rc=$?: $(grep -E 'SUMMARY|passed|failed' "$out/sanitizer.txt" | tail -2 | tr '\n' ' ')"
+}

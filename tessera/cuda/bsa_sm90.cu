@@ -26,10 +26,11 @@
 //                    for Q (a tile read once, from DRAM); 1: it loads after the current task's
 //                    last S
 //
-// Shared memory: Q_BUFFERS x Q (BM x D), then STAGES x {K, V} (BN x D each), every tile in the layout wgmma
-// reads: rows cut into SW-byte column chunks (SW = 128 when D is a multiple of 64, else 64),
-// chunk-major ([chunk][row][SW bytes]), 16-byte pieces XOR-swizzled by the row within each
-// 8-row group, each tile starting on a 1024-byte boundary. loader.smem_bytes mirrors the size.
+// Shared memory: Q_BUFFERS x Q (BM x D), then STAGES x {K, V} (BN x D each), every tile in the
+// layout wgmma reads: rows cut into SW-byte column chunks (SW = 128 when D is a multiple of 64,
+// else 64), chunk-major ([chunk][row][SW bytes]), 16-byte pieces XOR-swizzled by the row within
+// each 8-row group, each tile starting on a 1024-byte boundary. loader.smem_bytes mirrors the
+// size.
 #include "common.cuh"
 #include "wgmma.cuh"
 

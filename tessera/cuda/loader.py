@@ -61,8 +61,8 @@ class Variant:
                  bf16: bool, producer: bool = False) -> "Variant":
         """The Hopper family (sm_90a only): 64 rows per consumer warpgroup, plus a producer
         warpgroup that does all copies when ``producer`` -- then with two Q buffers where they
-        fit the sm_90 shared-memory limit (head dims 64 and 96), so the next task's Q loads while
-        the current task computes."""
+        fit the sm_90 shared-memory limit (all but 128-row tiles with 128-key steps at head dim
+        128), so the next task's Q loads while the current task computes."""
         macros = (("BM", block_m), ("BN", block_n), ("D", head_dim), ("STAGES", stages),
                   ("BF16", int(bf16)))
         if not producer:
