@@ -409,6 +409,25 @@ def test_geometry_errors(kw, exc, match):
                                                    if k != "num_kv_blocks"})
 
 
+def test_numpy_bounds_are_validated_once_per_geometry_and_kept_read_only():
+    """Explicit numpy bounds take a per-geometry cache (requests repeat a few geometries): bad
+    ones still raise every time, good ones are shared read-only, and the caller's array stays
+    the caller's (changing it later changes no mask)."""
+    bad = np.array([0, 4, 4], dtype=np.int64)
+    for _ in range(2):
+        with pytest.raises(ValueError, match=r"q_bounds must be strictly increasing"):
+            BlockMask.from_dense(D2, q_bounds=bad, kv_bounds=np.array([0, 1, 2, 3]))
+    qb, kb = np.array([0, 4, 6], dtype=np.uint32), np.array([0, 2, 5, 9], dtype=np.int32)
+    m1 = BlockMask.from_dense(D2, q_bounds=qb, kv_bounds=kb)
+    m2 = BlockMask.from_dense(D2, q_bounds=qb.copy(), kv_bounds=kb.copy())
+    assert m1.q_bounds.dtype == np.int64 and m1.q_bounds is m2.q_bounds
+    assert not m1.q_bounds.flags.writeable and not m1.kv_bounds.flags.writeable
+    qb[1] = 5
+    np.testing.assert_array_equal(m1.q_bounds, [0, 4, 6])
+    u = BlockMask.from_dense(D2, block_size=4, seq_len_q=5, seq_len_kv=9)
+    assert not u.q_bounds.flags.writeable
+
+
 def test_ragged_bounds_are_accepted():
     m = BlockMask.from_dense(D2, block_size=4, seq_len_q=5, seq_len_kv=9)
     np.testing.assert_array_equal(m.q_bounds, [0, 4, 5])
