@@ -70,7 +70,17 @@ static_assert(STAGES >= 3, "P V of chunk j-1 reads its stage while chunk j+1 loa
 constexpr int PREFETCH = STAGES - 2;
 static_assert(Q_BYTES % 1024 == 0 && KV_BYTES % 1024 == 0, "tiles stay 1024-byte aligned");
 
+// TESSERA_PACK_KEYS = 1: a task's keys are walked end to end (PackedWalk, common.cuh), spans
+// sharing chunks; 0: span by span (ChunkWalk).
+#ifndef TESSERA_PACK_KEYS
+#define TESSERA_PACK_KEYS 0
+#endif
+constexpr bool PACKED = TESSERA_PACK_KEYS != 0;
+#if TESSERA_PACK_KEYS
+using Walk = PackedWalk<BN>;
+#else
 using Walk = ChunkWalk<BN>;
+#endif
 
 // Byte offset of 16-byte piece `piece` (along D) of row `row` in a tile of ROWS rows. The XOR
 // is the hardware's swizzle of address bits [4, 4 + log2(PPC)) by bits [7, ...), which the
@@ -113,9 +123,11 @@ __device__ __forceinline__ u32 k_major_step(int kk) {
 __device__ __forceinline__ SmemDesc v_desc(u32 base) { return smem_desc(base, BN * SW, 8 * SW); }
 __device__ __forceinline__ u32 v_step(int kk) { return (u32)(kk * 16 * SW); }
 
-// Issue the asynchronous copies of one K/V chunk (rows past the span end: ChunkWalk::row_key).
+// Issue the asynchronous copies of one K/V chunk (which key each row holds: Walk::Cursor).
 __device__ __forceinline__ void load_kv(u32 ks, const u16* k_head, i64 k_sl, const u16* v_head,
-                                        i64 v_sl, const Walk& w, int tid) {
+                                        i64 v_sl, const Walk& w, const int* spans, int se,
+                                        int tid) {
+  typename Walk::Cursor cur(w, spans, se);
   const u32 vs = ks + KV_BYTES;
   constexpr int ROW_STEP = LOADERS / CPR;
   if constexpr (LOADERS % CPR == 0 && ROW_STEP % 8 == 0) {
@@ -123,9 +135,12 @@ __device__ __forceinline__ void load_kv(u32 ks, const u16* k_head, i64 k_sl, con
     // swizzle pattern, so the shared-memory offsets step by a compile-time constant.
     const int r0 = tid / CPR, p = tid % CPR;
     const u32 off0 = tile_offset<BN>(r0, p);
-#pragma unroll
+    // The packed walk's cursor (a data-dependent loop per row) unrolled less: the producer has
+    // 64 registers.
+    constexpr int UNROLL = PACKED ? 4 : BN / ROW_STEP;
+#pragma unroll UNROLL
     for (int it = 0; it < BN / ROW_STEP; ++it) {
-      const i64 key = w.row_key(r0 + it * ROW_STEP);
+      const i64 key = cur.key(r0 + it * ROW_STEP);
       const u32 off = off0 + (u32)(it * ROW_STEP * SW);
       cp_async16(ks + off, k_head + key * k_sl + p * 8);
       cp_async16(vs + off, v_head + key * v_sl + p * 8);
@@ -134,7 +149,7 @@ __device__ __forceinline__ void load_kv(u32 ks, const u16* k_head, i64 k_sl, con
 #pragma unroll 2
     for (int i = tid; i < BN * CPR; i += LOADERS) {
       const int r = i / CPR, p = i % CPR;
-      const i64 key = w.row_key(r);
+      const i64 key = cur.key(r);
       const u32 off = tile_offset<BN>(r, p);
       cp_async16(ks + off, k_head + key * k_sl + p * 8);
       cp_async16(vs + off, v_head + key * v_sl + p * 8);
@@ -192,11 +207,11 @@ template <int REGS>
 __device__ __forceinline__ void regs_increase() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(REGS));
 }
-// Registers per thread after reallocation: the producer needs few (56 hold its task loop
-// without spills); the consumers take the rest
-// of the 64K (multiples of 8), up to setmaxnreg's 256 (one consumer warpgroup at head dim 128
-// needs all of it).
-constexpr int PRODUCER_REGS = 56;
+// Registers per thread after reallocation: the producer needs few (64 hold its task loop
+// without spills, the packed walk's too; 56 would leave the consumers no more than 64 does);
+// the consumers take the rest of the 64K (multiples of 8), up to setmaxnreg's 256 (one consumer
+// warpgroup at head dim 128 needs all of it).
+constexpr int PRODUCER_REGS = 64;
 constexpr int CONSUMER_REGS_FIT = (65536 - 128 * PRODUCER_REGS) / CONSUMERS / 8 * 8;
 constexpr int CONSUMER_REGS = CONSUMER_REGS_FIT < 256 ? CONSUMER_REGS_FIT : 256;
 
@@ -210,8 +225,10 @@ __device__ __forceinline__ void fence_async_smem() {
 extern "C" __global__ void __launch_bounds__(NT, 1)
 bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  TESSERA_NUM_TASKS;
-  if ((int)blockIdx.x >= num_tasks) return;  // a grid sized by a bound (sync-free plan)
+  // Read again where it is used (a cached load) rather than kept live across the register
+  // reallocation, where ptxas would spill it.
+  const auto num_tasks = [&] { TESSERA_NUM_TASKS; return num_tasks; };
+  if ((int)blockIdx.x >= num_tasks()) return;  // a grid sized by a bound (sync-free plan)
   const Operand q{q_ptr, q_sb, q_sh, q_sl};
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   // Broadcast from lane 0: the compiler then knows it is warp-uniform and keeps what derives
@@ -286,7 +303,7 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
           }
           mbar_arrive_on_copies(full);
         };
-        if (ti >= num_tasks) {
+        if (ti >= num_tasks()) {
           hand_over_q(false);
           break;
         }
@@ -311,7 +328,7 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
           }
           if (c >= STAGES) mbar_wait(empty_bar + 8 * st, (c / STAGES - 1) & 1);
           load_kv(stage_base + (u32)(st * STAGE_BYTES), task.k_head, k_sl, task.v_head, v_sl, w,
-                  ptid);
+                  spans, task.span_end, ptid);
           mbar_arrive_on_copies(full_bar + 8 * st);
           w.next(spans, task.span_end);
         }
@@ -335,7 +352,7 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
     if constexpr (WS) {
       mbar_wait(q_full_bar + 8 * qb, (n / Q_BUFS) & 1);  // the task's index, and its Q
       ti = task_slot[n & 1];
-      if (ti >= num_tasks) break;
+      if (ti >= num_tasks()) break;
     } else if (n > 0) {
       break;
     }
@@ -357,7 +374,7 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
       for (int st = 0; st < PREFETCH; ++st) {
         if (load_walk.si < se) {
           load_kv(stage_base + (u32)(st * STAGE_BYTES), task.k_head, k_sl, task.v_head, v_sl,
-                  load_walk, tid);
+                  load_walk, spans, se, tid);
           load_walk.next(spans, se);
         }
         cp_async_commit();
@@ -398,7 +415,7 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
         __syncthreads();
         if (load_walk.si < se) {
           load_kv(stage_base + (u32)(((j + PREFETCH) % STAGES) * STAGE_BYTES), task.k_head,
-                  k_sl, task.v_head, v_sl, load_walk, tid);
+                  k_sl, task.v_head, v_sl, load_walk, spans, se, tid);
           load_walk.next(spans, se);
         }
         cp_async_commit();
@@ -433,7 +450,7 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
       if (active) {
         // Mask: keys past the span end, rows outside the span's restriction or the tile.
         const int t0 = tok_base + g, t1 = t0 + 8;
-        softmax_chunk(s, m, l, al, walk.kpos, walk.k1, t0 >= lo && t0 < hi,
+        softmax_chunk(s, m, l, al, walk.key0(), walk.key_end(), t0 >= lo && t0 < hi,
                       t1 >= lo && t1 < hi, t, scale_log2);
       } else {
 #pragma unroll
