@@ -68,6 +68,11 @@ static_assert(STAGES >= 3, "P V of chunk j-1 reads its stage while chunk j+1 loa
 // Chunks loaded ahead of the one computed: every stage but the current chunk's and the previous
 // chunk's (whose V the pipelined P V still reads).
 constexpr int PREFETCH = STAGES - 2;
+// The softmax of chunk j runs while the tensor cores multiply P_{j-1} by V_{j-1} where the
+// registers allow P, S and O to be live at once: not at head dim 128 with 128-key steps, where
+// ptxas spills even at the consumers' 224 registers (there the wait for S_j also waits for
+// P_{j-1} V_{j-1}, and only the two warpgroups' alternation overlaps softmax and matrix work).
+constexpr bool OVERLAP_PV = !(D == 128 && BN == 128);
 static_assert(Q_BYTES % 1024 == 0 && KV_BYTES % 1024 == 0, "tiles stay 1024-byte aligned");
 
 // TESSERA_PACK_KEYS = 1: a task's keys are walked end to end (PackedWalk, common.cuh), spans
@@ -398,8 +403,14 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
     // in iteration j (with chunk j + PREFETCH) held chunk j-2, which every warpgroup finished
     // with before the barrier. The matrix operations are issued unconditionally (a row tile
     // with no part in a chunk gets P = 0): ptxas serializes wgmma issued on paths it cannot
-    // prove uniform across the warpgroup.
+    // prove uniform across the warpgroup. A task's first chunk has no previous P: it issues
+    // P V with P = 0 over its own V (landed, finite), which adds nothing to O. Issuing that P V
+    // only from the second chunk on made ptxas close every iteration with an empty wgmma group
+    // (a dummy HGMMA after the merge), so the wait for S_j also waited for P_{j-1} V_{j-1} and
+    // the softmax never overlapped it.
     u32 pa[BN / 16][4];  // P of the previous chunk, bf16/fp16 pairs (A fragments)
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) pa[kk][0] = pa[kk][1] = pa[kk][2] = pa[kk][3] = 0u;
     float s[BN / 8][4];
     u32 vs_prev = 0;  // V of the previous chunk of this task
     // jt counts this task's chunks: conditions on it (not on vs_prev) are ones the compiler can
@@ -430,21 +441,18 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
       wait_issue_turn(wg);
       wgmma_hold<D / 2>(&o[0][0]);
       wgmma_fence();
-      const SmemDesc k_desc = k_major_desc(ks), vd = v_desc(vs_prev);
+      const SmemDesc k_desc = k_major_desc(ks), vd = v_desc(jt > 0 ? vs_prev : ks + KV_BYTES);
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk)
         Wgmma<BN>::ss(&s[0][0], q_desc.at(k_major_step<BM>(kk)),
                       k_desc.at(k_major_step<BN>(kk)), kk > 0);
       wgmma_commit();
-      if (jt > 0) {
 #pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk)
-          Wgmma<D>::rs(&o[0][0], pa[kk], vd.at(v_step(kk)), 1);
-      }
-      wgmma_commit();  // an empty group for a task's first chunk keeps the wait counts below
+      for (int kk = 0; kk < BN / 16; ++kk) Wgmma<D>::rs(&o[0][0], pa[kk], vd.at(v_step(kk)), 1);
+      wgmma_commit();
       pass_issue_turn(wg);
 
-      wgmma_wait<1>();
+      wgmma_wait<OVERLAP_PV ? 1 : 0>();
       wgmma_hold<BN / 2>(&s[0][0]);
       float al[2] = {1.f, 1.f};
       if (active) {
