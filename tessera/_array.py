@@ -6,6 +6,7 @@ directly, so the library imports and plans on machines without a GPU or without 
 
 from __future__ import annotations
 
+import functools
 import types
 from typing import Any
 
@@ -136,3 +137,38 @@ def device_copy(key: tuple, make: Any, xp) -> Any:
             _DEVICE_COPIES.clear()
         got = _DEVICE_COPIES[key] = make()
     return got
+
+
+class Workspace:
+    """Arrays carved from one allocation (each allocation costs microseconds on the request
+    path): ``regions`` of (name, dtype, count), each 8-byte aligned. ``view(name)`` is a region
+    as an array; ``arg(name)`` the kernel argument for it -- its device address (np.uint64) on
+    CuPy, which costs no array object, or the view on numpy (the CPU tests' kernel stand-ins)."""
+
+    def __init__(self, xp: Any, regions: tuple[tuple[str, Any, int], ...]) -> None:
+        self._layout, nbytes = _workspace_layout(regions)
+        self._buf = xp.empty(nbytes // 8, dtype=np.int64)
+        self._base = None if xp is np else int(self._buf.data.ptr)
+
+    def view(self, name: str) -> Any:
+        off, dtype, count = self._layout[name]
+        if dtype == np.int64:  # one slice of the int64 buffer
+            return self._buf[off // 8:off // 8 + count]
+        return self._buf.view(np.uint8)[off:off + count * dtype.itemsize].view(dtype)
+
+    def arg(self, name: str) -> Any:
+        if self._base is None:
+            return self.view(name)
+        return np.uint64(self._base + self._layout[name][0])
+
+
+@functools.lru_cache(maxsize=64)  # one layout per mask geometry
+def _workspace_layout(regions: tuple[tuple[str, Any, int], ...]) -> tuple[dict, int]:
+    """Per region name its (byte offset, dtype, count), and the total bytes."""
+    layout: dict = {}
+    nbytes = 0
+    for name, dtype, count in regions:
+        dt = np.dtype(dtype)
+        layout[name] = (nbytes, dt, count)
+        nbytes += -(-count * dt.itemsize // 8) * 8
+    return layout, nbytes

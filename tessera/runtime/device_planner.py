@@ -29,14 +29,12 @@ CPU with numpy stand-ins for the kernels).
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
 from dataclasses import dataclass
 from typing import Any
 
-from .._array import array_module, device_copy, to_numpy
+from .._array import Workspace, array_module, device_copy, to_numpy
 from ..mask import BlockMask
 from .mapping import PhysicalTiles, _device_dense_rows, device_bounds, launch_row_stats
 from .tasks import TaskQueue, build_task_queue, head_assignments, split_limit
@@ -80,40 +78,6 @@ class SyncFreePlan:
                           combine=_no_combine(array_module(self.tasks)), num_slots=0,
                           heads_per_task=self.heads_per_task, tile_rows=self.tile_rows)
         return pt, queue
-
-
-class _Scratch:
-    """The planner kernels' scratch arrays in one allocation (each costs microseconds on the
-    host), handed to the kernels as raw device pointers -- or, on numpy (the CPU tests' kernel
-    stand-ins), as views. The first region must be ``totals`` (int64): the plan keeps it as an
-    array."""
-
-    def __init__(self, xp: Any, regions: tuple[tuple[str, Any, int], ...]) -> None:
-        offsets, nbytes = _scratch_layout(regions)
-        self._buf = xp.empty(nbytes // 8, dtype=np.int64)
-        self.totals = self._buf[:regions[0][2]]
-        if xp is np:
-            raw = self._buf.view(np.uint8)
-            self._args = {name: raw[off:off + n * np.dtype(dt).itemsize].view(dt)
-                          for (name, dt, n), off in zip(regions, offsets)}
-        else:
-            base = int(self._buf.data.ptr)
-            self._args = {name: np.uint64(base + off)
-                          for (name, _, _), off in zip(regions, offsets)}
-
-    def arg(self, name: str) -> Any:
-        """A kernel argument for region ``name``: its device address, or a numpy view."""
-        return self._args[name]
-
-
-@functools.lru_cache(maxsize=64)  # one layout per mask geometry
-def _scratch_layout(regions: tuple[tuple[str, Any, int], ...]) -> tuple[tuple[int, ...], int]:
-    """Byte offsets of the regions (each 8-byte aligned) and the total bytes."""
-    offsets, nbytes = [], 0
-    for _, dtype, count in regions:
-        offsets.append(nbytes)
-        nbytes += -(-count * np.dtype(dtype).itemsize // 8) * 8
-    return tuple(offsets), nbytes
 
 
 def _no_combine(xp) -> Any:
@@ -193,12 +157,13 @@ def plan_on_device(mask: BlockMask, *, tile_rows: int, block_n: int, heads_per_t
     # Sort keys: one per possible task cost (key chunks of a row: at most one per block_n keys,
     # plus one per span for its partial last chunk).
     n_keys = -(-mask.seq_len_kv // block_n) + n_kv + 1
-    scratch = _Scratch(xp, (("totals", i64, 6), ("run_row0", i64, n_rows),
+    # The kernels' scratch in one allocation, passed as raw addresses (views on numpy).
+    scratch = Workspace(xp, (("totals", i64, 6), ("run_row0", i64, n_rows),
                             ("run_row1", i64, n_rows), ("span_off", i64, n_rows),
                             ("tile_off", i64, n_rows), ("task_off", i64, n_rows),
                             ("hist", i64, n_keys), ("nspans", i32, n_rows),
                             ("chunks", i32, n_rows), ("identical", np.uint8, n_rows)))
-    totals = scratch.totals
+    totals = scratch.view("totals")  # kept by the plan
     arg = scratch.arg
     # Per row: spans, chunks, whether it repeats the row before (count and token sums: not
     # needed here, left uncomputed).

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from .._array import device_copy, offsets_from_counts, segment_ids
+from .._array import Workspace, device_copy, offsets_from_counts, segment_ids
 from ..mask import BlockMask
 
 __all__ = ["PhysicalTiles", "map_to_tiles", "row_stats_on_device", "launch_row_stats",
@@ -320,13 +320,12 @@ def row_stats_on_device(mask: BlockMask, dense_rows: Any, block_n: int,
     xp = mask.xp
     dense = xp.ascontiguousarray(dense_rows).view(np.uint8)
     n_rows = dense.shape[0]
-    # One allocation (each costs microseconds on the host), in int32 words: the int64 key and
-    # overlap tokens first (8-byte aligned), then count, spans and chunks, then the uint8 flags.
-    buf = xp.empty(7 * n_rows + -(-n_rows // 4), dtype=np.int32)
-    key_tokens = buf[:2 * n_rows].view(np.int64)
-    overlap_tokens = buf[2 * n_rows:4 * n_rows].view(np.int64)
-    count, nspans, chunks = (buf[(4 + i) * n_rows:(5 + i) * n_rows] for i in range(3))
-    identical = buf[7 * n_rows:].view(np.uint8)[:n_rows]
+    ws = Workspace(xp, (("key_tokens", np.int64, n_rows), ("overlap_tokens", np.int64, n_rows),
+                        ("count", np.int32, n_rows), ("nspans", np.int32, n_rows),
+                        ("chunks", np.int32, n_rows), ("identical", np.uint8, n_rows)))
+    key_tokens, overlap_tokens, count, nspans, chunks, identical = (
+        ws.view(n) for n in ("key_tokens", "overlap_tokens", "count", "nspans", "chunks",
+                             "identical"))
     launch_row_stats(mask, dense, block_n, count, nspans, key_tokens, overlap_tokens, chunks,
                      identical, pack_keys)
     stats = _RowStats(None, None, None, count, key_tokens, overlap_tokens, identical.view(bool))
