@@ -212,12 +212,15 @@ template <int REGS>
 __device__ __forceinline__ void regs_increase() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(REGS));
 }
-// Registers per thread after reallocation: the producer needs few (64 hold its task loop
-// without spills, the packed walk's too; 56 would leave the consumers no more than 64 does);
-// the consumers take the rest of the 64K (multiples of 8), up to setmaxnreg's 256 (one consumer
-// warpgroup at head dim 128 needs all of it).
-constexpr int PRODUCER_REGS = 64;
-constexpr int CONSUMER_REGS_FIT = (65536 - 128 * PRODUCER_REGS) / CONSUMERS / 8 * 8;
+// Registers per thread after reallocation. setmaxnreg moves registers within the pool the CTA
+// launched with -- NT times the per-thread count ptxas gives the kernel, which under
+// __launch_bounds__(NT, 1) is 64K / NT rounded down to 8 (the loader checks that it is) -- and
+// an increase that the pool cannot cover waits forever. The producer needs few (56 hold its
+// task loop, the packed walk's too, without spills); the consumers take the rest of the pool
+// (multiples of 8), up to setmaxnreg's 256 (one consumer warpgroup at head dim 128 needs it).
+constexpr int PRODUCER_REGS = 56;
+constexpr int LAUNCH_REGS = 65536 / NT / 8 * 8;
+constexpr int CONSUMER_REGS_FIT = (LAUNCH_REGS * NT - 128 * PRODUCER_REGS) / CONSUMERS / 8 * 8;
 constexpr int CONSUMER_REGS = CONSUMER_REGS_FIT < 256 ? CONSUMER_REGS_FIT : 256;
 
 // Makes this thread's completed cp.async writes visible to the tensor cores' (async proxy)

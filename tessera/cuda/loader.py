@@ -252,6 +252,14 @@ def compile_variant(variant: Variant, target: str, *, allow_spills: bool = False
                          f"({spill_st} B stores, {spill_ld} B loads):\n{log}")
     if "wgmma.mma_async instructions are serialized" in log:
         raise BuildError(f"{variant.label} on {target}: ptxas serialized its wgmma:\n{log}")
+    launch_regs = 65536 // variant.threads // 8 * 8
+    if variant.persistent and -(-result.registers // 8) * 8 < launch_regs:
+        # bsa_sm90.cu splits a pool of 64K / NT registers per thread (allocated in eights)
+        # between producer and consumers; a kernel launched with fewer would hang in
+        # setmaxnreg.inc.
+        raise BuildError(f"{variant.label} on {target}: {result.registers} registers per thread "
+                         f"at launch, fewer than the {launch_regs} its register reallocation "
+                         f"assumes:\n{log}")
     if "C7508" in log or "setmaxnreg ignored" in log:
         raise BuildError(f"{variant.label} on {target}: ptxas ignored setmaxnreg:\n{log}")
     return result
