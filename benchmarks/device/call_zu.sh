@@ -21,4 +21,4 @@ for i in 1 2; do
   done
 done | tee "$out/ab_sweep.txt"
 timeout 70 python3 benchmarks/sweep.py --shape cogvideox-5b --family topk_pooled --only sm90_ 2>&1 \
-  | tee "$out/sweep_packed.txt" | head -12
+  > "$out/sweep_packed.txt"; head -14 "$out/sweep_packed.txt"

@@ -252,8 +252,8 @@ def compile_variant(variant: Variant, target: str, *, allow_spills: bool = False
                          f"({spill_st} B stores, {spill_ld} B loads):\n{log}")
     if "wgmma.mma_async instructions are serialized" in log:
         raise BuildError(f"{variant.label} on {target}: ptxas serialized its wgmma:\n{log}")
-    launch_regs = 65536 // variant.threads // 8 * 8
-    if variant.persistent and -(-result.registers // 8) * 8 < launch_regs:
+    launch_regs = 65536 // variant.threads // 8 * 8 if variant.persistent else 0
+    if -(-result.registers // 8) * 8 < launch_regs:
         # bsa_sm90.cu splits a pool of 64K / NT registers per thread (allocated in eights)
         # between producer and consumers; a kernel launched with fewer would hang in
         # setmaxnreg.inc.
