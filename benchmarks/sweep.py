@@ -34,6 +34,13 @@ REGIMES = [
     Regime(family="sm90", block_m=64, block_n=64, num_warps=8, stages=3),
     Regime(family="sm90", block_m=64, block_n=64, num_warps=4, stages=3),
     Regime(family="sm90", block_m=64, block_n=64, num_warps=4, stages=4),
+    # The packed key walk (Regime.pack_keys): spans share chunks (64-token and variable blocks).
+    Regime(family="sm90", block_m=64, block_n=64, num_warps=4, stages=3, combine_threshold=0.0,
+           pack_keys=True),
+    Regime(family="sm90", block_m=128, block_n=64, num_warps=12, stages=4,
+           combine_threshold=0.0, pack_keys=True),
+    Regime(family="sm90", block_m=128, block_n=128, num_warps=12, stages=3,
+           combine_threshold=0.0, pack_keys=True),
     # Warp-specialized: a producer warpgroup (four more warps than the rows need).
     Regime(family="sm90", block_m=128, block_n=128, num_warps=12, stages=3),
     # Deeper K/V rings: they fit at head dims 64 and 96 only (none was faster, seventh session).

@@ -179,6 +179,27 @@ def test_64_token_blocks_combined_onto_128_rows(family):
     _check(m, hq=2, d=128, regime=reg)
 
 
+@pytest.mark.parametrize("producer", [False, True])
+@pytest.mark.parametrize("block_m,block_n", [(64, 64), (128, 64), (128, 128)])
+@pytest.mark.parametrize("d", [64, 128])
+def test_packed_keys(producer, block_m, block_n, d):
+    """pack_keys: a task's keys walked end to end -- key blocks shorter than a step (8 to 90
+    tokens) sharing chunks, spans ending mid-chunk, GQA, an empty row, a ragged last block."""
+    if _device_cc() != 90:
+        pytest.skip("the sm90 family runs on Hopper only")
+    rng = np.random.default_rng(block_m + block_n + d + producer)
+    qs = rng.integers(16, 200, size=8)
+    ks = rng.integers(8, 90, size=30)
+    dense = rng.random((2, 8, 30)) < 0.35
+    dense[:, 4, :] = False
+    m = tessera.BlockMask.from_dense(dense, q_bounds=np.r_[0, np.cumsum(qs)],
+                                     kv_bounds=np.r_[0, np.cumsum(ks)])
+    reg = Regime(family="sm90", block_m=block_m, block_n=block_n,
+                 num_warps=block_m // 16 + (4 if producer else 0), stages=3,
+                 combine_threshold=0.0, pack_keys=True)
+    _check(m, hq=4, hkv=2, d=d, regime=reg)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_restricted_merge_rows(family):
     d = np.zeros((1, 8, 8), bool)

@@ -90,6 +90,22 @@ def test_sm90_producer_variants_compile(bm, bn, d, tmp_path, monkeypatch):
     assert v.persistent and not plain.variant(d).persistent
 
 
+@pytest.mark.parametrize("bm,bn,d,producer", [(64, 64, 64, False), (64, 128, 128, False),
+                                                (128, 128, 128, False), (128, 128, 128, True),
+                                                (128, 128, 64, True), (128, 64, 128, True),
+                                                (128, 128, 96, True), (64, 128, 64, True)])
+def test_sm90_packed_key_variants_compile(bm, bn, d, producer, tmp_path, monkeypatch):
+    """The packed key walk (Regime.pack_keys) builds for sm_90a with no spills, the producer's
+    row cursor included."""
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    reg = Regime(family="sm90", block_m=bm, num_warps=bm // 16 + (4 if producer else 0),
+                 block_n=bn, stages=3, combine_threshold=0.0, pack_keys=True)
+    v = reg.variant(d, bf16=True)
+    assert dict(v.macros)["PACK_KEYS"] == 1
+    res = loader.compile_variant(v, "sm_90a")
+    assert res.spill_bytes == 0 and res.stack_bytes == 0
+
+
 def test_sm90_family_is_refused_off_hopper(tmp_path, monkeypatch):
     monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
     v = loader.Variant.bsa_sm90(block_m=128, block_n=128, head_dim=128, stages=3, bf16=True)

@@ -264,10 +264,12 @@ def check_queue(plan) -> None:
     k0, k1, r0, r1 = spans.T.astype(np.int64)
     assert np.all((0 <= k0) & (k0 < k1) & (k1 <= lk))
     assert np.all((0 <= r0) & (r0 < r1) & (r1 <= lq))
-    # cost: key chunks of the task, non-increasing in launch order
-    chunks = (k1 - k0 + bn - 1) // bn
-    csum = np.concatenate([[0], np.cumsum(chunks)])
-    np.testing.assert_array_equal(cost, csum[se] - csum[sb])
+    # cost: key chunks of the task (span by span, or its keys end to end with pack_keys),
+    # non-increasing in launch order
+    per_span = (k1 - k0) if plan.regime.pack_keys else (k1 - k0 + bn - 1) // bn
+    csum = np.concatenate([[0], np.cumsum(per_span)])
+    want = csum[se] - csum[sb]
+    np.testing.assert_array_equal(cost, (want + bn - 1) // bn if plan.regime.pack_keys else want)
     assert np.all(np.diff(cost) <= 0), "tasks must be ordered longest first"
 
     # slots of split tiles: unique, within num_slots
@@ -646,7 +648,7 @@ def test_one_token_sequences():
 def _np_plan_row_stats(grid, block, args):
     """numpy stand-in for plan.cu's plan_row_stats (same outputs, row by row; a null pointer,
     np.uint64(0), for count or the token sums leaves them unwritten, as the kernel does)."""
-    dense, n_rows, n_kv, n_q, kb, block_n, count, nspans, ktok, otok, chunks, ident = args
+    dense, n_rows, n_kv, n_q, kb, block_n, count, nspans, ktok, otok, chunks, ident, pack = args
     scratch = np.zeros(int(n_rows), dtype=np.int64)
     count, ktok, otok = (scratch if isinstance(a, np.uint64) else a for a in (count, ktok, otok))
     klen = np.diff(kb)
@@ -657,7 +659,8 @@ def _np_plan_row_stats(grid, block, args):
         ends = np.flatnonzero(sel & ~np.r_[sel[1:], False])
         count[r], nspans[r], ktok[r] = sel.sum(), starts.size, klen[sel].sum()
         otok[r] = klen[sel & prev].sum() if prev is not None else 0
-        chunks[r] = sum(-(-(kb[e + 1] - kb[s0]) // int(block_n)) for s0, e in zip(starts, ends))
+        chunks[r] = (-(-klen[sel].sum() // int(block_n)) if pack else
+                     sum(-(-(kb[e + 1] - kb[s0]) // int(block_n)) for s0, e in zip(starts, ends)))
         ident[r] = prev is not None and sel.sum() == prev.sum() == (sel & prev).sum()
 
 
@@ -755,7 +758,10 @@ PLANNER_STAND_INS = {"plan_row_stats": _np_plan_row_stats,
 @pytest.mark.parametrize("regime", [TILE_128x64.with_(combine_threshold=0.0),
                                     Regime(block_m=64, num_warps=4, combine_threshold=0.0),
                                     Regime(family="sm90", block_m=128, num_warps=8,
-                                           block_n=128, stages=3, combine_threshold=0.0)])
+                                           block_n=128, stages=3, combine_threshold=0.0),
+                                    Regime(family="sm90", block_m=64, num_warps=4,
+                                           block_n=64, stages=3, combine_threshold=0.0,
+                                           pack_keys=True)])
 def test_one_sync_planner_equals_general_planner(monkeypatch, group, mask_heads, batch, regime):
     """The fused device planner (runtime/device_planner.py, kernels replaced by numpy
     stand-ins) gives the general planner's tiles and task queue array for array, GQA packing and
@@ -895,7 +901,10 @@ def _sync_free_cases(rng):
 @pytest.mark.parametrize("regime", [TILE_128x64.with_(combine_threshold=0.0, split_ratio=1e9),
                                     Regime(family="sm90", block_m=128, num_warps=12,
                                            block_n=128, stages=3, combine_threshold=0.0,
-                                           split_ratio=1e9)])
+                                           split_ratio=1e9),
+                                    Regime(family="sm90", block_m=128, num_warps=12,
+                                           block_n=64, stages=3, combine_threshold=0.0,
+                                           pack_keys=True)])
 def test_sync_free_planner_equals_general_planner(monkeypatch, group, mask_heads, batch,
                                                   regime):
     """When no task may split, the device planner never reads its totals back: its buffers are
@@ -933,6 +942,72 @@ def test_sync_free_planner_equals_general_planner(monkeypatch, group, mask_heads
         np.testing.assert_array_equal(launch.tasks[:n], ref.queue.tasks)
         assert (np.diff(ref.queue.tasks[:, 7]) <= 0).all()  # longest first
         assert got.queue.num_slots == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.integers(1, 200), min_size=0, max_size=12),
+       bn=st.sampled_from([64, 128]), seed=st.integers(0, 2**31 - 1))
+def test_packed_walk_covers_each_key_once(lengths, bn, seed):
+    """The packed walk (the emulator's copy of common.cuh's PackedWalk and Cursor): chunk after
+    chunk, the valid rows hold the task's keys end to end, each once, in span order; a chunk
+    is full except the last; rows past the keys repeat the last key; the row range is the
+    chunk's first span's."""
+    from tessera.runtime.emulate import _packed_chunks
+
+    rng = np.random.default_rng(seed)
+    gaps = rng.integers(0, 300, len(lengths))
+    k0 = np.cumsum(gaps + np.r_[0, lengths[:-1]]).astype(np.int64)
+    spans = np.stack([k0, k0 + lengths, np.arange(len(lengths)), np.arange(len(lengths)) + 1],
+                     axis=1).reshape(-1, 4)
+    chunks = list(_packed_chunks(spans, bn))
+    total = sum(lengths)
+    assert len(chunks) == -(-total // bn)
+    got = np.concatenate([keys[ok] for keys, ok, _, _ in chunks]) if chunks else np.zeros(0)
+    want = np.concatenate([np.arange(a, b) for a, b in spans[:, :2]]) if total else np.zeros(0)
+    np.testing.assert_array_equal(got, want)
+    for i, (keys, ok, r0, _) in enumerate(chunks):
+        assert ok.sum() == min(bn, total - i * bn) and ok[:ok.sum()].all()
+        assert (keys[~ok] == want[-1]).all()
+        first = np.searchsorted(np.cumsum(lengths), i * bn, side="right")
+        assert r0 == spans[first, 2]
+
+
+def test_packed_keys_plans_emulate_exactly_with_less_work():
+    """A pack_keys regime on masks of small and ragged blocks: the emulated plan equals the
+    reference on the mask, computes nothing outside it, never splits, and computes fewer pairs
+    than the span-by-span walk (its cost: each task's keys end to end)."""
+    rng = np.random.default_rng(5)
+    qb = np.r_[0, np.cumsum(rng.integers(8, 80, 12))]
+    kb = np.r_[0, np.cumsum(rng.integers(4, 70, 40))]
+    mask = BlockMask.from_dense(rng.random((2, qb.size - 1, kb.size - 1)) < 0.3,
+                                q_bounds=qb, kv_bounds=kb)
+    q, k, v = random_qkv(rng, 1, 2, 2, int(qb[-1]), int(kb[-1]))
+    for bm, bn, warps in ((64, 64, 4), (128, 128, 12)):
+        base = Regime(family="sm90", block_m=bm, block_n=bn, num_warps=warps, stages=3,
+                      combine_threshold=0.0, split_ratio=1.0, min_split_chunks=1)
+        packed = base.with_(pack_keys=True)
+        plain = tessera.plan(mask, num_q_heads=2, head_dim=8, regime=base)
+        p = tessera.plan(mask, num_q_heads=2, head_dim=8, regime=packed)
+        check_queue(p)
+        assert p.queue.num_slots == 0 and plain.queue.num_slots > 0  # packed never splits
+        res = check_emulation(p, mask, q, k, v, None)
+        assert res.pairs_unmasked == int(mask.selected_pairs(1, 2).sum())
+        spans = np.asarray(p.queue.spans, dtype=np.int64)
+        tasks = np.asarray(p.queue.tasks, dtype=np.int64)
+        keys = [int((spans[a:b, 1] - spans[a:b, 0]).sum()) for a, b in tasks[:, 4:6]]
+        assert [int(c) for c in tasks[:, 7]] == [-(-n // bn) for n in keys]
+        assert p.computed_pairs() < plain.computed_pairs()
+
+
+def test_pack_keys_needs_sm90_and_no_restricted_merges():
+    with pytest.raises(ValueError, match="pack_keys needs the sm90 family"):
+        Regime(pack_keys=True, combine_threshold=0.0)
+    with pytest.raises(ValueError, match="combine_threshold 0"):
+        Regime(family="sm90", block_m=64, num_warps=4, block_n=64, stages=3, pack_keys=True)
+    r = Regime(family="sm90", block_m=64, num_warps=4, block_n=64, stages=3,
+               combine_threshold=0.0, pack_keys=True)
+    assert "pack_keys=True" in r.name and dict(r.variant(64).macros)["PACK_KEYS"] == 1
+    assert "PACK_KEYS" not in dict(r.with_(pack_keys=False).variant(64).macros)
 
 
 def test_may_split_rule():

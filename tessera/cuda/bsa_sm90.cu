@@ -68,9 +68,24 @@ static_assert(STAGES >= 3, "P V of chunk j-1 reads its stage while chunk j+1 loa
 // Chunks loaded ahead of the one computed: every stage but the current chunk's and the previous
 // chunk's (whose V the pipelined P V still reads).
 constexpr int PREFETCH = STAGES - 2;
+// The softmax of chunk j runs while the tensor cores multiply P_{j-1} by V_{j-1} where the
+// registers allow P, S and O to be live at once: not at head dim 128 with 128-key steps, where
+// ptxas spills even at the consumers' 224 registers (there the wait for S_j also waits for
+// P_{j-1} V_{j-1}, and only the two warpgroups' alternation overlaps softmax and matrix work).
+constexpr bool OVERLAP_PV = !(D == 128 && BN == 128);
 static_assert(Q_BYTES % 1024 == 0 && KV_BYTES % 1024 == 0, "tiles stay 1024-byte aligned");
 
+// TESSERA_PACK_KEYS = 1: a task's keys are walked end to end (PackedWalk, common.cuh), spans
+// sharing chunks; 0: span by span (ChunkWalk).
+#ifndef TESSERA_PACK_KEYS
+#define TESSERA_PACK_KEYS 0
+#endif
+constexpr bool PACKED = TESSERA_PACK_KEYS != 0;
+#if TESSERA_PACK_KEYS
+using Walk = PackedWalk<BN>;
+#else
 using Walk = ChunkWalk<BN>;
+#endif
 
 // Byte offset of 16-byte piece `piece` (along D) of row `row` in a tile of ROWS rows. The XOR
 // is the hardware's swizzle of address bits [4, 4 + log2(PPC)) by bits [7, ...), which the
@@ -113,9 +128,11 @@ __device__ __forceinline__ u32 k_major_step(int kk) {
 __device__ __forceinline__ SmemDesc v_desc(u32 base) { return smem_desc(base, BN * SW, 8 * SW); }
 __device__ __forceinline__ u32 v_step(int kk) { return (u32)(kk * 16 * SW); }
 
-// Issue the asynchronous copies of one K/V chunk (rows past the span end: ChunkWalk::row_key).
+// Issue the asynchronous copies of one K/V chunk (which key each row holds: Walk::Cursor).
 __device__ __forceinline__ void load_kv(u32 ks, const u16* k_head, i64 k_sl, const u16* v_head,
-                                        i64 v_sl, const Walk& w, int tid) {
+                                        i64 v_sl, const Walk& w, const int* spans, int se,
+                                        int tid) {
+  typename Walk::Cursor cur(w, spans, se);
   const u32 vs = ks + KV_BYTES;
   constexpr int ROW_STEP = LOADERS / CPR;
   if constexpr (LOADERS % CPR == 0 && ROW_STEP % 8 == 0) {
@@ -123,9 +140,12 @@ __device__ __forceinline__ void load_kv(u32 ks, const u16* k_head, i64 k_sl, con
     // swizzle pattern, so the shared-memory offsets step by a compile-time constant.
     const int r0 = tid / CPR, p = tid % CPR;
     const u32 off0 = tile_offset<BN>(r0, p);
-#pragma unroll
+    // The packed walk's cursor (a data-dependent loop per row) unrolled less: the producer has
+    // 64 registers.
+    constexpr int UNROLL = PACKED ? 4 : BN / ROW_STEP;
+#pragma unroll UNROLL
     for (int it = 0; it < BN / ROW_STEP; ++it) {
-      const i64 key = w.row_key(r0 + it * ROW_STEP);
+      const i64 key = cur.key(r0 + it * ROW_STEP);
       const u32 off = off0 + (u32)(it * ROW_STEP * SW);
       cp_async16(ks + off, k_head + key * k_sl + p * 8);
       cp_async16(vs + off, v_head + key * v_sl + p * 8);
@@ -134,7 +154,7 @@ __device__ __forceinline__ void load_kv(u32 ks, const u16* k_head, i64 k_sl, con
 #pragma unroll 2
     for (int i = tid; i < BN * CPR; i += LOADERS) {
       const int r = i / CPR, p = i % CPR;
-      const i64 key = w.row_key(r);
+      const i64 key = cur.key(r);
       const u32 off = tile_offset<BN>(r, p);
       cp_async16(ks + off, k_head + key * k_sl + p * 8);
       cp_async16(vs + off, v_head + key * v_sl + p * 8);
@@ -192,12 +212,15 @@ template <int REGS>
 __device__ __forceinline__ void regs_increase() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(REGS));
 }
-// Registers per thread after reallocation: the producer needs few (56 hold its task loop
-// without spills); the consumers take the rest
-// of the 64K (multiples of 8), up to setmaxnreg's 256 (one consumer warpgroup at head dim 128
-// needs all of it).
+// Registers per thread after reallocation. setmaxnreg moves registers within the pool the CTA
+// launched with -- NT times the per-thread count ptxas gives the kernel, which under
+// __launch_bounds__(NT, 1) is 64K / NT rounded down to 8 (the loader checks that it is) -- and
+// an increase that the pool cannot cover waits forever. The producer needs few (56 hold its
+// task loop, the packed walk's too, without spills); the consumers take the rest of the pool
+// (multiples of 8), up to setmaxnreg's 256 (one consumer warpgroup at head dim 128 needs it).
 constexpr int PRODUCER_REGS = 56;
-constexpr int CONSUMER_REGS_FIT = (65536 - 128 * PRODUCER_REGS) / CONSUMERS / 8 * 8;
+constexpr int LAUNCH_REGS = 65536 / NT / 8 * 8;
+constexpr int CONSUMER_REGS_FIT = (LAUNCH_REGS * NT - 128 * PRODUCER_REGS) / CONSUMERS / 8 * 8;
 constexpr int CONSUMER_REGS = CONSUMER_REGS_FIT < 256 ? CONSUMER_REGS_FIT : 256;
 
 // Makes this thread's completed cp.async writes visible to the tensor cores' (async proxy)
@@ -210,8 +233,10 @@ __device__ __forceinline__ void fence_async_smem() {
 extern "C" __global__ void __launch_bounds__(NT, 1)
 bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  TESSERA_NUM_TASKS;
-  if ((int)blockIdx.x >= num_tasks) return;  // a grid sized by a bound (sync-free plan)
+  // Read again where it is used (a cached load) rather than kept live across the register
+  // reallocation, where ptxas would spill it.
+  const auto num_tasks = [&] { TESSERA_NUM_TASKS; return num_tasks; };
+  if ((int)blockIdx.x >= num_tasks()) return;  // a grid sized by a bound (sync-free plan)
   const Operand q{q_ptr, q_sb, q_sh, q_sl};
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   // Broadcast from lane 0: the compiler then knows it is warp-uniform and keeps what derives
@@ -286,7 +311,7 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
           }
           mbar_arrive_on_copies(full);
         };
-        if (ti >= num_tasks) {
+        if (ti >= num_tasks()) {
           hand_over_q(false);
           break;
         }
@@ -311,7 +336,7 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
           }
           if (c >= STAGES) mbar_wait(empty_bar + 8 * st, (c / STAGES - 1) & 1);
           load_kv(stage_base + (u32)(st * STAGE_BYTES), task.k_head, k_sl, task.v_head, v_sl, w,
-                  ptid);
+                  spans, task.span_end, ptid);
           mbar_arrive_on_copies(full_bar + 8 * st);
           w.next(spans, task.span_end);
         }
@@ -335,7 +360,7 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
     if constexpr (WS) {
       mbar_wait(q_full_bar + 8 * qb, (n / Q_BUFS) & 1);  // the task's index, and its Q
       ti = task_slot[n & 1];
-      if (ti >= num_tasks) break;
+      if (ti >= num_tasks()) break;
     } else if (n > 0) {
       break;
     }
@@ -357,7 +382,7 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
       for (int st = 0; st < PREFETCH; ++st) {
         if (load_walk.si < se) {
           load_kv(stage_base + (u32)(st * STAGE_BYTES), task.k_head, k_sl, task.v_head, v_sl,
-                  load_walk, tid);
+                  load_walk, spans, se, tid);
           load_walk.next(spans, se);
         }
         cp_async_commit();
@@ -381,8 +406,14 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
     // in iteration j (with chunk j + PREFETCH) held chunk j-2, which every warpgroup finished
     // with before the barrier. The matrix operations are issued unconditionally (a row tile
     // with no part in a chunk gets P = 0): ptxas serializes wgmma issued on paths it cannot
-    // prove uniform across the warpgroup.
+    // prove uniform across the warpgroup. A task's first chunk has no previous P: it issues
+    // P V with P = 0 over its own V (landed, finite), which adds nothing to O. Issuing that P V
+    // only from the second chunk on made ptxas close every iteration with an empty wgmma group
+    // (a dummy HGMMA after the merge), so the wait for S_j also waited for P_{j-1} V_{j-1} and
+    // the softmax never overlapped it.
     u32 pa[BN / 16][4];  // P of the previous chunk, bf16/fp16 pairs (A fragments)
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) pa[kk][0] = pa[kk][1] = pa[kk][2] = pa[kk][3] = 0u;
     float s[BN / 8][4];
     u32 vs_prev = 0;  // V of the previous chunk of this task
     // jt counts this task's chunks: conditions on it (not on vs_prev) are ones the compiler can
@@ -398,7 +429,7 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
         __syncthreads();
         if (load_walk.si < se) {
           load_kv(stage_base + (u32)(((j + PREFETCH) % STAGES) * STAGE_BYTES), task.k_head,
-                  k_sl, task.v_head, v_sl, load_walk, tid);
+                  k_sl, task.v_head, v_sl, load_walk, spans, se, tid);
           load_walk.next(spans, se);
         }
         cp_async_commit();
@@ -413,27 +444,24 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
       wait_issue_turn(wg);
       wgmma_hold<D / 2>(&o[0][0]);
       wgmma_fence();
-      const SmemDesc k_desc = k_major_desc(ks), vd = v_desc(vs_prev);
+      const SmemDesc k_desc = k_major_desc(ks), vd = v_desc(jt > 0 ? vs_prev : ks + KV_BYTES);
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk)
         Wgmma<BN>::ss(&s[0][0], q_desc.at(k_major_step<BM>(kk)),
                       k_desc.at(k_major_step<BN>(kk)), kk > 0);
       wgmma_commit();
-      if (jt > 0) {
 #pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk)
-          Wgmma<D>::rs(&o[0][0], pa[kk], vd.at(v_step(kk)), 1);
-      }
-      wgmma_commit();  // an empty group for a task's first chunk keeps the wait counts below
+      for (int kk = 0; kk < BN / 16; ++kk) Wgmma<D>::rs(&o[0][0], pa[kk], vd.at(v_step(kk)), 1);
+      wgmma_commit();
       pass_issue_turn(wg);
 
-      wgmma_wait<1>();
+      wgmma_wait<OVERLAP_PV ? 1 : 0>();
       wgmma_hold<BN / 2>(&s[0][0]);
       float al[2] = {1.f, 1.f};
       if (active) {
         // Mask: keys past the span end, rows outside the span's restriction or the tile.
         const int t0 = tok_base + g, t1 = t0 + 8;
-        softmax_chunk(s, m, l, al, walk.kpos, walk.k1, t0 >= lo && t0 < hi,
+        softmax_chunk(s, m, l, al, walk.key0(), walk.key_end(), t0 >= lo && t0 < hi,
                       t1 >= lo && t1 < hi, t, scale_log2);
       } else {
 #pragma unroll

@@ -178,6 +178,76 @@ struct ChunkWalk {
   // The key row r of the current chunk is copied from: rows past the span end repeat its last
   // key (finite data; their scores are masked), so no read leaves the span.
   __device__ __forceinline__ i64 row_key(int r) const { return min(kpos + r, k1 - 1); }
+  // Keys of the current chunk's columns: kpos + c, those at or past k1 masked.
+  __device__ __forceinline__ int key0() const { return kpos; }
+  __device__ __forceinline__ int key_end() const { return k1; }
+  // Row -> key for a loader thread (rows asked in increasing order).
+  struct Cursor {
+    const ChunkWalk& w;
+    __device__ __forceinline__ Cursor(const ChunkWalk& w_, const int*, int) : w(w_) {}
+    __device__ __forceinline__ i64 key(int r) { return w.row_key(r); }
+  };
+};
+
+// The packed walk (TESSERA_PACK_KEYS): a task's keys -- its spans end to end -- BN_ at a time,
+// so a span shorter than BN_ (a small edge block) shares its chunk with the next span's keys
+// instead of costing a chunk of its own; only the task's last chunk is partial. Needs one row
+// restriction for all of a task's spans (the planner packs only plans without restricted
+// merges). The chunk starts `off` keys into span si and holds `valid` keys.
+template <int BN_>
+struct PackedWalk {
+  int si, off, valid;
+  __device__ __forceinline__ static int span_len(const int* spans, int s) {
+    return spans[(i64)s * SPAN_FIELDS + 1] - spans[(i64)s * SPAN_FIELDS];
+  }
+  // Keys from (si, off) on, at most BN_.
+  __device__ __forceinline__ void count(const int* spans, int se) {
+    valid = 0;
+    for (int s = si, o = off; s < se && valid < BN_; ++s, o = 0) valid += span_len(spans, s) - o;
+    valid = min(valid, BN_);
+  }
+  __device__ __forceinline__ void open(const int* spans, int s, int se) {
+    si = s;
+    off = 0;
+    count(spans, se);
+  }
+  __device__ __forceinline__ void next(const int* spans, int se) {
+    int left = BN_;
+    while (si < se) {
+      const int rest = span_len(spans, si) - off;
+      if (left < rest) {
+        off += left;
+        break;
+      }
+      left -= rest;
+      ++si;
+      off = 0;
+    }
+    count(spans, se);
+  }
+  // Columns are positions in the chunk; those at or past `valid` are masked.
+  __device__ __forceinline__ int key0() const { return 0; }
+  __device__ __forceinline__ int key_end() const { return valid; }
+  // Row -> key for a loader thread (rows asked in increasing order): walks the spans from the
+  // chunk's start; rows past the task's keys repeat its last key (finite data, masked).
+  struct Cursor {
+    const int* spans;
+    int s, se, base, k0, len;  // span s starts at chunk row `base` and holds keys k0 .. k0+len-1
+    __device__ __forceinline__ Cursor(const PackedWalk& w, const int* spans_, int se_)
+        : spans(spans_), s(w.si), se(se_), base(-w.off) {
+      k0 = spans[(i64)s * SPAN_FIELDS];
+      len = spans[(i64)s * SPAN_FIELDS + 1] - k0;
+    }
+    __device__ __forceinline__ i64 key(int r) {
+      while (r >= base + len && s + 1 < se) {
+        base += len;
+        ++s;
+        k0 = spans[(i64)s * SPAN_FIELDS];
+        len = spans[(i64)s * SPAN_FIELDS + 1] - k0;
+      }
+      return k0 + min(r - base, len - 1);
+    }
+  };
 };
 
 // ---- online softmax step ----------------------------------------------------------------------

@@ -58,13 +58,14 @@ class Variant:
 
     @classmethod
     def bsa_sm90(cls, *, block_m: int, block_n: int, head_dim: int, stages: int,
-                 bf16: bool, producer: bool = False) -> "Variant":
+                 bf16: bool, producer: bool = False, pack_keys: bool = False) -> "Variant":
         """The Hopper family (sm_90a only): 64 rows per consumer warpgroup, plus a producer
         warpgroup that does all copies when ``producer`` -- then with two Q buffers where they
         fit the sm_90 shared-memory limit (all but 128-row tiles with 128-key steps at head dim
-        128), so the next task's Q loads while the current task computes."""
+        128), so the next task's Q loads while the current task computes. ``pack_keys``: the
+        packed key walk (Regime.pack_keys)."""
         macros = (("BM", block_m), ("BN", block_n), ("D", head_dim), ("STAGES", stages),
-                  ("BF16", int(bf16)))
+                  ("BF16", int(bf16))) + ((("PACK_KEYS", 1),) if pack_keys else ())
         if not producer:
             return cls("bsa_sm90.cu", "bsa_fwd_sm90", macros)
         from ..runtime.regime import smem_limit_bytes  # noqa: PLC0415 - no import cycle
@@ -251,6 +252,14 @@ def compile_variant(variant: Variant, target: str, *, allow_spills: bool = False
                          f"({spill_st} B stores, {spill_ld} B loads):\n{log}")
     if "wgmma.mma_async instructions are serialized" in log:
         raise BuildError(f"{variant.label} on {target}: ptxas serialized its wgmma:\n{log}")
+    launch_regs = 65536 // variant.threads // 8 * 8 if variant.persistent else 0
+    if -(-result.registers // 8) * 8 < launch_regs:
+        # bsa_sm90.cu splits a pool of 64K / NT registers per thread (allocated in eights)
+        # between producer and consumers; a kernel launched with fewer would hang in
+        # setmaxnreg.inc.
+        raise BuildError(f"{variant.label} on {target}: {result.registers} registers per thread "
+                         f"at launch, fewer than the {launch_regs} its register reallocation "
+                         f"assumes:\n{log}")
     if "C7508" in log or "setmaxnreg ignored" in log:
         raise BuildError(f"{variant.label} on {target}: ptxas ignored setmaxnreg:\n{log}")
     return result

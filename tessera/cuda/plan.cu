@@ -34,13 +34,14 @@ __device__ __forceinline__ T warp_sum(T x) {
 }  // namespace
 
 // Per row: selected blocks, key spans, selected key tokens, key tokens shared with the previous
-// row of the same head, BN-chunks of its spans, and whether it equals the previous row. count,
-// key_tokens and overlap_tokens may be null (the device planner needs none of them).
+// row of the same head, BN-chunks of its spans (pack != 0: of its keys end to end, the packed
+// walk's cost), and whether it equals the previous row. count, key_tokens and overlap_tokens may
+// be null (the device planner needs none of them).
 extern "C" __global__ void plan_row_stats(const unsigned char* __restrict__ dense, int n_rows,
                                           int n_kv, int n_q, const i64* __restrict__ kv_bounds,
                                           int block_n, int* count, int* nspans, i64* key_tokens,
                                           i64* overlap_tokens, int* chunks,
-                                          unsigned char* identical) {
+                                          unsigned char* identical, int pack) {
   const int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
   if (warp >= n_rows) return;
   const int r = warp;
@@ -76,7 +77,7 @@ extern "C" __global__ void plan_row_stats(const unsigned char* __restrict__ dens
     nspans[r] = spans;
     if (key_tokens != nullptr) key_tokens[r] = ktok;
     if (overlap_tokens != nullptr) overlap_tokens[r] = w.prev ? otok : 0;
-    chunks[r] = (int)chk;
+    chunks[r] = pack ? (int)((ktok + block_n - 1) / block_n) : (int)chk;
     identical[r] = w.prev != nullptr && cnt == prev_cnt && ov_cnt == cnt;
   }
 }

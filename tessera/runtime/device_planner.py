@@ -130,13 +130,14 @@ def _capacities(mask: BlockMask, n_rows: int, tile_rows: int, assignments: int
 def plan_on_device(mask: BlockMask, *, tile_rows: int, block_n: int, heads_per_task: int,
                    batch: int, num_q_heads: int, num_kv_heads: int, batch_of: np.ndarray,
                    head_of: np.ndarray, split_ratio: float, min_split_chunks: int,
-                   in_flight: int = 0, allow_split: bool = True
+                   in_flight: int = 0, allow_split: bool = True, pack_keys: bool = False
                    ) -> tuple[PhysicalTiles, TaskQueue] | SyncFreePlan | None:
     """Tiles and task queue of a device mask without restricted merges, by the planner kernels.
 
     A :class:`SyncFreePlan` when ``allow_split`` is False (``tasks.may_split``) and its buffers
     fit :data:`SYNC_FREE_WORKSPACE_LIMIT`; else exact arrays after one synchronization; None
     when the mask's dense rows would be too large (the general planner then takes over).
+    ``pack_keys``: task costs count each row's keys end to end (``Regime.pack_keys``).
     """
     from ..cuda.loader import Variant, load_kernel  # noqa: PLC0415 - device only
 
@@ -168,7 +169,7 @@ def plan_on_device(mask: BlockMask, *, tile_rows: int, block_n: int, heads_per_t
     # needed here, left uncomputed).
     null = np.uint64(0)
     launch_row_stats(mask, dense, block_n, null, arg("nspans"), null, null, arg("chunks"),
-                     arg("identical"))
+                     arg("identical"), pack_keys)
     load_kernel(Variant("plan.cu", "plan_scan"))(
         (1,), (1024,), (arg("identical"), arg("nspans"), arg("chunks"), i32(n_rows), i32(n_q),
                         qb, i32(tile_rows), expansions, i32(n_keys), arg("hist"),

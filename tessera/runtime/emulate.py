@@ -1,8 +1,10 @@
 """The CPU emulator: executes a plan's task queue with the kernels' semantics, in float64.
 
 Each task is run the way a CTA runs it: physical rows (packed heads x tile tokens), spans walked
-block_n keys at a time with token-level edge masks and row restrictions, online softmax, then a
-direct write or a partial into a workspace slot merged by the combine step. Equal to
+block_n keys at a time with token-level edge masks and row restrictions (or, for a
+``pack_keys`` regime, the task's keys end to end, by the same walk as common.cuh's PackedWalk),
+online softmax, then a direct write or a partial into a workspace slot merged by the combine
+step. Equal to
 ``tessera.reference.attention`` means the runtime preserved the logical mask; the emulator also
 counts every unmasked pair it computes outside the logical mask (must be zero), so exactness
 never rests on luck.
@@ -31,6 +33,50 @@ class EmulationResult:
     pairs_unmasked: int  # pairs that entered the softmax
     pairs_outside: int  # of those, pairs the logical mask does not select (must be 0)
     pairs_masked: int  # pairs computed on real rows and masked off (edge keys, restrictions)
+
+
+def _span_chunks(spans: np.ndarray, bn: int):
+    """Chunks span by span (ChunkWalk): (keys, which are real, the span's row range)."""
+    for k0, k1, r0, r1 in spans:
+        for c0 in range(k0, k1, bn):
+            keys = c0 + np.arange(bn)
+            yield keys, keys < k1, r0, r1
+
+
+def _packed_chunks(spans: np.ndarray, bn: int):
+    """Chunks of the task's keys end to end, step for step as common.cuh's PackedWalk and its
+    Cursor: a chunk starts ``off`` keys into span ``si`` and holds ``valid`` keys; a row past
+    them repeats the task's last key (masked); the row range is the first span's."""
+    n = len(spans)
+    length = [int(k1 - k0) for k0, k1, _, _ in spans]
+
+    def count(si: int, off: int) -> int:
+        valid, s, o = 0, si, off
+        while s < n and valid < bn:
+            valid += length[s] - o
+            s, o = s + 1, 0
+        return min(valid, bn)
+
+    si, off = 0, 0
+    valid = count(si, off)
+    while si < n:
+        keys = np.empty(bn, dtype=np.int64)
+        s, base = si, -off
+        for r in range(bn):
+            while r >= base + length[s] and s + 1 < n:
+                base += length[s]
+                s += 1
+            keys[r] = spans[s][0] + min(r - base, length[s] - 1)
+        yield keys, np.arange(bn) < valid, spans[si][2], spans[si][3]
+        left = bn
+        while si < n:
+            rest = length[si] - off
+            if left < rest:
+                off += left
+                break
+            left -= rest
+            si, off = si + 1, 0
+        valid = count(si, off)
 
 
 def run(plan: Plan, q: Any, k: Any, v: Any, *, scale: float | None = None) -> EmulationResult:
@@ -72,27 +118,25 @@ def run(plan: Plan, q: Any, k: Any, v: Any, *, scale: float | None = None) -> Em
         m = np.full(bm, -np.inf)
         l = np.zeros(bm)
         acc = np.zeros((bm, v4.shape[3]))
-        for k0, k1, r0, r1 in spans[sb:se]:
+        walk = _packed_chunks if plan.regime.pack_keys else _span_chunks
+        for keys, key_ok, r0, r1 in walk(spans[sb:se], bn):
             row_ok = real & (tok >= r0) & (tok < r1)
-            for c0 in range(k0, k1, bn):
-                keys = c0 + np.arange(bn)
-                key_ok = keys < k1
-                keys_c = np.minimum(keys, k4.shape[2] - 1)
-                s = qrows @ k4[b, kvh, keys_c].T * scale
-                ok = row_ok[:, None] & key_ok[None, :]
-                s = np.where(ok, s, -np.inf)
-                sel = dense[batch_of[b], head_of[head][:, None], qblock[tok_c][:, None],
-                            kblock[keys_c][None, :]]
-                n_unmasked += int(ok.sum())
-                n_outside += int((ok & ~sel).sum())
-                n_masked += int((real[:, None] & ~ok).sum())
-                m_new = np.maximum(m, s.max(axis=1))
-                m_safe = np.where(np.isfinite(m_new), m_new, 0.0)
-                p = np.exp(s - m_safe[:, None])
-                alpha = np.where(np.isfinite(m), np.exp(m - m_safe), 0.0)
-                l = l * alpha + p.sum(axis=1)
-                acc = acc * alpha[:, None] + p @ v4[b, kvh, keys_c]
-                m = m_new
+            keys_c = np.minimum(keys, k4.shape[2] - 1)
+            s = qrows @ k4[b, kvh, keys_c].T * scale
+            ok = row_ok[:, None] & key_ok[None, :]
+            s = np.where(ok, s, -np.inf)
+            sel = dense[batch_of[b], head_of[head][:, None], qblock[tok_c][:, None],
+                        kblock[keys_c][None, :]]
+            n_unmasked += int(ok.sum())
+            n_outside += int((ok & ~sel).sum())
+            n_masked += int((real[:, None] & ~ok).sum())
+            m_new = np.maximum(m, s.max(axis=1))
+            m_safe = np.where(np.isfinite(m_new), m_new, 0.0)
+            p = np.exp(s - m_safe[:, None])
+            alpha = np.where(np.isfinite(m), np.exp(m - m_safe), 0.0)
+            l = l * alpha + p.sum(axis=1)
+            acc = acc * alpha[:, None] + p @ v4[b, kvh, keys_c]
+            m = m_new
         empty = l == 0
         o = np.where(empty[:, None], 0.0, acc / np.where(empty, 1.0, l)[:, None])
         row_lse = np.where(empty, -np.inf, m + np.log(np.where(empty, 1.0, l)))

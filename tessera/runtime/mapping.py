@@ -181,12 +181,13 @@ def _restricted_pairs(stats: _RowStats, run_first: Any, run_q0: Any, run_q1: Any
 
 
 def map_to_tiles(mask: BlockMask, tile_rows: int, block_n: int,
-                 combine_threshold: float = 0.3) -> PhysicalTiles:
+                 combine_threshold: float = 0.3, pack_keys: bool = False) -> PhysicalTiles:
     """Map a logical block mask onto physical tiles of ``tile_rows`` query tokens.
 
-    ``block_n`` only sets how tile cost is counted (BN-key chunks per span). ``combine_threshold``
-    bounds the masked work a restricted merge may add (0 disables merging groups whose key sets
-    differ; identical consecutive blocks always combine).
+    ``block_n`` only sets how tile cost is counted (BN-key chunks per span, or with
+    ``pack_keys`` per tile: its keys end to end). ``combine_threshold`` bounds the masked work a
+    restricted merge may add (0 disables merging groups whose key sets differ; identical
+    consecutive blocks always combine).
     """
     xp = mask.xp
     n_q = mask.num_q_blocks
@@ -195,7 +196,8 @@ def map_to_tiles(mask: BlockMask, tile_rows: int, block_n: int,
     kb = device_bounds(mask.kv_bounds, xp)
     dense = _device_dense_rows(mask) if _use_device_planner(xp) else None
     if dense is not None:
-        tiles, runs = _map_dense_on_device(mask, dense, tile_rows, block_n, combine_threshold)
+        tiles, runs = _map_dense_on_device(mask, dense, tile_rows, block_n, combine_threshold,
+                                           pack_keys)
         if tiles is not None:
             return tiles
         # Restricted merges: keep the kernel's row statistics and runs; only the per-entry
@@ -247,9 +249,12 @@ def map_to_tiles(mask: BlockMask, tile_rows: int, block_n: int,
     g_spans = xp.bincount(s_group, minlength=num_groups) if s_group.size else \
         xp.zeros(num_groups, dtype=np.int64)
     g_span_off = offsets_from_counts(g_spans, xp)
-    s_chunks = (k1 - k0 + block_n - 1) // block_n
-    s_chunk_off = offsets_from_counts(s_chunks, xp)
-    g_chunks = s_chunk_off[g_span_off[1:]] - s_chunk_off[g_span_off[:-1]]
+    # A group's cost: its spans' chunks, or (packed) its keys end to end.
+    s_cost = (k1 - k0) if pack_keys else (k1 - k0 + block_n - 1) // block_n
+    s_cost_off = offsets_from_counts(s_cost, xp)
+    g_chunks = s_cost_off[g_span_off[1:]] - s_cost_off[g_span_off[:-1]]
+    if pack_keys:
+        g_chunks = (g_chunks + block_n - 1) // block_n
     return _subdivide(group_q0, group_q1, group_bh, g_span_off, g_chunks, k0, k1, r0, r1,
                       tile_rows, block_n, num_merged, xp)
 
@@ -308,9 +313,10 @@ def device_bounds(bounds: np.ndarray, xp) -> Any:
     return device_copy(("bounds", bounds.tobytes()), lambda: xp.asarray(bounds), xp)
 
 
-def row_stats_on_device(mask: BlockMask, dense_rows: Any, block_n: int):
+def row_stats_on_device(mask: BlockMask, dense_rows: Any, block_n: int,
+                        pack_keys: bool = False):
     """Per-row statistics by the plan_row_stats kernel: (dense uint8 rows, row stats, key spans
-    per row, BN-chunks per row)."""
+    per row, BN-chunks per row -- with ``pack_keys``, of its keys end to end)."""
     xp = mask.xp
     dense = xp.ascontiguousarray(dense_rows).view(np.uint8)
     n_rows = dense.shape[0]
@@ -321,15 +327,17 @@ def row_stats_on_device(mask: BlockMask, dense_rows: Any, block_n: int):
         ws.view(n) for n in ("key_tokens", "overlap_tokens", "count", "nspans", "chunks",
                              "identical"))
     launch_row_stats(mask, dense, block_n, count, nspans, key_tokens, overlap_tokens, chunks,
-                     identical)
+                     identical, pack_keys)
     stats = _RowStats(None, None, None, count, key_tokens, overlap_tokens, identical.view(bool))
     return dense, stats, nspans, chunks
 
 
 def launch_row_stats(mask: BlockMask, dense: Any, block_n: int, count: Any, nspans: Any,
-                     key_tokens: Any, overlap_tokens: Any, chunks: Any, identical: Any) -> None:
+                     key_tokens: Any, overlap_tokens: Any, chunks: Any, identical: Any,
+                     pack_keys: bool = False) -> None:
     """Launch plan_row_stats over ``dense`` (uint8 [rows, nKB]) into the given arrays or raw
-    device pointers (np.uint64; 0 for count and the token sums leaves them uncomputed)."""
+    device pointers (np.uint64; 0 for count and the token sums leaves them uncomputed); chunks
+    of each row's keys end to end with ``pack_keys``."""
     from ..cuda.loader import Variant, load_kernel  # noqa: PLC0415 - device only
 
     n_rows, n_kv = dense.shape
@@ -338,7 +346,7 @@ def launch_row_stats(mask: BlockMask, dense: Any, block_n: int, count: Any, nspa
         ((n_rows * 32 + 255) // 256,), (256,),
         (dense, i32(n_rows), i32(n_kv), i32(mask.num_q_blocks),
          device_bounds(mask.kv_bounds, mask.xp), i32(block_n), count, nspans, key_tokens,
-         overlap_tokens, chunks, identical))
+         overlap_tokens, chunks, identical, i32(pack_keys)))
 
 
 def mask_pairs_on_device(mask: BlockMask, dense_rows: Any) -> tuple[int, int]:
@@ -362,7 +370,8 @@ def mask_pairs_on_device(mask: BlockMask, dense_rows: Any) -> tuple[int, int]:
 
 
 def _map_dense_on_device(mask: BlockMask, dense_rows: Any, tile_rows: int, block_n: int,
-                         combine_threshold: float) -> tuple[PhysicalTiles | None, Any]:
+                         combine_threshold: float,
+                         pack_keys: bool = False) -> tuple[PhysicalTiles | None, Any]:
     """The device planner: row statistics and spans by two kernels over the dense block matrix
     (tessera/cuda/plan.cu), the rest on per-row arrays. Returns ``(tiles, None)``, or, when a
     restricted merge is chosen, ``(None, (row stats, runs, merge_next))`` for the general path
@@ -370,7 +379,7 @@ def _map_dense_on_device(mask: BlockMask, dense_rows: Any, tile_rows: int, block
     from ..cuda.loader import Variant, load_kernel  # noqa: PLC0415 - device only
 
     xp = mask.xp
-    dense, stats, nspans, chunks = row_stats_on_device(mask, dense_rows, block_n)
+    dense, stats, nspans, chunks = row_stats_on_device(mask, dense_rows, block_n, pack_keys)
     n_rows, n_kv = dense.shape
     n_q = mask.num_q_blocks
     qb = device_bounds(mask.q_bounds, xp)

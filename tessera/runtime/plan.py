@@ -128,6 +128,9 @@ class Plan:
         k0, k1, r0, r1 = spans[s_idx].T
         bn = self.regime.block_n
         chunks = (k1 - k0 + bn - 1) // bn
+        if self.regime.pack_keys:  # a task's keys end to end (sm90: every row, every chunk)
+            keys = np.bincount(t_of, weights=k1 - k0, minlength=tasks.shape[0]).astype(np.int64)
+            return int(((keys + bn - 1) // bn * bn * self.regime.block_m).sum())
         if self.regime.family == "sm90":  # every warpgroup multiplies every chunk of its task
             return int((chunks * bn * self.regime.block_m).sum())
         q0, q1 = tasks[t_of, 2], tasks[t_of, 3]
@@ -217,14 +220,15 @@ def plan(block_mask: BlockMask, *, num_q_heads: int, num_kv_heads: int | None = 
                                num_kv_heads=num_kv_heads, batch_of=batch_of, head_of=head_of,
                                split_ratio=regime.split_ratio,
                                min_split_chunks=regime.min_split_chunks, in_flight=in_flight,
-                               allow_split=allow_split)
+                               allow_split=allow_split, pack_keys=regime.pack_keys)
     if isinstance(fused, SyncFreePlan):
         launch, exact = fused.launch_queue(), fused.settle
     else:
         if fused is not None:
             tiles, queue = fused
         else:
-            tiles = map_to_tiles(block_mask, tile_rows, regime.block_n, regime.combine_threshold)
+            tiles = map_to_tiles(block_mask, tile_rows, regime.block_n, regime.combine_threshold,
+                                 regime.pack_keys)
             queue = build_task_queue(tiles, batch=batch, num_q_heads=num_q_heads,
                                      num_kv_heads=num_kv_heads, heads_per_task=hp,
                                      batch_of=batch_of, head_of=head_of,

@@ -74,6 +74,9 @@ class Regime:
         split_ratio: split a task whose key chunks exceed ``split_ratio`` x the mean task ...
         min_split_chunks: ... and exceed this many chunks (short rows are never split).
         pack_gqa: put the query heads that share a key/value head (and a mask head) in one task.
+        pack_keys: sm90 only: walk each task's keys end to end, BN at a time, so that spans
+            shorter than BN (small or edge blocks) share chunks instead of costing one each.
+            Needs combine_threshold 0 (one row restriction per task); such plans never split.
     """
 
     family: str = "sm80"
@@ -85,6 +88,7 @@ class Regime:
     split_ratio: float = 4.0
     min_split_chunks: int = 16
     pack_gqa: bool = True
+    pack_keys: bool = False
 
     def __post_init__(self) -> None:
         if self.block_m % ROW_GROUP or self.block_m <= 0:
@@ -108,6 +112,10 @@ class Regime:
                              f"{self.block_m}x{self.block_n} with {self.num_warps} warps")
         if self.family == "sm90" and self.stages < 3:
             raise ValueError(f"the sm90 family needs stages >= 3, got {self.stages}")
+        if self.pack_keys and (self.family != "sm90" or self.combine_threshold != 0):
+            raise ValueError("pack_keys needs the sm90 family and combine_threshold 0 (one row "
+                             f"restriction per task), got {self.family} with "
+                             f"combine_threshold={self.combine_threshold}")
 
     @property
     def name(self) -> str:
@@ -129,7 +137,7 @@ class Regime:
         if self.family == "sm90":
             return Variant.bsa_sm90(block_m=self.block_m, block_n=self.block_n,
                                     head_dim=head_dim, stages=self.stages, bf16=bf16,
-                                    producer=self.producer)
+                                    producer=self.producer, pack_keys=self.pack_keys)
         return Variant.bsa_sm80(block_m=self.block_m, block_n=self.block_n, head_dim=head_dim,
                                 num_warps=self.num_warps, stages=self.stages, bf16=bf16)
 
@@ -1041,6 +1049,8 @@ def plan_may_split(regime: Regime, mask: Any, *, num_q_heads: int, num_kv_heads:
     from .plan import heads_per_task  # noqa: PLC0415 - plan imports this module
     from .tasks import may_split, tasks_lower_bound  # noqa: PLC0415
 
+    if regime.pack_keys:  # packed chunks are not cut (tasks._cut_parts cuts span by span)
+        return False
     hp = heads_per_task(regime, mask.batch_heads[1], num_q_heads, num_kv_heads)
     bound = tasks_lower_bound(batch, num_q_heads, hp, mask.seq_len_q, regime.block_m // hp)
     return may_split(regime.split_ratio, bound, in_flight)

@@ -21,7 +21,10 @@ token ``q_start + r % tile_rows``; it is real when that token is < q_end.
 
 ``spans``: int32 ``[num_spans, 4]``: ``k_start, k_end, r_start, r_end``. Keys [k_start, k_end)
 are consumed block_n at a time from k_start (the last chunk masked at token level); the span
-applies to query tokens [r_start, r_end) only (rows outside are masked for this span).
+applies to query tokens [r_start, r_end) only (rows outside are masked for this span). With a
+``pack_keys`` regime a task's spans are consumed end to end instead -- a chunk may hold the
+end of one span and the start of the next, only the task's last chunk is partial -- and its
+cost counts those chunks; such plans have one row range per task and never split.
 
 ``combine``: int32 ``[num_combine, 6]``: ``batch, q_head0, q_start, q_end, slot_begin, parts``:
 rows of one split tile whose ``parts`` partials sit in slots slot_begin .. slot_begin+parts-1.
