@@ -1077,6 +1077,34 @@ def test_defaults_per_architecture():
         assert R.regime_fits(default_regime(90, d), d, 90)
 
 
+def test_packed_keys_default_on_ragged_key_geometry():
+    """sm_90 takes the packed key walk where key blocks end mid-step (top-k cubes with edge
+    cubes, variable clusters), not on aligned or long blocks, and never off sm_90."""
+    from tessera.workloads import WORKLOADS, example_mask
+
+    aligned = np.arange(0, 4097, 128)
+    assert not R.keys_ragged(aligned, 128) and not R.keys_ragged(aligned, 64)
+    cubes = np.array([0, 64, 128, 144, 208, 272, 288])  # a third of them 16-token edge cubes
+    assert R.keys_ragged(cubes, 64)
+    tiles = np.arange(0, 288 * 20 + 1, 288)  # long blocks: spans run over several of them
+    assert not R.keys_ragged(tiles, 128)
+    assert not R.keys_ragged(np.array([0]), 64)  # no key blocks
+    assert default_regime(90, 128, 64.0, cubes).pack_keys
+    assert not default_regime(90, 128, 64.0, aligned).pack_keys
+    assert default_regime(90, 128, 64.0, cubes) == default_regime(90, 128, 64.0).with_(
+        pack_keys=True)
+    for arch in (80, 89, 100, None):
+        assert not default_regime(arch, 128, 64.0, cubes).pack_keys
+    w = WORKLOADS["cogvideox-5b"]
+    for family, packed in (("topk_pooled", True), ("semantic_clusters", True),
+                           ("random_blocks", False), ("sliding_tile", False)):
+        m = example_mask(w, family, heads=w.heads, head_dim=w.head_dim).mask
+        r = R.select_regime(m, arch=90, head_dim=w.head_dim, dtype=np.dtype("float16"),
+                            num_q_heads=w.heads, batch=1)
+        assert r.pack_keys == packed, family
+        assert tessera.plan(m, num_q_heads=w.heads, head_dim=w.head_dim, arch=90).regime == r
+
+
 def test_device_properties_cached_per_device(monkeypatch):
     """Name, architecture and SM count of the current device are read once per device; a failed
     read gives the 'no GPU' answer and is retried (the name's failure is remembered)."""

@@ -162,7 +162,7 @@ class Regime:
 
 
 def default_regime(arch: int | None = None, head_dim: int = 128,
-                   q_block: float | None = None) -> Regime:
+                   q_block: float | None = None, kv_bounds: np.ndarray | None = None) -> Regime:
     """The heuristic regime for a GPU with compute capability ``arch`` (e.g. 90), or None (CPU).
 
     Hopper (sm_90) takes the warp-specialized wgmma variant: 128-row tiles (two consumer
@@ -179,17 +179,40 @@ def default_regime(arch: int | None = None, head_dim: int = 128,
     rarely share key sets, so a 128-row tile would run half empty. Restricted merges are off
     (``combine_threshold=0``): over the 72 profiled and 32 held-out masks on the H200 they
     lost more in planning and kernel time than they saved (benchmarks/RESULTS.md).
+    On sm_90, key geometries ``kv_bounds`` ragged against the key step (:func:`keys_ragged`:
+    pooled top-k cubes with their edge cubes, variable-size clusters) take the packed key walk
+    (``pack_keys``): walked span by span, each short span would cost a whole step.
     """
     small_blocks = q_block is not None and q_block <= 64
     if arch == 90:
+        bn = 64 if small_blocks else 128
+        pack = kv_bounds is not None and keys_ragged(kv_bounds, bn)
         if small_blocks:
-            return Regime(family="sm90", block_m=64, num_warps=4, block_n=64, stages=3,
-                          combine_threshold=0.0)
-        return Regime(family="sm90", block_m=128, num_warps=128 // ROW_GROUP + 4, block_n=128,
-                      stages=3, combine_threshold=0.0)
+            return Regime(family="sm90", block_m=64, num_warps=4, block_n=bn, stages=3,
+                          combine_threshold=0.0, pack_keys=pack)
+        return Regime(family="sm90", block_m=128, num_warps=128 // ROW_GROUP + 4, block_n=bn,
+                      stages=3, combine_threshold=0.0, pack_keys=pack)
     if head_dim <= 64 or small_blocks or (arch in (86, 87, 89) and head_dim > 96):
         return Regime(block_m=64, num_warps=4, combine_threshold=0.0)
     return Regime(combine_threshold=0.0)
+
+
+def keys_ragged(kv_bounds: np.ndarray, block_n: int) -> bool:
+    """Whether key blocks of this geometry end mid-step often enough for the packed key walk to
+    pay: at least a quarter of them are not a multiple of ``block_n`` keys and the median block
+    is under two steps. Measured on the H200 (benchmarks/RESULTS.md, eighth session): CogVideoX's
+    top-k cubes (40% ragged at 64) ran 1.12x faster packed with 64-key steps, 2.3x with 128;
+    masks of 128-token blocks (aligned) ran the same either way; sliding tiles of 288-token
+    blocks gain ~2% in pairs (spans there run over several blocks), too little to be sure of."""
+    return _keys_ragged(np.asarray(kv_bounds, dtype=np.int64).tobytes(), int(block_n))
+
+
+@functools.lru_cache(maxsize=64)  # asked on every request; a geometry's answer never changes
+def _keys_ragged(bounds: bytes, block_n: int) -> bool:
+    sizes = np.diff(np.frombuffer(bounds, dtype=np.int64))
+    if sizes.size == 0:
+        return False
+    return bool(np.mean(sizes % block_n != 0) >= 0.25 and np.median(sizes) < 2 * block_n)
 
 
 # ================================================================================ candidates
@@ -1011,7 +1034,7 @@ def select_regime(mask: Any, *, arch: int | None, head_dim: int, dtype: Any,
     """
     if arch is None and mask.on_device:
         arch = device_arch()
-    heuristic = default_regime(arch, head_dim, _typical_q_block(mask.q_bounds))
+    heuristic = default_regime(arch, head_dim, _typical_q_block(mask.q_bounds), mask.kv_bounds)
     table = active_table(arch)
     from .plan import _dtype_name  # noqa: PLC0415 - plan imports this module
 
