@@ -6,7 +6,7 @@
 #   rm -rf ab_main && mkdir ab_main && git archive main tessera benchmarks/sweep.py | tar -x -C ab_main
 set -uo pipefail
 . benchmarks/device/common.sh
-timeout 60 python3 probe_bisect.py $PWD 2>&1 | tail -6
+timeout 60 python3 benchmarks/device/probe_bisect.py $PWD 2>&1 | tail -6
 gpu_tests gpu_tests 200 tests --maxfail=20
 sanitize racecheck 60 "persistent_ctas and 3 and 128"
 sanitize memcheck 80 "persistent or packed_keys"

@@ -1,5 +1,5 @@
-"""Bisect probe (untracked): tessera.attention from the package dir in argv[1] on small cases,
-one line per case, against the float64 reference."""
+"""Device smoke probe: tessera.attention from the package dir in argv[1] on small cases, each
+printed as it finishes (a hang shows where), against the float64 reference."""
 import sys, time
 sys.path.insert(0, sys.argv[1])
 import numpy as np, cupy as cp
