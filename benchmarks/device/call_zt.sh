@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prepared in the seventh session, NOT yet run (branch gpu-pending = overlap-pv + key-packing):
+# Prepared in the seventh session, run in the eighth: it HUNG (the producer warpgroup's 64 registers overdrew the launch pool, see RESULTS "eighth session"); call_zu.sh is the fixed rerun.
 # one call that checks and measures both. Before running, unpack main's package beside the
 # checkout (untracked, not committed):
 #   rm -rf ab_main && mkdir ab_main && git archive main tessera | tar -x -C ab_main
