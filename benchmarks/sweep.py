@@ -41,6 +41,11 @@ REGIMES = [
            combine_threshold=0.0, pack_keys=True),
     Regime(family="sm90", block_m=128, block_n=128, num_warps=12, stages=3,
            combine_threshold=0.0, pack_keys=True),
+    # Tiles at multiples of block_m tokens, straddling variable blocks (Regime.align_tiles).
+    Regime(family="sm90", block_m=128, block_n=128, num_warps=12, stages=3,
+           combine_threshold=0.0, align_tiles=True),
+    Regime(family="sm90", block_m=128, block_n=64, num_warps=12, stages=4,
+           combine_threshold=0.0, align_tiles=True),
     # Warp-specialized: a producer warpgroup (four more warps than the rows need).
     Regime(family="sm90", block_m=128, block_n=128, num_warps=12, stages=3),
     # Deeper K/V rings: they fit at head dims 64 and 96 only (none was faster, seventh session).

@@ -212,6 +212,32 @@ def test_restricted_merge_rows(family):
     _check(m, hq=1, d=128, regime=reg)
 
 
+@pytest.mark.parametrize("split", [False, True])
+@pytest.mark.parametrize("block_m", [64, 128])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_aligned_tiles(family, block_m, split):
+    """align_tiles: tiles at multiples of block_m tokens straddle variable blocks (clusters of
+    40-220 tokens), each span restricted to the rows selecting it; GQA, an empty row, splits."""
+    rng = np.random.default_rng(block_m + split)
+    qs = rng.integers(40, 220, size=12)
+    ks = rng.integers(40, 220, size=12)
+    i = np.arange(12)[None, :, None]
+    j = np.arange(12)[None, None, :]
+    lo, hi = i - 4 - rng.integers(0, 3, (2, 12, 1)), i + 4 + rng.integers(0, 3, (2, 12, 1))
+    dense = ((j >= lo) & (j <= hi)) ^ (rng.random((2, 12, 12)) < 0.1)
+    dense[:, 6] = False
+    policy = dict(split_ratio=1.0, min_split_chunks=2) if split else {}
+    reg = _regime(family, block_m, combine_threshold=0.0, align_tiles=True, **policy)
+    import cupy as cp
+
+    for blocks in (dense, cp.asarray(dense)):  # planned on the host, and on the device
+        m = tessera.BlockMask.from_dense(blocks, q_bounds=np.r_[0, np.cumsum(qs)],
+                                         kv_bounds=np.r_[0, np.cumsum(ks)])
+        p = tessera.plan(m, num_q_heads=4, num_kv_heads=2, head_dim=128, regime=reg)
+        assert p.tiles.num_merged > 0 and (p.queue.combine.shape[0] > 0) == split
+        _check(m, hq=4, hkv=2, d=128, regime=reg)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_heavy_rows_split_and_combined(family):
     rng = np.random.default_rng(7)

@@ -49,6 +49,12 @@ SPLIT_REGIMES = (
               combine_threshold=1.0)])
 COMBINE_REGIMES = [r.with_(combine_threshold=t) for r in BASE_REGIMES + EXTRA_REGIMES[1:2]
                    for t in (0.0, 1.0)]
+# Tiles at multiples of block_m tokens (restricted spans), with and without splits.
+ALIGN_REGIMES = [Regime(block_m=64, num_warps=4, combine_threshold=0.0, align_tiles=True),
+                 Regime(block_m=128, num_warps=4, combine_threshold=0.0, align_tiles=True,
+                        split_ratio=1.0, min_split_chunks=1),
+                 Regime(family="sm90", block_m=128, num_warps=12, block_n=128, stages=3,
+                        combine_threshold=0.0, align_tiles=True)]
 
 # Emulator work (chunk iterations, roughly) allowed per example: keeps each example a few ms.
 BUDGET = 700
@@ -362,8 +368,21 @@ def test_emulator_matches_reference_combine_thresholds(case):
     check_emulation(plan, mask, q, k, v, scale)
 
 
+@settings(max_examples=500, deadline=None)
+@given(cases(ALIGN_REGIMES))
+def test_emulator_matches_reference_aligned_tiles(case):
+    """Tiles straddling query-block boundaries stay exact: every selected pair once, nothing
+    outside the mask, every output written; tiles start at multiples of the tile rows."""
+    plan, mask, q, k, v, scale = case
+    label(plan)
+    check_queue(plan)
+    t = plan.tiles
+    assert np.all(np.asarray(t.q0) % t.tile_rows == 0)
+    check_emulation(plan, mask, q, k, v, scale)
+
+
 @settings(max_examples=1200, deadline=None)
-@given(cases(BASE_REGIMES + EXTRA_REGIMES + SPLIT_REGIMES + COMBINE_REGIMES))
+@given(cases(BASE_REGIMES + EXTRA_REGIMES + SPLIT_REGIMES + COMBINE_REGIMES + ALIGN_REGIMES))
 def test_task_queue_contract_and_stats(case):
     plan, mask, q, k, v, scale = case
     check_queue(plan)
@@ -997,6 +1016,46 @@ def test_packed_keys_plans_emulate_exactly_with_less_work():
         keys = [int((spans[a:b, 1] - spans[a:b, 0]).sum()) for a, b in tasks[:, 4:6]]
         assert [int(c) for c in tasks[:, 7]] == [-(-n // bn) for n in keys]
         assert p.computed_pairs() < plain.computed_pairs()
+
+
+def test_aligned_tiles_cut_the_waste_of_clusters():
+    """Variable ~150-token clusters that select most keys: tiles cut from each block run their
+    last tile mostly empty; aligned tiles share keys across the boundary and compute far less,
+    exactly (emulated)."""
+    rng = np.random.default_rng(7)
+    n = 16
+    qb = np.r_[0, np.cumsum(rng.integers(100, 200, n))]
+    kb = qb.copy()
+    # Neighbouring clusters select mostly the same keys: row i a window of ~11 blocks around
+    # i whose ends move by a block at random.
+    i = np.arange(n)[None, :, None]
+    lo = i - 5 - rng.integers(0, 2, (2, n, 1))
+    hi = i + 5 + rng.integers(0, 2, (2, n, 1))
+    j = np.arange(n)[None, None, :]
+    dense = (j >= lo) & (j <= hi)
+    mask = BlockMask.from_dense(dense, q_bounds=qb, kv_bounds=kb)
+    q, k, v = random_qkv(rng, 1, 2, 2, int(qb[-1]), int(kb[-1]))
+    base = Regime(family="sm90", block_m=128, num_warps=12, block_n=128, stages=3,
+                  combine_threshold=0.0)
+    plain = tessera.plan(mask, num_q_heads=2, head_dim=8, regime=base)
+    aligned = tessera.plan(mask, num_q_heads=2, head_dim=8, regime=base.with_(align_tiles=True))
+    check_queue(aligned)
+    check_emulation(aligned, mask, q, k, v, None)
+    assert aligned.tiles.num_tiles == 2 * -(-int(qb[-1]) // 128)
+    assert aligned.stats().num_merged > 0  # tiles that straddle a block boundary
+    assert aligned.computed_pairs() < 0.85 * plain.computed_pairs()
+
+
+def test_align_tiles_needs_no_merges_or_packing():
+    from tessera.runtime.regime import regime_from_name
+
+    with pytest.raises(ValueError, match="align_tiles needs combine_threshold 0"):
+        Regime(align_tiles=True)
+    with pytest.raises(ValueError, match="align_tiles needs"):
+        Regime(family="sm90", block_m=64, num_warps=4, block_n=64, stages=3,
+               combine_threshold=0.0, pack_keys=True, align_tiles=True)
+    r = Regime(combine_threshold=0.0, align_tiles=True)
+    assert "align_tiles=True" in r.name and regime_from_name(r.name) == r
 
 
 def test_pack_keys_needs_sm90_and_no_restricted_merges():

@@ -1,8 +1,10 @@
 """Device smoke probe: tessera.attention from the package dir in argv[1] on small cases, each
 printed as it finishes (a hang shows where), against the float64 reference."""
-import sys, time
+import sys
+import time
 sys.path.insert(0, sys.argv[1])
-import numpy as np, cupy as cp
+import cupy as cp
+import numpy as np
 import tessera
 from tessera import reference
 print("tessera from", tessera.__file__, flush=True)
@@ -17,7 +19,8 @@ for name, d, blk, dev in [("d64_host", 64, 128, False), ("d64_dev", 64, 128, Tru
     q, k, v = (cp.asarray(rng.standard_normal((1, H, L, d)), dtype=cp.float16) for _ in range(3))
     bm = tessera.BlockMask.from_dense(cp.asarray(m) if dev else m, block_size=blk)
     t = time.time()
-    o = tessera.attention(q, k, v, bm); cp.cuda.Device().synchronize()
+    o = tessera.attention(q, k, v, bm)
+    cp.cuda.Device().synchronize()
     t1 = time.time()
     ref = reference.attention(q, k, v, tessera.BlockMask.from_dense(m, block_size=blk))
     err = np.abs(cp.asnumpy(o).astype(np.float64) - ref).max() / np.abs(ref).max()

@@ -181,19 +181,25 @@ def _restricted_pairs(stats: _RowStats, run_first: Any, run_q0: Any, run_q1: Any
 
 
 def map_to_tiles(mask: BlockMask, tile_rows: int, block_n: int,
-                 combine_threshold: float = 0.3, pack_keys: bool = False) -> PhysicalTiles:
+                 combine_threshold: float = 0.3, pack_keys: bool = False,
+                 align_tiles: bool = False) -> PhysicalTiles:
     """Map a logical block mask onto physical tiles of ``tile_rows`` query tokens.
 
     ``block_n`` only sets how tile cost is counted (BN-key chunks per span, or with
     ``pack_keys`` per tile: its keys end to end). ``combine_threshold`` bounds the masked work a
     restricted merge may add (0 disables merging groups whose key sets differ; identical
-    consecutive blocks always combine).
+    consecutive blocks always combine). ``align_tiles``: tiles at multiples of ``tile_rows``
+    tokens instead (:func:`_aligned_tiles`).
     """
     xp = mask.xp
     n_q = mask.num_q_blocks
     n_rows = mask.batch_heads[0] * mask.batch_heads[1] * n_q
     qb = device_bounds(mask.q_bounds, xp)
     kb = device_bounds(mask.kv_bounds, xp)
+    if align_tiles:
+        stats = _row_stats(mask, xp)
+        return _aligned_tiles(mask, stats, _runs(stats, n_rows, n_q, qb, xp), kb, tile_rows,
+                              block_n, xp)
     dense = _device_dense_rows(mask) if _use_device_planner(xp) else None
     if dense is not None:
         tiles, runs = _map_dense_on_device(mask, dense, tile_rows, block_n, combine_threshold,
@@ -257,6 +263,93 @@ def map_to_tiles(mask: BlockMask, tile_rows: int, block_n: int,
         g_chunks = (g_chunks + block_n - 1) // block_n
     return _subdivide(group_q0, group_q1, group_bh, g_span_off, g_chunks, k0, k1, r0, r1,
                       tile_rows, block_n, num_merged, xp)
+
+
+def _aligned_tiles(mask: BlockMask, stats: _RowStats, runs: tuple[Any, Any, Any, Any], kb: Any,
+                   tile_rows: int, block_n: int, xp) -> PhysicalTiles:
+    """Tiles at multiples of ``tile_rows`` query tokens of each mask (batch, head), straddling
+    query-block boundaries: for blocks that do not fill whole tiles (variable clusters of ~150
+    tokens) each block's last tile would otherwise run mostly empty.
+
+    A tile's spans are the union of the key blocks of the runs (of identical rows) it meets. A
+    key block that consecutive runs of the tile all select is one piece restricted to their
+    rows; pieces of adjacent key blocks with the same runs join into one span. Every (row, key)
+    pair the mask selects is in exactly one span, so the restriction keeps the mask exact;
+    what a tile costs is its union's chunks over all its rows.
+    """
+    run_first, run_bh, run_q0, run_q1 = runs
+    lq = int(mask.seq_len_q)
+    per_bh = -(-lq // tile_rows)
+    # (run, tile) pairs: every tile a run meets, in run order (so also in tile order).
+    t_lo = run_q0 // tile_rows
+    n_rt = (run_q1 - 1) // tile_rows - t_lo + 1
+    rt_off = offsets_from_counts(n_rt, xp)
+    n_pairs = int(rt_off[-1])
+    rt_run = segment_ids(rt_off, n_pairs, xp)
+    rt_tile = run_bh[rt_run] * per_bh + t_lo[rt_run] + (xp.arange(n_pairs) - rt_off[rt_run])
+    # Entries of each run's first row (rows of a run are identical), expanded over its tiles.
+    row_run = xp.cumsum(~stats.identical) - 1
+    keep = xp.zeros(int(stats.identical.size), dtype=bool)
+    keep[run_first] = True
+    keep = keep[stats.entry_row]
+    e_j, e_run = stats.j[keep], row_run[stats.entry_row[keep]]
+    e_off = offsets_from_counts(n_rt[e_run], xp)
+    n_ex = int(e_off[-1])
+    x_entry = segment_ids(e_off, n_ex, xp)
+    x_pair = rt_off[e_run[x_entry]] + (xp.arange(n_ex) - e_off[x_entry])
+    x_tile, x_run, x_j = rt_tile[x_pair], e_run[x_entry], e_j[x_entry]
+    # Sort keys count runs from each tile's first (fewer than tile_rows: runs are non-empty);
+    # pairs come in tile order, so a tile's first pair holds its first run.
+    n_kv = mask.num_kv_blocks
+    n_tiles = int(mask.batch_heads[0] * mask.batch_heads[1]) * per_bh
+    tile_start = xp.ones(n_pairs, dtype=bool)
+    tile_start[1:] = rt_tile[1:] != rt_tile[:-1]
+    tile_first_run = xp.zeros(n_tiles, dtype=np.int64)
+    tile_first_run[rt_tile[tile_start]] = rt_run[tile_start]
+    x_local = x_run - tile_first_run[x_tile]
+    # Pieces: per (tile, key block), maximal stretches of consecutive runs selecting it.
+    order = xp.argsort((x_tile * n_kv + x_j) * tile_rows + x_local)
+    x_tile, x_run, x_j = x_tile[order], x_run[order], x_j[order]
+    start = xp.ones(n_ex, dtype=bool)
+    if n_ex > 1:
+        start[1:] = (x_tile[1:] != x_tile[:-1]) | (x_j[1:] != x_j[:-1]) | \
+            (x_run[1:] != x_run[:-1] + 1)
+    first = xp.nonzero(start)[0]
+    last = _segment_last(first, n_ex, xp)
+    p_tile, p_j, p_lo, p_hi = x_tile[first], x_j[first], x_run[first], x_run[last]
+    # Spans: pieces of adjacent key blocks serving the same runs of the same tile.
+    n_p = int(first.size)
+    lo, hi = p_lo - tile_first_run[p_tile], p_hi - tile_first_run[p_tile]
+    order = xp.argsort(((p_tile * tile_rows + lo) * tile_rows + hi) * n_kv + p_j)
+    p_tile, p_j, p_lo, p_hi = p_tile[order], p_j[order], p_lo[order], p_hi[order]
+    start = xp.ones(n_p, dtype=bool)
+    if n_p > 1:
+        start[1:] = (p_tile[1:] != p_tile[:-1]) | (p_lo[1:] != p_lo[:-1]) | \
+            (p_hi[1:] != p_hi[:-1]) | (p_j[1:] != p_j[:-1] + 1)
+    first = xp.nonzero(start)[0]
+    last = _segment_last(first, n_p, xp)
+    s_tile = p_tile[first]
+    k0, k1 = kb[p_j[first]], kb[p_j[last] + 1]
+    t_row0 = (s_tile % per_bh) * tile_rows
+    r0 = xp.maximum(run_q0[p_lo[first]], t_row0)
+    r1 = xp.minimum(run_q1[p_hi[last]], xp.minimum(t_row0 + tile_rows, lq))
+    # Every tile of every mask (batch, head) exists, with or without spans (empty rows are
+    # written too).
+    t_spans = xp.bincount(s_tile, minlength=n_tiles) if s_tile.size else \
+        xp.zeros(n_tiles, dtype=np.int64)
+    t_span_off = offsets_from_counts(t_spans, xp)
+    s_cost_off = offsets_from_counts((k1 - k0 + block_n - 1) // block_n, xp)
+    t_chunks = s_cost_off[t_span_off[1:]] - s_cost_off[t_span_off[:-1]]
+    tiles = xp.arange(n_tiles, dtype=np.int64)
+    t_q0 = (tiles % per_bh) * tile_rows
+    i32 = np.int32
+    return PhysicalTiles(
+        tile_rows=tile_rows, block_n=block_n, mask_bh=(tiles // per_bh).astype(i32),
+        q0=t_q0.astype(i32), q1=xp.minimum(t_q0 + tile_rows, lq).astype(i32),
+        span_begin=t_span_off[:-1].astype(i32), span_end=t_span_off[1:].astype(i32),
+        chunks=t_chunks.astype(i32), k0=k0.astype(i32), k1=k1.astype(i32), r0=r0.astype(i32),
+        r1=r1.astype(i32), num_groups=n_tiles,  # each tile has its own spans
+        num_merged=int((xp.bincount(rt_tile, minlength=n_tiles) > 1).sum()))
 
 
 def _subdivide(group_q0, group_q1, group_bh, g_span_off, g_chunks, k0, k1, r0, r1,

@@ -213,7 +213,8 @@ def plan(block_mask: BlockMask, *, num_q_heads: int, num_kv_heads: int | None = 
     allow_split = plan_may_split(regime, block_mask, num_q_heads=num_q_heads,
                                  num_kv_heads=num_kv_heads, batch=batch, in_flight=in_flight)
     fused = None
-    if mapping._use_device_planner(block_mask.xp) and regime.combine_threshold == 0:
+    if (mapping._use_device_planner(block_mask.xp) and regime.combine_threshold == 0
+            and not regime.align_tiles):
         # The common request: the planner kernels (runtime/device_planner.py).
         fused = plan_on_device(block_mask, tile_rows=tile_rows, block_n=regime.block_n,
                                heads_per_task=hp, batch=batch, num_q_heads=num_q_heads,
@@ -228,7 +229,7 @@ def plan(block_mask: BlockMask, *, num_q_heads: int, num_kv_heads: int | None = 
             tiles, queue = fused
         else:
             tiles = map_to_tiles(block_mask, tile_rows, regime.block_n, regime.combine_threshold,
-                                 regime.pack_keys)
+                                 regime.pack_keys, regime.align_tiles)
             queue = build_task_queue(tiles, batch=batch, num_q_heads=num_q_heads,
                                      num_kv_heads=num_kv_heads, heads_per_task=hp,
                                      batch_of=batch_of, head_of=head_of,

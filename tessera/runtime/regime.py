@@ -77,6 +77,10 @@ class Regime:
         pack_keys: sm90 only: walk each task's keys end to end, BN at a time, so that spans
             shorter than BN (small or edge blocks) share chunks instead of costing one each.
             Needs combine_threshold 0 (one row restriction per task); such plans never split.
+        align_tiles: tiles at multiples of block_m query tokens, straddling query-block
+            boundaries (each span restricted to the rows that select it), instead of tiles cut
+            from each block: for variable blocks that do not fill whole tiles and share most
+            keys with their neighbours (clusters). Needs combine_threshold 0 and no pack_keys.
     """
 
     family: str = "sm80"
@@ -89,6 +93,7 @@ class Regime:
     min_split_chunks: int = 16
     pack_gqa: bool = True
     pack_keys: bool = False
+    align_tiles: bool = False
 
     def __post_init__(self) -> None:
         if self.block_m % ROW_GROUP or self.block_m <= 0:
@@ -116,6 +121,10 @@ class Regime:
             raise ValueError("pack_keys needs the sm90 family and combine_threshold 0 (one row "
                              f"restriction per task), got {self.family} with "
                              f"combine_threshold={self.combine_threshold}")
+
+        if self.align_tiles and (self.combine_threshold != 0 or self.pack_keys):
+            raise ValueError("align_tiles needs combine_threshold 0 and pack_keys False (its "
+                             "tiles carry their own row restrictions)")
 
     @property
     def name(self) -> str:
