@@ -300,7 +300,12 @@ def test_device_planner_equals_host_planner(case):
     regimes = [Regime(), Regime(block_m=64), Regime(split_ratio=1.0, min_split_chunks=2)]
     regimes += [r.with_(combine_threshold=0.0) for r in regimes]
     regimes += [Regime(combine_threshold=0.0, split_ratio=1e9),
-                Regime(block_m=64, combine_threshold=0.0, split_ratio=1e9)]
+                Regime(block_m=64, combine_threshold=0.0, split_ratio=1e9),
+                Regime(combine_threshold=0.0, align_tiles=True)]  # the general path
+    if _device_cc() == 90:  # the packed walk's costs in the planner kernels (never split)
+        regimes += [Regime(family="sm90", block_m=bm, num_warps=bm // 16 + 4, block_n=bn,
+                           stages=3, combine_threshold=0.0, pack_keys=True)
+                    for bm, bn in ((64, 64), (128, 128))]
     h = dense.shape[0]
     for reg in regimes:
         for hq, hkv in ((h, h), (2 * h, h)):  # GQA packs two query heads per mask head
@@ -309,7 +314,7 @@ def test_device_planner_equals_host_planner(case):
             for m in (dev, csr):
                 pd = tessera.plan(m, num_q_heads=hq, num_kv_heads=hkv, head_dim=128,
                                   regime=reg)
-                assert pd.sync_free == (reg.split_ratio == 1e9)
+                assert pd.sync_free == (reg.split_ratio == 1e9 or reg.pack_keys)
                 assert isinstance(pd.queue.tasks, cp.ndarray)
                 for f in ("tasks", "spans", "combine"):
                     np.testing.assert_array_equal(getattr(ph.queue, f),
@@ -319,6 +324,8 @@ def test_device_planner_equals_host_planner(case):
                                                   cp.asnumpy(getattr(pd.tiles, f)), err_msg=f)
     _check(dev, hq=dense.shape[0], d=128)
     _check(csr, hq=dense.shape[0], d=128)
+    for reg in regimes[-3:]:
+        _check(dev, hq=dense.shape[0], d=128, seed=2, regime=reg)
     # Sync-free plans: the kernels take the task count from the device, the grid is a bound.
     for family in ("sm80", "sm90ws"):
         if family == "sm80" or _device_cc() == 90:
