@@ -37,6 +37,10 @@ REGIMES = [
     # The packed key walk (Regime.pack_keys): spans share chunks (64-token and variable blocks).
     Regime(family="sm90", block_m=64, block_n=64, num_warps=4, stages=3, combine_threshold=0.0,
            pack_keys=True),
+    Regime(family="sm90", block_m=64, block_n=128, num_warps=4, stages=3,
+           combine_threshold=0.0, pack_keys=True),
+    Regime(family="sm90", block_m=64, block_n=64, num_warps=8, stages=3,
+           combine_threshold=0.0, pack_keys=True),
     Regime(family="sm90", block_m=128, block_n=64, num_warps=12, stages=4,
            combine_threshold=0.0, pack_keys=True),
     Regime(family="sm90", block_m=128, block_n=128, num_warps=12, stages=3,

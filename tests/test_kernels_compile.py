@@ -63,7 +63,7 @@ def test_sm90_variants_compile_without_spills(bm, bn, d, stages, tmp_path, monke
 
 @pytest.mark.parametrize("bm,bn,d", [(128, 128, 128), (128, 64, 128), (128, 128, 96),
                                      (128, 128, 64), (64, 128, 64), (64, 64, 128),
-                                     (64, 128, 128)])
+                                     (64, 128, 128), (64, 64, 64), (64, 64, 96)])
 def test_sm90_producer_variants_compile(bm, bn, d, tmp_path, monkeypatch):
     """The warp-specialized variant (a producer warpgroup, register reallocation): no spills,
     no serialized wgmma, setmaxnreg honoured (the loader refuses all three)."""
@@ -88,6 +88,11 @@ def test_sm90_producer_variants_compile(bm, bn, d, tmp_path, monkeypatch):
     if (bm, bn, d) == (128, 128, 64):  # CogVideoX's default
         assert q_bufs == 2
     assert v.persistent and not plain.variant(d).persistent
+    # 64x64 tiles split the registers for two CTAs an SM where two fit in shared memory (the
+    # loader checked the launch registers: 128, not 255).
+    assert v.min_blocks == (2 if (bm, bn) == (64, 64) and d in (64, 96) else 1)
+    if v.min_blocks == 2:
+        assert res.registers <= 128 and 2 * (loader.smem_bytes(v) + 1024) <= 228 * 1024
 
 
 @pytest.mark.parametrize("bm,bn,d,producer", [(64, 64, 64, False), (64, 128, 128, False),

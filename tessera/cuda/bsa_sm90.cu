@@ -25,6 +25,9 @@
 //                    while the current task computes, so the consumers start it without waiting
 //                    for Q (a tile read once, from DRAM); 1: it loads after the current task's
 //                    last S
+//   TESSERA_MIN_BLOCKS CTAs per SM the producer variant's registers are split for (default 1):
+//                    2 lets two 64-row CTAs share an SM, each with one consumer warpgroup,
+//                    instead of one CTA holding the whole register file
 //
 // Shared memory: Q_BUFFERS x Q (BM x D), then STAGES x {K, V} (BN x D each), every tile in the
 // layout wgmma reads: rows cut into SW-byte column chunks (SW = 128 when D is a multiple of 64,
@@ -39,6 +42,9 @@
 #endif
 #ifndef TESSERA_Q_BUFFERS
 #define TESSERA_Q_BUFFERS 1
+#endif
+#ifndef TESSERA_MIN_BLOCKS
+#define TESSERA_MIN_BLOCKS 1
 #endif
 
 namespace {
@@ -214,12 +220,13 @@ __device__ __forceinline__ void regs_increase() {
 }
 // Registers per thread after reallocation. setmaxnreg moves registers within the pool the CTA
 // launched with -- NT times the per-thread count ptxas gives the kernel, which under
-// __launch_bounds__(NT, 1) is 64K / NT rounded down to 8 (the loader checks that it is) -- and
-// an increase that the pool cannot cover waits forever. The producer needs few (56 hold its
+// __launch_bounds__(NT, MIN_BLOCKS) is 64K / (NT x MIN_BLOCKS) rounded down to 8 (the loader
+// checks that it is) -- and an increase that the pool cannot cover waits forever. The producer needs few (56 hold its
 // task loop, the packed walk's too, without spills); the consumers take the rest of the pool
 // (multiples of 8), up to setmaxnreg's 256 (one consumer warpgroup at head dim 128 needs it).
 constexpr int PRODUCER_REGS = 56;
-constexpr int LAUNCH_REGS = 65536 / NT / 8 * 8;
+constexpr int MIN_BLOCKS = TESSERA_MIN_BLOCKS;
+constexpr int LAUNCH_REGS = 65536 / (NT * MIN_BLOCKS) / 8 * 8;
 constexpr int CONSUMER_REGS_FIT = (LAUNCH_REGS * NT - 128 * PRODUCER_REGS) / CONSUMERS / 8 * 8;
 constexpr int CONSUMER_REGS = CONSUMER_REGS_FIT < 256 ? CONSUMER_REGS_FIT : 256;
 
@@ -230,7 +237,7 @@ __device__ __forceinline__ void fence_async_smem() {
 }
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(NT, 1)
+extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS)
 bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   // Read again where it is used (a cached load) rather than kept live across the register

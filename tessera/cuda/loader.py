@@ -32,6 +32,13 @@ CI_TARGETS = ("sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a")
 SM90A_ONLY = ("bsa_sm90.cu",)
 
 
+# Shared memory of one sm_90 SM, and what the driver reserves per resident CTA (CUDA
+# programming guide, "Technical specifications" and "Shared memory"): two CTAs fit when
+# 2 x (dynamic + reserved) is at most the SM's.
+SM90_SMEM_PER_SM = 228 * 1024
+SM90_SMEM_RESERVED = 1024
+
+
 class BuildError(RuntimeError):
     """A kernel failed to compile, spilled registers, or no compiler could be found."""
 
@@ -62,7 +69,10 @@ class Variant:
         """The Hopper family (sm_90a only): 64 rows per consumer warpgroup, plus a producer
         warpgroup that does all copies when ``producer`` -- then with two Q buffers where they
         fit the sm_90 shared-memory limit (all but 128-row tiles with 128-key steps at head dim
-        128), so the next task's Q loads while the current task computes. ``pack_keys``: the
+        128), so the next task's Q loads while the current task computes. A 64x64 producer
+        variant splits its registers for two CTAs an SM where their shared memory fits (head
+        dims 64 and 96): one CTA would hold the whole register file for a single consumer
+        warpgroup. (With 128-key steps ptxas spills under that budget.) ``pack_keys``: the
         packed key walk (Regime.pack_keys)."""
         macros = (("BM", block_m), ("BN", block_n), ("D", head_dim), ("STAGES", stages),
                   ("BF16", int(bf16))) + ((("PACK_KEYS", 1),) if pack_keys else ())
@@ -70,10 +80,22 @@ class Variant:
             return cls("bsa_sm90.cu", "bsa_fwd_sm90", macros)
         from ..runtime.regime import smem_limit_bytes  # noqa: PLC0415 - no import cycle
 
-        two = cls("bsa_sm90.cu", "bsa_fwd_sm90", macros + (("PRODUCER", 1), ("Q_BUFFERS", 2)))
-        if smem_bytes(two) <= smem_limit_bytes(90):
-            return two
-        return cls("bsa_sm90.cu", "bsa_fwd_sm90", macros + (("PRODUCER", 1),))
+        def ws(q_buffers: int, min_blocks: int) -> "Variant":
+            return cls("bsa_sm90.cu", "bsa_fwd_sm90", macros + (("PRODUCER", 1),) + (
+                (("Q_BUFFERS", 2),) if q_buffers == 2 else ()) + (
+                (("MIN_BLOCKS", min_blocks),) if min_blocks > 1 else ()))
+
+        if block_m == 64 and block_n == 64:
+            v = ws(2, 2)
+            if 2 * (smem_bytes(v) + SM90_SMEM_RESERVED) <= SM90_SMEM_PER_SM:
+                return v
+        two = ws(2, 1)
+        return two if smem_bytes(two) <= smem_limit_bytes(90) else ws(1, 1)
+
+    @property
+    def min_blocks(self) -> int:
+        """CTAs per SM the variant's register budget is set for (``__launch_bounds__``)."""
+        return dict(self.macros).get("MIN_BLOCKS", 1)
 
     @property
     def threads(self) -> int:
@@ -252,9 +274,10 @@ def compile_variant(variant: Variant, target: str, *, allow_spills: bool = False
                          f"({spill_st} B stores, {spill_ld} B loads):\n{log}")
     if "wgmma.mma_async instructions are serialized" in log:
         raise BuildError(f"{variant.label} on {target}: ptxas serialized its wgmma:\n{log}")
-    launch_regs = 65536 // variant.threads // 8 * 8 if variant.persistent else 0
+    launch_regs = 65536 // (variant.threads * variant.min_blocks) // 8 * 8 \
+        if variant.persistent else 0
     if -(-result.registers // 8) * 8 < launch_regs:
-        # bsa_sm90.cu splits a pool of 64K / NT registers per thread (allocated in eights)
+        # bsa_sm90.cu splits a pool of 64K / (NT x MIN_BLOCKS) registers per thread (in eights)
         # between producer and consumers; a kernel launched with fewer would hang in
         # setmaxnreg.inc.
         raise BuildError(f"{variant.label} on {target}: {result.registers} registers per thread "

@@ -256,8 +256,9 @@ def regime_fits(regime: Regime, head_dim: int, arch: int | None) -> bool:
 def tasks_in_flight(regime: Regime, head_dim: int, arch: int | None, sm_count: int) -> int:
     """How many of ``regime``'s tasks a GPU with ``sm_count`` SMs of ``arch`` runs at once.
 
-    An estimate from shared memory (each resident CTA also takes 1 KiB the driver reserves) and
-    threads (2048 per SM); the split rule (``tasks.split_limit``) only needs the right order
+    An estimate from shared memory (each resident CTA also takes 1 KiB the driver reserves),
+    threads (2048 per SM) and, for the persistent sm90 variant, the register file (split for
+    ``min_blocks`` CTAs); the split rule (``tasks.split_limit``) only needs the right order
     of magnitude.
     """
     from ..cuda.loader import smem_bytes  # noqa: PLC0415 - no CuPy needed
@@ -265,7 +266,8 @@ def tasks_in_flight(regime: Regime, head_dim: int, arch: int | None, sm_count: i
     v = regime.variant(head_dim)
     per_sm_smem = smem_limit_bytes(arch) + 1024
     by_smem = per_sm_smem // (smem_bytes(v) + 1024)
-    return int(sm_count * max(1, min(by_smem, 2048 // v.threads)))
+    by_regs = v.min_blocks if v.persistent else by_smem
+    return int(sm_count * max(1, min(by_smem, by_regs, 2048 // v.threads)))
 
 
 def candidate_regimes(head_dim: int, arch: int | None,

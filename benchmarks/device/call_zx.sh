@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Prepared in the eighth session, NOT yet run (after call_zw.sh): the request bench on random-10
+# (the bounds cache of 0a03232 in the bench's request) and the two families whose default
+# changed (topk_pooled: the packed walk) or may change (semantic_clusters: aligned tiles).
+set -uo pipefail
+. benchmarks/device/common.sh
+request_bench 500 --shape wan-1.3b-480p,cogvideox-5b --case random-10 \
+  --family topk_pooled,semantic_clusters --reps 10
