@@ -1086,6 +1086,7 @@ def test_packed_keys_default_on_ragged_key_geometry():
     assert not R.keys_ragged(aligned, 128) and not R.keys_ragged(aligned, 64)
     cubes = np.array([0, 64, 128, 144, 208, 272, 288])  # a third of them 16-token edge cubes
     assert R.keys_ragged(cubes, 64)
+    assert not R.keys_ragged(np.r_[np.arange(0, 20 * 64 + 1, 64), 20 * 64 + 16], 64)  # 1/21
     tiles = np.arange(0, 288 * 20 + 1, 288)  # long blocks: spans run over several of them
     assert not R.keys_ragged(tiles, 128)
     assert not R.keys_ragged(np.array([0]), 64)  # no key blocks
@@ -1095,14 +1096,19 @@ def test_packed_keys_default_on_ragged_key_geometry():
         pack_keys=True)
     for arch in (80, 89, 100, None):
         assert not default_regime(arch, 128, 64.0, cubes).pack_keys
+    for shape in ("cogvideox-5b", "hunyuan-720p"):  # top-k cubes 40% / 19% ragged at 64
+        w = WORKLOADS[shape]
+        for family, packed in (("topk_pooled", True), ("semantic_clusters", True),
+                               ("random_blocks", False), ("sliding_tile", False)):
+            m = example_mask(w, family, heads=2, head_dim=w.head_dim).mask
+            r = R.select_regime(m, arch=90, head_dim=w.head_dim, dtype=np.dtype("float16"),
+                                num_q_heads=w.heads, batch=1)
+            assert r.pack_keys == packed, (shape, family)
     w = WORKLOADS["cogvideox-5b"]
-    for family, packed in (("topk_pooled", True), ("semantic_clusters", True),
-                           ("random_blocks", False), ("sliding_tile", False)):
-        m = example_mask(w, family, heads=w.heads, head_dim=w.head_dim).mask
-        r = R.select_regime(m, arch=90, head_dim=w.head_dim, dtype=np.dtype("float16"),
-                            num_q_heads=w.heads, batch=1)
-        assert r.pack_keys == packed, family
-        assert tessera.plan(m, num_q_heads=w.heads, head_dim=w.head_dim, arch=90).regime == r
+    m = example_mask(w, "topk_pooled", heads=w.heads, head_dim=w.head_dim).mask
+    r = R.select_regime(m, arch=90, head_dim=w.head_dim, dtype=np.dtype("float16"),
+                        num_q_heads=w.heads, batch=1)
+    assert tessera.plan(m, num_q_heads=w.heads, head_dim=w.head_dim, arch=90).regime == r
 
 
 def test_device_properties_cached_per_device(monkeypatch):
