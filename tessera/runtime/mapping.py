@@ -16,6 +16,10 @@ vectorized steps, identical in numpy and CuPy so a device mask is planned on the
 Finally each group is cut into tiles of ``tile_rows`` query tokens (*subdivide*: a 384-token block
 becomes three 128-row tiles). Tiles of one group share its span list.
 
+With ``align_tiles`` steps 3 and subdivide are replaced: tiles sit at multiples of
+``tile_rows`` tokens whatever the block boundaries, and each carries the union of the key spans
+of the runs it meets, every span restricted to the rows that select it (:func:`_aligned_tiles`).
+
 A device mask built from a dense block matrix takes a shortcut for steps 1 and 2: two kernels
 (tessera/cuda/plan.cu) compute the per-row statistics and write the spans straight from the
 matrix; when the cost model picks any restricted merge, the general path above runs instead.
@@ -44,7 +48,8 @@ class PhysicalTiles:
     range, ``q1 - q0 <= tile_rows``), ``span_begin``/``span_end`` (range into the span arrays),
     ``chunks`` (BN-key steps the tile costs). Span arrays (length S): ``k0``/``k1`` (key token
     range) and ``r0``/``r1`` (query tokens the span applies to; a restriction narrower than the
-    tile only where a restricted merge happened).
+    tile only where a restricted merge happened, or in aligned tiles that straddle blocks).
+    ``num_merged`` counts the restricted merges (aligned tiles: the tiles that straddle).
     """
 
     tile_rows: int

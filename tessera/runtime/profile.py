@@ -340,8 +340,8 @@ def _measure_case(case: Case, prepare: Callable[[Any], Any] | None, *, dtype: st
     meas = mask_measures(mask)
     feats = features_from_measures(meas, head_dim=case.head_dim, dtype=dtype, arch=arch,
                                    num_q_heads=case.heads, batch=batch)
-    return _Measured(mask, meas, feats, default_regime(arch, case.head_dim, meas.q_block,
-                                                             mask.kv_bounds))
+    heuristic = default_regime(arch, case.head_dim, meas.q_block, mask.kv_bounds)
+    return _Measured(mask, meas, feats, heuristic)
 
 
 def same_plan_key(regime: Regime, case: Case, mask: Any, batch: int, arch: int,
