@@ -110,10 +110,11 @@ def padded_to_tiles(blocks: np.ndarray, q_bounds: np.ndarray, kv_bounds: np.ndar
 
 
 def run(shapes: list[str], cases: list[str], reps: int = 20, flex: bool = True,
-        batch: int = 1, heads: int | None = None) -> list[dict]:
+        batch: int = 1, heads: int | None = None, regime: Any = None) -> list[dict]:
     """Time every (shape, case); returns one dict of figures per pair. A case is a name of
     :data:`CASES` or of a mask family (:data:`tessera.workloads.FAMILIES`). ``heads`` (default:
-    the model's) slices the model's query heads, e.g. to keep host-built family masks quick."""
+    the model's) slices the model's query heads, e.g. to keep host-built family masks quick.
+    ``regime`` (a ``tessera.Regime``) replaces the one Tessera would pick, for every case."""
     import torch  # noqa: PLC0415
     import torch.nn.functional as F  # noqa: PLC0415
     from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: PLC0415
@@ -165,14 +166,15 @@ def run(shapes: list[str], cases: list[str], reps: int = 20, flex: bool = True,
 
             m = new_mask()
             flops = 4 * d * int(m.selected_pairs(batch, h).sum())
-            p = tessera.plan(m, num_q_heads=h, head_dim=d, batch=batch)
+            p = tessera.plan(m, num_q_heads=h, head_dim=d, batch=batch, regime=regime)
             t_kernel = cuda_time_ms(lambda: p.run(q, k, v), reps)
             t_plan = cuda_time_ms(lambda: tessera.plan(new_mask(), num_q_heads=h, head_dim=d,
-                                                       batch=batch), reps)
-            t_req = cuda_time_ms(lambda: tessera.attention(q, k, v, new_mask()), reps)
+                                                       batch=batch, regime=regime), reps)
+            t_req = cuda_time_ms(lambda: tessera.attention(q, k, v, new_mask(), regime=regime),
+                                 reps)
             # Back to back: BURST requests between synchronizations, as a model's layer loop
             # issues them (the host runs ahead unless something waits for the GPU).
-            t_b2b = cuda_time_ms(lambda: [tessera.attention(q, k, v, new_mask())
+            t_b2b = cuda_time_ms(lambda: [tessera.attention(q, k, v, new_mask(), regime=regime)
                                           for _ in range(BURST)], reps) / BURST
             row = dict(shape=shape, case=case, density=round(m.density, 4),
                        useful_tflop=flops / 1e12, tessera_ms=t_kernel,
@@ -258,6 +260,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--heads", type=int, default=None,
                     help="query heads (default: the model's; data-dependent families build "
                          "their masks on the host, which takes a while at full size)")
+    ap.add_argument("--regime", default=None,
+                    help="a regime name (as plan.regime.name prints it) to use for every case "
+                         "instead of the table's or the heuristic's")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--json", help="write the figures as JSON here")
@@ -278,6 +283,14 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"unknown family {f!r}; choose from {', '.join(FAMILIES)}")
     if args.heads is not None and args.heads <= 0:
         ap.error(f"--heads must be positive, got {args.heads}")
+    regime = None
+    if args.regime is not None:
+        from .runtime.regime import regime_from_name  # noqa: PLC0415
+
+        regime = regime_from_name(args.regime)
+        if regime is None:
+            ap.error(f"--regime: not a regime name: {args.regime!r} (e.g. "
+                     "'sm90_128x128_w12_s3[combine_threshold=0.0]')")
     try:
         import torch  # noqa: PLC0415
 
@@ -289,8 +302,10 @@ def main(argv: list[str] | None = None) -> int:
         print("bench needs a CUDA GPU; none is visible. `python -m tessera demo` runs on the "
               "CPU emulator instead.")
         return 1
-    rows = run(shapes, cases + families, args.reps, flex=not args.no_flex, heads=args.heads)
+    rows = run(shapes, cases + families, args.reps, flex=not args.no_flex, heads=args.heads,
+               regime=regime)
     print(table(rows))
+    print("regimes: " + "; ".join(f"{r['shape']} {r['case']}: {r['regime']}" for r in rows))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(date=time.strftime("%Y-%m-%d"), gpu=torch.cuda.get_device_name(),

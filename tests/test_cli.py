@@ -119,3 +119,21 @@ def test_bench_rejects_unknown_family():
 
     with pytest.raises(SystemExit):
         bench_main(["--family", "no-such-family"])
+
+
+def test_bench_regime_option(capsys):
+    """--regime takes a regime name (checked before anything else runs): a bad one is refused
+    with the expected form, a good one passes to the GPU check."""
+    from tessera.bench import main as bench_main
+
+    with pytest.raises(SystemExit):
+        bench_main(["--case", "random-10", "--regime", "sm90_128x128_w12_s3[no_such=1]"])
+    assert "not a regime name" in capsys.readouterr().err
+    from tessera.runtime.regime import device_arch
+
+    if device_arch() is not None:
+        return  # with a GPU a good name would run the whole bench
+    rc = bench_main(["--case", "random-10", "--regime",
+                     "sm90_128x128_w12_s3[combine_threshold=0.0,align_tiles=True]"])
+    assert rc == 1  # no GPU (or no torch) here: it says why instead of running
+    assert "bench needs" in capsys.readouterr().out

@@ -4,5 +4,9 @@
 # changed (topk_pooled: the packed walk) or may change (semantic_clusters: aligned tiles).
 set -uo pipefail
 . benchmarks/device/common.sh
-request_bench 500 --shape wan-1.3b-480p,cogvideox-5b --case random-10 \
+request_bench 360 --shape wan-1.3b-480p,cogvideox-5b --case random-10 \
   --family topk_pooled,semantic_clusters --reps 10
+# The clusters with aligned tiles, same run's baselines (out/bench.* are overwritten: keep both).
+cp "$out/bench.txt" "$out/bench_default.txt"; cp "$out/bench.json" "$out/bench_default.json"
+request_bench 200 --shape wan-1.3b-480p,cogvideox-5b --family semantic_clusters --reps 10 \
+  --regime "sm90_128x128_w12_s3[combine_threshold=0.0,align_tiles=True]"
