@@ -50,6 +50,9 @@ REGIMES = [
            combine_threshold=0.0, align_tiles=True),
     Regime(family="sm90", block_m=128, block_n=64, num_warps=12, stages=4,
            combine_threshold=0.0, align_tiles=True),
+    # Three consumer warpgroups (192-row tiles; 64-key steps at head dims 64/96).
+    Regime(family="sm90", block_m=192, block_n=64, num_warps=16, stages=3),
+    Regime(family="sm90", block_m=192, block_n=64, num_warps=16, stages=4),
     # Warp-specialized: a producer warpgroup (four more warps than the rows need).
     Regime(family="sm90", block_m=128, block_n=128, num_warps=12, stages=3),
     # Deeper K/V rings: they fit at head dims 64 and 96 only (none was faster, seventh session).

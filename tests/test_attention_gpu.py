@@ -200,6 +200,26 @@ def test_packed_keys(producer, block_m, block_n, d):
     _check(m, hq=4, hkv=2, d=d, regime=reg)
 
 
+@pytest.mark.parametrize("pack", [False, True])
+@pytest.mark.parametrize("d", [64, 96])
+def test_three_consumer_warpgroups(d, pack):
+    """192-row tiles: three consumer warpgroups taking turns on named barriers 1-3 (the
+    producer's own barrier after them); variable blocks, an empty row, GQA, a ragged end."""
+    if _device_cc() != 90:
+        pytest.skip("the sm90 family runs on Hopper only")
+    rng = np.random.default_rng(d + pack)
+    qs = rng.integers(16, 400, size=9)
+    ks = rng.integers(8, 200, size=25)
+    dense = rng.random((2, 9, 25)) < 0.35
+    dense[:, 3] = False
+    m = tessera.BlockMask.from_dense(dense, q_bounds=np.r_[0, np.cumsum(qs)],
+                                     kv_bounds=np.r_[0, np.cumsum(ks)])
+    reg = Regime(family="sm90", block_m=192, num_warps=16, block_n=64, stages=3,
+                 combine_threshold=0.0, pack_keys=pack)
+    for hq, hkv in ((2, 2), (4, 2)):
+        _check(m, hq=hq, hkv=hkv, d=d, regime=reg)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_restricted_merge_rows(family):
     d = np.zeros((1, 8, 8), bool)

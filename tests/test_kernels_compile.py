@@ -95,6 +95,20 @@ def test_sm90_producer_variants_compile(bm, bn, d, tmp_path, monkeypatch):
         assert res.registers <= 128 and 2 * (loader.smem_bytes(v) + 1024) <= 228 * 1024
 
 
+@pytest.mark.parametrize("d", [64, 96])
+@pytest.mark.parametrize("pack", [False, True])
+def test_sm90_three_warpgroup_variants_compile(d, pack, tmp_path, monkeypatch):
+    """192-row tiles (three consumer warpgroups taking turns, a producer): spill-free with
+    64-key steps at head dims 64 and 96 (128-key steps need a leaner producer: ptxas serializes
+    the wgmma or spills the producer), launched with 128 registers a thread."""
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    reg = Regime(family="sm90", block_m=192, num_warps=16, block_n=64, stages=3,
+                 combine_threshold=0.0, pack_keys=pack)
+    assert regime_fits(reg, d, 90)
+    res = loader.compile_variant(reg.variant(d, bf16=True), "sm_90a")
+    assert res.spill_bytes == 0 and res.stack_bytes == 0 and res.registers == 128
+
+
 @pytest.mark.parametrize("bm,bn,d,producer", [(64, 64, 64, False), (64, 128, 128, False),
                                                 (128, 128, 128, False), (128, 128, 128, True),
                                                 (128, 128, 64, True), (128, 64, 128, True),

@@ -41,6 +41,7 @@ EXTRA_REGIMES = [  # other tile shapes: short and long key steps, tiny tiles, no
     # The Hopper family's tile shapes (the plan is the same contract; its stats differ).
     Regime(family="sm90", block_m=128, num_warps=8, block_n=128, stages=3),
     Regime(family="sm90", block_m=64, num_warps=4, block_n=64, stages=3, combine_threshold=0.0),
+    Regime(family="sm90", block_m=192, num_warps=16, block_n=64, stages=3),  # three warpgroups
 ]
 SPLIT_REGIMES = (
     [r.with_(split_ratio=1.0, min_split_chunks=1) for r in BASE_REGIMES + EXTRA_REGIMES[:2]]
@@ -1044,6 +1045,14 @@ def test_aligned_tiles_cut_the_waste_of_clusters():
     assert aligned.tiles.num_tiles == 2 * -(-int(qb[-1]) // 128)
     assert aligned.stats().num_merged > 0  # tiles that straddle a block boundary
     assert aligned.computed_pairs() < 0.85 * plain.computed_pairs()
+
+
+def test_192_row_tiles_need_the_producer():
+    """Three consumer warpgroups take turns only in the warp-specialized variant."""
+    with pytest.raises(ValueError, match="192: with the producer"):
+        Regime(family="sm90", block_m=192, num_warps=12, block_n=64, stages=3)
+    r = Regime(family="sm90", block_m=192, num_warps=16, block_n=64, stages=3)
+    assert r.producer and r.variant(64).threads == 512 and r.variant(64).persistent
 
 
 def test_align_tiles_needs_no_merges_or_packing():

@@ -12,7 +12,7 @@
 // chunk's P by its V.
 //
 // Variant parameters (macros, set by tessera/cuda/loader.py):
-//   TESSERA_BM       rows per task, 64 per warpgroup
+//   TESSERA_BM       rows per task, 64 per warpgroup (192, three warpgroups: producer only)
 //   TESSERA_BN       keys per step: 64 or 128 (a width wgmma.cuh instantiates)
 //   TESSERA_D        head dim: 64, 96 or 128
 //   TESSERA_STAGES   K/V stages (>= 3: chunk j computes, j-1's V is read, STAGES-2 load ahead)
@@ -168,11 +168,14 @@ __device__ __forceinline__ void load_kv(u32 ks, const u16* k_head, i64 k_sl, con
   }
 }
 
-// Named barriers order the two warpgroups' matrix work (barrier 0 is __syncthreads): the
-// second warpgroup issues its wgmma only after the first has issued its own, so the tensor
-// cores run one warpgroup's products while the other one computes its softmax. With a CTA
-// barrier every key step (no producer) one barrier suffices; without it the turns strictly
-// alternate on two (barrier 1 + w: warpgroup w's turn), so neither runs a step ahead.
+// Named barriers order the consumer warpgroups' matrix work (barrier 0 is __syncthreads):
+// warpgroup w issues its wgmma only after warpgroup w - 1 has issued its own, so the tensor
+// cores run one warpgroup's products while the others compute their softmax. With a CTA
+// barrier every key step (no producer, two warpgroups) one barrier suffices; without it the
+// turns go round strictly on WGS barriers (barrier 1 + w: warpgroup w's turn, passed on by
+// w - 1), so none runs a step ahead. The producer's own barrier comes after them.
+constexpr int PRODUCER_BAR = 1 + WGS;
+static_assert(WS || WGS <= 2, "three consumer warpgroups need the producer variant's turns");
 __device__ __forceinline__ void named_bar_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
@@ -180,14 +183,14 @@ __device__ __forceinline__ void named_bar_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 __device__ __forceinline__ void wait_issue_turn(int wg) {
-  if constexpr (WGS == 2) {
+  if constexpr (WGS > 1) {
     if (WS) named_bar_sync(1 + wg, 256);
     else if (wg == 1) named_bar_sync(1, 256);
   }
 }
 __device__ __forceinline__ void pass_issue_turn(int wg) {
-  if constexpr (WGS == 2) {
-    if (WS) named_bar_arrive(2 - wg, 256);
+  if constexpr (WGS > 1) {
+    if (WS) named_bar_arrive(1 + (wg + 1) % WGS, 256);
     else if (wg == 0) named_bar_arrive(1, 256);
   }
 }
@@ -350,14 +353,14 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
         if (!q_sent) hand_over_q(true);
         // The next task, taken now so that its chunks load while this one is computed.
         if (ptid == 0) next_slot[(n + 1) & 1] = atomicAdd(task_counter, 1) + (int)gridDim.x;
-        named_bar_sync(3, LOADERS);  // the producer's own barrier: the index is written
+        named_bar_sync(PRODUCER_BAR, LOADERS);  // the producer's own: the index is written
         ti = next_slot[(n + 1) & 1];
       }
       cp_async_wait<0>();
       return;
     }
     regs_increase<CONSUMER_REGS>();
-    if (WGS == 2 && wg == 1) named_bar_arrive(1, 256);  // warpgroup 0 issues first
+    if (WGS > 1 && wg == WGS - 1) named_bar_arrive(1, 256);  // warpgroup 0 issues first
   }
 
   int j = 0;  // chunks computed, over all of this CTA's tasks: chunk j sits in stage j % STAGES
@@ -513,6 +516,6 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
                   t);
   }
   if constexpr (WS) {
-    if (WGS == 2 && wg == 0) named_bar_sync(1, 256);  // the turn warpgroup 1 passed last
+    if (WGS > 1 && wg == 0) named_bar_sync(1, 256);  // the turn the last warpgroup passed
   }
 }

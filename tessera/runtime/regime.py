@@ -108,12 +108,14 @@ class Regime:
             raise ValueError("combine_threshold >= 0, split_ratio >= 1 and min_split_chunks >= 1")
         if self.family not in KNOWN_FAMILIES:
             raise ValueError(f"family must be one of {list(KNOWN_FAMILIES)}, got {self.family!r}")
-        if self.family == "sm90" and (self.block_m not in (64, 128)
+        if self.family == "sm90" and (self.block_m not in (64, 128, 192)
                                       or self.num_warps not in (self.block_m // ROW_GROUP,
                                                                 self.block_m // ROW_GROUP + 4)
-                                      or self.block_n not in (64, 128)):
-            raise ValueError(f"the sm90 family takes block_m 64 or 128 with one warp per 16 rows "
-                             f"(plus 4 for a producer warpgroup) and block_n 64 or 128, got "
+                                      or self.block_n not in (64, 128)
+                                      or (self.block_m == 192 and not self.producer)):
+            raise ValueError(f"the sm90 family takes block_m 64 or 128 (192: with the producer "
+                             f"warpgroup) with one warp per 16 rows (plus 4 for a producer "
+                             f"warpgroup) and block_n 64 or 128, got "
                              f"{self.block_m}x{self.block_n} with {self.num_warps} warps")
         if self.family == "sm90" and self.stages < 3:
             raise ValueError(f"the sm90 family needs stages >= 3, got {self.stages}")
