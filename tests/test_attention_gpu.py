@@ -300,6 +300,8 @@ def _device_vs_host_masks():
         # Over a thousand runs of few distinct costs: the planner's stable sort across several
         # of its 1024-run rounds, ties everywhere.
         "many runs": (rng.random((3, 500, 48)) < 0.06, dict(block_size=64)),
+        # More possible costs than plan_scan keeps in shared memory (4096): its global table.
+        "many key blocks": (rng.random((1, 4, 4200)) < 0.3, dict(block_size=(128, 16))),
     }
 
 

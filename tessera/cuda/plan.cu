@@ -126,6 +126,8 @@ extern "C" __global__ void plan_write_spans(const unsigned char* __restrict__ de
 // Block-wide exclusive scan of one value per thread (blockDim.x = SCAN_THREADS); `total` gets
 // the sum. Every thread of the block must call it.
 constexpr int SCAN_THREADS = 1024;
+// Costs plan_scan keeps in shared memory (32 KB); larger tables use the global scratch.
+constexpr int SCAN_SMEM_KEYS = 4096;
 __device__ __forceinline__ i64 block_exclusive_scan(i64 x, i64& total) {
   __shared__ i64 warp_incl[SCAN_THREADS / 32];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -172,8 +174,13 @@ plan_scan(const unsigned char* __restrict__ identical, const int* __restrict__ n
           i64* run_row0, i64* run_row1, i64* run_span_off, i64* run_tile_off, i64* run_task_off,
           i64* totals) {
   __shared__ int max_chunks;
+  // The cost table in shared memory where it fits (every geometry of the models' masks): pass
+  // 4 reads and writes it once per warp turn, 32 turns a round of SCAN_THREADS runs, and a
+  // global round trip per turn would put ~0.2 us of latency on each (an estimate, not measured).
+  __shared__ i64 s_hist[SCAN_SMEM_KEYS];
+  i64* h = n_keys <= SCAN_SMEM_KEYS ? s_hist : hist;
   if (threadIdx.x == 0) max_chunks = 0;
-  for (int c = threadIdx.x; c < n_keys; c += SCAN_THREADS) hist[c] = 0;
+  for (int c = threadIdx.x; c < n_keys; c += SCAN_THREADS) h[c] = 0;
   i64 runs = 0, total;
   for (int base = 0; base < n_rows; base += SCAN_THREADS) {
     const int r = base + threadIdx.x;
@@ -200,7 +207,7 @@ plan_scan(const unsigned char* __restrict__ identical, const int* __restrict__ n
       tk = tl * expansions[r0 / n_q];
       atomicMax(&max_chunks, (int)ch);
       run_task_off[u] = tk;  // its weight in the sort below, replaced by its position there
-      atomicAdd(reinterpret_cast<unsigned long long*>(hist + key_of((int)ch)),
+      atomicAdd(reinterpret_cast<unsigned long long*>(h + key_of((int)ch)),
                 (unsigned long long)tk);
     }
     const i64 so = block_exclusive_scan(sp, total);
@@ -219,9 +226,9 @@ plan_scan(const unsigned char* __restrict__ identical, const int* __restrict__ n
   i64 key_base = 0;
   for (int base = 0; base < n_keys; base += SCAN_THREADS) {
     const int c = base + threadIdx.x;
-    const i64 n = c < n_keys ? hist[c] : 0;
+    const i64 n = c < n_keys ? h[c] : 0;
     const i64 before = block_exclusive_scan(n, total);
-    if (c < n_keys) hist[c] = key_base + before;
+    if (c < n_keys) h[c] = key_base + before;
     key_base += total;
   }
   __syncthreads();
@@ -242,11 +249,11 @@ plan_scan(const unsigned char* __restrict__ identical, const int* __restrict__ n
           const i64 w = __shfl_sync(0xffffffffu, weight, j);
           if (j < lane && ((peers >> j) & 1u)) before += w;
         }
-        const i64 pos = real ? hist[key] + before : 0;
+        const i64 pos = real ? h[key] + before : 0;
         __syncwarp();
         if (real) {
           run_task_off[u] = pos;
-          if (lane == 31 - __clz(peers)) hist[key] = pos + weight;  // the cost's last lane
+          if (lane == 31 - __clz(peers)) h[key] = pos + weight;  // the cost's last lane
         }
       }
       __syncthreads();
