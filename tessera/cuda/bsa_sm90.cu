@@ -147,7 +147,7 @@ __device__ __forceinline__ void load_kv(u32 ks, const u16* k_head, i64 k_sl, con
     const int r0 = tid / CPR, p = tid % CPR;
     const u32 off0 = tile_offset<BN>(r0, p);
     // The packed walk's cursor (a data-dependent loop per row) unrolled less: the producer has
-    // 64 registers.
+    // few registers (PRODUCER_REGS).
     constexpr int UNROLL = PACKED ? 4 : BN / ROW_STEP;
 #pragma unroll UNROLL
     for (int it = 0; it < BN / ROW_STEP; ++it) {
@@ -224,9 +224,10 @@ __device__ __forceinline__ void regs_increase() {
 // Registers per thread after reallocation. setmaxnreg moves registers within the pool the CTA
 // launched with -- NT times the per-thread count ptxas gives the kernel, which under
 // __launch_bounds__(NT, MIN_BLOCKS) is 64K / (NT x MIN_BLOCKS) rounded down to 8 (the loader
-// checks that it is) -- and an increase that the pool cannot cover waits forever. The producer needs few (56 hold its
-// task loop, the packed walk's too, without spills); the consumers take the rest of the pool
-// (multiples of 8), up to setmaxnreg's 256 (one consumer warpgroup at head dim 128 needs it).
+// checks that it is) -- and an increase that the pool cannot cover waits forever. The
+// producer needs few (56 hold its task loop, the packed walk's too, without spills); the
+// consumers take the rest of the pool (multiples of 8), up to setmaxnreg's 256 (one consumer
+// warpgroup at head dim 128 needs it).
 constexpr int PRODUCER_REGS = 56;
 constexpr int MIN_BLOCKS = TESSERA_MIN_BLOCKS;
 constexpr int LAUNCH_REGS = 65536 / (NT * MIN_BLOCKS) / 8 * 8;
