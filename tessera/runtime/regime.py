@@ -123,7 +123,6 @@ class Regime:
             raise ValueError("pack_keys needs the sm90 family and combine_threshold 0 (one row "
                              f"restriction per task), got {self.family} with "
                              f"combine_threshold={self.combine_threshold}")
-
         if self.align_tiles and (self.combine_threshold != 0 or self.pack_keys):
             raise ValueError("align_tiles needs combine_threshold 0 and pack_keys False (its "
                              "tiles carry their own row restrictions)")
