@@ -1,0 +1,118 @@
+"""TMA tensor maps: what Hopper's bulk tensor copies (``cp.async.bulk.tensor``) read a tile by.
+
+A tensor map (the driver's 128-byte ``CUtensorMap``) describes one operand -- its address,
+sizes, byte strides -- and the box one copy moves into shared memory, swizzled as wgmma reads
+it. The driver encodes it (``cuTensorMapEncodeTiled``); this module calls the driver library
+through ctypes, so it needs no package beyond the driver every GPU machine has, and says
+clearly when an operand cannot be described (then the kernels keep their cp.async copies).
+
+The box matches bsa_sm90.cu's tile layout: ``SW`` bytes of the head dim (128 when it is a
+multiple of 64 elements, else 64) by ``rows`` tokens, with the hardware swizzle of that span --
+the layout that file's ``tile_offset`` computes for its cp.async copies.
+
+Not yet used by a kernel (eighth session): the foundation of a producer that issues its K/V
+copies from one thread (fewer producer registers, more for the consumers).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from dataclasses import dataclass
+
+__all__ = ["TileMap", "tile_map", "encode", "TensorMapError"]
+
+# CUtensorMapDataType, CUtensorMapSwizzle and friends (cuda.h, CUDA 12 and 13).
+DATA_TYPE_FLOAT16 = 6
+DATA_TYPE_BFLOAT16 = 9
+SWIZZLE_64B = 2
+SWIZZLE_128B = 3
+INTERLEAVE_NONE = 0
+L2_PROMOTION_128B = 2
+OOB_FILL_NONE = 0  # rows past the tensor's end read as zeros
+TENSOR_MAP_BYTES = 128
+_MAX_BOX = 256
+_MAX_STRIDE = 1 << 40
+
+
+class TensorMapError(ValueError):
+    """An operand a tensor map cannot describe, or the driver refused to encode one."""
+
+
+@dataclass(frozen=True)
+class TileMap:
+    """The arguments of ``cuTensorMapEncodeTiled`` for one ``[B, H, L, D]`` operand, innermost
+    dimension first: ``dims`` (D, L, H, B) in elements, ``strides`` the byte strides of L, H
+    and B, ``box`` (SW / 2 elements of D, ``rows`` tokens, 1, 1), ``swizzle`` matching SW."""
+
+    dims: tuple[int, int, int, int]
+    strides: tuple[int, int, int]
+    box: tuple[int, int, int, int]
+    swizzle: int
+    data_type: int
+
+
+def tile_map(shape: tuple[int, int, int, int], strides: tuple[int, int, int, int], *,
+             bf16: bool, rows: int) -> TileMap:
+    """The tensor map of a ``[B, H, L, D]`` operand with element ``strides`` whose tiles are
+    ``rows`` tokens by the whole head dim. Raises TensorMapError when TMA cannot read it: the
+    head dim not contiguous, a byte stride not a multiple of 16 (or too large), a box too big."""
+    b, h, l_, d = (int(x) for x in shape)
+    sb, sh, sl, sd = (int(x) for x in strides)
+    if sd != 1:
+        raise TensorMapError(f"the head dim must be contiguous (stride 1), got stride {sd}")
+    if d % 32:
+        raise TensorMapError(f"head dim {d} is not a multiple of 32 elements")
+    byte_strides = (2 * sl, 2 * sh, 2 * sb)
+    for name, s in zip(("token", "head", "batch"), byte_strides):
+        if s % 16 or not 0 < s < _MAX_STRIDE:
+            raise TensorMapError(f"the {name} stride ({s} bytes) must be a positive multiple of "
+                                 f"16 below 2^40")
+    if not 0 < rows <= _MAX_BOX:
+        raise TensorMapError(f"a box holds 1 to {_MAX_BOX} rows, got {rows}")
+    sw = 128 if d % 64 == 0 else 64
+    return TileMap(dims=(d, l_, h, b), strides=byte_strides, box=(sw // 2, rows, 1, 1),
+                   swizzle=SWIZZLE_128B if sw == 128 else SWIZZLE_64B,
+                   data_type=DATA_TYPE_BFLOAT16 if bf16 else DATA_TYPE_FLOAT16)
+
+
+@functools.lru_cache(maxsize=1)
+def _driver_encoder():
+    """libcuda's cuTensorMapEncodeTiled with its argument types, or None without a driver."""
+    for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
+        try:
+            lib = ctypes.CDLL(name)
+        except OSError:
+            continue
+        fn = getattr(lib, "cuTensorMapEncodeTiled", None)
+        if fn is None:  # a driver older than CUDA 12
+            return None
+        u64p, u32p = ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint32)
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, u64p,
+                       u64p, u32p, u32p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+        fn.restype = ctypes.c_int
+        return fn
+    return None
+
+
+def encode(m: TileMap, address: int, encoder=None) -> bytes:
+    """The 128-byte tensor map of ``m`` at device ``address`` (16-byte aligned), encoded by the
+    driver (``encoder``: a stand-in with the driver function's signature, for tests)."""
+    if address % 16:
+        raise TensorMapError(f"the operand's address must be 16-byte aligned, got {address:#x}")
+    fn = encoder or _driver_encoder()
+    if fn is None:
+        raise TensorMapError("no CUDA driver with cuTensorMapEncodeTiled (CUDA 12 or newer) "
+                             "was found")
+    out = (ctypes.c_uint8 * (TENSOR_MAP_BYTES + 127))()
+    base = ctypes.addressof(out)
+    aligned = base + (-base % 128)  # CUtensorMap is 128-byte aligned (cuda.h)
+    dims = (ctypes.c_uint64 * 4)(*m.dims)
+    strides = (ctypes.c_uint64 * 3)(*m.strides)
+    box = (ctypes.c_uint32 * 4)(*m.box)
+    element_strides = (ctypes.c_uint32 * 4)(1, 1, 1, 1)
+    rc = fn(ctypes.c_void_p(aligned), m.data_type, 4, ctypes.c_void_p(address), dims, strides,
+            box, element_strides, INTERLEAVE_NONE, m.swizzle, L2_PROMOTION_128B, OOB_FILL_NONE)
+    if rc != 0:
+        raise TensorMapError(f"cuTensorMapEncodeTiled failed (CUresult {rc}) for {m}")
+    return ctypes.string_at(aligned, TENSOR_MAP_BYTES)

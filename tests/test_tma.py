@@ -1,0 +1,92 @@
+"""Tensor maps (tessera/cuda/tma.py): the encoder's arguments for each layout and head dim, the
+operands TMA cannot read, and the driver call (a stand-in here; the real driver on a GPU)."""
+
+import ctypes
+
+import numpy as np
+import pytest
+
+from tessera.cuda import tma
+
+
+def bhld_strides(b, h, l_, d):
+    return (h * l_ * d, l_ * d, d, 1)
+
+
+def test_tile_map_for_each_head_dim_and_layout():
+    m = tma.tile_map((2, 12, 1000, 128), bhld_strides(2, 12, 1000, 128), bf16=True, rows=128)
+    assert m.dims == (128, 1000, 12, 2)
+    assert m.strides == (256, 256 * 1000, 256 * 1000 * 12)
+    assert m.box == (64, 128, 1, 1)  # 128 bytes of the head dim: two boxes make a D=128 tile
+    assert m.swizzle == tma.SWIZZLE_128B and m.data_type == tma.DATA_TYPE_BFLOAT16
+    # head dim 96: 64-byte chunks (bsa_sm90.cu's SW), 64-byte swizzle
+    m = tma.tile_map((1, 2, 64, 96), bhld_strides(1, 2, 64, 96), bf16=False, rows=64)
+    assert m.box == (32, 64, 1, 1) and m.swizzle == tma.SWIZZLE_64B
+    assert m.data_type == tma.DATA_TYPE_FLOAT16
+    # [B, L, H, D] storage seen as [B, H, L, D]: the token stride spans the heads
+    b, l_, h, d = 1, 300, 8, 64
+    m = tma.tile_map((b, h, l_, d), (l_ * h * d, d, h * d, 1), bf16=True, rows=64)
+    assert m.strides == (2 * h * d, 2 * d, 2 * l_ * h * d)
+
+
+@pytest.mark.parametrize("shape,strides,rows,match", [
+    ((1, 2, 64, 128), (2 * 64 * 128, 64 * 128, 1, 64), 64, "contiguous"),
+    ((1, 2, 64, 80), bhld_strides(1, 2, 64, 80), 64, "multiple of 32"),
+    ((1, 2, 64, 64), (2 * 64 * 100, 64 * 100, 100, 1), 64, "token stride"),
+    ((1, 2, 64, 64), bhld_strides(1, 2, 64, 64), 0, "rows"),
+    ((1, 2, 64, 64), bhld_strides(1, 2, 64, 64), 512, "rows"),
+])
+def test_operands_tma_cannot_read(shape, strides, rows, match):
+    with pytest.raises(tma.TensorMapError, match=match):
+        tma.tile_map(shape, strides, bf16=True, rows=rows)
+
+
+def fake_encoder(calls, rc=0):
+    """A stand-in for cuTensorMapEncodeTiled: records its arguments, writes a pattern."""
+    def fn(out, data_type, rank, address, dims, strides, box, element_strides, interleave,
+           swizzle, l2, oob):
+        calls.append(dict(out=out.value, data_type=data_type, rank=rank, address=address.value,
+                          dims=list(dims[:rank]), strides=list(strides[:rank - 1]),
+                          box=list(box[:rank]), element_strides=list(element_strides[:rank]),
+                          interleave=interleave, swizzle=swizzle, l2=l2, oob=oob))
+        ctypes.memmove(out.value, bytes(range(128)), 128)
+        return rc
+    return fn
+
+
+def test_encode_passes_the_map_to_the_driver():
+    m = tma.tile_map((1, 4, 500, 128), bhld_strides(1, 4, 500, 128), bf16=True, rows=128)
+    calls = []
+    blob = tma.encode(m, 0x7F0000001000, encoder=fake_encoder(calls))
+    assert blob == bytes(range(128))
+    (c,) = calls
+    assert c["out"] % 128 == 0  # CUtensorMap's alignment
+    assert c["rank"] == 4 and c["address"] == 0x7F0000001000
+    assert c["dims"] == [128, 500, 4, 1] and c["strides"] == [256, 256 * 500, 256 * 500 * 4]
+    assert c["box"] == [64, 128, 1, 1] and c["element_strides"] == [1, 1, 1, 1]
+    assert (c["data_type"], c["swizzle"], c["interleave"]) == (9, 3, 0)
+    assert c["oob"] == tma.OOB_FILL_NONE  # rows past the tensor read as zeros
+
+
+def test_encode_errors():
+    m = tma.tile_map((1, 1, 64, 64), bhld_strides(1, 1, 64, 64), bf16=True, rows=64)
+    with pytest.raises(tma.TensorMapError, match="16-byte aligned"):
+        tma.encode(m, 0x1008, encoder=fake_encoder([]))
+    with pytest.raises(tma.TensorMapError, match="CUresult 1"):
+        tma.encode(m, 0x1000, encoder=fake_encoder([], rc=1))
+
+
+@pytest.mark.gpu
+def test_driver_encodes_a_device_operand():
+    cp = pytest.importorskip("cupy")
+    try:
+        cp.cuda.runtime.getDeviceCount()
+    except Exception:
+        pytest.skip("needs a CUDA GPU and CuPy")
+    if int(cp.cuda.Device().compute_capability) < 90:
+        pytest.skip("tensor maps need sm_90 or newer")
+    x = cp.zeros((1, 2, 300, 128), dtype=cp.float16)
+    m = tma.tile_map(x.shape, tuple(s // 2 for s in x.strides), bf16=False, rows=128)
+    blob = tma.encode(m, int(x.data.ptr))
+    assert len(blob) == 128 and any(blob)
+    assert np.frombuffer(blob, dtype=np.uint64).size == 16
