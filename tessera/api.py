@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from ._array import cupy_or_none
+from .cuda import tma
 from .interop import (DeviceTensor, current_stream_ptr, device_of, empty_like_caller,
                       framework_of, from_any)
 from .mask import BlockMask
@@ -249,6 +250,26 @@ def _task_counter(p: Plan, cp: Any, stream: Any) -> Any:
     return counter
 
 
+# TMA copies in the producer variant (bsa_sm90.cu TESSERA_TMA) wherever the operands allow;
+# False keeps every launch on cp.async (an A/B switch for benchmarks and tests).
+use_tma = True
+_NO_MAPS = np.zeros((), dtype=tma.MAPS_DTYPE)[()]  # the kernels' TmaMaps of a cp.async launch
+
+
+def _tma_maps(p: Plan, ops: _Operands, bf16: bool):
+    """The tensor maps of q, k and v for a TMA launch of ``p``, or None when TMA cannot read
+    them (strides, alignment, no driver support): the launch then copies by cp.async."""
+    hp = p.launch_queue.heads_per_task
+    try:
+        return tma.launch_maps((ops.q.ptr, ops.shape_q, ops.strides_q),
+                               (ops.k.ptr, ops.shape_kv, ops.strides_k),
+                               (ops.v.ptr, ops.shape_kv, ops.strides_v), bf16=bf16,
+                               tile_rows=p.launch_queue.tile_rows, heads_per_task=hp,
+                               block_n=p.regime.block_n)
+    except tma.TensorMapError:
+        return None
+
+
 def _launch(p: Plan, ops: _Operands, scale: float | None, return_lse: bool,
             given: dict | None = None):
     from .cuda.loader import Variant, blocks_per_sm, load_kernel, smem_bytes  # noqa: PLC0415
@@ -263,6 +284,11 @@ def _launch(p: Plan, ops: _Operands, scale: float | None, return_lse: bool,
     if not r.runs_on(cc):
         raise ValueError(f"regime {r.name} runs on sm_90 GPUs only; this device is sm_{cc}")
     fwd = r.variant(ops.shape_q[3], bf16)
+    maps = _tma_maps(p, ops, bf16) if use_tma and r.tma_capable else None
+    if maps is not None:
+        fwd = r.variant(ops.shape_q[3], bf16, tma=True)
+    else:
+        maps = _NO_MAPS
     if smem_bytes(fwd) > smem_limit_bytes(cc):  # the launch would fail with a bare driver error
         raise ValueError(f"regime {r.name} needs {smem_bytes(fwd)} bytes of shared memory at head "
                          f"dim {d}; sm_{cc} allows {smem_limit_bytes(cc)} per block")
@@ -316,7 +342,7 @@ def _launch(p: Plan, ops: _Operands, scale: float | None, return_lse: bool,
                     n_tasks, max(1, blocks_per_sm(fwd) * device_sm_count()),
                     persistent_grid_cap or n_tasks)
                 counter = _task_counter(p, cp, stream)
-            args += (ptr(0 if counter is None else counter.data.ptr),)
+            args += (ptr(0 if counter is None else counter.data.ptr), maps)
             fn((grid,), (fwd.threads,), args, shared_mem=smem_bytes(fwd), stream=stream)
         n_jobs = int(launch.combine.shape[0])
         if n_jobs:

@@ -220,6 +220,46 @@ def test_three_consumer_warpgroups(d, pack):
         _check(m, hq=hq, hkv=hkv, d=d, regime=reg)
 
 
+@pytest.mark.parametrize("block_m,block_n", [(128, 128), (128, 64), (64, 64), (192, 64)])
+@pytest.mark.parametrize("d", [64, 96, 128])
+def test_tma_copies_equal_cp_async(d, block_m, block_n, monkeypatch):
+    """The producer's TMA copies give the cp.async variant's output bit for bit (rows past a
+    span's end hold other keys or zeros instead of the last key: masked either way), with GQA
+    packing, variable blocks and a ragged end; operands TMA cannot describe (a token stride
+    that is not a multiple of 16 bytes) fall back to cp.async."""
+    import cupy as cp
+
+    if _device_cc() != 90:
+        pytest.skip("the sm90 family runs on Hopper only")
+    if block_m == 192 and d == 128:
+        pytest.skip("192-row tiles build at head dims 64 and 96")
+    rng = np.random.default_rng(d + block_m + block_n)
+    qs, ks = rng.integers(16, 300, size=7), rng.integers(8, 200, size=20)
+    dense = rng.random((2, 7, 20)) < 0.4
+    m = tessera.BlockMask.from_dense(dense, q_bounds=np.r_[0, np.cumsum(qs)],
+                                     kv_bounds=np.r_[0, np.cumsum(ks)])
+    reg = Regime(family="sm90", block_m=block_m, num_warps=block_m // 16 + 4, block_n=block_n,
+                 stages=3, combine_threshold=0.0)
+    lq, lk = int(m.seq_len_q), int(m.seq_len_kv)
+    q = cp.asarray(rng.standard_normal((1, 4, lq, d)), dtype=cp.float16)
+    k, v = (cp.asarray(rng.standard_normal((1, 2, lk, d)), dtype=cp.float16) for _ in range(2))
+    p = tessera.plan(m, num_q_heads=4, num_kv_heads=2, head_dim=d, dtype="float16", regime=reg)
+    assert api._tma_maps(p, api._describe(q, k, v, "bhld"), False) is not None
+    with_tma = p.run(q, k, v)
+    monkeypatch.setattr(api, "use_tma", False)
+    without = p.run(q, k, v)
+    assert cp.array_equal(with_tma, without)
+    _check(m, hq=4, hkv=2, d=d, regime=reg, dtype="float16")  # and against the reference
+    monkeypatch.setattr(api, "use_tma", True)
+    # k and v sliced out of wider rows: a token stride of d + 4 elements (not 16-byte aligned)
+    wide = cp.asarray(rng.standard_normal((2, 1, 2, lk, d + 4)), dtype=cp.float16)
+    k2, v2 = wide[0, :, :, :, :d], wide[1, :, :, :, :d]
+    assert api._tma_maps(p, api._describe(q, k2, v2, "bhld"), False) is None
+    ref = reference.attention(q, k2, v2, m)
+    got = cp.asnumpy(p.run(q, k2, v2)).astype(np.float64)
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) <= TOL["float16"]
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_restricted_merge_rows(family):
     d = np.zeros((1, 8, 8), bool)

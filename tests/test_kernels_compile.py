@@ -95,6 +95,26 @@ def test_sm90_producer_variants_compile(bm, bn, d, tmp_path, monkeypatch):
         assert res.registers <= 128 and 2 * (loader.smem_bytes(v) + 1024) <= 228 * 1024
 
 
+@pytest.mark.parametrize("bm,bn,d", [(128, 128, 64), (128, 128, 96), (128, 128, 128),
+                                     (128, 64, 128), (64, 64, 64), (64, 64, 128), (192, 64, 64),
+                                     (192, 64, 96), (192, 64, 128)])
+def test_sm90_tma_variants_compile(bm, bn, d, tmp_path, monkeypatch):
+    """The TMA-copying producer variants (one thread issues Q and K/V copies; the producer
+    warpgroup keeps 24 registers): spill-free, wgmma not serialized -- at head dim 128 with
+    128-key steps too, where the consumers' 240 registers now hold P, S and O at once."""
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    reg = Regime(family="sm90", block_m=bm, num_warps=bm // 16 + 4, block_n=bn, stages=3,
+                 combine_threshold=0.0)
+    assert reg.tma_capable and not reg.with_(pack_keys=True).tma_capable
+    v = reg.variant(d, bf16=True, tma=True)
+    assert v.tma and not reg.variant(d).tma and v.persistent
+    res = loader.compile_variant(v, "sm_90a")
+    assert res.spill_bytes == 0 and res.stack_bytes == 0
+    with pytest.raises(ValueError, match="producer's"):
+        loader.Variant.bsa_sm90(block_m=bm, block_n=bn, head_dim=d, stages=3, bf16=True,
+                                producer=True, pack_keys=True, tma=True)
+
+
 @pytest.mark.parametrize("d", [64, 96])
 @pytest.mark.parametrize("pack", [False, True])
 def test_sm90_three_warpgroup_variants_compile(d, pack, tmp_path, monkeypatch):

@@ -90,3 +90,43 @@ def test_driver_encodes_a_device_operand():
     blob = tma.encode(m, int(x.data.ptr))
     assert len(blob) == 128 and any(blob)
     assert np.frombuffer(blob, dtype=np.uint64).size == 16
+
+
+def test_launch_maps_for_q_k_v():
+    """One launch's TmaMaps: Q tiles of tile_rows tokens of the GQA-packed heads, K/V chunks of
+    block_n keys; 384 bytes in q, k, v order (common.cuh's TmaMaps)."""
+    calls = []
+    q = (0x10000, (1, 8, 500, 128), bhld_strides(1, 8, 500, 128))
+    k = (0x20000, (1, 2, 700, 128), bhld_strides(1, 2, 700, 128))
+    v = (0x30000, (1, 2, 700, 128), bhld_strides(1, 2, 700, 128))
+    maps = tma.launch_maps(q, k, v, bf16=True, tile_rows=32, heads_per_task=4, block_n=128,
+                           encoder=fake_encoder(calls))
+    assert maps.dtype == tma.MAPS_DTYPE and len(bytes(maps)) == 384
+    assert [c["address"] for c in calls] == [0x10000, 0x20000, 0x30000]
+    assert calls[0]["box"] == [64, 32, 4, 1] and calls[0]["dims"] == [128, 500, 8, 1]
+    assert calls[1]["box"] == calls[2]["box"] == [64, 128, 1, 1]
+    assert calls[1]["dims"] == [128, 700, 2, 1]
+    with pytest.raises(tma.TensorMapError, match="heads"):
+        tma.launch_maps(q, k, v, bf16=True, tile_rows=32, heads_per_task=16, block_n=128,
+                        encoder=fake_encoder([]))
+
+
+def test_launch_without_a_driver_keeps_cp_async(monkeypatch):
+    """No driver encoder (CPU machines, old drivers): the launch's maps are None, so it takes
+    the cp.async variant."""
+    import tessera
+    from tessera import api
+
+    monkeypatch.setattr(tma, "_driver_encoder", lambda: None)
+    m = tessera.BlockMask.from_dense(np.ones((1, 2, 2), bool), block_size=128)
+    p = tessera.plan(m, num_q_heads=2, head_dim=128, arch=90)
+
+    class Desc:
+        ptr = 0x1000
+
+    ops = api._Operands(q=Desc(), k=Desc(), v=Desc(), shape_q=(1, 2, 256, 128),
+                        shape_kv=(1, 2, 256, 128), strides_q=bhld_strides(1, 2, 256, 128),
+                        strides_k=bhld_strides(1, 2, 256, 128),
+                        strides_v=bhld_strides(1, 2, 256, 128), stream_ptr=0)
+    assert api._tma_maps(p, ops, bf16=True) is None
+    assert len(bytes(api._NO_MAPS)) == 384 and not any(bytes(api._NO_MAPS))

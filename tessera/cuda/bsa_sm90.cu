@@ -25,6 +25,10 @@
 //                    while the current task computes, so the consumers start it without waiting
 //                    for Q (a tile read once, from DRAM); 1: it loads after the current task's
 //                    last S
+//   TESSERA_TMA      1 (producer, unpacked walk only): one producer thread copies each Q tile
+//                    and K/V chunk with bulk tensor copies (TMA) described by the tensor maps in
+//                    the tma_maps parameter (tessera/cuda/tma.py), completing on the full
+//                    barriers by byte count; 0: 128 threads of cp.async
 //   TESSERA_MIN_BLOCKS CTAs per SM the producer variant's registers are split for (default 1):
 //                    2 lets two 64-row CTAs share an SM, each with one consumer warpgroup,
 //                    instead of one CTA holding the whole register file
@@ -45,6 +49,9 @@
 #endif
 #ifndef TESSERA_MIN_BLOCKS
 #define TESSERA_MIN_BLOCKS 1
+#endif
+#ifndef TESSERA_TMA
+#define TESSERA_TMA 0
 #endif
 
 namespace {
@@ -74,11 +81,6 @@ static_assert(STAGES >= 3, "P V of chunk j-1 reads its stage while chunk j+1 loa
 // Chunks loaded ahead of the one computed: every stage but the current chunk's and the previous
 // chunk's (whose V the pipelined P V still reads).
 constexpr int PREFETCH = STAGES - 2;
-// The softmax of chunk j runs while the tensor cores multiply P_{j-1} by V_{j-1} where the
-// registers allow P, S and O to be live at once: not at head dim 128 with 128-key steps, where
-// ptxas spills even at the consumers' 224 registers (there the wait for S_j also waits for
-// P_{j-1} V_{j-1}, and only the two warpgroups' alternation overlaps softmax and matrix work).
-constexpr bool OVERLAP_PV = !(D == 128 && BN == 128);
 static_assert(Q_BYTES % 1024 == 0 && KV_BYTES % 1024 == 0, "tiles stay 1024-byte aligned");
 
 // TESSERA_PACK_KEYS = 1: a task's keys are walked end to end (PackedWalk, common.cuh), spans
@@ -87,6 +89,18 @@ static_assert(Q_BYTES % 1024 == 0 && KV_BYTES % 1024 == 0, "tiles stay 1024-byte
 #define TESSERA_PACK_KEYS 0
 #endif
 constexpr bool PACKED = TESSERA_PACK_KEYS != 0;
+// K/V chunks by TMA: a chunk is BN consecutive keys from the walk's position (rows past the
+// span's end read the keys that follow, or zeros past the sequence; masked either way), which
+// the packed walk's chunks are not.
+constexpr bool TMA = TESSERA_TMA != 0;
+static_assert(!TMA || (TESSERA_PRODUCER && !TESSERA_PACK_KEYS),
+              "TMA copies are the producer's, for the span-by-span walk");
+// The softmax of chunk j runs while the tensor cores multiply P_{j-1} by V_{j-1} where the
+// registers allow P, S and O to be live at once: not at head dim 128 with 128-key steps, where
+// ptxas spills even at the consumers' 224 registers (there the wait for S_j also waits for
+// P_{j-1} V_{j-1}, and only the two warpgroups' alternation overlaps softmax and matrix work)
+// -- unless a TMA producer leaves them 240 -- nor with three warpgroups and 128-key steps.
+constexpr bool OVERLAP_PV = !(D == 128 && BN == 128 && !TMA) && !(WGS == 3 && BN == 128);
 #if TESSERA_PACK_KEYS
 using Walk = PackedWalk<BN>;
 #else
@@ -213,6 +227,42 @@ __device__ __forceinline__ void mbar_wait(u32 bar, int parity) {
       "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
       "@!p bra WAIT;\n}" ::"r"(bar), "r"(parity) : "memory");
 }
+// Expects `bytes` more on `bar` (the TMA copies' completion) and arrives once.
+__device__ __forceinline__ void mbar_arrive_expect_tx(u32 bar, u32 bytes) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}"
+               ::"r"(bar), "r"(bytes) : "memory");
+}
+// One box of a 4-D tensor map (coordinates innermost first) into shared memory at `dst`,
+// completing on `bar` with its byte count.
+__device__ __forceinline__ void tma_load_4d(u32 dst, const void* map, int c0, int c1, int c2,
+                                            int c3, u32 bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4, %5}], [%6];" ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2),
+      "r"(c3), "r"(bar) : "memory");
+}
+// A chunk's K and V (BN keys from `key0` of kv head `kvh`, batch `b`): one box per SW-byte
+// column chunk of the tile (the maps' boxes are SW / 2 elements by BN rows, swizzled as
+// tile_offset lays them out).
+__device__ __forceinline__ void tma_load_kv(u32 ks, const TmaMaps& maps, int key0, int kvh,
+                                            int b, u32 bar) {
+  mbar_arrive_expect_tx(bar, 2 * KV_BYTES);
+#pragma unroll
+  for (int p = 0; p < D * 2 / SW; ++p) {
+    tma_load_4d(ks + (u32)(p * BN * SW), maps.k, p * SW / 2, key0, kvh, b, bar);
+    tma_load_4d(ks + KV_BYTES + (u32)(p * BN * SW), maps.v, p * SW / 2, key0, kvh, b, bar);
+  }
+}
+// A task's Q tile: the Q map's box is SW / 2 elements by tile_rows tokens by the task's heads
+// (GQA packing), which lands as tile row head * tile_rows + token -- Task::q_row's order. Rows
+// past the task's end read the tokens that follow (never stored) or zeros.
+__device__ __forceinline__ void tma_load_q(u32 qs, const TmaMaps& maps, int q_start, int h0,
+                                           int b, u32 bar) {
+  mbar_arrive_expect_tx(bar, Q_BYTES);
+#pragma unroll
+  for (int p = 0; p < D * 2 / SW; ++p)
+    tma_load_4d(qs + (u32)(p * BM * SW), maps.q, p * SW / 2, q_start, h0, b, bar);
+}
 template <int REGS>
 __device__ __forceinline__ void regs_decrease() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(REGS));
@@ -228,7 +278,7 @@ __device__ __forceinline__ void regs_increase() {
 // producer needs few (56 hold its task loop, the packed walk's too, without spills); the
 // consumers take the rest of the pool (multiples of 8), up to setmaxnreg's 256 (one consumer
 // warpgroup at head dim 128 needs it).
-constexpr int PRODUCER_REGS = 56;
+constexpr int PRODUCER_REGS = TMA ? 24 : 56;
 constexpr int MIN_BLOCKS = TESSERA_MIN_BLOCKS;
 constexpr int LAUNCH_REGS = 65536 / (NT * MIN_BLOCKS) / 8 * 8;
 constexpr int CONSUMER_REGS_FIT = (LAUNCH_REGS * NT - 128 * PRODUCER_REGS) / CONSUMERS / 8 * 8;
@@ -282,11 +332,12 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
   if constexpr (WS) {
     if (tid == 0) {
       for (int st = 0; st < STAGES; ++st) {
-        mbar_init(full_bar + 8 * st, LOADERS);
+        mbar_init(full_bar + 8 * st, TMA ? 1 : LOADERS);  // TMA: one expecting arrive
         mbar_init(empty_bar + 8 * st, CONSUMERS);
       }
       for (int b = 0; b < Q_BUFS; ++b) {
-        mbar_init(q_full_bar + 8 * b, LOADERS + 1);  // + the arrive publishing the task index
+        // + the arrive publishing the task index (TMA: that and the one expecting Q's bytes)
+        mbar_init(q_full_bar + 8 * b, TMA ? 2 : LOADERS + 1);
         mbar_init(q_empty_bar + 8 * b, CONSUMERS);
       }
     }
@@ -311,16 +362,21 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
             mbar_arrive(full);  // releases the index to the consumers
           }
           if (!real) {
-            mbar_arrive(full);  // no Q to copy: the consumers find the end of the queue
+            // no Q to copy: the consumers find the end of the queue
+            if (!TMA || ptid == 0) mbar_arrive(full);
             return;
           }
           const Task task(tasks, ti, k_ptr, k_sb, k_sh, v_ptr, v_sb, v_sh, group);
           const u32 qs = q_base + (u32)(qb * Q_BYTES);
+#if TESSERA_TMA
+          if (ptid == 0) tma_load_q(qs, tma_maps, task.q_start, task.h0, task.b, full);
+#else
           for (int i = ptid; i < BM * CPR; i += LOADERS) {
             const int r = i / CPR, p = i % CPR;
             cp_async16(qs + tile_offset<BM>(r, p), task.q_row(q, r, tile_rows) + p * 8);
           }
           mbar_arrive_on_copies(full);
+#endif
         };
         if (ti >= num_tasks()) {
           hand_over_q(false);
@@ -346,9 +402,15 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
             q_sent = true;
           }
           if (c >= STAGES) mbar_wait(empty_bar + 8 * st, (c / STAGES - 1) & 1);
+#if TESSERA_TMA
+          if (ptid == 0)
+            tma_load_kv(stage_base + (u32)(st * STAGE_BYTES), tma_maps, w.key0(),
+                        task.h0 / group, task.b, full_bar + 8 * st);
+#else
           load_kv(stage_base + (u32)(st * STAGE_BYTES), task.k_head, k_sl, task.v_head, v_sl, w,
                   spans, task.span_end, ptid);
           mbar_arrive_on_copies(full_bar + 8 * st);
+#endif
           w.next(spans, task.span_end);
         }
         if (!q_sent) hand_over_q(true);

@@ -120,13 +120,21 @@ __device__ __forceinline__ float warp_quad_sum(float x) {
 // tasks -- max_tasks, or *task_count when that is not null (a sync-free plan: the device planner
 // wrote the count, the host only knows a bound and sized the grid by it) -- and a zeroed counter
 // persistent kernels take tasks from (null for one-task CTAs).
+// Tensor maps (driver-encoded CUtensorMap, 128 bytes each) of q, k and v for kernels that copy
+// by TMA (bsa_sm90.cu with TESSERA_TMA); zeros for the others. A __grid_constant__ kernel
+// parameter: the copies read them where the launch put them (param space), no device copy.
+struct alignas(128) TmaMaps {
+  unsigned long long q[16], k[16], v[16];
+};
+
 #define TESSERA_BSA_PARAMS                                                        \
   const int *__restrict__ tasks, const int *__restrict__ spans, const u16 *q_ptr,  \
       i64 q_sb, i64 q_sh, i64 q_sl, const u16 *k_ptr, i64 k_sb, i64 k_sh, i64 k_sl, \
       const u16 *v_ptr, i64 v_sb, i64 v_sh, i64 v_sl, u16 *o_ptr, i64 o_sb, i64 o_sh, \
       i64 o_sl, float *lse_ptr, i64 lse_sb, i64 lse_sh, float *part_o,              \
       float *part_lse, int tile_rows, int group, float scale_log2, int max_tasks,     \
-      const i64 *task_count, int *task_counter
+      const i64 *task_count, int *task_counter,                                  \
+      const __grid_constant__ TmaMaps tma_maps
 
 // The number of tasks, at the top of every attention kernel (see TESSERA_BSA_PARAMS).
 #define TESSERA_NUM_TASKS \

@@ -65,7 +65,8 @@ class Variant:
 
     @classmethod
     def bsa_sm90(cls, *, block_m: int, block_n: int, head_dim: int, stages: int,
-                 bf16: bool, producer: bool = False, pack_keys: bool = False) -> "Variant":
+                 bf16: bool, producer: bool = False, pack_keys: bool = False,
+                 tma: bool = False) -> "Variant":
         """The Hopper family (sm_90a only): 64 rows per consumer warpgroup, plus a producer
         warpgroup that does all copies when ``producer`` -- then with two Q buffers where they
         fit the sm_90 shared-memory limit (all but 128-row tiles with 128-key steps at head dim
@@ -73,9 +74,13 @@ class Variant:
         variant splits its registers for two CTAs an SM where their shared memory fits (head
         dims 64 and 96): one CTA would hold the whole register file for a single consumer
         warpgroup. (With 128-key steps ptxas spills under that budget.) ``pack_keys``: the
-        packed key walk (Regime.pack_keys)."""
+        packed key walk (Regime.pack_keys). ``tma``: the producer copies K/V chunks by TMA
+        (producer variants of the span-by-span walk only; the launch passes tensor maps)."""
+        if tma and (not producer or pack_keys):
+            raise ValueError("TMA copies are the producer's, for the span-by-span walk")
         macros = (("BM", block_m), ("BN", block_n), ("D", head_dim), ("STAGES", stages),
-                  ("BF16", int(bf16))) + ((("PACK_KEYS", 1),) if pack_keys else ())
+                  ("BF16", int(bf16))) + ((("PACK_KEYS", 1),) if pack_keys else ()) + (
+                  (("TMA", 1),) if tma else ())
         if not producer:
             return cls("bsa_sm90.cu", "bsa_fwd_sm90", macros)
         from ..runtime.regime import smem_limit_bytes  # noqa: PLC0415 - no import cycle
@@ -91,6 +96,11 @@ class Variant:
                 return v
         two = ws(2, 1)
         return two if smem_bytes(two) <= smem_limit_bytes(90) else ws(1, 1)
+
+    @property
+    def tma(self) -> bool:
+        """Whether the kernel reads K/V by TMA (its launch must pass the tensor maps)."""
+        return bool(dict(self.macros).get("TMA"))
 
     @property
     def min_blocks(self) -> int:

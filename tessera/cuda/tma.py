@@ -10,8 +10,8 @@ The box matches bsa_sm90.cu's tile layout: ``SW`` bytes of the head dim (128 whe
 multiple of 64 elements, else 64) by ``rows`` tokens, with the hardware swizzle of that span --
 the layout that file's ``tile_offset`` computes for its cp.async copies.
 
-Not yet used by a kernel (eighth session): the foundation of a producer that issues its K/V
-copies from one thread (fewer producer registers, more for the consumers).
+Used by bsa_sm90.cu's TMA variant (``TESSERA_TMA``): one producer thread issues the Q and K/V
+copies, which leaves the producer warpgroup 24 registers and the consumers the rest.
 """
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ import ctypes
 import functools
 from dataclasses import dataclass
 
-__all__ = ["TileMap", "tile_map", "encode", "TensorMapError"]
+import numpy as np
+
+__all__ = ["TileMap", "tile_map", "encode", "launch_maps", "MAPS_DTYPE", "TensorMapError"]
 
 # CUtensorMapDataType, CUtensorMapSwizzle and friends (cuda.h, CUDA 12 and 13).
 DATA_TYPE_FLOAT16 = 6
@@ -43,7 +45,7 @@ class TensorMapError(ValueError):
 class TileMap:
     """The arguments of ``cuTensorMapEncodeTiled`` for one ``[B, H, L, D]`` operand, innermost
     dimension first: ``dims`` (D, L, H, B) in elements, ``strides`` the byte strides of L, H
-    and B, ``box`` (SW / 2 elements of D, ``rows`` tokens, 1, 1), ``swizzle`` matching SW."""
+    and B, ``box`` (SW / 2 elements of D, rows, heads, 1), ``swizzle`` matching SW."""
 
     dims: tuple[int, int, int, int]
     strides: tuple[int, int, int]
@@ -53,10 +55,12 @@ class TileMap:
 
 
 def tile_map(shape: tuple[int, int, int, int], strides: tuple[int, int, int, int], *,
-             bf16: bool, rows: int) -> TileMap:
+             bf16: bool, rows: int, heads: int = 1) -> TileMap:
     """The tensor map of a ``[B, H, L, D]`` operand with element ``strides`` whose tiles are
-    ``rows`` tokens by the whole head dim. Raises TensorMapError when TMA cannot read it: the
-    head dim not contiguous, a byte stride not a multiple of 16 (or too large), a box too big."""
+    ``rows`` tokens of ``heads`` consecutive heads by the whole head dim (a Q tile of GQA-packed
+    heads lands head-major, as the kernels index its rows). Raises TensorMapError when TMA
+    cannot read it: the head dim not contiguous, a byte stride not a multiple of 16 (or too
+    large), a box too big."""
     b, h, l_, d = (int(x) for x in shape)
     sb, sh, sl, sd = (int(x) for x in strides)
     if sd != 1:
@@ -68,10 +72,11 @@ def tile_map(shape: tuple[int, int, int, int], strides: tuple[int, int, int, int
         if s % 16 or not 0 < s < _MAX_STRIDE:
             raise TensorMapError(f"the {name} stride ({s} bytes) must be a positive multiple of "
                                  f"16 below 2^40")
-    if not 0 < rows <= _MAX_BOX:
-        raise TensorMapError(f"a box holds 1 to {_MAX_BOX} rows, got {rows}")
+    if not 0 < rows <= _MAX_BOX or not 0 < heads <= min(h, _MAX_BOX):
+        raise TensorMapError(f"a box holds 1 to {_MAX_BOX} rows of 1 to {min(h, _MAX_BOX)} "
+                             f"heads, got {rows} rows of {heads}")
     sw = 128 if d % 64 == 0 else 64
-    return TileMap(dims=(d, l_, h, b), strides=byte_strides, box=(sw // 2, rows, 1, 1),
+    return TileMap(dims=(d, l_, h, b), strides=byte_strides, box=(sw // 2, rows, heads, 1),
                    swizzle=SWIZZLE_128B if sw == 128 else SWIZZLE_64B,
                    data_type=DATA_TYPE_BFLOAT16 if bf16 else DATA_TYPE_FLOAT16)
 
@@ -116,3 +121,21 @@ def encode(m: TileMap, address: int, encoder=None) -> bytes:
     if rc != 0:
         raise TensorMapError(f"cuTensorMapEncodeTiled failed (CUresult {rc}) for {m}")
     return ctypes.string_at(aligned, TENSOR_MAP_BYTES)
+
+
+# The kernels' TmaMaps parameter (common.cuh): q's, k's and v's maps, 128 bytes each.
+MAPS_DTYPE = np.dtype([("maps", np.uint64, (3 * TENSOR_MAP_BYTES // 8,))])
+
+
+def launch_maps(q, k, v, *, bf16: bool, tile_rows: int, heads_per_task: int, block_n: int,
+                encoder=None) -> np.void:
+    """The TmaMaps argument of one launch: ``q``, ``k`` and ``v`` are (address, [B, H, L, D]
+    shape, element strides); Q tiles of ``tile_rows`` tokens of ``heads_per_task`` heads, K/V
+    chunks of ``block_n`` keys. Raises TensorMapError when one of them cannot be described
+    (the launch then takes the cp.async variant)."""
+    blobs = []
+    for (address, shape, strides), rows, heads in ((q, tile_rows, heads_per_task),
+                                                  (k, block_n, 1), (v, block_n, 1)):
+        m = tile_map(shape, strides, bf16=bf16, rows=rows, heads=heads)
+        blobs.append(encode(m, int(address), encoder))
+    return np.frombuffer(b"".join(blobs), dtype=MAPS_DTYPE)[0]

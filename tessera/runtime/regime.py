@@ -140,16 +140,23 @@ class Regime:
         return asdict(self)
 
     @functools.lru_cache(maxsize=256)  # noqa: B019 - regimes are few and immutable
-    def variant(self, head_dim: int, bf16: bool = True):
-        """The attention kernel variant (``tessera.cuda.loader.Variant``) this regime runs."""
+    def variant(self, head_dim: int, bf16: bool = True, tma: bool = False):
+        """The attention kernel variant (``tessera.cuda.loader.Variant``) this regime runs;
+        ``tma``: its TMA-copying form (producer regimes of the span-by-span walk, when the
+        launch can describe the operands: ``tma_capable``)."""
         from ..cuda.loader import Variant  # noqa: PLC0415 - no CuPy needed
 
         if self.family == "sm90":
             return Variant.bsa_sm90(block_m=self.block_m, block_n=self.block_n,
                                     head_dim=head_dim, stages=self.stages, bf16=bf16,
-                                    producer=self.producer, pack_keys=self.pack_keys)
+                                    producer=self.producer, pack_keys=self.pack_keys, tma=tma)
         return Variant.bsa_sm80(block_m=self.block_m, block_n=self.block_n, head_dim=head_dim,
                                 num_warps=self.num_warps, stages=self.stages, bf16=bf16)
+
+    @property
+    def tma_capable(self) -> bool:
+        """Whether this regime's kernel has a TMA-copying form (variant(..., tma=True))."""
+        return self.producer and not self.pack_keys
 
     @property
     def producer(self) -> bool:
