@@ -7,6 +7,7 @@ TypeError that names the argument.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -259,13 +260,19 @@ _NO_MAPS = np.zeros((), dtype=tma.MAPS_DTYPE)[()]  # the kernels' TmaMaps of a c
 def _tma_maps(p: Plan, ops: _Operands, bf16: bool):
     """The tensor maps of q, k and v for a TMA launch of ``p``, or None when TMA cannot read
     them (strides, alignment, no driver support): the launch then copies by cp.async."""
-    hp = p.launch_queue.heads_per_task
+    return _encoded_maps((ops.q.ptr, ops.shape_q, tuple(ops.strides_q)),
+                         (ops.k.ptr, ops.shape_kv, tuple(ops.strides_k)),
+                         (ops.v.ptr, ops.shape_kv, tuple(ops.strides_v)), bf16,
+                         p.launch_queue.tile_rows, p.launch_queue.heads_per_task,
+                         p.regime.block_n)
+
+
+@functools.lru_cache(maxsize=64)  # a model's layers reuse their buffers: encode once each
+def _encoded_maps(q: tuple, k: tuple, v: tuple, bf16: bool, tile_rows: int, heads: int,
+                  block_n: int):
     try:
-        return tma.launch_maps((ops.q.ptr, ops.shape_q, ops.strides_q),
-                               (ops.k.ptr, ops.shape_kv, ops.strides_k),
-                               (ops.v.ptr, ops.shape_kv, ops.strides_v), bf16=bf16,
-                               tile_rows=p.launch_queue.tile_rows, heads_per_task=hp,
-                               block_n=p.regime.block_n)
+        return tma.launch_maps(q, k, v, bf16=bf16, tile_rows=tile_rows, heads_per_task=heads,
+                               block_n=block_n)
     except tma.TensorMapError:
         return None
 

@@ -118,6 +118,7 @@ def test_launch_without_a_driver_keeps_cp_async(monkeypatch):
     from tessera import api
 
     monkeypatch.setattr(tma, "_driver_encoder", lambda: None)
+    api._encoded_maps.cache_clear()
     m = tessera.BlockMask.from_dense(np.ones((1, 2, 2), bool), block_size=128)
     p = tessera.plan(m, num_q_heads=2, head_dim=128, arch=90)
 
@@ -129,4 +130,5 @@ def test_launch_without_a_driver_keeps_cp_async(monkeypatch):
                         strides_k=bhld_strides(1, 2, 256, 128),
                         strides_v=bhld_strides(1, 2, 256, 128), stream_ptr=0)
     assert api._tma_maps(p, ops, bf16=True) is None
+    api._encoded_maps.cache_clear()
     assert len(bytes(api._NO_MAPS)) == 384 and not any(bytes(api._NO_MAPS))
