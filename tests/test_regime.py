@@ -384,7 +384,8 @@ def plan90(mask, **kw):
 
 
 def heuristic(mask, arch=90, head_dim=128):
-    return default_regime(arch, head_dim, float(np.median(np.diff(mask.q_bounds))))
+    return default_regime(arch, head_dim, float(np.median(np.diff(mask.q_bounds))),
+                          mask.kv_bounds)
 
 
 def test_plan_uses_table_and_falls_back():
@@ -1144,3 +1145,20 @@ def test_device_properties_cached_per_device(monkeypatch):
     dev["id"] = 2
     monkeypatch.setattr(fake.cuda, "Device", lambda d: 1 / 0)
     assert R.device_arch() is None and R.device_sm_count() == 0 and 2 not in R._device_archs
+
+
+def test_table_still_answers_masks_the_heuristic_would_pack():
+    """A ragged key geometry makes the heuristic pack its keys (never split), but whether the
+    table is asked is decided on the unpacked form: masks with few tasks per slot keep the
+    table's pick."""
+    rng = np.random.default_rng(3)
+    kb = np.r_[0, np.cumsum(rng.integers(40, 200, 14))]
+    m = BlockMask.from_dense(rng.random((2, 16, kb.size - 1)) < 0.3, block_size=None,
+                             q_bounds=np.arange(0, 16 * 128 + 1, 128), kv_bounds=kb)
+    assert heuristic(m).pack_keys  # ragged against 128-key steps
+    try:
+        assert R.use_table(table_for(m)) is not None
+        assert plan90(m).regime == PICK
+    finally:
+        R.use_table(None)
+    assert plan90(m).regime == heuristic(m)

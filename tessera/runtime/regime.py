@@ -1058,10 +1058,13 @@ def select_regime(mask: Any, *, arch: int | None, head_dim: int, dtype: Any,
     table = active_table(arch)
     from .plan import _dtype_name  # noqa: PLC0415 - plan imports this module
 
+    # Whether the split policy matters is asked of the heuristic's unpacked form: a packed walk
+    # never splits, which must not keep the table from masks it was profiled for.
+    unpacked = heuristic.with_(pack_keys=False)
     if (table is not None and table.covers(int(arch), int(head_dim), _dtype_name(dtype))
-            and plan_may_split(heuristic, mask, num_q_heads=num_q_heads,
+            and plan_may_split(unpacked, mask, num_q_heads=num_q_heads,
                                num_kv_heads=num_kv_heads or num_q_heads, batch=batch,
-                               in_flight=plan_tasks_in_flight(heuristic, mask, head_dim, arch))):
+                               in_flight=plan_tasks_in_flight(unpacked, mask, head_dim, arch))):
         try:
             found = table.lookup(mask_features(mask, head_dim=head_dim, dtype=dtype, arch=arch,
                                                num_q_heads=num_q_heads, batch=batch))
