@@ -49,3 +49,24 @@ sanitize() {
     -p no:cacheprovider -m gpu tests/test_attention_gpu.py -k "$expr" >> "$out/sanitizer.txt" 2>&1
   echo "$tool rc=$?: $(grep -E 'SUMMARY|passed|failed' "$out/sanitizer.txt" | tail -2 | tr '\n' ' ')"
 }
+
+# ab_sweep REPS FILTER DIRS... -- CASES...: kernel times of each case ("shape density regime"
+# or "shape family:NAME regime") from each package dir in turn (PYTHONPATH=dir and its own
+# benchmarks/sweep.py), REPS rounds alternating the dirs; lines matching FILTER (grep -E) are
+# dropped before the last one is kept (e.g. "pack_keys|align" keeps the plain regime).
+ab_sweep() {
+  local reps=$1 filter=$2 dirs=() cases t c i shape what regime; shift 2
+  while [ "$1" != "--" ]; do dirs+=("$1"); shift; done; shift
+  cases=("$@")
+  for i in $(seq "$reps"); do
+    for t in "${dirs[@]}"; do
+      for c in "${cases[@]}"; do
+        read -r shape what regime <<< "$c"
+        if [[ $what == family:* ]]; then what="--family ${what#family:}"
+        else what="--density $what"; fi
+        PYTHONPATH=$t timeout 40 python3 "$t/benchmarks/sweep.py" --shape "$shape" $what \
+          --only "$regime" 2>&1 | grep -Ev "$filter" | tail -1 | sed "s|^|$(basename "$t") |"
+      done
+    done
+  done
+}
