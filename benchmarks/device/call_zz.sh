@@ -21,13 +21,6 @@ grep -E "^(FAILED|E ) " "$out/tma_tests.txt" | head -10
 gpu_tests gpu_tests 200 tests --maxfail=20
 sanitize racecheck 60 "tma_copies and 128-128-64"
 sanitize memcheck 60 "tma_copies and (128-128-128 or 64-64-64)"
-for i in 1 2; do
-  for t in ab_main $PWD; do
-    for s in "wan-1.3b-480p 0.1 sm90_128x128_w12_s3" "wan-1.3b-480p 1.0 sm90_128x128_w12_s3" \
-             "cogvideox-5b 0.1 sm90_128x128_w12_s3" "cogvideox-5b 1.0 sm90_128x128_w12_s3"; do
-      set -- $s
-      PYTHONPATH=$t timeout 40 python3 $t/benchmarks/sweep.py --shape $1 --density $2 --only $3 \
-        2>&1 | grep -v "pack_keys\|align" | tail -1 | sed "s|^|$(basename $t) |"
-    done
-  done
-done | tee "$out/ab_tma.txt"
+ab_sweep 2 "pack_keys|align" ab_main "$PWD" -- "wan-1.3b-480p 0.1 sm90_128x128_w12_s3" \
+  "wan-1.3b-480p 1.0 sm90_128x128_w12_s3" "cogvideox-5b 0.1 sm90_128x128_w12_s3" \
+  "cogvideox-5b 1.0 sm90_128x128_w12_s3" | tee "$out/ab_tma.txt"
