@@ -204,7 +204,7 @@ def map_to_tiles(mask: BlockMask, tile_rows: int, block_n: int,
     if align_tiles:
         stats = _row_stats(mask, xp)
         return _aligned_tiles(mask, stats, _runs(stats, n_rows, n_q, qb, xp), kb, tile_rows,
-                              block_n, xp)
+                              block_n, pack_keys, xp)
     dense = _device_dense_rows(mask) if _use_device_planner(xp) else None
     if dense is not None:
         tiles, runs = _map_dense_on_device(mask, dense, tile_rows, block_n, combine_threshold,
@@ -237,16 +237,7 @@ def map_to_tiles(mask: BlockMask, tile_rows: int, block_n: int,
     group_q1 = run_q1[group_last_run]
     group_bh = run_bh[group_first_run]
 
-    # Entries that define spans: those of each run's first row (all entries when no two
-    # consecutive rows are identical, the common case for dynamic masks).
-    e_j, e_row, e_start = stats.j, stats.entry_row, stats.span_start
-    if n_runs != n_rows:
-        is_run_first = xp.zeros(n_rows, dtype=bool)
-        is_run_first[run_first] = True
-        keep = is_run_first[e_row]
-        e_j, e_row, e_start = e_j[keep], e_row[keep], e_start[keep]
-    row_run = xp.cumsum(~stats.identical) - 1  # run of each row
-    e_run = row_run[e_row]
+    e_j, e_run, e_start = _run_entries(stats, run_first, xp)
     if num_merged:
         k0, k1, r0, r1, s_group = _merged_spans(e_j, e_run, run_group, merged_into_prev,
                                                 run_q0, run_q1, group_q0, group_q1, kb, mask, xp)
@@ -257,21 +248,44 @@ def map_to_tiles(mask: BlockMask, tile_rows: int, block_n: int,
         s_group = e_run[first]
         k0, k1 = kb[e_j[first]], kb[e_j[last] + 1]
         r0, r1 = group_q0[s_group], group_q1[s_group]
-    g_spans = xp.bincount(s_group, minlength=num_groups) if s_group.size else \
-        xp.zeros(num_groups, dtype=np.int64)
-    g_span_off = offsets_from_counts(g_spans, xp)
-    # A group's cost: its spans' chunks, or (packed) its keys end to end.
-    s_cost = (k1 - k0) if pack_keys else (k1 - k0 + block_n - 1) // block_n
-    s_cost_off = offsets_from_counts(s_cost, xp)
-    g_chunks = s_cost_off[g_span_off[1:]] - s_cost_off[g_span_off[:-1]]
-    if pack_keys:
-        g_chunks = (g_chunks + block_n - 1) // block_n
+    g_span_off, g_chunks = _owned_spans(s_group, num_groups, k0, k1, block_n, pack_keys, xp)
     return _subdivide(group_q0, group_q1, group_bh, g_span_off, g_chunks, k0, k1, r0, r1,
                       tile_rows, block_n, num_merged, xp)
 
 
+def _run_entries(stats: _RowStats, run_first: Any, xp) -> tuple[Any, Any, Any]:
+    """The CSR entries that define spans -- those of each run's first row (rows of a run are
+    identical; all entries when no two consecutive rows are, the common case for dynamic
+    masks): their key blocks, runs, and span starts."""
+    e_j, e_row, e_start = stats.j, stats.entry_row, stats.span_start
+    n_rows = int(stats.identical.size)
+    if int(run_first.size) != n_rows:
+        is_run_first = xp.zeros(n_rows, dtype=bool)
+        is_run_first[run_first] = True
+        keep = is_run_first[e_row]
+        e_j, e_row, e_start = e_j[keep], e_row[keep], e_start[keep]
+    row_run = xp.cumsum(~stats.identical) - 1  # run of each row
+    return e_j, row_run[e_row], e_start
+
+
+def _owned_spans(s_owner: Any, n_owners: int, k0: Any, k1: Any, block_n: int,
+                 pack_keys: bool, xp) -> tuple[Any, Any]:
+    """For spans sorted by owner (a group, or an aligned tile): each owner's span offsets
+    (length n_owners + 1) and its cost in key chunks -- its spans' chunks, or with
+    ``pack_keys`` its keys end to end."""
+    counts = xp.bincount(s_owner, minlength=n_owners) if s_owner.size else \
+        xp.zeros(n_owners, dtype=np.int64)
+    span_off = offsets_from_counts(counts, xp)
+    s_cost = (k1 - k0) if pack_keys else (k1 - k0 + block_n - 1) // block_n
+    s_cost_off = offsets_from_counts(s_cost, xp)
+    chunks = s_cost_off[span_off[1:]] - s_cost_off[span_off[:-1]]
+    if pack_keys:
+        chunks = (chunks + block_n - 1) // block_n
+    return span_off, chunks
+
+
 def _aligned_tiles(mask: BlockMask, stats: _RowStats, runs: tuple[Any, Any, Any, Any], kb: Any,
-                   tile_rows: int, block_n: int, xp) -> PhysicalTiles:
+                   tile_rows: int, block_n: int, pack_keys: bool, xp) -> PhysicalTiles:
     """Tiles at multiples of ``tile_rows`` query tokens of each mask (batch, head), straddling
     query-block boundaries: for blocks that do not fill whole tiles (variable clusters of ~150
     tokens) each block's last tile would otherwise run mostly empty.
@@ -280,7 +294,8 @@ def _aligned_tiles(mask: BlockMask, stats: _RowStats, runs: tuple[Any, Any, Any,
     key block that consecutive runs of the tile all select is one piece restricted to their
     rows; pieces of adjacent key blocks with the same runs join into one span. Every (row, key)
     pair the mask selects is in exactly one span, so the restriction keeps the mask exact;
-    what a tile costs is its union's chunks over all its rows.
+    what a tile costs is its union's chunks over all its rows (``pack_keys``: its keys end to
+    end).
     """
     run_first, run_bh, run_q0, run_q1 = runs
     lq = int(mask.seq_len_q)
@@ -292,12 +307,8 @@ def _aligned_tiles(mask: BlockMask, stats: _RowStats, runs: tuple[Any, Any, Any,
     n_pairs = int(rt_off[-1])
     rt_run = segment_ids(rt_off, n_pairs, xp)
     rt_tile = run_bh[rt_run] * per_bh + t_lo[rt_run] + (xp.arange(n_pairs) - rt_off[rt_run])
-    # Entries of each run's first row (rows of a run are identical), expanded over its tiles.
-    row_run = xp.cumsum(~stats.identical) - 1
-    keep = xp.zeros(int(stats.identical.size), dtype=bool)
-    keep[run_first] = True
-    keep = keep[stats.entry_row]
-    e_j, e_run = stats.j[keep], row_run[stats.entry_row[keep]]
+    # Entries of each run's first row, expanded over its tiles.
+    e_j, e_run, _ = _run_entries(stats, run_first, xp)
     e_off = offsets_from_counts(n_rt[e_run], xp)
     n_ex = int(e_off[-1])
     x_entry = segment_ids(e_off, n_ex, xp)
@@ -340,11 +351,7 @@ def _aligned_tiles(mask: BlockMask, stats: _RowStats, runs: tuple[Any, Any, Any,
     r1 = xp.minimum(run_q1[p_hi[last]], xp.minimum(t_row0 + tile_rows, lq))
     # Every tile of every mask (batch, head) exists, with or without spans (empty rows are
     # written too).
-    t_spans = xp.bincount(s_tile, minlength=n_tiles) if s_tile.size else \
-        xp.zeros(n_tiles, dtype=np.int64)
-    t_span_off = offsets_from_counts(t_spans, xp)
-    s_cost_off = offsets_from_counts((k1 - k0 + block_n - 1) // block_n, xp)
-    t_chunks = s_cost_off[t_span_off[1:]] - s_cost_off[t_span_off[:-1]]
+    t_span_off, t_chunks = _owned_spans(s_tile, n_tiles, k0, k1, block_n, pack_keys, xp)
     tiles = xp.arange(n_tiles, dtype=np.int64)
     t_q0 = (tiles % per_bh) * tile_rows
     i32 = np.int32
