@@ -251,9 +251,11 @@ def test_tma_copies_equal_cp_async(d, block_m, block_n, monkeypatch):
     assert cp.array_equal(with_tma, without)
     _check(m, hq=4, hkv=2, d=d, regime=reg, dtype="float16")  # and against the reference
     monkeypatch.setattr(api, "use_tma", True)
-    # k and v sliced out of wider rows: a token stride of d + 4 elements (not 16-byte aligned)
-    wide = cp.asarray(rng.standard_normal((2, 1, 2, lk, d + 4)), dtype=cp.float16)
-    k2, v2 = wide[0, :, :, :, :d], wide[1, :, :, :, :d]
+    # k and v broadcast over the kv heads (a head stride of 0, which cp.async reads and a
+    # tensor map cannot describe)
+    base = cp.asarray(rng.standard_normal((2, 1, 1, lk, d)), dtype=cp.float16)
+    k2, v2 = (cp.lib.stride_tricks.as_strided(base[i], shape=(1, 2, lk, d),
+                                              strides=(lk * d * 2, 0, d * 2, 2)) for i in (0, 1))
     assert api._tma_maps(p, api._describe(q, k2, v2, "bhld"), False) is None
     ref = reference.attention(q, k2, v2, m)
     got = cp.asnumpy(p.run(q, k2, v2)).astype(np.float64)

@@ -33,6 +33,7 @@ def test_tile_map_for_each_head_dim_and_layout():
     ((1, 2, 64, 128), (2 * 64 * 128, 64 * 128, 1, 64), 64, "contiguous"),
     ((1, 2, 64, 80), bhld_strides(1, 2, 64, 80), 64, "multiple of 32"),
     ((1, 2, 64, 64), (2 * 64 * 100, 64 * 100, 100, 1), 64, "token stride"),
+    ((1, 2, 64, 64), (64 * 64, 0, 64, 1), 64, "head stride"),  # broadcast over heads
     ((1, 2, 64, 64), bhld_strides(1, 2, 64, 64), 0, "rows"),
     ((1, 2, 64, 64), bhld_strides(1, 2, 64, 64), 512, "rows"),
 ])

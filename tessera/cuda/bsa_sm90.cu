@@ -100,7 +100,10 @@ static_assert(!TMA || (TESSERA_PRODUCER && !TESSERA_PACK_KEYS),
 // ptxas spills even at the consumers' 224 registers (there the wait for S_j also waits for
 // P_{j-1} V_{j-1}, and only the two warpgroups' alternation overlaps softmax and matrix work)
 // -- unless a TMA producer leaves them 240 -- nor with three warpgroups and 128-key steps.
-constexpr bool OVERLAP_PV = !(D == 128 && BN == 128 && !TMA) && !(WGS == 3 && BN == 128);
+// A lone consumer warpgroup (64-row tiles) with a TMA producer overlapping there spills too
+// (ptxas 13.0: 4 bytes at 255 registers), so 64x128 tiles at D=128 keep the serial wait.
+constexpr bool OVERLAP_PV = !(D == 128 && BN == 128 && (!TMA || WGS == 1)) &&
+                            !(WGS == 3 && BN == 128);
 #if TESSERA_PACK_KEYS
 using Walk = PackedWalk<BN>;
 #else
