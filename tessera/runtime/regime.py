@@ -196,19 +196,20 @@ def default_regime(arch: int | None = None, head_dim: int = 128,
     rarely share key sets, so a 128-row tile would run half empty. Restricted merges are off
     (``combine_threshold=0``): over the 72 profiled and 32 held-out masks on the H200 they
     lost more in planning and kernel time than they saved (benchmarks/RESULTS.md).
-    On sm_90, key geometries ``kv_bounds`` ragged against the key step (:func:`keys_ragged`:
-    pooled top-k cubes with their edge cubes, variable-size clusters) take the packed key walk
-    (``pack_keys``): walked span by span, each short span would cost a whole step.
+    On sm_90, masks of small blocks whose key geometry ``kv_bounds`` is ragged against the key
+    step (:func:`keys_ragged`: pooled top-k cubes with their edge cubes) take the packed key walk
+    (``pack_keys``): walked span by span, each short span would cost a whole step. The 128-row
+    regime never packs: its span-by-span walk copies K/V by TMA (a packed walk cannot), which
+    ran the variable clusters 1.16-1.23x faster than packing them (H200, ninth session).
     """
     small_blocks = q_block is not None and q_block <= 64
     if arch == 90:
-        bn = 64 if small_blocks else 128
-        pack = kv_bounds is not None and keys_ragged(kv_bounds, bn)
         if small_blocks:
-            return Regime(family="sm90", block_m=64, num_warps=4, block_n=bn, stages=3,
+            pack = kv_bounds is not None and keys_ragged(kv_bounds, 64)
+            return Regime(family="sm90", block_m=64, num_warps=4, block_n=64, stages=3,
                           combine_threshold=0.0, pack_keys=pack)
-        return Regime(family="sm90", block_m=128, num_warps=128 // ROW_GROUP + 4, block_n=bn,
-                      stages=3, combine_threshold=0.0, pack_keys=pack)
+        return Regime(family="sm90", block_m=128, num_warps=128 // ROW_GROUP + 4, block_n=128,
+                      stages=3, combine_threshold=0.0)
     if head_dim <= 64 or small_blocks or (arch in (86, 87, 89) and head_dim > 96):
         return Regime(block_m=64, num_warps=4, combine_threshold=0.0)
     return Regime(combine_threshold=0.0)
