@@ -1085,13 +1085,13 @@ def test_packed_keys_default_on_ragged_key_geometry():
     from tessera.workloads import WORKLOADS, example_mask
 
     aligned = np.arange(0, 4097, 128)
-    assert not R.keys_ragged(aligned, 128) and not R.keys_ragged(aligned, 64)
+    assert not R.blocks_ragged(aligned, 128) and not R.blocks_ragged(aligned, 64)
     cubes = np.array([0, 64, 128, 144, 208, 272, 288])  # a third of them 16-token edge cubes
-    assert R.keys_ragged(cubes, 64)
-    assert not R.keys_ragged(np.r_[np.arange(0, 20 * 64 + 1, 64), 20 * 64 + 16], 64)  # 1/21
+    assert R.blocks_ragged(cubes, 64)
+    assert not R.blocks_ragged(np.r_[np.arange(0, 20 * 64 + 1, 64), 20 * 64 + 16], 64)  # 1/21
     tiles = np.arange(0, 288 * 20 + 1, 288)  # long blocks: spans run over several of them
-    assert not R.keys_ragged(tiles, 128)
-    assert not R.keys_ragged(np.array([0]), 64)  # no key blocks
+    assert not R.blocks_ragged(tiles, 128)
+    assert not R.blocks_ragged(np.array([0]), 64)  # no key blocks
     assert default_regime(90, 128, 64.0, cubes).pack_keys
     assert not default_regime(90, 128, 64.0, aligned).pack_keys
     assert not default_regime(90, 128, 150.0, cubes).pack_keys  # 128-row tiles: TMA instead
@@ -1112,6 +1112,37 @@ def test_packed_keys_default_on_ragged_key_geometry():
     r = R.select_regime(m, arch=90, head_dim=w.head_dim, dtype=np.dtype("float16"),
                         num_q_heads=w.heads, batch=1)
     assert tessera.plan(m, num_q_heads=w.heads, head_dim=w.head_dim, arch=90).regime == r
+
+
+def test_aligned_tiles_chosen_where_they_pay(monkeypatch):
+    """The sm90 heuristic aligns its 128-row tiles for the semantic clusters (variable blocks
+    whose neighbours share keys) and not for random variable blocks at low density, nor off
+    sm_90; masks whose query blocks are not ragged never pay for the estimate."""
+    from tessera.mask import BlockMask
+    from tessera.workloads import WORKLOADS, example_mask
+
+    def pick(m, arch=90):
+        return R.select_regime(m, arch=arch, head_dim=64, dtype=np.dtype("float16"),
+                               num_q_heads=2, batch=1)
+
+    for shape in ("wan-1.3b-480p", "cogvideox-5b"):
+        m = example_mask(WORKLOADS[shape], "semantic_clusters", heads=2, head_dim=64).mask
+        assert pick(m).align_tiles and not pick(m).pack_keys, shape
+        assert not pick(m, arch=80).align_tiles
+    rng = np.random.default_rng(0)
+    qb = np.r_[0, np.cumsum(rng.integers(100, 200, 60))]
+    sparse = BlockMask.from_dense(rng.random((2, 60, 60)) < 0.3, q_bounds=qb, kv_bounds=qb)
+    assert R.blocks_ragged(qb, 128) and not pick(sparse).align_tiles
+    dense = BlockMask.from_dense(rng.random((2, 60, 60)) < 0.95, q_bounds=qb, kv_bounds=qb)
+    assert pick(dense).align_tiles
+
+    def no_estimate(*a, **k):
+        raise AssertionError("estimated the tilings of a mask with aligned query blocks")
+
+    monkeypatch.setattr(R, "tiling_pairs", no_estimate)
+    for family in ("sliding_tile", "random_blocks", "topk_pooled"):
+        m = example_mask(WORKLOADS["wan-1.3b-480p"], family, heads=2, head_dim=64).mask
+        assert not pick(m).align_tiles, family
 
 
 def test_device_properties_cached_per_device(monkeypatch):

@@ -37,7 +37,7 @@ from .._array import Workspace, device_copy, offsets_from_counts, segment_ids
 from ..mask import BlockMask
 
 __all__ = ["PhysicalTiles", "map_to_tiles", "row_stats_on_device", "launch_row_stats",
-           "device_bounds"]
+           "device_bounds", "tiling_pairs"]
 
 
 @dataclass
@@ -362,6 +362,51 @@ def _aligned_tiles(mask: BlockMask, stats: _RowStats, runs: tuple[Any, Any, Any,
         chunks=t_chunks.astype(i32), k0=k0.astype(i32), k1=k1.astype(i32), r0=r0.astype(i32),
         r1=r1.astype(i32), num_groups=n_tiles,  # each tile has its own spans
         num_merged=int((xp.bincount(rt_tile, minlength=n_tiles) > 1).sum()))
+
+
+# Most query blocks an aligned tile may meet for :func:`tiling_pairs` to estimate it: beyond
+# that the blocks are far smaller than a tile and straddling them is the plain tiling's job
+# (consecutive identical blocks combine there anyway).
+ALIGNED_ESTIMATE_MAX_BLOCKS = 16
+
+
+def tiling_pairs(mask: BlockMask, tile_rows: int) -> tuple[int, int] | None:
+    """(query, key) token pairs the plain and the aligned tiling of ``mask`` compute with
+    ``tile_rows``-row tiles, estimated from its dense block rows without building either: plain
+    tiles cover each block's rows rounded up to whole tiles against the block's keys; an aligned
+    tile covers its rows against the union of the keys of the blocks it meets. Key chunks are
+    not rounded and identical neighbours are not combined (both tilings would share those).
+    One scalar pair comes back from a device mask (a synchronization). None when the blocks
+    are too small for the estimate (:data:`ALIGNED_ESTIMATE_MAX_BLOCKS`) or the dense rows
+    too large to materialize."""
+    xp = mask.xp
+    qb = np.asarray(mask.q_bounds, dtype=np.int64)
+    n_q, n_kv = mask.num_q_blocks, mask.num_kv_blocks
+    lq = int(qb[-1])
+    per_bh = -(-lq // tile_rows)
+    t0 = np.arange(per_bh, dtype=np.int64) * tile_rows
+    t1 = np.minimum(t0 + tile_rows, lq)
+    # The blocks each tile meets: [lo, hi] (blocks are non-empty or skipped by searchsorted).
+    lo = np.searchsorted(qb, t0, side="right") - 1
+    hi = np.searchsorted(qb, t1, side="left") - 1
+    reach = int((hi - lo).max(initial=0)) + 1
+    if n_q == 0 or n_kv == 0 or reach > ALIGNED_ESTIMATE_MAX_BLOCKS:
+        return None
+    dense = _device_dense_rows(mask) if xp is not np else mask.to_dense()
+    if dense is None:
+        return None
+    dense = dense.reshape(-1, n_q, n_kv)
+    # float64 products are exact here (pairs < 2^53) and take the BLAS path on both modules.
+    kv_tokens = xp.asarray(np.diff(np.asarray(mask.kv_bounds, dtype=np.float64)))
+    q_sizes = np.diff(qb)
+    block_rows = xp.asarray((-(-q_sizes // tile_rows) * tile_rows).astype(np.float64))
+    plain = (dense.astype(np.float64) @ kv_tokens * block_rows).sum()
+    union = xp.zeros((dense.shape[0], per_bh, n_kv), dtype=bool)
+    for r in range(reach):  # OR in each tile's r-th block (its last one again past the end)
+        union |= dense[:, xp.asarray(np.minimum(lo + r, hi)), :]
+    rows_of_tile = xp.asarray((t1 - t0).astype(np.float64))
+    aligned = (union.astype(np.float64) @ kv_tokens * rows_of_tile).sum()
+    return round(float(plain)), round(float(aligned))
 
 
 def _subdivide(group_q0, group_q1, group_bh, g_span_off, g_chunks, k0, k1, r0, r1,

@@ -44,6 +44,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from .mapping import tiling_pairs
+
 __all__ = ["Regime", "default_regime", "ROW_GROUP", "candidate_regimes", "MaskFeatures",
            "MaskMeasures", "mask_features", "mask_measures", "RegimeTable", "use_table",
            "active_table", "select_regime", "gpu_slug", "TABLES_DIR", "ENV_TABLE",
@@ -197,7 +199,7 @@ def default_regime(arch: int | None = None, head_dim: int = 128,
     (``combine_threshold=0``): over the 72 profiled and 32 held-out masks on the H200 they
     lost more in planning and kernel time than they saved (benchmarks/RESULTS.md).
     On sm_90, masks of small blocks whose key geometry ``kv_bounds`` is ragged against the key
-    step (:func:`keys_ragged`: pooled top-k cubes with their edge cubes) take the packed key walk
+    step (:func:`blocks_ragged`: pooled top-k cubes with their edge cubes) take the packed key walk
     (``pack_keys``): walked span by span, each short span would cost a whole step. The 128-row
     regime never packs: its span-by-span walk copies K/V by TMA (a packed walk cannot), which
     ran the variable clusters 1.16-1.23x faster than packing them (H200, ninth session).
@@ -205,7 +207,7 @@ def default_regime(arch: int | None = None, head_dim: int = 128,
     small_blocks = q_block is not None and q_block <= 64
     if arch == 90:
         if small_blocks:
-            pack = kv_bounds is not None and keys_ragged(kv_bounds, 64)
+            pack = kv_bounds is not None and blocks_ragged(kv_bounds, 64)
             return Regime(family="sm90", block_m=64, num_warps=4, block_n=64, stages=3,
                           combine_threshold=0.0, pack_keys=pack)
         return Regime(family="sm90", block_m=128, num_warps=128 // ROW_GROUP + 4, block_n=128,
@@ -215,23 +217,46 @@ def default_regime(arch: int | None = None, head_dim: int = 128,
     return Regime(combine_threshold=0.0)
 
 
-def keys_ragged(kv_bounds: np.ndarray, block_n: int) -> bool:
-    """Whether key blocks of this geometry end mid-step often enough for the packed key walk to
-    pay: at least a tenth of them are not a multiple of ``block_n`` keys and the median block
-    is under two steps. Measured on the H200 (benchmarks/RESULTS.md, eighth session): CogVideoX's
-    top-k cubes (40% ragged at 64) ran 1.12x faster packed with 64-key steps, 2.3x with 128;
-    masks of 128-token blocks (aligned) ran the same either way. In computed pairs: top-k cubes
-    (19-40% ragged) 25-42% fewer, variable clusters 10-12%; sliding tiles of 288/384-token
-    blocks ~1% (spans there run over several blocks), too little to be sure of."""
-    return _keys_ragged(np.asarray(kv_bounds, dtype=np.int64).tobytes(), int(block_n))
+def blocks_ragged(bounds: np.ndarray, step: int) -> bool:
+    """Whether the blocks of this geometry (key or query token ``bounds``) end mid-step (mid key
+    step, mid tile) often enough for a walk or tiling that ignores block ends to pay: at least a
+    tenth of them are not a multiple of ``step`` tokens and the median block is under two
+    steps. Keys, measured on the H200 (benchmarks/RESULTS.md, eighth session): CogVideoX's
+    top-k cubes (40% ragged at 64) ran 1.12x faster packed with 64-key steps; masks of
+    128-token blocks ran the same either way. In computed pairs: top-k cubes (19-40% ragged)
+    25-42% fewer, variable clusters 10-12%; sliding tiles of 288/384-token blocks ~1% (spans
+    there run over several blocks), too little to be sure of. Queries: the gate of
+    :func:`align_pays`."""
+    return _blocks_ragged(np.asarray(bounds, dtype=np.int64).tobytes(), int(step))
+
+
+# Aligned tiles are chosen when their estimated computed pairs are at most this fraction of the
+# plain tiling's: the estimate (mapping.tiling_pairs) runs up to ~0.1 below the exact ratio
+# (no chunk rounding), and at 0.8 it still separates the masks where they won on the H200
+# (semantic clusters, 0.62-0.65: 1.37-1.41x faster kernels) from those where they lose
+# (random 100-200-token blocks at density <= 0.6: estimate >= 0.9, exact >= 1.02).
+ALIGN_MAX_PAIR_RATIO = 0.8
+
+
+def align_pays(mask: Any, tile_rows: int) -> bool:
+    """Whether ``mask``'s plan should cut tiles at multiples of ``tile_rows`` tokens across its
+    query blocks (``Regime.align_tiles``): only for query blocks ragged against the tile
+    (:func:`blocks_ragged`, decided on the host bounds alone) and only where the aligned
+    tiling computes clearly fewer pairs (:data:`ALIGN_MAX_PAIR_RATIO`). The estimate reads the
+    selection: one synchronization for a device mask, paid only by ragged query geometries
+    (masks whose variable blocks came back from the device to be built at all)."""
+    if not blocks_ragged(mask.q_bounds, tile_rows):
+        return False
+    pairs = tiling_pairs(mask, tile_rows)
+    return pairs is not None and pairs[0] > 0 and pairs[1] <= ALIGN_MAX_PAIR_RATIO * pairs[0]
 
 
 @functools.lru_cache(maxsize=64)  # asked on every request; a geometry's answer never changes
-def _keys_ragged(bounds: bytes, block_n: int) -> bool:
+def _blocks_ragged(bounds: bytes, step: int) -> bool:
     sizes = np.diff(np.frombuffer(bounds, dtype=np.int64))
     if sizes.size == 0:
         return False
-    return bool(np.mean(sizes % block_n != 0) >= 0.1 and np.median(sizes) < 2 * block_n)
+    return bool(np.mean(sizes % step != 0) >= 0.1 and np.median(sizes) < 2 * step)
 
 
 # ================================================================================ candidates
@@ -1051,7 +1076,8 @@ def select_regime(mask: Any, *, arch: int | None, head_dim: int, dtype: Any,
     :func:`default_regime`, unless a table is in force for the architecture
     (:func:`active_table`) and the heuristic's plan may split tasks (see the module
     docstring): then the mask's features are measured once and looked up, and the heuristic
-    stays the answer when the table has nothing for this head dim / dtype / geometry.
+    stays the answer when the table has nothing for this head dim / dtype / geometry. The
+    heuristic's 128-row sm90 regime aligns its tiles where :func:`align_pays`.
     """
     if arch is None and mask.on_device:
         arch = device_arch()
@@ -1075,6 +1101,8 @@ def select_regime(mask: Any, *, arch: int | None, head_dim: int, dtype: Any,
             found = None
         if found is not None:
             return found
+    if heuristic.family == "sm90" and heuristic.block_m == 128 and align_pays(mask, 128):
+        return heuristic.with_(align_tiles=True)
     return heuristic
 
 
