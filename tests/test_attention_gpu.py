@@ -300,23 +300,22 @@ def test_aligned_tiles(family, block_m, split):
         _check(m, hq=4, hkv=2, d=128, regime=reg)
 
 
-def test_aligned_tiles_chosen_for_a_device_mask():
-    """Variable clusters whose neighbours share keys, as a device mask: the default plan on
-    sm_90 aligns its 128-row tiles (one synchronization for the estimate) and the answer
-    matches the reference."""
+def test_tiling_pairs_of_a_device_mask():
+    """The tilings' pair estimate reads a device mask's selection as it reads the host's."""
     import cupy as cp
 
-    if _device_cc() != 90:
-        pytest.skip("the aligned default is the sm90 heuristic's")
+    from tessera.runtime.mapping import tiling_pairs
+    from tessera.runtime.regime import align_pays
+
     rng = np.random.default_rng(11)
     n = 24
     qb = np.r_[0, np.cumsum(rng.integers(100, 200, n))]
     i, j = np.arange(n)[None, :, None], np.arange(n)[None, None, :]
     near = np.abs(j - i) <= 6 + rng.integers(0, 2, (2, n, 1))
-    m = tessera.BlockMask.from_dense(cp.asarray(near), q_bounds=qb, kv_bounds=qb)
-    p = tessera.plan(m, num_q_heads=2, head_dim=64)
-    assert p.regime.align_tiles and p.regime.block_m == 128
-    _check(m, hq=2, d=64)
+    host = tessera.BlockMask.from_dense(near, q_bounds=qb, kv_bounds=qb)
+    dev = tessera.BlockMask.from_dense(cp.asarray(near), q_bounds=qb, kv_bounds=qb)
+    assert tiling_pairs(dev, 128) == tiling_pairs(host, 128)
+    assert align_pays(dev, 128) and align_pays(host, 128)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -230,21 +230,22 @@ def blocks_ragged(bounds: np.ndarray, step: int) -> bool:
     return _blocks_ragged(np.asarray(bounds, dtype=np.int64).tobytes(), int(step))
 
 
-# Aligned tiles are chosen when their estimated computed pairs are at most this fraction of the
-# plain tiling's: the estimate (mapping.tiling_pairs) runs up to ~0.1 below the exact ratio
-# (no chunk rounding), and at 0.8 it still separates the masks where they won on the H200
-# (semantic clusters, 0.62-0.65: 1.37-1.41x faster kernels) from those where they lose
-# (random 100-200-token blocks at density <= 0.6: estimate >= 0.9, exact >= 1.02).
+# align_pays answers yes when the aligned tiling's estimated computed pairs are at most this
+# fraction of the plain tiling's: the estimate (mapping.tiling_pairs) runs up to ~0.1 below the
+# exact ratio (no chunk rounding), and at 0.8 it still separates the masks where aligned tiles
+# won on the H200 (semantic clusters, 0.62-0.65: kernels 1.37-1.41x faster) from those where
+# they lose (random 100-200-token blocks at density <= 0.6: estimate >= 0.9, exact >= 1.02).
 ALIGN_MAX_PAIR_RATIO = 0.8
 
 
 def align_pays(mask: Any, tile_rows: int) -> bool:
-    """Whether ``mask``'s plan should cut tiles at multiples of ``tile_rows`` tokens across its
-    query blocks (``Regime.align_tiles``): only for query blocks ragged against the tile
-    (:func:`blocks_ragged`, decided on the host bounds alone) and only where the aligned
-    tiling computes clearly fewer pairs (:data:`ALIGN_MAX_PAIR_RATIO`). The estimate reads the
-    selection: one synchronization for a device mask, paid only by ragged query geometries
-    (masks whose variable blocks came back from the device to be built at all)."""
+    """Whether aligned tiles (``Regime.align_tiles``) make ``mask``'s kernel clearly cheaper:
+    query blocks ragged against the tile (:func:`blocks_ragged`, host bounds alone) and an
+    aligned tiling computing at most :data:`ALIGN_MAX_PAIR_RATIO` of the plain one's pairs.
+    Not part of the default choice: an aligned plan takes the general planner (14-15 ms for
+    the semantic clusters on the H200 against 0.25 ms), so it pays only for a plan run many
+    times (``regime=p.regime.with_(align_tiles=True)`` for a default plan ``p``). Reads the
+    selection (one synchronization for a device mask)."""
     if not blocks_ragged(mask.q_bounds, tile_rows):
         return False
     pairs = tiling_pairs(mask, tile_rows)
@@ -1076,8 +1077,7 @@ def select_regime(mask: Any, *, arch: int | None, head_dim: int, dtype: Any,
     :func:`default_regime`, unless a table is in force for the architecture
     (:func:`active_table`) and the heuristic's plan may split tasks (see the module
     docstring): then the mask's features are measured once and looked up, and the heuristic
-    stays the answer when the table has nothing for this head dim / dtype / geometry. The
-    heuristic's 128-row sm90 regime aligns its tiles where :func:`align_pays`.
+    stays the answer when the table has nothing for this head dim / dtype / geometry.
     """
     if arch is None and mask.on_device:
         arch = device_arch()
@@ -1101,8 +1101,6 @@ def select_regime(mask: Any, *, arch: int | None, head_dim: int, dtype: Any,
             found = None
         if found is not None:
             return found
-    if heuristic.family == "sm90" and heuristic.block_m == 128 and align_pays(mask, 128):
-        return heuristic.with_(align_tiles=True)
     return heuristic
 
 
