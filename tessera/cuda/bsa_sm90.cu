@@ -220,10 +220,12 @@ __device__ __forceinline__ void mbar_arrive(u32 bar) {
   asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}" ::"r"(bar)
                : "memory");
 }
+#if !TESSERA_TMA  // (the TMA producer's copies complete on the barriers by byte count)
 // Arrives on `bar` once every cp.async this thread issued before has completed.
 __device__ __forceinline__ void mbar_arrive_on_copies(u32 bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
 }
+#endif
 __device__ __forceinline__ void mbar_wait(u32 bar, int parity) {
   asm volatile(
       "{\n.reg .pred p;\nWAIT:\n"
