@@ -115,6 +115,40 @@ def test_sm90_tma_variants_compile(bm, bn, d, tmp_path, monkeypatch):
                                 producer=True, pack_keys=True, tma=True)
 
 
+def _sm90_reachable():
+    """Every sm90 kernel a plan on sm_90 can choose: the profiled candidates' and the
+    heuristic's regimes (64- and 128-token query blocks, aligned and ragged keys) at each head
+    dim, with their TMA variant where the regime has one -- by macros, each once."""
+    import numpy as np
+
+    from tessera.runtime.regime import candidate_regimes
+
+    ragged = np.array([0, 64, 128, 144, 208, 272, 288])
+    out = {}
+    for d in HEAD_DIMS:
+        regimes = list(candidate_regimes(d, 90)) + [
+            default_regime(90, d, qb, kb) for qb in (64.0, 128.0) for kb in (None, ragged)]
+        for r in regimes:
+            if r.family != "sm90":
+                continue
+            for tma in (False, True) if r.tma_capable else (False,):
+                v = r.variant(d, bf16=True, tma=tma)
+                out.setdefault(v.macros, v)
+    return [out[k] for k in sorted(out)]
+
+
+SM90_REACHABLE = _sm90_reachable()
+
+
+@pytest.mark.parametrize("variant", SM90_REACHABLE, ids=[v.label for v in SM90_REACHABLE])
+def test_every_sm90_kernel_a_plan_can_choose_compiles(variant, tmp_path, monkeypatch):
+    """No spill, no serialized wgmma, setmaxnreg honoured (the loader refuses all three) for
+    every sm90 variant reachable from planning, whatever the lists above pick by hand."""
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    res = loader.compile_variant(variant, "sm_90a")
+    assert res.spill_bytes == 0 and res.stack_bytes == 0
+
+
 @pytest.mark.parametrize("d", [64, 96])
 @pytest.mark.parametrize("pack", [False, True])
 def test_sm90_three_warpgroup_variants_compile(d, pack, tmp_path, monkeypatch):
