@@ -378,12 +378,13 @@ def test_device_planner_equals_host_planner(case):
     assert dev.on_device and csr.on_device and csr.dense_rows is None
     # Threshold 0 takes the planner kernels (device_planner.py): sync-free when no task may
     # split (split_ratio 1e9), else one sync, handing split tasks to the general organization;
-    # 0.3 the general path on the device.
+    # 0.3 the general path on the device. Aligned tiles too (plan_aligned_spans).
     regimes = [Regime(), Regime(block_m=64), Regime(split_ratio=1.0, min_split_chunks=2)]
     regimes += [r.with_(combine_threshold=0.0) for r in regimes]
-    regimes += [Regime(combine_threshold=0.0, split_ratio=1e9),
-                Regime(block_m=64, combine_threshold=0.0, split_ratio=1e9),
-                Regime(combine_threshold=0.0, align_tiles=True)]  # the general path
+    regimes += [Regime(combine_threshold=0.0, align_tiles=True),
+                Regime(combine_threshold=0.0, split_ratio=1e9, align_tiles=True),
+                Regime(combine_threshold=0.0, split_ratio=1e9),
+                Regime(block_m=64, combine_threshold=0.0, split_ratio=1e9)]
     if _device_cc() == 90:  # the packed walk's costs in the planner kernels (never split)
         regimes += [Regime(family="sm90", block_m=bm, num_warps=bm // 16 + 4, block_n=bn,
                            stages=3, combine_threshold=0.0, pack_keys=True)
@@ -406,7 +407,7 @@ def test_device_planner_equals_host_planner(case):
                                                   cp.asnumpy(getattr(pd.tiles, f)), err_msg=f)
     _check(dev, hq=dense.shape[0], d=128)
     _check(csr, hq=dense.shape[0], d=128)
-    for reg in regimes[-3:]:
+    for reg in regimes[6:10]:  # the aligned and the sync-free ones
         _check(dev, hq=dense.shape[0], d=128, seed=2, regime=reg)
     # Sync-free plans: the kernels take the task count from the device, the grid is a bound.
     for family in ("sm80", "sm90ws"):

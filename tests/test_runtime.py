@@ -743,8 +743,9 @@ def _np_plan_write_runs(grid, block, args):
         q0, q1 = int(qb[r0 % n_q]), int(qb[r1 % n_q + 1])
         sb = int(span_off[u])
         se = sb + int(nspans[r0])
-        for i, span in enumerate(_np_row_spans(dense[r0], kb, q0, q1)):
-            spans[sb + i] = span
+        if isinstance(dense, np.ndarray):  # null: plan_aligned_spans wrote the spans
+            for i, span in enumerate(_np_row_spans(dense[r0], kb, q0, q1)):
+                spans[sb + i] = span
         ch, e_count, a0 = int(chunks[r0]), int(expansions[bh]), int(assign_off[bh])
         n_tiles = -(-(q1 - q0) // tile_rows)
         for i in range(n_tiles):
@@ -755,6 +756,40 @@ def _np_plan_write_runs(grid, block, args):
             for e in range(e_count):
                 tasks[int(task_off[u]) + i * e_count + e] = (
                     assign_b[a0 + e], assign_h0[a0 + e], t0, t1, sb, se, -1, ch)
+
+
+def _np_plan_aligned_spans(grid, block, args):
+    """numpy stand-in for plan.cu's plan_aligned_spans: per aligned tile, for each stretch a..b
+    of the query blocks it meets (in that order), the runs of key blocks that those blocks and
+    no neighbour of the stretch select; counted (span_off null) or written."""
+    (dense, n_tiles, per_bh, n_q, n_kv, kb, qb, tile_lo, tile_hi, tile_rows, lq, block_n,
+     nspans, chunks, identical, span_off, spans) = args
+    per_bh, n_q, tile_rows, lq, block_n = int(per_bh), int(n_q), int(tile_rows), int(lq), \
+        int(block_n)
+    write = isinstance(span_off, np.ndarray)
+    assert grid[0] * 256 // 32 >= int(n_tiles)
+    for v in range(int(n_tiles)):
+        bh, t = divmod(v, per_bh)
+        lo, hi = int(tile_lo[t]), int(tile_hi[t])
+        rows = dense[bh * n_q + lo: bh * n_q + hi + 1].astype(bool)
+        t0, t1 = t * tile_rows, min(t * tile_rows + tile_rows, lq)
+        out = []
+        for a in range(hi - lo + 1):
+            for b in range(a, hi - lo + 1):
+                has = rows[a:b + 1].all(axis=0)
+                if a > 0:
+                    has &= ~rows[a - 1]
+                if b + 1 < rows.shape[0]:
+                    has &= ~rows[b + 1]
+                r0, r1 = max(int(qb[lo + a]), t0), min(int(qb[lo + b + 1]), t1)
+                out += [(k0, k1, r0, r1) for k0, k1, _, _ in _np_row_spans(has, kb, 0, 0)]
+        if write:
+            for i, span in enumerate(out):
+                spans[int(span_off[v]) + i] = span
+        else:
+            nspans[v] = len(out)
+            chunks[v] = sum(-(-(k1 - k0) // block_n) for k0, k1, _, _ in out)
+            identical[v] = 0
 
 
 def assert_same_plan(got, ref) -> None:
@@ -770,7 +805,8 @@ def assert_same_plan(got, ref) -> None:
 
 PLANNER_STAND_INS = {"plan_row_stats": _np_plan_row_stats,
                      "plan_write_spans": _np_plan_write_spans,
-                     "plan_scan": _np_plan_scan, "plan_write_runs": _np_plan_write_runs}
+                     "plan_scan": _np_plan_scan, "plan_write_runs": _np_plan_write_runs,
+                     "plan_aligned_spans": _np_plan_aligned_spans}
 
 
 @pytest.mark.parametrize("group,mask_heads,batch", [(1, "q", 1), (2, "one", 2), (4, "kv", 1),
@@ -781,7 +817,12 @@ PLANNER_STAND_INS = {"plan_row_stats": _np_plan_row_stats,
                                            block_n=128, stages=3, combine_threshold=0.0),
                                     Regime(family="sm90", block_m=64, num_warps=4,
                                            block_n=64, stages=3, combine_threshold=0.0,
-                                           pack_keys=True)])
+                                           pack_keys=True),
+                                    Regime(family="sm90", block_m=128, num_warps=12,
+                                           block_n=128, stages=3, combine_threshold=0.0,
+                                           align_tiles=True),
+                                    Regime(block_m=64, num_warps=4, combine_threshold=0.0,
+                                           align_tiles=True)])
 def test_one_sync_planner_equals_general_planner(monkeypatch, group, mask_heads, batch, regime):
     """The fused device planner (runtime/device_planner.py, kernels replaced by numpy
     stand-ins) gives the general planner's tiles and task queue array for array, GQA packing and
@@ -819,7 +860,8 @@ def test_one_sync_planner_equals_general_planner(monkeypatch, group, mask_heads,
 
 
 @pytest.mark.parametrize("group", [1, 2])
-def test_one_sync_planner_splits_heavy_rows_like_the_general_planner(monkeypatch, group):
+@pytest.mark.parametrize("align", [False, True])
+def test_one_sync_planner_splits_heavy_rows_like_the_general_planner(monkeypatch, group, align):
     """Rows far heavier than the mean (text tokens attending everything) split: the one-sync
     planner writes the tiles and the general task organization cuts them, giving the host plan
     (split spans, combine jobs, slots) array for array."""
@@ -831,7 +873,8 @@ def test_one_sync_planner_splits_heavy_rows_like_the_general_planner(monkeypatch
     dense[:, 4] = True
     dense[1, 9, :40] = True
     mask = BlockMask.from_dense(dense, block_size=64, seq_len_q=740)
-    regime = TILE_128x64.with_(combine_threshold=0.0, split_ratio=2.0, min_split_chunks=4)
+    regime = TILE_128x64.with_(combine_threshold=0.0, split_ratio=2.0, min_split_chunks=4,
+                               align_tiles=align)
     kw = dict(num_q_heads=2 * group, num_kv_heads=2, head_dim=64, regime=regime)
     ref = tessera.plan(mask, **kw)
     assert ref.queue.combine.shape[0] > 0
@@ -911,10 +954,14 @@ def _sync_free_cases(rng):
                   kv_bounds=np.r_[0, np.cumsum(rng.integers(1, 90, 31))])
     empty = rng.random((11, 31)) < 0.2
     empty[3:6] = False
+    # 8-token query blocks, a checkerboard: an aligned tile meets 16 or 17 blocks and holds
+    # every key block in a piece per two of them (its bound).
+    tiny = dict(q_bounds=np.arange(0, 8 * 40 + 1, 8), kv_bounds=np.arange(0, 64 * 31 + 1, 64))
     return [(checker, dict(block_size=64)),
             (rng.random((11, 31)) < 0.4, ragged),
             (np.ones((9, 31), bool), dict(block_size=64)),
-            (empty, ragged)]
+            (empty, ragged),
+            (np.add.outer(np.arange(40), np.arange(31)) % 2 == 0, tiny)]
 
 
 @pytest.mark.parametrize("group,mask_heads,batch", [(1, "q", 1), (2, "one", 2), (4, "kv", 1)])
@@ -924,7 +971,10 @@ def _sync_free_cases(rng):
                                            split_ratio=1e9),
                                     Regime(family="sm90", block_m=128, num_warps=12,
                                            block_n=64, stages=3, combine_threshold=0.0,
-                                           pack_keys=True)])
+                                           pack_keys=True),
+                                    Regime(family="sm90", block_m=128, num_warps=12,
+                                           block_n=128, stages=3, combine_threshold=0.0,
+                                           split_ratio=1e9, align_tiles=True)])
 def test_sync_free_planner_equals_general_planner(monkeypatch, group, mask_heads, batch,
                                                   regime):
     """When no task may split, the device planner never reads its totals back: its buffers are

@@ -82,31 +82,49 @@ extern "C" __global__ void plan_row_stats(const unsigned char* __restrict__ dens
   }
 }
 
-// Writes the key spans of dense row `row` (one warp) at spans[out ...], with [q0, q1) as their
-// row restriction: int32 rows of (k_start, k_end, r_start, r_end), the task-queue span layout.
-__device__ __forceinline__ void write_row_spans(const unsigned char* row, int n_kv,
-                                                const i64* __restrict__ kv_bounds, i64 out,
-                                                int q0, int q1, int* spans, int lane) {
-  RowWalk w{row, nullptr, n_kv};
-  int carry = -1;
+// The key spans of the columns where `sel` holds (maximal runs of adjacent key blocks), one
+// warp: written at spans[out ...] with [q0, q1) as their row restriction (int32 rows of
+// (k_start, k_end, r_start, r_end), the task-queue span layout) unless `spans` is null, and
+// counted -- returned as the number of spans, with their BN-chunks added to `chunks`.
+template <typename Sel>
+__device__ __forceinline__ int walk_spans(const Sel& sel, int n_kv,
+                                          const i64* __restrict__ kv_bounds, int block_n,
+                                          i64 out, int q0, int q1, int* spans, int lane,
+                                          i64& chunks) {
+  int carry = -1, n = 0;
   for (int base = 0; base < n_kv; base += 32) {
     const int c = base + lane;
-    const bool s = w.sel(c);
-    const bool start = s && !w.sel(c - 1), end = s && !w.sel(c + 1);
+    const bool s = sel(c);
+    const bool start = s && !sel(c - 1), end = s && !sel(c + 1);
     const u32 starts = __ballot_sync(0xffffffffu, start);
     const u32 ends = __ballot_sync(0xffffffffu, end);
     if (end) {
       const int s0 = span_start_of(starts, lane, base, carry);
-      int* sp = spans + (out + __popc(ends & ((1u << lane) - 1u))) * SPAN_FIELDS;
-      sp[0] = (int)kv_bounds[s0];
-      sp[1] = (int)kv_bounds[c + 1];
-      sp[2] = q0;
-      sp[3] = q1;
+      chunks += (kv_bounds[c + 1] - kv_bounds[s0] + block_n - 1) / block_n;
+      if (spans != nullptr) {
+        int* sp = spans + (out + n + __popc(ends & ((1u << lane) - 1u))) * SPAN_FIELDS;
+        sp[0] = (int)kv_bounds[s0];
+        sp[1] = (int)kv_bounds[c + 1];
+        sp[2] = q0;
+        sp[3] = q1;
+      }
     }
-    out += __popc(ends);
+    n += __popc(ends);
     const u32 last_sel = __ballot_sync(0xffffffffu, s) >> 31;
     carry = last_sel ? (starts ? base + 31 - __clz(starts) : carry) : -1;
   }
+  return n;
+}
+
+// Writes the key spans of dense row `row` (one warp) at spans[out ...], with [q0, q1) as their
+// row restriction.
+__device__ __forceinline__ void write_row_spans(const unsigned char* row, int n_kv,
+                                                const i64* __restrict__ kv_bounds, i64 out,
+                                                int q0, int q1, int* spans, int lane) {
+  const RowWalk w{row, nullptr, n_kv};
+  i64 unused = 0;
+  walk_spans([&](int c) { return w.sel(c); }, n_kv, kv_bounds, 1, out, q0, q1, spans, lane,
+             unused);
 }
 
 // Writes the key spans of every row with span_dst[r] >= 0 (the first row of each group) at
@@ -120,6 +138,54 @@ extern "C" __global__ void plan_write_spans(const unsigned char* __restrict__ de
   if (warp >= n_rows || span_dst[warp] < 0) return;
   write_row_spans(dense + (i64)warp * n_kv, n_kv, kv_bounds, span_dst[warp], (int)row_q0[warp],
                   (int)row_q1[warp], spans, lane);
+}
+
+// ---- aligned tiles (mapping._aligned_tiles, Regime.align_tiles) ---------------------------------
+// Key blocks where blocks a..b of a tile's query blocks (rows `rows`, n_blocks of them) form one
+// maximal stretch of consecutive blocks selecting the key block: the tile's pieces restricted to
+// those blocks' rows.
+struct PieceSel {
+  const unsigned char* rows;
+  int n_kv, n_blocks, a, b;
+  __device__ __forceinline__ bool operator()(int c) const {
+    if (c < 0 || c >= n_kv) return false;
+    for (int r = a; r <= b; ++r)
+      if (!rows[(i64)r * n_kv + c]) return false;
+    return !(a > 0 && rows[(i64)(a - 1) * n_kv + c]) &&
+           !(b + 1 < n_blocks && rows[(i64)(b + 1) * n_kv + c]);
+  }
+};
+
+// One warp per aligned tile v = (mask batch*head) * per_bh + t, its rows [t * tile_rows,
+// min(+tile_rows, lq)) meeting query blocks tile_lo[t] .. tile_hi[t]. Without span_off: its
+// spans and BN-chunks into nspans[v] / chunks[v], and identical[v] = 0 (every tile is a run of
+// its own for plan_scan). With span_off: its spans from span_off[v] on, ordered by the
+// stretch's first block, then its last, then key -- mapping._aligned_tiles' order.
+extern "C" __global__ void plan_aligned_spans(
+    const unsigned char* __restrict__ dense, int n_tiles, int per_bh, int n_q, int n_kv,
+    const i64* __restrict__ kv_bounds, const i64* __restrict__ q_bounds,
+    const int* __restrict__ tile_lo, const int* __restrict__ tile_hi, int tile_rows, int lq,
+    int block_n, int* nspans, int* chunks, unsigned char* identical,
+    const i64* __restrict__ span_off, int* spans) {
+  const int v = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+  if (v >= n_tiles) return;
+  const int bh = v / per_bh, t = v % per_bh, lo = tile_lo[t], hi = tile_hi[t];
+  const int t0 = t * tile_rows, t1 = min(t0 + tile_rows, lq);
+  const unsigned char* rows = dense + ((i64)bh * n_q + lo) * n_kv;
+  const bool write = span_off != nullptr;
+  i64 out = write ? span_off[v] : 0, chk = 0;
+  for (int a = 0; a <= hi - lo; ++a)
+    for (int b = a; b <= hi - lo; ++b) {
+      const int r0 = max((int)q_bounds[lo + a], t0), r1 = min((int)q_bounds[lo + b + 1], t1);
+      out += walk_spans(PieceSel{rows, n_kv, hi - lo + 1, a, b}, n_kv, kv_bounds, block_n, out,
+                        r0, r1, write ? spans : nullptr, lane, chk);
+    }
+  chk = warp_sum(chk);
+  if (!write && lane == 0) {
+    nspans[v] = (int)out;
+    chunks[v] = (int)chk;
+    identical[v] = 0;
+  }
 }
 
 // ---- the one-sync planner (tessera/runtime/device_planner.py) -----------------------------------
@@ -269,7 +335,7 @@ plan_scan(const unsigned char* __restrict__ identical, const int* __restrict__ n
   }
 }
 
-// One warp per run: its spans (from its first row), its tiles (int32 [T, 6]: mask_bh, q0, q1,
+// One warp per run: its spans (from its first row; none with a null `dense`), its tiles (int32 [T, 6]: mask_bh, q0, q1,
 // span_begin, span_end, chunks) and, unless `tasks` is null, its tasks (the task-queue layout,
 // slot -1) from run_task_off[u] on: tile-major, then the (batch, head) pairs of the mask head
 // in assignment order. The number of runs is plan_scan's totals[0], so the grid may be sized
@@ -290,7 +356,8 @@ extern "C" __global__ void plan_write_runs(
   const int q0 = (int)q_bounds[r0 % n_q], q1 = (int)q_bounds[r1 % n_q + 1];
   const int span_begin = (int)run_span_off[u], span_end = span_begin + nspans[r0];
   const int ch = chunks[r0], e_count = expansions[bh], a0 = assign_off[bh];
-  write_row_spans(dense + r0 * n_kv, n_kv, kv_bounds, span_begin, q0, q1, spans, lane);
+  if (dense != nullptr)  // (aligned tiles: plan_aligned_spans wrote them)
+    write_row_spans(dense + r0 * n_kv, n_kv, kv_bounds, span_begin, q0, q1, spans, lane);
   const int n_tiles = (q1 - q0 + tile_rows - 1) / tile_rows;
   const i64 tile0 = run_tile_off[u], task0 = run_task_off[u];
   for (int i = lane; i < n_tiles; i += 32) {

@@ -11,6 +11,11 @@ default) -- three kernels of ``tessera/cuda/plan.cu`` do the same work:
    offsets -- the tasks' already in longest-first order -- and the totals;
 3. ``plan_write_runs``: spans, tiles and the sorted tasks.
 
+Aligned tiles (``Regime.align_tiles``) take the same path with the tiles in place of the mask
+rows: ``plan_aligned_spans`` counts each tile's spans (the pieces of ``mapping._aligned_tiles``)
+before the scan, where every tile is a run of its own, and writes them before step 3, which then
+writes the tiles and tasks only.
+
 **Sync-free** when no task may split (``tasks.may_split``: a never-split regime, or a shape with
 many tasks per slot of the GPU): the arrays are buffers sized by bounds the mask's geometry
 gives (at most a span per two key blocks a row, ...), the totals never leave the device, and
@@ -127,10 +132,45 @@ def _capacities(mask: BlockMask, n_rows: int, tile_rows: int, assignments: int
     return spans, tiles, assignments * per_head_tiles
 
 
+@dataclass(frozen=True)
+class _AlignedGeometry:
+    """Aligned tiles of one query geometry (``Regime.align_tiles``): ``per_bh`` tiles of
+    ``tile_rows`` rows a mask (batch, head), the query blocks each meets (``lo``/``hi``, int32
+    on the device), their bounds as a virtual block geometry (``bounds``: multiples of
+    tile_rows, int64 on the device) and the most blocks one tile meets (``reach``)."""
+
+    per_bh: int
+    reach: int
+    lo: Any
+    hi: Any
+    bounds: Any
+
+
+def _aligned_geometry(q_bounds: np.ndarray, tile_rows: int, xp) -> _AlignedGeometry:
+    """The aligned tiles of a query geometry, made and copied to the device once."""
+    qb = np.asarray(q_bounds, dtype=np.int64)
+
+    def make():
+        lq = int(qb[-1])
+        t0 = np.arange(0, lq, tile_rows, dtype=np.int64)
+        t1 = np.minimum(t0 + tile_rows, lq)
+        lo = np.searchsorted(qb, t0, side="right") - 1
+        hi = np.searchsorted(qb, t1, side="left") - 1
+        return _AlignedGeometry(per_bh=int(t0.size), reach=int((hi - lo).max(initial=0)) + 1,
+                                lo=xp.asarray(lo.astype(np.int32)),
+                                hi=xp.asarray(hi.astype(np.int32)),
+                                bounds=xp.asarray(np.r_[t0, lq].astype(np.int64)))
+
+    if xp is np:
+        return make()
+    return device_copy(("aligned", qb.tobytes(), tile_rows), make, xp)
+
+
 def plan_on_device(mask: BlockMask, *, tile_rows: int, block_n: int, heads_per_task: int,
                    batch: int, num_q_heads: int, num_kv_heads: int, batch_of: np.ndarray,
                    head_of: np.ndarray, split_ratio: float, min_split_chunks: int,
-                   in_flight: int = 0, allow_split: bool = True, pack_keys: bool = False
+                   in_flight: int = 0, allow_split: bool = True, pack_keys: bool = False,
+                   align_tiles: bool = False
                    ) -> tuple[PhysicalTiles, TaskQueue] | SyncFreePlan | None:
     """Tiles and task queue of a device mask without restricted merges, by the planner kernels.
 
@@ -138,6 +178,9 @@ def plan_on_device(mask: BlockMask, *, tile_rows: int, block_n: int, heads_per_t
     fit :data:`SYNC_FREE_WORKSPACE_LIMIT`; else exact arrays after one synchronization; None
     when the mask's dense rows would be too large (the general planner then takes over).
     ``pack_keys``: task costs count each row's keys end to end (``Regime.pack_keys``).
+    ``align_tiles``: tiles at multiples of ``tile_rows`` (``Regime.align_tiles``):
+    ``plan_aligned_spans`` counts and writes each tile's spans, and the tiles take the place of
+    the mask rows in the scan (each its own run of one tile) and in the task writing.
     """
     from ..cuda.loader import Variant, load_kernel  # noqa: PLC0415 - device only
 
@@ -154,44 +197,71 @@ def plan_on_device(mask: BlockMask, *, tile_rows: int, block_n: int, heads_per_t
         xp, batch, num_q_heads, num_kv_heads, heads_per_task, batch_of, head_of,
         mask.batch_heads)
     i32, i64 = np.int32, np.int64
+    geo = _aligned_geometry(mask.q_bounds, tile_rows, xp) if align_tiles else None
+    # Rows of the scan: the mask's, or its aligned tiles (virtual rows of tile_rows tokens).
+    n_scan = n_rows if geo is None else mask.batch_heads[0] * mask.batch_heads[1] * geo.per_bh
     # Sort keys: one per possible task cost (key chunks of a row: at most one per block_n keys,
-    # plus one per span for its partial last chunk).
-    n_keys = -(-mask.seq_len_kv // block_n) + n_kv + 1
+    # plus one per span for its partial last chunk; an aligned tile holds a key in at most one
+    # piece per two of the blocks it meets).
+    overlap = 1 if geo is None else -(-geo.reach // 2)
+    n_keys = overlap * (-(-mask.seq_len_kv // block_n) + n_kv) + 1
     # The kernels' scratch in one allocation, passed as raw addresses (views on numpy).
-    scratch = Workspace(xp, (("totals", i64, 6), ("run_row0", i64, n_rows),
-                            ("run_row1", i64, n_rows), ("span_off", i64, n_rows),
-                            ("tile_off", i64, n_rows), ("task_off", i64, n_rows),
-                            ("hist", i64, n_keys), ("nspans", i32, n_rows),
-                            ("chunks", i32, n_rows), ("identical", np.uint8, n_rows)))
+    scratch = Workspace(xp, (("totals", i64, 6), ("run_row0", i64, n_scan),
+                            ("run_row1", i64, n_scan), ("span_off", i64, n_scan),
+                            ("tile_off", i64, n_scan), ("task_off", i64, n_scan),
+                            ("hist", i64, n_keys), ("nspans", i32, n_scan),
+                            ("chunks", i32, n_scan), ("identical", np.uint8, n_scan)))
     totals = scratch.view("totals")  # kept by the plan
     arg = scratch.arg
-    # Per row: spans, chunks, whether it repeats the row before (count and token sums: not
-    # needed here, left uncomputed).
     null = np.uint64(0)
-    launch_row_stats(mask, dense, block_n, null, arg("nspans"), null, null, arg("chunks"),
-                     arg("identical"), pack_keys)
+    if geo is None:
+        # Per row: spans, chunks, whether it repeats the row before (count and token sums:
+        # not needed here, left uncomputed).
+        launch_row_stats(mask, dense, block_n, null, arg("nspans"), null, null, arg("chunks"),
+                         arg("identical"), pack_keys)
+        scan_blocks, scan_bounds = n_q, qb
+    else:
+        aligned_spans = load_kernel(Variant("plan.cu", "plan_aligned_spans"))
+
+        def tile_spans(span_off: Any, spans: Any) -> None:
+            aligned_spans(((n_scan * 32 + 255) // 256,), (256,),
+                          (dense, i32(n_scan), i32(geo.per_bh), i32(n_q), i32(n_kv), kb, qb,
+                           geo.lo, geo.hi, i32(tile_rows), i32(mask.seq_len_q), i32(block_n),
+                           arg("nspans"), arg("chunks"), arg("identical"), span_off, spans))
+
+        tile_spans(null, null)
+        scan_blocks, scan_bounds = geo.per_bh, geo.bounds
     load_kernel(Variant("plan.cu", "plan_scan"))(
-        (1,), (1024,), (arg("identical"), arg("nspans"), arg("chunks"), i32(n_rows), i32(n_q),
-                        qb, i32(tile_rows), expansions, i32(n_keys), arg("hist"),
-                        arg("run_row0"), arg("run_row1"), arg("span_off"), arg("tile_off"),
-                        arg("task_off"), totals))
+        (1,), (1024,), (arg("identical"), arg("nspans"), arg("chunks"), i32(n_scan),
+                        i32(scan_blocks), scan_bounds, i32(tile_rows), expansions, i32(n_keys),
+                        arg("hist"), arg("run_row0"), arg("run_row1"), arg("span_off"),
+                        arg("tile_off"), arg("task_off"), totals))
 
     def write_runs(grid_runs: int, spans: Any, tiles: Any, tasks: Any) -> None:
+        if geo is not None:
+            tile_spans(arg("span_off"), spans)
         if grid_runs:
             load_kernel(Variant("plan.cu", "plan_write_runs"))(
                 ((grid_runs * 32 + 255) // 256,), (256,),
-                (dense, i32(n_kv), i32(n_q), kb, qb, i32(tile_rows), totals, arg("run_row0"),
-                 arg("run_row1"), arg("span_off"), arg("tile_off"), arg("task_off"),
-                 arg("nspans"), arg("chunks"), expansions, assign_off, assign_b, assign_h0,
-                 spans, tiles, np.uint64(0) if tasks is None else tasks))
+                (dense if geo is None else null, i32(n_kv), i32(scan_blocks), kb, scan_bounds,
+                 i32(tile_rows), totals, arg("run_row0"), arg("run_row1"), arg("span_off"),
+                 arg("tile_off"), arg("task_off"), arg("nspans"), arg("chunks"), expansions,
+                 assign_off, assign_b, assign_h0, spans, tiles,
+                 np.uint64(0) if tasks is None else tasks))
 
     cap_spans, cap_tiles, cap_tasks = _capacities(mask, n_rows, tile_rows, int(assign_b.size))
+    if geo is not None:
+        # A tile's pieces: at most one per two of its blocks at each key block, and for each
+        # stretch of blocks at most a span per two key blocks.
+        per_tile = min(overlap * n_kv, geo.reach * (geo.reach + 1) // 2 * ((n_kv + 1) // 2))
+        cap_spans, cap_tiles = n_scan * per_tile, n_scan
+        cap_tasks = int(assign_b.size) * geo.per_bh
     if not allow_split and 4 * (4 * cap_spans + 6 * cap_tiles + 8 * cap_tasks) \
             <= SYNC_FREE_WORKSPACE_LIMIT:
         spans = xp.empty((cap_spans, 4), dtype=i32)
         tiles = xp.empty((cap_tiles, 6), dtype=i32)
         tasks = xp.empty((cap_tasks, 8), dtype=i32)
-        write_runs(n_rows, spans, tiles, tasks)  # a warp per row: the most runs there can be
+        write_runs(n_scan, spans, tiles, tasks)  # a warp per row: the most runs there can be
         return SyncFreePlan(tiles=tiles, spans=spans, tasks=tasks, totals=totals,
                             tile_rows=tile_rows, block_n=block_n, heads_per_task=heads_per_task)
 

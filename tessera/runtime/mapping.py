@@ -23,7 +23,8 @@ of the runs it meets, every span restricted to the rows that select it (:func:`_
 A device mask built from a dense block matrix takes a shortcut for steps 1 and 2: two kernels
 (tessera/cuda/plan.cu) compute the per-row statistics and write the spans straight from the
 matrix; when the cost model picks any restricted merge, the general path above runs instead.
-Both paths give the same tiles (tested array for array on the GPU).
+Both paths give the same tiles (tested array for array on the GPU). The device planner
+(``device_planner.py``) builds aligned tiles with its own kernel, ``plan_aligned_spans``.
 """
 
 from __future__ import annotations

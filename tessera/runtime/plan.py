@@ -213,15 +213,15 @@ def plan(block_mask: BlockMask, *, num_q_heads: int, num_kv_heads: int | None = 
     allow_split = plan_may_split(regime, block_mask, num_q_heads=num_q_heads,
                                  num_kv_heads=num_kv_heads, batch=batch, in_flight=in_flight)
     fused = None
-    if (mapping._use_device_planner(block_mask.xp) and regime.combine_threshold == 0
-            and not regime.align_tiles):
+    if mapping._use_device_planner(block_mask.xp) and regime.combine_threshold == 0:
         # The common request: the planner kernels (runtime/device_planner.py).
         fused = plan_on_device(block_mask, tile_rows=tile_rows, block_n=regime.block_n,
                                heads_per_task=hp, batch=batch, num_q_heads=num_q_heads,
                                num_kv_heads=num_kv_heads, batch_of=batch_of, head_of=head_of,
                                split_ratio=regime.split_ratio,
                                min_split_chunks=regime.min_split_chunks, in_flight=in_flight,
-                               allow_split=allow_split, pack_keys=regime.pack_keys)
+                               allow_split=allow_split, pack_keys=regime.pack_keys,
+                               align_tiles=regime.align_tiles)
     if isinstance(fused, SyncFreePlan):
         launch, exact = fused.launch_queue(), fused.settle
     else:

@@ -242,10 +242,10 @@ def align_pays(mask: Any, tile_rows: int) -> bool:
     """Whether aligned tiles (``Regime.align_tiles``) make ``mask``'s kernel clearly cheaper:
     query blocks ragged against the tile (:func:`blocks_ragged`, host bounds alone) and an
     aligned tiling computing at most :data:`ALIGN_MAX_PAIR_RATIO` of the plain one's pairs.
-    Not part of the default choice: an aligned plan takes the general planner (14-15 ms for
-    the semantic clusters on the H200 against 0.25 ms), so it pays only for a plan run many
-    times (``regime=p.regime.with_(align_tiles=True)`` for a default plan ``p``). Reads the
-    selection (one synchronization for a device mask)."""
+    Not yet part of the default choice: planned with the general path, an aligned device plan
+    took 14-15 ms for the semantic clusters on the H200 (against 0.25 ms plain), which lost the
+    request; the planner kernels now build it too (``plan_aligned_spans``, not yet measured on
+    a GPU). Reads the selection (one synchronization for a device mask)."""
     if not blocks_ragged(mask.q_bounds, tile_rows):
         return False
     pairs = tiling_pairs(mask, tile_rows)
