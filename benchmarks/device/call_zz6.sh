@@ -1,17 +1,26 @@
 #!/usr/bin/env bash
 # Prepared at the end of the ninth session, NOT yet run (first call of the next session, main):
-# 1. the GPU test written after the last device call (the tilings' pair estimate of a device
-#    mask) and the whole suite (bsa_sm90.cu changed only by a preprocessor guard since
-#    call_zz2.sh's 242 passed);
-# 2. memcheck and racecheck on default-regime tests, which now copy by TMA at 128-row tiles;
-# 3. the bench on HunyuanVideo's other families (D=128) against the baselines.
+# 1. the GPU tests written after the last device call: the tilings' pair estimate of a device
+#    mask, and the device planner's aligned tiles (plan_aligned_spans) array for array against
+#    the host planner, sync-free and one-sync, then run; then the whole suite (bsa_sm90.cu
+#    changed only by a preprocessor guard since call_zz2.sh's 242 passed);
+# 2. memcheck on the planner test (the new kernel) and on default-regime tests (TMA copies at
+#    128-row tiles); racecheck on a split case;
+# 3. the semantic clusters (and random blocks) with the plain default and with aligned tiles
+#    forced, in one process each, against the baselines: the request with aligned tiles now
+#    planned by the kernels (was 14-15 ms by the general path, call_zz5.sh). If aligned wins
+#    the request, make align_pays part of select_regime (see RESULTS, ninth session).
 set -uo pipefail
 . benchmarks/device/common.sh
 timeout 60 python3 benchmarks/device/probe_bisect.py $PWD 2>&1 | tail -3
-gpu_tests new 60 tests/test_attention_gpu.py -k "tiling_pairs"
+gpu_tests new 150 tests/test_attention_gpu.py -k "tiling_pairs or device_planner_equals or aligned"
 gpu_tests gpu_tests 200 tests --maxfail=20
-sanitize memcheck 120 "test_dtype_headdim_layout or test_variable_blocks_and_empty_rows or test_heavy_rows"
+sanitize memcheck 150 "device_planner_equals or test_dtype_headdim_layout or test_variable_blocks_and_empty_rows"
 sanitize racecheck 90 "test_heavy_rows_split_and_combined"
-timeout 240 python3 -m tessera bench --shape hunyuan-720p --family spatial_temporal,radial,random_blocks \
-  --reps 3 --json "$out/bench_hunyuan.json" > "$out/bench_hunyuan.txt" 2>/dev/null
-echo "hunyuan bench rc=$?"; cat "$out/bench_hunyuan.txt"
+aligned="sm90_128x128_w12_s3[combine_threshold=0.0,align_tiles=True]"
+for regime in "" "$aligned"; do
+  timeout 100 python3 -m tessera bench --shape wan-1.3b-480p,cogvideox-5b \
+    --family semantic_clusters,random_blocks --reps 10 ${regime:+--regime "$regime"} \
+    > "$out/bench_semantic_${regime:+aligned}.txt" 2>/dev/null
+  echo "bench ${regime:-default} rc=$?"; cat "$out/bench_semantic_${regime:+aligned}.txt"
+done
