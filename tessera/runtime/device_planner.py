@@ -249,8 +249,10 @@ def plan_on_device(mask: BlockMask, *, tile_rows: int, block_n: int, heads_per_t
                  assign_off, assign_b, assign_h0, spans, tiles,
                  np.uint64(0) if tasks is None else tasks))
 
-    cap_spans, cap_tiles, cap_tasks = _capacities(mask, n_rows, tile_rows, int(assign_b.size))
-    if geo is not None:
+    if geo is None:
+        cap_spans, cap_tiles, cap_tasks = _capacities(mask, n_rows, tile_rows,
+                                                      int(assign_b.size))
+    else:
         # A tile's pieces: at most one per two of its blocks at each key block, and for each
         # stretch of blocks at most a span per two key blocks.
         per_tile = min(overlap * n_kv, geo.reach * (geo.reach + 1) // 2 * ((n_kv + 1) // 2))
