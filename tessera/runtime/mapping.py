@@ -387,7 +387,7 @@ def tiling_pairs(mask: BlockMask, tile_rows: int) -> tuple[int, int] | None:
     per_bh = -(-lq // tile_rows)
     t0 = np.arange(per_bh, dtype=np.int64) * tile_rows
     t1 = np.minimum(t0 + tile_rows, lq)
-    # The blocks each tile meets: [lo, hi] (blocks are non-empty or skipped by searchsorted).
+    # The blocks each tile meets: [lo, hi] (bounds are strictly increasing: no empty block).
     lo = np.searchsorted(qb, t0, side="right") - 1
     hi = np.searchsorted(qb, t1, side="left") - 1
     reach = int((hi - lo).max(initial=0)) + 1

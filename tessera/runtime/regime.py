@@ -230,6 +230,14 @@ def blocks_ragged(bounds: np.ndarray, step: int) -> bool:
     return _blocks_ragged(np.asarray(bounds, dtype=np.int64).tobytes(), int(step))
 
 
+@functools.lru_cache(maxsize=64)  # asked on every request; a geometry's answer never changes
+def _blocks_ragged(bounds: bytes, step: int) -> bool:
+    sizes = np.diff(np.frombuffer(bounds, dtype=np.int64))
+    if sizes.size == 0:
+        return False
+    return bool(np.mean(sizes % step != 0) >= 0.1 and np.median(sizes) < 2 * step)
+
+
 # align_pays answers yes when the aligned tiling's estimated computed pairs are at most this
 # fraction of the plain tiling's: the estimate (mapping.tiling_pairs) runs up to ~0.1 below the
 # exact ratio (no chunk rounding), and at 0.8 it still separates the masks where aligned tiles
@@ -250,14 +258,6 @@ def align_pays(mask: Any, tile_rows: int) -> bool:
         return False
     pairs = tiling_pairs(mask, tile_rows)
     return pairs is not None and pairs[0] > 0 and pairs[1] <= ALIGN_MAX_PAIR_RATIO * pairs[0]
-
-
-@functools.lru_cache(maxsize=64)  # asked on every request; a geometry's answer never changes
-def _blocks_ragged(bounds: bytes, step: int) -> bool:
-    sizes = np.diff(np.frombuffer(bounds, dtype=np.int64))
-    if sizes.size == 0:
-        return False
-    return bool(np.mean(sizes % step != 0) >= 0.1 and np.median(sizes) < 2 * step)
 
 
 # ================================================================================ candidates
