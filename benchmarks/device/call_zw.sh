@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prepared in the eighth session, NOT yet run (the first call of the next session, on main):
+# Prepared in the eighth session; ran first in the ninth (RESULTS, ninth session: all passed):
 # what this session built without a GPU -- aligned tiles, the packed-walk default on ragged key
 # geometry, two 64x64 producer CTAs an SM, 192-row tiles (three consumer warpgroups).
 # 1. smoke probe (a hang shows at once); the new kernels' tests first under a short timeout --
