@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Prepared in the eighth session, never run: superseded by the ninth session's benches (call_zz3.sh measured the request with this plan_scan: 0.25 ms). It was: the request bench on random-10
+# Prepared in the eighth session, never run: superseded by the ninth session's benches
+# (call_zz3.sh measured the request with this plan_scan: 0.25 ms). It was: the request bench
+# on random-10
 # (the bounds cache of 0a03232 in the bench's request) and the two families whose default
 # changed (topk_pooled: the packed walk) or may change (semantic_clusters: aligned tiles).
 # First an A/B of the request's phases: main before plan_scan's shared cost table (commit

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Prepared in the eighth session on branch tma; ran in the ninth (14 failures, fixed: call_zz2.sh). The producer copies Q and K/V by
+# Prepared in the eighth session on branch tma; ran in the ninth (14 failures, fixed:
+# call_zz2.sh). The producer copies Q and K/V by
 # TMA (one thread; tensor maps encoded through the driver, tessera/cuda/tma.py), which leaves
 # the consumers 240 registers (P V overlaps the softmax at head dim 128 with 128-key steps too).
 # Before running, unpack main beside the checkout (untracked):
