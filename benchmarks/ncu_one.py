@@ -1,7 +1,8 @@
 """Run one Tessera kernel on a model-shaped random mask, for ``ncu`` to profile.
 
 ``ncu -k regex:bsa_fwd --launch-skip 2 --launch-count 1 python benchmarks/ncu_one.py [density]
-[shape]`` (shape: a ``tessera.workloads`` name, Wan-2.1-1.3B by default)
+[shape] [regime]`` (shape: a ``tessera.workloads`` name, Wan-2.1-1.3B by default; regime: a
+``plan.regime.name``, e.g. ``sm80_128x64_w4_s2`` for the portable family on any GPU)
 """
 
 import math
@@ -27,7 +28,10 @@ def main():
     # kernel family), not the portable host plan.
     m = tessera.BlockMask.from_dense(torch.from_numpy(dense).cuda(), block_size=128,
                                      seq_len_q=L, seq_len_kv=L)
-    p = tessera.plan(m, num_q_heads=h, head_dim=d)
+    from tessera.runtime.regime import regime_from_name
+
+    regime = regime_from_name(sys.argv[3]) if len(sys.argv) > 3 else None
+    p = tessera.plan(m, num_q_heads=h, head_dim=d, regime=regime)
     print("regime:", p.regime.name)
     for _ in range(4):
         p.run(q, k, v)
