@@ -60,6 +60,11 @@ def info() -> int:
     print("Kernel families: sm80 (mma.sync, runs on sm_80 and newer); sm90 (wgmma, sm_90 "
           "only, the default there); combine")
     print(f"Compile targets checked in CI: {', '.join(CI_TARGETS)} (sm90 family: sm_90a)")
+    from .cuda.tma import _driver_encoder  # noqa: PLC0415 - ctypes lookup of libcuda
+
+    print("TMA copies (sm90 family, 128-row tiles): " + (
+        "the driver encodes tensor maps" if _driver_encoder() is not None else
+        "no CUDA driver with cuTensorMapEncodeTiled here: cp.async copies"))
     cached = sorted(p.name for p in cache_dir().glob("*.cubin")) if cache_dir().is_dir() else []
     print(f"Compiled kernels cached in {cache_dir()}: {len(cached)}")
     tables = sorted(TABLES_DIR.glob("*.json")) if TABLES_DIR.is_dir() else []

@@ -15,6 +15,11 @@ def test_info_in_process(capsys):
     out = capsys.readouterr().out
     assert f"Tessera {tessera.__version__}" in out
     assert "sm_90a" in out and "Regime tables" in out and "GPU" in out
+    from tessera.cuda.tma import _driver_encoder
+
+    # Whether TMA copies are possible here, as the driver lookup answers.
+    assert ("the driver encodes tensor maps" in out) == (_driver_encoder() is not None)
+    assert "TMA copies" in out
 
 
 def test_info_as_module():
