@@ -41,7 +41,8 @@ from typing import Any
 
 from .._array import Workspace, array_module, device_copy, to_numpy
 from ..mask import BlockMask
-from .mapping import PhysicalTiles, _device_dense_rows, device_bounds, launch_row_stats
+from .mapping import (PhysicalTiles, _device_dense_rows, aligned_tile_blocks, device_bounds,
+                      launch_row_stats)
 from .tasks import TaskQueue, build_task_queue, head_assignments, split_limit
 
 __all__ = ["plan_on_device", "SyncFreePlan", "SYNC_FREE_WORKSPACE_LIMIT"]
@@ -151,15 +152,11 @@ def _aligned_geometry(q_bounds: np.ndarray, tile_rows: int, xp) -> _AlignedGeome
     qb = np.asarray(q_bounds, dtype=np.int64)
 
     def make():
-        lq = int(qb[-1])
-        t0 = np.arange(0, lq, tile_rows, dtype=np.int64)
-        t1 = np.minimum(t0 + tile_rows, lq)
-        lo = np.searchsorted(qb, t0, side="right") - 1
-        hi = np.searchsorted(qb, t1, side="left") - 1
+        t0, t1, lo, hi = aligned_tile_blocks(qb, tile_rows)
         return _AlignedGeometry(per_bh=int(t0.size), reach=int((hi - lo).max(initial=0)) + 1,
                                 lo=xp.asarray(lo.astype(np.int32)),
                                 hi=xp.asarray(hi.astype(np.int32)),
-                                bounds=xp.asarray(np.r_[t0, lq].astype(np.int64)))
+                                bounds=xp.asarray(np.r_[t0, qb[-1]].astype(np.int64)))
 
     if xp is np:
         return make()

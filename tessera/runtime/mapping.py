@@ -38,7 +38,7 @@ from .._array import Workspace, device_copy, offsets_from_counts, segment_ids
 from ..mask import BlockMask
 
 __all__ = ["PhysicalTiles", "map_to_tiles", "row_stats_on_device", "launch_row_stats",
-           "device_bounds", "tiling_pairs"]
+           "device_bounds", "tiling_pairs", "aligned_tile_blocks"]
 
 
 @dataclass
@@ -371,6 +371,21 @@ def _aligned_tiles(mask: BlockMask, stats: _RowStats, runs: tuple[Any, Any, Any,
 ALIGNED_ESTIMATE_MAX_BLOCKS = 16
 
 
+def aligned_tile_blocks(q_bounds: np.ndarray, tile_rows: int
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The aligned tiles of a query geometry (host int64 arrays, one entry a tile of a mask
+    (batch, head)): their rows [t0, t1) -- multiples of ``tile_rows``, the last one short --
+    and the first and last query blocks each meets, lo and hi (bounds are strictly
+    increasing: no block is empty)."""
+    qb = np.asarray(q_bounds, dtype=np.int64)
+    lq = int(qb[-1])
+    t0 = np.arange(0, lq, tile_rows, dtype=np.int64)
+    t1 = np.minimum(t0 + tile_rows, lq)
+    lo = np.searchsorted(qb, t0, side="right") - 1
+    hi = np.searchsorted(qb, t1, side="left") - 1
+    return t0, t1, lo, hi
+
+
 def tiling_pairs(mask: BlockMask, tile_rows: int) -> tuple[int, int] | None:
     """(query, key) token pairs the plain and the aligned tiling of ``mask`` compute with
     ``tile_rows``-row tiles, estimated from its dense block rows without building either: plain
@@ -383,13 +398,8 @@ def tiling_pairs(mask: BlockMask, tile_rows: int) -> tuple[int, int] | None:
     xp = mask.xp
     qb = np.asarray(mask.q_bounds, dtype=np.int64)
     n_q, n_kv = mask.num_q_blocks, mask.num_kv_blocks
-    lq = int(qb[-1])
-    per_bh = -(-lq // tile_rows)
-    t0 = np.arange(per_bh, dtype=np.int64) * tile_rows
-    t1 = np.minimum(t0 + tile_rows, lq)
-    # The blocks each tile meets: [lo, hi] (bounds are strictly increasing: no empty block).
-    lo = np.searchsorted(qb, t0, side="right") - 1
-    hi = np.searchsorted(qb, t1, side="left") - 1
+    t0, t1, lo, hi = aligned_tile_blocks(qb, tile_rows)
+    per_bh = t0.size
     reach = int((hi - lo).max(initial=0)) + 1
     if n_q == 0 or n_kv == 0 or reach > ALIGNED_ESTIMATE_MAX_BLOCKS:
         return None
