@@ -6,7 +6,7 @@
 #    changed only by a preprocessor guard since call_zz2.sh's 242 passed);
 # 2. memcheck on the planner test (the new kernel) and on default-regime tests (TMA copies at
 #    128-row tiles); racecheck on a split case;
-# 3. the semantic clusters (and random blocks) with the plain default and with aligned tiles
+# 3. (moved to call_zz6b.sh: one call is limited to 600 s) the semantic clusters (and random blocks) with the plain default and with aligned tiles
 #    forced, in one process each, against the baselines: the request with aligned tiles now
 #    planned by the kernels (was 14-15 ms by the general path, call_zz5.sh). If aligned wins
 #    the request, make align_pays part of select_regime (see RESULTS, ninth session).
@@ -17,10 +17,3 @@ gpu_tests new 150 tests/test_attention_gpu.py -k "tiling_pairs or device_planner
 gpu_tests gpu_tests 200 tests --maxfail=20
 sanitize memcheck 150 "device_planner_equals or test_dtype_headdim_layout or test_variable_blocks_and_empty_rows"
 sanitize racecheck 90 "test_heavy_rows_split_and_combined"
-aligned="sm90_128x128_w12_s3[combine_threshold=0.0,align_tiles=True]"
-for regime in "" "$aligned"; do
-  timeout 100 python3 -m tessera bench --shape wan-1.3b-480p,cogvideox-5b \
-    --family semantic_clusters,random_blocks --reps 10 ${regime:+--regime "$regime"} \
-    > "$out/bench_semantic_${regime:+aligned}.txt" 2>/dev/null
-  echo "bench ${regime:-default} rc=$?"; cat "$out/bench_semantic_${regime:+aligned}.txt"
-done
