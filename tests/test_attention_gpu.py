@@ -405,6 +405,7 @@ def test_device_planner_equals_host_planner(case):
                 for f in ("mask_bh", "q0", "q1", "span_begin", "span_end", "chunks"):
                     np.testing.assert_array_equal(getattr(ph.tiles, f),
                                                   cp.asnumpy(getattr(pd.tiles, f)), err_msg=f)
+                assert pd.tiles.num_merged == ph.tiles.num_merged
     _check(dev, hq=dense.shape[0], d=128)
     _check(csr, hq=dense.shape[0], d=128)
     for reg in regimes[6:10]:  # the aligned and the sync-free ones

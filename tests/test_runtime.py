@@ -799,8 +799,8 @@ def assert_same_plan(got, ref) -> None:
         np.testing.assert_array_equal(getattr(got.tiles, f), getattr(ref.tiles, f), err_msg=f)
     for f in ("tasks", "spans", "combine"):
         np.testing.assert_array_equal(getattr(got.queue, f), getattr(ref.queue, f), err_msg=f)
-    assert (got.queue.num_slots, got.tiles.num_groups) == (ref.queue.num_slots,
-                                                           ref.tiles.num_groups)
+    assert (got.queue.num_slots, got.tiles.num_groups, got.tiles.num_merged) == \
+        (ref.queue.num_slots, ref.tiles.num_groups, ref.tiles.num_merged)
 
 
 PLANNER_STAND_INS = {"plan_row_stats": _np_plan_row_stats,

@@ -42,7 +42,7 @@ from typing import Any
 from .._array import Workspace, array_module, device_copy, to_numpy
 from ..mask import BlockMask
 from .mapping import (PhysicalTiles, _device_dense_rows, aligned_tile_blocks, device_bounds,
-                      launch_row_stats)
+                      launch_row_stats, straddling_tiles)
 from .tasks import TaskQueue, build_task_queue, head_assignments, split_limit
 
 __all__ = ["plan_on_device", "SyncFreePlan", "SYNC_FREE_WORKSPACE_LIMIT"]
@@ -57,7 +57,7 @@ class SyncFreePlan:
     """A sync-free plan's device buffers: ``tiles`` int32 [capacity, 6], ``spans`` [capacity,
     4], ``tasks`` [capacity, 8] (longest first), filled up to ``totals`` (device int64: runs,
     spans, tiles, tasks, task chunks, most chunks of a tile), which stay on the device until
-    :meth:`settle`."""
+    :meth:`settle`. ``num_merged``: the aligned tiles that straddle (known from the geometry)."""
 
     tiles: Any
     spans: Any
@@ -66,6 +66,7 @@ class SyncFreePlan:
     tile_rows: int
     block_n: int
     heads_per_task: int
+    num_merged: int = 0
 
     def launch_queue(self) -> TaskQueue:
         """The queue the kernels read: the buffers, with the task count on the device."""
@@ -79,7 +80,8 @@ class SyncFreePlan:
         numbers from the device, which waits for the planner's kernels)."""
         n_runs, n_spans, n_tiles, n_tasks = (int(x) for x in to_numpy(self.totals)[:4])
         tiles, spans = self.tiles[:n_tiles], self.spans[:n_spans]
-        pt = _physical_tiles(tiles, spans, self.tile_rows, self.block_n, n_runs)
+        pt = _physical_tiles(tiles, spans, self.tile_rows, self.block_n, n_runs,
+                             self.num_merged)
         queue = TaskQueue(tasks=self.tasks[:n_tasks], spans=spans,
                           combine=_no_combine(array_module(self.tasks)), num_slots=0,
                           heads_per_task=self.heads_per_task, tile_rows=self.tile_rows)
@@ -94,12 +96,12 @@ def _no_combine(xp) -> Any:
 
 
 def _physical_tiles(tiles: Any, spans: Any, tile_rows: int, block_n: int,
-                    n_runs: int) -> PhysicalTiles:
+                    n_runs: int, num_merged: int) -> PhysicalTiles:
     return PhysicalTiles(tile_rows=tile_rows, block_n=block_n, mask_bh=tiles[:, 0],
                          q0=tiles[:, 1], q1=tiles[:, 2], span_begin=tiles[:, 3],
                          span_end=tiles[:, 4], chunks=tiles[:, 5], k0=spans[:, 0],
                          k1=spans[:, 1], r0=spans[:, 2], r1=spans[:, 3], num_groups=n_runs,
-                         num_merged=0)
+                         num_merged=num_merged)
 
 
 def _assignments(xp, batch: int, num_q_heads: int, num_kv_heads: int, hp: int,
@@ -195,6 +197,7 @@ def plan_on_device(mask: BlockMask, *, tile_rows: int, block_n: int, heads_per_t
         mask.batch_heads)
     i32, i64 = np.int32, np.int64
     geo = _aligned_geometry(mask.q_bounds, tile_rows, xp) if align_tiles else None
+    num_merged = 0 if geo is None else straddling_tiles(mask, tile_rows)
     # Rows of the scan: the mask's, or its aligned tiles (virtual rows of tile_rows tokens).
     n_scan = n_rows if geo is None else mask.batch_heads[0] * mask.batch_heads[1] * geo.per_bh
     # Sort keys: one per possible task cost (key chunks of a row: at most one per block_n keys,
@@ -262,7 +265,8 @@ def plan_on_device(mask: BlockMask, *, tile_rows: int, block_n: int, heads_per_t
         tasks = xp.empty((cap_tasks, 8), dtype=i32)
         write_runs(n_scan, spans, tiles, tasks)  # a warp per row: the most runs there can be
         return SyncFreePlan(tiles=tiles, spans=spans, tasks=tasks, totals=totals,
-                            tile_rows=tile_rows, block_n=block_n, heads_per_task=heads_per_task)
+                            tile_rows=tile_rows, block_n=block_n, heads_per_task=heads_per_task,
+                            num_merged=num_merged)
 
     n_runs, n_spans, n_tiles, n_tasks, task_chunks, max_chunks = (int(x) for x in
                                                                   to_numpy(totals))
@@ -273,7 +277,7 @@ def plan_on_device(mask: BlockMask, *, tile_rows: int, block_n: int, heads_per_t
     tiles = xp.empty((n_tiles, 6), dtype=i32)
     tasks = None if split else xp.empty((n_tasks, 8), dtype=i32)
     write_runs(n_runs, spans, tiles, tasks)
-    pt = _physical_tiles(tiles, spans, tile_rows, block_n, n_runs)
+    pt = _physical_tiles(tiles, spans, tile_rows, block_n, n_runs, num_merged)
     if split:
         # Heavy tiles are cut into parts by the general task organization (array operations on
         # these tiles, which equal the general mapping's).

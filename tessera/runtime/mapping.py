@@ -38,7 +38,7 @@ from .._array import Workspace, device_copy, offsets_from_counts, segment_ids
 from ..mask import BlockMask
 
 __all__ = ["PhysicalTiles", "map_to_tiles", "row_stats_on_device", "launch_row_stats",
-           "device_bounds", "tiling_pairs", "aligned_tile_blocks"]
+           "device_bounds", "tiling_pairs", "aligned_tile_blocks", "straddling_tiles"]
 
 
 @dataclass
@@ -50,7 +50,8 @@ class PhysicalTiles:
     ``chunks`` (BN-key steps the tile costs). Span arrays (length S): ``k0``/``k1`` (key token
     range) and ``r0``/``r1`` (query tokens the span applies to; a restriction narrower than the
     tile only where a restricted merge happened, or in aligned tiles that straddle blocks).
-    ``num_merged`` counts the restricted merges (aligned tiles: the tiles that straddle).
+    ``num_merged`` counts the restricted merges (aligned tiles: the tiles that straddle a query
+    block boundary, :func:`straddling_tiles`).
     """
 
     tile_rows: int
@@ -362,7 +363,7 @@ def _aligned_tiles(mask: BlockMask, stats: _RowStats, runs: tuple[Any, Any, Any,
         span_begin=t_span_off[:-1].astype(i32), span_end=t_span_off[1:].astype(i32),
         chunks=t_chunks.astype(i32), k0=k0.astype(i32), k1=k1.astype(i32), r0=r0.astype(i32),
         r1=r1.astype(i32), num_groups=n_tiles,  # each tile has its own spans
-        num_merged=int((xp.bincount(rt_tile, minlength=n_tiles) > 1).sum()))
+        num_merged=straddling_tiles(mask, tile_rows))
 
 
 # Most query blocks an aligned tile may meet for :func:`tiling_pairs` to estimate it: beyond
@@ -384,6 +385,14 @@ def aligned_tile_blocks(q_bounds: np.ndarray, tile_rows: int
     lo = np.searchsorted(qb, t0, side="right") - 1
     hi = np.searchsorted(qb, t1, side="left") - 1
     return t0, t1, lo, hi
+
+
+def straddling_tiles(mask: BlockMask, tile_rows: int) -> int:
+    """How many aligned tiles of ``mask`` (over all its batch heads) meet more than one query
+    block -- the aligned tiling's restricted merges, by geometry alone (both planners report it
+    the same way, whichever rows the mask selects)."""
+    _, _, lo, hi = aligned_tile_blocks(mask.q_bounds, tile_rows)
+    return int((hi > lo).sum()) * int(mask.batch_heads[0] * mask.batch_heads[1])
 
 
 def tiling_pairs(mask: BlockMask, tile_rows: int) -> tuple[int, int] | None:
