@@ -1114,24 +1114,30 @@ def test_packed_keys_default_on_ragged_key_geometry():
     assert tessera.plan(m, num_q_heads=w.heads, head_dim=w.head_dim, arch=90).regime == r
 
 
-def test_align_pays_for_clusters_that_share_keys(monkeypatch):
-    """align_pays says yes for the semantic clusters (variable blocks whose neighbours share
-    keys) and no for random variable blocks at low density; masks whose query blocks are not
-    ragged never pay for the estimate. The default plan does not align (its planner cost)."""
+def test_aligned_tiles_chosen_where_they_pay(monkeypatch):
+    """The sm90 heuristic aligns its 128-row tiles for the semantic clusters (variable blocks
+    whose neighbours share keys) and not for random variable blocks at low density, nor off
+    sm_90; masks whose query blocks are not ragged never pay for the estimate."""
     from tessera.mask import BlockMask
     from tessera.workloads import WORKLOADS, example_mask
+
+    def pick(m, arch=90):
+        return R.select_regime(m, arch=arch, head_dim=64, dtype=np.dtype("float16"),
+                               num_q_heads=2, batch=1)
 
     for shape in ("wan-1.3b-480p", "cogvideox-5b"):
         m = example_mask(WORKLOADS[shape], "semantic_clusters", heads=2, head_dim=64).mask
         assert R.align_pays(m, 128), shape
-        assert not R.select_regime(m, arch=90, head_dim=64, dtype=np.dtype("float16"),
-                                   num_q_heads=2, batch=1).align_tiles
+        assert pick(m).align_tiles and pick(m).block_m == 128 and not pick(m).pack_keys, shape
+        assert not pick(m, arch=80).align_tiles
+        assert tessera.plan(m, num_q_heads=2, head_dim=64, arch=90).regime.align_tiles
     rng = np.random.default_rng(0)
     qb = np.r_[0, np.cumsum(rng.integers(100, 200, 60))]
     sparse = BlockMask.from_dense(rng.random((2, 60, 60)) < 0.3, q_bounds=qb, kv_bounds=qb)
     assert R.blocks_ragged(qb, 128) and not R.align_pays(sparse, 128)
+    assert not pick(sparse).align_tiles
     dense = BlockMask.from_dense(rng.random((2, 60, 60)) < 0.95, q_bounds=qb, kv_bounds=qb)
-    assert R.align_pays(dense, 128)
+    assert R.align_pays(dense, 128) and pick(dense).align_tiles
 
     def no_estimate(*a, **k):
         raise AssertionError("estimated the tilings of a mask with aligned query blocks")
@@ -1139,7 +1145,10 @@ def test_align_pays_for_clusters_that_share_keys(monkeypatch):
     monkeypatch.setattr(R, "tiling_pairs", no_estimate)
     for family in ("sliding_tile", "random_blocks"):
         m = example_mask(WORKLOADS["wan-1.3b-480p"], family, heads=2, head_dim=64).mask
-        assert not R.align_pays(m, 128), family
+        assert not R.align_pays(m, 128) and not pick(m).align_tiles, family
+    # Small query blocks take the 64-row heuristic, which never asks.
+    m = example_mask(WORKLOADS["wan-1.3b-480p"], "topk_pooled", heads=2, head_dim=64).mask
+    assert pick(m).block_m == 64 and not pick(m).align_tiles
 
 
 def test_device_properties_cached_per_device(monkeypatch):

@@ -250,10 +250,10 @@ def align_pays(mask: Any, tile_rows: int) -> bool:
     """Whether aligned tiles (``Regime.align_tiles``) make ``mask``'s kernel clearly cheaper:
     query blocks ragged against the tile (:func:`blocks_ragged`, host bounds alone) and an
     aligned tiling computing at most :data:`ALIGN_MAX_PAIR_RATIO` of the plain one's pairs.
-    Not yet part of the default choice: planned with the general path, an aligned device plan
-    took 14-15 ms for the semantic clusters on the H200 (against 0.25 ms plain), which lost the
-    request; the planner kernels now build it too (``plan_aligned_spans``, not yet measured on
-    a GPU). Reads the selection (one synchronization for a device mask)."""
+    Reads the selection: one synchronization for a device mask, paid only by ragged query
+    geometries. On the H200 (tenth session, call_zz6b.sh) the planner kernels plan the
+    semantic clusters aligned in 0.36-0.39 ms and the request ran 1.39x (Wan) / 1.46x
+    (CogVideoX) faster than with plain tiles."""
     if not blocks_ragged(mask.q_bounds, tile_rows):
         return False
     pairs = tiling_pairs(mask, tile_rows)
@@ -1077,7 +1077,8 @@ def select_regime(mask: Any, *, arch: int | None, head_dim: int, dtype: Any,
     :func:`default_regime`, unless a table is in force for the architecture
     (:func:`active_table`) and the heuristic's plan may split tasks (see the module
     docstring): then the mask's features are measured once and looked up, and the heuristic
-    stays the answer when the table has nothing for this head dim / dtype / geometry.
+    stays the answer when the table has nothing for this head dim / dtype / geometry. The
+    heuristic's 128-row sm90 regime aligns its tiles where :func:`align_pays`.
     """
     if arch is None and mask.on_device:
         arch = device_arch()
@@ -1101,6 +1102,8 @@ def select_regime(mask: Any, *, arch: int | None, head_dim: int, dtype: Any,
             found = None
         if found is not None:
             return found
+    if heuristic.family == "sm90" and heuristic.block_m == 128 and align_pays(mask, 128):
+        return heuristic.with_(align_tiles=True)
     return heuristic
 
 
