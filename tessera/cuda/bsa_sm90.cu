@@ -29,8 +29,6 @@
 //                    and K/V chunk with bulk tensor copies (TMA) described by the tensor maps in
 //                    the tma_maps parameter (tessera/cuda/tma.py), completing on the full
 //                    barriers by byte count; 0: 128 threads of cp.async
-//   TESSERA_EXP2_FMA score octets of each chunk's BN / 8 whose exponentials run on the FMA pipe
-//                    (common.cuh fma_exp2) rather than the MUFU; default by head dim (see below)
 //   TESSERA_MIN_BLOCKS CTAs per SM the producer variant's registers are split for (default 1):
 //                    2 lets two 64-row CTAs share an SM, each with one consumer warpgroup,
 //                    instead of one CTA holding the whole register file
@@ -106,14 +104,6 @@ static_assert(!TMA || (TESSERA_PRODUCER && !TESSERA_PACK_KEYS),
 // (ptxas 13.0: 4 bytes at 255 registers), so 64x128 tiles at D=128 keep the serial wait.
 constexpr bool OVERLAP_PV = !(D == 128 && BN == 128 && (!TMA || WGS == 1)) &&
                             !(WGS == 3 && BN == 128);
-// At head dim 64 a chunk's exponentials (BM x BN on the MUFU, 16 a clock per SM) take as long
-// as its two GEMMs on the tensor cores, so the softmax, not the matrix work, bounds the rate;
-// part of them move to the FMA pipe, which has room.
-#ifndef TESSERA_EXP2_FMA
-#define TESSERA_EXP2_FMA (TESSERA_D == 64 ? TESSERA_BN / 32 : 0)
-#endif
-constexpr int EXP2_FMA = TESSERA_EXP2_FMA;
-static_assert(EXP2_FMA >= 0 && EXP2_FMA <= BN / 8, "at most every octet of a chunk");
 #if TESSERA_PACK_KEYS
 using Walk = PackedWalk<BN>;
 #else
@@ -549,9 +539,8 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
       if (active) {
         // Mask: keys past the span end, rows outside the span's restriction or the tile.
         const int t0 = tok_base + g, t1 = t0 + 8;
-        softmax_chunk<BN / 8, EXP2_FMA>(s, m, l, al, walk.key0(), walk.key_end(),
-                                         t0 >= lo && t0 < hi, t1 >= lo && t1 < hi, t,
-                                         scale_log2);
+        softmax_chunk(s, m, l, al, walk.key0(), walk.key_end(), t0 >= lo && t0 < hi,
+                      t1 >= lo && t1 < hi, t, scale_log2);
       } else {
 #pragma unroll
         for (int i = 0; i < BN / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;

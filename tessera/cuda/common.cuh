@@ -93,22 +93,6 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
-// 2^x on the FMA pipe, for part of a softmax whose exponentials would otherwise queue on the
-// MUFU (16 a clock per SM: at head dim 64 and 128-key steps a chunk's exponentials take as
-// long as its two GEMMs). x = n + f with n = round(x) (the 1.5 * 2^23 trick leaves n in the
-// low bits of t) and |f| <= 1/2; 2^f by a degree-3 polynomial fitted for relative error
-// (<= 1.1e-4, below fp16's rounding of P), times 2^n built in the exponent field. Below -127
-// (masked scores, -inf) the scale is +0 and the result exactly 0, as ex2.approx.ftz gives;
-// max.NaN keeps a NaN score NaN. Meant for x <= 2^7 (scores against the running max).
-__device__ __forceinline__ float fma_exp2(float x) {
-  asm("max.NaN.f32 %0, %0, 0fC2FE0000;" : "+f"(x));  // max(x, -127), NaN stays NaN
-  const float t = x + 12582912.f;                     // 1.5 * 2^23
-  const float f = x - (t - 12582912.f);
-  const float p = fmaf(fmaf(fmaf(0.05500893f, f, 0.24221097f), f, 0.69328290f), f, 1.f);
-  // (bits(t) << 23) is n << 23 (the constant's bits shift out); + 127 << 23 makes it 2^n.
-  return p * __int_as_float((__float_as_int(t) << 23) + 0x3F800000);
-}
-
 // ---- strided [B, H, L, D] operand -------------------------------------------------------------
 // Strides are in elements and 64-bit, so [B,H,L,D] and [B,L,H,D] views both pass without copies
 // and offsets past 2^31 elements are safe. The last dimension is contiguous (checked in Python).
@@ -293,8 +277,7 @@ __device__ __forceinline__ float tree_reduce(float (&v)[N], Op op) {
 // Masks keys at or past k_end and rows whose ok flag is false, exponentiates s in place against
 // the running max m (log2 units), adds the row sums to l, and sets al to the factor the output
 // accumulators must be multiplied by (1 when the max did not move). Returns whether any did.
-// FMA_OCTETS of the octets exponentiate on the FMA pipe instead of the MUFU (fma_exp2).
-template <int NB, int FMA_OCTETS = 0>
+template <int NB>
 __device__ __forceinline__ bool softmax_chunk(float (&s)[NB][4], float (&m)[2], float (&l)[2],
                                               float (&al)[2], int key0, int k_end, bool ok0,
                                               bool ok1, int t, float scale_log2) {
@@ -341,15 +324,10 @@ __device__ __forceinline__ bool softmax_chunk(float (&s)[NB][4], float (&m)[2], 
   float r0[NB], r1[NB];
 #pragma unroll
   for (int nt = 0; nt < NB; ++nt) {
-    // FMA_OCTETS of the NB octets take their exponentials on the FMA pipe (fma_exp2), spread
-    // evenly over the chunk so that both pipes have work throughout.
-    const auto ex2 = [&](float x) {
-      return nt * FMA_OCTETS % NB < FMA_OCTETS ? fma_exp2(x) : fast_exp2(x);
-    };
-    s[nt][0] = ex2(fmaf(s[nt][0], scale_log2, -base0));
-    s[nt][1] = ex2(fmaf(s[nt][1], scale_log2, -base0));
-    s[nt][2] = ex2(fmaf(s[nt][2], scale_log2, -base1));
-    s[nt][3] = ex2(fmaf(s[nt][3], scale_log2, -base1));
+    s[nt][0] = fast_exp2(fmaf(s[nt][0], scale_log2, -base0));
+    s[nt][1] = fast_exp2(fmaf(s[nt][1], scale_log2, -base0));
+    s[nt][2] = fast_exp2(fmaf(s[nt][2], scale_log2, -base1));
+    s[nt][3] = fast_exp2(fmaf(s[nt][3], scale_log2, -base1));
     r0[nt] = s[nt][0] + s[nt][1];
     r1[nt] = s[nt][2] + s[nt][3];
   }
