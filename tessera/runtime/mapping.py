@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from .._array import Workspace, device_copy, offsets_from_counts, segment_ids
+from .._array import Workspace, device_copy, offsets_from_counts, segment_ids, to_numpy
 from ..mask import BlockMask
 
 __all__ = ["PhysicalTiles", "map_to_tiles", "row_stats_on_device", "launch_row_stats",
@@ -405,28 +405,43 @@ def tiling_pairs(mask: BlockMask, tile_rows: int) -> tuple[int, int] | None:
     are too small for the estimate (:data:`ALIGNED_ESTIMATE_MAX_BLOCKS`) or the dense rows
     too large to materialize."""
     xp = mask.xp
-    qb = np.asarray(mask.q_bounds, dtype=np.int64)
     n_q, n_kv = mask.num_q_blocks, mask.num_kv_blocks
-    t0, t1, lo, hi = aligned_tile_blocks(qb, tile_rows)
-    per_bh = t0.size
-    reach = int((hi - lo).max(initial=0)) + 1
-    if n_q == 0 or n_kv == 0 or reach > ALIGNED_ESTIMATE_MAX_BLOCKS:
+    if n_q == 0 or n_kv == 0:
         return None
+    qb = np.asarray(mask.q_bounds, dtype=np.int64)
+    kb = np.asarray(mask.kv_bounds, dtype=np.int64)
+
+    def make() -> tuple[Any, ...] | None:
+        t0, t1, lo, hi = aligned_tile_blocks(qb, tile_rows)
+        reach = int((hi - lo).max(initial=0)) + 1
+        if reach > ALIGNED_ESTIMATE_MAX_BLOCKS:
+            return None
+        # Each tile's r-th block for r < reach (its last one again past the end).
+        meets = np.minimum(lo[None, :] + np.arange(reach)[:, None], hi[None, :])
+        block_rows = -(-np.diff(qb) // tile_rows) * tile_rows
+        # float64 products are exact here (pairs < 2^53) and take the BLAS path on both modules.
+        return tuple(xp.asarray(a) for a in (meets, np.diff(kb).astype(np.float64),
+                                             block_rows.astype(np.float64),
+                                             (t1 - t0).astype(np.float64)))
+
+    # The geometry's arrays are put on the device once: a copy from pageable host memory waits
+    # for the stream, and requests of a model reuse a few geometries.
+    geo = make() if xp is np else device_copy(
+        ("tiling_pairs", qb.tobytes(), kb.tobytes(), tile_rows), make, xp)
+    if geo is None:
+        return None
+    meets, kv_tokens, block_rows, rows_of_tile = geo
     dense = _device_dense_rows(mask) if xp is not np else mask.to_dense()
     if dense is None:
         return None
     dense = dense.reshape(-1, n_q, n_kv)
-    # float64 products are exact here (pairs < 2^53) and take the BLAS path on both modules.
-    kv_tokens = xp.asarray(np.diff(np.asarray(mask.kv_bounds, dtype=np.float64)))
-    q_sizes = np.diff(qb)
-    block_rows = xp.asarray((-(-q_sizes // tile_rows) * tile_rows).astype(np.float64))
     plain = (dense.astype(np.float64) @ kv_tokens * block_rows).sum()
-    union = xp.zeros((dense.shape[0], per_bh, n_kv), dtype=bool)
-    for r in range(reach):  # OR in each tile's r-th block (its last one again past the end)
-        union |= dense[:, xp.asarray(np.minimum(lo + r, hi)), :]
-    rows_of_tile = xp.asarray((t1 - t0).astype(np.float64))
+    union = dense[:, meets[0], :]  # [bh, tiles, n_kv]: the keys of the blocks each tile meets
+    for r in range(1, meets.shape[0]):  # one at a time: all at once is reach times the memory
+        union |= dense[:, meets[r], :]
     aligned = (union.astype(np.float64) @ kv_tokens * rows_of_tile).sum()
-    return round(float(plain)), round(float(aligned))
+    pairs = to_numpy(xp.stack([plain, aligned]))  # the one synchronization
+    return round(float(pairs[0])), round(float(pairs[1]))
 
 
 def _subdivide(group_q0, group_q1, group_bh, g_span_off, g_chunks, k0, k1, r0, r1,
