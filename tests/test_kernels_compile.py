@@ -249,7 +249,8 @@ def test_regime_validation():
 
 
 @pytest.mark.parametrize("kernel", ["plan_row_stats", "plan_write_spans", "plan_scan",
-                                    "plan_write_runs", "plan_aligned_spans", "mask_pairs"])
+                                    "plan_write_runs", "plan_aligned_spans", "mask_pairs",
+                                    "tiling_pairs"])
 @pytest.mark.parametrize("target", loader.CI_TARGETS)
 def test_planner_kernels_compile(kernel, target, tmp_path, monkeypatch):
     monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))

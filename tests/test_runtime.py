@@ -1112,8 +1112,26 @@ def _tiling_pairs_by_loops(dense, qb, kb, tile_rows):
     return int(plain), int(aligned)
 
 
+def _np_tiling_pairs(grid, block, args):
+    """numpy stand-in for plan.cu's tiling_pairs, warp by warp: mask rows first (out[0]), then
+    each mask (batch, head)'s aligned tiles (out[1])."""
+    dense, n_rows, n_kv, n_q, per_bh, qb, kb, lo, hi, tile_rows, out = args
+    dense = dense.reshape(-1, int(n_kv)).astype(bool)
+    kv_tokens = np.diff(kb)
+    for w in range(int(n_rows) + int(n_rows) // int(n_q) * int(per_bh)):
+        if w < n_rows:
+            first = last = w
+            rows = -(-(qb[w % n_q + 1] - qb[w % n_q]) // tile_rows) * tile_rows
+        else:
+            bh, t = divmod(w - int(n_rows), int(per_bh))
+            first, last = bh * n_q + lo[t], bh * n_q + hi[t]
+            rows = min(t * tile_rows + tile_rows, qb[n_q]) - t * tile_rows
+        out[0 if w < n_rows else 1] += np.uint64(
+            rows * kv_tokens[dense[first:last + 1].any(axis=0)].sum())
+
+
 @pytest.mark.parametrize("seed", range(4))
-def test_tiling_pairs_estimate(seed):
+def test_tiling_pairs_estimate(seed, monkeypatch):
     """The plain and aligned tilings' pairs as tiling_pairs estimates them equal the loop
     reading on random variable blocks (batch and heads, an empty block row); on clusters whose
     neighbours share keys the estimate is within 0.1 of the planned ratio."""
@@ -1126,8 +1144,16 @@ def test_tiling_pairs_estimate(seed):
     dense = rng.random((2, 3, n_q, n_kv)) < rng.uniform(0.1, 0.9)
     dense[0, 1, n_q // 2] = False
     mask = BlockMask.from_dense(dense, q_bounds=qb, kv_bounds=kb)
+    from tessera.cuda import loader
+    from tessera.runtime.mapping import _tiling_pairs_on_device
+
+    monkeypatch.setattr(loader, "load_kernel",
+                        lambda v: {"tiling_pairs": _np_tiling_pairs}[v.kernel])
     for rows in (64, 128):
-        assert tiling_pairs(mask, rows) == _tiling_pairs_by_loops(dense, qb, kb, rows)
+        expected = _tiling_pairs_by_loops(dense, qb, kb, rows)
+        assert tiling_pairs(mask, rows) == expected
+        # The device path's launch (the kernel replaced by its numpy stand-in).
+        assert _tiling_pairs_on_device(mask, mask.to_dense(), rows) == expected
     n = 16
     qb = np.r_[0, np.cumsum(rng.integers(100, 200, n))]
     i, j = np.arange(n)[None, :, None], np.arange(n)[None, None, :]

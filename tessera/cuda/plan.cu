@@ -405,3 +405,41 @@ extern "C" __global__ void mask_pairs(const unsigned char* __restrict__ dense, i
     atomicMax(out + 1, pairs);
   }
 }
+
+// The pair estimate of regime.align_pays (mapping.tiling_pairs) in one launch, accumulated into
+// out[0] (plain tiling) and out[1] (aligned tiling), which the caller zeroes. Warps 0 ..
+// n_rows-1 take the mask rows: a block's selected key tokens times its rows rounded up to whole
+// tiles. Warps n_rows .. n_rows + n_bh * per_bh - 1 take the aligned tiles of each mask (batch,
+// head): the key tokens of the union of the rows of blocks lo[t] .. hi[t] times the tile's rows.
+extern "C" __global__ void tiling_pairs(const unsigned char* __restrict__ dense, int n_rows,
+                                        int n_kv, int n_q, int per_bh,
+                                        const i64* __restrict__ q_bounds,
+                                        const i64* __restrict__ kv_bounds,
+                                        const int* __restrict__ lo, const int* __restrict__ hi,
+                                        int tile_rows, unsigned long long* out) {
+  const int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+  const int n_tiles = n_rows / n_q * per_bh;
+  if (warp >= n_rows + n_tiles) return;
+  const bool plain = warp < n_rows;
+  int first, last;  // the dense rows whose union this warp counts
+  i64 rows;         // query tokens the tiling computes them for
+  if (plain) {
+    first = last = warp;
+    const i64 size = q_bounds[warp % n_q + 1] - q_bounds[warp % n_q];
+    rows = (size + tile_rows - 1) / tile_rows * tile_rows;
+  } else {
+    const int a = warp - n_rows, bh = a / per_bh, t = a % per_bh;
+    first = bh * n_q + lo[t];
+    last = bh * n_q + hi[t];
+    const i64 t0 = (i64)t * tile_rows;
+    rows = min(t0 + tile_rows, q_bounds[n_q]) - t0;
+  }
+  i64 keys = 0;
+  for (int c = lane; c < n_kv; c += 32) {
+    bool any = false;
+    for (int r = first; r <= last && !any; ++r) any = dense[(i64)r * n_kv + c] != 0;
+    if (any) keys += kv_bounds[c + 1] - kv_bounds[c];
+  }
+  keys = warp_sum(keys);
+  if (lane == 0 && keys) atomicAdd(out + (plain ? 0 : 1), (unsigned long long)(keys * rows));
+}

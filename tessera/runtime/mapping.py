@@ -409,39 +409,48 @@ def tiling_pairs(mask: BlockMask, tile_rows: int) -> tuple[int, int] | None:
     if n_q == 0 or n_kv == 0:
         return None
     qb = np.asarray(mask.q_bounds, dtype=np.int64)
-    kb = np.asarray(mask.kv_bounds, dtype=np.int64)
-
-    def make() -> tuple[Any, ...] | None:
-        t0, t1, lo, hi = aligned_tile_blocks(qb, tile_rows)
-        reach = int((hi - lo).max(initial=0)) + 1
-        if reach > ALIGNED_ESTIMATE_MAX_BLOCKS:
-            return None
-        # Each tile's r-th block for r < reach (its last one again past the end).
-        meets = np.minimum(lo[None, :] + np.arange(reach)[:, None], hi[None, :])
-        block_rows = -(-np.diff(qb) // tile_rows) * tile_rows
-        # float64 products are exact here (pairs < 2^53) and take the BLAS path on both modules.
-        return tuple(xp.asarray(a) for a in (meets, np.diff(kb).astype(np.float64),
-                                             block_rows.astype(np.float64),
-                                             (t1 - t0).astype(np.float64)))
-
-    # The geometry's arrays are put on the device once: a copy from pageable host memory waits
-    # for the stream, and requests of a model reuse a few geometries.
-    geo = make() if xp is np else device_copy(
-        ("tiling_pairs", qb.tobytes(), kb.tobytes(), tile_rows), make, xp)
-    if geo is None:
+    t0, t1, lo, hi = aligned_tile_blocks(qb, tile_rows)
+    if int((hi - lo).max(initial=0)) + 1 > ALIGNED_ESTIMATE_MAX_BLOCKS:
         return None
-    meets, kv_tokens, block_rows, rows_of_tile = geo
     dense = _device_dense_rows(mask) if xp is not np else mask.to_dense()
     if dense is None:
         return None
+    if xp is not np:
+        return _tiling_pairs_on_device(mask, dense, tile_rows)
     dense = dense.reshape(-1, n_q, n_kv)
+    # float64 products are exact here (pairs < 2^53) and take the BLAS path.
+    kv_tokens = np.diff(np.asarray(mask.kv_bounds, dtype=np.float64))
+    block_rows = (-(-np.diff(qb) // tile_rows) * tile_rows).astype(np.float64)
     plain = (dense.astype(np.float64) @ kv_tokens * block_rows).sum()
-    union = dense[:, meets[0], :]  # [bh, tiles, n_kv]: the keys of the blocks each tile meets
-    for r in range(1, meets.shape[0]):  # one at a time: all at once is reach times the memory
-        union |= dense[:, meets[r], :]
-    aligned = (union.astype(np.float64) @ kv_tokens * rows_of_tile).sum()
-    pairs = to_numpy(xp.stack([plain, aligned]))  # the one synchronization
-    return round(float(pairs[0])), round(float(pairs[1]))
+    union = dense[:, lo, :]  # [bh, tiles, n_kv]: the keys of the blocks each tile meets
+    for r in range(1, int((hi - lo).max(initial=0)) + 1):
+        union |= dense[:, np.minimum(lo + r, hi), :]  # (its last block again past the end)
+    aligned = (union.astype(np.float64) @ kv_tokens * (t1 - t0).astype(np.float64)).sum()
+    return round(float(plain)), round(float(aligned))
+
+
+def _tiling_pairs_on_device(mask: BlockMask, dense_rows: Any, tile_rows: int
+                            ) -> tuple[int, int]:
+    """:func:`tiling_pairs` of a device mask by plan.cu's tiling_pairs kernel: one launch and
+    one 16-byte copy back (as array operations, ~15 launches, the estimate cost ~1 ms of a
+    request on the H200, benchmarks/RESULTS.md tenth session)."""
+    from ..cuda.loader import Variant, load_kernel  # noqa: PLC0415 - device only
+    from .device_planner import _aligned_geometry  # noqa: PLC0415 - it imports this module
+
+    xp = mask.xp
+    n_kv = mask.num_kv_blocks
+    dense = xp.ascontiguousarray(dense_rows).view(np.uint8).reshape(-1, n_kv)
+    n_rows = dense.shape[0]
+    geo = _aligned_geometry(mask.q_bounds, tile_rows, xp)
+    out = xp.zeros(2, dtype=np.uint64)
+    warps = n_rows + n_rows // mask.num_q_blocks * geo.per_bh
+    load_kernel(Variant("plan.cu", "tiling_pairs"))(
+        ((warps * 32 + 255) // 256,), (256,),
+        (dense, np.int32(n_rows), np.int32(n_kv), np.int32(mask.num_q_blocks),
+         np.int32(geo.per_bh), device_bounds(mask.q_bounds, xp),
+         device_bounds(mask.kv_bounds, xp), geo.lo, geo.hi, np.int32(tile_rows), out))
+    plain, aligned = (int(x) for x in to_numpy(out))
+    return plain, aligned
 
 
 def _subdivide(group_q0, group_q1, group_bh, g_span_off, g_chunks, k0, k1, r0, r1,
