@@ -250,10 +250,10 @@ def align_pays(mask: Any, tile_rows: int) -> bool:
     """Whether aligned tiles (``Regime.align_tiles``) make ``mask``'s kernel clearly cheaper:
     query blocks ragged against the tile (:func:`blocks_ragged`, host bounds alone) and an
     aligned tiling computing at most :data:`ALIGN_MAX_PAIR_RATIO` of the plain one's pairs.
-    Reads the selection: one synchronization for a device mask, paid only by ragged query
-    geometries (~1 ms of a request on the H200: the host's planning stops overlapping the GPU).
-    Semantic clusters on the H200 (tenth session): kernel 1.40x (Wan) / 1.44x (CogVideoX)
-    faster aligned, request 1.29x / 1.25x with the estimate included."""
+    Reads the selection: one kernel and one synchronization for a device mask (~0.2 ms of a
+    request on the H200), paid only by ragged query geometries. Semantic clusters on the H200
+    (tenth session): kernel 1.41x (Wan) / 1.46x (CogVideoX) faster aligned, request 1.35x /
+    1.43x with the estimate included."""
     if not blocks_ragged(mask.q_bounds, tile_rows):
         return False
     pairs = tiling_pairs(mask, tile_rows)
