@@ -1,8 +1,10 @@
 """Run one Tessera kernel on a model-shaped random mask, for ``ncu`` to profile.
 
-``ncu -k regex:bsa_fwd --launch-skip 2 --launch-count 1 python benchmarks/ncu_one.py [density]
-[shape] [regime]`` (shape: a ``tessera.workloads`` name, Wan-2.1-1.3B by default; regime: a
-``plan.regime.name``, e.g. ``sm80_128x64_w4_s2`` for the portable family on any GPU)
+``ncu -k regex:bsa_fwd --launch-skip 2 --launch-count 1 python benchmarks/ncu_one.py [density |
+family] [shape] [regime]`` (a random mask of 128-token blocks at that density, or a
+``tessera.masks`` family at the shape's typical parameters, e.g. ``topk_pooled``; shape: a
+``tessera.workloads`` name, Wan-2.1-1.3B by default; regime: a ``plan.regime.name``, e.g.
+``sm80_128x64_w4_s2`` for the portable family on any GPU)
 """
 
 import math
@@ -18,16 +20,23 @@ def main():
 
     from tessera.workloads import WORKLOADS
 
-    density = float(sys.argv[1]) if len(sys.argv) > 1 else 1.0
+    what = sys.argv[1] if len(sys.argv) > 1 else "1.0"
     w = WORKLOADS[sys.argv[2] if len(sys.argv) > 2 else "wan-1.3b-480p"]
     b, h, L, d = 1, w.heads, w.seq_len, w.head_dim
     q, k, v = (torch.randn(b, h, L, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    n = math.ceil(L / 128)
-    dense = np.random.default_rng(0).random((h, n, n)) < density
+    try:
+        n = math.ceil(L / 128)
+        dense = np.random.default_rng(0).random((h, n, n)) < float(what)
+        geo = dict(block_size=128, seq_len_q=L, seq_len_kv=L)
+    except ValueError:  # a mask family
+        from tessera.workloads import example_mask
+
+        host = example_mask(w, what, heads=h, head_dim=d).mask
+        dense = host.to_dense().reshape(h, host.num_q_blocks, host.num_kv_blocks)
+        geo = dict(q_bounds=host.q_bounds, kv_bounds=host.kv_bounds)
     # A device mask, as requests bring them: the plan is then made for this GPU (its default
     # kernel family), not the portable host plan.
-    m = tessera.BlockMask.from_dense(torch.from_numpy(dense).cuda(), block_size=128,
-                                     seq_len_q=L, seq_len_kv=L)
+    m = tessera.BlockMask.from_dense(torch.from_numpy(dense).cuda(), **geo)
     from tessera.runtime.regime import regime_from_name
 
     regime = regime_from_name(sys.argv[3]) if len(sys.argv) > 3 else None
