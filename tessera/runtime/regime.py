@@ -83,6 +83,7 @@ class Regime:
             boundaries (each span restricted to the rows that select it), instead of tiles cut
             from each block: for variable blocks that do not fill whole tiles and share most
             keys with their neighbours (clusters). Needs combine_threshold 0 and no pack_keys.
+            The default plan on sm_90 sets it where :func:`align_pays` (:func:`select_regime`).
     """
 
     family: str = "sm80"
@@ -202,7 +203,9 @@ def default_regime(arch: int | None = None, head_dim: int = 128,
     step (:func:`blocks_ragged`: pooled top-k cubes with their edge cubes) take the packed key walk
     (``pack_keys``): walked span by span, each short span would cost a whole step. The 128-row
     regime never packs: its span-by-span walk copies K/V by TMA (a packed walk cannot), which
-    ran the variable clusters 1.16-1.23x faster than packing them (H200, ninth session).
+    ran the variable clusters 1.16-1.23x faster than packing them (H200, ninth session);
+    whether it also aligns its tiles depends on the selection, which :func:`select_regime`
+    asks (:func:`align_pays`).
     """
     small_blocks = q_block is not None and q_block <= 64
     if arch == 90:
