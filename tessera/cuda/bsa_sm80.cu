@@ -163,13 +163,14 @@ bsa_fwd_sm80(TESSERA_BSA_PARAMS) {
     // Rows this span applies to, clipped to the tile's real rows.
     const int lo = max(spans[(i64)walk.si * SPAN_FIELDS + 2], q_start);
     const int hi = min(spans[(i64)walk.si * SPAN_FIELDS + 3], q_end);
-    bool active[MT];
+    // A warp none of whose rows the span applies to skips the chunk's matrix work; otherwise
+    // all its row tiles compute (an idle tile's rows are masked, so its P is 0): a mma.sync
+    // predicated per row tile is one ptxas cannot prove warp-uniform, and it brackets each such
+    // pair with a WARPSYNC (131 more instructions a 64-key step at 128x64, D=128).
     bool any_active = false;
 #pragma unroll
-    for (int mi = 0; mi < MT; ++mi) {
-      active[mi] = tile_real[mi] && tok_base[mi] < hi && tok_base[mi] + 16 > lo;
-      any_active |= active[mi];
-    }
+    for (int mi = 0; mi < MT; ++mi)
+      any_active |= tile_real[mi] && tok_base[mi] < hi && tok_base[mi] + 16 > lo;
     if (any_active) {
       // S = Q K^T (raw scores; the scale is applied inside the exponent).
       float s[MT][BN / 8][4];
@@ -190,7 +191,6 @@ bsa_fwd_sm80(TESSERA_BSA_PARAMS) {
           ldmatrix_x4(b0, b1, b2, b3, ks + k_frag + (u32)((np * 16 * LDS + kk * 16) * 2));
 #pragma unroll
           for (int mi = 0; mi < MT; ++mi) {
-            if (!active[mi]) continue;
             mma16816(s[mi][2 * np], qa[mi], b0, b1);
             mma16816(s[mi][2 * np + 1], qa[mi], b2, b3);
           }
@@ -201,7 +201,6 @@ bsa_fwd_sm80(TESSERA_BSA_PARAMS) {
 #pragma unroll
       for (int mi = 0; mi < MT; ++mi) {
         al[mi][0] = al[mi][1] = 1.f;
-        if (!active[mi]) continue;
         // Mask: keys past the span end, rows outside the span's restriction or the tile.
         const int t0 = tok_base[mi] + g, t1 = t0 + 8;
         rescale |= softmax_chunk(s[mi], m[mi], l[mi], al[mi], walk.kpos, walk.k1,
@@ -228,7 +227,6 @@ bsa_fwd_sm80(TESSERA_BSA_PARAMS) {
           ldmatrix_x4_trans(b0, b1, b2, b3, vs + v_frag + (u32)((kk * 16 * LDS + dp * 16) * 2));
 #pragma unroll
           for (int mi = 0; mi < MT; ++mi) {
-            if (!active[mi]) continue;
             mma16816(acc[mi][2 * dp], pa[mi], b0, b1);
             mma16816(acc[mi][2 * dp + 1], pa[mi], b2, b3);
           }

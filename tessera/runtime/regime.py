@@ -52,7 +52,8 @@ __all__ = ["Regime", "default_regime", "ROW_GROUP", "candidate_regimes", "MaskFe
            "tasks_in_flight", "device_arch", "device_sm_count"]
 
 # Rows one warp owns in every kernel family (the M of one mma.sync / a quarter of a wgmma M=64).
-# Row groups with no valid row skip their matrix work, so stats count computed pairs per group.
+# Row groups with no valid row may skip their matrix work (the portable kernel skips per warp of
+# 16 or 32 rows), so stats count computed pairs per group: an approximation of what runs.
 ROW_GROUP = 16
 # Kernel families: "sm80" (mma.sync, every target) and "sm90" (wgmma, Hopper only).
 KNOWN_FAMILIES = ("sm80", "sm90")
