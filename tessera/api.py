@@ -290,11 +290,9 @@ def _launch(p: Plan, ops: _Operands, scale: float | None, return_lse: bool,
     cc = _device_cc()
     if not r.runs_on(cc):
         raise ValueError(f"regime {r.name} runs on sm_90 GPUs only; this device is sm_{cc}")
-    fwd = r.variant(ops.shape_q[3], bf16)
     maps = _tma_maps(p, ops, bf16) if use_tma and r.tma_capable else None
-    if maps is not None:
-        fwd = r.variant(ops.shape_q[3], bf16, tma=True)
-    else:
+    fwd = r.variant(ops.shape_q[3], bf16, tma=maps is not None)
+    if maps is None:
         maps = _NO_MAPS
     if smem_bytes(fwd) > smem_limit_bytes(cc):  # the launch would fail with a bare driver error
         raise ValueError(f"regime {r.name} needs {smem_bytes(fwd)} bytes of shared memory at head "

@@ -1145,7 +1145,7 @@ def test_tiling_pairs_estimate(seed, monkeypatch):
     dense[0, 1, n_q // 2] = False
     mask = BlockMask.from_dense(dense, q_bounds=qb, kv_bounds=kb)
     from tessera.cuda import loader
-    from tessera.runtime.mapping import _tiling_pairs_on_device
+    from tessera.runtime.mapping import _tiling_pairs_on_device, aligned_geometry
 
     monkeypatch.setattr(loader, "load_kernel",
                         lambda v: {"tiling_pairs": _np_tiling_pairs}[v.kernel])
@@ -1153,7 +1153,8 @@ def test_tiling_pairs_estimate(seed, monkeypatch):
         expected = _tiling_pairs_by_loops(dense, qb, kb, rows)
         assert tiling_pairs(mask, rows) == expected
         # The device path's launch (the kernel replaced by its numpy stand-in).
-        assert _tiling_pairs_on_device(mask, mask.to_dense(), rows) == expected
+        geo = aligned_geometry(qb, rows, np)
+        assert _tiling_pairs_on_device(mask, mask.to_dense(), geo, rows) == expected
     n = 16
     qb = np.r_[0, np.cumsum(rng.integers(100, 200, n))]
     i, j = np.arange(n)[None, :, None], np.arange(n)[None, None, :]

@@ -41,8 +41,8 @@ from typing import Any
 
 from .._array import Workspace, array_module, device_copy, to_numpy
 from ..mask import BlockMask
-from .mapping import (PhysicalTiles, _device_dense_rows, aligned_tile_blocks, device_bounds,
-                      launch_row_stats, straddling_tiles)
+from .mapping import (PhysicalTiles, _device_dense_rows, aligned_geometry, device_bounds,
+                      launch_row_stats)
 from .tasks import TaskQueue, build_task_queue, head_assignments, split_limit
 
 __all__ = ["plan_on_device", "SyncFreePlan", "SYNC_FREE_WORKSPACE_LIMIT"]
@@ -135,36 +135,6 @@ def _capacities(mask: BlockMask, n_rows: int, tile_rows: int, assignments: int
     return spans, tiles, assignments * per_head_tiles
 
 
-@dataclass(frozen=True)
-class _AlignedGeometry:
-    """Aligned tiles of one query geometry (``Regime.align_tiles``): ``per_bh`` tiles of
-    ``tile_rows`` rows a mask (batch, head), the query blocks each meets (``lo``/``hi``, int32
-    on the device), their bounds as a virtual block geometry (``bounds``: multiples of
-    tile_rows, int64 on the device) and the most blocks one tile meets (``reach``)."""
-
-    per_bh: int
-    reach: int
-    lo: Any
-    hi: Any
-    bounds: Any
-
-
-def _aligned_geometry(q_bounds: np.ndarray, tile_rows: int, xp) -> _AlignedGeometry:
-    """The aligned tiles of a query geometry, made and copied to the device once."""
-    qb = np.asarray(q_bounds, dtype=np.int64)
-
-    def make():
-        t0, t1, lo, hi = aligned_tile_blocks(qb, tile_rows)
-        return _AlignedGeometry(per_bh=int(t0.size), reach=int((hi - lo).max(initial=0)) + 1,
-                                lo=xp.asarray(lo.astype(np.int32)),
-                                hi=xp.asarray(hi.astype(np.int32)),
-                                bounds=xp.asarray(np.r_[t0, qb[-1]].astype(np.int64)))
-
-    if xp is np:
-        return make()
-    return device_copy(("aligned", qb.tobytes(), tile_rows), make, xp)
-
-
 def plan_on_device(mask: BlockMask, *, tile_rows: int, block_n: int, heads_per_task: int,
                    batch: int, num_q_heads: int, num_kv_heads: int, batch_of: np.ndarray,
                    head_of: np.ndarray, split_ratio: float, min_split_chunks: int,
@@ -196,8 +166,8 @@ def plan_on_device(mask: BlockMask, *, tile_rows: int, block_n: int, heads_per_t
         xp, batch, num_q_heads, num_kv_heads, heads_per_task, batch_of, head_of,
         mask.batch_heads)
     i32, i64 = np.int32, np.int64
-    geo = _aligned_geometry(mask.q_bounds, tile_rows, xp) if align_tiles else None
-    num_merged = 0 if geo is None else straddling_tiles(mask, tile_rows)
+    geo = aligned_geometry(mask.q_bounds, tile_rows, xp) if align_tiles else None
+    num_merged = 0 if geo is None else geo.straddling * mask.batch_heads[0] * mask.batch_heads[1]
     # Rows of the scan: the mask's, or its aligned tiles (virtual rows of tile_rows tokens).
     n_scan = n_rows if geo is None else mask.batch_heads[0] * mask.batch_heads[1] * geo.per_bh
     # Sort keys: one per possible task cost (key chunks of a row: at most one per block_n keys,

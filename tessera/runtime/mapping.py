@@ -38,7 +38,8 @@ from .._array import Workspace, device_copy, offsets_from_counts, segment_ids, t
 from ..mask import BlockMask
 
 __all__ = ["PhysicalTiles", "map_to_tiles", "row_stats_on_device", "launch_row_stats",
-           "device_bounds", "tiling_pairs", "aligned_tile_blocks", "straddling_tiles"]
+           "device_bounds", "tiling_pairs", "aligned_tile_blocks", "aligned_geometry",
+           "AlignedGeometry", "straddling_tiles"]
 
 
 @dataclass
@@ -387,12 +388,46 @@ def aligned_tile_blocks(q_bounds: np.ndarray, tile_rows: int
     return t0, t1, lo, hi
 
 
+@dataclass(frozen=True)
+class AlignedGeometry:
+    """Aligned tiles of one query geometry (``Regime.align_tiles``), for the device planner and
+    the pair estimate: ``per_bh`` tiles of ``tile_rows`` rows a mask (batch, head), the query
+    blocks each meets (``lo``/``hi``, int32 in the array module), their bounds as a virtual
+    block geometry (``bounds``: multiples of tile_rows, int64), the most blocks one tile meets
+    (``reach``) and how many tiles meet more than one (``straddling``)."""
+
+    per_bh: int
+    reach: int
+    straddling: int
+    lo: Any
+    hi: Any
+    bounds: Any
+
+
+def aligned_geometry(q_bounds: np.ndarray, tile_rows: int, xp) -> AlignedGeometry:
+    """The aligned tiles of a query geometry; on the device made and copied once per geometry
+    (requests of a model reuse a few)."""
+    qb = np.asarray(q_bounds, dtype=np.int64)
+
+    def make():
+        t0, _, lo, hi = aligned_tile_blocks(qb, tile_rows)
+        return AlignedGeometry(per_bh=int(t0.size), reach=int((hi - lo).max(initial=0)) + 1,
+                               straddling=int((hi > lo).sum()),
+                               lo=xp.asarray(lo.astype(np.int32)),
+                               hi=xp.asarray(hi.astype(np.int32)),
+                               bounds=xp.asarray(np.r_[t0, qb[-1]].astype(np.int64)))
+
+    if xp is np:
+        return make()
+    return device_copy(("aligned", qb.tobytes(), tile_rows), make, xp)
+
+
 def straddling_tiles(mask: BlockMask, tile_rows: int) -> int:
     """How many aligned tiles of ``mask`` (over all its batch heads) meet more than one query
     block -- the aligned tiling's restricted merges, by geometry alone (both planners report it
     the same way, whichever rows the mask selects)."""
-    _, _, lo, hi = aligned_tile_blocks(mask.q_bounds, tile_rows)
-    return int((hi > lo).sum()) * int(mask.batch_heads[0] * mask.batch_heads[1])
+    straddling = aligned_geometry(mask.q_bounds, tile_rows, mask.xp).straddling
+    return straddling * int(mask.batch_heads[0] * mask.batch_heads[1])
 
 
 def tiling_pairs(mask: BlockMask, tile_rows: int) -> tuple[int, int] | None:
@@ -408,16 +443,15 @@ def tiling_pairs(mask: BlockMask, tile_rows: int) -> tuple[int, int] | None:
     n_q, n_kv = mask.num_q_blocks, mask.num_kv_blocks
     if n_q == 0 or n_kv == 0:
         return None
+    if xp is not np:
+        geo = aligned_geometry(mask.q_bounds, tile_rows, xp)
+        dense = _device_dense_rows(mask) if geo.reach <= ALIGNED_ESTIMATE_MAX_BLOCKS else None
+        return None if dense is None else _tiling_pairs_on_device(mask, dense, geo, tile_rows)
     qb = np.asarray(mask.q_bounds, dtype=np.int64)
     t0, t1, lo, hi = aligned_tile_blocks(qb, tile_rows)
     if int((hi - lo).max(initial=0)) + 1 > ALIGNED_ESTIMATE_MAX_BLOCKS:
         return None
-    dense = _device_dense_rows(mask) if xp is not np else mask.to_dense()
-    if dense is None:
-        return None
-    if xp is not np:
-        return _tiling_pairs_on_device(mask, dense, tile_rows)
-    dense = dense.reshape(-1, n_q, n_kv)
+    dense = mask.to_dense().reshape(-1, n_q, n_kv)
     # float64 products are exact here (pairs < 2^53) and take the BLAS path.
     kv_tokens = np.diff(np.asarray(mask.kv_bounds, dtype=np.float64))
     block_rows = (-(-np.diff(qb) // tile_rows) * tile_rows).astype(np.float64)
@@ -429,19 +463,17 @@ def tiling_pairs(mask: BlockMask, tile_rows: int) -> tuple[int, int] | None:
     return round(float(plain)), round(float(aligned))
 
 
-def _tiling_pairs_on_device(mask: BlockMask, dense_rows: Any, tile_rows: int
-                            ) -> tuple[int, int]:
+def _tiling_pairs_on_device(mask: BlockMask, dense_rows: Any, geo: AlignedGeometry,
+                            tile_rows: int) -> tuple[int, int]:
     """:func:`tiling_pairs` of a device mask by plan.cu's tiling_pairs kernel: one launch and
     one 16-byte copy back (as array operations, ~15 launches, the estimate cost ~1 ms of a
     request on the H200, benchmarks/RESULTS.md tenth session)."""
     from ..cuda.loader import Variant, load_kernel  # noqa: PLC0415 - device only
-    from .device_planner import _aligned_geometry  # noqa: PLC0415 - it imports this module
 
     xp = mask.xp
     n_kv = mask.num_kv_blocks
     dense = xp.ascontiguousarray(dense_rows).view(np.uint8).reshape(-1, n_kv)
     n_rows = dense.shape[0]
-    geo = _aligned_geometry(mask.q_bounds, tile_rows, xp)
     out = xp.zeros(2, dtype=np.uint64)
     warps = n_rows + n_rows // mask.num_q_blocks * geo.per_bh
     load_kernel(Variant("plan.cu", "tiling_pairs"))(
