@@ -58,6 +58,21 @@ __device__ __forceinline__ void load_kv(u16* stage, const u16* k_head, i64 k_sl,
     constexpr int ROW_STEP = NT / CPR;
     const int r0 = tid / CPR, c = tid % CPR;
     const u32 off0 = (u32)(r0 * LDS + c * 8) * 2u;
+    if (w.kpos + BN <= w.k1) {
+      // A whole chunk (the common case): its rows are consecutive keys, so each row's address
+      // is one 64-bit add from the last instead of a clamp and two 64-bit multiplies.
+      const u16* kr = k_head + (i64)(w.kpos + r0) * k_sl + c * 8;
+      const u16* vr = v_head + (i64)(w.kpos + r0) * v_sl + c * 8;
+#pragma unroll
+      for (int j = 0; j < BN / ROW_STEP; ++j) {
+        const u32 off = off0 + (u32)(j * ROW_STEP * LDS * 2);
+        cp_async16(ks + off, kr);
+        cp_async16(vs + off, vr);
+        kr += ROW_STEP * k_sl;
+        vr += ROW_STEP * v_sl;
+      }
+      return;
+    }
 #pragma unroll
     for (int j = 0; j < BN / ROW_STEP; ++j) {
       const i64 key = w.row_key(r0 + j * ROW_STEP);
