@@ -1074,8 +1074,16 @@ def test_defaults_per_architecture():
     assert default_regime(90, 128, q_block=64).name == "sm90_64x64_w4_s3[combine_threshold=0.0]"
     for arch in (80, 86, 89, 100, None):
         assert default_regime(arch, 128).family == "sm80"
-    for d in (64, 96, 128):
-        assert R.regime_fits(default_regime(90, d), d, 90)
+    # The portable family: 128-row tiles at every head dim (two row tiles a warp), 64-row ones
+    # where 128 rows do not fit (sm_86/sm_89 at head dim 128) or query blocks are small.
+    for arch in (80, 100, None):
+        for d in (64, 96, 128):
+            assert default_regime(arch, d).name == "sm80_128x64_w4_s2[combine_threshold=0.0]"
+    assert default_regime(89, 64).block_m == 128 and default_regime(89, 128).block_m == 64
+    assert default_regime(80, 64, q_block=64).block_m == 64
+    for arch in (80, 86, 89, 90, 100):
+        for d in (64, 96, 128):
+            assert R.regime_fits(default_regime(arch, d), d, arch)
 
 
 def test_packed_keys_default_on_ragged_key_geometry():

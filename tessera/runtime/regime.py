@@ -192,10 +192,11 @@ def default_regime(arch: int | None = None, head_dim: int = 128,
     small query blocks take 64-row tiles and 64 keys a step (key spans of 64-token blocks would
     leave half of a 128-key step masked).
     Elsewhere the portable family: 128-row tiles over 4 warps (32 rows each), 64 keys a step, double
-    buffered. Head dim 64 takes 64-row tiles (16 rows a warp): its tasks are short, and more of
-    them in flight hide each task's pipeline fill better (H200, benchmarks/RESULTS.md).
+    buffered, at every head dim: since the kernel stopped predicating its mma.sync per row tile,
+    the 128-row tile runs head dim 64 1.14-1.22x faster than the 64-row one it used to take
+    there (CogVideoX at 10%, 30% and dense; H200, benchmarks/RESULTS.md, eleventh session).
     sm_86/sm_89 allow 99 KB of shared memory per CTA, too little for the 128-row tile at head
-    dim 128, so they take 64-row tiles there too. Masks whose query blocks are mostly 64 tokens
+    dim 128, so they take 64-row tiles there. Masks whose query blocks are mostly 64 tokens
     or fewer (``q_block``: the median query block size) take 64-row tiles as well: such blocks
     rarely share key sets, so a 128-row tile would run half empty. Restricted merges are off
     (``combine_threshold=0``): over the 72 profiled and 32 held-out masks on the H200 they
@@ -216,7 +217,7 @@ def default_regime(arch: int | None = None, head_dim: int = 128,
                           combine_threshold=0.0, pack_keys=pack)
         return Regime(family="sm90", block_m=128, num_warps=128 // ROW_GROUP + 4, block_n=128,
                       stages=3, combine_threshold=0.0)
-    if head_dim <= 64 or small_blocks or (arch in (86, 87, 89) and head_dim > 96):
+    if small_blocks or (arch in (86, 87, 89) and head_dim > 96):
         return Regime(block_m=64, num_warps=4, combine_threshold=0.0)
     return Regime(combine_threshold=0.0)
 
