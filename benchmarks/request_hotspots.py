@@ -3,6 +3,7 @@ cProfile (the functions with the most own and cumulative time), next to its CUDA
 and the kernel alone -- what to cut to bring request time towards kernel time (#4, #5).
 
     python3 benchmarks/request_hotspots.py [--shape wan-1.3b-480p] [--density 0.1] [--n 200]
+        [--regime NAME]   (a plan.regime.name, e.g. the portable family's on any GPU)
 """
 
 import argparse
@@ -45,16 +46,21 @@ def main(argv=None) -> int:
     ap.add_argument("--density", type=float, default=0.1)
     ap.add_argument("--n", type=int, default=200, help="requests profiled")
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--regime", default=None, help="a regime name instead of the default")
     args = ap.parse_args(argv)
     h, d, (q, k, v), new_mask = random_request(args.shape, args.density)
+    from tessera.runtime.regime import regime_from_name
+
+    regime = regime_from_name(args.regime) if args.regime else None
 
     def request():
-        return tessera.attention(q, k, v, new_mask())
+        return tessera.attention(q, k, v, new_mask(), regime=regime)
 
-    p = tessera.plan(new_mask(), num_q_heads=h, head_dim=d)
+    p = tessera.plan(new_mask(), num_q_heads=h, head_dim=d, regime=regime)
     kernel = cuda_time_ms(lambda: p.run(q, k, v), 20)
     req = cuda_time_ms(request, 20)
-    plan = cuda_time_ms(lambda: tessera.plan(new_mask(), num_q_heads=h, head_dim=d), 20)
+    plan = cuda_time_ms(lambda: tessera.plan(new_mask(), num_q_heads=h, head_dim=d,
+                                             regime=regime), 20)
     mask = cuda_time_ms(new_mask, 20)
     # Back to back, one synchronization per 20 requests: what a model's layer loop sees when the
     # host runs ahead of the GPU (host time hidden unless it exceeds the device's).

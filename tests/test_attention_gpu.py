@@ -8,7 +8,7 @@ import pytest
 
 import tessera
 from tessera import api, reference
-from tessera.runtime.regime import Regime
+from tessera.runtime.regime import Regime, default_regime
 
 pytestmark = pytest.mark.gpu
 
@@ -109,12 +109,14 @@ def _random_mask(rng, shape, density, **geo):
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("d", [64, 96, 128])
 @pytest.mark.parametrize("layout", ["bhld", "blhd"])
-@pytest.mark.parametrize("family", ["default", "sm80"])
+@pytest.mark.parametrize("family", ["default", "sm80", "sm80-64"])
 def test_dtype_headdim_layout(dtype, d, layout, family):
-    """The default regime (sm90 on Hopper) and the portable family everywhere."""
+    """The default regime (sm90 on Hopper) and the portable family everywhere: the regime an
+    Ampere GPU plans by default (128-row tiles, two row tiles a warp) and 64-row tiles."""
     rng = np.random.default_rng(d)
     m = _random_mask(rng, (2, 8, 9), 0.35, block_size=128, seq_len_q=1000, seq_len_kv=1100)
-    regime = None if family == "default" else Regime(block_m=64, num_warps=4)
+    regime = {"default": None, "sm80": default_regime(80, d),
+              "sm80-64": Regime(block_m=64, num_warps=4)}[family]
     _check(m, dtype=dtype, d=d, layout=layout, hq=2, regime=regime)
 
 
@@ -627,6 +629,40 @@ def test_torch_mask_read_without_copy_and_ordered_on_side_streams():
     torch.cuda.synchronize()
     spans = p.queue.spans.get()
     assert len(spans) and ((spans[:, 1] - spans[:, 0]) == 384).all()  # all six key blocks
+
+
+def test_portable_plan_counts_its_slots_by_occupancy():
+    """The portable family's one-task CTAs in flight are the driver's occupancy of the compiled
+    variant (registers included), not the shared-memory estimate: at CogVideoX's shape (48
+    heads x 139 query tiles at head dim 64) the default portable plan is sync-free on the H200
+    (6,672 tasks >= 16 x 2 CTAs x 132 SMs; the estimate's 4 CTAs an SM kept it synchronizing on
+    every request), and it equals the host planner's plan for this GPU, output for output."""
+    import cupy as cp
+
+    from tessera.cuda.loader import blocks_per_sm
+    from tessera.runtime import regime as R
+
+    h, n, L, d = 48, 139, 17776, 64
+    blocks = cp.random.default_rng(5).random((h, n, n)) < 0.1
+    geo = dict(block_size=128, seq_len_q=L, seq_len_kv=L)
+    mask = tessera.BlockMask.from_dense(blocks, **geo)
+    portable = default_regime(80, d)
+    slots = R.plan_tasks_in_flight(portable, mask, d, None, bf16=False)
+    assert slots == R.device_sm_count() * blocks_per_sm(portable.variant(d, bf16=False))
+    assert slots <= R.tasks_in_flight(portable, d, _device_cc(), R.device_sm_count())
+    kw = dict(num_q_heads=h, head_dim=d, dtype="float16", regime=portable)
+    p = tessera.plan(mask, **kw)
+    assert p.sync_free == (h * n >= 16 * slots)
+    if _device_cc() == 90:
+        assert p.sync_free  # two CTAs an SM of ~230-register threads
+    host = tessera.plan(tessera.BlockMask.from_dense(blocks.get(), **geo), arch=_device_cc(),
+                        **kw)
+    np.testing.assert_array_equal(p.queue.tasks.get(), host.queue.tasks)
+    q, k, v = (cp.random.default_rng(i).standard_normal((1, h, L, d), dtype=cp.float32)
+               .astype(cp.float16) for i in range(3))
+    out = p.run(q, k, v)
+    assert not cp.isnan(out).any()
+    cp.testing.assert_array_equal(out, host.run(q, k, v))
 
 
 def test_full_size_request_never_waits_for_the_gpu():

@@ -912,8 +912,8 @@ def test_plans_for_the_current_gpu_split_only_what_its_slots_need(monkeypatch, s
     monkeypatch.setattr(loader, "load_kernel", lambda v: PLANNER_STAND_INS[v.kernel])
     monkeypatch.setattr(regime_mod, "device_arch", lambda: 90)
     monkeypatch.setattr(regime_mod, "device_sm_count", lambda: 7)
-    monkeypatch.setattr(regime_mod, "tasks_in_flight",
-                        lambda r, d, arch, sms: seen.append((arch, sms)) or slots)
+    monkeypatch.setattr(regime_mod, "_device_tasks_in_flight",
+                        lambda r, d, bf16, arch, sms: seen.append((arch, sms)) or slots)
     dense = np.random.default_rng(3).random((2, 12, 60)) < 0.05
     dense[:, 4] = True
     mask = BlockMask.from_dense(dense, block_size=64, seq_len_q=740)

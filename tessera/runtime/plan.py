@@ -207,7 +207,7 @@ def plan(block_mask: BlockMask, *, num_q_heads: int, num_kv_heads: int | None = 
 
     # Planning for the current GPU (a device mask, or its architecture named): the split rule
     # may count the tasks it runs at once; a portable host plan (arch None) does not.
-    in_flight = plan_tasks_in_flight(regime, block_mask, head_dim, arch)
+    in_flight = plan_tasks_in_flight(regime, block_mask, head_dim, arch, dtype == "bfloat16")
     hp = heads_per_task(regime, block_mask.batch_heads[1], num_q_heads, num_kv_heads)
     tile_rows = regime.block_m // hp
     allow_split = plan_may_split(regime, block_mask, num_q_heads=num_q_heads,

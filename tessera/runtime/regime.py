@@ -1092,12 +1092,14 @@ def select_regime(mask: Any, *, arch: int | None, head_dim: int, dtype: Any,
     from .plan import _dtype_name  # noqa: PLC0415 - plan imports this module
 
     # Whether the split policy matters is asked of the heuristic's unpacked form: a packed walk
-    # never splits, which must not keep the table from masks it was profiled for.
+    # never splits, which must not keep the table from masks it was profiled for. (The slots
+    # are the heuristic's own: the variant that would run, compiled once for its occupancy.)
     unpacked = heuristic.with_(pack_keys=False)
     if (table is not None and table.covers(int(arch), int(head_dim), _dtype_name(dtype))
             and plan_may_split(unpacked, mask, num_q_heads=num_q_heads,
                                num_kv_heads=num_kv_heads or num_q_heads, batch=batch,
-                               in_flight=plan_tasks_in_flight(unpacked, mask, head_dim, arch))):
+                               in_flight=plan_tasks_in_flight(heuristic, mask, head_dim, arch,
+                                                              _dtype_name(dtype) == "bfloat16"))):
         try:
             found = table.lookup(mask_features(mask, head_dim=head_dim, dtype=dtype, arch=arch,
                                                num_q_heads=num_q_heads, batch=batch))
@@ -1112,14 +1114,32 @@ def select_regime(mask: Any, *, arch: int | None, head_dim: int, dtype: Any,
     return heuristic
 
 
-def plan_tasks_in_flight(regime: Regime, mask: Any, head_dim: int, arch: int | None) -> int:
+def plan_tasks_in_flight(regime: Regime, mask: Any, head_dim: int, arch: int | None,
+                         bf16: bool = True) -> int:
     """The task slots ``tessera.plan``'s split rule counts for ``regime``'s plan of ``mask``:
     the current GPU's when the plan is for it (a device mask, or its architecture named), else
     0 (a portable host plan, for whatever GPU runs it)."""
     here = device_arch()
     if here is not None and (mask.on_device or arch == here):
-        return tasks_in_flight(regime, head_dim, here, device_sm_count())
+        return _device_tasks_in_flight(regime, head_dim, bf16, here, device_sm_count())
     return 0
+
+
+@functools.lru_cache(maxsize=256)
+def _device_tasks_in_flight(regime: Regime, head_dim: int, bf16: bool, arch: int,
+                            sm_count: int) -> int:
+    """:func:`tasks_in_flight` on the current GPU, exact for one-task CTAs: the driver's
+    occupancy of the compiled variant, which counts the registers the estimate leaves out (the
+    portable family's 128-row tiles hold ~230-255 registers a thread: two CTAs an SM where
+    shared memory alone would allow four at head dim 64). Overcounting slots would keep
+    ``tasks.may_split`` from ruling splits out, and the planner would then synchronize on
+    every request. Persistent variants size their own grid: the estimate is exact there."""
+    variant = regime.variant(head_dim, bf16)
+    if variant.persistent:
+        return tasks_in_flight(regime, head_dim, arch, sm_count)
+    from ..cuda.loader import blocks_per_sm  # noqa: PLC0415 - device only
+
+    return sm_count * min(blocks_per_sm(variant), 2048 // variant.threads)
 
 
 def plan_may_split(regime: Regime, mask: Any, *, num_q_heads: int, num_kv_heads: int,
