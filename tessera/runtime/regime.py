@@ -1133,9 +1133,11 @@ def _device_tasks_in_flight(regime: Regime, head_dim: int, bf16: bool, arch: int
     portable family's 128-row tiles hold ~230-255 registers a thread: two CTAs an SM where
     shared memory alone would allow four at head dim 64). Overcounting slots would keep
     ``tasks.may_split`` from ruling splits out, and the planner would then synchronize on
-    every request. Persistent variants size their own grid: the estimate is exact there."""
+    every request. Persistent variants size their own grid: the estimate is exact there; a
+    variant over the GPU's shared-memory limit is not loaded here (its launch refuses it with
+    the numbers)."""
     variant = regime.variant(head_dim, bf16)
-    if variant.persistent:
+    if variant.persistent or not regime_fits(regime, head_dim, arch):
         return tasks_in_flight(regime, head_dim, arch, sm_count)
     from ..cuda.loader import blocks_per_sm  # noqa: PLC0415 - device only
 
