@@ -42,7 +42,7 @@ from typing import Any
 from .._array import Workspace, array_module, device_copy, to_numpy
 from ..mask import BlockMask
 from .mapping import (PhysicalTiles, _device_dense_rows, aligned_geometry, device_bounds,
-                      launch_row_stats)
+                      launch_row_stats, straddling_tiles)
 from .tasks import TaskQueue, build_task_queue, head_assignments, split_limit
 
 __all__ = ["plan_on_device", "SyncFreePlan", "SYNC_FREE_WORKSPACE_LIMIT"]
@@ -167,7 +167,7 @@ def plan_on_device(mask: BlockMask, *, tile_rows: int, block_n: int, heads_per_t
         mask.batch_heads)
     i32, i64 = np.int32, np.int64
     geo = aligned_geometry(mask.q_bounds, tile_rows, xp) if align_tiles else None
-    num_merged = 0 if geo is None else geo.straddling * mask.batch_heads[0] * mask.batch_heads[1]
+    num_merged = 0 if geo is None else straddling_tiles(mask, tile_rows)
     # Rows of the scan: the mask's, or its aligned tiles (virtual rows of tile_rows tokens).
     n_scan = n_rows if geo is None else mask.batch_heads[0] * mask.batch_heads[1] * geo.per_bh
     # Sort keys: one per possible task cost (key chunks of a row: at most one per block_n keys,

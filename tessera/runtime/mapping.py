@@ -443,23 +443,23 @@ def tiling_pairs(mask: BlockMask, tile_rows: int) -> tuple[int, int] | None:
     n_q, n_kv = mask.num_q_blocks, mask.num_kv_blocks
     if n_q == 0 or n_kv == 0:
         return None
-    if xp is not np:
-        geo = aligned_geometry(mask.q_bounds, tile_rows, xp)
-        dense = _device_dense_rows(mask) if geo.reach <= ALIGNED_ESTIMATE_MAX_BLOCKS else None
-        return None if dense is None else _tiling_pairs_on_device(mask, dense, geo, tile_rows)
-    qb = np.asarray(mask.q_bounds, dtype=np.int64)
-    t0, t1, lo, hi = aligned_tile_blocks(qb, tile_rows)
-    if int((hi - lo).max(initial=0)) + 1 > ALIGNED_ESTIMATE_MAX_BLOCKS:
+    geo = aligned_geometry(mask.q_bounds, tile_rows, xp)
+    if geo.reach > ALIGNED_ESTIMATE_MAX_BLOCKS:
         return None
+    if xp is not np:
+        dense = _device_dense_rows(mask)
+        return None if dense is None else _tiling_pairs_on_device(mask, dense, geo, tile_rows)
     dense = mask.to_dense().reshape(-1, n_q, n_kv)
     # float64 products are exact here (pairs < 2^53) and take the BLAS path.
     kv_tokens = np.diff(np.asarray(mask.kv_bounds, dtype=np.float64))
+    qb = np.asarray(mask.q_bounds, dtype=np.int64)
     block_rows = (-(-np.diff(qb) // tile_rows) * tile_rows).astype(np.float64)
     plain = (dense.astype(np.float64) @ kv_tokens * block_rows).sum()
-    union = dense[:, lo, :]  # [bh, tiles, n_kv]: the keys of the blocks each tile meets
-    for r in range(1, int((hi - lo).max(initial=0)) + 1):
-        union |= dense[:, np.minimum(lo + r, hi), :]  # (its last block again past the end)
-    aligned = (union.astype(np.float64) @ kv_tokens * (t1 - t0).astype(np.float64)).sum()
+    union = dense[:, geo.lo, :]  # [bh, tiles, n_kv]: the keys of the blocks each tile meets
+    for r in range(1, geo.reach):
+        union |= dense[:, np.minimum(geo.lo + r, geo.hi), :]  # (its last block again past the end)
+    tile_tokens = np.diff(geo.bounds).astype(np.float64)
+    aligned = (union.astype(np.float64) @ kv_tokens * tile_tokens).sum()
     return round(float(plain)), round(float(aligned))
 
 
