@@ -1,7 +1,6 @@
 """Kernel time of one plan's tasks launched in different orders (an experiment on K/V reuse in
 L2): the planner's (longest first over all heads), longest first within each (batch, head) with
-heads in order, the plain (batch, head, row) order, and heavy tasks first (longer than 1/8 of a
-slot's share of the work, longest first) then the rest per head.
+heads in order, and the plain (batch, head, row) order.
 
     python3 benchmarks/task_order.py [--shape cogvideox-5b] [--density 0.1]
 """
@@ -29,24 +28,12 @@ def reordered(p, order: np.ndarray):
     return dataclasses.replace(p, launch_queue=queue, _exact=(p.tiles, queue), _cache={})
 
 
-def heavy_first_then_head(t: np.ndarray, slots: int) -> np.ndarray:
-    """Tasks over an eighth of a slot's share of the chunks first (longest first: they set the
-    tail), then every other task grouped by (batch, head), longest first within it."""
-    cost = t[:, 7]
-    cap = cost.sum() / max(slots, 1) / 8
-    heavy = cost > cap
-    group = np.where(heavy, -1, t[:, 0] * 100000 + t[:, 1])
-    return np.lexsort((-cost, group))
-
-
 def main(argv=None):
-    import cupy as cp
     import torch
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="cogvideox-5b")
     ap.add_argument("--density", type=float, default=0.1)
-    ap.add_argument("--small-tiles", action="store_true", help="also the 64x64 regime")
     args = ap.parse_args(argv)
     w = WORKLOADS[args.shape]
     b, h, L, d = 1, w.heads, w.seq_len, w.head_dim
@@ -56,13 +43,10 @@ def main(argv=None):
     m = tessera.BlockMask.from_dense(torch.from_numpy(dense).cuda(), block_size=128,
                                      seq_len_q=L, seq_len_kv=L)
     flops = 4 * d * int(m.selected_pairs(b, h).sum())
-    sms = cp.cuda.Device().attributes["MultiProcessorCount"]  # one persistent CTA an SM
-    regimes = [Regime(family="sm90", block_m=128, block_n=128, num_warps=12, stages=3,
-                      combine_threshold=0.0)]
-    if args.small_tiles:
-        regimes.append(Regime(family="sm90", block_m=64, block_n=64, num_warps=4, stages=3,
-                              combine_threshold=0.0))
-    for r in regimes:
+    for r in (Regime(family="sm90", block_m=128, block_n=128, num_warps=12, stages=3,
+                     combine_threshold=0.0),
+              Regime(family="sm90", block_m=64, block_n=64, num_warps=4, stages=3,
+                     combine_threshold=0.0)):
         p = tessera.plan(m, num_q_heads=h, head_dim=d, batch=b, regime=r)
         t = np.asarray(p.queue.tasks.get(), dtype=np.int64)
         ref = p.run(q, k, v)
@@ -70,7 +54,6 @@ def main(argv=None):
             "planner (longest first)": np.arange(len(t)),
             "head, then longest first": np.lexsort((-t[:, 7], t[:, 1], t[:, 0])),
             "head, row": np.lexsort((t[:, 2], t[:, 1], t[:, 0])),
-            "heavy first, then head": heavy_first_then_head(t, sms),
         }
         for name, order in orders.items():
             pr = reordered(p, order)

@@ -29,11 +29,6 @@
 //                    and K/V chunk with bulk tensor copies (TMA) described by the tensor maps in
 //                    the tma_maps parameter (tessera/cuda/tma.py), completing on the full
 //                    barriers by byte count; 0: 128 threads of cp.async
-//   TESSERA_L2_AHEAD (TMA only) chunks the producer asks L2 to fetch ahead of its copies (bulk
-//                    tensor prefetches, no shared memory): a chunk's DRAM latency is then hidden
-//                    behind L2_AHEAD chunks of compute instead of the one the stage ring allows
-//                    at 128-key steps; the next task's Q is prefetched when the task is taken.
-//                    0: none
 //   TESSERA_MIN_BLOCKS CTAs per SM the producer variant's registers are split for (default 1):
 //                    2 lets two 64-row CTAs share an SM, each with one consumer warpgroup,
 //                    instead of one CTA holding the whole register file
@@ -57,9 +52,6 @@
 #endif
 #ifndef TESSERA_TMA
 #define TESSERA_TMA 0
-#endif
-#ifndef TESSERA_L2_AHEAD
-#define TESSERA_L2_AHEAD 0
 #endif
 
 namespace {
@@ -101,7 +93,6 @@ constexpr bool PACKED = TESSERA_PACK_KEYS != 0;
 // span's end read the keys that follow, or zeros past the sequence; masked either way), which
 // the packed walk's chunks are not.
 constexpr bool TMA = TESSERA_TMA != 0;
-constexpr int L2_AHEAD = TMA ? TESSERA_L2_AHEAD : 0;
 static_assert(!TMA || (TESSERA_PRODUCER && !TESSERA_PACK_KEYS),
               "TMA copies are the producer's, for the span-by-span walk");
 // The softmax of chunk j runs while the tensor cores multiply P_{j-1} by V_{j-1} where the
@@ -277,23 +268,6 @@ __device__ __forceinline__ void tma_load_q(u32 qs, const TmaMaps& maps, int q_st
   for (int p = 0; p < D * 2 / SW; ++p)
     tma_load_4d(qs + (u32)(p * BM * SW), maps.q, p * SW / 2, q_start, h0, b, bar);
 }
-// Asks L2 for one box of a 4-D tensor map (no shared memory, no completion to wait for).
-__device__ __forceinline__ void tma_prefetch_4d(const void* map, int c0, int c1, int c2, int c3) {
-  asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];"
-               ::"l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
-}
-// The boxes tma_load_kv / tma_load_q would copy, into L2 only.
-__device__ __forceinline__ void tma_prefetch_kv(const TmaMaps& maps, int key0, int kvh, int b) {
-#pragma unroll
-  for (int p = 0; p < D * 2 / SW; ++p) {
-    tma_prefetch_4d(maps.k, p * SW / 2, key0, kvh, b);
-    tma_prefetch_4d(maps.v, p * SW / 2, key0, kvh, b);
-  }
-}
-__device__ __forceinline__ void tma_prefetch_q(const TmaMaps& maps, int q_start, int h0, int b) {
-#pragma unroll
-  for (int p = 0; p < D * 2 / SW; ++p) tma_prefetch_4d(maps.q, p * SW / 2, q_start, h0, b);
-}
 template <int REGS>
 __device__ __forceinline__ void regs_decrease() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(REGS));
@@ -425,14 +399,8 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
           hand_over_q(true);
           q_sent = true;
         }
-        Walk w, ahead;  // ahead: L2_AHEAD chunks past w, the one prefetched into L2 next
-        w.open(spans, task.span_begin, task.span_end);
-        if constexpr (L2_AHEAD > 0) {
-          ahead = w;
-          for (int i = 0; i < L2_AHEAD && ahead.si < task.span_end; ++i)
-            ahead.next(spans, task.span_end);
-        }
-        for (; w.si < task.span_end; ++c) {
+        Walk w;
+        for (w.open(spans, task.span_begin, task.span_end); w.si < task.span_end; ++c) {
           const int st = c % STAGES;
           if (!q_sent && c - STAGES >= c0) {
             hand_over_q(true);
@@ -440,14 +408,9 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
           }
           if (c >= STAGES) mbar_wait(empty_bar + 8 * st, (c / STAGES - 1) & 1);
 #if TESSERA_TMA
-          if (ptid == 0) {
+          if (ptid == 0)
             tma_load_kv(stage_base + (u32)(st * STAGE_BYTES), tma_maps, w.key0(),
                         task.h0 / group, task.b, full_bar + 8 * st);
-            if (L2_AHEAD > 0 && ahead.si < task.span_end) {
-              tma_prefetch_kv(tma_maps, ahead.key0(), task.h0 / group, task.b);
-              ahead.next(spans, task.span_end);
-            }
-          }
 #else
           load_kv(stage_base + (u32)(st * STAGE_BYTES), task.k_head, k_sl, task.v_head, v_sl, w,
                   spans, task.span_end, ptid);
@@ -460,14 +423,6 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
         if (ptid == 0) next_slot[(n + 1) & 1] = atomicAdd(task_counter, 1) + (int)gridDim.x;
         named_bar_sync(PRODUCER_BAR, LOADERS);  // the producer's own: the index is written
         ti = next_slot[(n + 1) & 1];
-#if TESSERA_TMA
-        // The next Q is read once, from DRAM, and with one Q buffer only after this task's last
-        // S: ask L2 for it now.
-        if (L2_AHEAD > 0 && ptid == 0 && ti < num_tasks()) {
-          const Task next(tasks, ti, k_ptr, k_sb, k_sh, v_ptr, v_sb, v_sh, group);
-          tma_prefetch_q(tma_maps, next.q_start, next.h0, next.b);
-        }
-#endif
       }
       cp_async_wait<0>();
       return;
