@@ -24,6 +24,7 @@ import tessera
 from tessera import BlockMask, Regime
 from tessera.reference import attention
 from tessera.runtime import emulate
+from tessera.runtime.tasks import launch_keys
 
 TOL = 1e-10
 
@@ -238,6 +239,18 @@ def brute_useful_pairs(mask: BlockMask, batch: int, hq: int, hkv: int) -> int:
     return total
 
 
+def assert_launch_order(plan, tasks: np.ndarray) -> None:
+    """The queue's tasks in launch order: heavy ones longest first, then one mask (batch,
+    head) at a time, longest first (tasks.launch_keys with the task's mask head found from
+    its batch and first query head)."""
+    b, h0, cost = (tasks[:, i].astype(np.int64) for i in (0, 1, 7))
+    head_of = plan.mask.head_index(plan.num_q_heads, plan.num_kv_heads)
+    batch_of = plan.mask.batch_index(plan.batch)
+    group = batch_of[b] * plan.mask.batch_heads[1] + head_of[h0]
+    keys = launch_keys(cost, group, plan.in_flight)
+    assert np.all(np.diff(keys) >= 0), "tasks must be in launch order"
+
+
 def check_queue(plan) -> None:
     """The task-queue contract of tessera/runtime/tasks.py on one plan."""
     qu = plan.queue
@@ -277,7 +290,7 @@ def check_queue(plan) -> None:
     csum = np.concatenate([[0], np.cumsum(per_span)])
     want = csum[se] - csum[sb]
     np.testing.assert_array_equal(cost, (want + bn - 1) // bn if plan.regime.pack_keys else want)
-    assert np.all(np.diff(cost) <= 0), "tasks must be ordered longest first"
+    assert_launch_order(plan, tasks)
 
     # slots of split tiles: unique, within num_slots
     slots = slot[slot >= 0]
@@ -706,9 +719,9 @@ def _np_row_spans(dense_row, kb, q0, q1):
 
 def _np_plan_scan(grid, block, args):
     """numpy stand-in for plan.cu's plan_scan (one CTA: runs, per-run offsets -- the tasks' in
-    longest-first order -- and totals)."""
-    (ident, nspans, chunks, n_rows, n_q, qb, tile_rows, expansions, n_keys, hist, run_row0,
-     run_row1, span_off, tile_off, task_off, totals) = args
+    launch order -- and totals)."""
+    (ident, nspans, chunks, n_rows, n_q, qb, tile_rows, expansions, heavy_slots, hist,
+     run_row0, run_row1, span_off, tile_off, task_off, totals) = args
     n_rows, n_q, tile_rows = int(n_rows), int(n_q), int(tile_rows)
     ident = ident.astype(bool)
     first = np.flatnonzero(~ident)
@@ -720,10 +733,13 @@ def _np_plan_scan(grid, block, args):
     tl = (q1 - q0 + tile_rows - 1) // tile_rows
     tk = tl * expansions[first // n_q]
     ch = chunks[first].astype(np.int64)
-    assert ch.max(initial=0) < int(n_keys)  # the host's bound on a task's cost
     for out, v in ((span_off, sp), (tile_off, tl)):
         out[:n] = np.r_[0, np.cumsum(v)[:-1]]
-    order = np.argsort(-ch, kind="stable")  # runs by cost, then run order
+    # runs by (heavy first, else 1 + mask head; then cost descending), then run order
+    width = ch.max(initial=0) + 1
+    assert hist.size >= width * (1 + n_rows // n_q)  # the host's bound on the key table
+    rank = np.where(ch * int(heavy_slots) > (tk * ch).sum(), 0, 1 + first // n_q)
+    order = np.argsort(rank * width + (width - 1 - ch), kind="stable")
     task_off[order] = np.r_[0, np.cumsum(tk[order])[:-1]]
     hist[:] = -1  # scratch: its contents are no contract
     totals[:] = (n, sp.sum(), tl.sum(), tk.sum(), (tk * ch).sum(), ch.max(initial=0))
@@ -898,6 +914,24 @@ def test_split_limit_counts_the_tasks_in_flight():
     assert split_limit(2.0, 1, 0, 0, 132) == 1
 
 
+def test_launch_order_puts_heavy_tasks_first_then_one_head_at_a_time():
+    """launch_keys: tasks over 1/HEAVY_SHARE of a slot's share of the chunks first, longest
+    first; the rest grouped by mask head in head order, longest first within a head; ties keep
+    their place (stable)."""
+    from tessera.runtime.tasks import HEAVY_SHARE
+
+    cost = np.array([3, 50, 4, 3, 9, 2, 60, 4])
+    group = np.array([1, 0, 0, 1, 1, 0, 1, 0])
+    total = cost.sum()  # 135; with 2 slots a task is heavy above 135 / (2 x 8) = 8.4 chunks
+    assert HEAVY_SHARE == 8
+    order = np.argsort(launch_keys(cost, group, 2), kind="stable")
+    assert list(order) == [6, 1, 4, 2, 7, 5, 0, 3]  # 60, 50, 9 | head 0: 4, 4, 2 | head 1: 3, 3
+    # One slot (or unknown): only a task over an eighth of all the work is heavy.
+    order = np.argsort(launch_keys(cost, group, 0), kind="stable")
+    assert list(order) == [6, 1, 2, 7, 5, 4, 0, 3]
+    assert cost[6] * 8 > total and cost[4] * 8 <= total
+
+
 @pytest.mark.parametrize("slots,splits", [(1, False), (10_000, True)])
 def test_plans_for_the_current_gpu_split_only_what_its_slots_need(monkeypatch, slots, splits):
     """Planning for the current GPU, a heavy row that the ratio rule would cut stays whole when
@@ -927,8 +961,9 @@ def test_plans_for_the_current_gpu_split_only_what_its_slots_need(monkeypatch, s
     got = tessera.plan(mask, arch=90, **kw)
     for f in ("tasks", "spans", "combine"):
         np.testing.assert_array_equal(getattr(got.queue, f), getattr(ref.queue, f), err_msg=f)
-    if splits:
-        np.testing.assert_array_equal(ref.queue.tasks, portable.queue.tasks)
+    if splits:  # the same tasks (their launch order depends on the slots: launch_keys)
+        np.testing.assert_array_equal(np.unique(ref.queue.tasks, axis=0),
+                                      np.unique(portable.queue.tasks, axis=0))
     else:
         assert ref.queue.num_slots == 0 and ref.queue.tasks[:, 7].max() == 60
     assert seen and set(seen) == {(90, 7)}  # asked for this GPU's SMs, never for the host plan
@@ -980,7 +1015,7 @@ def test_sync_free_planner_equals_general_planner(monkeypatch, group, mask_heads
     """When no task may split, the device planner never reads its totals back: its buffers are
     sized by the geometry's bounds (every adversarial mask here fits them), the task count
     stays on the device for the kernels, and the arrays cut at the totals are the general
-    planner's, array for array -- the tasks already longest first, as the stable sort orders
+    planner's, array for array -- the tasks already in launch order, as the stable sort orders
     them."""
     from tessera.cuda import loader
     from tessera.runtime import device_planner, mapping
@@ -1010,7 +1045,7 @@ def test_sync_free_planner_equals_general_planner(monkeypatch, group, mask_heads
         assert launch.num_tasks >= n == ref.queue.num_tasks
         assert_same_plan(got, ref)
         np.testing.assert_array_equal(launch.tasks[:n], ref.queue.tasks)
-        assert (np.diff(ref.queue.tasks[:, 7]) <= 0).all()  # longest first
+        assert_launch_order(ref, np.asarray(ref.queue.tasks))
         assert got.queue.num_slots == 0
 
 

@@ -192,7 +192,7 @@ extern "C" __global__ void plan_aligned_spans(
 // Block-wide exclusive scan of one value per thread (blockDim.x = SCAN_THREADS); `total` gets
 // the sum. Every thread of the block must call it.
 constexpr int SCAN_THREADS = 1024;
-// Costs plan_scan keeps in shared memory (32 KB); larger tables use the global scratch.
+// Sort keys plan_scan keeps in shared memory (32 KB); larger tables use the global scratch.
 constexpr int SCAN_SMEM_KEYS = 4096;
 __device__ __forceinline__ i64 block_exclusive_scan(i64 x, i64& total) {
   __shared__ i64 warp_incl[SCAN_THREADS / 32];
@@ -225,28 +225,29 @@ __device__ __forceinline__ i64 block_exclusive_scan(i64 x, i64& total) {
 // last row of each). Pass 2, per run: its key spans, its tiles (query tokens / tile_rows), its
 // tasks (tiles x the (batch, head) pairs reading its mask head), the exclusive scans of spans
 // and tiles, and the totals: totals = [runs, spans, tiles, tasks, task chunks (tasks x their
-// chunks), most chunks of a tile]. Passes 3-4: each run's first task in the longest-first
-// order (run_task_off), so the tasks are written sorted and no sort follows.
+// chunks), most chunks of a tile]. Passes 3-5: each run's first task in launch order
+// (run_task_off), so the tasks are written sorted and no sort follows.
 //
-// The order is the stable sort of the run-major task list by descending cost: all tasks of a
-// run cost the run's chunks, so it is a stable counting sort of the runs by cost, weighted by
-// their task counts -- hist (n_keys >= 1 + the largest cost, scratch) counts tasks per cost,
-// its scan gives each cost's first position, and runs of one cost take their places in run
-// order (one warp at a time; lanes of a cost found by __match_any_sync).
+// Launch order (tasks.launch_keys): heavy tasks -- chunks x heavy_slots > the task chunks in
+// all -- longest first, then the others one mask (batch, head) at a time, longest first within
+// it; ties in the run-major task list's order. All tasks of a run cost the run's chunks, so
+// this is a stable counting sort of the runs by (rank, cost) -- rank 0 for heavy runs, 1 + the
+// mask head otherwise -- weighted by their task counts: hist (width = 1 + the largest cost
+// entries per rank) counts tasks per key, its scan gives each key's first position, and runs
+// of one key take their places in run order (one warp at a time; lanes of a key found by
+// __match_any_sync). n_rows / n_q mask heads; hist (scratch) holds at least n_keys x (1 + that).
 extern "C" __global__ void __launch_bounds__(SCAN_THREADS)
 plan_scan(const unsigned char* __restrict__ identical, const int* __restrict__ nspans,
           const int* __restrict__ chunks, int n_rows, int n_q, const i64* __restrict__ q_bounds,
-          int tile_rows, const int* __restrict__ expansions, int n_keys, i64* hist,
+          int tile_rows, const int* __restrict__ expansions, i64 heavy_slots, i64* hist,
           i64* run_row0, i64* run_row1, i64* run_span_off, i64* run_tile_off, i64* run_task_off,
           i64* totals) {
   __shared__ int max_chunks;
-  // The cost table in shared memory where it fits (every geometry of the models' masks): pass
-  // 4 reads and writes it once per warp turn, 32 turns a round of SCAN_THREADS runs, and a
+  // The key table in shared memory where it fits (random masks of the models' shapes): pass
+  // 5 reads and writes it once per warp turn, 32 turns a round of SCAN_THREADS runs, and a
   // global round trip per turn would put ~0.2 us of latency on each (an estimate, not measured).
   __shared__ i64 s_hist[SCAN_SMEM_KEYS];
-  i64* h = n_keys <= SCAN_SMEM_KEYS ? s_hist : hist;
   if (threadIdx.x == 0) max_chunks = 0;
-  for (int c = threadIdx.x; c < n_keys; c += SCAN_THREADS) h[c] = 0;
   i64 runs = 0, total;
   for (int base = 0; base < n_rows; base += SCAN_THREADS) {
     const int r = base + threadIdx.x;
@@ -257,9 +258,7 @@ plan_scan(const unsigned char* __restrict__ identical, const int* __restrict__ n
     if (last) run_row1[before + first - 1] = r;
     runs += total;
   }
-  __syncthreads();  // run_row0/1 and the zeroed hist are read by other threads below
-  // A run's sort key: costs descending, clamped into the table (n_keys bounds every cost).
-  const auto key_of = [&](int ch) { return max(0, n_keys - 1 - ch); };
+  __syncthreads();  // run_row0/1 are read by other threads below
   i64 span_base = 0, tile_base = 0, task_base = 0, task_chunks = 0;
   for (int base = 0; base < runs; base += SCAN_THREADS) {
     const i64 u = base + threadIdx.x;
@@ -273,8 +272,6 @@ plan_scan(const unsigned char* __restrict__ identical, const int* __restrict__ n
       tk = tl * expansions[r0 / n_q];
       atomicMax(&max_chunks, (int)ch);
       run_task_off[u] = tk;  // its weight in the sort below, replaced by its position there
-      atomicAdd(reinterpret_cast<unsigned long long*>(h + key_of((int)ch)),
-                (unsigned long long)tk);
     }
     const i64 so = block_exclusive_scan(sp, total);
     if (u < runs) run_span_off[u] = span_base + so;
@@ -287,29 +284,46 @@ plan_scan(const unsigned char* __restrict__ identical, const int* __restrict__ n
     block_exclusive_scan(tk * ch, total);
     task_chunks += total;
   }
+  __syncthreads();  // max_chunks is final (and every thread has the same task_chunks)
+  // A run's sort key (see above): rank-major, costs descending within a rank.
+  const i64 width = (i64)max_chunks + 1, n_hist = width * (1 + n_rows / n_q);
+  i64* h = n_hist <= SCAN_SMEM_KEYS ? s_hist : hist;
+  const auto key_of = [&](i64 r0) -> i64 {
+    const i64 ch = chunks[r0];
+    return (ch * heavy_slots > task_chunks ? 0 : 1 + r0 / n_q) * width + (width - 1 - ch);
+  };
+  for (i64 c = threadIdx.x; c < n_hist; c += SCAN_THREADS) h[c] = 0;
+  __syncthreads();
+  // Pass 3: tasks per key.
+  for (int base = 0; base < runs; base += SCAN_THREADS) {
+    const i64 u = base + threadIdx.x;
+    if (u < runs)
+      atomicAdd(reinterpret_cast<unsigned long long*>(h + key_of(run_row0[u])),
+                (unsigned long long)run_task_off[u]);
+  }
   __syncthreads();  // hist is complete
-  // Pass 3: first position of each cost (exclusive scan of hist, in place).
+  // Pass 4: first position of each key (exclusive scan of hist, in place).
   i64 key_base = 0;
-  for (int base = 0; base < n_keys; base += SCAN_THREADS) {
-    const int c = base + threadIdx.x;
-    const i64 n = c < n_keys ? h[c] : 0;
+  for (i64 base = 0; base < n_hist; base += SCAN_THREADS) {
+    const i64 c = base + threadIdx.x;
+    const i64 n = c < n_hist ? h[c] : 0;
     const i64 before = block_exclusive_scan(n, total);
-    if (c < n_keys) h[c] = key_base + before;
+    if (c < n_hist) h[c] = key_base + before;
     key_base += total;
   }
   __syncthreads();
-  // Pass 4: runs take their places in run order, SCAN_THREADS at a time, one warp after the
-  // other; within a warp, the lanes of one cost by lane order.
+  // Pass 5: runs take their places in run order, SCAN_THREADS at a time, one warp after the
+  // other; within a warp, the lanes of one key by lane order.
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   for (int base = 0; base < runs; base += SCAN_THREADS) {
     const i64 u = base + threadIdx.x;
     const bool real = u < runs;
     const i64 weight = real ? run_task_off[u] : 0;
-    const int key = real ? key_of(chunks[run_row0[u]]) : -1;
+    const i64 key = real ? key_of(run_row0[u]) : -1;
     for (int turn = 0; turn < SCAN_THREADS / 32; ++turn) {
       if (warp == turn) {
-        const u32 peers = __match_any_sync(0xffffffffu, key);
-        i64 before = 0;  // weights of the lanes of this cost below this one
+        const u32 peers = __match_any_sync(0xffffffffu, (unsigned long long)key);
+        i64 before = 0;  // weights of the lanes of this key below this one
 #pragma unroll
         for (int j = 0; j < 32; ++j) {
           const i64 w = __shfl_sync(0xffffffffu, weight, j);
@@ -319,7 +333,7 @@ plan_scan(const unsigned char* __restrict__ identical, const int* __restrict__ n
         __syncwarp();
         if (real) {
           run_task_off[u] = pos;
-          if (lane == 31 - __clz(peers)) h[key] = pos + weight;  // the cost's last lane
+          if (lane == 31 - __clz(peers)) h[key] = pos + weight;  // the key's last lane
         }
       }
       __syncthreads();

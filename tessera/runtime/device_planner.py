@@ -8,7 +8,7 @@ default) -- three kernels of ``tessera/cuda/plan.cu`` do the same work:
 1. ``plan_row_stats`` (shared with the general path): per mask row, its key spans, chunks and
    whether it equals the row before it;
 2. ``plan_scan`` (one CTA): runs of identical rows, each run's spans, tiles and tasks, their
-   offsets -- the tasks' already in longest-first order -- and the totals;
+   offsets -- the tasks' already in launch order (``tasks.launch_keys``) -- and the totals;
 3. ``plan_write_runs``: spans, tiles and the sorted tasks.
 
 Aligned tiles (``Regime.align_tiles``) take the same path with the tiles in place of the mask
@@ -43,7 +43,7 @@ from .._array import Workspace, array_module, device_copy, to_numpy
 from ..mask import BlockMask
 from .mapping import (PhysicalTiles, _device_dense_rows, aligned_geometry, device_bounds,
                       launch_row_stats, straddling_tiles)
-from .tasks import TaskQueue, build_task_queue, head_assignments, split_limit
+from .tasks import HEAVY_SHARE, TaskQueue, build_task_queue, head_assignments, split_limit
 
 __all__ = ["plan_on_device", "SyncFreePlan", "SYNC_FREE_WORKSPACE_LIMIT"]
 
@@ -55,7 +55,7 @@ SYNC_FREE_WORKSPACE_LIMIT = 64 << 20
 @dataclass
 class SyncFreePlan:
     """A sync-free plan's device buffers: ``tiles`` int32 [capacity, 6], ``spans`` [capacity,
-    4], ``tasks`` [capacity, 8] (longest first), filled up to ``totals`` (device int64: runs,
+    4], ``tasks`` [capacity, 8] (in launch order), filled up to ``totals`` (device int64: runs,
     spans, tiles, tasks, task chunks, most chunks of a tile), which stay on the device until
     :meth:`settle`. ``num_merged``: the aligned tiles that straddle (known from the geometry)."""
 
@@ -172,14 +172,15 @@ def plan_on_device(mask: BlockMask, *, tile_rows: int, block_n: int, heads_per_t
     n_scan = n_rows if geo is None else mask.batch_heads[0] * mask.batch_heads[1] * geo.per_bh
     # Sort keys: one per possible task cost (key chunks of a row: at most one per block_n keys,
     # plus one per span for its partial last chunk; an aligned tile holds a key in at most one
-    # piece per two of the blocks it meets).
+    # piece per two of the blocks it meets) for the heavy tasks and for each mask head.
     overlap = 1 if geo is None else -(-geo.reach // 2)
     n_keys = overlap * (-(-mask.seq_len_kv // block_n) + n_kv) + 1
+    n_hist = n_keys * (1 + mask.batch_heads[0] * mask.batch_heads[1])
     # The kernels' scratch in one allocation, passed as raw addresses (views on numpy).
     scratch = Workspace(xp, (("totals", i64, 6), ("run_row0", i64, n_scan),
                             ("run_row1", i64, n_scan), ("span_off", i64, n_scan),
                             ("tile_off", i64, n_scan), ("task_off", i64, n_scan),
-                            ("hist", i64, n_keys), ("nspans", i32, n_scan),
+                            ("hist", i64, n_hist), ("nspans", i32, n_scan),
                             ("chunks", i32, n_scan), ("identical", np.uint8, n_scan)))
     totals = scratch.view("totals")  # kept by the plan
     arg = scratch.arg
@@ -203,7 +204,8 @@ def plan_on_device(mask: BlockMask, *, tile_rows: int, block_n: int, heads_per_t
         scan_blocks, scan_bounds = geo.per_bh, geo.bounds
     load_kernel(Variant("plan.cu", "plan_scan"))(
         (1,), (1024,), (arg("identical"), arg("nspans"), arg("chunks"), i32(n_scan),
-                        i32(scan_blocks), scan_bounds, i32(tile_rows), expansions, i32(n_keys),
+                        i32(scan_blocks), scan_bounds, i32(tile_rows), expansions,
+                        np.int64(HEAVY_SHARE * max(in_flight, 1)),
                         arg("hist"), arg("run_row0"), arg("run_row1"), arg("span_off"),
                         arg("tile_off"), arg("task_off"), totals))
 

@@ -78,6 +78,9 @@ class Plan:
     dtype: str
     layout: str
     launch_queue: TaskQueue
+    # Tasks the GPU it was planned for runs at once (0: unknown), which the queue's launch order
+    # and split rule were decided for.
+    in_flight: int = 0
     # (tiles, queue), or for a sync-free plan the callable that cuts them from its buffers.
     _exact: tuple[PhysicalTiles, TaskQueue] | Callable[[], tuple[PhysicalTiles, TaskQueue]] = \
         field(repr=False, default=None)  # type: ignore[assignment]
@@ -240,7 +243,8 @@ def plan(block_mask: BlockMask, *, num_q_heads: int, num_kv_heads: int | None = 
         launch, exact = queue, (tiles, queue)
     p = Plan(mask=block_mask, regime=regime, batch=batch, num_q_heads=num_q_heads,
              num_kv_heads=num_kv_heads, head_dim=head_dim, head_dim_v=head_dim_v,
-             dtype=dtype, layout=layout, launch_queue=launch, _exact=exact)
+             dtype=dtype, layout=layout, launch_queue=launch, in_flight=in_flight,
+             _exact=exact)
     xp = block_mask.xp
     if xp is not np:
         # The queue was built on CuPy's current stream; runs on another stream wait for this

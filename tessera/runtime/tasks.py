@@ -3,7 +3,8 @@
 THE TASK-QUEUE LAYOUT (the one contract between this runtime and the CUDA kernels; the kernels'
 ``common.cuh`` mirrors it, and ``emulate.py`` executes it on the CPU):
 
-``tasks``: int32 ``[num_tasks, 8]``, one row per CTA, in launch order (longest first)::
+``tasks``: int32 ``[num_tasks, 8]``, one row per CTA, in launch order (:func:`launch_keys`: the
+heavy tasks longest first, then the rest by mask (batch, head), longest first within each)::
 
     0 batch        batch index b of q/k/v/out
     1 q_head0      first query head of the task; the task covers heads q_head0 .. q_head0+hp-1
@@ -43,7 +44,7 @@ from .._array import array_module, offsets_from_counts, segment_ids, to_numpy
 from .mapping import PhysicalTiles
 
 __all__ = ["TaskQueue", "build_task_queue", "split_limit", "may_split", "tasks_lower_bound",
-           "TASK_FIELDS", "SPAN_FIELDS", "COMBINE_FIELDS"]
+           "launch_keys", "HEAVY_SHARE", "TASK_FIELDS", "SPAN_FIELDS", "COMBINE_FIELDS"]
 
 TASK_FIELDS = ("batch", "q_head0", "q_start", "q_end", "span_begin", "span_end", "slot", "cost")
 SPAN_FIELDS = ("k_start", "k_end", "r_start", "r_end")
@@ -95,7 +96,7 @@ def split_limit(split_ratio: float, min_split_chunks: int, total_tasks: int, tot
 
     A task is split when it exceeds ``split_ratio`` x the mean task and ``min_split_chunks``,
     and -- when ``in_flight`` (tasks the GPU runs at once; 0: unknown) is given -- also the
-    work each of those slots gets on average: launched longest first, a task no longer than
+    work each of those slots gets on average: in any launch order, a task no longer than
     that finishes within the time the rest of the queue takes anyway, so cutting it would
     only add partials, a combine step and planning work (the text rows of video models, which
     attend to every key, are such tasks on full-size shapes).
@@ -127,13 +128,35 @@ def may_split(split_ratio: float, tasks_bound: int, in_flight: int) -> bool:
 
     Never for a never-split ratio; nor, planning for a GPU with ``in_flight`` task slots, when
     the shape guarantees ``tasks_bound`` >= SPLIT_FREE_TASKS_PER_SLOT tasks per slot: launched
-    longest first, the queue then finishes within its average work per slot plus the heaviest
+    in any order, the queue then finishes within its average work per slot plus the heaviest
     task, and a task only exceeds that average when it is 16 times the mean -- the text rows of
     full-size video models, which split_limit keeps whole anyway (benchmarks/RESULTS.md).
     """
     if split_ratio >= NEVER_SPLIT_RATIO:
         return False
     return not (in_flight > 0 and tasks_bound >= SPLIT_FREE_TASKS_PER_SLOT * in_flight)
+
+
+# A task is heavy when it holds more than 1/HEAVY_SHARE of the work each task slot of the GPU
+# gets on average (see launch_keys).
+HEAVY_SHARE = 8
+
+
+def launch_keys(cost: Any, group: Any, in_flight: int) -> Any:
+    """Sort keys (int64, ascending = launch order) of tasks of ``cost`` key chunks reading mask
+    (batch, head) ``group``, for a GPU running ``in_flight`` tasks at once (0: unknown, taken
+    as 1). Heavy tasks (more than 1/HEAVY_SHARE of the chunks per slot) come first, longest
+    first: they set the tail. The rest follow one mask head at a time, longest first within
+    it, so the tasks running together read the same K/V and find it in L2 -- ordering every
+    task by cost alone interleaves the heads, and K/V came from DRAM (random 10% masks on the
+    H200: 9-10% slower kernels, benchmarks/RESULTS.md). Any order finishes within the work per
+    slot plus the heaviest task (list scheduling), which is what tasks.may_split counts on.
+    Stable sorts on these keys give both planners' order (plan.cu's plan_scan mirrors it)."""
+    xp = array_module(cost)
+    cost = cost.astype(np.int64)
+    heavy = cost * (HEAVY_SHARE * max(int(in_flight), 1)) > cost.sum()
+    rank = xp.where(heavy, 0, group.astype(np.int64) + 1)
+    return rank * (1 << 32) + ((1 << 31) - 1 - cost)
 
 
 def build_task_queue(tiles: PhysicalTiles, *, batch: int, num_q_heads: int, num_kv_heads: int,
@@ -238,9 +261,9 @@ def build_task_queue(tiles: PhysicalTiles, *, batch: int, num_q_heads: int, num_
     i32 = np.int32
     tasks = xp.stack([t_b, t_h0, tiles.q0[t_tile], tiles.q1[t_tile], part_begin[t_part],
                       part_end[t_part], t_slot, part_cost[t_part]], axis=1).astype(i32)
-    # Longest first: the hardware dispatches CTAs roughly in index order, so heavy tasks start
-    # early and light ones fill the tail.
-    order = xp.argsort(-tasks[:, 7], kind="stable")
+    # The hardware dispatches CTAs roughly in index order (and persistent CTAs take tasks in
+    # it): heavy tasks first, then one mask head at a time (launch_keys).
+    order = xp.argsort(launch_keys(tasks[:, 7], tiles.mask_bh[t_tile], in_flight), kind="stable")
     tasks = xp.ascontiguousarray(tasks[order])
 
     if n_jobs:
