@@ -1,7 +1,7 @@
 """Kernel-only timing of several regimes on one mask (used to pick defaults and to build tables).
 
-``python benchmarks/sweep.py [--shape wan-1.3b-480p] [--density 0.1 | --family topk_pooled]``:
-prints ms and useful TFLOP/s per regime, fastest first.
+``python benchmarks/sweep.py [--shape wan-1.3b-480p] [--density 0.1 | --family topk_pooled]
+[--only PART | --regime NAME ...]``: prints ms and useful TFLOP/s per regime, fastest first.
 """
 
 from __future__ import annotations
@@ -72,6 +72,9 @@ def main(argv=None):
     ap.add_argument("--density", type=float, default=0.1)
     ap.add_argument("--family", default=None, help="a tessera.masks family instead of random")
     ap.add_argument("--only", default="", help="time only regimes whose name contains this")
+    ap.add_argument("--regime", action="append", default=[],
+                    help="time this regime (a name as plan.regime.name prints it) instead of the "
+                         "list; repeatable")
     ap.add_argument("--one-task-ctas", action="store_true",
                     help="launch persistent kernels with one CTA per task (A/B of persistence)")
     args = ap.parse_args(argv)
@@ -94,7 +97,13 @@ def main(argv=None):
                                          seq_len_q=L, seq_len_kv=L)
     flops = 4 * d * int(m.selected_pairs(b, h).sum())
     rows = []
-    for r in (r for r in REGIMES if args.only in r.name):
+    from tessera.runtime.regime import regime_from_name
+
+    chosen = [regime_from_name(n) for n in args.regime] or [r for r in REGIMES
+                                                           if args.only in r.name]
+    if None in chosen:
+        ap.error(f"--regime: not a regime name among {args.regime}")
+    for r in chosen:
         try:
             p = tessera.plan(m, num_q_heads=h, head_dim=d, batch=b, regime=r)
             t = bench(lambda: p.run(q, k, v), 10)
