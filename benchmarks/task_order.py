@@ -1,8 +1,10 @@
 """Kernel time of one plan's tasks launched in different orders (an experiment on K/V reuse in
-L2): the planner's (longest first over all heads), longest first within each (batch, head) with
-heads in order, and the plain (batch, head, row) order.
+L2): the planner's (tasks.launch_keys), longest first over all heads, longest first within each
+(batch, head) with heads in order, and the plain (batch, head, row) order.
 
-    python3 benchmarks/task_order.py [--shape cogvideox-5b] [--density 0.1]
+    python3 benchmarks/task_order.py [--shape cogvideox-5b] [--density 0.1] [--broadcast]
+
+``--broadcast``: one random mask for all heads instead of one per head.
 """
 
 import argparse
@@ -34,12 +36,13 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="cogvideox-5b")
     ap.add_argument("--density", type=float, default=0.1)
+    ap.add_argument("--broadcast", action="store_true", help="one mask for all heads")
     args = ap.parse_args(argv)
     w = WORKLOADS[args.shape]
     b, h, L, d = 1, w.heads, w.seq_len, w.head_dim
     q, k, v = (torch.randn(b, h, L, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     n = math.ceil(L / 128)
-    dense = np.random.default_rng(0).random((h, n, n)) < args.density
+    dense = np.random.default_rng(0).random((1 if args.broadcast else h, n, n)) < args.density
     m = tessera.BlockMask.from_dense(torch.from_numpy(dense).cuda(), block_size=128,
                                      seq_len_q=L, seq_len_kv=L)
     flops = 4 * d * int(m.selected_pairs(b, h).sum())
@@ -51,7 +54,8 @@ def main(argv=None):
         t = np.asarray(p.queue.tasks.get(), dtype=np.int64)
         ref = p.run(q, k, v)
         orders = {
-            "planner (longest first)": np.arange(len(t)),
+            "planner": np.arange(len(t)),
+            "longest first": np.argsort(-t[:, 7], kind="stable"),
             "head, then longest first": np.lexsort((-t[:, 7], t[:, 1], t[:, 0])),
             "head, row": np.lexsort((t[:, 2], t[:, 1], t[:, 0])),
         }
@@ -59,7 +63,8 @@ def main(argv=None):
             pr = reordered(p, order)
             diff = float((pr.run(q, k, v).float() - ref.float()).abs().max())
             ms = cuda_time_ms(lambda: pr.run(q, k, v), 10)
-            print(f"{args.shape} {args.density} {r.name:28} {name:26} {ms:7.3f} ms "
+            print(f"{args.shape} {args.density}{' broadcast' if args.broadcast else ''} "
+                  f"{r.name:28} {name:26} {ms:7.3f} ms "
                   f"{flops / ms / 1e9:5.0f} TFLOP/s  (|diff| {diff:.0e})")
 
 

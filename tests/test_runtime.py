@@ -240,13 +240,19 @@ def brute_useful_pairs(mask: BlockMask, batch: int, hq: int, hkv: int) -> int:
 
 
 def assert_launch_order(plan, tasks: np.ndarray) -> None:
-    """The queue's tasks in launch order: heavy ones longest first, then one mask (batch,
-    head) at a time, longest first (tasks.launch_keys with the task's mask head found from
-    its batch and first query head)."""
+    """The queue's tasks in launch order: heavy ones longest first, then one (batch, head)
+    assignment at a time, longest first (tasks.launch_keys with the task's assignment found
+    from its batch and first query head)."""
+    from tessera.runtime.tasks import head_assignments
+
     b, h0, cost = (tasks[:, i].astype(np.int64) for i in (0, 1, 7))
-    head_of = plan.mask.head_index(plan.num_q_heads, plan.num_kv_heads)
-    batch_of = plan.mask.batch_index(plan.batch)
-    group = batch_of[b] * plan.mask.batch_heads[1] + head_of[h0]
+    a_b, a_h0, _ = head_assignments(plan.batch, plan.num_q_heads, plan.num_kv_heads,
+                                    plan.heads_per_task,
+                                    plan.mask.batch_index(plan.batch),
+                                    plan.mask.head_index(plan.num_q_heads, plan.num_kv_heads),
+                                    plan.mask.batch_heads[1])
+    index = {(int(x), int(y)): i for i, (x, y) in enumerate(zip(a_b, a_h0))}
+    group = np.array([index[(int(x), int(y))] for x, y in zip(b, h0)], dtype=np.int64)
     keys = launch_keys(cost, group, plan.in_flight)
     assert np.all(np.diff(keys) >= 0), "tasks must be in launch order"
 
@@ -718,11 +724,12 @@ def _np_row_spans(dense_row, kb, q0, q1):
 
 
 def _np_plan_scan(grid, block, args):
-    """numpy stand-in for plan.cu's plan_scan (one CTA: runs, per-run offsets -- the tasks' in
-    launch order -- and totals)."""
-    (ident, nspans, chunks, n_rows, n_q, qb, tile_rows, expansions, heavy_slots, hist,
-     run_row0, run_row1, span_off, tile_off, task_off, totals) = args
-    n_rows, n_q, tile_rows = int(n_rows), int(n_q), int(tile_rows)
+    """numpy stand-in for plan.cu's plan_scan (one CTA: runs, per-run offsets, the key table's
+    starts -- where the tasks go in launch order -- and totals)."""
+    (ident, nspans, chunks, n_rows, n_q, qb, tile_rows, expansions, assign_off, n_assign,
+     heavy_slots, hist, key_start, run_row0, run_row1, span_off, tile_off, task_off,
+     totals) = args
+    n_rows, n_q, tile_rows, n_assign = int(n_rows), int(n_q), int(tile_rows), int(n_assign)
     ident = ident.astype(bool)
     first = np.flatnonzero(~ident)
     last = np.r_[first[1:] - 1, n_rows - 1]
@@ -731,26 +738,41 @@ def _np_plan_scan(grid, block, args):
     q0, q1 = qb[first % n_q], qb[last % n_q + 1]
     sp = nspans[first].astype(np.int64)
     tl = (q1 - q0 + tile_rows - 1) // tile_rows
-    tk = tl * expansions[first // n_q]
+    bh = first // n_q
+    ec = expansions[bh].astype(np.int64)
+    tk = tl * ec
     ch = chunks[first].astype(np.int64)
     for out, v in ((span_off, sp), (tile_off, tl)):
         out[:n] = np.r_[0, np.cumsum(v)[:-1]]
-    # runs by (heavy first, else 1 + mask head; then cost descending), then run order
+    total_chunks = (tk * ch).sum()
     width = ch.max(initial=0) + 1
-    assert hist.size >= width * (1 + n_rows // n_q)  # the host's bound on the key table
-    rank = np.where(ch * int(heavy_slots) > (tk * ch).sum(), 0, 1 + first // n_q)
-    order = np.argsort(rank * width + (width - 1 - ch), kind="stable")
-    task_off[order] = np.r_[0, np.cumsum(tk[order])[:-1]]
+    n_hist = width * (1 + n_assign)
+    assert key_start.size >= n_hist and hist.size >= n_hist  # the host's bound on the table
+    heavy = ch * int(heavy_slots) > total_chunks
+    cost_key = width - 1 - ch
+    key0 = np.where(heavy, 0, 1 + assign_off[bh]) * width + cost_key  # light: 1st assignment's
+    counts = np.zeros(n_hist, np.int64)
+    for u in range(n):
+        if heavy[u]:
+            counts[key0[u]] += tk[u]
+        else:
+            counts[key0[u] + width * np.arange(ec[u])] += tl[u]
+    key_start[:n_hist] = np.r_[0, np.cumsum(counts)[:-1]]
+    seen = np.zeros(n_hist, np.int64)  # weights placed so far per key, in run order
+    for u in range(n):
+        w = tk[u] if heavy[u] else tl[u]
+        task_off[u] = key_start[key0[u]] + seen[key0[u]] if heavy[u] else seen[key0[u]]
+        seen[key0[u]] += w
     hist[:] = -1  # scratch: its contents are no contract
-    totals[:] = (n, sp.sum(), tl.sum(), tk.sum(), (tk * ch).sum(), ch.max(initial=0))
+    totals[:] = (n, sp.sum(), tl.sum(), tk.sum(), total_chunks, ch.max(initial=0))
 
 
 def _np_plan_write_runs(grid, block, args):
     """numpy stand-in for plan.cu's plan_write_runs (one run at a time, as many as plan_scan
     found; the grid may be larger)."""
     (dense, n_kv, n_q, kb, qb, tile_rows, totals, run_row0, run_row1, span_off, tile_off,
-     task_off, nspans, chunks, expansions, assign_off, assign_b, assign_h0, spans, tiles,
-     tasks) = args
+     task_off, nspans, chunks, expansions, assign_off, assign_b, assign_h0, heavy_slots,
+     key_start, spans, tiles, tasks) = args
     n_q, tile_rows = int(n_q), int(tile_rows)
     assert grid[0] * 256 // 32 >= totals[0]
     for u in range(int(totals[0])):
@@ -769,9 +791,12 @@ def _np_plan_write_runs(grid, block, args):
             tiles[int(tile_off[u]) + i] = (bh, t0, t1, sb, se, ch)
             if not isinstance(tasks, np.ndarray):  # null: the host path splits the tasks
                 continue
+            heavy = ch * int(heavy_slots) > int(totals[4])
+            width = int(totals[5]) + 1
             for e in range(e_count):
-                tasks[int(task_off[u]) + i * e_count + e] = (
-                    assign_b[a0 + e], assign_h0[a0 + e], t0, t1, sb, se, -1, ch)
+                at = (int(task_off[u]) + i * e_count + e if heavy else
+                      int(key_start[(1 + a0 + e) * width + width - 1 - ch]) + int(task_off[u]) + i)
+                tasks[at] = (assign_b[a0 + e], assign_h0[a0 + e], t0, t1, sb, se, -1, ch)
 
 
 def _np_plan_aligned_spans(grid, block, args):
@@ -916,8 +941,8 @@ def test_split_limit_counts_the_tasks_in_flight():
 
 def test_launch_order_puts_heavy_tasks_first_then_one_head_at_a_time():
     """launch_keys: tasks over 1/HEAVY_SHARE of a slot's share of the chunks first, longest
-    first; the rest grouped by mask head in head order, longest first within a head; ties keep
-    their place (stable)."""
+    first; the rest grouped by assignment in order, longest first within one; ties keep their
+    place (stable)."""
     from tessera.runtime.tasks import HEAVY_SHARE
 
     cost = np.array([3, 50, 4, 3, 9, 2, 60, 4])

@@ -225,22 +225,27 @@ __device__ __forceinline__ i64 block_exclusive_scan(i64 x, i64& total) {
 // last row of each). Pass 2, per run: its key spans, its tiles (query tokens / tile_rows), its
 // tasks (tiles x the (batch, head) pairs reading its mask head), the exclusive scans of spans
 // and tiles, and the totals: totals = [runs, spans, tiles, tasks, task chunks (tasks x their
-// chunks), most chunks of a tile]. Passes 3-5: each run's first task in launch order
-// (run_task_off), so the tasks are written sorted and no sort follows.
+// chunks), most chunks of a tile]. Passes 3-5: where each run's tasks go in launch order, so
+// plan_write_runs writes them sorted and no sort follows.
 //
 // Launch order (tasks.launch_keys): heavy tasks -- chunks x heavy_slots > the task chunks in
-// all -- longest first, then the others one mask (batch, head) at a time, longest first within
-// it; ties in the run-major task list's order. All tasks of a run cost the run's chunks, so
-// this is a stable counting sort of the runs by (rank, cost) -- rank 0 for heavy runs, 1 + the
-// mask head otherwise -- weighted by their task counts: hist (width = 1 + the largest cost
-// entries per rank) counts tasks per key, its scan gives each key's first position, and runs
-// of one key take their places in run order (one warp at a time; lanes of a key found by
-// __match_any_sync). n_rows / n_q mask heads; hist (scratch) holds at least n_keys x (1 + that).
+// all -- longest first, then the others one (batch, head) assignment at a time, longest first
+// within it; ties in the run-major task list's order (run, tile, assignment). All tasks of a
+// run cost the run's chunks, so this is a stable counting sort by (rank, cost): rank 0 for a
+// heavy run's tasks, 1 + assignment a0 + e for the tiles its e-th assignment reads otherwise
+// (a0 = assign_off of its mask head, n_assign assignments in all). The key table (width = 1 +
+// the largest cost entries per rank, in hist: at least n_keys x (1 + n_assign)) counts tasks
+// per key and its scan gives each key's first position, copied to key_start for
+// plan_write_runs. Runs of one key then take their places in run order (one warp at a time;
+// lanes of a key found by __match_any_sync): run_task_off[u] is a heavy run's first position,
+// or a light run's offset within its keys -- the same for every assignment of its mask head,
+// whose groups hold the same runs.
 extern "C" __global__ void __launch_bounds__(SCAN_THREADS)
 plan_scan(const unsigned char* __restrict__ identical, const int* __restrict__ nspans,
           const int* __restrict__ chunks, int n_rows, int n_q, const i64* __restrict__ q_bounds,
-          int tile_rows, const int* __restrict__ expansions, i64 heavy_slots, i64* hist,
-          i64* run_row0, i64* run_row1, i64* run_span_off, i64* run_tile_off, i64* run_task_off,
+          int tile_rows, const int* __restrict__ expansions, const int* __restrict__ assign_off,
+          int n_assign, i64 heavy_slots, i64* hist, i64* key_start, i64* run_row0,
+          i64* run_row1, i64* run_span_off, i64* run_tile_off, i64* run_task_off,
           i64* totals) {
   __shared__ int max_chunks;
   // The key table in shared memory where it fits (random masks of the models' shapes): pass
@@ -271,7 +276,7 @@ plan_scan(const unsigned char* __restrict__ identical, const int* __restrict__ n
       tl = (q1 - q0 + tile_rows - 1) / tile_rows;
       tk = tl * expansions[r0 / n_q];
       atomicMax(&max_chunks, (int)ch);
-      run_task_off[u] = tk;  // its weight in the sort below, replaced by its position there
+      run_task_off[u] = tl;  // its tiles: the sort's weight below, replaced by its place there
     }
     const i64 so = block_exclusive_scan(sp, total);
     if (u < runs) run_span_off[u] = span_base + so;
@@ -285,55 +290,66 @@ plan_scan(const unsigned char* __restrict__ identical, const int* __restrict__ n
     task_chunks += total;
   }
   __syncthreads();  // max_chunks is final (and every thread has the same task_chunks)
-  // A run's sort key (see above): rank-major, costs descending within a rank.
-  const i64 width = (i64)max_chunks + 1, n_hist = width * (1 + n_rows / n_q);
+  const i64 width = (i64)max_chunks + 1, n_hist = width * (1 + n_assign);
   i64* h = n_hist <= SCAN_SMEM_KEYS ? s_hist : hist;
-  const auto key_of = [&](i64 r0) -> i64 {
-    const i64 ch = chunks[r0];
-    return (ch * heavy_slots > task_chunks ? 0 : 1 + r0 / n_q) * width + (width - 1 - ch);
+  // A run's key in the table (for a light run: its first assignment's), and its weight there.
+  struct Sort {
+    i64 key, weight;
+    bool heavy;
+  };
+  const auto sort_of = [&](i64 u) -> Sort {
+    const i64 r0 = run_row0[u], ch = chunks[r0], tl = run_task_off[u];
+    const int bh = (int)(r0 / n_q);
+    const bool heavy = ch * heavy_slots > task_chunks;
+    const i64 rank = heavy ? 0 : 1 + assign_off[bh];
+    return {rank * width + (width - 1 - ch), heavy ? tl * expansions[bh] : tl, heavy};
   };
   for (i64 c = threadIdx.x; c < n_hist; c += SCAN_THREADS) h[c] = 0;
   __syncthreads();
-  // Pass 3: tasks per key.
+  // Pass 3: tasks per key (a light run's tiles under each of its assignments' ranks).
   for (int base = 0; base < runs; base += SCAN_THREADS) {
     const i64 u = base + threadIdx.x;
-    if (u < runs)
-      atomicAdd(reinterpret_cast<unsigned long long*>(h + key_of(run_row0[u])),
-                (unsigned long long)run_task_off[u]);
+    if (u >= runs) continue;
+    const Sort so = sort_of(u);
+    const int copies = so.heavy ? 1 : expansions[run_row0[u] / n_q];
+    for (int e = 0; e < copies; ++e)
+      atomicAdd(reinterpret_cast<unsigned long long*>(h + so.key + e * width),
+                (unsigned long long)so.weight);
   }
-  __syncthreads();  // hist is complete
-  // Pass 4: first position of each key (exclusive scan of hist, in place).
+  __syncthreads();  // the table is complete
+  // Pass 4: first position of each key (exclusive scan of the table, in place and to
+  // key_start).
   i64 key_base = 0;
   for (i64 base = 0; base < n_hist; base += SCAN_THREADS) {
     const i64 c = base + threadIdx.x;
     const i64 n = c < n_hist ? h[c] : 0;
     const i64 before = block_exclusive_scan(n, total);
-    if (c < n_hist) h[c] = key_base + before;
+    if (c < n_hist) h[c] = key_start[c] = key_base + before;
     key_base += total;
   }
   __syncthreads();
   // Pass 5: runs take their places in run order, SCAN_THREADS at a time, one warp after the
-  // other; within a warp, the lanes of one key by lane order.
+  // other; within a warp, the lanes of one key by lane order. (Only a light run's first
+  // assignment's key advances: the others hold the same runs in the same order.)
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   for (int base = 0; base < runs; base += SCAN_THREADS) {
     const i64 u = base + threadIdx.x;
     const bool real = u < runs;
-    const i64 weight = real ? run_task_off[u] : 0;
-    const i64 key = real ? key_of(run_row0[u]) : -1;
+    const Sort so = real ? sort_of(u) : Sort{-1, 0, false};
     for (int turn = 0; turn < SCAN_THREADS / 32; ++turn) {
       if (warp == turn) {
-        const u32 peers = __match_any_sync(0xffffffffu, (unsigned long long)key);
+        const u32 peers = __match_any_sync(0xffffffffu, (unsigned long long)so.key);
         i64 before = 0;  // weights of the lanes of this key below this one
 #pragma unroll
         for (int j = 0; j < 32; ++j) {
-          const i64 w = __shfl_sync(0xffffffffu, weight, j);
+          const i64 w = __shfl_sync(0xffffffffu, so.weight, j);
           if (j < lane && ((peers >> j) & 1u)) before += w;
         }
-        const i64 pos = real ? h[key] + before : 0;
+        const i64 pos = real ? h[so.key] + before : 0;
         __syncwarp();
         if (real) {
-          run_task_off[u] = pos;
-          if (lane == 31 - __clz(peers)) h[key] = pos + weight;  // the key's last lane
+          run_task_off[u] = so.heavy ? pos : pos - key_start[so.key];
+          if (lane == 31 - __clz(peers)) h[so.key] = pos + so.weight;  // the key's last lane
         }
       }
       __syncthreads();
@@ -351,8 +367,8 @@ plan_scan(const unsigned char* __restrict__ identical, const int* __restrict__ n
 
 // One warp per run: its spans (from its first row; none with a null `dense`), its tiles (int32
 // [T, 6]: mask_bh, q0, q1, span_begin, span_end, chunks) and, unless `tasks` is null, its tasks
-// (the task-queue layout, slot -1) from run_task_off[u] on: tile-major, then the (batch, head)
-// pairs of the mask head in assignment order. The number of runs is plan_scan's totals[0], so the grid may be sized
+// (the task-queue layout, slot -1) in launch order, where plan_scan placed them (its
+// run_task_off, key_start and the same heavy_slots). The number of runs is plan_scan's totals[0], so the grid may be sized
 // for the most runs the mask can have (the sync-free plan) and surplus warps return.
 extern "C" __global__ void plan_write_runs(
     const unsigned char* __restrict__ dense, int n_kv, int n_q,
@@ -362,7 +378,8 @@ extern "C" __global__ void plan_write_runs(
     const i64* __restrict__ run_task_off, const int* __restrict__ nspans,
     const int* __restrict__ chunks, const int* __restrict__ expansions,
     const int* __restrict__ assign_off, const int* __restrict__ assign_b,
-    const int* __restrict__ assign_h0, int* spans, int* tiles, int* tasks) {
+    const int* __restrict__ assign_h0, i64 heavy_slots, const i64* __restrict__ key_start,
+    int* spans, int* tiles, int* tasks) {
   const int u = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
   if (u >= totals[0]) return;
   const i64 r0 = run_row0[u], r1 = run_row1[u];
@@ -384,9 +401,14 @@ extern "C" __global__ void plan_write_runs(
     t[5] = ch;
   }
   if (tasks == nullptr) return;  // tasks are split on the host path (device_planner.py)
+  // Where task (tile i, assignment e) goes (plan_scan): a heavy run's tasks from task0 on,
+  // tile-major; a light run's tiles at the same offset task0 within each assignment's keys.
+  const bool heavy = (i64)ch * heavy_slots > totals[4];
+  const i64 width = totals[5] + 1, cost_key = width - 1 - ch;
   for (int k = lane; k < n_tiles * e_count; k += 32) {
     const int i = k / e_count, e = k % e_count;
-    int* t = tasks + (task0 + k) * TASK_FIELDS;
+    const i64 at = heavy ? task0 + k : key_start[(1 + a0 + e) * width + cost_key] + task0 + i;
+    int* t = tasks + at * TASK_FIELDS;
     t[TASK_BATCH] = assign_b[a0 + e];
     t[TASK_Q_HEAD0] = assign_h0[a0 + e];
     t[TASK_Q_START] = q0 + i * tile_rows;

@@ -172,15 +172,19 @@ def plan_on_device(mask: BlockMask, *, tile_rows: int, block_n: int, heads_per_t
     n_scan = n_rows if geo is None else mask.batch_heads[0] * mask.batch_heads[1] * geo.per_bh
     # Sort keys: one per possible task cost (key chunks of a row: at most one per block_n keys,
     # plus one per span for its partial last chunk; an aligned tile holds a key in at most one
-    # piece per two of the blocks it meets) for the heavy tasks and for each mask head.
+    # piece per two of the blocks it meets) for the heavy tasks and for each (batch, head)
+    # assignment.
     overlap = 1 if geo is None else -(-geo.reach // 2)
     n_keys = overlap * (-(-mask.seq_len_kv // block_n) + n_kv) + 1
-    n_hist = n_keys * (1 + mask.batch_heads[0] * mask.batch_heads[1])
+    n_assign = int(assign_b.size)
+    n_hist = n_keys * (1 + n_assign)
+    heavy_slots = np.int64(HEAVY_SHARE * max(in_flight, 1))
     # The kernels' scratch in one allocation, passed as raw addresses (views on numpy).
     scratch = Workspace(xp, (("totals", i64, 6), ("run_row0", i64, n_scan),
                             ("run_row1", i64, n_scan), ("span_off", i64, n_scan),
                             ("tile_off", i64, n_scan), ("task_off", i64, n_scan),
-                            ("hist", i64, n_hist), ("nspans", i32, n_scan),
+                            ("hist", i64, n_hist), ("key_start", i64, n_hist),
+                            ("nspans", i32, n_scan),
                             ("chunks", i32, n_scan), ("identical", np.uint8, n_scan)))
     totals = scratch.view("totals")  # kept by the plan
     arg = scratch.arg
@@ -204,9 +208,9 @@ def plan_on_device(mask: BlockMask, *, tile_rows: int, block_n: int, heads_per_t
         scan_blocks, scan_bounds = geo.per_bh, geo.bounds
     load_kernel(Variant("plan.cu", "plan_scan"))(
         (1,), (1024,), (arg("identical"), arg("nspans"), arg("chunks"), i32(n_scan),
-                        i32(scan_blocks), scan_bounds, i32(tile_rows), expansions,
-                        np.int64(HEAVY_SHARE * max(in_flight, 1)),
-                        arg("hist"), arg("run_row0"), arg("run_row1"), arg("span_off"),
+                        i32(scan_blocks), scan_bounds, i32(tile_rows), expansions, assign_off,
+                        i32(n_assign), heavy_slots, arg("hist"), arg("key_start"),
+                        arg("run_row0"), arg("run_row1"), arg("span_off"),
                         arg("tile_off"), arg("task_off"), totals))
 
     def write_runs(grid_runs: int, spans: Any, tiles: Any, tasks: Any) -> None:
@@ -218,7 +222,7 @@ def plan_on_device(mask: BlockMask, *, tile_rows: int, block_n: int, heads_per_t
                 (dense if geo is None else null, i32(n_kv), i32(scan_blocks), kb, scan_bounds,
                  i32(tile_rows), totals, arg("run_row0"), arg("run_row1"), arg("span_off"),
                  arg("tile_off"), arg("task_off"), arg("nspans"), arg("chunks"), expansions,
-                 assign_off, assign_b, assign_h0, spans, tiles,
+                 assign_off, assign_b, assign_h0, heavy_slots, arg("key_start"), spans, tiles,
                  np.uint64(0) if tasks is None else tasks))
 
     if geo is None:

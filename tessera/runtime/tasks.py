@@ -4,7 +4,8 @@ THE TASK-QUEUE LAYOUT (the one contract between this runtime and the CUDA kernel
 ``common.cuh`` mirrors it, and ``emulate.py`` executes it on the CPU):
 
 ``tasks``: int32 ``[num_tasks, 8]``, one row per CTA, in launch order (:func:`launch_keys`: the
-heavy tasks longest first, then the rest by mask (batch, head), longest first within each)::
+heavy tasks longest first, then the rest one (batch, query head group) at a time, longest first
+within each)::
 
     0 batch        batch index b of q/k/v/out
     1 q_head0      first query head of the task; the task covers heads q_head0 .. q_head0+hp-1
@@ -143,15 +144,17 @@ HEAVY_SHARE = 8
 
 
 def launch_keys(cost: Any, group: Any, in_flight: int) -> Any:
-    """Sort keys (int64, ascending = launch order) of tasks of ``cost`` key chunks reading mask
-    (batch, head) ``group``, for a GPU running ``in_flight`` tasks at once (0: unknown, taken
-    as 1). Heavy tasks (more than 1/HEAVY_SHARE of the chunks per slot) come first, longest
-    first: they set the tail. The rest follow one mask head at a time, longest first within
-    it, so the tasks running together read the same K/V and find it in L2 -- ordering every
-    task by cost alone interleaves the heads, and K/V came from DRAM (random 10% masks on the
-    H200: 9-10% slower kernels, benchmarks/RESULTS.md). Any order finishes within the work per
-    slot plus the heaviest task (list scheduling), which is what tasks.may_split counts on.
-    Stable sorts on these keys give both planners' order (plan.cu's plan_scan mirrors it)."""
+    """Sort keys (int64, ascending = launch order) of tasks of ``cost`` key chunks made for
+    (batch, head) assignment ``group`` (the index into :func:`head_assignments`' list: the
+    query heads of one task, which read one kv head), for a GPU running ``in_flight`` tasks at
+    once (0: unknown, taken as 1). Heavy tasks (more than 1/HEAVY_SHARE of the chunks per slot)
+    come first, longest first: they set the tail. The rest follow one assignment at a time,
+    longest first within it, so the tasks running together read the same K/V and find it in
+    L2 -- ordering every task by cost alone interleaves the heads, and K/V came from DRAM
+    (random 10% masks on the H200: 9-10% slower kernels, benchmarks/RESULTS.md); a mask shared
+    by all heads is taken head by head too. Any order finishes within the work per slot plus
+    the heaviest task (list scheduling), which is what tasks.may_split counts on. Stable sorts
+    on these keys give both planners' order (plan.cu's plan_scan mirrors it)."""
     xp = array_module(cost)
     cost = cost.astype(np.int64)
     heavy = cost * (HEAVY_SHARE * max(int(in_flight), 1)) > cost.sum()
@@ -262,8 +265,8 @@ def build_task_queue(tiles: PhysicalTiles, *, batch: int, num_q_heads: int, num_
     tasks = xp.stack([t_b, t_h0, tiles.q0[t_tile], tiles.q1[t_tile], part_begin[t_part],
                       part_end[t_part], t_slot, part_cost[t_part]], axis=1).astype(i32)
     # The hardware dispatches CTAs roughly in index order (and persistent CTAs take tasks in
-    # it): heavy tasks first, then one mask head at a time (launch_keys).
-    order = xp.argsort(launch_keys(tasks[:, 7], tiles.mask_bh[t_tile], in_flight), kind="stable")
+    # it): heavy tasks first, then one (batch, head) assignment at a time (launch_keys).
+    order = xp.argsort(launch_keys(tasks[:, 7], t_assign, in_flight), kind="stable")
     tasks = xp.ascontiguousarray(tasks[order])
 
     if n_jobs:
