@@ -785,14 +785,14 @@ def _np_plan_write_runs(grid, block, args):
             for i, span in enumerate(_np_row_spans(dense[r0], kb, q0, q1)):
                 spans[sb + i] = span
         ch, e_count, a0 = int(chunks[r0]), int(expansions[bh]), int(assign_off[bh])
+        heavy = ch * int(heavy_slots) > int(totals[4])  # placed as plan_scan placed them
+        width = int(totals[5]) + 1
         n_tiles = -(-(q1 - q0) // tile_rows)
         for i in range(n_tiles):
             t0, t1 = q0 + i * tile_rows, min(q0 + (i + 1) * tile_rows, q1)
             tiles[int(tile_off[u]) + i] = (bh, t0, t1, sb, se, ch)
             if not isinstance(tasks, np.ndarray):  # null: the host path splits the tasks
                 continue
-            heavy = ch * int(heavy_slots) > int(totals[4])
-            width = int(totals[5]) + 1
             for e in range(e_count):
                 at = (int(task_off[u]) + i * e_count + e if heavy else
                       int(key_start[(1 + a0 + e) * width + width - 1 - ch]) + int(task_off[u]) + i)

@@ -368,8 +368,9 @@ plan_scan(const unsigned char* __restrict__ identical, const int* __restrict__ n
 // One warp per run: its spans (from its first row; none with a null `dense`), its tiles (int32
 // [T, 6]: mask_bh, q0, q1, span_begin, span_end, chunks) and, unless `tasks` is null, its tasks
 // (the task-queue layout, slot -1) in launch order, where plan_scan placed them (its
-// run_task_off, key_start and the same heavy_slots). The number of runs is plan_scan's totals[0], so the grid may be sized
-// for the most runs the mask can have (the sync-free plan) and surplus warps return.
+// run_task_off, key_start and the same heavy_slots). The number of runs is plan_scan's
+// totals[0], so the grid may be sized for the most runs the mask can have (the sync-free plan)
+// and surplus warps return.
 extern "C" __global__ void plan_write_runs(
     const unsigned char* __restrict__ dense, int n_kv, int n_q,
     const i64* __restrict__ kv_bounds, const i64* __restrict__ q_bounds, int tile_rows,
