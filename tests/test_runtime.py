@@ -723,12 +723,18 @@ def _np_row_spans(dense_row, kb, q0, q1):
     return [(kb[s0], kb[e + 1], q0, q1) for s0, e in zip(starts, ends)]
 
 
+def _np_heavy(chunks, n_tasks, task_chunks, heavy_slots, heavy_mean):
+    """plan.cu's heavy_task."""
+    return (chunks * int(heavy_slots) > int(task_chunks)) | (
+        chunks * int(n_tasks) > int(heavy_mean) * int(task_chunks))
+
+
 def _np_plan_scan(grid, block, args):
     """numpy stand-in for plan.cu's plan_scan (one CTA: runs, per-run offsets, the key table's
     starts -- where the tasks go in launch order -- and totals)."""
     (ident, nspans, chunks, n_rows, n_q, qb, tile_rows, expansions, assign_off, n_assign,
-     heavy_slots, hist, key_start, run_row0, run_row1, span_off, tile_off, task_off,
-     totals) = args
+     heavy_slots, heavy_mean, hist, key_start, run_row0, run_row1, span_off, tile_off,
+     task_off, totals) = args
     n_rows, n_q, tile_rows, n_assign = int(n_rows), int(n_q), int(tile_rows), int(n_assign)
     ident = ident.astype(bool)
     first = np.flatnonzero(~ident)
@@ -748,7 +754,7 @@ def _np_plan_scan(grid, block, args):
     width = ch.max(initial=0) + 1
     n_hist = width * (1 + n_assign)
     assert key_start.size >= n_hist and hist.size >= n_hist  # the host's bound on the table
-    heavy = ch * int(heavy_slots) > total_chunks
+    heavy = _np_heavy(ch, tk.sum(), total_chunks, heavy_slots, heavy_mean)
     cost_key = width - 1 - ch
     key0 = np.where(heavy, 0, 1 + assign_off[bh]) * width + cost_key  # light: 1st assignment's
     counts = np.zeros(n_hist, np.int64)
@@ -772,7 +778,7 @@ def _np_plan_write_runs(grid, block, args):
     found; the grid may be larger)."""
     (dense, n_kv, n_q, kb, qb, tile_rows, totals, run_row0, run_row1, span_off, tile_off,
      task_off, nspans, chunks, expansions, assign_off, assign_b, assign_h0, heavy_slots,
-     key_start, spans, tiles, tasks) = args
+     heavy_mean, key_start, spans, tiles, tasks) = args
     n_q, tile_rows = int(n_q), int(tile_rows)
     assert grid[0] * 256 // 32 >= totals[0]
     for u in range(int(totals[0])):
@@ -785,7 +791,7 @@ def _np_plan_write_runs(grid, block, args):
             for i, span in enumerate(_np_row_spans(dense[r0], kb, q0, q1)):
                 spans[sb + i] = span
         ch, e_count, a0 = int(chunks[r0]), int(expansions[bh]), int(assign_off[bh])
-        heavy = ch * int(heavy_slots) > int(totals[4])  # placed as plan_scan placed them
+        heavy = _np_heavy(ch, totals[3], totals[4], heavy_slots, heavy_mean)  # as plan_scan
         width = int(totals[5]) + 1
         n_tiles = -(-(q1 - q0) // tile_rows)
         for i in range(n_tiles):
@@ -940,10 +946,10 @@ def test_split_limit_counts_the_tasks_in_flight():
 
 
 def test_launch_order_puts_heavy_tasks_first_then_one_head_at_a_time():
-    """launch_keys: tasks over 1/HEAVY_SHARE of a slot's share of the chunks first, longest
-    first; the rest grouped by assignment in order, longest first within one; ties keep their
-    place (stable)."""
-    from tessera.runtime.tasks import HEAVY_SHARE
+    """launch_keys: tasks over 1/HEAVY_SHARE of a slot's share of the chunks or HEAVY_MEAN
+    times the mean first, longest first; the rest grouped by assignment in order, longest first
+    within one; ties keep their place (stable)."""
+    from tessera.runtime.tasks import HEAVY_MEAN, HEAVY_SHARE
 
     cost = np.array([3, 50, 4, 3, 9, 2, 60, 4])
     group = np.array([1, 0, 0, 1, 1, 0, 1, 0])
@@ -955,6 +961,15 @@ def test_launch_order_puts_heavy_tasks_first_then_one_head_at_a_time():
     order = np.argsort(launch_keys(cost, group, 0), kind="stable")
     assert list(order) == [6, 1, 2, 7, 5, 4, 0, 3]
     assert cost[6] * 8 > total and cost[4] * 8 <= total
+    # Many tasks a slot: a task over HEAVY_MEAN times the mean is heavy though far below a
+    # slot's share (the text rows of video models).
+    cost = np.ones(40, dtype=np.int64)
+    cost[[7, 30]] = [3, 5]  # mean 1.15; a slot's share / 8 = 5.75
+    group = np.arange(40) % 2
+    order = np.argsort(launch_keys(cost, group, 1), kind="stable")
+    assert list(order[:2]) == [30, 7] and HEAVY_MEAN == 2
+    light = [i for i in range(0, 40, 2) if i != 30] + [i for i in range(1, 40, 2) if i != 7]
+    assert list(order[2:]) == light  # one group, then the other, in their order
 
 
 @pytest.mark.parametrize("slots,splits", [(1, False), (10_000, True)])

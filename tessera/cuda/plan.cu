@@ -221,6 +221,14 @@ __device__ __forceinline__ i64 block_exclusive_scan(i64 x, i64& total) {
   return before + incl - x;
 }
 
+// Whether a task of `chunks` key chunks is heavy (tasks.launch_keys): more than the task chunks
+// in all over heavy_slots (1/HEAVY_SHARE of a task slot's share), or than heavy_mean times the
+// mean task.
+__device__ __forceinline__ bool heavy_task(i64 chunks, i64 n_tasks, i64 task_chunks,
+                                           i64 heavy_slots, i64 heavy_mean) {
+  return chunks * heavy_slots > task_chunks || chunks * n_tasks > heavy_mean * task_chunks;
+}
+
 // One CTA of SCAN_THREADS. Pass 1: runs of identical consecutive rows (run_row0/1: first and
 // last row of each). Pass 2, per run: its key spans, its tiles (query tokens / tile_rows), its
 // tasks (tiles x the (batch, head) pairs reading its mask head), the exclusive scans of spans
@@ -228,8 +236,8 @@ __device__ __forceinline__ i64 block_exclusive_scan(i64 x, i64& total) {
 // chunks), most chunks of a tile]. Passes 3-5: where each run's tasks go in launch order, so
 // plan_write_runs writes them sorted and no sort follows.
 //
-// Launch order (tasks.launch_keys): heavy tasks -- chunks x heavy_slots > the task chunks in
-// all -- longest first, then the others one (batch, head) assignment at a time, longest first
+// Launch order (tasks.launch_keys): heavy tasks (heavy_task) longest first, then the others
+// one (batch, head) assignment at a time, longest first
 // within it; ties in the run-major task list's order (run, tile, assignment). All tasks of a
 // run cost the run's chunks, so this is a stable counting sort by (rank, cost): rank 0 for a
 // heavy run's tasks, 1 + assignment a0 + e for the tiles its e-th assignment reads otherwise
@@ -244,7 +252,7 @@ extern "C" __global__ void __launch_bounds__(SCAN_THREADS)
 plan_scan(const unsigned char* __restrict__ identical, const int* __restrict__ nspans,
           const int* __restrict__ chunks, int n_rows, int n_q, const i64* __restrict__ q_bounds,
           int tile_rows, const int* __restrict__ expansions, const int* __restrict__ assign_off,
-          int n_assign, i64 heavy_slots, i64* hist, i64* key_start, i64* run_row0,
+          int n_assign, i64 heavy_slots, i64 heavy_mean, i64* hist, i64* key_start, i64* run_row0,
           i64* run_row1, i64* run_span_off, i64* run_tile_off, i64* run_task_off,
           i64* totals) {
   __shared__ int max_chunks;
@@ -300,7 +308,7 @@ plan_scan(const unsigned char* __restrict__ identical, const int* __restrict__ n
   const auto sort_of = [&](i64 u) -> Sort {
     const i64 r0 = run_row0[u], ch = chunks[r0], tl = run_task_off[u];
     const int bh = (int)(r0 / n_q);
-    const bool heavy = ch * heavy_slots > task_chunks;
+    const bool heavy = heavy_task(ch, task_base, task_chunks, heavy_slots, heavy_mean);
     const i64 rank = heavy ? 0 : 1 + assign_off[bh];
     return {rank * width + (width - 1 - ch), heavy ? tl * expansions[bh] : tl, heavy};
   };
@@ -368,7 +376,7 @@ plan_scan(const unsigned char* __restrict__ identical, const int* __restrict__ n
 // One warp per run: its spans (from its first row; none with a null `dense`), its tiles (int32
 // [T, 6]: mask_bh, q0, q1, span_begin, span_end, chunks) and, unless `tasks` is null, its tasks
 // (the task-queue layout, slot -1) in launch order, where plan_scan placed them (its
-// run_task_off, key_start and the same heavy_slots). The number of runs is plan_scan's
+// run_task_off, key_start and the same heavy_slots, heavy_mean). The number of runs is plan_scan's
 // totals[0], so the grid may be sized for the most runs the mask can have (the sync-free plan)
 // and surplus warps return.
 extern "C" __global__ void plan_write_runs(
@@ -379,7 +387,8 @@ extern "C" __global__ void plan_write_runs(
     const i64* __restrict__ run_task_off, const int* __restrict__ nspans,
     const int* __restrict__ chunks, const int* __restrict__ expansions,
     const int* __restrict__ assign_off, const int* __restrict__ assign_b,
-    const int* __restrict__ assign_h0, i64 heavy_slots, const i64* __restrict__ key_start,
+    const int* __restrict__ assign_h0, i64 heavy_slots, i64 heavy_mean,
+    const i64* __restrict__ key_start,
     int* spans, int* tiles, int* tasks) {
   const int u = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
   if (u >= totals[0]) return;
@@ -404,7 +413,7 @@ extern "C" __global__ void plan_write_runs(
   if (tasks == nullptr) return;  // tasks are split on the host path (device_planner.py)
   // Where task (tile i, assignment e) goes (plan_scan): a heavy run's tasks from task0 on,
   // tile-major; a light run's tiles at the same offset task0 within each assignment's keys.
-  const bool heavy = (i64)ch * heavy_slots > totals[4];
+  const bool heavy = heavy_task(ch, totals[3], totals[4], heavy_slots, heavy_mean);
   const i64 width = totals[5] + 1, cost_key = width - 1 - ch;
   for (int k = lane; k < n_tiles * e_count; k += 32) {
     const int i = k / e_count, e = k % e_count;

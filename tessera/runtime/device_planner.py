@@ -43,7 +43,7 @@ from .._array import Workspace, array_module, device_copy, to_numpy
 from ..mask import BlockMask
 from .mapping import (PhysicalTiles, _device_dense_rows, aligned_geometry, device_bounds,
                       launch_row_stats, straddling_tiles)
-from .tasks import HEAVY_SHARE, TaskQueue, build_task_queue, head_assignments, split_limit
+from .tasks import HEAVY_MEAN, HEAVY_SHARE, TaskQueue, build_task_queue, head_assignments, split_limit
 
 __all__ = ["plan_on_device", "SyncFreePlan", "SYNC_FREE_WORKSPACE_LIMIT"]
 
@@ -178,7 +178,7 @@ def plan_on_device(mask: BlockMask, *, tile_rows: int, block_n: int, heads_per_t
     n_keys = overlap * (-(-mask.seq_len_kv // block_n) + n_kv) + 1
     n_assign = int(assign_b.size)
     n_hist = n_keys * (1 + n_assign)
-    heavy_slots = np.int64(HEAVY_SHARE * max(in_flight, 1))
+    heavy_slots, heavy_mean = np.int64(HEAVY_SHARE * max(in_flight, 1)), np.int64(HEAVY_MEAN)
     # The kernels' scratch in one allocation, passed as raw addresses (views on numpy).
     scratch = Workspace(xp, (("totals", i64, 6), ("run_row0", i64, n_scan),
                             ("run_row1", i64, n_scan), ("span_off", i64, n_scan),
@@ -209,7 +209,7 @@ def plan_on_device(mask: BlockMask, *, tile_rows: int, block_n: int, heads_per_t
     load_kernel(Variant("plan.cu", "plan_scan"))(
         (1,), (1024,), (arg("identical"), arg("nspans"), arg("chunks"), i32(n_scan),
                         i32(scan_blocks), scan_bounds, i32(tile_rows), expansions, assign_off,
-                        i32(n_assign), heavy_slots, arg("hist"), arg("key_start"),
+                        i32(n_assign), heavy_slots, heavy_mean, arg("hist"), arg("key_start"),
                         arg("run_row0"), arg("run_row1"), arg("span_off"),
                         arg("tile_off"), arg("task_off"), totals))
 
@@ -222,8 +222,8 @@ def plan_on_device(mask: BlockMask, *, tile_rows: int, block_n: int, heads_per_t
                 (dense if geo is None else null, i32(n_kv), i32(scan_blocks), kb, scan_bounds,
                  i32(tile_rows), totals, arg("run_row0"), arg("run_row1"), arg("span_off"),
                  arg("tile_off"), arg("task_off"), arg("nspans"), arg("chunks"), expansions,
-                 assign_off, assign_b, assign_h0, heavy_slots, arg("key_start"), spans, tiles,
-                 np.uint64(0) if tasks is None else tasks))
+                 assign_off, assign_b, assign_h0, heavy_slots, heavy_mean, arg("key_start"),
+                 spans, tiles, np.uint64(0) if tasks is None else tasks))
 
     if geo is None:
         cap_spans, cap_tiles, cap_tasks = _capacities(mask, n_rows, tile_rows,

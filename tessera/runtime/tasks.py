@@ -45,7 +45,7 @@ from .._array import array_module, offsets_from_counts, segment_ids, to_numpy
 from .mapping import PhysicalTiles
 
 __all__ = ["TaskQueue", "build_task_queue", "split_limit", "may_split", "tasks_lower_bound",
-           "launch_keys", "HEAVY_SHARE", "TASK_FIELDS", "SPAN_FIELDS", "COMBINE_FIELDS"]
+           "launch_keys", "HEAVY_SHARE", "HEAVY_MEAN", "TASK_FIELDS", "SPAN_FIELDS", "COMBINE_FIELDS"]
 
 TASK_FIELDS = ("batch", "q_head0", "q_start", "q_end", "span_begin", "span_end", "slot", "cost")
 SPAN_FIELDS = ("k_start", "k_end", "r_start", "r_end")
@@ -139,25 +139,31 @@ def may_split(split_ratio: float, tasks_bound: int, in_flight: int) -> bool:
 
 
 # A task is heavy when it holds more than 1/HEAVY_SHARE of the work each task slot of the GPU
-# gets on average (see launch_keys).
+# gets on average, or more than HEAVY_MEAN times the mean task (see launch_keys).
 HEAVY_SHARE = 8
+HEAVY_MEAN = 2
 
 
 def launch_keys(cost: Any, group: Any, in_flight: int) -> Any:
     """Sort keys (int64, ascending = launch order) of tasks of ``cost`` key chunks made for
     (batch, head) assignment ``group`` (the index into :func:`head_assignments`' list: the
     query heads of one task, which read one kv head), for a GPU running ``in_flight`` tasks at
-    once (0: unknown, taken as 1). Heavy tasks (more than 1/HEAVY_SHARE of the chunks per slot)
+    once (0: unknown, taken as 1). Heavy tasks (more than 1/HEAVY_SHARE of the chunks per slot,
+    or HEAVY_MEAN times the mean task: the text rows of video models, which see every key)
     come first, longest first: they set the tail. The rest follow one assignment at a time,
     longest first within it, so the tasks running together read the same K/V and find it in
     L2 -- ordering every task by cost alone interleaves the heads, and K/V came from DRAM
     (random 10% masks on the H200: 9-10% slower kernels, benchmarks/RESULTS.md); a mask shared
     by all heads is taken head by head too. Any order finishes within the work per slot plus
-    the heaviest task (list scheduling), which is what tasks.may_split counts on. Stable sorts
-    on these keys give both planners' order (plan.cu's plan_scan mirrors it)."""
+    the heaviest task (list scheduling), which is what tasks.may_split counts on; a long task
+    left in the last head's group is what the heavy rule keeps from the tail
+    (benchmarks/order_makespan.py). Stable sorts on these keys give both planners' order
+    (plan.cu's plan_scan mirrors it)."""
     xp = array_module(cost)
     cost = cost.astype(np.int64)
-    heavy = cost * (HEAVY_SHARE * max(int(in_flight), 1)) > cost.sum()
+    total = cost.sum()
+    heavy = (cost * (HEAVY_SHARE * max(int(in_flight), 1)) > total) | (
+        cost * cost.size > HEAVY_MEAN * total)
     rank = xp.where(heavy, 0, group.astype(np.int64) + 1)
     return rank * (1 << 32) + ((1 << 31) - 1 - cost)
 
