@@ -3,8 +3,10 @@ L2): the planner's (tasks.launch_keys), longest first over all heads, longest fi
 (batch, head) with heads in order, and the plain (batch, head, row) order.
 
     python3 benchmarks/task_order.py [--shape cogvideox-5b] [--density 0.1] [--broadcast]
+        [--family sliding_tile]
 
-``--broadcast``: one random mask for all heads instead of one per head.
+``--broadcast``: one random mask for all heads instead of one per head; ``--family``: a model
+mask family (text rows included) instead of a random mask.
 """
 
 import argparse
@@ -37,14 +39,24 @@ def main(argv=None):
     ap.add_argument("--shape", default="cogvideox-5b")
     ap.add_argument("--density", type=float, default=0.1)
     ap.add_argument("--broadcast", action="store_true", help="one mask for all heads")
+    ap.add_argument("--family", default=None,
+                    help="a tessera.masks family (with the model's text rows) instead of random")
     args = ap.parse_args(argv)
     w = WORKLOADS[args.shape]
     b, h, L, d = 1, w.heads, w.seq_len, w.head_dim
     q, k, v = (torch.randn(b, h, L, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    n = math.ceil(L / 128)
-    dense = np.random.default_rng(0).random((1 if args.broadcast else h, n, n)) < args.density
-    m = tessera.BlockMask.from_dense(torch.from_numpy(dense).cuda(), block_size=128,
-                                     seq_len_q=L, seq_len_kv=L)
+    if args.family:
+        from tessera.workloads import example_mask
+
+        m = example_mask(w, args.family, heads=h, head_dim=d).mask
+        m = tessera.BlockMask.from_dense(torch.from_numpy(m.to_dense()).cuda(),
+                                         q_bounds=m.q_bounds, kv_bounds=m.kv_bounds)
+        args.density = args.family
+    else:
+        n = math.ceil(L / 128)
+        dense = np.random.default_rng(0).random((1 if args.broadcast else h, n, n)) < args.density
+        m = tessera.BlockMask.from_dense(torch.from_numpy(dense).cuda(), block_size=128,
+                                         seq_len_q=L, seq_len_kv=L)
     flops = 4 * d * int(m.selected_pairs(b, h).sum())
     for r in (Regime(family="sm90", block_m=128, block_n=128, num_warps=12, stages=3,
                      combine_threshold=0.0),
