@@ -43,7 +43,8 @@ from .._array import Workspace, array_module, device_copy, to_numpy
 from ..mask import BlockMask
 from .mapping import (PhysicalTiles, _device_dense_rows, aligned_geometry, device_bounds,
                       launch_row_stats, straddling_tiles)
-from .tasks import HEAVY_MEAN, HEAVY_SHARE, TaskQueue, build_task_queue, head_assignments, split_limit
+from .tasks import (HEAVY_MEAN, HEAVY_SHARE, TaskQueue, build_task_queue, head_assignments,
+                    split_limit)
 
 __all__ = ["plan_on_device", "SyncFreePlan", "SYNC_FREE_WORKSPACE_LIMIT"]
 

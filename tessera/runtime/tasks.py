@@ -45,7 +45,8 @@ from .._array import array_module, offsets_from_counts, segment_ids, to_numpy
 from .mapping import PhysicalTiles
 
 __all__ = ["TaskQueue", "build_task_queue", "split_limit", "may_split", "tasks_lower_bound",
-           "launch_keys", "HEAVY_SHARE", "HEAVY_MEAN", "TASK_FIELDS", "SPAN_FIELDS", "COMBINE_FIELDS"]
+           "launch_keys", "HEAVY_SHARE", "HEAVY_MEAN", "TASK_FIELDS", "SPAN_FIELDS",
+           "COMBINE_FIELDS"]
 
 TASK_FIELDS = ("batch", "q_head0", "q_start", "q_end", "span_begin", "span_end", "slot", "cost")
 SPAN_FIELDS = ("k_start", "k_end", "r_start", "r_end")
