@@ -25,7 +25,8 @@ def leave_one_out(table: RegimeTable) -> str:
         name = r.name if r is not None and r.name in e["candidates"] else e["default"]
         rels.append(e["candidates"][name]["rel"])
     n = len(rels)
-    return (f"leave-one-out over {n} entries: within 5% {100 * sum(x <= 1.05 for x in rels) / n:.0f}"
+    within = 100 * sum(x <= 1.05 for x in rels) / n
+    return (f"leave-one-out over {n} entries: within 5% {within:.0f}"
             f"%, mean slowdown {100 * (sum(rels) / n - 1):.1f}%, worst x{max(rels):.2f}")
 
 

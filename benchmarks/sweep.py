@@ -111,7 +111,8 @@ def main(argv=None):
         except Exception as exc:
             print(r.name, "failed:", str(exc).splitlines()[0])
     for t, name in sorted(rows):
-        print(f"{args.shape} density {args.density}: {name:40} {t:7.3f} ms {flops / t / 1e9:6.0f} TFLOP/s")
+        print(f"{args.shape} density {args.density}: {name:40} {t:7.3f} ms "
+              f"{flops / t / 1e9:6.0f} TFLOP/s")
 
 
 if __name__ == "__main__":

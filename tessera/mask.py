@@ -65,7 +65,8 @@ def _validate_bounds(bounds: Any, name: str) -> np.ndarray:
 
 
 def _uniform_bounds(n_blocks: int, block: int, seq_len: int | None, which: str) -> np.ndarray:
-    """Offsets of ``n_blocks`` blocks of ``block`` tokens, the last one short if ``seq_len`` says so."""
+    """Offsets of ``n_blocks`` blocks of ``block`` tokens, the last one short if ``seq_len`` says
+    so."""
     if isinstance(block, bool) or not isinstance(block, (int, np.integer)) or block <= 0:
         raise ValueError(f"block_size must be positive integers, got {block!r} for {which}")
     full = n_blocks * int(block)
@@ -177,7 +178,8 @@ class BlockMask:
     def from_dense(cls, mask: Any, *, block_size: BlockSize | None = None, q_bounds: Any = None,
                    kv_bounds: Any = None, seq_len_q: int | None = None,
                    seq_len_kv: int | None = None) -> "BlockMask":
-        """Build from a boolean block matrix ``[nQB, nKB]``, ``[H, nQB, nKB]`` or ``[B, H, nQB, nKB]``.
+        """Build from a boolean block matrix ``[nQB, nKB]``, ``[H, nQB, nKB]`` or
+        ``[B, H, nQB, nKB]``.
 
         Accepts numpy, CuPy or any DLPack tensor; a device tensor gives a device mask (no copy to
         the host). Geometry is ``block_size`` (int or ``(q, kv)``, the last block may be short when
@@ -251,7 +253,8 @@ class BlockMask:
                 csrs.append(c)
         shapes = {c.shape for c in csrs}
         if len(shapes) != 1:
-            raise ValueError(f"matrices: all block matrices must have one shape, got {sorted(shapes)}")
+            raise ValueError("matrices: all block matrices must have one shape, got "
+                             f"{sorted(shapes)}")
         (n_q, n_kv), = shapes
         qb, kb = _geometry(n_q, n_kv, block_size, q_bounds, kv_bounds, seq_len_q, seq_len_kv)
         counts = np.concatenate([np.diff(c.indptr) for c in csrs]).astype(np.int64)

@@ -1,4 +1,5 @@
-"""Attention shapes of public video DiTs (../shared/WORKLOADS.md), for demos, plots and benchmarks."""
+"""Attention shapes of public video DiTs (../shared/WORKLOADS.md), for demos, plots and
+benchmarks."""
 
 from __future__ import annotations
 

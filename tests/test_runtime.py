@@ -349,7 +349,8 @@ def check_emulation(plan, mask, q, k, v, scale) -> emulate.EmulationResult:
 
 
 def label(plan) -> None:
-    """Hypothesis events, to see what the generated cases exercise (--hypothesis-show-statistics)."""
+    """Hypothesis events, to see what the generated cases exercise
+    (--hypothesis-show-statistics)."""
     s = plan.stats()
     event(f"merged: {s.num_merged > 0}")
     event(f"split: {s.num_split_jobs > 0}")

@@ -116,7 +116,7 @@ def run(plan: Plan, q: Any, k: Any, v: Any, *, scale: float | None = None) -> Em
         kvh = h0 // group
         qrows = np.where(real[:, None], q4[b, head, tok_c], 0.0)
         m = np.full(bm, -np.inf)
-        l = np.zeros(bm)
+        denom = np.zeros(bm)  # the softmax's running row sums
         acc = np.zeros((bm, v4.shape[3]))
         walk = _packed_chunks if plan.regime.pack_keys else _span_chunks
         for keys, key_ok, r0, r1 in walk(spans[sb:se], bn):
@@ -134,12 +134,12 @@ def run(plan: Plan, q: Any, k: Any, v: Any, *, scale: float | None = None) -> Em
             m_safe = np.where(np.isfinite(m_new), m_new, 0.0)
             p = np.exp(s - m_safe[:, None])
             alpha = np.where(np.isfinite(m), np.exp(m - m_safe), 0.0)
-            l = l * alpha + p.sum(axis=1)
+            denom = denom * alpha + p.sum(axis=1)
             acc = acc * alpha[:, None] + p @ v4[b, kvh, keys_c]
             m = m_new
-        empty = l == 0
-        o = np.where(empty[:, None], 0.0, acc / np.where(empty, 1.0, l)[:, None])
-        row_lse = np.where(empty, -np.inf, m + np.log(np.where(empty, 1.0, l)))
+        empty = denom == 0
+        o = np.where(empty[:, None], 0.0, acc / np.where(empty, 1.0, denom)[:, None])
+        row_lse = np.where(empty, -np.inf, m + np.log(np.where(empty, 1.0, denom)))
         if slot < 0:
             out[b, head[real], tok[real]] = o[real]
             lse[b, head[real], tok[real]] = row_lse[real]

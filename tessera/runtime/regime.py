@@ -101,7 +101,8 @@ class Regime:
 
     def __post_init__(self) -> None:
         if self.block_m % ROW_GROUP or self.block_m <= 0:
-            raise ValueError(f"block_m must be a positive multiple of {ROW_GROUP}, got {self.block_m}")
+            raise ValueError(f"block_m must be a positive multiple of {ROW_GROUP}, "
+                             f"got {self.block_m}")
         if self.block_n % 16 or self.block_n <= 0:
             raise ValueError(f"block_n must be a positive multiple of 16, got {self.block_n}")
         if self.family != "sm90" and (self.num_warps <= 0 or self.block_m not in (
