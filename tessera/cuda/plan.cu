@@ -237,14 +237,13 @@ __device__ __forceinline__ bool heavy_task(i64 chunks, i64 n_tasks, i64 task_chu
 // plan_write_runs writes them sorted and no sort follows.
 //
 // Launch order (tasks.launch_keys): heavy tasks (heavy_task) longest first, then the others
-// one (batch, head) assignment at a time, longest first
-// within it; ties in the run-major task list's order (run, tile, assignment). All tasks of a
-// run cost the run's chunks, so this is a stable counting sort by (rank, cost): rank 0 for a
-// heavy run's tasks, 1 + assignment a0 + e for the tiles its e-th assignment reads otherwise
-// (a0 = assign_off of its mask head, n_assign assignments in all). The key table (width = 1 +
-// the largest cost entries per rank, in hist: at least n_keys x (1 + n_assign)) counts tasks
-// per key and its scan gives each key's first position, copied to key_start for
-// plan_write_runs. Runs of one key then take their places in run order (one warp at a time;
+// one (batch, head) assignment at a time, longest first within it; ties in the run-major task
+// list's order (run, tile, assignment). All tasks of a run cost the run's chunks, so this is a
+// stable counting sort by (rank, cost): rank 0 for a heavy run's tasks, 1 + assignment a0 + e
+// for the tiles its e-th assignment reads otherwise (a0 = assign_off of its mask head,
+// n_assign assignments in all). The key table (width = 1 + the largest cost entries per rank,
+// in hist: at least n_keys x (1 + n_assign)) counts tasks per key and its scan gives each
+// key's first position, copied to key_start for plan_write_runs. Runs of one key then take their places in run order (one warp at a time;
 // lanes of a key found by __match_any_sync): run_task_off[u] is a heavy run's first position,
 // or a light run's offset within its keys -- the same for every assignment of its mask head,
 // whose groups hold the same runs.
@@ -376,9 +375,9 @@ plan_scan(const unsigned char* __restrict__ identical, const int* __restrict__ n
 // One warp per run: its spans (from its first row; none with a null `dense`), its tiles (int32
 // [T, 6]: mask_bh, q0, q1, span_begin, span_end, chunks) and, unless `tasks` is null, its tasks
 // (the task-queue layout, slot -1) in launch order, where plan_scan placed them (its
-// run_task_off, key_start and the same heavy_slots, heavy_mean). The number of runs is plan_scan's
-// totals[0], so the grid may be sized for the most runs the mask can have (the sync-free plan)
-// and surplus warps return.
+// run_task_off, key_start and the same heavy_slots and heavy_mean). The number of runs is
+// plan_scan's totals[0], so the grid may be sized for the most runs the mask can have (the
+// sync-free plan) and surplus warps return.
 extern "C" __global__ void plan_write_runs(
     const unsigned char* __restrict__ dense, int n_kv, int n_q,
     const i64* __restrict__ kv_bounds, const i64* __restrict__ q_bounds, int tile_rows,
