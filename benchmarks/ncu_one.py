@@ -7,12 +7,11 @@ family] [shape] [regime]`` (a random mask of 128-token blocks at that density, o
 ``sm80_128x64_w4_s2`` for the portable family on any GPU)
 """
 
-import math
 import sys
 
-import numpy as np
-
 import tessera
+
+from sweep import device_mask  # benchmarks/ (the script's directory)
 
 
 def main():
@@ -25,18 +24,12 @@ def main():
     b, h, L, d = 1, w.heads, w.seq_len, w.head_dim
     q, k, v = (torch.randn(b, h, L, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     try:
-        n = math.ceil(L / 128)
-        dense = np.random.default_rng(0).random((h, n, n)) < float(what)
-        geo = dict(block_size=128, seq_len_q=L, seq_len_kv=L)
+        density, family = float(what), None
     except ValueError:  # a mask family
-        from tessera.workloads import example_mask
-
-        host = example_mask(w, what, heads=h, head_dim=d).mask
-        dense = host.to_dense().reshape(h, host.num_q_blocks, host.num_kv_blocks)
-        geo = dict(q_bounds=host.q_bounds, kv_bounds=host.kv_bounds)
+        density, family = 0.0, what
     # A device mask, as requests bring them: the plan is then made for this GPU (its default
     # kernel family), not the portable host plan.
-    m = tessera.BlockMask.from_dense(torch.from_numpy(dense).cuda(), **geo)
+    m = device_mask(w, family, density, h)
     from tessera.runtime.regime import regime_from_name
 
     regime = regime_from_name(sys.argv[3]) if len(sys.argv) > 3 else None

@@ -17,7 +17,7 @@ import numpy as np
 
 import tessera
 from tessera.runtime.regime import Regime
-from tessera.runtime.tasks import head_assignments, launch_keys
+from tessera.runtime.tasks import launch_keys
 from tessera.workloads import WORKLOADS, example_mask
 
 
@@ -45,11 +45,7 @@ def main(argv=None) -> None:
         t = np.asarray(p.queue.tasks, dtype=np.int64)
         cost = t[:, 7]
         # The planner ran for no GPU (in_flight 0): order it for `slots` as a GPU plan would.
-        a_b, a_h0, _ = head_assignments(1, w.heads, w.heads, p.heads_per_task,
-                                        mask.batch_index(1), mask.head_index(w.heads, w.heads),
-                                        mask.batch_heads[1])
-        index = {(int(b), int(h)): i for i, (b, h) in enumerate(zip(a_b, a_h0))}
-        group = np.array([index[(int(b), int(h))] for b, h in zip(t[:, 0], t[:, 1])])
+        group = p.task_assignments()
         grouped = cost[np.argsort(launch_keys(cost, group, args.slots), kind="stable")]
         by_cost = np.sort(cost)[::-1]
         ideal = cost.sum() / args.slots

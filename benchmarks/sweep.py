@@ -64,6 +64,25 @@ REGIMES = [
 ]
 
 
+def device_mask(w, family: str | None, density: float, mask_heads: int) -> tessera.BlockMask:
+    """The device mask a kernel-only benchmark times: ``family`` of tessera.masks at the
+    model's parameters (text rows included), or random 128-token blocks at ``density`` over
+    ``mask_heads`` heads (1: one mask for all heads), seed 0."""
+    import torch
+
+    if family:
+        from tessera.workloads import example_mask
+
+        m = example_mask(w, family, heads=w.heads, head_dim=w.head_dim).mask
+        return tessera.BlockMask.from_dense(torch.from_numpy(m.to_dense()).cuda(),
+                                            q_bounds=m.q_bounds, kv_bounds=m.kv_bounds)
+    L = w.seq_len
+    n = math.ceil(L / 128)
+    dense = np.random.default_rng(0).random((mask_heads, n, n)) < density
+    return tessera.BlockMask.from_dense(torch.from_numpy(dense).cuda(), block_size=128,
+                                        seq_len_q=L, seq_len_kv=L)
+
+
 def main(argv=None):
     import torch
 
@@ -83,18 +102,9 @@ def main(argv=None):
     w = WORKLOADS[args.shape]
     b, h, L, d = 1, w.heads, w.seq_len, w.head_dim
     q, k, v = (torch.randn(b, h, L, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    m = device_mask(w, args.family, args.density, h)
     if args.family:
-        from tessera.workloads import example_mask
-
-        m = example_mask(w, args.family, heads=h, head_dim=d).mask
-        m = tessera.BlockMask.from_dense(torch.from_numpy(m.to_dense()).cuda(),
-                                         q_bounds=m.q_bounds, kv_bounds=m.kv_bounds)
         args.density = args.family
-    else:
-        n = math.ceil(L / 128)
-        dense = np.random.default_rng(0).random((h, n, n)) < args.density
-        m = tessera.BlockMask.from_dense(torch.from_numpy(dense).cuda(), block_size=128,
-                                         seq_len_q=L, seq_len_kv=L)
     flops = 4 * d * int(m.selected_pairs(b, h).sum())
     rows = []
     from tessera.runtime.regime import regime_from_name

@@ -11,7 +11,6 @@ mask family (text rows included) instead of a random mask.
 
 import argparse
 import dataclasses
-import math
 
 import numpy as np
 
@@ -20,6 +19,8 @@ from tessera.bench import cuda_time_ms
 from tessera.runtime.regime import Regime
 from tessera.runtime.tasks import TaskQueue
 from tessera.workloads import WORKLOADS
+
+from sweep import device_mask  # benchmarks/ (the script's directory)
 
 
 def reordered(p, order: np.ndarray):
@@ -45,18 +46,9 @@ def main(argv=None):
     w = WORKLOADS[args.shape]
     b, h, L, d = 1, w.heads, w.seq_len, w.head_dim
     q, k, v = (torch.randn(b, h, L, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    m = device_mask(w, args.family, args.density, 1 if args.broadcast else h)
     if args.family:
-        from tessera.workloads import example_mask
-
-        m = example_mask(w, args.family, heads=h, head_dim=d).mask
-        m = tessera.BlockMask.from_dense(torch.from_numpy(m.to_dense()).cuda(),
-                                         q_bounds=m.q_bounds, kv_bounds=m.kv_bounds)
         args.density = args.family
-    else:
-        n = math.ceil(L / 128)
-        dense = np.random.default_rng(0).random((1 if args.broadcast else h, n, n)) < args.density
-        m = tessera.BlockMask.from_dense(torch.from_numpy(dense).cuda(), block_size=128,
-                                         seq_len_q=L, seq_len_kv=L)
     flops = 4 * d * int(m.selected_pairs(b, h).sum())
     for r in (Regime(family="sm90", block_m=128, block_n=128, num_warps=12, stages=3,
                      combine_threshold=0.0),

@@ -239,20 +239,13 @@ def brute_useful_pairs(mask: BlockMask, batch: int, hq: int, hkv: int) -> int:
     return total
 
 
-def assert_launch_order(plan, tasks: np.ndarray) -> None:
+def assert_launch_order(plan) -> None:
     """The queue's tasks in launch order: heavy ones longest first, then one (batch, head)
     assignment at a time, longest first (tasks.launch_keys with the task's assignment found
     from its batch and first query head)."""
-    from tessera.runtime.tasks import head_assignments
-
-    b, h0, cost = (tasks[:, i].astype(np.int64) for i in (0, 1, 7))
-    a_b, a_h0, _ = head_assignments(plan.batch, plan.num_q_heads, plan.num_kv_heads,
-                                    plan.heads_per_task,
-                                    plan.mask.batch_index(plan.batch),
-                                    plan.mask.head_index(plan.num_q_heads, plan.num_kv_heads),
-                                    plan.mask.batch_heads[1])
-    index = {(int(x), int(y)): i for i, (x, y) in enumerate(zip(a_b, a_h0))}
-    group = np.array([index[(int(x), int(y))] for x, y in zip(b, h0)], dtype=np.int64)
+    cost = np.asarray(plan.queue.tasks)[:, 7].astype(np.int64)
+    group = plan.task_assignments()
+    assert (group >= 0).all()  # every task's (batch, first head) is an assignment
     keys = launch_keys(cost, group, plan.in_flight)
     assert np.all(np.diff(keys) >= 0), "tasks must be in launch order"
 
@@ -296,7 +289,7 @@ def check_queue(plan) -> None:
     csum = np.concatenate([[0], np.cumsum(per_span)])
     want = csum[se] - csum[sb]
     np.testing.assert_array_equal(cost, (want + bn - 1) // bn if plan.regime.pack_keys else want)
-    assert_launch_order(plan, tasks)
+    assert_launch_order(plan)
 
     # slots of split tiles: unique, within num_slots
     slots = slot[slot >= 0]
@@ -1086,7 +1079,7 @@ def test_sync_free_planner_equals_general_planner(monkeypatch, group, mask_heads
         assert launch.num_tasks >= n == ref.queue.num_tasks
         assert_same_plan(got, ref)
         np.testing.assert_array_equal(launch.tasks[:n], ref.queue.tasks)
-        assert_launch_order(ref, np.asarray(ref.queue.tasks))
+        assert_launch_order(ref)
         assert got.queue.num_slots == 0
 
 

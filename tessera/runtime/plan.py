@@ -20,7 +20,7 @@ from . import mapping
 from .device_planner import SyncFreePlan, plan_on_device
 from .mapping import PhysicalTiles, map_to_tiles
 from .regime import ROW_GROUP, Regime, plan_may_split, plan_tasks_in_flight, select_regime
-from .tasks import TaskQueue, build_task_queue
+from .tasks import TaskQueue, build_task_queue, head_assignments
 
 __all__ = ["Plan", "PlanStats", "plan", "SUPPORTED_DTYPES"]
 
@@ -115,6 +115,18 @@ class Plan:
         """Elements of fp32 partial output and of fp32 partial lse the split-KV step needs."""
         slots = self.launch_queue.num_slots
         return slots * self.regime.block_m * self.head_dim_v, slots * self.regime.block_m
+
+    def task_assignments(self) -> np.ndarray:
+        """Each queued task's (batch, head) assignment: its index in head_assignments' list, the
+        group tasks.launch_keys orders by (from the task's batch and first query head)."""
+        a_b, a_h0, _ = head_assignments(
+            self.batch, self.num_q_heads, self.num_kv_heads, self.heads_per_task,
+            self.mask.batch_index(self.batch),
+            self.mask.head_index(self.num_q_heads, self.num_kv_heads), self.mask.batch_heads[1])
+        index = np.full((self.batch, self.num_q_heads), -1, dtype=np.int64)
+        index[a_b, a_h0] = np.arange(a_b.size)
+        tasks = np.asarray(to_numpy(self.queue.tasks), dtype=np.int64)
+        return index[tasks[:, 0], tasks[:, 1]]
 
     def computed_pairs(self) -> int:
         """(query, key) pairs the kernels evaluate: per span chunk, block_n keys for every row
