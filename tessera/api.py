@@ -264,15 +264,15 @@ def _tma_maps(p: Plan, ops: _Operands, bf16: bool):
                          (ops.k.ptr, ops.shape_kv, tuple(ops.strides_k)),
                          (ops.v.ptr, ops.shape_kv, tuple(ops.strides_v)), bf16,
                          p.launch_queue.tile_rows, p.launch_queue.heads_per_task,
-                         p.regime.block_n)
+                         p.regime.variant(ops.shape_q[3], bf16, tma=True).kv_box_rows)
 
 
 @functools.lru_cache(maxsize=64)  # a model's layers reuse their buffers: encode once each
 def _encoded_maps(q: tuple, k: tuple, v: tuple, bf16: bool, tile_rows: int, heads: int,
-                  block_n: int):
+                  kv_rows: int):
     try:
         return tma.launch_maps(q, k, v, bf16=bf16, tile_rows=tile_rows, heads_per_task=heads,
-                               block_n=block_n)
+                               block_n=kv_rows)
     except tma.TensorMapError:
         return None
 

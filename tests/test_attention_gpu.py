@@ -222,6 +222,46 @@ def test_three_consumer_warpgroups(d, pack):
         _check(m, hq=hq, hkv=hkv, d=d, regime=reg)
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_wide_key_steps(dtype, monkeypatch):
+    """Regime.wide_steps: the TMA variant at head dim 64 walks tasks of a few long spans 192
+    keys a step and the rest 128 (one persistent launch mixing both): long rows, a span ending
+    mid-step, short spans, GQA, an empty row, a ragged end; equal to the cp.async variant
+    (128-key steps only) up to rounding, and to the reference."""
+    import cupy as cp
+
+    from tessera.runtime.tasks import wide_step_tasks
+
+    if _device_cc() != 90:
+        pytest.skip("the sm90 family runs on Hopper only")
+    rng = np.random.default_rng(192)
+    qs, ks = rng.integers(16, 400, size=9), rng.integers(8, 120, size=40)
+    ks[:6] = (700, 1000, 37, 130, 900, 400)
+    dense = rng.random((2, 9, 40)) < 0.3
+    dense[:, 3] = False
+    dense[:, 5] = True  # every key: one span of all keys
+    dense[:, 6] = False
+    dense[:, 6, [0, 1, 4]] = True  # three long spans
+    m = tessera.BlockMask.from_dense(dense, q_bounds=np.r_[0, np.cumsum(qs)],
+                                     kv_bounds=np.r_[0, np.cumsum(ks)])
+    reg = Regime(family="sm90", block_m=128, num_warps=12, block_n=128, stages=3,
+                 combine_threshold=0.0, wide_steps=True)
+    assert reg.variant(64, tma=True).kv_rows == 192 and reg.variant(96, tma=True).kv_rows == 128
+    assert reg.with_(wide_steps=False).variant(64, tma=True).kv_rows == 128
+    for hq, hkv in ((2, 2), (4, 2)):
+        p = tessera.plan(m, num_q_heads=hq, num_kv_heads=hkv, head_dim=64, dtype=dtype,
+                         regime=reg)
+        queue = p.launch_queue
+        wide = wide_step_tasks(cp.asnumpy(queue.tasks), cp.asnumpy(queue.spans), 128, 192)
+        assert wide.any() and not wide.all()
+        with_tma = _check(m, hq=hq, hkv=hkv, d=64, regime=reg, dtype=dtype)
+        monkeypatch.setattr(api, "use_tma", False)
+        narrow = _check(m, hq=hq, hkv=hkv, d=64, regime=reg, dtype=dtype)
+        monkeypatch.setattr(api, "use_tma", True)
+        a, b = (_to_numpy(x).astype(np.float32) for x in (with_tma, narrow))
+        assert np.abs(a - b).max() <= 2e-2 * np.abs(b).max()
+
+
 @pytest.mark.parametrize("block_m,block_n", [(128, 128), (128, 64), (64, 64), (192, 64)])
 @pytest.mark.parametrize("d", [64, 96, 128])
 def test_tma_copies_equal_cp_async(d, block_m, block_n, monkeypatch):

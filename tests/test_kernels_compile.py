@@ -115,6 +115,23 @@ def test_sm90_tma_variants_compile(bm, bn, d, tmp_path, monkeypatch):
                                 producer=True, pack_keys=True, tma=True)
 
 
+@pytest.mark.parametrize("bf16", [True, False])
+def test_sm90_wide_step_variant_compiles(bf16, tmp_path, monkeypatch):
+    """Regime.wide_steps at head dim 64: the TMA variant with 192-key steps beside its 128-key
+    ones (two instantiations of the task loop, stages of 192 keys) builds without spills or
+    serialized wgmma; elsewhere the flag leaves the variant as it was."""
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    reg = Regime(family="sm90", block_m=128, num_warps=12, block_n=128, stages=3,
+                 combine_threshold=0.0, wide_steps=True)
+    v = reg.variant(64, bf16=bf16, tma=True)
+    assert dict(v.macros)["WIDE_BN"] == loader.WIDE_BN and v.kv_rows == 192
+    assert v.kv_box_rows == 64 and loader.smem_bytes(v) <= 227 * 1024
+    for other in (reg.variant(64, bf16=bf16), reg.variant(128, bf16=bf16, tma=True)):
+        assert "WIDE_BN" not in dict(other.macros)
+    res = loader.compile_variant(v, "sm_90a")
+    assert res.spill_bytes == 0 and res.stack_bytes == 0
+
+
 def _sm90_reachable():
     """Every sm90 kernel a plan on sm_90 can choose: the profiled candidates' and the
     heuristic's regimes (64- and 128-token query blocks, aligned and ragged keys) at each head

@@ -935,8 +935,11 @@ def test_regime_names_parse_back():
             assert R.regime_from_name(r.name) == r
     r = Regime(pack_gqa=False, min_split_chunks=3)
     assert R.regime_from_name(r.name) == r
+    w = Regime(family="sm90", block_n=128, num_warps=12, stages=3, wide_steps=True)
+    assert w.name == "sm90_128x128_w12_s3[wide_steps=True]" and R.regime_from_name(w.name) == w
     for bad in ("", "sm80_128x64", "sm80_128x64_w4_s2[colour=3]", "sm80_100x64_w4_s2",
-                "sm80_128x64_w4_s2[split_ratio=x]"):
+                "sm80_128x64_w4_s2[split_ratio=x]", "sm80_128x64_w4_s2[wide_steps=True]",
+                "sm90_128x128_w8_s3[wide_steps=True]"):
         assert R.regime_from_name(bad) is None
     f = feats(geometry="variable-384+", density="60-100%", seq_len=">128k")
     assert MaskFeatures.from_key(f.key()) == f

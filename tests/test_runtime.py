@@ -24,7 +24,7 @@ import tessera
 from tessera import BlockMask, Regime
 from tessera.reference import attention
 from tessera.runtime import emulate
-from tessera.runtime.tasks import launch_keys
+from tessera.runtime.tasks import launch_keys, wide_step_tasks
 
 TOL = 1e-10
 
@@ -937,6 +937,21 @@ def test_split_limit_counts_the_tasks_in_flight():
     assert split_limit(4.0, 16, 100, 1001, 10) == 101  # rounded up
     assert split_limit(4.0, 16, 100, 1000, 1000) == 40  # many slots: the ratio rule decides
     assert split_limit(2.0, 1, 0, 0, 132) == 1
+
+
+def test_wide_step_tasks_are_those_of_few_long_spans():
+    """The host mirror of bsa_sm90.cu's wide_task: at most four spans, and 192-key steps may
+    pad at most 1/32 more keys than 128-key steps."""
+    lengths = [[17776], [192], [384], [128], [1024], [576, 1152], [384] * 5, [], [100, 92]]
+    spans, tasks = [], []
+    for task in lengths:
+        tasks.append([0, 0, 0, 128, len(spans), len(spans) + len(task), -1, 0])
+        spans += [[1000, 1000 + n, 0, 1 << 30] for n in task]
+    got = wide_step_tasks(np.array(tasks, np.int32), np.array(spans, np.int32).reshape(-1, 4),
+                          128, 192)
+    # 17776: 17856 against 17792 keys; 192: 192 against 256; 1024: 1152 against 1024;
+    # 576 + 1152: 1728 against 1792; five spans: too many; two short spans: 384 against 256
+    assert got.tolist() == [True, True, True, False, False, True, False, True, False]
 
 
 def test_launch_order_puts_heavy_tasks_first_then_one_head_at_a_time():

@@ -32,12 +32,23 @@
 //   TESSERA_MIN_BLOCKS CTAs per SM the producer variant's registers are split for (default 1):
 //                    2 lets two 64-row CTAs share an SM, each with one consumer warpgroup,
 //                    instead of one CTA holding the whole register file
+//   TESSERA_WIDE_BN  (TMA producer only; 0: off) a wider key step for tasks whose few spans are
+//                    long: the producer takes a task of at most WIDE_SPANS spans at WIDE_BN
+//                    keys a step when that computes at most ~3% more padded keys than BN-key
+//                    steps, telling the consumers with the task's index; they run the task's
+//                    loop instantiated for that width (no P V overlap: its registers do not fit
+//                    at 192 keys). Fewer, longer steps spread each step's fixed costs (waits,
+//                    turns, the running max and O's rescale) over more keys: dense CogVideoX
+//                    (head dim 64) ran 3% faster than with BN alone, but random and
+//                    spatial-temporal masks 3-8% slower though most of their tasks keep BN's
+//                    steps (the variant's 192-key stages leave less L1 beside shared memory:
+//                    one suspect, not measured) -- hence opt-in (Regime.wide_steps).
 //
-// Shared memory: Q_BUFFERS x Q (BM x D), then STAGES x {K, V} (BN x D each), every tile in the
-// layout wgmma reads: rows cut into SW-byte column chunks (SW = 128 when D is a multiple of 64,
-// else 64), chunk-major ([chunk][row][SW bytes]), 16-byte pieces XOR-swizzled by the row within
-// each 8-row group, each tile starting on a 1024-byte boundary. loader.smem_bytes mirrors the
-// size.
+// Shared memory: Q_BUFFERS x Q (BM x D), then STAGES x {K, V} (KV_ROWS x D each: BN keys, or
+// WIDE_BN with the wide step), every tile in the layout wgmma reads: rows cut into SW-byte
+// column chunks (SW = 128 when D is a multiple of 64, else 64), chunk-major ([chunk][row][SW
+// bytes]), 16-byte pieces XOR-swizzled by the row within each 8-row group, each tile starting
+// on a 1024-byte boundary. loader.smem_bytes mirrors the size.
 #include "common.cuh"
 #include "wgmma.cuh"
 
@@ -52,6 +63,9 @@
 #endif
 #ifndef TESSERA_TMA
 #define TESSERA_TMA 0
+#endif
+#ifndef TESSERA_WIDE_BN
+#define TESSERA_WIDE_BN 0
 #endif
 
 namespace {
@@ -69,8 +83,13 @@ constexpr int LOADERS = WS ? 128 : NT;  // threads that issue the copies
 constexpr int SW = D % 64 == 0 ? 128 : 64;  // swizzle span and chunk width, bytes
 constexpr int PPC = SW / 16;                // 16-byte pieces per chunk row
 constexpr int CPR = D / 8;                  // 16-byte pieces per row
+constexpr int WIDE_BN = TESSERA_WIDE_BN;
+constexpr bool WIDE = WIDE_BN != 0;
+// Rows of a K/V stage: the widest step's keys. Every K/V tile keeps this row count (its column
+// chunks KV_ROWS * SW bytes apart) whichever width a task steps by, reading its first rows.
+constexpr int KV_ROWS = WIDE ? WIDE_BN : BN;
 constexpr int Q_BYTES = BM * D * 2;
-constexpr int KV_BYTES = BN * D * 2;
+constexpr int KV_BYTES = KV_ROWS * D * 2;
 constexpr int STAGE_BYTES = 2 * KV_BYTES;
 constexpr int Q_BUFS = TESSERA_Q_BUFFERS;
 static_assert(Q_BUFS == 1 || (Q_BUFS == 2 && WS), "two Q buffers need the producer");
@@ -95,6 +114,14 @@ constexpr bool PACKED = TESSERA_PACK_KEYS != 0;
 constexpr bool TMA = TESSERA_TMA != 0;
 static_assert(!TMA || (TESSERA_PRODUCER && !TESSERA_PACK_KEYS),
               "TMA copies are the producer's, for the span-by-span walk");
+static_assert(!WIDE || (TMA && WIDE_BN > BN && WIDE_BN % 64 == 0 && BN % 64 == 0),
+              "the wide step is the TMA producer's, copied in boxes of 64 keys");
+// K/V rows one TMA box holds: a step's copies are STEP / KV_BOX of them, one map for both widths.
+constexpr int KV_BOX = WIDE ? 64 : BN;
+// Tasks of more spans than this never take the wide step (the producer reads each span's bounds
+// to decide, before its copies).
+constexpr int WIDE_SPANS = 4;
+constexpr int WIDE_STEP = WIDE ? WIDE_BN : BN;  // (BN when off: one instantiation)
 // The softmax of chunk j runs while the tensor cores multiply P_{j-1} by V_{j-1} where the
 // registers allow P, S and O to be live at once: not at head dim 128 with 128-key steps, where
 // ptxas spills even at the consumers' 224 registers (there the wait for S_j also waits for
@@ -102,13 +129,22 @@ static_assert(!TMA || (TESSERA_PRODUCER && !TESSERA_PACK_KEYS),
 // -- unless a TMA producer leaves them 240 -- nor with three warpgroups and 128-key steps.
 // A lone consumer warpgroup (64-row tiles) with a TMA producer overlapping there spills too
 // (ptxas 13.0: 4 bytes at 255 registers), so 64x128 tiles at D=128 keep the serial wait.
+// (The wide step, TESSERA_WIDE_BN, never overlaps: see there.)
 constexpr bool OVERLAP_PV = !(D == 128 && BN == 128 && (!TMA || WGS == 1)) &&
                             !(WGS == 3 && BN == 128);
+template <int W>
+__device__ constexpr bool overlap_pv() { return W == BN && OVERLAP_PV; }
 #if TESSERA_PACK_KEYS
-using Walk = PackedWalk<BN>;
+template <int W> using WalkOf = PackedWalk<W>;
 #else
-using Walk = ChunkWalk<BN>;
+template <int W> using WalkOf = ChunkWalk<W>;
 #endif
+using Walk = WalkOf<BN>;
+// A step width as a type, so that one generic lambda holds a task's loop for either width.
+template <int W>
+struct Step {
+  static constexpr int keys = W;
+};
 
 // Byte offset of 16-byte piece `piece` (along D) of row `row` in a tile of ROWS rows. The XOR
 // is the hardware's swizzle of address bits [4, 4 + log2(PPC)) by bits [7, ...), which the
@@ -148,7 +184,9 @@ __device__ __forceinline__ u32 k_major_step(int kk) {
 
 // N-major operand V (keys x D, D contiguous): chunks of D are LBO apart, groups of 8 keys SBO
 // apart; keys 16 kk .. 16 kk + 15 start kk * 16 * SW bytes in.
-__device__ __forceinline__ SmemDesc v_desc(u32 base) { return smem_desc(base, BN * SW, 8 * SW); }
+__device__ __forceinline__ SmemDesc v_desc(u32 base) {
+  return smem_desc(base, KV_ROWS * SW, 8 * SW);
+}
 __device__ __forceinline__ u32 v_step(int kk) { return (u32)(kk * 16 * SW); }
 
 // Issue the asynchronous copies of one K/V chunk (which key each row holds: Walk::Cursor).
@@ -162,7 +200,7 @@ __device__ __forceinline__ void load_kv(u32 ks, const u16* k_head, i64 k_sl, con
     // Each thread copies the same piece of every ROW_STEP-th row: a multiple of 8 rows keeps the
     // swizzle pattern, so the shared-memory offsets step by a compile-time constant.
     const int r0 = tid / CPR, p = tid % CPR;
-    const u32 off0 = tile_offset<BN>(r0, p);
+    const u32 off0 = tile_offset<KV_ROWS>(r0, p);
     // The packed walk's cursor (a data-dependent loop per row) unrolled less: the producer has
     // few registers (PRODUCER_REGS).
     constexpr int UNROLL = PACKED ? 4 : BN / ROW_STEP;
@@ -178,7 +216,7 @@ __device__ __forceinline__ void load_kv(u32 ks, const u16* k_head, i64 k_sl, con
     for (int i = tid; i < BN * CPR; i += LOADERS) {
       const int r = i / CPR, p = i % CPR;
       const i64 key = cur.key(r);
-      const u32 off = tile_offset<BN>(r, p);
+      const u32 off = tile_offset<KV_ROWS>(r, p);
       cp_async16(ks + off, k_head + key * k_sl + p * 8);
       cp_async16(vs + off, v_head + key * v_sl + p * 8);
     }
@@ -246,17 +284,38 @@ __device__ __forceinline__ void tma_load_4d(u32 dst, const void* map, int c0, in
       " [%0], [%1, {%2, %3, %4, %5}], [%6];" ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2),
       "r"(c3), "r"(bar) : "memory");
 }
-// A chunk's K and V (BN keys from `key0` of kv head `kvh`, batch `b`): one box per SW-byte
-// column chunk of the tile (the maps' boxes are SW / 2 elements by BN rows, swizzled as
-// tile_offset lays them out).
+// A chunk's K and V (W keys from `key0` of kv head `kvh`, batch `b`): per SW-byte column chunk
+// of the tile, W / KV_BOX boxes (the maps' boxes are SW / 2 elements by KV_BOX rows, swizzled
+// as tile_offset lays them out).
+template <int W>
 __device__ __forceinline__ void tma_load_kv(u32 ks, const TmaMaps& maps, int key0, int kvh,
                                             int b, u32 bar) {
-  mbar_arrive_expect_tx(bar, 2 * KV_BYTES);
+  mbar_arrive_expect_tx(bar, 2 * W * D * 2);
 #pragma unroll
-  for (int p = 0; p < D * 2 / SW; ++p) {
-    tma_load_4d(ks + (u32)(p * BN * SW), maps.k, p * SW / 2, key0, kvh, b, bar);
-    tma_load_4d(ks + KV_BYTES + (u32)(p * BN * SW), maps.v, p * SW / 2, key0, kvh, b, bar);
+  for (int p = 0; p < D * 2 / SW; ++p)
+#pragma unroll
+    for (int r = 0; r < W / KV_BOX; ++r) {
+      const u32 off = (u32)(p * KV_ROWS * SW + r * KV_BOX * SW);
+      tma_load_4d(ks + off, maps.k, p * SW / 2, key0 + r * KV_BOX, kvh, b, bar);
+      tma_load_4d(ks + KV_BYTES + off, maps.v, p * SW / 2, key0 + r * KV_BOX, kvh, b, bar);
+    }
+}
+// Whether a task takes the wide step (TESSERA_WIDE_BN): at most WIDE_SPANS spans, whose keys
+// rounded up to WIDE_BN-key steps exceed those rounded to BN-key steps by at most 1/32.
+__device__ __forceinline__ bool wide_task(const int* spans, int sb, int se) {
+  if (!WIDE || se - sb > WIDE_SPANS) return false;
+  // Key counts below 2^31 (the sequence-length limit) plus a few steps' padding: unsigned fits.
+  u32 narrow = 0, wide = 0;
+#pragma unroll
+  for (int i = 0; i < WIDE_SPANS; ++i) {
+    if (sb + i < se) {
+      const int* f = spans + (i64)(sb + i) * SPAN_FIELDS;
+      const u32 len = (u32)(f[1] - f[0]);
+      narrow += (len + BN - 1) / BN * BN;
+      wide += (len + WIDE_STEP - 1) / WIDE_STEP * WIDE_STEP;
+    }
   }
+  return wide <= narrow + narrow / 32;
 }
 // A task's Q tile: the Q map's box is SW / 2 elements by tile_rows tokens by the task's heads
 // (GQA packing), which lands as tile row head * tile_rows + token -- Task::q_row's order. Rows
@@ -289,6 +348,13 @@ constexpr int LAUNCH_REGS = 65536 / (NT * MIN_BLOCKS) / 8 * 8;
 constexpr int CONSUMER_REGS_FIT = (LAUNCH_REGS * NT - 128 * PRODUCER_REGS) / CONSUMERS / 8 * 8;
 constexpr int CONSUMER_REGS = CONSUMER_REGS_FIT < 256 ? CONSUMER_REGS_FIT : 256;
 
+// threadIdx.x, read anew where it is used (not a value the compiler may keep live, or spill).
+__device__ __forceinline__ int thread_index() {
+  int t;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
+  return t;
+}
+
 // Makes this thread's completed cp.async writes visible to the tensor cores' (async proxy)
 // reads that follow the next barrier.
 __device__ __forceinline__ void fence_async_smem() {
@@ -304,11 +370,10 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
   const auto num_tasks = [&] { TESSERA_NUM_TASKS; return num_tasks; };
   if ((int)blockIdx.x >= num_tasks()) return;  // a grid sized by a bound (sync-free plan)
   const Operand q{q_ptr, q_sb, q_sh, q_sl};
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int tid = threadIdx.x, warp = tid / 32;
   // Broadcast from lane 0: the compiler then knows it is warp-uniform and keeps what derives
   // from it (the Q descriptor) in uniform registers, next to the wgmma that read them.
   const int wg = __shfl_sync(0xffffffffu, warp / 4, 0);
-  const int g = lane / 4, t = lane % 4;
 
   const u32 q_base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // wgmma's swizzle alignment
   const u32 stage_base = q_base + Q_BUFS * Q_BYTES;
@@ -356,6 +421,7 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
       int c = 0;  // chunks loaded, over all of this CTA's tasks
       int ti = blockIdx.x;  // the first task; later ones are taken from the shared counter
       for (int n = 0;; ++n) {
+        bool wide = false;  // the task's step: WIDE_BN keys, else BN
         // Task n's Q, into buffer n % Q_BUFS once the consumers are done with the task that
         // used it last (n - Q_BUFS), published with its index.
         const auto hand_over_q = [&](bool real) {
@@ -363,7 +429,7 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
           const u32 full = q_full_bar + 8 * qb;
           if (n >= Q_BUFS) mbar_wait(q_empty_bar + 8 * qb, (n / Q_BUFS - 1) & 1);
           if (ptid == 0) {
-            task_slot[n & 1] = ti;
+            task_slot[n & 1] = 2 * ti + (int)wide;
             mbar_arrive(full);  // releases the index to the consumers
           }
           if (!real) {
@@ -393,31 +459,37 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
         // of this task's own chunks -- the consumers release those only once they have this Q.
         // With two, the buffer is free (task n-2's) and Q goes first.
         const Task task(tasks, ti, k_ptr, k_sb, k_sh, v_ptr, v_sb, v_sh, group);
+        wide = wide_task(spans, task.span_begin, task.span_end);
         const int c0 = c;
         bool q_sent = false;
         if (Q_BUFS == 2) {
           hand_over_q(true);
           q_sent = true;
         }
-        Walk w;
-        for (w.open(spans, task.span_begin, task.span_end); w.si < task.span_end; ++c) {
-          const int st = c % STAGES;
-          if (!q_sent && c - STAGES >= c0) {
-            hand_over_q(true);
-            q_sent = true;
-          }
-          if (c >= STAGES) mbar_wait(empty_bar + 8 * st, (c / STAGES - 1) & 1);
+        const auto load_task = [&](auto step) {
+          constexpr int W = decltype(step)::keys;
+          WalkOf<W> w;
+          for (w.open(spans, task.span_begin, task.span_end); w.si < task.span_end; ++c) {
+            const int st = c % STAGES;
+            if (!q_sent && c - STAGES >= c0) {
+              hand_over_q(true);
+              q_sent = true;
+            }
+            if (c >= STAGES) mbar_wait(empty_bar + 8 * st, (c / STAGES - 1) & 1);
 #if TESSERA_TMA
-          if (ptid == 0)
-            tma_load_kv(stage_base + (u32)(st * STAGE_BYTES), tma_maps, w.key0(),
-                        task.h0 / group, task.b, full_bar + 8 * st);
+            if (ptid == 0)
+              tma_load_kv<W>(stage_base + (u32)(st * STAGE_BYTES), tma_maps, w.key0(),
+                             task.h0 / group, task.b, full_bar + 8 * st);
 #else
-          load_kv(stage_base + (u32)(st * STAGE_BYTES), task.k_head, k_sl, task.v_head, v_sl, w,
-                  spans, task.span_end, ptid);
-          mbar_arrive_on_copies(full_bar + 8 * st);
+            load_kv(stage_base + (u32)(st * STAGE_BYTES), task.k_head, k_sl, task.v_head, v_sl,
+                    w, spans, task.span_end, ptid);
+            mbar_arrive_on_copies(full_bar + 8 * st);
 #endif
-          w.next(spans, task.span_end);
-        }
+            w.next(spans, task.span_end);
+          }
+        };
+        if (wide) load_task(Step<WIDE_STEP>{});
+        else load_task(Step<BN>{});
         if (!q_sent) hand_over_q(true);
         // The next task, taken now so that its chunks load while this one is computed.
         if (ptid == 0) next_slot[(n + 1) & 1] = atomicAdd(task_counter, 1) + (int)gridDim.x;
@@ -434,10 +506,13 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
   int j = 0;  // chunks computed, over all of this CTA's tasks: chunk j sits in stage j % STAGES
   for (int n = 0;; ++n) {
     int ti = blockIdx.x;
+    bool wide = false;  // the task's step: WIDE_BN keys, else BN (the producer's choice)
     const int qb = n % Q_BUFS;
     if constexpr (WS) {
       mbar_wait(q_full_bar + 8 * qb, (n / Q_BUFS) & 1);  // the task's index, and its Q
-      ti = task_slot[n & 1];
+      const int word = task_slot[n & 1];
+      ti = word >> 1;
+      wide = WIDE && (word & 1);
       if (ti >= num_tasks()) break;
     } else if (n > 0) {
       break;
@@ -445,31 +520,8 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
     const SmemDesc q_desc = k_major_desc(q_base + (u32)(qb * Q_BYTES + wg * 64 * SW));
     const Task task(tasks, ti, k_ptr, k_sb, k_sh, v_ptr, v_sb, v_sh, group);
     const int q_start = task.q_start, q_end = task.q_end, se = task.span_end;
-    Walk load_walk;
-    load_walk.open(spans, task.span_begin, se);
-    Walk walk = load_walk;
-    if constexpr (!WS) {
-      // Prologue: the Q tile and chunks 0 .. PREFETCH-1, one commit group per chunk (Q rides
-      // with the first); every iteration then commits one chunk (PREFETCH ahead), so "all but
-      // the newest PREFETCH-1 groups have landed" means the current chunk has.
-      for (int i = tid; i < BM * CPR; i += NT) {
-        const int r = i / CPR, p = i % CPR;
-        cp_async16(q_base + tile_offset<BM>(r, p), task.q_row(q, r, tile_rows) + p * 8);
-      }
-#pragma unroll
-      for (int st = 0; st < PREFETCH; ++st) {
-        if (load_walk.si < se) {
-          load_kv(stage_base + (u32)(st * STAGE_BYTES), task.k_head, k_sl, task.v_head, v_sl,
-                  load_walk, spans, se, tid);
-          load_walk.next(spans, se);
-        }
-        cp_async_commit();
-      }
-    }
-
     // This warp's 16 rows are one head and 16 consecutive tokens (tile_rows is a multiple of
     // 16).
-    const int head = task.h0 + warp * 16 / tile_rows;
     const int tok_base = q_start + warp * 16 % tile_rows;
     const bool tile_real = tok_base < q_end;
 
@@ -478,110 +530,144 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
     for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
     float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
 
-    // Software pipeline, per warpgroup: iteration j issues S_j = Q K_j^T and then O += P_{j-1}
-    // V_{j-1}, waits for S_j only, runs the softmax of chunk j while the tensor cores still work
-    // on P V, then waits for that, rescales O and turns S_j into P_j. The stage being refilled
-    // in iteration j (with chunk j + PREFETCH) held chunk j-2, which every warpgroup finished
-    // with before the barrier. The matrix operations are issued unconditionally (a row tile
-    // with no part in a chunk gets P = 0): ptxas serializes wgmma issued on paths it cannot
-    // prove uniform across the warpgroup. A task's first chunk has no previous P: it issues
-    // P V with P = 0 over its own V (landed, finite), which adds nothing to O. Issuing that P V
-    // only from the second chunk on made ptxas close every iteration with an empty wgmma group
-    // (a dummy HGMMA after the merge), so the wait for S_j also waited for P_{j-1} V_{j-1} and
-    // the softmax never overlapped it.
-    u32 pa[BN / 16][4];  // P of the previous chunk, bf16/fp16 pairs (A fragments)
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) pa[kk][0] = pa[kk][1] = pa[kk][2] = pa[kk][3] = 0u;
-    float s[BN / 8][4];
-    u32 vs_prev = 0;  // V of the previous chunk of this task
-    // jt counts this task's chunks: conditions on it (not on vs_prev) are ones the compiler can
-    // prove uniform, which keeps the wgmma under them from being serialized.
-    int jt = 0;
-    for (; walk.si < se; ++j, ++jt) {
-      if constexpr (WS) {
-        mbar_wait(full_bar + 8 * (j % STAGES), (j / STAGES) & 1);
-        fence_async_smem();
-      } else {
-        cp_async_wait<PREFETCH - 1>();
-        fence_async_smem();
-        __syncthreads();
-        if (load_walk.si < se) {
-          load_kv(stage_base + (u32)(((j + PREFETCH) % STAGES) * STAGE_BYTES), task.k_head,
-                  k_sl, task.v_head, v_sl, load_walk, spans, se, tid);
-          load_walk.next(spans, se);
+    // The task's loop, for its step width W (a generic lambda: one instantiation per width).
+    const auto run_task = [&](auto step) {
+      constexpr int W = decltype(step)::keys;
+      WalkOf<W> load_walk;
+      load_walk.open(spans, task.span_begin, se);
+      WalkOf<W> walk = load_walk;
+      if constexpr (!WS) {
+        // Prologue: the Q tile and chunks 0 .. PREFETCH-1, one commit group per chunk (Q rides
+        // with the first); every iteration then commits one chunk (PREFETCH ahead), so "all but
+        // the newest PREFETCH-1 groups have landed" means the current chunk has.
+        for (int i = tid; i < BM * CPR; i += NT) {
+          const int r = i / CPR, p = i % CPR;
+          cp_async16(q_base + tile_offset<BM>(r, p), task.q_row(q, r, tile_rows) + p * 8);
         }
-        cp_async_commit();
-      }
-
-      const u32 ks = stage_base + (u32)((j % STAGES) * STAGE_BYTES);
-      // Rows this span applies to, clipped to the tile's real rows.
-      const int lo = max(spans[(i64)walk.si * SPAN_FIELDS + 2], q_start);
-      const int hi = min(spans[(i64)walk.si * SPAN_FIELDS + 3], q_end);
-      const bool active = tile_real && tok_base < hi && tok_base + 16 > lo;
-
-      wait_issue_turn(wg);
-      wgmma_hold<D / 2>(&o[0][0]);
-      wgmma_fence();
-      const SmemDesc k_desc = k_major_desc(ks), vd = v_desc(jt > 0 ? vs_prev : ks + KV_BYTES);
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk)
-        Wgmma<BN>::ss(&s[0][0], q_desc.at(k_major_step<BM>(kk)),
-                      k_desc.at(k_major_step<BN>(kk)), kk > 0);
-      wgmma_commit();
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk) Wgmma<D>::rs(&o[0][0], pa[kk], vd.at(v_step(kk)), 1);
-      wgmma_commit();
-      pass_issue_turn(wg);
-
-      wgmma_wait<OVERLAP_PV ? 1 : 0>();
-      wgmma_hold<BN / 2>(&s[0][0]);
-      float al[2] = {1.f, 1.f};
-      if (active) {
-        // Mask: keys past the span end, rows outside the span's restriction or the tile.
-        const int t0 = tok_base + g, t1 = t0 + 8;
-        softmax_chunk(s, m, l, al, walk.key0(), walk.key_end(), t0 >= lo && t0 < hi,
-                      t1 >= lo && t1 < hi, t, scale_log2);
-      } else {
-#pragma unroll
-        for (int i = 0; i < BN / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
-      }
-      wgmma_wait<0>();
-      wgmma_hold<D / 2>(&o[0][0]);
-      wgmma_hold<BN / 2>(&s[0][0]);  // P is rewritten only after the P V that read it is done
-      if (WS && jt > 0) mbar_arrive(empty_bar + 8 * ((j - 1) % STAGES));  // j-1 is done
-      if (al[0] != 1.f || al[1] != 1.f) {
-#pragma unroll
-        for (int i = 0; i < D / 8; ++i) {
-          o[i][0] *= al[0]; o[i][1] *= al[0];
-          o[i][2] *= al[1]; o[i][3] *= al[1];
+        for (int st = 0; st < PREFETCH; ++st) {
+          if (load_walk.si < se) {
+            load_kv(stage_base + (u32)(st * STAGE_BYTES), task.k_head, k_sl, task.v_head, v_sl,
+                    load_walk, spans, se, tid);
+            load_walk.next(spans, se);
+          }
+          cp_async_commit();
         }
       }
+
+      // Software pipeline, per warpgroup: iteration j issues S_j = Q K_j^T and then O += P_{j-1}
+      // V_{j-1}, waits for S_j only, runs the softmax of chunk j while the tensor cores still work
+      // on P V, then waits for that, rescales O and turns S_j into P_j. The stage being refilled
+      // in iteration j (with chunk j + PREFETCH) held chunk j-2, which every warpgroup finished
+      // with before the barrier. The matrix operations are issued unconditionally (a row tile
+      // with no part in a chunk gets P = 0): ptxas serializes wgmma issued on paths it cannot
+      // prove uniform across the warpgroup. A task's first chunk has no previous P: it issues
+      // P V with P = 0 over its own V (landed, finite), which adds nothing to O. Issuing that P V
+      // only from the second chunk on made ptxas close every iteration with an empty wgmma group
+      // (a dummy HGMMA after the merge), so the wait for S_j also waited for P_{j-1} V_{j-1} and
+      // the softmax never overlapped it.
+      u32 pa[W / 16][4];  // P of the previous chunk, bf16/fp16 pairs (A fragments)
 #pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk) p_fragment(pa[kk], s, kk);
-      vs_prev = ks + KV_BYTES;
-      walk.next(spans, se);
-    }
-    // Every S of this task has been waited for: the producer may reuse its Q buffer.
-    if constexpr (WS) mbar_arrive(q_empty_bar + 8 * qb);
-    if (jt > 0) {  // the last chunk's P V (uniform: every thread walked the same spans)
-      wgmma_hold<D / 2>(&o[0][0]);
-      wgmma_fence();
-      const SmemDesc vd = v_desc(vs_prev);
+      for (int kk = 0; kk < W / 16; ++kk) pa[kk][0] = pa[kk][1] = pa[kk][2] = pa[kk][3] = 0u;
+      float s[W / 8][4];
+      u32 vs_prev = 0;  // V of the previous chunk of this task
+      // jt counts this task's chunks: conditions on it (not on vs_prev) are ones the compiler can
+      // prove uniform, which keeps the wgmma under them from being serialized.
+      int jt = 0;
+      for (; walk.si < se; ++j, ++jt) {
+        if constexpr (WS) {
+          mbar_wait(full_bar + 8 * (j % STAGES), (j / STAGES) & 1);
+          fence_async_smem();
+        } else {
+          cp_async_wait<PREFETCH - 1>();
+          fence_async_smem();
+          __syncthreads();
+          if (load_walk.si < se) {
+            load_kv(stage_base + (u32)(((j + PREFETCH) % STAGES) * STAGE_BYTES), task.k_head,
+                    k_sl, task.v_head, v_sl, load_walk, spans, se, tid);
+            load_walk.next(spans, se);
+          }
+          cp_async_commit();
+        }
+
+        const u32 ks = stage_base + (u32)((j % STAGES) * STAGE_BYTES);
+        // Rows this span applies to, clipped to the tile's real rows.
+        const int lo = max(spans[(i64)walk.si * SPAN_FIELDS + 2], q_start);
+        const int hi = min(spans[(i64)walk.si * SPAN_FIELDS + 3], q_end);
+        const bool active = tile_real && tok_base < hi && tok_base + 16 > lo;
+
+        wait_issue_turn(wg);
+        wgmma_hold<D / 2>(&o[0][0]);
+        wgmma_fence();
+        const SmemDesc k_desc = k_major_desc(ks), vd = v_desc(jt > 0 ? vs_prev : ks + KV_BYTES);
 #pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk) Wgmma<D>::rs(&o[0][0], pa[kk], vd.at(v_step(kk)), 1);
-      wgmma_commit();
-      wgmma_wait<0>();
-      wgmma_hold<D / 2>(&o[0][0]);
-      if (WS) mbar_arrive(empty_bar + 8 * ((j - 1) % STAGES));  // the task's last chunk is done
-    }
+        for (int kk = 0; kk < D / 16; ++kk)
+          Wgmma<W>::ss(&s[0][0], q_desc.at(k_major_step<BM>(kk)),
+                       k_desc.at(k_major_step<KV_ROWS>(kk)), kk > 0);
+        wgmma_commit();
+#pragma unroll
+        for (int kk = 0; kk < W / 16; ++kk) Wgmma<D>::rs(&o[0][0], pa[kk], vd.at(v_step(kk)), 1);
+        wgmma_commit();
+        pass_issue_turn(wg);
+
+        wgmma_wait<overlap_pv<W>() ? 1 : 0>();
+        wgmma_hold<W / 2>(&s[0][0]);
+        float al[2] = {1.f, 1.f};
+        if (active) {
+          // Mask: keys past the span end, rows outside the span's restriction or the tile.
+          // (the lane's quad and position read anew: see the epilogue)
+          const int lane_now = thread_index() % 32;
+          const int t0 = tok_base + lane_now / 4, t1 = t0 + 8;
+          softmax_chunk(s, m, l, al, walk.key0(), walk.key_end(), t0 >= lo && t0 < hi,
+                        t1 >= lo && t1 < hi, lane_now % 4, scale_log2);
+        } else {
+#pragma unroll
+          for (int i = 0; i < W / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+        }
+        wgmma_wait<0>();
+        wgmma_hold<D / 2>(&o[0][0]);
+        wgmma_hold<W / 2>(&s[0][0]);  // P is rewritten only after the P V that read it is done
+        if (WS && jt > 0) mbar_arrive(empty_bar + 8 * ((j - 1) % STAGES));  // j-1 is done
+        if (al[0] != 1.f || al[1] != 1.f) {
+#pragma unroll
+          for (int i = 0; i < D / 8; ++i) {
+            o[i][0] *= al[0]; o[i][1] *= al[0];
+            o[i][2] *= al[1]; o[i][3] *= al[1];
+          }
+        }
+#pragma unroll
+        for (int kk = 0; kk < W / 16; ++kk) p_fragment(pa[kk], s, kk);
+        vs_prev = ks + KV_BYTES;
+        walk.next(spans, se);
+      }
+      // Every S of this task has been waited for: the producer may reuse its Q buffer.
+      if constexpr (WS) mbar_arrive(q_empty_bar + 8 * qb);
+      if (jt > 0) {  // the last chunk's P V (uniform: every thread walked the same spans)
+        wgmma_hold<D / 2>(&o[0][0]);
+        wgmma_fence();
+        const SmemDesc vd = v_desc(vs_prev);
+#pragma unroll
+        for (int kk = 0; kk < W / 16; ++kk) Wgmma<D>::rs(&o[0][0], pa[kk], vd.at(v_step(kk)), 1);
+        wgmma_commit();
+        wgmma_wait<0>();
+        wgmma_hold<D / 2>(&o[0][0]);
+        if (WS) mbar_arrive(empty_bar + 8 * ((j - 1) % STAGES));  // the task's last chunk is done
+      }
+    };
+    if (wide) run_task(Step<WIDE_STEP>{});
+    else run_task(Step<BN>{});
     if constexpr (!WS) cp_async_wait<0>();
 
     // Every warp runs the epilogue (store_rows writes real rows only): a branch on tile_real
     // here would put the accumulators on a divergent path before the next task's wgmma, which
     // ptxas answers by serializing them (C7520).
+    // The thread's row coordinates are derived again from a fresh read of its index: kept
+    // live across the task's loop, ptxas spilled them in the variant with two step widths.
+    const int e_tid = thread_index(), e_warp = e_tid / 32, e_g = e_tid % 32 / 4;
+    const int e_row = e_warp * 16 % tile_rows + e_g;
     const Output out{o_ptr, o_sb, o_sh, o_sl, lse_ptr, lse_sb, lse_sh, part_o, part_lse};
-    store_rows<D>(out, o, m, l, task.b, head, tok_base + g, q_end, warp * 16 + g, BM, task.slot,
-                  t);
+    store_rows<D>(out, o, m, l, task.b, task.h0 + e_warp * 16 / tile_rows, q_start + e_row,
+                  q_end, e_warp * 16 + e_g, BM, task.slot, e_tid % 4);
   }
   if constexpr (WS) {
     if (WGS > 1 && wg == 0) named_bar_sync(1, 256);  // the turn the last warpgroup passed

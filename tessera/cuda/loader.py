@@ -37,6 +37,8 @@ SM90A_ONLY = ("bsa_sm90.cu",)
 # 2 x (dynamic + reserved) is at most the SM's.
 SM90_SMEM_PER_SM = 228 * 1024
 SM90_SMEM_RESERVED = 1024
+# The wide key step of the sm90 TMA variants that have one (bsa_sm90.cu TESSERA_WIDE_BN).
+WIDE_BN = 192
 
 
 class BuildError(RuntimeError):
@@ -66,7 +68,7 @@ class Variant:
     @classmethod
     def bsa_sm90(cls, *, block_m: int, block_n: int, head_dim: int, stages: int,
                  bf16: bool, producer: bool = False, pack_keys: bool = False,
-                 tma: bool = False) -> "Variant":
+                 tma: bool = False, wide: bool = False) -> "Variant":
         """The Hopper family (sm_90a only): 64 rows per consumer warpgroup, plus a producer
         warpgroup that does all copies when ``producer`` -- then with two Q buffers where they
         fit the sm_90 shared-memory limit (all but 128-row tiles with 128-key steps at head dim
@@ -75,12 +77,16 @@ class Variant:
         dims 64 and 96): one CTA would hold the whole register file for a single consumer
         warpgroup. (With 128-key steps ptxas spills under that budget.) ``pack_keys``: the
         packed key walk (Regime.pack_keys). ``tma``: the producer copies K/V chunks by TMA
-        (producer variants of the span-by-span walk only; the launch passes tensor maps)."""
+        (producer variants of the span-by-span walk only; the launch passes tensor maps).
+        ``wide`` (Regime.wide_steps): the TMA variant of 128x128 tiles at head dim 64 steps
+        192 keys at a time through tasks of a few long spans (``WIDE_BN``, see bsa_sm90.cu);
+        other variants have no wide step and ignore it."""
         if tma and (not producer or pack_keys):
             raise ValueError("TMA copies are the producer's, for the span-by-span walk")
+        wide = wide and tma and (block_m, block_n, head_dim) == (128, 128, 64)
         macros = (("BM", block_m), ("BN", block_n), ("D", head_dim), ("STAGES", stages),
                   ("BF16", int(bf16))) + ((("PACK_KEYS", 1),) if pack_keys else ()) + (
-                  (("TMA", 1),) if tma else ())
+                  (("TMA", 1),) if tma else ()) + ((("WIDE_BN", WIDE_BN),) if wide else ())
         if not producer:
             return cls("bsa_sm90.cu", "bsa_fwd_sm90", macros)
         from ..runtime.regime import smem_limit_bytes  # noqa: PLC0415 - no import cycle
@@ -101,6 +107,17 @@ class Variant:
     def tma(self) -> bool:
         """Whether the kernel reads K/V by TMA (its launch must pass the tensor maps)."""
         return bool(dict(self.macros).get("TMA"))
+
+    @property
+    def kv_rows(self) -> int:
+        """Keys a K/V stage holds: the widest step (``WIDE_BN`` where the variant has one)."""
+        return dict(self.macros).get("WIDE_BN") or self.macro("BN")
+
+    @property
+    def kv_box_rows(self) -> int:
+        """Rows of the K and V tensor maps' boxes (TMA variants): a step's width, or 64 where
+        steps of two widths are copied as several boxes."""
+        return 64 if dict(self.macros).get("WIDE_BN") else self.macro("BN")
 
     @property
     def min_blocks(self) -> int:
@@ -146,7 +163,7 @@ def smem_bytes(v: Variant) -> int:
         q_bufs = dict(v.macros).get("Q_BUFFERS", 1)
         # producer: full/empty per stage and per Q buffer, four task-index words
         barriers = 8 * (2 * stages + 2 * q_bufs + 2) if dict(v.macros).get("PRODUCER") else 0
-        return 1024 + 2 * d * (q_bufs * v.macro("BM") + stages * 2 * v.macro("BN")) + barriers
+        return 1024 + 2 * d * (q_bufs * v.macro("BM") + stages * 2 * v.kv_rows) + barriers
     return 0
 
 
@@ -228,7 +245,9 @@ def compile_variant(variant: Variant, target: str, *, allow_spills: bool = False
     nvrtc = _nvrtc()
     src = _read_source(variant.source)
     headers = [_read_source(h) for h in HEADERS]
-    options = [f"-arch={target}", "-std=c++17", "-Xptxas=-v", "-lineinfo"]
+    # -default-device: every function of our sources is device code, which NVRTC otherwise
+    # refuses for generic lambdas (bsa_sm90.cu's per-step-width task loops).
+    options = [f"-arch={target}", "-std=c++17", "-default-device", "-Xptxas=-v", "-lineinfo"]
     options += [f"-DTESSERA_{k}={v}" for k, v in variant.macros]
     key = hashlib.sha256("\0".join([src, *headers, *options, str(nvrtc.getVersion())])
                          .encode()).hexdigest()[:24]

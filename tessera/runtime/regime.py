@@ -85,6 +85,11 @@ class Regime:
             from each block: for variable blocks that do not fill whole tiles and share most
             keys with their neighbours (clusters). Needs combine_threshold 0 and no pack_keys.
             The default plan on sm_90 sets it where :func:`align_pays` (:func:`select_regime`).
+        wide_steps: sm90, 128x128 tiles with the producer, head dim 64, TMA copies: tasks of at
+            most four long spans step 192 keys at a time (bsa_sm90.cu ``TESSERA_WIDE_BN``;
+            other variants ignore it). Off by default: dense CogVideoX ran 6.5% faster with
+            it on the H200, random and spatial-temporal masks 3-5% slower (its stages hold
+            192 keys; benchmarks/RESULTS.md, thirteenth session).
     """
 
     family: str = "sm80"
@@ -98,6 +103,7 @@ class Regime:
     pack_gqa: bool = True
     pack_keys: bool = False
     align_tiles: bool = False
+    wide_steps: bool = False
 
     def __post_init__(self) -> None:
         if self.block_m % ROW_GROUP or self.block_m <= 0:
@@ -128,6 +134,11 @@ class Regime:
             raise ValueError("pack_keys needs the sm90 family and combine_threshold 0 (one row "
                              f"restriction per task), got {self.family} with "
                              f"combine_threshold={self.combine_threshold}")
+        if self.wide_steps and (self.family, self.block_m, self.block_n, self.producer) != (
+                "sm90", 128, 128, True):
+            raise ValueError("wide_steps needs the sm90 family's 128x128 tiles with the producer "
+                             f"warpgroup, got {self.family}_{self.block_m}x{self.block_n} with "
+                             f"{self.num_warps} warps")
         if self.align_tiles and (self.combine_threshold != 0 or self.pack_keys):
             raise ValueError("align_tiles needs combine_threshold 0 and pack_keys False (its "
                              "tiles carry their own row restrictions)")
@@ -154,7 +165,8 @@ class Regime:
         if self.family == "sm90":
             return Variant.bsa_sm90(block_m=self.block_m, block_n=self.block_n,
                                     head_dim=head_dim, stages=self.stages, bf16=bf16,
-                                    producer=self.producer, pack_keys=self.pack_keys, tma=tma)
+                                    producer=self.producer, pack_keys=self.pack_keys, tma=tma,
+                                    wide=self.wide_steps)
         return Variant.bsa_sm80(block_m=self.block_m, block_n=self.block_n, head_dim=head_dim,
                                 num_warps=self.num_warps, stages=self.stages, bf16=bf16)
 

@@ -22,7 +22,9 @@ Physical row ``r`` of a task (0 <= r < block_m) is query head ``q_head0 + r // t
 token ``q_start + r % tile_rows``; it is real when that token is < q_end.
 
 ``spans``: int32 ``[num_spans, 4]``: ``k_start, k_end, r_start, r_end``. Keys [k_start, k_end)
-are consumed block_n at a time from k_start (the last chunk masked at token level); the span
+are consumed block_n at a time from k_start (the last chunk masked at token level; a kernel
+variant with a wider step may take a task of a few long spans at that width instead:
+:func:`wide_step_tasks`); the span
 applies to query tokens [r_start, r_end) only (rows outside are masked for this span). With a
 ``pack_keys`` regime a task's spans are consumed end to end instead -- a chunk may hold the
 end of one span and the start of the next, only the task's last chunk is partial -- and its
@@ -45,6 +47,7 @@ from .._array import array_module, offsets_from_counts, segment_ids, to_numpy
 from .mapping import PhysicalTiles
 
 __all__ = ["TaskQueue", "build_task_queue", "split_limit", "may_split", "tasks_lower_bound",
+           "wide_step_tasks",
            "launch_keys", "HEAVY_SHARE", "HEAVY_MEAN", "TASK_FIELDS", "SPAN_FIELDS",
            "COMBINE_FIELDS"]
 
@@ -167,6 +170,28 @@ def launch_keys(cost: Any, group: Any, in_flight: int) -> Any:
         cost * cost.size > HEAVY_MEAN * total)
     rank = xp.where(heavy, 0, group.astype(np.int64) + 1)
     return rank * (1 << 32) + ((1 << 31) - 1 - cost)
+
+
+# bsa_sm90.cu's wide_task: tasks of more spans never take the wide step.
+WIDE_SPANS = 4
+
+
+def wide_step_tasks(tasks: np.ndarray, spans: np.ndarray, block_n: int, wide_bn: int
+                    ) -> np.ndarray:
+    """Which tasks a kernel with a ``wide_bn``-key step (bsa_sm90.cu ``TESSERA_WIDE_BN``) walks
+    at that width: those of at most :data:`WIDE_SPANS` spans whose keys, rounded up to whole
+    wide steps, exceed their keys rounded up to ``block_n``-key steps by at most 1/32 -- long
+    spans, where fewer steps pay and padding costs little. The kernel decides this per task;
+    this host mirror lets tests and statistics see the decision (host arrays in, bool out)."""
+    tasks, spans = np.asarray(tasks), np.asarray(spans)
+    begin, end = tasks[:, 4].astype(np.int64), tasks[:, 5].astype(np.int64)
+    length = (spans[:, 1] - spans[:, 0]).astype(np.int64)
+    narrow = -(-length // block_n) * block_n
+    wide = -(-length // wide_bn) * wide_bn
+    csum = lambda x: np.concatenate([[0], np.cumsum(x)])  # noqa: E731
+    n_sum, w_sum = csum(narrow), csum(wide)
+    n_task, w_task = n_sum[end] - n_sum[begin], w_sum[end] - w_sum[begin]
+    return (end - begin <= WIDE_SPANS) & (w_task <= n_task + n_task // 32)
 
 
 def build_task_queue(tiles: PhysicalTiles, *, batch: int, num_q_heads: int, num_kv_heads: int,
