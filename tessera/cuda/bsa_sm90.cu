@@ -459,6 +459,8 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
         // of this task's own chunks -- the consumers release those only once they have this Q.
         // With two, the buffer is free (task n-2's) and Q goes first.
         const Task task(tasks, ti, k_ptr, k_sb, k_sh, v_ptr, v_sb, v_sh, group);
+        // The step width the consumers will compute this task at (published with its index):
+        // its chunks are copied at that width.
         wide = wide_task(spans, task.span_begin, task.span_end);
         const int c0 = c;
         bool q_sent = false;

@@ -87,9 +87,9 @@ class Regime:
             The default plan on sm_90 sets it where :func:`align_pays` (:func:`select_regime`).
         wide_steps: sm90, 128x128 tiles with the producer, head dim 64, TMA copies: tasks of at
             most four long spans step 192 keys at a time (bsa_sm90.cu ``TESSERA_WIDE_BN``;
-            other variants ignore it). Off by default: dense CogVideoX ran 6.5% faster with
-            it on the H200, random and spatial-temporal masks 3-5% slower (its stages hold
-            192 keys; benchmarks/RESULTS.md, thirteenth session).
+            other variants ignore it). Off by default: on the H200 it ran dense CogVideoX ~3%
+            faster than without, random and spatial-temporal masks 3-8% slower (its stages
+            hold 192 keys; benchmarks/RESULTS.md, thirteenth session).
     """
 
     family: str = "sm80"
