@@ -42,8 +42,8 @@
 //                    (head dim 64) ran 3% faster than with BN alone, but random and
 //                    spatial-temporal masks 3-8% slower though most of their tasks keep BN's
 //                    steps (not explained yet; suspects: a 128-key chunk copied as two 64-key
-//                    boxes, the 128-key loop's code beside the 192-key one, less L1 beside
-//                    181 KB of shared memory) -- hence opt-in (Regime.wide_steps).
+//                    boxes, less L1 beside 181 KB of shared memory -- the 128-key loop's SASS
+//                    is the default's) -- hence opt-in (Regime.wide_steps).
 //
 // Shared memory: Q_BUFFERS x Q (BM x D), then STAGES x {K, V} (KV_ROWS x D each: BN keys, or
 // WIDE_BN with the wide step), every tile in the layout wgmma reads: rows cut into SW-byte
