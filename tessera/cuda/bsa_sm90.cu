@@ -122,7 +122,6 @@ constexpr int KV_BOX = WIDE ? 64 : BN;
 // Tasks of more spans than this never take the wide step (the producer reads each span's bounds
 // to decide, before its copies).
 constexpr int WIDE_SPANS = 4;
-constexpr int WIDE_STEP = WIDE ? WIDE_BN : BN;  // (BN when off: one instantiation)
 // The softmax of chunk j runs while the tensor cores multiply P_{j-1} by V_{j-1} where the
 // registers allow P, S and O to be live at once: not at head dim 128 with 128-key steps, where
 // ptxas spills even at the consumers' 224 registers (there the wait for S_j also waits for
@@ -313,7 +312,7 @@ __device__ __forceinline__ bool wide_task(const int* spans, int sb, int se) {
       const int* f = spans + (i64)(sb + i) * SPAN_FIELDS;
       const u32 len = (u32)(f[1] - f[0]);
       narrow += (len + BN - 1) / BN * BN;
-      wide += (len + WIDE_STEP - 1) / WIDE_STEP * WIDE_STEP;
+      wide += (len + KV_ROWS - 1) / KV_ROWS * KV_ROWS;
     }
   }
   return wide <= narrow + narrow / 32;
@@ -491,7 +490,7 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
             w.next(spans, task.span_end);
           }
         };
-        if (wide) load_task(Step<WIDE_STEP>{});
+        if (wide) load_task(Step<KV_ROWS>{});  // (KV_ROWS is BN without the wide step)
         else load_task(Step<BN>{});
         if (!q_sent) hand_over_q(true);
         // The next task, taken now so that its chunks load while this one is computed.
@@ -657,7 +656,7 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
         if (WS) mbar_arrive(empty_bar + 8 * ((j - 1) % STAGES));  // the task's last chunk is done
       }
     };
-    if (wide) run_task(Step<WIDE_STEP>{});
+    if (wide) run_task(Step<KV_ROWS>{});  // (KV_ROWS is BN without the wide step)
     else run_task(Step<BN>{});
     if constexpr (!WS) cp_async_wait<0>();
 

@@ -188,8 +188,7 @@ def wide_step_tasks(tasks: np.ndarray, spans: np.ndarray, block_n: int, wide_bn:
     length = (spans[:, 1] - spans[:, 0]).astype(np.int64)
     narrow = -(-length // block_n) * block_n
     wide = -(-length // wide_bn) * wide_bn
-    csum = lambda x: np.concatenate([[0], np.cumsum(x)])  # noqa: E731
-    n_sum, w_sum = csum(narrow), csum(wide)
+    n_sum, w_sum = offsets_from_counts(narrow, np), offsets_from_counts(wide, np)
     n_task, w_task = n_sum[end] - n_sum[begin], w_sum[end] - w_sum[begin]
     return (end - begin <= WIDE_SPANS) & (w_task <= n_task + n_task // 32)
 
