@@ -4,6 +4,8 @@ and the kernel alone -- what to cut to bring request time towards kernel time (#
 
     python3 benchmarks/request_hotspots.py [--shape wan-1.3b-480p] [--density 0.1] [--n 200]
         [--regime NAME]   (a plan.regime.name, e.g. the portable family's on any GPU)
+        [--what request|run|plan]   (profile the whole request, a prepared plan's run, or
+                                     planning a new mask object)
 """
 
 import argparse
@@ -47,6 +49,8 @@ def main(argv=None) -> int:
     ap.add_argument("--n", type=int, default=200, help="requests profiled")
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--regime", default=None, help="a regime name instead of the default")
+    ap.add_argument("--what", choices=("request", "run", "plan"), default="request",
+                    help="what is profiled")
     args = ap.parse_args(argv)
     h, d, (q, k, v), new_mask = random_request(args.shape, args.density)
     from tessera.runtime.regime import regime_from_name
@@ -57,6 +61,9 @@ def main(argv=None) -> int:
         return tessera.attention(q, k, v, new_mask(), regime=regime)
 
     p = tessera.plan(new_mask(), num_q_heads=h, head_dim=d, regime=regime)
+    profiled = {"request": request, "run": lambda: p.run(q, k, v),
+                "plan": lambda: tessera.plan(new_mask(), num_q_heads=h, head_dim=d,
+                                             regime=regime)}[args.what]
     kernel = cuda_time_ms(lambda: p.run(q, k, v), 20)
     req = cuda_time_ms(request, 20)
     plan = cuda_time_ms(lambda: tessera.plan(new_mask(), num_q_heads=h, head_dim=d,
@@ -68,23 +75,23 @@ def main(argv=None) -> int:
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(args.n):
-        request()
+        profiled()
     host = (time.perf_counter() - t0) * 1e3 / args.n
     torch.cuda.synchronize()
     prof = cProfile.Profile()
     torch.cuda.synchronize()
     prof.enable()
     for _ in range(args.n):
-        request()
+        profiled()
     torch.cuda.synchronize()
     prof.disable()
     for key in ("tottime", "cumulative"):
         s = io.StringIO()
         pstats.Stats(prof, stream=s).sort_stats(key).print_stats(args.top)
-        print(f"== by {key} ({args.n} requests)\n" + s.getvalue().split("\n\n", 2)[-1])
+        print(f"== by {key} ({args.n} x {args.what})\n" + s.getvalue().split("\n\n", 2)[-1])
     print(f"{args.shape} density {args.density}: kernel {kernel:.3f} ms, request {req:.3f} ms, "
           f"plan {plan:.3f} ms, mask object {mask:.3f} ms, back-to-back {burst:.3f} ms/request, "
-          f"host {host:.3f} ms/request ({p.regime.name})")
+          f"host {host:.3f} ms per {args.what} ({p.regime.name})")
     return 0
 
 

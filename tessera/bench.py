@@ -8,13 +8,17 @@ blocks need not be 128-token aligned (64-token cubes, variable clusters): FlexAt
 runs the mask padded to the 128x128 tiles it accepts (every tile that holds a selected pair),
 which is what users of a fixed-block kernel do today; useful FLOPs count the logical mask for both.
 
-Useful FLOPs = 4 * D * selected (query, key) pairs. "request" = everything a dynamic-mask call
-costs: building the mask object from a device bool block matrix, planning and running
-(FlexAttention: building its BlockMask and running), timed alone (the host's work and the
-GPU's add up) and back to back ("b2b": :data:`BURST` requests between synchronizations, as a
-model's layer loop issues them -- the host's work hides behind the GPU's unless something makes
-the host wait for the GPU). Needs a GPU and PyTorch (the baselines and
-the timers); prints a table and can write JSON and a PNG chart.
+Useful FLOPs = 4 * D * selected (query, key) pairs. "kernel" = the GPU time of one run of a
+prepared plan (FlexAttention: of its compiled call with a ready BlockMask; SDPA: of one call),
+measured over :data:`BURST` calls between two events so that the host's launch work hides
+behind the GPU's as it does in a model; "call" = one such call timed alone, the host's launch
+work included (the figure this table reported as "kernel" up to the fourteenth session).
+"request" = everything a dynamic-mask call costs: building the mask object from a device bool
+block matrix, planning and running (FlexAttention: building its BlockMask and running), timed
+alone (the host's work and the GPU's add up) and back to back ("b2b": :data:`BURST` requests
+between two events, as a model's layer loop issues them -- the host's work hides behind the
+GPU's unless something makes the host wait for the GPU). Needs a GPU and PyTorch (the baselines
+and the timers); prints a table and can write JSON and a PNG chart.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from .workloads import FAMILIES, WORKLOADS
 
 # Mask cases on 128-token blocks that FlexAttention's default 128x128 BlockMask also accepts.
 BLOCK = 128
-# Requests per synchronization in the back-to-back timing.
+# Calls per pair of events in the kernel and back-to-back timings.
 BURST = 10
 
 
@@ -53,9 +57,14 @@ CASES: dict[str, Callable[[np.random.Generator, int, int], np.ndarray]] = {
 
 
 def cuda_time_ms(fn: Callable[[], Any], reps: int = 20, warmup: int = 3,
-                 stat: Callable[[list[float]], float] = statistics.median) -> float:
+                 stat: Callable[[list[float]], float] = statistics.median,
+                 burst: int = 1) -> float:
     """``stat`` (the median unless told) of ``reps`` CUDA-event timings of ``fn`` after
-    ``warmup`` calls."""
+    ``warmup`` calls, per call. ``burst`` > 1 times that many calls between the two events
+    (the host queues them ahead while the GPU works), which leaves out the launch latency a
+    lone call pays between its first event and its first kernel."""
+    if burst < 1:
+        raise ValueError(f"burst must be at least 1, got {burst}")
     import torch  # noqa: PLC0415
 
     for _ in range(warmup):
@@ -65,10 +74,11 @@ def cuda_time_ms(fn: Callable[[], Any], reps: int = 20, warmup: int = 3,
     for _ in range(reps):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        fn()
+        for _ in range(burst):
+            fn()
         b.record()
         b.synchronize()
-        times.append(a.elapsed_time(b))
+        times.append(a.elapsed_time(b) / burst)
     return stat(times)
 
 
@@ -144,7 +154,7 @@ def run(shapes: list[str], cases: list[str], reps: int = 20, flex: bool = True,
             try:
                 with sdpa_kernel(backend):
                     sdpa[label] = cuda_time_ms(lambda: F.scaled_dot_product_attention(q, k, v),
-                                               reps)
+                                               reps, burst=BURST)
             except Exception as exc:
                 print(f"\nSDPA {label} failed: {exc}", file=sys.stderr)
         n = math.ceil(L / BLOCK)
@@ -167,18 +177,20 @@ def run(shapes: list[str], cases: list[str], reps: int = 20, flex: bool = True,
             m = new_mask()
             flops = 4 * d * int(m.selected_pairs(batch, h).sum())
             p = tessera.plan(m, num_q_heads=h, head_dim=d, batch=batch, regime=regime)
-            t_kernel = cuda_time_ms(lambda: p.run(q, k, v), reps)
+            t_kernel = cuda_time_ms(lambda: p.run(q, k, v), reps, burst=BURST)
+            t_call = cuda_time_ms(lambda: p.run(q, k, v), reps)
             t_plan = cuda_time_ms(lambda: tessera.plan(new_mask(), num_q_heads=h, head_dim=d,
                                                        batch=batch, regime=regime), reps)
             t_req = cuda_time_ms(lambda: tessera.attention(q, k, v, new_mask(), regime=regime),
                                  reps)
             # Back to back: BURST requests between synchronizations, as a model's layer loop
             # issues them (the host runs ahead unless something waits for the GPU).
-            t_b2b = cuda_time_ms(lambda: [tessera.attention(q, k, v, new_mask(), regime=regime)
-                                          for _ in range(BURST)], reps) / BURST
+            t_b2b = cuda_time_ms(lambda: tessera.attention(q, k, v, new_mask(), regime=regime),
+                                 reps, burst=BURST)
             row = dict(shape=shape, case=case, density=round(m.density, 4),
                        useful_tflop=flops / 1e12, tessera_ms=t_kernel,
-                       tessera_tflops=flops / t_kernel / 1e9, tessera_plan_ms=t_plan,
+                       tessera_tflops=flops / t_kernel / 1e9, tessera_call_ms=t_call,
+                       tessera_plan_ms=t_plan,
                        tessera_request_ms=t_req, tessera_b2b_ms=t_b2b, regime=p.regime.name,
                        stats=str(p.stats()))
             for label, t in sdpa.items():
@@ -192,12 +204,15 @@ def run(shapes: list[str], cases: list[str], reps: int = 20, flex: bool = True,
                         return flex_mask.from_kv_blocks(knb, kidx, BLOCK_SIZE=BLOCK,
                                                         seq_lengths=(L, L))
                     fm = build()
-                    t_flex = cuda_time_ms(lambda: flex_fn(q, k, v, block_mask=fm), reps)
+                    t_flex = cuda_time_ms(lambda: flex_fn(q, k, v, block_mask=fm), reps,
+                                          burst=BURST)
+                    t_flex_call = cuda_time_ms(lambda: flex_fn(q, k, v, block_mask=fm), reps)
                     t_build = cuda_time_ms(build, reps)
                     t_flex_req = cuda_time_ms(lambda: flex_fn(q, k, v, block_mask=build()), reps)
-                    t_flex_b2b = cuda_time_ms(lambda: [flex_fn(q, k, v, block_mask=build())
-                                                       for _ in range(BURST)], reps) / BURST
+                    t_flex_b2b = cuda_time_ms(lambda: flex_fn(q, k, v, block_mask=build()),
+                                              reps, burst=BURST)
                     row.update(flex_ms=t_flex, flex_tflops=flops / t_flex / 1e9,
+                               flex_call_ms=t_flex_call, call_vs_flex=t_flex_call / t_call,
                                flex_tile_density=round(float(tiles.float().mean()), 4),
                                flex_build_ms=t_build, flex_request_ms=t_flex_req,
                                kernel_vs_flex=t_flex / t_kernel,
@@ -211,20 +226,24 @@ def run(shapes: list[str], cases: list[str], reps: int = 20, flex: bool = True,
 
 
 def table(rows: list[dict]) -> str:
-    """The figures as a fixed-width table (ms, useful TFLOP/s, ratios to FlexAttention)."""
+    """The figures as a fixed-width table (ms, useful TFLOP/s, ratios to FlexAttention; rows of
+    earlier runs without the "call" figures show nan there)."""
     nan = float("nan")
-    out = [f"{'shape':15} {'case':17} {'dens':>5} {'kernel':>7} {'TF/s':>5} {'plan':>6} "
-           f"{'request':>7} {'b2b':>6} {'flex':>7} {'TF/s':>5} {'f.req':>7} {'f.b2b':>6} "
-           f"{'k x':>5} {'req x':>5} {'b2b x':>5} {'cudnn':>6} {'fa2':>6}"]
+    out = [f"{'shape':15} {'case':17} {'dens':>5} {'kernel':>7} {'TF/s':>5} {'call':>6} "
+           f"{'plan':>6} {'request':>7} {'b2b':>6} {'flex':>7} {'TF/s':>5} {'f.call':>6} "
+           f"{'f.req':>7} {'f.b2b':>6} {'k x':>5} {'c x':>5} {'req x':>5} {'b2b x':>5} "
+           f"{'cudnn':>6} {'fa2':>6}"]
     for r in rows:
         out.append(
             f"{r['shape']:15} {r['case']:17} {r['density']:5.2f} {r['tessera_ms']:7.2f} "
-            f"{r['tessera_tflops']:5.0f} {r['tessera_plan_ms']:6.2f} "
+            f"{r['tessera_tflops']:5.0f} {r.get('tessera_call_ms', nan):6.2f} "
+            f"{r['tessera_plan_ms']:6.2f} "
             f"{r['tessera_request_ms']:7.2f} {r.get('tessera_b2b_ms', nan):6.2f} "
             f"{r.get('flex_ms', nan):7.2f} {r.get('flex_tflops', nan):5.0f} "
+            f"{r.get('flex_call_ms', nan):6.2f} "
             f"{r.get('flex_request_ms', nan):7.2f} {r.get('flex_b2b_ms', nan):6.2f} "
-            f"{r.get('kernel_vs_flex', nan):5.2f} {r.get('request_vs_flex', nan):5.2f} "
-            f"{r.get('b2b_vs_flex', nan):5.2f} "
+            f"{r.get('kernel_vs_flex', nan):5.2f} {r.get('call_vs_flex', nan):5.2f} "
+            f"{r.get('request_vs_flex', nan):5.2f} {r.get('b2b_vs_flex', nan):5.2f} "
             f"{r.get('sdpa_cudnn_ms', nan):6.2f} {r.get('sdpa_flash_ms', nan):6.2f}")
     return "\n".join(out)
 

@@ -38,13 +38,27 @@ def test_bench_table_and_chart(tmp_path):
     rows = [dict(shape="wan-1.3b-480p", case="random-10", density=0.1, tessera_ms=2.0,
                  tessera_tflops=300.0, tessera_plan_ms=0.5, tessera_request_ms=2.5,
                  flex_ms=2.2, flex_tflops=270.0, flex_request_ms=3.0, kernel_vs_flex=1.1,
-                 request_vs_flex=1.2, sdpa_cudnn_ms=11.0, sdpa_flash_ms=18.0)]
+                 request_vs_flex=1.2, sdpa_cudnn_ms=11.0, sdpa_flash_ms=18.0,
+                 tessera_call_ms=2.125, flex_call_ms=2.375, call_vs_flex=1.117)]
     text = bench.table(rows)
     assert "wan-1.3b-480p" in text and "300" in text and "1.20" in text
+    assert "2.12" in text and "2.38" in text and "1.12" in text  # the lone-call columns
+    # A row of an earlier run (no lone-call figures) still prints.
+    old = {k: v for k, v in rows[0].items() if "call" not in k}
+    assert "nan" in bench.table([old])
     pytest.importorskip("matplotlib")
     png = tmp_path / "bench.png"
     bench.chart(rows, str(png))
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cuda_time_ms_rejects_an_empty_burst():
+    import pytest
+
+    from tessera.bench import cuda_time_ms
+
+    with pytest.raises(ValueError, match="burst"):
+        cuda_time_ms(lambda: None, burst=0)
 
 
 def test_bench_without_gpu_says_why(capsys):
