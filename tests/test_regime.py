@@ -64,8 +64,9 @@ def test_candidates_small_valid_and_fitting():
             assert all(R.regime_fits(r, d, arch) for r in cands)
             assert all(r.num_warps == 4 and r.block_m in (64, 128) and r.block_n in (32, 64)
                        for r in cands if r.family == "sm80")
-            # 64-row sm90 tiles plain, 128-row ones warp-specialized (a producer warpgroup).
-            assert all(r.producer == (r.block_m == 128) and r.block_n in (64, 128)
+            # 64-row sm90 tiles plain (with a producer warpgroup at head dim 128), 128-row ones
+            # warp-specialized.
+            assert all(r.producer == (r.block_m == 128 or d == 128) and r.block_n in (64, 128)
                        for r in cands if r.family == "sm90")
             assert {r.family for r in cands} == ({"sm80", "sm90"} if arch == 90 else {"sm80"})
     assert len(candidate_regimes(128, 90)) == 48
@@ -1074,7 +1075,12 @@ def test_defaults_per_architecture():
     assert default_regime(90, 128).name == "sm90_128x128_w12_s3[combine_threshold=0.0]"
     assert default_regime(90, 64).name == "sm90_128x128_w12_s3[combine_threshold=0.0]"
     assert default_regime(90, 96).producer
-    assert default_regime(90, 128, q_block=64).name == "sm90_64x64_w4_s3[combine_threshold=0.0]"
+    # Small query blocks: 64-row tiles, with a producer warpgroup (two CTAs an SM) at head dim
+    # 128 only.
+    assert default_regime(90, 128, q_block=64).name == "sm90_64x64_w8_s3[combine_threshold=0.0]"
+    assert default_regime(90, 128, q_block=64).variant(128).min_blocks == 2
+    for d in (64, 96):
+        assert default_regime(90, d, q_block=64).name == "sm90_64x64_w4_s3[combine_threshold=0.0]"
     for arch in (80, 86, 89, 100, None):
         assert default_regime(arch, 128).family == "sm80"
     # The portable family: 128-row tiles at every head dim (two row tiles a warp), 64-row ones

@@ -32,6 +32,9 @@
 //   TESSERA_MIN_BLOCKS CTAs per SM the producer variant's registers are split for (default 1):
 //                    2 lets two 64-row CTAs share an SM, each with one consumer warpgroup,
 //                    instead of one CTA holding the whole register file
+//   TESSERA_SMEM_ALIGNED 1: no slack reserved to align the tiles (the dynamic shared memory
+//                    starts 1024-aligned; checked): the 1 KB that lets two 64x64 producer CTAs
+//                    with one Q buffer share an SM at head dim 128
 //   TESSERA_WIDE_BN  (TMA producer only; 0: off) a wider key step for tasks whose few spans are
 //                    long: the producer takes a task of at most WIDE_SPANS spans at WIDE_BN
 //                    keys a step when that computes at most ~3% more padded keys than BN-key
@@ -67,6 +70,9 @@
 #endif
 #ifndef TESSERA_WIDE_BN
 #define TESSERA_WIDE_BN 0
+#endif
+#ifndef TESSERA_SMEM_ALIGNED
+#define TESSERA_SMEM_ALIGNED 0
 #endif
 
 namespace {
@@ -375,7 +381,13 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
   // from it (the Q descriptor) in uniform registers, next to the wgmma that read them.
   const int wg = __shfl_sync(0xffffffffu, warp / 4, 0);
 
-  const u32 q_base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // wgmma's swizzle alignment
+  // wgmma's swizzle alignment. TESSERA_SMEM_ALIGNED: the launch reserved no slack for it
+  // (loader.smem_bytes), which holds where the dynamic shared memory starts 1024-aligned -- as it
+  // does right after the CTA's reserved 1 KB, with no static shared memory; a CTA where it does
+  // not stops at once rather than overrun.
+  const u32 smem_base = smem_addr(smem_raw);
+  if (TESSERA_SMEM_ALIGNED && (smem_base & 1023u)) __trap();
+  const u32 q_base = (smem_base + 1023u) & ~1023u;
   const u32 stage_base = q_base + Q_BUFS * Q_BYTES;
   // mbarriers after the stages (producer variant): full[STAGES], empty[STAGES], Q full[Q_BUFS],
   // Q empty[Q_BUFS], then four task-index words. Task n's Q sits in buffer n % Q_BUFS.

@@ -91,15 +91,18 @@ class Variant:
             return cls("bsa_sm90.cu", "bsa_fwd_sm90", macros)
         from ..runtime.regime import smem_limit_bytes  # noqa: PLC0415 - no import cycle
 
-        def ws(q_buffers: int, min_blocks: int) -> "Variant":
+        def ws(q_buffers: int, min_blocks: int, aligned: bool = False) -> "Variant":
             return cls("bsa_sm90.cu", "bsa_fwd_sm90", macros + (("PRODUCER", 1),) + (
                 (("Q_BUFFERS", 2),) if q_buffers == 2 else ()) + (
-                (("MIN_BLOCKS", min_blocks),) if min_blocks > 1 else ()))
+                (("MIN_BLOCKS", min_blocks),) if min_blocks > 1 else ()) + (
+                (("SMEM_ALIGNED", 1),) if aligned else ()))
 
         if block_m == 64 and block_n == 64:
-            v = ws(2, 2)
-            if 2 * (smem_bytes(v) + SM90_SMEM_RESERVED) <= SM90_SMEM_PER_SM:
-                return v
+            # Two CTAs an SM: with two Q buffers where they fit (head dims 64, 96), else with
+            # one and no alignment slack (head dim 128, 160 bytes over with the slack).
+            for v in (ws(2, 2), ws(1, 2, aligned=True)):
+                if 2 * (smem_bytes(v) + SM90_SMEM_RESERVED) <= SM90_SMEM_PER_SM:
+                    return v
         two = ws(2, 1)
         return two if smem_bytes(two) <= smem_limit_bytes(90) else ws(1, 1)
 
@@ -160,10 +163,12 @@ def smem_bytes(v: Variant) -> int:
         return 2 * lds * (v.macro("BM") + v.macro("STAGES") * 2 * v.macro("BN"))
     if v.source == "bsa_sm90.cu":  # tiles unpadded (swizzled), plus 1 KiB to align them
         d, stages = v.macro("D"), v.macro("STAGES")
-        q_bufs = dict(v.macros).get("Q_BUFFERS", 1)
+        macros = dict(v.macros)
+        q_bufs = macros.get("Q_BUFFERS", 1)
         # producer: full/empty per stage and per Q buffer, four task-index words
-        barriers = 8 * (2 * stages + 2 * q_bufs + 2) if dict(v.macros).get("PRODUCER") else 0
-        return 1024 + 2 * d * (q_bufs * v.macro("BM") + stages * 2 * v.kv_rows) + barriers
+        barriers = 8 * (2 * stages + 2 * q_bufs + 2) if macros.get("PRODUCER") else 0
+        align = 0 if macros.get("SMEM_ALIGNED") else 1024
+        return align + 2 * d * (q_bufs * v.macro("BM") + stages * 2 * v.kv_rows) + barriers
     return 0
 
 

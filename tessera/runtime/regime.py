@@ -203,7 +203,9 @@ def default_regime(arch: int | None = None, head_dim: int = 128,
     warpgroups and a producer warpgroup), 128 keys a step, three K/V stages — the fastest sm90
     shape for head dims 64 and 128 on the H200 (benchmarks/RESULTS.md, fourth session); masks of
     small query blocks take 64-row tiles and 64 keys a step (key spans of 64-token blocks would
-    leave half of a 128-key step masked).
+    leave half of a 128-key step masked), at head dim 128 with a producer warpgroup, two CTAs an
+    SM (Wan's top-k cubes 1.22-1.28x faster than without a producer, H200, fourteenth session;
+    head dims 64 and 96 keep the plain variant, not measured against it).
     Elsewhere the portable family: 128-row tiles over 4 warps (32 rows each), 64 keys a step, double
     buffered, at every head dim: since the kernel stopped predicating its mma.sync per row tile,
     the 128-row tile runs head dim 64 1.14-1.22x faster than the 64-row one it used to take
@@ -226,8 +228,10 @@ def default_regime(arch: int | None = None, head_dim: int = 128,
     if arch == 90:
         if small_blocks:
             pack = kv_bounds is not None and blocks_ragged(kv_bounds, 64)
-            return Regime(family="sm90", block_m=64, num_warps=4, block_n=64, stages=3,
-                          combine_threshold=0.0, pack_keys=pack)
+            # At head dim 128 a producer warpgroup per 64-row CTA, two CTAs an SM.
+            producer = head_dim == 128
+            return Regime(family="sm90", block_m=64, num_warps=4 + 4 * producer, block_n=64,
+                          stages=3, combine_threshold=0.0, pack_keys=pack)
         return Regime(family="sm90", block_m=128, num_warps=128 // ROW_GROUP + 4, block_n=128,
                       stages=3, combine_threshold=0.0)
     if small_blocks or (arch in (86, 87, 89) and head_dim > 96):
@@ -333,19 +337,20 @@ def candidate_regimes(head_dim: int, arch: int | None,
 
     The sm80 family with 4 warps: 64- or 128-row tiles (16 or 32 rows a warp, the two shapes the
     kernel supports at 4 warps), 32 or 64 keys a step, double buffered; on sm_90 also the sm90
-    family, 64-row tiles on one warpgroup or 128-row tiles warp-specialized, 64 or 128 keys a
-    step, three stages; split policy 2x or 4x the mean task, or never (1e9); combine threshold 0
-    (merge only identical key sets) or 0.3.
+    family, 64-row tiles on one warpgroup (with a producer warpgroup at head dim 128) or 128-row
+    tiles warp-specialized, 64 or 128 keys a step, three stages; split policy 2x or 4x the
+    mean task, or never (1e9); combine threshold 0 (merge only identical key sets) or 0.3.
     Variants whose shared memory exceeds ``arch``'s per-CTA limit are left out. The order is
     stable (tile shape, then split, then combine), so names index the list reproducibly.
     """
     shapes = [dict(block_m=bm, block_n=bn, num_warps=CANDIDATE_WARPS)
               for bm in CANDIDATE_BLOCK_M for bn in CANDIDATE_BLOCK_N]
     if arch == 90:
-        # 64-row tiles plain (one warpgroup), 128-row tiles warp-specialized (the plain
+        # 64-row tiles plain (one warpgroup) -- at head dim 128 with a producer warpgroup, two
+        # CTAs an SM, as default_regime takes them --, 128-row tiles warp-specialized (the plain
         # 128-row variant was slower on every swept mask: benchmarks/RESULTS.md).
         shapes += [dict(family="sm90", block_m=bm, block_n=bn,
-                        num_warps=bm // ROW_GROUP + (4 if bm == 128 else 0))
+                        num_warps=bm // ROW_GROUP + (4 if bm == 128 or head_dim == 128 else 0))
                    for bm in CANDIDATE_BLOCK_M for bn in CANDIDATE_SM90_BLOCK_N]
     out = []
     for shape in shapes:
