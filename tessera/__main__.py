@@ -62,7 +62,7 @@ def info() -> int:
     print(f"Compile targets checked in CI: {', '.join(CI_TARGETS)} (sm90 family: sm_90a)")
     from .cuda.tma import _driver_encoder  # noqa: PLC0415 - ctypes lookup of libcuda
 
-    print("TMA copies (sm90 family, 128-row tiles): " + (
+    print("TMA copies (sm90 family, producer variants of the span-by-span walk): " + (
         "the driver encodes tensor maps" if _driver_encoder() is not None else
         "no CUDA driver with cuTensorMapEncodeTiled here: cp.async copies"))
     cached = sorted(p.name for p in cache_dir().glob("*.cubin")) if cache_dir().is_dir() else []
@@ -78,6 +78,10 @@ def info() -> int:
         line = f"Default regime for head dim {d} ({where}): {default_regime(cc, d).name}"
         if cc != 90:  # what a Hopper GPU would take instead
             line += f"; on sm_90: {default_regime(90, d).name}"
+        # Masks of small query blocks (64-token cubes) take 64-row tiles.
+        line += f"; 64-token query blocks: {default_regime(cc, d, q_block=64).name}"
+        if cc != 90:
+            line += f" (sm_90: {default_regime(90, d, q_block=64).name})"
         print(line)
     return 0
 

@@ -27,6 +27,9 @@ def test_info_as_module():
                          text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert "Default regime for head dim 128" in res.stdout
+    # and what masks of 64-token query blocks take (on Hopper at head dim 128: the two-CTA
+    # 64-row producer variant)
+    assert "64-token query blocks" in res.stdout and "sm90_64x64_w8_s3" in res.stdout
     # Off Hopper it also says what a Hopper GPU would take.
     assert "sm90_128x128_w12_s3" in res.stdout
 
