@@ -229,6 +229,13 @@ __device__ __forceinline__ bool heavy_task(i64 chunks, i64 n_tasks, i64 task_chu
   return chunks * heavy_slots > task_chunks || chunks * n_tasks > heavy_mean * task_chunks;
 }
 
+// A task's place in plan_scan's key table (tasks.launch_keys' order): rank-major, costs of
+// `chunks` descending within a rank; `width` is 1 + the largest cost. plan_write_runs finds a
+// light task's keys by the same formula.
+__device__ __forceinline__ i64 order_key(i64 rank, i64 chunks, i64 width) {
+  return rank * width + (width - 1 - chunks);
+}
+
 // One CTA of SCAN_THREADS. Pass 1: runs of identical consecutive rows (run_row0/1: first and
 // last row of each). Pass 2, per run: its key spans, its tiles (query tokens / tile_rows), its
 // tasks (tiles x the (batch, head) pairs reading its mask head), the exclusive scans of spans
@@ -243,10 +250,11 @@ __device__ __forceinline__ bool heavy_task(i64 chunks, i64 n_tasks, i64 task_chu
 // for the tiles its e-th assignment reads otherwise (a0 = assign_off of its mask head,
 // n_assign assignments in all). The key table (width = 1 + the largest cost entries per rank,
 // in hist: at least n_keys x (1 + n_assign)) counts tasks per key and its scan gives each
-// key's first position, copied to key_start for plan_write_runs. Runs of one key then take their places in run order (one warp at a time;
-// lanes of a key found by __match_any_sync): run_task_off[u] is a heavy run's first position,
-// or a light run's offset within its keys -- the same for every assignment of its mask head,
-// whose groups hold the same runs.
+// key's first position, copied to key_start for plan_write_runs (order_key). Runs of one key
+// then take their places in run order (one warp at a time; lanes of a key found by
+// __match_any_sync): run_task_off[u] is a heavy run's first position, or a light run's offset
+// within its keys -- the same for every assignment of its mask head, whose groups hold the same
+// runs.
 extern "C" __global__ void __launch_bounds__(SCAN_THREADS)
 plan_scan(const unsigned char* __restrict__ identical, const int* __restrict__ nspans,
           const int* __restrict__ chunks, int n_rows, int n_q, const i64* __restrict__ q_bounds,
@@ -309,7 +317,7 @@ plan_scan(const unsigned char* __restrict__ identical, const int* __restrict__ n
     const int bh = (int)(r0 / n_q);
     const bool heavy = heavy_task(ch, task_base, task_chunks, heavy_slots, heavy_mean);
     const i64 rank = heavy ? 0 : 1 + assign_off[bh];
-    return {rank * width + (width - 1 - ch), heavy ? tl * expansions[bh] : tl, heavy};
+    return {order_key(rank, ch, width), heavy ? tl * expansions[bh] : tl, heavy};
   };
   for (i64 c = threadIdx.x; c < n_hist; c += SCAN_THREADS) h[c] = 0;
   __syncthreads();
@@ -413,10 +421,10 @@ extern "C" __global__ void plan_write_runs(
   // Where task (tile i, assignment e) goes (plan_scan): a heavy run's tasks from task0 on,
   // tile-major; a light run's tiles at the same offset task0 within each assignment's keys.
   const bool heavy = heavy_task(ch, totals[3], totals[4], heavy_slots, heavy_mean);
-  const i64 width = totals[5] + 1, cost_key = width - 1 - ch;
+  const i64 width = totals[5] + 1;
   for (int k = lane; k < n_tiles * e_count; k += 32) {
     const int i = k / e_count, e = k % e_count;
-    const i64 at = heavy ? task0 + k : key_start[(1 + a0 + e) * width + cost_key] + task0 + i;
+    const i64 at = heavy ? task0 + k : key_start[order_key(1 + a0 + e, ch, width)] + task0 + i;
     int* t = tasks + at * TASK_FIELDS;
     t[TASK_BATCH] = assign_b[a0 + e];
     t[TASK_Q_HEAD0] = assign_h0[a0 + e];
