@@ -723,6 +723,11 @@ def _np_heavy(chunks, n_tasks, task_chunks, heavy_slots, heavy_mean):
         chunks * int(n_tasks) > int(heavy_mean) * int(task_chunks))
 
 
+def _np_order_key(rank, chunks, width):
+    """plan.cu's order_key."""
+    return rank * width + (width - 1 - chunks)
+
+
 def _np_plan_scan(grid, block, args):
     """numpy stand-in for plan.cu's plan_scan (one CTA: runs, per-run offsets, the key table's
     starts -- where the tasks go in launch order -- and totals)."""
@@ -749,8 +754,8 @@ def _np_plan_scan(grid, block, args):
     n_hist = width * (1 + n_assign)
     assert key_start.size >= n_hist and hist.size >= n_hist  # the host's bound on the table
     heavy = _np_heavy(ch, tk.sum(), total_chunks, heavy_slots, heavy_mean)
-    cost_key = width - 1 - ch
-    key0 = np.where(heavy, 0, 1 + assign_off[bh]) * width + cost_key  # light: 1st assignment's
+    # a light run's key: its first assignment's
+    key0 = _np_order_key(np.where(heavy, 0, 1 + assign_off[bh]), ch, width)
     counts = np.zeros(n_hist, np.int64)
     for u in range(n):
         if heavy[u]:
@@ -795,7 +800,7 @@ def _np_plan_write_runs(grid, block, args):
                 continue
             for e in range(e_count):
                 at = (int(task_off[u]) + i * e_count + e if heavy else
-                      int(key_start[(1 + a0 + e) * width + width - 1 - ch]) + int(task_off[u]) + i)
+                      int(key_start[_np_order_key(1 + a0 + e, ch, width)]) + int(task_off[u]) + i)
                 tasks[at] = (assign_b[a0 + e], assign_h0[a0 + e], t0, t1, sb, se, -1, ch)
 
 
