@@ -304,29 +304,30 @@ def test_tma_copies_equal_cp_async(d, block_m, block_n, monkeypatch):
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) <= TOL["float16"]
 
 
-@pytest.mark.parametrize("pack", [False, True])
-def test_two_64_row_producer_ctas_an_sm_at_head_dim_128(pack, monkeypatch):
-    """64x64 producer tiles at head dim 128 run two CTAs an SM (one Q buffer, no alignment
-    slack in shared memory, SMEM_ALIGNED): 64-token blocks with ragged edges, an empty row,
-    GQA, more tasks than CTAs; TMA copies (unpacked) or cp.async (packed keys)."""
+@pytest.mark.parametrize("d,bn,pack", [(128, 64, False), (128, 64, True), (64, 128, False)])
+def test_two_64_row_producer_ctas_an_sm(d, bn, pack, monkeypatch):
+    """64-row producer tiles that run two CTAs an SM: 64x64 at head dim 128 (one Q buffer) and
+    64x128 at head dim 64 (TMA, two Q buffers), neither with alignment slack in shared memory
+    (SMEM_ALIGNED): ragged 64-token blocks, an empty row, GQA, more tasks than CTAs; TMA copies
+    (unpacked) or cp.async (packed keys)."""
     from tessera.cuda.loader import blocks_per_sm, smem_bytes
 
     if _device_cc() != 90:
         pytest.skip("the sm90 family runs on Hopper only")
-    reg = Regime(family="sm90", block_m=64, block_n=64, num_warps=8, stages=3,
+    reg = Regime(family="sm90", block_m=64, block_n=bn, num_warps=8, stages=3,
                  combine_threshold=0.0, pack_keys=pack)
-    v = reg.variant(128, bf16=True, tma=not pack)
+    v = reg.variant(d, bf16=True, tma=not pack)
     assert dict(v.macros).get("SMEM_ALIGNED") == 1 and v.min_blocks == 2
     assert blocks_per_sm(v) == 2, f"{smem_bytes(v)} bytes of shared memory"
     monkeypatch.setattr(api, "persistent_grid_cap", 5)  # several tasks per CTA
-    rng = np.random.default_rng(64 + pack)
+    rng = np.random.default_rng(d + bn + pack)
     sizes = np.r_[rng.integers(40, 65, size=14), 64, 17]
     bounds = np.r_[0, np.cumsum(sizes)]
     dense = rng.random((4, sizes.size, sizes.size)) < 0.3
     dense[:, 2, :] = False  # an empty row
     m = tessera.BlockMask.from_dense(dense, q_bounds=bounds, kv_bounds=bounds)
-    _check(m, hq=8, hkv=4, d=128, regime=reg)
-    _check(m, hq=8, hkv=4, d=128, regime=reg, dtype="float16", seed=1)
+    _check(m, hq=8, hkv=4, d=d, regime=reg)
+    _check(m, hq=8, hkv=4, d=d, regime=reg, dtype="float16", seed=1)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -102,11 +102,14 @@ def test_sm90_producer_variants_compile(bm, bn, d, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("bm,bn,d", [(128, 128, 64), (128, 128, 96), (128, 128, 128),
                                      (128, 64, 128), (64, 64, 64), (64, 64, 128), (64, 128, 128),
+                                     (64, 128, 64), (64, 128, 96),
                                      (192, 64, 64), (192, 64, 96), (192, 64, 128)])
 def test_sm90_tma_variants_compile(bm, bn, d, tmp_path, monkeypatch):
     """The TMA-copying producer variants (one thread issues Q and K/V copies; the producer
     warpgroup keeps 24 registers): spill-free, wgmma not serialized -- at head dim 128 with
-    128-key steps too, where the consumers' 240 registers now hold P, S and O at once."""
+    128-key steps too, where the consumers' 240 registers now hold P, S and O at once. 64-row
+    tiles split the registers for two CTAs an SM wherever their shared memory fits: 64x128 at
+    head dim 64 with two Q buffers and no alignment slack."""
     monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
     reg = Regime(family="sm90", block_m=bm, num_warps=bm // 16 + 4, block_n=bn, stages=3,
                  combine_threshold=0.0)
@@ -115,6 +118,12 @@ def test_sm90_tma_variants_compile(bm, bn, d, tmp_path, monkeypatch):
     assert v.tma and not reg.variant(d).tma and v.persistent
     res = loader.compile_variant(v, "sm_90a")
     assert res.spill_bytes == 0 and res.stack_bytes == 0
+    two_ctas = bm == 64 and (bn == 64 or d == 64)
+    assert v.min_blocks == (2 if two_ctas else 1)
+    if two_ctas:
+        assert res.registers <= 128 and 2 * (loader.smem_bytes(v) + 1024) <= 228 * 1024
+        assert dict(v.macros).get("SMEM_ALIGNED", 0) == ((bm, bn) == (64, 128) or d == 128)
+        assert dict(v.macros).get("Q_BUFFERS", 1) == (1 if d == 128 else 2)
     with pytest.raises(ValueError, match="producer's"):
         loader.Variant.bsa_sm90(block_m=bm, block_n=bn, head_dim=d, stages=3, bf16=True,
                                 producer=True, pack_keys=True, tma=True)

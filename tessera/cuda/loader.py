@@ -75,7 +75,8 @@ class Variant:
         128), so the next task's Q loads while the current task computes. A 64x64 producer
         variant splits its registers for two CTAs an SM where their shared memory fits (head
         dims 64 and 96): one CTA would hold the whole register file for a single consumer
-        warpgroup. (With 128-key steps ptxas spills under that budget.) ``pack_keys``: the
+        warpgroup. 64x128 TMA variants do the same at head dim 64 (the cp.async producer spills
+        under that budget). ``pack_keys``: the
         packed key walk (Regime.pack_keys). ``tma``: the producer copies K/V chunks by TMA
         (producer variants of the span-by-span walk only; the launch passes tensor maps).
         ``wide`` (Regime.wide_steps): the TMA variant of 128x128 tiles at head dim 64 steps
@@ -97,10 +98,12 @@ class Variant:
                 (("MIN_BLOCKS", min_blocks),) if min_blocks > 1 else ()) + (
                 (("SMEM_ALIGNED", 1),) if aligned else ()))
 
-        if block_m == 64 and block_n == 64:
-            # Two CTAs an SM: with two Q buffers where they fit (head dims 64, 96), else with
-            # one and no alignment slack (head dim 128, 160 bytes over with the slack).
-            for v in (ws(2, 2), ws(1, 2, aligned=True)):
+        if block_m == 64 and (block_n == 64 or tma):
+            # Two CTAs an SM: with two Q buffers where they fit (64-key steps at head dims 64,
+            # 96; 128-key steps at head dim 64 without the alignment slack), else with one and
+            # no slack (64-key steps at head dim 128, 160 bytes over with the slack). 128-key
+            # steps only with TMA: the cp.async producer's walk spills under that budget.
+            for v in (ws(2, 2), ws(2, 2, aligned=True), ws(1, 2, aligned=True)):
                 if 2 * (smem_bytes(v) + SM90_SMEM_RESERVED) <= SM90_SMEM_PER_SM:
                     return v
         two = ws(2, 1)
