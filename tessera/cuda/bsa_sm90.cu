@@ -608,7 +608,6 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
         // Rows this span applies to, clipped to the tile's real rows.
         const int lo = max(spans[(i64)walk.si * SPAN_FIELDS + 2], q_start);
         const int hi = min(spans[(i64)walk.si * SPAN_FIELDS + 3], q_end);
-        const bool active = tile_real && tok_base < hi && tok_base + 16 > lo;
 
         wait_issue_turn(wg);
         wgmma_hold<D / 2>(&o[0][0]);
@@ -626,17 +625,18 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
 
         wgmma_wait<overlap_pv<W>() ? 1 : 0>();
         wgmma_hold<W / 2>(&s[0][0]);
-        float al[2] = {1.f, 1.f};
-        if (active) {
-          // Mask: keys past the span end, rows outside the span's restriction or the tile.
-          // (the lane's quad and position read anew: see the epilogue)
+        // Mask: keys past the span end, rows outside the span's restriction or the tile. A warp
+        // with no row in the chunk runs it too, every score masked (P = 0, m and l unchanged):
+        // a branch around the softmax had every iteration zero S's registers in advance (32
+        // CS2R at head dim 64), for warps that are rare (padding rows, restricted spans).
+        // (the lane's quad and position read anew: see the epilogue)
+        float al[2];
+        {
           const int lane_now = thread_index() % 32;
           const int t0 = tok_base + lane_now / 4, t1 = t0 + 8;
-          softmax_chunk(s, m, l, al, walk.key0(), walk.key_end(), t0 >= lo && t0 < hi,
-                        t1 >= lo && t1 < hi, lane_now % 4, scale_log2);
-        } else {
-#pragma unroll
-          for (int i = 0; i < W / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+          softmax_chunk(s, m, l, al, walk.key0(), walk.key_end(),
+                        tile_real && t0 >= lo && t0 < hi, tile_real && t1 >= lo && t1 < hi,
+                        lane_now % 4, scale_log2);
         }
         wgmma_wait<0>();
         wgmma_hold<D / 2>(&o[0][0]);
