@@ -1,7 +1,11 @@
 """Kernel-only timing of several regimes on one mask (used to pick defaults and to build tables).
 
 ``python benchmarks/sweep.py [--shape wan-1.3b-480p] [--density 0.1 | --family topk_pooled]
-[--only PART | --regime NAME ...]``: prints ms and useful TFLOP/s per regime, fastest first.
+[--only PART | --regime NAME ...] [--burst N]``: prints ms and useful TFLOP/s per regime,
+fastest first. Each figure is the GPU time per run over a burst of N runs between two events
+(10 unless told, as ``tessera bench``'s "kernel" column); up to the fifteenth session's
+``call_zz48.sh`` it timed one run alone (``--burst 1``), whose host launch work -- ~0.1-0.3 ms,
+varying between processes -- sat inside the figure.
 """
 
 from __future__ import annotations
@@ -94,6 +98,8 @@ def main(argv=None):
     ap.add_argument("--regime", action="append", default=[],
                     help="time this regime (a name as plan.regime.name prints it) instead of the "
                          "list; repeatable")
+    ap.add_argument("--burst", type=int, default=10,
+                    help="runs timed between two events (1: a lone run, launch work included)")
     ap.add_argument("--one-task-ctas", action="store_true",
                     help="launch persistent kernels with one CTA per task (A/B of persistence)")
     args = ap.parse_args(argv)
@@ -116,7 +122,7 @@ def main(argv=None):
     for r in chosen:
         try:
             p = tessera.plan(m, num_q_heads=h, head_dim=d, batch=b, regime=r)
-            t = bench(lambda: p.run(q, k, v), 10)
+            t = bench(lambda: p.run(q, k, v), 10, burst=args.burst)
             rows.append((t, r.name))
         except Exception as exc:
             print(r.name, "failed:", str(exc).splitlines()[0])
