@@ -204,8 +204,10 @@ def default_regime(arch: int | None = None, head_dim: int = 128,
     shape for head dims 64 and 128 on the H200 (benchmarks/RESULTS.md, fourth session); masks of
     small query blocks take 64-row tiles and 64 keys a step (key spans of 64-token blocks would
     leave half of a 128-key step masked), at head dim 128 with a producer warpgroup, two CTAs an
-    SM (Wan's top-k cubes 1.2-1.3x faster than without a producer, H200, fourteenth session;
-    head dims 64 and 96 keep the plain variant, not measured against it).
+    SM (Wan's top-k cubes 1.2-1.3x faster than without a producer, H200, fourteenth session);
+    head dims 64 and 96 keep the plain variant (at 64 the producer form ran CogVideoX's cubes
+    only 1-3% faster, within the drift between machine starts, fifteenth session; 96 not
+    measured).
     Elsewhere the portable family: 128-row tiles over 4 warps (32 rows each), 64 keys a step, double
     buffered, at every head dim: since the kernel stopped predicating its mma.sync per row tile,
     the 128-row tile runs head dim 64 1.14-1.22x faster than the 64-row one it used to take
