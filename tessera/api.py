@@ -113,6 +113,7 @@ def attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *, scale: float | N
     """
     if not isinstance(block_mask, BlockMask):
         raise TypeError(f"block_mask must be a tessera.BlockMask, got {type(block_mask).__name__}")
+    _check_scale(scale)
     ops = _describe(q, k, v, layout)
     b, hq, lq, d = ops.shape_q
     _, hkv, lkv, _ = ops.shape_kv
@@ -153,6 +154,22 @@ def _device_cc() -> int:
     return device_cc()
 
 
+def _check_scale(scale: Any) -> None:
+    """``scale`` must be None (1/sqrt(D)) or a positive finite number: the kernels mask a score
+    as -inf before scaling it inside exp2, which a zero, negative or NaN scale would turn into
+    NaN or into rows of zeros."""
+    if scale is None:
+        return
+    try:
+        if isinstance(scale, (str, bytes)):  # float() would parse them
+            raise TypeError
+        value = float(scale)
+    except (TypeError, ValueError):
+        raise TypeError(f"scale must be a number or None, got {type(scale).__name__}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"scale must be positive and finite, got {value}")
+
+
 def _check_mask(mask: BlockMask, b: int, hq: int, hkv: int, lq: int, lkv: int) -> None:
     if (mask.seq_len_q, mask.seq_len_kv) != (lq, lkv):
         raise ValueError(f"block_mask covers ({mask.seq_len_q}, {mask.seq_len_kv}) tokens but "
@@ -170,6 +187,7 @@ def run_plan(p: Plan, q: Any, k: Any, v: Any, *, scale: float | None = None,
     after the plan's first run on the stream (then a CUDA graph can capture it); they are
     returned as given.
     """
+    _check_scale(scale)
     ops = _describe(q, k, v, p.layout)
     b, hq, lq, d = ops.shape_q
     _, hkv, lkv, _ = ops.shape_kv

@@ -96,3 +96,23 @@ def test_torch_tensors_described_from_their_own_attributes():
         from_any(_TorchLike("cpu"), "q")
     with pytest.raises(TypeError, match="k: unsupported dtype"):
         from_any(_TorchLike("cuda:0", "torch.complex64"), "k")
+
+
+def test_scale_checked_before_anything_else():
+    """A zero, negative, NaN or infinite scale (which the kernels' -inf masking would turn into
+    NaN or zero rows) or a non-number is refused by name, before the arrays are looked at."""
+    import pytest
+
+    import tessera
+
+    m = tessera.BlockMask.from_dense(np.ones((1, 2, 2), bool), block_size=64, seq_len_q=128,
+                                     seq_len_kv=128)
+    for bad in (0.0, -0.125, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="scale must be positive and finite"):
+            tessera.attention(None, None, None, m, scale=bad)
+    with pytest.raises(TypeError, match="scale must be a number or None, got str"):
+        tessera.attention(None, None, None, m, scale="0.1")
+    with pytest.raises(ValueError, match="scale must be positive"):
+        api.run_plan(None, None, None, None, scale=-1)
+    for good in (None, 0.125, np.float32(0.1), 1):
+        api._check_scale(good)
