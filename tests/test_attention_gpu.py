@@ -59,14 +59,16 @@ def _to_numpy(x):
 
 
 def _check(mask, fw="torch", dtype="bfloat16", b=1, hq=2, hkv=None, d=64, layout="bhld",
-           seed=0, regime=None, return_lse=True):
+           seed=0, regime=None, return_lse=True, scale=None):
     hkv = hq if hkv is None else hkv
     rng = np.random.default_rng(seed)
     (q, k, v), (qe, ke, ve) = _inputs(rng, fw, dtype, b, hq, hkv, mask.seq_len_q,
                                       mask.seq_len_kv, d, layout)
-    res = tessera.attention(q, k, v, mask, layout=layout, return_lse=return_lse, regime=regime)
+    res = tessera.attention(q, k, v, mask, layout=layout, return_lse=return_lse, regime=regime,
+                            scale=scale)
     out, lse = res if return_lse else (res, None)
-    ref_out, ref_lse = reference.attention(qe, ke, ve, mask, return_lse=True, layout=layout)
+    ref_out, ref_lse = reference.attention(qe, ke, ve, mask, return_lse=True, layout=layout,
+                                           scale=scale)
     got = _to_numpy(out)
     assert not np.isnan(got).any(), "output has NaN (unwritten or broken)"
     err = np.linalg.norm(got - ref_out) / max(np.linalg.norm(ref_out), 1e-30)
@@ -540,6 +542,22 @@ def test_jax_in_jax_out():
     m = _random_mask(rng, (4, 4), 0.5, block_size=128)
     out = _check(m, fw="jax", dtype="bfloat16", hq=2)
     assert isinstance(out, jax.Array)
+
+
+@pytest.mark.parametrize("scale", [0.02, 0.3])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_explicit_scale(family, scale):
+    """A caller's softmax scale (not 1/sqrt(D)): flat (0.02) and sharp (0.3, where the running
+    max moves often) against the reference, output and LSE, on ragged blocks with an empty row
+    and partial key chunks."""
+    rng = np.random.default_rng(int(scale * 100))
+    sizes = np.r_[rng.integers(60, 200, size=9), 37]
+    bounds = np.r_[0, np.cumsum(sizes)]
+    dense = rng.random((2, sizes.size, sizes.size)) < 0.4
+    dense[:, 3] = False
+    m = tessera.BlockMask.from_dense(dense, q_bounds=bounds, kv_bounds=bounds)
+    _check(m, hq=4, hkv=2, d=64, regime=_regime(family), scale=scale)
+    _check(m, hq=2, d=128, regime=_regime(family), scale=scale, dtype="float16", seed=1)
 
 
 def test_validation_errors():
