@@ -133,12 +133,17 @@ def test_sm90_tma_variants_compile(bm, bn, d, tmp_path, monkeypatch):
 def test_sm90_wide_step_variant_compiles(bf16, tmp_path, monkeypatch):
     """Regime.wide_steps at head dim 64: the TMA variant with 192-key steps beside its 128-key
     ones (two instantiations of the task loop, stages of 192 keys) builds without spills or
-    serialized wgmma; elsewhere the flag leaves the variant as it was."""
+    serialized wgmma, its task rule set from the host's mirror (tasks.wide_step_tasks);
+    elsewhere the flag leaves the variant as it was."""
     monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
     reg = Regime(family="sm90", block_m=128, num_warps=12, block_n=128, stages=3,
                  combine_threshold=0.0, wide_steps=True)
     v = reg.variant(64, bf16=bf16, tma=True)
     assert dict(v.macros)["WIDE_BN"] == loader.WIDE_BN and v.kv_rows == 192
+    from tessera.runtime import tasks  # the rule's one source: the host mirror's constants
+
+    assert (dict(v.macros)["WIDE_SPANS"], dict(v.macros)["WIDE_SLACK"]) == (
+        tasks.WIDE_SPANS, tasks.WIDE_SLACK)
     assert v.kv_box_rows == 64 and loader.smem_bytes(v) <= 227 * 1024
     for other in (reg.variant(64, bf16=bf16), reg.variant(128, bf16=bf16, tma=True)):
         assert "WIDE_BN" not in dict(other.macros)

@@ -125,9 +125,20 @@ static_assert(!WIDE || (TMA && WIDE_BN > BN && WIDE_BN % 64 == 0 && BN % 64 == 0
               "the wide step is the TMA producer's, copied in boxes of 64 keys");
 // K/V rows one TMA box holds: a step's copies are STEP / KV_BOX of them, one map for both widths.
 constexpr int KV_BOX = WIDE ? 64 : BN;
-// Tasks of more spans than this never take the wide step (the producer reads each span's bounds
-// to decide, before its copies).
-constexpr int WIDE_SPANS = 4;
+// The wide step's rule (wide_task), set by the loader from the host's mirror of it
+// (tessera/runtime/tasks.py WIDE_SPANS, WIDE_SLACK): tasks of more spans than WIDE_SPANS never
+// take it (the producer reads each span's bounds to decide, before its copies), nor tasks whose
+// keys rounded up to wide steps exceed those rounded up to BN-key steps by more than
+// 1 / WIDE_SLACK.
+#if TESSERA_WIDE_BN && !(defined(TESSERA_WIDE_SPANS) && defined(TESSERA_WIDE_SLACK))
+#error "the wide step needs TESSERA_WIDE_SPANS and TESSERA_WIDE_SLACK (tessera/cuda/loader.py)"
+#endif
+#ifndef TESSERA_WIDE_SPANS
+#define TESSERA_WIDE_SPANS 1  // (no wide step: unused)
+#define TESSERA_WIDE_SLACK 1
+#endif
+constexpr int WIDE_SPANS = TESSERA_WIDE_SPANS;
+constexpr int WIDE_SLACK = TESSERA_WIDE_SLACK;
 // The softmax of chunk j runs while the tensor cores multiply P_{j-1} by V_{j-1} where the
 // registers allow P, S and O to be live at once: not at head dim 128 with 128-key steps, where
 // ptxas spills even at the consumers' 224 registers (there the wait for S_j also waits for
@@ -307,7 +318,7 @@ __device__ __forceinline__ void tma_load_kv(u32 ks, const TmaMaps& maps, int key
     }
 }
 // Whether a task takes the wide step (TESSERA_WIDE_BN): at most WIDE_SPANS spans, whose keys
-// rounded up to WIDE_BN-key steps exceed those rounded to BN-key steps by at most 1/32.
+// rounded up to WIDE_BN-key steps exceed those rounded to BN-key steps by at most 1/WIDE_SLACK.
 __device__ __forceinline__ bool wide_task(const int* spans, int sb, int se) {
   if (!WIDE || se - sb > WIDE_SPANS) return false;
   // Key counts below 2^31 (the sequence-length limit) plus a few steps' padding: unsigned fits.
@@ -321,7 +332,7 @@ __device__ __forceinline__ bool wide_task(const int* spans, int sb, int se) {
       wide += (len + KV_ROWS - 1) / KV_ROWS * KV_ROWS;
     }
   }
-  return wide <= narrow + narrow / 32;
+  return wide <= narrow + narrow / WIDE_SLACK;
 }
 // A task's Q tile: the Q map's box is SW / 2 elements by tile_rows tokens by the task's heads
 // (GQA packing), which lands as tile row head * tile_rows + token -- Task::q_row's order. Rows

@@ -85,9 +85,12 @@ class Variant:
         if tma and (not producer or pack_keys):
             raise ValueError("TMA copies are the producer's, for the span-by-span walk")
         wide = wide and tma and (block_m, block_n, head_dim) == (128, 128, 64)
+        from ..runtime.tasks import WIDE_SLACK, WIDE_SPANS  # noqa: PLC0415 - the host's mirror
         macros = (("BM", block_m), ("BN", block_n), ("D", head_dim), ("STAGES", stages),
                   ("BF16", int(bf16))) + ((("PACK_KEYS", 1),) if pack_keys else ()) + (
-                  (("TMA", 1),) if tma else ()) + ((("WIDE_BN", WIDE_BN),) if wide else ())
+                  (("TMA", 1),) if tma else ()) + (
+                  (("WIDE_BN", WIDE_BN), ("WIDE_SPANS", WIDE_SPANS), ("WIDE_SLACK", WIDE_SLACK))
+                  if wide else ())
         if not producer:
             return cls("bsa_sm90.cu", "bsa_fwd_sm90", macros)
         from ..runtime.regime import smem_limit_bytes  # noqa: PLC0415 - no import cycle

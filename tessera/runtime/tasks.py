@@ -172,15 +172,19 @@ def launch_keys(cost: Any, group: Any, in_flight: int) -> Any:
     return rank * (1 << 32) + ((1 << 31) - 1 - cost)
 
 
-# bsa_sm90.cu's wide_task: tasks of more spans never take the wide step.
+# The wide step's rule, which the loader passes to bsa_sm90.cu's wide_task (TESSERA_WIDE_SPANS,
+# TESSERA_WIDE_SLACK): tasks of more spans never take it, nor tasks whose keys in wide steps
+# exceed their keys in narrow ones by more than 1 / WIDE_SLACK.
 WIDE_SPANS = 4
+WIDE_SLACK = 32
 
 
 def wide_step_tasks(tasks: np.ndarray, spans: np.ndarray, block_n: int, wide_bn: int
                     ) -> np.ndarray:
     """Which tasks a kernel with a ``wide_bn``-key step (bsa_sm90.cu ``TESSERA_WIDE_BN``) walks
     at that width: those of at most :data:`WIDE_SPANS` spans whose keys, rounded up to whole
-    wide steps, exceed their keys rounded up to ``block_n``-key steps by at most 1/32 -- long
+    wide steps, exceed their keys rounded up to ``block_n``-key steps by at most
+    1/:data:`WIDE_SLACK` -- long
     spans, where fewer steps pay and padding costs little. The kernel decides this per task;
     this host mirror lets tests and statistics see the decision (host arrays in, bool out)."""
     tasks, spans = np.asarray(tasks), np.asarray(spans)
@@ -190,7 +194,7 @@ def wide_step_tasks(tasks: np.ndarray, spans: np.ndarray, block_n: int, wide_bn:
     wide = -(-length // wide_bn) * wide_bn
     n_sum, w_sum = offsets_from_counts(narrow, np), offsets_from_counts(wide, np)
     n_task, w_task = n_sum[end] - n_sum[begin], w_sum[end] - w_sum[begin]
-    return (end - begin <= WIDE_SPANS) & (w_task <= n_task + n_task // 32)
+    return (end - begin <= WIDE_SPANS) & (w_task <= n_task + n_task // WIDE_SLACK)
 
 
 def build_task_queue(tiles: PhysicalTiles, *, batch: int, num_q_heads: int, num_kv_heads: int,
