@@ -72,16 +72,16 @@ class Variant:
         """The Hopper family (sm_90a only): 64 rows per consumer warpgroup, plus a producer
         warpgroup that does all copies when ``producer`` -- then with two Q buffers where they
         fit the sm_90 shared-memory limit (all but 128-row tiles with 128-key steps at head dim
-        128), so the next task's Q loads while the current task computes. A 64x64 producer
-        variant splits its registers for two CTAs an SM where their shared memory fits (head
-        dims 64 and 96): one CTA would hold the whole register file for a single consumer
-        warpgroup. 64x128 TMA variants do the same at head dim 64 (the cp.async producer spills
-        under that budget). ``pack_keys``: the
-        packed key walk (Regime.pack_keys). ``tma``: the producer copies K/V chunks by TMA
-        (producer variants of the span-by-span walk only; the launch passes tensor maps).
-        ``wide`` (Regime.wide_steps): the TMA variant of 128x128 tiles at head dim 64 steps
-        192 keys at a time through tasks of a few long spans (``WIDE_BN``, see bsa_sm90.cu);
-        other variants have no wide step and ignore it."""
+        128), so the next task's Q loads while the current task computes. 64-row producer
+        variants split their registers for two CTAs an SM where their shared memory fits (64x64
+        at every head dim, 64x128 with TMA at head dim 64; the cp.async producer of 64x128
+        spills under that budget): one CTA would hold the whole register file for a single
+        consumer warpgroup. ``pack_keys``: the packed key walk (Regime.pack_keys). ``tma``: the
+        producer copies K/V chunks by TMA (producer variants of the span-by-span walk only; the
+        launch passes tensor maps). ``wide`` (Regime.wide_steps): the TMA variant of 128x128
+        tiles at head dim 64 steps 192 keys at a time through tasks of a few long spans
+        (``WIDE_BN``, by the rule of tasks.wide_step_tasks; see bsa_sm90.cu); other variants
+        have no wide step and ignore it."""
         if tma and (not producer or pack_keys):
             raise ValueError("TMA copies are the producer's, for the span-by-span walk")
         wide = wide and tma and (block_m, block_n, head_dim) == (128, 128, 64)

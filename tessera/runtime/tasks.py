@@ -184,9 +184,9 @@ def wide_step_tasks(tasks: np.ndarray, spans: np.ndarray, block_n: int, wide_bn:
     """Which tasks a kernel with a ``wide_bn``-key step (bsa_sm90.cu ``TESSERA_WIDE_BN``) walks
     at that width: those of at most :data:`WIDE_SPANS` spans whose keys, rounded up to whole
     wide steps, exceed their keys rounded up to ``block_n``-key steps by at most
-    1/:data:`WIDE_SLACK` -- long
-    spans, where fewer steps pay and padding costs little. The kernel decides this per task;
-    this host mirror lets tests and statistics see the decision (host arrays in, bool out)."""
+    1/:data:`WIDE_SLACK` -- long spans, where fewer steps pay and padding costs little. The
+    kernel decides this per task, by the same constants (the loader passes them); this host
+    mirror lets tests and statistics see the decision (host arrays in, bool out)."""
     tasks, spans = np.asarray(tasks), np.asarray(spans)
     begin, end = tasks[:, 4].astype(np.int64), tasks[:, 5].astype(np.int64)
     length = (spans[:, 1] - spans[:, 0]).astype(np.int64)
