@@ -53,9 +53,11 @@ sanitize() {
 # ab_sweep REPS FILTER DIRS... -- CASES...: kernel times of each case ("shape density regime"
 # or "shape family:NAME regime") from each package dir in turn (PYTHONPATH=dir and its own
 # benchmarks/sweep.py), REPS rounds alternating the dirs; lines matching FILTER (grep -E) are
-# dropped before the last one is kept (e.g. "pack_keys|align" keeps the plain regime).
+# dropped before the last one is kept (e.g. "pack_keys|align" keeps the plain regime). A
+# regime with options ("sm90_128x128_w12_s3[combine_threshold=0.0]") is run as it is named
+# (sweep.py --regime); a bare one selects by prefix (--only).
 ab_sweep() {
-  local reps=$1 filter=$2 dirs=() cases t c i shape what regime; shift 2
+  local reps=$1 filter=$2 dirs=() cases t c i shape what regime pick; shift 2
   while [ "$1" != "--" ]; do dirs+=("$1"); shift; done; shift
   cases=("$@")
   for i in $(seq "$reps"); do
@@ -64,8 +66,9 @@ ab_sweep() {
         read -r shape what regime <<< "$c"
         if [[ $what == family:* ]]; then what="--family ${what#family:}"
         else what="--density $what"; fi
-        PYTHONPATH=$t timeout 40 python3 "$t/benchmarks/sweep.py" --shape "$shape" $what \
-          --only "$regime" 2>&1 | grep -Ev "$filter" | tail -1 | sed "s|^|$(basename "$t") |"
+        if [[ $regime == *"["* ]]; then pick=--regime; else pick=--only; fi
+        PYTHONPATH=$t timeout 60 python3 "$t/benchmarks/sweep.py" --shape "$shape" $what \
+          "$pick" "$regime" 2>&1 | grep -Ev "$filter" | tail -1 | sed "s|^|$(basename "$t") |"
       done
     done
   done

@@ -547,8 +547,9 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
     const int q_start = task.q_start, q_end = task.q_end, se = task.span_end;
     // This warp's 16 rows are one head and 16 consecutive tokens (tile_rows is a multiple of
     // 16).
+    // (Padding rows of the tile, tok_base >= q_end, fall outside every span's clipped
+    // restriction below, so the softmax needs no separate flag for them.)
     const int tok_base = q_start + warp * 16 % tile_rows;
-    const bool tile_real = tok_base < q_end;
 
     float o[D / 8][4];
 #pragma unroll
@@ -646,7 +647,7 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
           const int lane_now = thread_index() % 32;
           const int t0 = tok_base + lane_now / 4, t1 = t0 + 8;
           softmax_chunk(s, m, l, al, walk.key0(), walk.key_end(),
-                        tile_real && t0 >= lo && t0 < hi, tile_real && t1 >= lo && t1 < hi,
+                        t0 >= lo && t0 < hi, t1 >= lo && t1 < hi,
                         lane_now % 4, scale_log2);
         }
         wgmma_wait<0>();
@@ -683,9 +684,9 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
     else run_task(Step<BN>{});
     if constexpr (!WS) cp_async_wait<0>();
 
-    // Every warp runs the epilogue (store_rows writes real rows only): a branch on tile_real
-    // here would put the accumulators on a divergent path before the next task's wgmma, which
-    // ptxas answers by serializing them (C7520).
+    // Every warp runs the epilogue (store_rows writes real rows only): a branch on whether the
+    // warp's rows are real would put the accumulators on a divergent path before the next
+    // task's wgmma, which ptxas answers by serializing them (C7520).
     // The thread's row coordinates are derived again from a fresh read of its index: kept
     // live across the task's loop, ptxas spilled them in the variant with two step widths.
     const int e_tid = thread_index(), e_warp = e_tid / 32, e_g = e_tid % 32 / 4;
