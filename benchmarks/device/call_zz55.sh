@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Sixteenth session (in place of call_zz54.sh, prepared last session, never run, removed), tree = main
-# with bsa_sm90.cu's softmax row flags lacking the redundant `tile_real` term (padding rows
-# already fail `t0 < hi`, hi being clipped to the tile's end); .ab/old = 4f4441f (git archive).
+# Sixteenth session (in place of call_zz54.sh, prepared last session, never run, removed).
+# Tree = main with bsa_sm90.cu's softmax row flags lacking the redundant `tile_real` term
+# (padding rows already fail `t0 < hi`, hi being clipped to the tile's end); .ab/old = 4f4441f
+# (git archive).
 # (1) The whole GPU suite at this state. (2) The README's main job, `python3 -m tessera demo`
 # (its quoted output dates from 2026-11-29). (3) Kernel-only A/B of the row-flag change,
 # alternating, two rounds, on the default variants (D=128 and 64, 128- and 64-row tiles). (4)
