@@ -206,6 +206,13 @@ __device__ __forceinline__ SmemDesc v_desc(u32 base) {
 }
 __device__ __forceinline__ u32 v_step(int kk) { return (u32)(kk * 16 * SW); }
 
+// threadIdx.x, read anew where it is used (not a value the compiler may keep live, or spill).
+__device__ __forceinline__ int thread_index() {
+  int t;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
+  return t;
+}
+
 // Issue the asynchronous copies of one K/V chunk (which key each row holds: Walk::Cursor).
 __device__ __forceinline__ void load_kv(u32 ks, const u16* k_head, i64 k_sl, const u16* v_head,
                                         i64 v_sl, const Walk& w, const int* spans, int se,
@@ -213,7 +220,35 @@ __device__ __forceinline__ void load_kv(u32 ks, const u16* k_head, i64 k_sl, con
   typename Walk::Cursor cur(w, spans, se);
   const u32 vs = ks + KV_BYTES;
   constexpr int ROW_STEP = LOADERS / CPR;
-  if constexpr (LOADERS % CPR == 0 && ROW_STEP % 8 == 0) {
+  // Rows a copy instruction covers when each takes one PPC-piece column chunk (one 128-byte line
+  // at SW = 128) of a row: see below.
+  constexpr int LINE_ROWS = LOADERS / PPC;
+  if constexpr (PACKED && CPR > PPC && LOADERS % PPC == 0 && BN % LINE_ROWS == 0 &&
+                LINE_ROWS % 8 == 0) {
+    // The packed walk finds a row's key by walking the task's spans (a data-dependent loop over
+    // global span fields), and its K and V addresses take 64-bit products: here PPC adjacent
+    // threads share a row, each copying one piece of every column chunk of it, so a thread
+    // does that for BN / LINE_ROWS rows instead of BN / ROW_STEP (4 against 8 at head dim 128),
+    // and each copy instruction still reads whole lines (four rows of 128 bytes): Wan's top-k
+    // cubes ran 14-16% faster (H200, sixteenth session). Two threads a row (16 rows of 32 bytes
+    // a copy instruction) ran them 22% slower. Rows LINE_ROWS apart (a multiple of 8) keep the
+    // swizzle pattern: offsets step by constants. (A row of one column chunk, head dim 64,
+    // takes the layout below, which is then the same.)
+    const int lt = thread_index() % LOADERS, r0 = lt / PPC, p = lt % PPC;
+    const u32 off0 = tile_offset<KV_ROWS>(r0, p);
+#pragma unroll
+    for (int it = 0; it < BN / LINE_ROWS; ++it) {
+      const i64 key = cur.key(r0 + it * LINE_ROWS);
+      const u16* k_row = k_head + key * k_sl + p * 8;
+      const u16* v_row = v_head + key * v_sl + p * 8;
+      const u32 off = off0 + (u32)(it * LINE_ROWS * SW);
+      static_for<CPR / PPC>([&](auto c) {
+        constexpr int C = decltype(c)::value;
+        cp_async16_at<C * SW>(ks + off + (u32)(C * KV_ROWS * SW), k_row);
+        cp_async16_at<C * SW>(vs + off + (u32)(C * KV_ROWS * SW), v_row);
+      });
+    }
+  } else if constexpr (LOADERS % CPR == 0 && ROW_STEP % 8 == 0) {
     // Each thread copies the same piece of every ROW_STEP-th row: a multiple of 8 rows keeps the
     // swizzle pattern, so the shared-memory offsets step by a compile-time constant.
     const int r0 = tid / CPR, p = tid % CPR;
@@ -364,13 +399,6 @@ constexpr int MIN_BLOCKS = TESSERA_MIN_BLOCKS;
 constexpr int LAUNCH_REGS = 65536 / (NT * MIN_BLOCKS) / 8 * 8;
 constexpr int CONSUMER_REGS_FIT = (LAUNCH_REGS * NT - 128 * PRODUCER_REGS) / CONSUMERS / 8 * 8;
 constexpr int CONSUMER_REGS = CONSUMER_REGS_FIT < 256 ? CONSUMER_REGS_FIT : 256;
-
-// threadIdx.x, read anew where it is used (not a value the compiler may keep live, or spill).
-__device__ __forceinline__ int thread_index() {
-  int t;
-  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
-  return t;
-}
 
 // Makes this thread's completed cp.async writes visible to the tensor cores' (async proxy)
 // reads that follow the next barrier.

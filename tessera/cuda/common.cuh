@@ -53,6 +53,20 @@ __device__ __forceinline__ float to_float(u16 x) {
 #endif
 }
 
+// f(Index<0>{}), ..., f(Index<N - 1>{}): an unrolled loop whose index is a constant expression
+// in the body (a template argument, an asm immediate).
+template <int I>
+struct Index {
+  static constexpr int value = I;
+};
+template <int N, int I = 0, typename F>
+__device__ __forceinline__ void static_for(const F& f) {
+  if constexpr (I < N) {
+    f(Index<I>{});
+    static_for<N, I + 1>(f);
+  }
+}
+
 // ---- memory ----------------------------------------------------------------------------------
 __device__ __forceinline__ u32 smem_addr(const void* p) {
   return (u32)__cvta_generic_to_shared(p);
@@ -61,6 +75,12 @@ __device__ __forceinline__ u32 smem_addr(const void* p) {
 // 16-byte asynchronous global->shared copy (L2 only: the tile is used once per CTA).
 __device__ __forceinline__ void cp_async16(u32 dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src));
+}
+// The same, BYTES past src: one base address serves a row's pieces (an immediate offset in the
+// instruction instead of a 64-bit address register pair per piece).
+template <int BYTES>
+__device__ __forceinline__ void cp_async16_at(u32 dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1+%2], 16;" ::"r"(dst), "l"(src), "n"(BYTES));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
 template <int N>
