@@ -151,10 +151,14 @@ constexpr bool OVERLAP_PV = !(D == 128 && BN == 128 && (!TMA || WGS == 1)) &&
                             !(WGS == 3 && BN == 128);
 template <int W>
 __device__ constexpr bool overlap_pv() { return W == BN && OVERLAP_PV; }
+// WalkOf: the walk of the threads that copy K/V; ComputeWalkOf: the consumers' (which need no
+// key positions: with packed keys, only each chunk's key count).
 #if TESSERA_PACK_KEYS
 template <int W> using WalkOf = PackedWalk<W>;
+template <int W> using ComputeWalkOf = PackedCount<W>;
 #else
 template <int W> using WalkOf = ChunkWalk<W>;
+template <int W> using ComputeWalkOf = ChunkWalk<W>;
 #endif
 using Walk = WalkOf<BN>;
 // A step width as a type, so that one generic lambda holds a task's loop for either width.
@@ -587,9 +591,11 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
     // The task's loop, for its step width W (a generic lambda: one instantiation per width).
     const auto run_task = [&](auto step) {
       constexpr int W = decltype(step)::keys;
-      WalkOf<W> load_walk;
-      load_walk.open(spans, task.span_begin, se);
-      WalkOf<W> walk = load_walk;
+      WalkOf<W> load_walk;  // (the plain variant's: with a producer the consumers copy nothing)
+      if constexpr (!WS) load_walk.open(spans, task.span_begin, se);
+      ComputeWalkOf<W> walk;
+      if constexpr (!WS && !PACKED) walk = load_walk;  // the same walk: no second read
+      else walk.open(spans, task.span_begin, se);
       if constexpr (!WS) {
         // Prologue: the Q tile and chunks 0 .. PREFETCH-1, one commit group per chunk (Q rides
         // with the first); every iteration then commits one chunk (PREFETCH ahead), so "all but
@@ -628,7 +634,7 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
       // jt counts this task's chunks: conditions on it (not on vs_prev) are ones the compiler can
       // prove uniform, which keeps the wgmma under them from being serialized.
       int jt = 0;
-      for (; walk.si < se; ++j, ++jt) {
+      for (; walk.more(se); ++j, ++jt) {
         if constexpr (WS) {
           mbar_wait(full_bar + 8 * (j % STAGES), (j / STAGES) & 1);
           fence_async_smem();
@@ -646,8 +652,8 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
 
         const u32 ks = stage_base + (u32)((j % STAGES) * STAGE_BYTES);
         // Rows this span applies to, clipped to the tile's real rows.
-        const int lo = max(spans[(i64)walk.si * SPAN_FIELDS + 2], q_start);
-        const int hi = min(spans[(i64)walk.si * SPAN_FIELDS + 3], q_end);
+        const int lo = max(walk.row_lo(spans), q_start);
+        const int hi = min(walk.row_hi(spans), q_end);
 
         wait_issue_turn(wg);
         wgmma_hold<D / 2>(&o[0][0]);

@@ -209,6 +209,14 @@ struct ChunkWalk {
   // Keys of the current chunk's columns: kpos + c, those at or past k1 masked.
   __device__ __forceinline__ int key0() const { return kpos; }
   __device__ __forceinline__ int key_end() const { return k1; }
+  __device__ __forceinline__ bool more(int se) const { return si < se; }
+  // The query tokens the current span applies to: [row_lo, row_hi).
+  __device__ __forceinline__ int row_lo(const int* spans) const {
+    return spans[(i64)si * SPAN_FIELDS + 2];
+  }
+  __device__ __forceinline__ int row_hi(const int* spans) const {
+    return spans[(i64)si * SPAN_FIELDS + 3];
+  }
   // Row -> key for a loader thread (rows asked in increasing order).
   struct Cursor {
     const ChunkWalk& w;
@@ -256,6 +264,13 @@ struct PackedWalk {
   // Columns are positions in the chunk; those at or past `valid` are masked.
   __device__ __forceinline__ int key0() const { return 0; }
   __device__ __forceinline__ int key_end() const { return valid; }
+  __device__ __forceinline__ bool more(int se) const { return si < se; }
+  __device__ __forceinline__ int row_lo(const int* spans) const {
+    return spans[(i64)si * SPAN_FIELDS + 2];
+  }
+  __device__ __forceinline__ int row_hi(const int* spans) const {
+    return spans[(i64)si * SPAN_FIELDS + 3];
+  }
   // Row -> key for a loader thread (rows asked in increasing order): walks the spans from the
   // chunk's start; rows past the task's keys repeat its last key (finite data, masked).
   struct Cursor {
@@ -276,6 +291,31 @@ struct PackedWalk {
       return k0 + min(r - base, len - 1);
     }
   };
+};
+
+// What the computing threads need of the packed walk: each chunk's number of keys (BN_ but in
+// the task's last chunk) and the task's one row restriction. Read once per task -- a warp's
+// lanes sum the spans' lengths -- instead of walking the spans chunk by chunk, a chain of
+// global loads per chunk that only the threads copying keys need. The same chunks as
+// PackedWalk's: spans are never empty (block bounds strictly increase), so that walk takes
+// ceil(keys / BN_) chunks too. Every lane of the warp must call open.
+template <int BN_>
+struct PackedCount {
+  int left, lo, hi;  // keys from the current chunk on; the task's row restriction
+  __device__ __forceinline__ void open(const int* spans, int s, int se) {
+    int keys = 0;
+    for (int i = s + (int)(threadIdx.x % 32); i < se; i += 32)
+      keys += spans[(i64)i * SPAN_FIELDS + 1] - spans[(i64)i * SPAN_FIELDS];
+    left = __reduce_add_sync(0xffffffffu, keys);
+    lo = s < se ? spans[(i64)s * SPAN_FIELDS + 2] : 0;
+    hi = s < se ? spans[(i64)s * SPAN_FIELDS + 3] : 0;
+  }
+  __device__ __forceinline__ void next(const int*, int) { left -= BN_; }
+  __device__ __forceinline__ bool more(int) const { return left > 0; }
+  __device__ __forceinline__ int key0() const { return 0; }
+  __device__ __forceinline__ int key_end() const { return left < BN_ ? left : BN_; }
+  __device__ __forceinline__ int row_lo(const int*) const { return lo; }
+  __device__ __forceinline__ int row_hi(const int*) const { return hi; }
 };
 
 // ---- online softmax step ----------------------------------------------------------------------
