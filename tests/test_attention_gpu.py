@@ -308,23 +308,26 @@ def test_tma_copies_equal_cp_async(d, block_m, block_n, monkeypatch):
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) <= TOL["float16"]
 
 
-@pytest.mark.parametrize("d,bn,pack", [(128, 64, False), (128, 64, True), (64, 128, False)])
-def test_two_64_row_producer_ctas_an_sm(d, bn, pack, monkeypatch):
+@pytest.mark.parametrize("d,bn,pack,tma", [(128, 64, False, True), (128, 64, True, False),
+                                           (64, 128, False, True), (64, 128, False, False),
+                                           (64, 128, True, False)])
+def test_two_64_row_producer_ctas_an_sm(d, bn, pack, tma, monkeypatch):
     """64-row producer tiles that run two CTAs an SM: 64x64 at head dim 128 (one Q buffer) and
-    64x128 at head dim 64 (TMA, two Q buffers), neither with alignment slack in shared memory
-    (SMEM_ALIGNED): ragged 64-token blocks, an empty row, GQA, more tasks than CTAs; TMA copies
-    (unpacked) or cp.async (packed keys)."""
+    64x128 at head dim 64 (two Q buffers; head dim 64's default), neither with alignment slack
+    in shared memory (SMEM_ALIGNED): ragged 64-token blocks, an empty row, GQA, more tasks than
+    CTAs; TMA copies or cp.async (packed keys, or TMA switched off)."""
     from tessera.cuda.loader import blocks_per_sm, smem_bytes
 
     if _device_cc() != 90:
         pytest.skip("the sm90 family runs on Hopper only")
     reg = Regime(family="sm90", block_m=64, block_n=bn, num_warps=8, stages=3,
                  combine_threshold=0.0, pack_keys=pack)
-    v = reg.variant(d, bf16=True, tma=not pack)
+    v = reg.variant(d, bf16=True, tma=tma)
     assert dict(v.macros).get("SMEM_ALIGNED") == 1 and v.min_blocks == 2
     assert blocks_per_sm(v) == 2, f"{smem_bytes(v)} bytes of shared memory"
     monkeypatch.setattr(api, "persistent_grid_cap", 5)  # several tasks per CTA
-    rng = np.random.default_rng(d + bn + pack)
+    monkeypatch.setattr(api, "use_tma", tma)
+    rng = np.random.default_rng(d + bn + pack + 2 * tma)
     sizes = np.r_[rng.integers(40, 65, size=14), 64, 17]
     bounds = np.r_[0, np.cumsum(sizes)]
     dense = rng.random((4, sizes.size, sizes.size)) < 0.3

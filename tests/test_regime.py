@@ -64,10 +64,11 @@ def test_candidates_small_valid_and_fitting():
             assert all(R.regime_fits(r, d, arch) for r in cands)
             assert all(r.num_warps == 4 and r.block_m in (64, 128) and r.block_n in (32, 64)
                        for r in cands if r.family == "sm80")
-            # 64-row sm90 tiles plain (with a producer warpgroup at head dim 128), 128-row ones
-            # warp-specialized.
-            assert all(r.producer == (r.block_m == 128 or d == 128) and r.block_n in (64, 128)
-                       for r in cands if r.family == "sm90")
+            # 64-row sm90 tiles plain (with a producer warpgroup at head dim 128, and for
+            # 128-key steps at 64), 128-row ones warp-specialized.
+            assert all(r.producer == (r.block_m == 128 or d == 128
+                                      or (d, r.block_n) == (64, 128))
+                       and r.block_n in (64, 128) for r in cands if r.family == "sm90")
             assert {r.family for r in cands} == ({"sm80", "sm90"} if arch == 90 else {"sm80"})
     assert len(candidate_regimes(128, 90)) == 48
     # The heuristic's choices are measured too.
@@ -1070,10 +1071,13 @@ def test_sm90_regimes_are_checked_and_map_to_the_hopper_variant():
 
 
 def test_defaults_per_architecture():
-    """sm_90 takes the Hopper family (warp-specialized 128x128 tiles; 64-row tiles and 64-key
-    steps for small query blocks); every other GPU the portable family."""
+    """sm_90 takes the Hopper family (warp-specialized 128x128 tiles; at head dim 64 64x128
+    producer tiles, two CTAs an SM; 64-row tiles and 64-key steps for small query blocks);
+    every other GPU the portable family."""
     assert default_regime(90, 128).name == "sm90_128x128_w12_s3[combine_threshold=0.0]"
-    assert default_regime(90, 64).name == "sm90_128x128_w12_s3[combine_threshold=0.0]"
+    assert default_regime(90, 64).name == "sm90_64x128_w8_s3[combine_threshold=0.0]"
+    assert default_regime(90, 64).variant(64).min_blocks == 2
+    assert default_regime(90, 64).variant(64, tma=True).min_blocks == 2
     assert default_regime(90, 96).producer
     # Small query blocks: 64-row tiles, with a producer warpgroup (two CTAs an SM) at head dim
     # 128 only.

@@ -195,13 +195,26 @@ class Regime:
         return replace(self, **changes)
 
 
+# sm_90's regimes for blocks of 128 tokens and more: 128-row tiles warp-specialized (two consumer
+# warpgroups and a producer), 128 keys a step, three stages; at head dim 64 64-row tiles with a
+# producer, two CTAs an SM, each its own task (default_regime says why).
+SM90_ROWS128 = Regime(family="sm90", block_m=128, num_warps=128 // ROW_GROUP + 4, block_n=128,
+                      stages=3, combine_threshold=0.0)
+SM90_ROWS64_D64 = Regime(family="sm90", block_m=64, num_warps=64 // ROW_GROUP + 4, block_n=128,
+                         stages=3, combine_threshold=0.0)
+
+
 def default_regime(arch: int | None = None, head_dim: int = 128,
                    q_block: float | None = None, kv_bounds: np.ndarray | None = None) -> Regime:
     """The heuristic regime for a GPU with compute capability ``arch`` (e.g. 90), or None (CPU).
 
     Hopper (sm_90) takes the warp-specialized wgmma variant: 128-row tiles (two consumer
     warpgroups and a producer warpgroup), 128 keys a step, three K/V stages — the fastest sm90
-    shape for head dims 64 and 128 on the H200 (benchmarks/RESULTS.md, fourth session); masks of
+    shape for head dim 128 on the H200 (benchmarks/RESULTS.md, fourth session). At head dim 64
+    64-row tiles with 128-key steps and a producer warpgroup, two CTAs an SM, each running its
+    own tasks: as fast or faster than the 128-row tiles on every CogVideoX mask measured (1-3%,
+    random 10% 2-7%; H200, sixteenth session) -- the 128-row ones still take aligned tiles
+    (:func:`select_regime`). Masks of
     small query blocks take 64-row tiles and 64 keys a step (key spans of 64-token blocks would
     leave half of a 128-key step masked), at head dim 128 with a producer warpgroup, two CTAs an
     SM (Wan's top-k cubes 1.2-1.3x faster than without a producer, H200, fourteenth session);
@@ -234,8 +247,9 @@ def default_regime(arch: int | None = None, head_dim: int = 128,
             producer = head_dim == 128
             return Regime(family="sm90", block_m=64, num_warps=4 + 4 * producer, block_n=64,
                           stages=3, combine_threshold=0.0, pack_keys=pack)
-        return Regime(family="sm90", block_m=128, num_warps=128 // ROW_GROUP + 4, block_n=128,
-                      stages=3, combine_threshold=0.0)
+        if head_dim == 64:
+            return SM90_ROWS64_D64
+        return SM90_ROWS128
     if small_blocks or (arch in (86, 87, 89) and head_dim > 96):
         return Regime(block_m=64, num_warps=4, combine_threshold=0.0)
     return Regime(combine_threshold=0.0)
@@ -330,6 +344,11 @@ def tasks_in_flight(regime: Regime, head_dim: int, arch: int | None, sm_count: i
     return int(sm_count * max(1, min(by_smem, by_regs, 2048 // v.threads)))
 
 
+def _sm90_producer(block_m: int, block_n: int, head_dim: int) -> bool:
+    """Whether the sm90 candidate of this tile shape has a producer warpgroup."""
+    return block_m == 128 or head_dim == 128 or (head_dim == 64 and block_n == 128)
+
+
 def candidate_regimes(head_dim: int, arch: int | None,
                       kernel_families: Sequence[str] | None = None,
                       combine_thresholds: Sequence[float] | None = None) -> list[Regime]:
@@ -339,20 +358,22 @@ def candidate_regimes(head_dim: int, arch: int | None,
 
     The sm80 family with 4 warps: 64- or 128-row tiles (16 or 32 rows a warp, the two shapes the
     kernel supports at 4 warps), 32 or 64 keys a step, double buffered; on sm_90 also the sm90
-    family, 64-row tiles on one warpgroup (with a producer warpgroup at head dim 128) or 128-row
-    tiles warp-specialized, 64 or 128 keys a step, three stages; split policy 2x or 4x the
-    mean task, or never (1e9); combine threshold 0 (merge only identical key sets) or 0.3.
-    Variants whose shared memory exceeds ``arch``'s per-CTA limit are left out. The order is
-    stable (tile shape, then split, then combine), so names index the list reproducibly.
+    family, 64-row tiles on one warpgroup (with a producer warpgroup at head dim 128, and for
+    128-key steps at 64) or 128-row tiles warp-specialized, 64 or 128 keys a step, three
+    stages; split policy 2x or 4x the mean task, or never (1e9); combine threshold 0 (merge
+    only identical key sets) or 0.3. Variants whose shared memory exceeds ``arch``'s per-CTA
+    limit are left out. The order is stable (tile shape, then split, then combine), so names
+    index the list reproducibly.
     """
     shapes = [dict(block_m=bm, block_n=bn, num_warps=CANDIDATE_WARPS)
               for bm in CANDIDATE_BLOCK_M for bn in CANDIDATE_BLOCK_N]
     if arch == 90:
-        # 64-row tiles plain (one warpgroup) -- at head dim 128 with a producer warpgroup, two
-        # CTAs an SM, as default_regime takes them --, 128-row tiles warp-specialized (the plain
-        # 128-row variant was slower on every swept mask: benchmarks/RESULTS.md).
+        # 64-row tiles plain (one warpgroup) -- with a producer warpgroup, two CTAs an SM, as
+        # default_regime takes them at head dim 128 and for 128-key steps at 64 --, 128-row
+        # tiles warp-specialized (the plain 128-row variant was slower on every swept mask:
+        # benchmarks/RESULTS.md).
         shapes += [dict(family="sm90", block_m=bm, block_n=bn,
-                        num_warps=bm // ROW_GROUP + (4 if bm == 128 or head_dim == 128 else 0))
+                        num_warps=bm // ROW_GROUP + (4 if _sm90_producer(bm, bn, head_dim) else 0))
                    for bm in CANDIDATE_BLOCK_M for bn in CANDIDATE_SM90_BLOCK_N]
     out = []
     for shape in shapes:
@@ -1103,7 +1124,8 @@ def select_regime(mask: Any, *, arch: int | None, head_dim: int, dtype: Any,
     (:func:`active_table`) and the heuristic's plan may split tasks (see the module
     docstring): then the mask's features are measured once and looked up, and the heuristic
     stays the answer when the table has nothing for this head dim / dtype / geometry. The
-    heuristic's 128-row sm90 regime aligns its tiles where :func:`align_pays`.
+    heuristic's sm90 regimes for large blocks take 128-row aligned tiles where
+    :func:`align_pays`.
     """
     if arch is None and mask.on_device:
         arch = device_arch()
@@ -1129,8 +1151,9 @@ def select_regime(mask: Any, *, arch: int | None, head_dim: int, dtype: Any,
             found = None
         if found is not None:
             return found
-    if heuristic.family == "sm90" and heuristic.block_m == 128 and align_pays(mask, 128):
-        return heuristic.with_(align_tiles=True)
+    if heuristic in (SM90_ROWS128, SM90_ROWS64_D64) and align_pays(mask, 128):
+        # Aligned tiles are measured with 128 rows (clusters 1.3-1.4x faster), at every head dim.
+        return SM90_ROWS128.with_(align_tiles=True)
     return heuristic
 
 
