@@ -197,7 +197,7 @@ class Regime:
 
 # sm_90's regimes for blocks of 128 tokens and more: 128-row tiles warp-specialized (two consumer
 # warpgroups and a producer), 128 keys a step, three stages; at head dim 64 64-row tiles with a
-# producer, two CTAs an SM, each its own task (default_regime says why).
+# producer, two CTAs an SM, each on its own tasks (default_regime says why).
 SM90_ROWS128 = Regime(family="sm90", block_m=128, num_warps=128 // ROW_GROUP + 4, block_n=128,
                       stages=3, combine_threshold=0.0)
 SM90_ROWS64_D64 = Regime(family="sm90", block_m=64, num_warps=64 // ROW_GROUP + 4, block_n=128,
@@ -214,13 +214,12 @@ def default_regime(arch: int | None = None, head_dim: int = 128,
     64-row tiles with 128-key steps and a producer warpgroup, two CTAs an SM, each running its
     own tasks: as fast or faster than the 128-row tiles on every CogVideoX mask measured (1-3%,
     random 10% 2-7%; H200, sixteenth session) -- the 128-row ones still take aligned tiles
-    (:func:`select_regime`). Masks of
-    small query blocks take 64-row tiles and 64 keys a step (key spans of 64-token blocks would
-    leave half of a 128-key step masked), at head dim 128 with a producer warpgroup, two CTAs an
-    SM (Wan's top-k cubes 1.2-1.3x faster than without a producer, H200, fourteenth session);
-    head dims 64 and 96 keep the plain variant (at 64 the producer form ran CogVideoX's cubes
-    only 1-3% faster, within the drift between machine starts, fifteenth session; 96 not
-    measured).
+    (:func:`select_regime`). Masks of small query blocks take 64-row tiles and 64 keys a step
+    (key spans of 64-token blocks would leave half of a 128-key step masked), at head dim 128
+    with a producer warpgroup, two CTAs an SM (Wan's top-k cubes 1.2-1.3x faster than without
+    a producer, H200, fourteenth session); head dims 64 and 96 keep the plain variant (at 64
+    the producer form ran CogVideoX's cubes only 1-3% faster, within the drift between machine
+    starts, fifteenth session -- before the sixteenth's packed-walk changes; 96 not measured).
     Elsewhere the portable family: 128-row tiles over 4 warps (32 rows each), 64 keys a step, double
     buffered, at every head dim: since the kernel stopped predicating its mma.sync per row tile,
     the 128-row tile runs head dim 64 1.14-1.22x faster than the 64-row one it used to take
