@@ -289,6 +289,13 @@ def check_queue(plan) -> None:
     csum = np.concatenate([[0], np.cumsum(per_span)])
     want = csum[se] - csum[sb]
     np.testing.assert_array_equal(cost, (want + bn - 1) // bn if plan.regime.pack_keys else want)
+    if plan.regime.pack_keys:
+        # One row restriction a packed task: the kernels' consumers read its first span's for
+        # all of its chunks (common.cuh PackedCount).
+        lens = se - sb
+        first = np.repeat(sb, lens)
+        each = first + np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
+        assert (r0[each] == r0[first]).all() and (r1[each] == r1[first]).all()
     assert_launch_order(plan)
 
     # slots of split tiles: unique, within num_slots
@@ -1110,7 +1117,7 @@ def test_packed_walk_covers_each_key_once(lengths, bn, seed):
     """The packed walk (the emulator's copy of common.cuh's PackedWalk and Cursor): chunk after
     chunk, the valid rows hold the task's keys end to end, each once, in span order; a chunk
     is full except the last; rows past the keys repeat the last key; the row range is the
-    chunk's first span's."""
+    task's first span's (the kernel's consumers read it once a task)."""
     from tessera.runtime.emulate import _packed_chunks
 
     rng = np.random.default_rng(seed)
@@ -1127,8 +1134,7 @@ def test_packed_walk_covers_each_key_once(lengths, bn, seed):
     for i, (keys, ok, r0, _) in enumerate(chunks):
         assert ok.sum() == min(bn, total - i * bn) and ok[:ok.sum()].all()
         assert (keys[~ok] == want[-1]).all()
-        first = np.searchsorted(np.cumsum(lengths), i * bn, side="right")
-        assert r0 == spans[first, 2]
+        assert r0 == spans[0, 2]
 
 
 def test_packed_keys_plans_emulate_exactly_with_less_work():

@@ -73,3 +73,24 @@ ab_sweep() {
     done
   done
 }
+
+# ncu_kernel NAME TIMEOUT NCU_ONE-ARGS...: ncu's per-SASS warp-state sampling, instruction mix,
+# speed of light and memory sections on one bsa_fwd launch of `benchmarks/ncu_one.py ARGS`
+# (call_zz55 / zz58 ran these steps inline); keeps $out/NAME.{csv.gz,details.txt,log} and
+# prints the headline metrics and benchmarks/ncu_source.py's summary.
+ncu_kernel() {
+  local rep="$out/$1" limit=$2; shift 2
+  timeout "$limit" ncu --clock-control none --section SourceCounters --section WarpStateStats \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis \
+    --metrics sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active \
+    -k regex:bsa_fwd --launch-skip 2 --launch-count 1 -o "$rep" \
+    python3 benchmarks/ncu_one.py "$@" > "$rep.log" 2>&1
+  echo "== ncu $* rc=$? $(grep -m1 regime: "$rep.log")"
+  ncu -i "$rep.ncu-rep" --page source --csv --print-source sass > "$rep.csv" 2> "$rep.err"
+  gzip -f "$rep.csv"
+  ncu -i "$rep.ncu-rep" --page details > "$rep.details.txt" 2>&1
+  rm -f "$rep.ncu-rep"
+  grep -E "Duration|Warp Cycles Per Issued|tensor_op|issue_active|Compute \(SM\)|L2 Hit|Mem Pipes" \
+    "$rep.details.txt" | head -20
+  python3 benchmarks/ncu_source.py "$rep.csv.gz" --top 16 | head -24
+}

@@ -46,7 +46,8 @@ def _span_chunks(spans: np.ndarray, bn: int):
 def _packed_chunks(spans: np.ndarray, bn: int):
     """Chunks of the task's keys end to end, step for step as common.cuh's PackedWalk and its
     Cursor: a chunk starts ``off`` keys into span ``si`` and holds ``valid`` keys; a row past
-    them repeats the task's last key (masked); the row range is the first span's."""
+    them repeats the task's last key (masked); the row range is the task's first span's, for
+    every chunk (as the consumers' PackedCount reads it: a packed task's spans share one)."""
     n = len(spans)
     length = [int(k1 - k0) for k0, k1, _, _ in spans]
 
@@ -67,7 +68,7 @@ def _packed_chunks(spans: np.ndarray, bn: int):
                 base += length[s]
                 s += 1
             keys[r] = spans[s][0] + min(r - base, length[s] - 1)
-        yield keys, np.arange(bn) < valid, spans[si][2], spans[si][3]
+        yield keys, np.arange(bn) < valid, spans[0][2], spans[0][3]
         left = bn
         while si < n:
             rest = length[si] - off
