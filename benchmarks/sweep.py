@@ -1,7 +1,7 @@
 """Kernel-only timing of several regimes on one mask (used to pick defaults and to build tables).
 
 ``python benchmarks/sweep.py [--shape wan-1.3b-480p] [--density 0.1 | --family topk_pooled]
-[--only PART | --regime NAME ...] [--burst N]``: prints ms and useful TFLOP/s per regime,
+[--only PART | --regime NAME ...] [--burst N] [--no-tma]``: prints ms and useful TFLOP/s per regime,
 fastest first. Each figure is the GPU time per run over a burst of N runs between two events
 (10 unless told, as ``tessera bench``'s "kernel" column); up to the fifteenth session's
 ``call_zz48.sh`` it timed one run alone (``--burst 1``), whose host launch work -- ~0.1-0.3 ms,
@@ -102,9 +102,14 @@ def main(argv=None):
                     help="runs timed between two events (1: a lone run, launch work included)")
     ap.add_argument("--one-task-ctas", action="store_true",
                     help="launch persistent kernels with one CTA per task (A/B of persistence)")
+    ap.add_argument("--no-tma", action="store_true",
+                    help="copy K/V by cp.async in every variant (the form operands TMA cannot "
+                         "describe get)")
     args = ap.parse_args(argv)
     if args.one_task_ctas:
         tessera.api.persistent_grid_cap = 0
+    if args.no_tma:
+        tessera.api.use_tma = False
     w = WORKLOADS[args.shape]
     b, h, L, d = 1, w.heads, w.seq_len, w.head_dim
     q, k, v = (torch.randn(b, h, L, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
