@@ -238,6 +238,9 @@ __device__ __forceinline__ void load_kv(u32 ks, const u16* k_head, i64 k_sl, con
     // a copy instruction) ran them 22% slower. Rows LINE_ROWS apart (a multiple of 8) keep the
     // swizzle pattern: offsets step by constants. (A row of one column chunk, head dim 64,
     // takes the layout below, which is then the same.)
+    // (The thread's index read anew rather than `tid`: from a loop invariant the compiler
+    // hoists the row-derived offsets out of the producer's chunk loop, past its 56 registers
+    // in this change's first layout; this form is the one timed.)
     const int lt = thread_index() % LOADERS, r0 = lt / PPC, p = lt % PPC;
     const u32 off0 = tile_offset<KV_ROWS>(r0, p);
 #pragma unroll

@@ -187,11 +187,24 @@ struct Task {
 };
 
 // ---- the walk over a task's key spans ---------------------------------------------------------
+// What the walks over a task's spans share: the current span `si`, whether any is left, and
+// the query tokens it applies to, [row_lo, row_hi).
+struct SpanPosition {
+  int si;
+  __device__ __forceinline__ bool more(int se) const { return si < se; }
+  __device__ __forceinline__ int row_lo(const int* spans) const {
+    return spans[(i64)si * SPAN_FIELDS + 2];
+  }
+  __device__ __forceinline__ int row_hi(const int* spans) const {
+    return spans[(i64)si * SPAN_FIELDS + 3];
+  }
+};
+
 // Span by span, bn keys at a time. Kept to three registers (the row restriction is read from
 // the span when a chunk is computed): two walks, loading and computing, are live at once.
 template <int BN_>
-struct ChunkWalk {
-  int si, k1, kpos;
+struct ChunkWalk : SpanPosition {
+  int k1, kpos;
   __device__ __forceinline__ void open(const int* spans, int s, int se) {
     si = s;
     if (si < se) {
@@ -209,14 +222,6 @@ struct ChunkWalk {
   // Keys of the current chunk's columns: kpos + c, those at or past k1 masked.
   __device__ __forceinline__ int key0() const { return kpos; }
   __device__ __forceinline__ int key_end() const { return k1; }
-  __device__ __forceinline__ bool more(int se) const { return si < se; }
-  // The query tokens the current span applies to: [row_lo, row_hi).
-  __device__ __forceinline__ int row_lo(const int* spans) const {
-    return spans[(i64)si * SPAN_FIELDS + 2];
-  }
-  __device__ __forceinline__ int row_hi(const int* spans) const {
-    return spans[(i64)si * SPAN_FIELDS + 3];
-  }
   // Row -> key for a loader thread (rows asked in increasing order).
   struct Cursor {
     const ChunkWalk& w;
@@ -231,8 +236,8 @@ struct ChunkWalk {
 // restriction for all of a task's spans (the planner packs only plans without restricted
 // merges). The chunk starts `off` keys into span si and holds `valid` keys.
 template <int BN_>
-struct PackedWalk {
-  int si, off, valid;
+struct PackedWalk : SpanPosition {
+  int off, valid;
   __device__ __forceinline__ static int span_len(const int* spans, int s) {
     return spans[(i64)s * SPAN_FIELDS + 1] - spans[(i64)s * SPAN_FIELDS];
   }
@@ -264,13 +269,6 @@ struct PackedWalk {
   // Columns are positions in the chunk; those at or past `valid` are masked.
   __device__ __forceinline__ int key0() const { return 0; }
   __device__ __forceinline__ int key_end() const { return valid; }
-  __device__ __forceinline__ bool more(int se) const { return si < se; }
-  __device__ __forceinline__ int row_lo(const int* spans) const {
-    return spans[(i64)si * SPAN_FIELDS + 2];
-  }
-  __device__ __forceinline__ int row_hi(const int* spans) const {
-    return spans[(i64)si * SPAN_FIELDS + 3];
-  }
   // Row -> key for a loader thread (rows asked in increasing order): walks the spans from the
   // chunk's start; rows past the task's keys repeat its last key (finite data, masked).
   struct Cursor {

@@ -243,7 +243,7 @@ def default_regime(arch: int | None = None, head_dim: int = 128,
         if small_blocks:
             pack = kv_bounds is not None and blocks_ragged(kv_bounds, 64)
             # At head dim 128 a producer warpgroup per 64-row CTA, two CTAs an SM.
-            producer = head_dim == 128
+            producer = _sm90_producer(64, 64, head_dim)
             return Regime(family="sm90", block_m=64, num_warps=4 + 4 * producer, block_n=64,
                           stages=3, combine_threshold=0.0, pack_keys=pack)
         if head_dim == 64:
@@ -344,7 +344,9 @@ def tasks_in_flight(regime: Regime, head_dim: int, arch: int | None, sm_count: i
 
 
 def _sm90_producer(block_m: int, block_n: int, head_dim: int) -> bool:
-    """Whether the sm90 candidate of this tile shape has a producer warpgroup."""
+    """Whether the sm90 regime of this tile shape takes a producer warpgroup, as
+    :func:`default_regime` and the profiled candidates do (64-row tiles: where two CTAs an SM
+    were measured faster with one)."""
     return block_m == 128 or head_dim == 128 or (head_dim == 64 and block_n == 128)
 
 
