@@ -343,31 +343,41 @@ plan_scan(const unsigned char* __restrict__ identical, const int* __restrict__ n
     key_base += total;
   }
   __syncthreads();
-  // Pass 5: runs take their places in run order, SCAN_THREADS at a time, one warp after the
-  // other; within a warp, the lanes of one key by lane order. (Only a light run's first
-  // assignment's key advances: the others hold the same runs in the same order.)
+  // Pass 5: runs take their places in run order, SCAN_THREADS at a time. Every warp first
+  // finds, per lane, the weights of its key's lanes below it (all warps at once: __match_any_sync
+  // and a shuffle per lane); then the warps take their keys' next positions in turn, one
+  // read-modify-write per key a turn by the key's last lane; then every lane adds its offset.
+  // (Only a light run's first assignment's key advances: the others hold the same runs in the
+  // same order.) The turns are the serial part: with the shuffles inside them (until the
+  // seventeenth session) this pass took ~70 of the kernel's 82 us on Wan-1.3B's 3,072 rows and
+  // ~160 of 183 on CogVideoX's 6,672 (ncu, benchmarks/request_kernels.py).
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   for (int base = 0; base < runs; base += SCAN_THREADS) {
     const i64 u = base + threadIdx.x;
     const bool real = u < runs;
     const Sort so = real ? sort_of(u) : Sort{-1, 0, false};
-    for (int turn = 0; turn < SCAN_THREADS / 32; ++turn) {
-      if (warp == turn) {
-        const u32 peers = __match_any_sync(0xffffffffu, (unsigned long long)so.key);
-        i64 before = 0;  // weights of the lanes of this key below this one
+    const u32 peers = __match_any_sync(0xffffffffu, (unsigned long long)so.key);
+    const int last = 31 - __clz(peers);  // the key's last lane in this warp
+    i64 before = 0;  // weights of the lanes of this key below this one
 #pragma unroll
-        for (int j = 0; j < 32; ++j) {
-          const i64 w = __shfl_sync(0xffffffffu, so.weight, j);
-          if (j < lane && ((peers >> j) & 1u)) before += w;
-        }
-        const i64 pos = real ? h[so.key] + before : 0;
-        __syncwarp();
-        if (real) {
-          run_task_off[u] = so.heavy ? pos : pos - key_start[so.key];
-          if (lane == 31 - __clz(peers)) h[so.key] = pos + so.weight;  // the key's last lane
-        }
+    for (int j = 0; j < 32; ++j) {
+      const i64 w = __shfl_sync(0xffffffffu, so.weight, j);
+      if (j < lane && ((peers >> j) & 1u)) before += w;
+    }
+    // Turns only for the warps holding runs of this round.
+    const int turns = (int)min((i64)(SCAN_THREADS / 32), (runs - base + 31) / 32);
+    i64 start = 0;  // the key's next position before this warp's lanes of it
+    for (int turn = 0; turn < turns; ++turn) {
+      if (warp == turn && real && lane == last) {
+        start = h[so.key];
+        h[so.key] = start + before + so.weight;
       }
       __syncthreads();
+    }
+    start = __shfl_sync(0xffffffffu, start, last);
+    if (real) {
+      const i64 pos = start + before;
+      run_task_off[u] = so.heavy ? pos : pos - key_start[so.key];
     }
   }
   if (threadIdx.x == 0) {
