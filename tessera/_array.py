@@ -92,6 +92,18 @@ def _cupy_view_of_torch(a: Any, name: str) -> Any:
                           strides=tuple(s * dt.itemsize for s in a.stride()))
 
 
+def private_copy(a: Any) -> Any:
+    """A copy of ``a`` its caller cannot change under us. A contiguous CuPy array is copied by
+    one device-to-device memcpy on the current stream: CuPy's ``copy`` launches an elementwise
+    kernel, ~3x the host time on the request path (a mask object a request)."""
+    if is_cupy(a) and a.flags.c_contiguous and a.nbytes:
+        with a.device:  # (as CuPy's copy: the copy lives where the array does)
+            out = cupy_or_none().empty(a.shape, dtype=a.dtype)
+            out.data.copy_from_device_async(a.data, a.nbytes)
+        return out
+    return a.copy()
+
+
 def to_numpy(a: Any) -> np.ndarray:
     """A host copy of ``a`` (no copy when it is already numpy)."""
     if is_cupy(a):

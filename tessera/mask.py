@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ._array import array_module, as_array, segment_ids, to_numpy
+from ._array import array_module, as_array, private_copy, segment_ids, to_numpy
 
 __all__ = ["BlockMask"]
 
@@ -195,7 +195,7 @@ class BlockMask:
         qb, kb = _geometry(n_q, n_kv, block_size, q_bounds, kv_bounds, seq_len_q, seq_len_kv)
         flat = m.reshape(bm * hm * n_q, n_kv)
         # CSR is derived on first use: a device mask planned by the device planner never needs it.
-        return cls(qb, kb, None, None, (bm, hm), dense_rows=flat.copy())
+        return cls(qb, kb, None, None, (bm, hm), dense_rows=private_copy(flat))
 
     @classmethod
     def from_scipy(cls, matrices: Any, *, block_size: BlockSize | None = None,

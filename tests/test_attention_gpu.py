@@ -781,8 +781,8 @@ def test_full_size_request_never_waits_for_the_gpu():
 
 @pytest.mark.parametrize("family", ["default", "sm90ws", "sync-free"])
 def test_plan_reused_on_one_stream_and_in_a_cuda_graph(family):
-    """One device-built plan run again and again on one stream (the persistent kernel's task
-    counter is zeroed before every launch: a counter left at the end of the queue would leave
+    """One device-built plan run again and again on one stream (the persistent kernel leaves its
+    task counter zero for the next launch: a counter left at the end of the queue would leave
     the outputs poisoned), then captured in a CUDA graph after a warm-up run on the capture
     stream and replayed on new inputs into the same caller-owned outputs. "sync-free": a
     never-split plan whose task count the kernel reads from the device."""
@@ -814,6 +814,9 @@ def test_plan_reused_on_one_stream_and_in_a_cuda_graph(family):
         got = out.float().cpu().numpy()
         assert not np.isnan(got).any()
         assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-2
+        counters = [c for key, c in p._cache.items()
+                    if isinstance(key, tuple) and key[0] == "task_counter"]
+        assert (family == "default" or counters) and all(int(c.get()[0]) == 0 for c in counters)
 
     for _ in range(3):
         with torch.cuda.stream(s):

@@ -1172,6 +1172,43 @@ def test_aligned_tiles_chosen_where_they_pay(monkeypatch):
     assert pick(m).block_m == 64 and not pick(m).align_tiles
 
 
+def test_selection_remembered_only_where_the_geometry_decides(monkeypatch):
+    """select_regime answers a geometry it has seen without deciding again -- unless the answer
+    read the selection (align_pays on ragged query blocks), or the shapes, GPU or table differ."""
+    from tessera.mask import BlockMask
+
+    decided = []
+    real = R._select_regime
+    monkeypatch.setattr(R, "_select_regime", lambda *a: decided.append(1) or real(*a))
+    monkeypatch.setattr(R, "_selections", {})
+    rng = np.random.default_rng(3)
+
+    def pick(m, arch=90, hq=2):
+        return R.select_regime(m, arch=arch, head_dim=128, dtype="bfloat16", num_q_heads=hq,
+                               batch=1)
+
+    uniform = [BlockMask.from_dense(rng.random((2, 8, 8)) < p, block_size=128) for p in (.2, .9)]
+    first = pick(uniform[0])
+    assert pick(uniform[1]) is first and len(decided) == 1  # same geometry, other selection
+    pick(uniform[0], hq=4)
+    pick(uniform[0], arch=80)
+    assert len(decided) == 3
+    monkeypatch.setattr(R, "device_sm_count", lambda: 7)  # another GPU's task slots
+    pick(uniform[0])
+    assert len(decided) == 4
+    R.use_table(None)  # a table change forgets every answer
+    try:
+        pick(uniform[0])
+        assert len(decided) == 5
+    finally:
+        R.use_table("auto")
+    qb = np.r_[0, np.cumsum(rng.integers(100, 200, 30))]
+    ragged = [BlockMask.from_dense(rng.random((2, 30, 30)) < p, q_bounds=qb, kv_bounds=qb)
+              for p in (0.3, 0.95)]
+    assert not pick(ragged[0]).align_tiles and pick(ragged[1]).align_tiles
+    assert len(decided) == 7 and not pick(ragged[0]).align_tiles and len(decided) == 8
+
+
 def test_device_properties_cached_per_device(monkeypatch):
     """Name, architecture and SM count of the current device are read once per device; a failed
     read gives the 'no GPU' answer and is retried (the name's failure is remembered)."""

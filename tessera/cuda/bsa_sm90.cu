@@ -551,8 +551,15 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
         if (wide) load_task(Step<KV_ROWS>{});  // (KV_ROWS is BN without the wide step)
         else load_task(Step<BN>{});
         if (!q_sent) hand_over_q(true);
-        // The next task, taken now so that its chunks load while this one is computed.
-        if (ptid == 0) next_slot[(n + 1) & 1] = atomicAdd(task_counter, 1) + (int)gridDim.x;
+        // The next task, taken now so that its chunks load while this one is computed. Every
+        // task run takes one ticket, so the launch takes num_tasks in all: the CTA holding the
+        // last one knows no other will touch the counter again and zeroes it for the next run
+        // (the host never resets it: a run is one launch, which a CUDA graph replays as is).
+        if (ptid == 0) {
+          const int ticket = atomicAdd(task_counter, 1);
+          if (ticket == num_tasks() - 1) *task_counter = 0;
+          next_slot[(n + 1) & 1] = ticket + (int)gridDim.x;
+        }
         named_bar_sync(PRODUCER_BAR, LOADERS);  // the producer's own: the index is written
         ti = next_slot[(n + 1) & 1];
       }

@@ -138,8 +138,9 @@ __device__ __forceinline__ float warp_quad_sum(float x) {
 // q/k/v and the output as [B, H, L, D] strides in elements, lse, the split-KV workspace, rows per
 // tile of one head, query heads per kv head, the softmax scale times log2(e), the number of
 // tasks -- max_tasks, or *task_count when that is not null (a sync-free plan: the device planner
-// wrote the count, the host only knows a bound and sized the grid by it) -- and a zeroed counter
-// persistent kernels take tasks from (null for one-task CTAs).
+// wrote the count, the host only knows a bound and sized the grid by it) -- and the counter
+// persistent kernels take tasks from (null for one-task CTAs): zero at the launch, and zero
+// again when the launch ends (the kernel resets it; see bsa_sm90.cu).
 // Tensor maps (driver-encoded CUtensorMap, 128 bytes each) of q, k and v for kernels that copy
 // by TMA (bsa_sm90.cu with TESSERA_TMA); zeros for the others. A __grid_constant__ kernel
 // parameter: the copies read them where the launch put them (param space), no device copy.

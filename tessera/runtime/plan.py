@@ -264,4 +264,6 @@ def plan(block_mask: BlockMask, *, num_q_heads: int, num_kv_heads: int | None = 
         ready = xp.cuda.Event(disable_timing=True)
         ready.record()
         p._cache["ready"] = ready
+        # Runs on this stream are ordered after the planner already (api._wait_until_planned).
+        p._cache["ready_on"] = {xp.cuda.get_current_stream().ptr}
     return p
