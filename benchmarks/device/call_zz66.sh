@@ -18,7 +18,7 @@ rm -f "$rep.ncu-rep"
 grep -E "Duration|Warp Cycles Per Issued|Issue Slots" "$rep.details.txt" | head -5
 python3 benchmarks/ncu_source.py "$rep.csv.gz" --top 12 | head -30
 mkdir -p .ab/old .ab/new
-git archive b5f099b tessera benchmarks | tar -x -C .ab/old
+git archive b5f099b tessera benchmarks tables | tar -x -C .ab/old
 git ls-files -z tessera benchmarks tables | xargs -0 tar -c | tar -x -C .ab/new
 cp benchmarks/request_kernels.py .ab/old/benchmarks/
 for round in 1 2 3; do
