@@ -248,9 +248,12 @@ def compile_variant(variant: Variant, target: str, *, allow_spills: bool = False
     """Compile ``variant`` for ``target`` (e.g. "sm_90a") to a cubin; raise BuildError on a
     compile error or, unless ``allow_spills``, on any register spill.
 
-    ``require_report=False`` accepts a build whose ptxas report is missing (seen once on the
-    H200 machine's NVRTC for a program compiled after CuPy's own kernels in the same process);
-    the spill gate is CI's job, where the report is always required. Registers are then -1.
+    ``require_report=False`` accepts a build whose ptxas report is missing, whatever else the
+    log holds (compiler warnings): the H200 machine's NVRTC leaves it out when the same program
+    was compiled before on the machine -- by another process, or into another cache directory
+    (seventeenth session: a fresh ``TESSERA_CACHE_DIR`` after the test suite had built the same
+    sources failed every request) -- and once for a program compiled after CuPy's own kernels.
+    The spill gate is CI's job, where the report is always required. Registers are then -1.
     """
     if variant.source in SM90A_ONLY and target != "sm_90a":
         raise BuildError(f"{variant.label} uses wgmma and builds for sm_90a only, not {target}")
@@ -299,7 +302,7 @@ def compile_variant(variant: Variant, target: str, *, allow_spills: bool = False
     res = _RES.search(report)
     regs = _REGS.search(report)
     if res is None or regs is None:
-        if not require_report and not log.strip():
+        if not require_report and "ptxas" not in log:
             return CompileResult(variant, target, cubin, log, -1, 0, 0)
         raise BuildError(f"could not read ptxas' resource report for {variant.kernel} in "
                          f"{variant.label}:\n{log}")

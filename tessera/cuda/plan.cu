@@ -189,36 +189,56 @@ extern "C" __global__ void plan_aligned_spans(
 }
 
 // ---- the one-sync planner (tessera/runtime/device_planner.py) -----------------------------------
-// Block-wide exclusive scan of one value per thread (blockDim.x = SCAN_THREADS); `total` gets
-// the sum. Every thread of the block must call it.
+// Block-wide exclusive scans of N values per thread at once (blockDim.x = SCAN_THREADS):
+// x[i] becomes the sum of the threads below this one's x[i], total[i] the sum of all. Every
+// thread of the block must call it. N values share the three barriers one scan costs (the
+// scan kernel is a single CTA, bound by such latencies).
 constexpr int SCAN_THREADS = 1024;
 // Sort keys plan_scan keeps in shared memory (32 KB); larger tables use the global scratch.
 constexpr int SCAN_SMEM_KEYS = 4096;
-__device__ __forceinline__ i64 block_exclusive_scan(i64 x, i64& total) {
-  __shared__ i64 warp_incl[SCAN_THREADS / 32];
+template <int N>
+__device__ __forceinline__ void block_exclusive_scans(i64 (&x)[N], i64 (&total)[N]) {
+  __shared__ i64 warp_incl[N][SCAN_THREADS / 32];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  i64 incl = x;
+  i64 incl[N];
 #pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const i64 y = __shfl_up_sync(0xffffffffu, incl, o);
-    if (lane >= o) incl += y;
-  }
-  if (lane == 31) warp_incl[warp] = incl;
+  for (int i = 0; i < N; ++i) incl[i] = x[i];
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1)
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const i64 y = __shfl_up_sync(0xffffffffu, incl[i], o);
+      if (lane >= o) incl[i] += y;
+    }
+  if (lane == 31)
+#pragma unroll
+    for (int i = 0; i < N; ++i) warp_incl[i][warp] = incl[i];
   __syncthreads();
-  if (warp == 0) {
-    i64 v = warp_incl[lane];
+  if (warp < N) {  // warp i scans the warps' sums of value i
+    i64 v = warp_incl[warp][lane];
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
       const i64 y = __shfl_up_sync(0xffffffffu, v, o);
       if (lane >= o) v += y;
     }
-    warp_incl[lane] = v;
+    warp_incl[warp][lane] = v;
   }
   __syncthreads();
-  const i64 before = warp ? warp_incl[warp - 1] : 0;
-  total = warp_incl[SCAN_THREADS / 32 - 1];
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const i64 before = warp ? warp_incl[i][warp - 1] : 0;
+    total[i] = warp_incl[i][SCAN_THREADS / 32 - 1];
+    x[i] = before + incl[i] - x[i];
+  }
   __syncthreads();  // warp_incl is reused by the next call
-  return before + incl - x;
+}
+
+// One value's block-wide exclusive scan (block_exclusive_scans).
+__device__ __forceinline__ i64 block_exclusive_scan(i64 x, i64& total) {
+  i64 v[1] = {x}, t[1];
+  block_exclusive_scans<1>(v, t);
+  total = t[0];
+  return v[0];
 }
 
 // Whether a task of `chunks` key chunks is heavy (tasks.launch_keys): more than the task chunks
@@ -293,16 +313,16 @@ plan_scan(const unsigned char* __restrict__ identical, const int* __restrict__ n
       atomicMax(&max_chunks, (int)ch);
       run_task_off[u] = tl;  // its tiles: the sort's weight below, replaced by its place there
     }
-    const i64 so = block_exclusive_scan(sp, total);
-    if (u < runs) run_span_off[u] = span_base + so;
-    span_base += total;
-    const i64 to = block_exclusive_scan(tl, total);
-    if (u < runs) run_tile_off[u] = tile_base + to;
-    tile_base += total;
-    block_exclusive_scan(tk, total);
-    task_base += total;
-    block_exclusive_scan(tk * ch, total);
-    task_chunks += total;
+    i64 x[4] = {sp, tl, tk, tk * ch}, sums[4];
+    block_exclusive_scans<4>(x, sums);
+    if (u < runs) {
+      run_span_off[u] = span_base + x[0];
+      run_tile_off[u] = tile_base + x[1];
+    }
+    span_base += sums[0];
+    tile_base += sums[1];
+    task_base += sums[2];
+    task_chunks += sums[3];
   }
   __syncthreads();  // max_chunks is final (and every thread has the same task_chunks)
   const i64 width = (i64)max_chunks + 1, n_hist = width * (1 + n_assign);
@@ -345,12 +365,17 @@ plan_scan(const unsigned char* __restrict__ identical, const int* __restrict__ n
   __syncthreads();
   // Pass 5: runs take their places in run order, SCAN_THREADS at a time. Every warp first
   // finds, per lane, the weights of its key's lanes below it (all warps at once: __match_any_sync
-  // and a shuffle per lane); then the warps take their keys' next positions in turn, one
-  // read-modify-write per key a turn by the key's last lane; then every lane adds its offset.
-  // (Only a light run's first assignment's key advances: the others hold the same runs in the
-  // same order.) The turns are the serial part: with the shuffles inside them (until the
-  // seventeenth session) this pass took ~70 of the kernel's 82 us on Wan-1.3B's 3,072 rows and
-  // ~160 of 183 on CogVideoX's 6,672 (ncu, benchmarks/request_kernels.py).
+  // and a shuffle per lane) and lists each of its keys once, at the key's last lane, with the
+  // key's weight in the warp. Then one warp walks the 32 lists in warp order, advancing each
+  // listed key's next position (a list names a key at most once, so its 32 lanes update
+  // distinct keys at once) and noting where the warp's lanes of the key start; every lane then
+  // adds its offset. (Only a light run's first assignment's key advances: the others hold the
+  // same runs in the same order.) The walk is the serial part. Taken in turns by the warps
+  // themselves, a block barrier each, this pass took ~50 of the kernel's 71 us on CogVideoX's
+  // 6,672 rows (ncu without cache flush, call_zz66); with the shuffles inside the turns as well
+  // (until the seventeenth session) ~160 of 183 (with flush).
+  __shared__ int s_list_key[SCAN_THREADS];   // the key listed at this thread's slot, or -1
+  __shared__ i64 s_list_val[SCAN_THREADS];   // its weight in the warp, then where it starts
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   for (int base = 0; base < runs; base += SCAN_THREADS) {
     const i64 u = base + threadIdx.x;
@@ -364,21 +389,30 @@ plan_scan(const unsigned char* __restrict__ identical, const int* __restrict__ n
       const i64 w = __shfl_sync(0xffffffffu, so.weight, j);
       if (j < lane && ((peers >> j) & 1u)) before += w;
     }
-    // Turns only for the warps holding runs of this round.
-    const int turns = (int)min((i64)(SCAN_THREADS / 32), (runs - base + 31) / 32);
-    i64 start = 0;  // the key's next position before this warp's lanes of it
-    for (int turn = 0; turn < turns; ++turn) {
-      if (warp == turn && real && lane == last) {
-        start = h[so.key];
-        h[so.key] = start + before + so.weight;
+    const bool listed = real && lane == last;
+    s_list_key[threadIdx.x] = listed ? (int)so.key : -1;
+    s_list_val[threadIdx.x] = before + so.weight;
+    __syncthreads();
+    if (warp == 0) {
+      // Only the warps holding runs of this round have lists.
+      const int lists = (int)min((i64)(SCAN_THREADS / 32), (runs - base + 31) / 32);
+      for (int w = 0; w < lists; ++w) {
+        const int slot = w * 32 + lane;
+        const int key = s_list_key[slot];
+        if (key >= 0) {
+          const i64 first = h[key];
+          h[key] = first + s_list_val[slot];
+          s_list_val[slot] = first;
+        }
+        __syncwarp();  // the next list may name the same keys
       }
-      __syncthreads();
     }
-    start = __shfl_sync(0xffffffffu, start, last);
+    __syncthreads();
     if (real) {
-      const i64 pos = start + before;
+      const i64 pos = s_list_val[warp * 32 + last] + before;
       run_task_off[u] = so.heavy ? pos : pos - key_start[so.key];
     }
+    __syncthreads();  // the lists are rewritten by the next round
   }
   if (threadIdx.x == 0) {
     totals[0] = runs;
