@@ -740,7 +740,7 @@ def _np_plan_scan(grid, block, args):
     starts -- where the tasks go in launch order -- and totals)."""
     (ident, nspans, chunks, n_rows, n_q, qb, tile_rows, expansions, assign_off, n_assign,
      heavy_slots, heavy_mean, hist, key_start, run_row0, run_row1, span_off, tile_off,
-     task_off, totals) = args
+     task_off, bh_run0, heavy_runs, totals) = args
     n_rows, n_q, tile_rows, n_assign = int(n_rows), int(n_q), int(tile_rows), int(n_assign)
     ident = ident.astype(bool)
     first = np.flatnonzero(~ident)
@@ -776,6 +776,8 @@ def _np_plan_scan(grid, block, args):
         task_off[u] = key_start[key0[u]] + seen[key0[u]] if heavy[u] else seen[key0[u]]
         seen[key0[u]] += w
     hist[:] = -1  # scratch: its contents are no contract
+    bh_run0[:] = -1
+    heavy_runs[:] = -1
     totals[:] = (n, sp.sum(), tl.sum(), tk.sum(), total_chunks, ch.max(initial=0))
 
 

@@ -271,21 +271,48 @@ __device__ __forceinline__ i64 order_key(i64 rank, i64 chunks, i64 width) {
 // n_assign assignments in all). The key table (width = 1 + the largest cost entries per rank,
 // in hist: at least n_keys x (1 + n_assign)) counts tasks per key and its scan gives each
 // key's first position, copied to key_start for plan_write_runs (order_key). Runs of one key
-// then take their places in run order (one warp at a time; lanes of a key found by
-// __match_any_sync): run_task_off[u] is a heavy run's first position, or a light run's offset
-// within its keys -- the same for every assignment of its mask head, whose groups hold the same
-// runs.
-extern "C" __global__ void __launch_bounds__(SCAN_THREADS)
+// then take their places in run order (pass 5): run_task_off[u] is a heavy run's first
+// position, or a light run's offset within its keys -- the same for every assignment of its
+// mask head, whose groups hold the same runs. A light key belongs to one mask head (its rank
+// is one of that head's assignments), so each mask head's light runs are placed by one warp,
+// walking them in order 32 at a time, with no other warp touching its keys; the heavy runs
+// (rank 0, any mask head), listed in run order by pass 3, are placed by one warp the same way.
+// Scratch: bh_run0 [mask heads + 1], each mask head's first run (pass 1: a mask head's first
+// row always starts a run) and the number of runs; heavy_runs [runs], the heavy runs' list.
+// plan_scan's pass 5 for one warp: places the lanes' runs (`u`, -1 for none) of `key` and
+// `weight` in run order -- lane order here, after every run the warp placed before.
+__device__ __forceinline__ void place_runs(i64 u, i64 key, i64 weight, bool heavy, i64* h,
+                                           const i64* key_start, i64* run_task_off, int lane) {
+  const u32 peers = __match_any_sync(0xffffffffu, (unsigned long long)(u < 0 ? -1 : key));
+  const int last = 31 - __clz(peers);  // the key's last lane of these 32
+  i64 before = 0;  // weights of the lanes of this key below this one
+#pragma unroll
+  for (int j = 0; j < 32; ++j) {
+    const i64 w = __shfl_sync(0xffffffffu, weight, j);
+    if (j < lane && ((peers >> j) & 1u)) before += w;
+  }
+  i64 first = 0;
+  if (u >= 0 && lane == last) {
+    first = h[key];
+    h[key] = first + before + weight;
+  }
+  first = __shfl_sync(0xffffffffu, first, last);
+  if (u >= 0) run_task_off[u] = first + before - (heavy ? 0 : key_start[key]);
+  __syncwarp();  // the next 32 may advance the same keys
+}
+
+// (Launch bounds with one CTA an SM: without it ptxas budgets sm_90a for two, 32 registers a
+// thread, and spills.)
+extern "C" __global__ void __launch_bounds__(SCAN_THREADS, 1)
 plan_scan(const unsigned char* __restrict__ identical, const int* __restrict__ nspans,
           const int* __restrict__ chunks, int n_rows, int n_q, const i64* __restrict__ q_bounds,
           int tile_rows, const int* __restrict__ expansions, const int* __restrict__ assign_off,
           int n_assign, i64 heavy_slots, i64 heavy_mean, i64* hist, i64* key_start, i64* run_row0,
           i64* run_row1, i64* run_span_off, i64* run_tile_off, i64* run_task_off,
-          i64* totals) {
+          i64* bh_run0, i64* heavy_runs, i64* totals) {
   __shared__ int max_chunks;
   // The key table in shared memory where it fits (random masks of the models' shapes): pass
-  // 5 reads and writes it once per warp turn, 32 turns a round of SCAN_THREADS runs, and a
-  // global round trip per turn would put ~0.2 us of latency on each (an estimate, not measured).
+  // 5's walks read and write it once per 32 runs, in a chain of dependent steps.
   __shared__ i64 s_hist[SCAN_SMEM_KEYS];
   if (threadIdx.x == 0) max_chunks = 0;
   i64 runs = 0, total;
@@ -294,10 +321,14 @@ plan_scan(const unsigned char* __restrict__ identical, const int* __restrict__ n
     const bool first = r < n_rows && !identical[r];
     const bool last = r < n_rows && (r + 1 == n_rows || !identical[r + 1]);
     const i64 before = runs + block_exclusive_scan(first, total);
-    if (first) run_row0[before] = r;
+    if (first) {
+      run_row0[before] = r;
+      if (r % n_q == 0) bh_run0[r / n_q] = before;
+    }
     if (last) run_row1[before + first - 1] = r;
     runs += total;
   }
+  if (threadIdx.x == 0) bh_run0[n_rows / n_q] = runs;
   __syncthreads();  // run_row0/1 are read by other threads below
   i64 span_base = 0, tile_base = 0, task_base = 0, task_chunks = 0;
   for (int base = 0; base < runs; base += SCAN_THREADS) {
@@ -341,15 +372,22 @@ plan_scan(const unsigned char* __restrict__ identical, const int* __restrict__ n
   };
   for (i64 c = threadIdx.x; c < n_hist; c += SCAN_THREADS) h[c] = 0;
   __syncthreads();
-  // Pass 3: tasks per key (a light run's tiles under each of its assignments' ranks).
+  // Pass 3: tasks per key (a light run's tiles under each of its assignments' ranks), and the
+  // list of heavy runs in run order.
+  i64 n_heavy = 0;
   for (int base = 0; base < runs; base += SCAN_THREADS) {
     const i64 u = base + threadIdx.x;
-    if (u >= runs) continue;
-    const Sort so = sort_of(u);
-    const int copies = so.heavy ? 1 : expansions[run_row0[u] / n_q];
-    for (int e = 0; e < copies; ++e)
-      atomicAdd(reinterpret_cast<unsigned long long*>(h + so.key + e * width),
-                (unsigned long long)so.weight);
+    const bool real = u < runs;
+    const Sort so = real ? sort_of(u) : Sort{-1, 0, false};
+    if (real) {
+      const int copies = so.heavy ? 1 : expansions[run_row0[u] / n_q];
+      for (int e = 0; e < copies; ++e)
+        atomicAdd(reinterpret_cast<unsigned long long*>(h + so.key + e * width),
+                  (unsigned long long)so.weight);
+    }
+    const i64 at = n_heavy + block_exclusive_scan(real && so.heavy, total);
+    if (real && so.heavy) heavy_runs[at] = u;
+    n_heavy += total;
   }
   __syncthreads();  // the table is complete
   // Pass 4: first position of each key (exclusive scan of the table, in place and to
@@ -363,56 +401,31 @@ plan_scan(const unsigned char* __restrict__ identical, const int* __restrict__ n
     key_base += total;
   }
   __syncthreads();
-  // Pass 5: runs take their places in run order, SCAN_THREADS at a time. Every warp first
-  // finds, per lane, the weights of its key's lanes below it (all warps at once: __match_any_sync
-  // and a shuffle per lane) and lists each of its keys once, at the key's last lane, with the
-  // key's weight in the warp. Then one warp walks the 32 lists in warp order, advancing each
-  // listed key's next position (a list names a key at most once, so its 32 lanes update
-  // distinct keys at once) and noting where the warp's lanes of the key start; every lane then
-  // adds its offset. (Only a light run's first assignment's key advances: the others hold the
-  // same runs in the same order.) The walk is the serial part. Taken in turns by the warps
-  // themselves, a block barrier each, this pass took ~50 of the kernel's 71 us on CogVideoX's
-  // 6,672 rows (ncu without cache flush, call_zz66); with the shuffles inside the turns as well
-  // (until the seventeenth session) ~160 of 183 (with flush).
-  __shared__ int s_list_key[SCAN_THREADS];   // the key listed at this thread's slot, or -1
-  __shared__ i64 s_list_val[SCAN_THREADS];   // its weight in the warp, then where it starts
+  // Pass 5: runs take their places in run order (see the kernel's comment): a warp walks a
+  // mask head's light runs, or the heavy runs' list, 32 at a time; the lanes of one key find the
+  // weights of those below them (__match_any_sync, a shuffle per lane), the key's last lane
+  // advances its next position, and each lane's place follows. Until the seventeenth session the
+  // whole block took each group of SCAN_THREADS runs in 32 warp turns, a block barrier each:
+  // ~50 of the kernel's 71 us on CogVideoX's 6,672 rows (ncu without cache flush, call_zz66).
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  for (int base = 0; base < runs; base += SCAN_THREADS) {
-    const i64 u = base + threadIdx.x;
-    const bool real = u < runs;
-    const Sort so = real ? sort_of(u) : Sort{-1, 0, false};
-    const u32 peers = __match_any_sync(0xffffffffu, (unsigned long long)so.key);
-    const int last = 31 - __clz(peers);  // the key's last lane in this warp
-    i64 before = 0;  // weights of the lanes of this key below this one
-#pragma unroll
-    for (int j = 0; j < 32; ++j) {
-      const i64 w = __shfl_sync(0xffffffffu, so.weight, j);
-      if (j < lane && ((peers >> j) & 1u)) before += w;
+  const int n_bh = n_rows / n_q;
+  for (int bh = warp; bh < n_bh; bh += SCAN_THREADS / 32) {
+    // (A mask head no (batch, head) pair reads has no tasks: its runs' places are never read,
+    // and its rank is the next head's, whose keys it must not advance.)
+    if (expansions[bh] == 0) continue;
+    const i64 end = bh_run0[bh + 1];
+    for (i64 c = bh_run0[bh]; c < end; c += 32) {
+      const i64 u = c + lane;
+      const Sort so = u < end ? sort_of(u) : Sort{-1, 0, true};
+      place_runs(so.heavy ? -1 : u, so.key, so.weight, false, h, key_start, run_task_off, lane);
     }
-    const bool listed = real && lane == last;
-    s_list_key[threadIdx.x] = listed ? (int)so.key : -1;
-    s_list_val[threadIdx.x] = before + so.weight;
-    __syncthreads();
-    if (warp == 0) {
-      // Only the warps holding runs of this round have lists.
-      const int lists = (int)min((i64)(SCAN_THREADS / 32), (runs - base + 31) / 32);
-      for (int w = 0; w < lists; ++w) {
-        const int slot = w * 32 + lane;
-        const int key = s_list_key[slot];
-        if (key >= 0) {
-          const i64 first = h[key];
-          h[key] = first + s_list_val[slot];
-          s_list_val[slot] = first;
-        }
-        __syncwarp();  // the next list may name the same keys
-      }
+  }
+  if (warp == SCAN_THREADS / 32 - 1) {  // rank 0's keys: no mask head's warp touches them
+    for (i64 c = 0; c < n_heavy; c += 32) {
+      const i64 u = c + lane < n_heavy ? heavy_runs[c + lane] : -1;
+      const Sort so = u >= 0 ? sort_of(u) : Sort{-1, 0, true};
+      place_runs(u, so.key, so.weight, true, h, key_start, run_task_off, lane);
     }
-    __syncthreads();
-    if (real) {
-      const i64 pos = s_list_val[warp * 32 + last] + before;
-      run_task_off[u] = so.heavy ? pos : pos - key_start[so.key];
-    }
-    __syncthreads();  // the lists are rewritten by the next round
   }
   if (threadIdx.x == 0) {
     totals[0] = runs;

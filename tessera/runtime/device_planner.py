@@ -185,6 +185,8 @@ def plan_on_device(mask: BlockMask, *, tile_rows: int, block_n: int, heads_per_t
                             ("run_row1", i64, n_scan), ("span_off", i64, n_scan),
                             ("tile_off", i64, n_scan), ("task_off", i64, n_scan),
                             ("hist", i64, n_hist), ("key_start", i64, n_hist),
+                            ("bh_run0", i64, mask.batch_heads[0] * mask.batch_heads[1] + 1),
+                            ("heavy_runs", i64, n_scan),
                             ("nspans", i32, n_scan),
                             ("chunks", i32, n_scan), ("identical", np.uint8, n_scan)))
     totals = scratch.view("totals")  # kept by the plan
@@ -212,7 +214,8 @@ def plan_on_device(mask: BlockMask, *, tile_rows: int, block_n: int, heads_per_t
                         i32(scan_blocks), scan_bounds, i32(tile_rows), expansions, assign_off,
                         i32(n_assign), heavy_slots, heavy_mean, arg("hist"), arg("key_start"),
                         arg("run_row0"), arg("run_row1"), arg("span_off"),
-                        arg("tile_off"), arg("task_off"), totals))
+                        arg("tile_off"), arg("task_off"), arg("bh_run0"), arg("heavy_runs"),
+                        totals))
 
     def write_runs(grid_runs: int, spans: Any, tiles: Any, tasks: Any) -> None:
         if geo is not None:
