@@ -315,72 +315,47 @@ plan_scan(const unsigned char* __restrict__ identical, const int* __restrict__ n
   // 5's walks read and write it once per 32 runs, in a chain of dependent steps.
   __shared__ i64 s_hist[SCAN_SMEM_KEYS];
   if (threadIdx.x == 0) max_chunks = 0;
-  // Passes 1-3 give each thread a contiguous share of the rows or runs (share() below): its
-  // loads are independent and in flight together, and one block scan a pass joins the shares.
-  // Taken SCAN_THREADS at a time instead (until the seventeenth session), a pass cost one
-  // chain of dependent loads and one scan per 1024 runs -- ~6 us a round on the H200, 7 rounds
-  // for CogVideoX's 6,672 rows.
-  const auto share = [](int n, int& lo, int& hi) {
-    const int k = (n + SCAN_THREADS - 1) / SCAN_THREADS;
-    lo = min(n, k * (int)threadIdx.x);
-    hi = min(n, lo + k);
-  };
-  int lo, hi;
-  i64 total;
-  // Pass 1: runs of identical rows. A run starts at a row not identical to the one before (a
-  // mask head's first row always does) and ends before the next start.
-  share(n_rows, lo, hi);
-  int starts = 0;
-  for (int r = lo; r < hi; ++r) starts += !identical[r];
-  int run = (int)block_exclusive_scan(starts, total) - 1;  // the run holding row lo - 1
-  const int runs = (int)total;
-  for (int r = lo; r < hi; ++r) {
-    if (!identical[r]) {
-      run_row0[++run] = r;
-      if (r % n_q == 0) bh_run0[r / n_q] = run;
+  i64 runs = 0, total;
+  for (int base = 0; base < n_rows; base += SCAN_THREADS) {
+    const int r = base + threadIdx.x;
+    const bool first = r < n_rows && !identical[r];
+    const bool last = r < n_rows && (r + 1 == n_rows || !identical[r + 1]);
+    const i64 before = runs + block_exclusive_scan(first, total);
+    if (first) {
+      run_row0[before] = r;
+      if (r % n_q == 0) bh_run0[r / n_q] = before;
     }
-    if (r + 1 == n_rows || !identical[r + 1]) run_row1[run] = r;
+    if (last) run_row1[before + first - 1] = r;
+    runs += total;
   }
   if (threadIdx.x == 0) bh_run0[n_rows / n_q] = runs;
   __syncthreads();  // run_row0/1 are read by other threads below
-  // Pass 2: each run's spans, tiles, tasks and task chunks; their offsets and totals. The
-  // run's spans and tiles wait in run_span_off / run_tile_off for their offsets.
-  share(runs, lo, hi);
-  i64 sums[4] = {0, 0, 0, 0};
-  for (int u = lo; u < hi; ++u) {
-    const int r0 = (int)run_row0[u], r1 = (int)run_row1[u];
-    const int q0 = (int)q_bounds[r0 % n_q], q1 = (int)q_bounds[r1 % n_q + 1];
-    const int sp = nspans[r0], ch = chunks[r0];
-    const int tl = (q1 - q0 + tile_rows - 1) / tile_rows;
-    const i64 tk = (i64)tl * expansions[r0 / n_q];
-    atomicMax(&max_chunks, (int)ch);
-    run_span_off[u] = sp;
-    run_tile_off[u] = tl;
-    run_task_off[u] = tl;  // its tiles: the sort's weight below, replaced by its place there
-    sums[0] += sp;
-    sums[1] += tl;
-    sums[2] += tk;
-    sums[3] += tk * ch;
+  i64 span_base = 0, tile_base = 0, task_base = 0, task_chunks = 0;
+  for (int base = 0; base < runs; base += SCAN_THREADS) {
+    const i64 u = base + threadIdx.x;
+    i64 sp = 0, tl = 0, tk = 0, ch = 0;
+    if (u < runs) {
+      const i64 r0 = run_row0[u], r1 = run_row1[u];
+      const i64 q0 = q_bounds[r0 % n_q], q1 = q_bounds[r1 % n_q + 1];
+      sp = nspans[r0];
+      ch = chunks[r0];
+      tl = (q1 - q0 + tile_rows - 1) / tile_rows;
+      tk = tl * expansions[r0 / n_q];
+      atomicMax(&max_chunks, (int)ch);
+      run_task_off[u] = tl;  // its tiles: the sort's weight below, replaced by its place there
+    }
+    i64 x[4] = {sp, tl, tk, tk * ch}, sums[4];
+    block_exclusive_scans<4>(x, sums);
+    if (u < runs) {
+      run_span_off[u] = span_base + x[0];
+      run_tile_off[u] = tile_base + x[1];
+    }
+    span_base += sums[0];
+    tile_base += sums[1];
+    task_base += sums[2];
+    task_chunks += sums[3];
   }
-  i64 grand[4];
-  block_exclusive_scans<4>(sums, grand);
-  for (int u = lo; u < hi; ++u) {
-    const i64 sp = run_span_off[u], tl = run_tile_off[u];
-    run_span_off[u] = sums[0];
-    run_tile_off[u] = sums[1];
-    sums[0] += sp;
-    sums[1] += tl;
-  }
-  const i64 task_base = grand[2], task_chunks = grand[3];
-  __syncthreads();  // max_chunks is final
-  if (threadIdx.x == 0) {  // (written now: fewer values live through passes 3-5)
-    totals[0] = runs;
-    totals[1] = grand[0];
-    totals[2] = grand[1];
-    totals[3] = task_base;
-    totals[4] = task_chunks;
-    totals[5] = max_chunks;
-  }
+  __syncthreads();  // max_chunks is final (and every thread has the same task_chunks)
   const i64 width = (i64)max_chunks + 1, n_hist = width * (1 + n_assign);
   i64* h = n_hist <= SCAN_SMEM_KEYS ? s_hist : hist;
   // A run's key in the table (for a light run: its first assignment's), and its weight there.
@@ -399,21 +374,21 @@ plan_scan(const unsigned char* __restrict__ identical, const int* __restrict__ n
   __syncthreads();
   // Pass 3: tasks per key (a light run's tiles under each of its assignments' ranks), and the
   // list of heavy runs in run order.
-  i64 heavies = 0;
-  for (int u = lo; u < hi; ++u) {
-    const Sort so = sort_of(u);
-    const int copies = so.heavy ? 1 : expansions[run_row0[u] / n_q];
-    for (int e = 0; e < copies; ++e)
-      atomicAdd(reinterpret_cast<unsigned long long*>(h + so.key + e * width),
-                (unsigned long long)so.weight);
-    heavies += so.heavy;
+  i64 n_heavy = 0;
+  for (int base = 0; base < runs; base += SCAN_THREADS) {
+    const i64 u = base + threadIdx.x;
+    const bool real = u < runs;
+    const Sort so = real ? sort_of(u) : Sort{-1, 0, false};
+    if (real) {
+      const int copies = so.heavy ? 1 : expansions[run_row0[u] / n_q];
+      for (int e = 0; e < copies; ++e)
+        atomicAdd(reinterpret_cast<unsigned long long*>(h + so.key + e * width),
+                  (unsigned long long)so.weight);
+    }
+    const i64 at = n_heavy + block_exclusive_scan(real && so.heavy, total);
+    if (real && so.heavy) heavy_runs[at] = u;
+    n_heavy += total;
   }
-  i64 at = block_exclusive_scan(heavies, total);
-  const int n_heavy = (int)total;
-  if (heavies)
-    for (int u = lo; u < hi; ++u)
-      if (heavy_task(chunks[run_row0[u]], task_base, task_chunks, heavy_slots, heavy_mean))
-        heavy_runs[at++] = u;
   __syncthreads();  // the table is complete
   // Pass 4: first position of each key (exclusive scan of the table, in place and to
   // key_start).
@@ -451,6 +426,14 @@ plan_scan(const unsigned char* __restrict__ identical, const int* __restrict__ n
       const Sort so = u >= 0 ? sort_of(u) : Sort{-1, 0, true};
       place_runs(u, so.key, so.weight, true, h, key_start, run_task_off, lane);
     }
+  }
+  if (threadIdx.x == 0) {
+    totals[0] = runs;
+    totals[1] = span_base;
+    totals[2] = tile_base;
+    totals[3] = task_base;
+    totals[4] = task_chunks;
+    totals[5] = max_chunks;
   }
 }
 
