@@ -258,11 +258,11 @@ def _wait_until_planned(p: Plan, stream: Any) -> None:
 
 def _task_counter(p: Plan, cp: Any, stream: Any) -> Any:
     """The counter a persistent kernel takes ``p``'s tasks from: zeroed once when made, and left
-    zero by every launch (the kernel's last ticket resets it, bsa_sm90.cu), so a run enqueues no
-    memset (~12 us of host time a request on the H200). One per (plan, stream): runs on one
-    stream execute in order and may share it, runs on different streams never do, and a run
-    allocates nothing after its first on a stream (CUDA-graph capture then records the launch
-    alone, and each replay leaves the counter zero for the next)."""
+    zero by every launch (the kernel's last ticket resets it, bsa_sm90.cu), so a reused plan's
+    run enqueues no memset (a new plan's first run still makes one). One per (plan, stream):
+    runs on one stream execute in order and may share it, runs on different streams never do,
+    and a run allocates nothing after its first on a stream (CUDA-graph capture then records
+    the launch alone, and each replay leaves the counter zero for the next)."""
     key = ("task_counter", stream.ptr)
     counter = p._cache.get(key)
     if counter is None:
