@@ -256,6 +256,28 @@ __device__ __forceinline__ i64 order_key(i64 rank, i64 chunks, i64 width) {
   return rank * width + (width - 1 - chunks);
 }
 
+// plan_scan's pass 5 for one warp: places the lanes' runs (`u`, -1 for none) of `key` and
+// `weight` in run order -- lane order here, after every run the warp placed before.
+__device__ __forceinline__ void place_runs(i64 u, i64 key, i64 weight, bool heavy, i64* h,
+                                           const i64* key_start, i64* run_task_off, int lane) {
+  const u32 peers = __match_any_sync(0xffffffffu, (unsigned long long)(u < 0 ? -1 : key));
+  const int last = 31 - __clz(peers);  // the key's last lane of these 32
+  i64 before = 0;  // weights of the lanes of this key below this one
+#pragma unroll
+  for (int j = 0; j < 32; ++j) {
+    const i64 w = __shfl_sync(0xffffffffu, weight, j);
+    if (j < lane && ((peers >> j) & 1u)) before += w;
+  }
+  i64 first = 0;
+  if (u >= 0 && lane == last) {
+    first = h[key];
+    h[key] = first + before + weight;
+  }
+  first = __shfl_sync(0xffffffffu, first, last);
+  if (u >= 0) run_task_off[u] = first + before - (heavy ? 0 : key_start[key]);
+  __syncwarp();  // the next 32 may advance the same keys
+}
+
 // One CTA of SCAN_THREADS. Pass 1: runs of identical consecutive rows (run_row0/1: first and
 // last row of each). Pass 2, per run: its key spans, its tiles (query tokens / tile_rows), its
 // tasks (tiles x the (batch, head) pairs reading its mask head), the exclusive scans of spans
@@ -279,28 +301,6 @@ __device__ __forceinline__ i64 order_key(i64 rank, i64 chunks, i64 width) {
 // (rank 0, any mask head), listed in run order by pass 3, are placed by one warp the same way.
 // Scratch: bh_run0 [mask heads + 1], each mask head's first run (pass 1: a mask head's first
 // row always starts a run) and the number of runs; heavy_runs [runs], the heavy runs' list.
-// plan_scan's pass 5 for one warp: places the lanes' runs (`u`, -1 for none) of `key` and
-// `weight` in run order -- lane order here, after every run the warp placed before.
-__device__ __forceinline__ void place_runs(i64 u, i64 key, i64 weight, bool heavy, i64* h,
-                                           const i64* key_start, i64* run_task_off, int lane) {
-  const u32 peers = __match_any_sync(0xffffffffu, (unsigned long long)(u < 0 ? -1 : key));
-  const int last = 31 - __clz(peers);  // the key's last lane of these 32
-  i64 before = 0;  // weights of the lanes of this key below this one
-#pragma unroll
-  for (int j = 0; j < 32; ++j) {
-    const i64 w = __shfl_sync(0xffffffffu, weight, j);
-    if (j < lane && ((peers >> j) & 1u)) before += w;
-  }
-  i64 first = 0;
-  if (u >= 0 && lane == last) {
-    first = h[key];
-    h[key] = first + before + weight;
-  }
-  first = __shfl_sync(0xffffffffu, first, last);
-  if (u >= 0) run_task_off[u] = first + before - (heavy ? 0 : key_start[key]);
-  __syncwarp();  // the next 32 may advance the same keys
-}
-
 // (Launch bounds with one CTA an SM: without it ptxas budgets sm_90a for two, 32 registers a
 // thread, and spills.)
 extern "C" __global__ void __launch_bounds__(SCAN_THREADS, 1)
