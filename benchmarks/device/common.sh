@@ -94,3 +94,39 @@ ncu_kernel() {
     "$rep.details.txt" | head -20
   python3 benchmarks/ncu_source.py "$rep.csv.gz" --top 16 | head -24
 }
+
+# request_kernels NAME SHAPE [TREE]: one request's kernels (planner, attention) after warm-ups,
+# timed by ncu without cache flush or clock control (benchmarks/request_kernels.py), from TREE
+# (a package dir, default this one) into $out/NAME.csv; prints their durations (ns). The
+# seventeenth session's call_zz65-zz69 ran these steps inline.
+request_kernels() {
+  local name=$1 shape=$2 tree=${3:-$PWD}
+  PYTHONPATH=$tree TESSERA_CACHE_DIR=/tmp/tc_$(basename "$tree") timeout 120 ncu \
+    --cache-control none --clock-control none --metrics gpu__time_duration.sum --csv \
+    python3 "$tree/benchmarks/request_kernels.py" --shape "$shape" --warm 3 \
+    > "$out/$name.csv" 2>/dev/null
+  python3 benchmarks/ncu_durations.py "$out/$name.csv" --label "$name $shape"
+}
+
+# request_ab ROUNDS REV SHAPES...: request times (benchmarks/request_hotspots.py: kernel, request
+# alone, back to back, host) of the tree at git revision REV against this one, both as copies
+# under .ab/ (a symlinked tree shares this one's compile cache state), processes alternating,
+# logs in $out/ab_{old,new}_SHAPE_ROUND.txt; prints each process's summary line.
+request_ab() {
+  local rounds=$1 rev=$2 round t s log; shift 2
+  mkdir -p .ab/old .ab/new
+  git archive "$rev" tessera benchmarks tables | tar -x -C .ab/old
+  git ls-files -z tessera benchmarks tables | xargs -0 tar -c | tar -x -C .ab/new
+  for round in $(seq "$rounds"); do
+    for t in .ab/old .ab/new; do
+      for s in "$@"; do
+        log="$out/ab_$(basename $t)_${s}_$round.txt"
+        PYTHONPATH=$t TESSERA_CACHE_DIR=/tmp/tc_$(basename $t) timeout 120 python3 \
+          $t/benchmarks/request_hotspots.py --shape "$s" --what request --n 50 --top 1 \
+          > "$log" 2>&1
+        echo "$(basename $t) rc=$? $(tail -1 "$log")"
+      done
+    done
+  done
+  rm -rf .ab
+}
