@@ -93,16 +93,11 @@ def main(argv=None) -> int:
     mask_mod.BlockMask.from_dense = classmethod(timed("mask.from_dense",
                                                       mask_mod.BlockMask.from_dense.__func__))
     whole = timed("attention (whole call)", tessera.attention)
+    request = timed("request (mask + call)", lambda: whole(q, k, v, new_mask()))
     names = set()
     for _ in range(args.n):
         torch.cuda.synchronize()
-        _stack.append(0.0)  # the request's own frame
-        t0 = time.perf_counter()
-        whole(q, k, v, new_mask())
-        dt = time.perf_counter() - t0
-        _now_incl["request (mask + call)"] += dt
-        _now_own["request (mask + call)"] += dt - _stack.pop()
-        _now_calls["request (mask + call)"] += 1
+        request()
         names |= set(_now_incl)
         close_request(names)
     torch.cuda.synchronize()
