@@ -4,6 +4,9 @@ timers, each keeping its inclusive and exclusive (own) time, and ``tessera.atten
 with a new mask object each time, the GPU idle at the start of every call.
 
     python3 benchmarks/request_breakdown.py [--shape wan-1.3b-480p] [--density 0.1] [--n 300]
+
+A request after the first of a geometry replans tessera.attention's kept plan (Plan.replan);
+``--new-plans`` keeps none (api.request_plans_kept = 0), every request then plans anew.
 """
 
 import argparse
@@ -22,14 +25,17 @@ from request_hotspots import random_request  # this folder's: run as a script
 # (module, attribute): the request path's steps, as its callers look them up.
 WRAPPED = [
     (api, "_describe"), (api, "_check_mask"), (api, "_caller_stream"), (api, "plan"),
+    (api, "_request_plan"), (api, "_capturing"),
     (api, "_launch"), (api, "_tma_maps"), (api, "_device_queue"), (api, "_task_counter"),
     (api, "_wait_until_planned"), (api, "empty_like_caller"), (api, "from_any"),
     (api, "current_stream_ptr"),
-    (plan_mod, "select_regime"), (plan_mod, "plan_tasks_in_flight"),
+    (plan_mod, "selected_regime"), (plan_mod, "plan_tasks_in_flight"),
     (plan_mod, "plan_may_split"), (plan_mod, "plan_on_device"), (plan_mod, "heads_per_task"),
-    (device_planner, "launch_row_stats"), (device_planner, "_assignments"),
+    (plan_mod.Plan, "replan"), (plan_mod.Plan, "_planned"),
+    (device_planner, "_assignments"),
     (device_planner, "_device_dense_rows"), (device_planner, "device_bounds"),
     (device_planner, "aligned_geometry"), (device_planner, "Workspace"),
+    (device_planner._Launch, "__call__"),
     (loader, "load_kernel"), (loader, "blocks_per_sm"), (loader, "smem_bytes"),
     (regime_mod, "device_sm_count"), (regime_mod, "smem_limit_bytes"),
     (mapping, "device_bounds"), (interop, "from_any"),
@@ -78,7 +84,10 @@ def main(argv=None) -> int:
     ap.add_argument("--shape", default="wan-1.3b-480p")
     ap.add_argument("--density", type=float, default=0.1)
     ap.add_argument("--n", type=int, default=300)
+    ap.add_argument("--new-plans", action="store_true", help="keep no plans between requests")
     args = ap.parse_args(argv)
+    if args.new_plans:
+        api.request_plans_kept = 0
     h, d, (q, k, v), new_mask = random_request(args.shape, args.density)
     for _ in range(5):
         tessera.attention(q, k, v, new_mask())
@@ -86,7 +95,8 @@ def main(argv=None) -> int:
     seen = {}
     for mod, attr in WRAPPED:
         fn = getattr(mod, attr)
-        name = f"{getattr(fn, '__module__', mod.__name__).split('.')[-1]}.{attr}"
+        where = mod.__name__ if isinstance(mod, type) else getattr(fn, "__module__", mod.__name__)
+        name = f"{where.split('.')[-1]}.{attr}"
         if id(fn) not in seen:
             seen[id(fn)] = timed(name, fn)
         setattr(mod, attr, seen[id(fn)])

@@ -6,6 +6,7 @@ and the kernel alone -- what to cut to bring request time towards kernel time (#
         [--regime NAME]   (a plan.regime.name, e.g. the portable family's on any GPU)
         [--what request|run|plan]   (profile the whole request, a prepared plan's run, or
                                      planning a new mask object)
+        [--new-plans]   (tessera.attention keeps no plan: every request plans anew)
 """
 
 import argparse
@@ -51,7 +52,13 @@ def main(argv=None) -> int:
     ap.add_argument("--regime", default=None, help="a regime name instead of the default")
     ap.add_argument("--what", choices=("request", "run", "plan"), default="request",
                     help="what is profiled")
+    ap.add_argument("--new-plans", action="store_true",
+                    help="tessera.attention keeps no plans between requests")
     args = ap.parse_args(argv)
+    if args.new_plans:
+        from tessera import api
+
+        api.request_plans_kept = 0
     h, d, (q, k, v), new_mask = random_request(args.shape, args.density)
     from tessera.runtime.regime import regime_from_name
 
@@ -91,7 +98,8 @@ def main(argv=None) -> int:
         print(f"== by {key} ({args.n} x {args.what})\n" + s.getvalue().split("\n\n", 2)[-1])
     print(f"{args.shape} density {args.density}: kernel {kernel:.3f} ms, request {req:.3f} ms, "
           f"plan {plan:.3f} ms, mask object {mask:.3f} ms, back-to-back {burst:.3f} ms/request, "
-          f"host {host:.3f} ms per {args.what} ({p.regime.name})")
+          f"host {host:.3f} ms per {args.what} ({p.regime.name}"
+          f"{', new plans' if args.new_plans else ''})")
     return 0
 
 

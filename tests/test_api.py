@@ -118,3 +118,83 @@ def test_scale_checked_before_anything_else():
         api.run_plan(None, None, None, None, scale=-1)
     for good in (None, 0.125, np.float32(0.1), 1):
         api._check_scale(good)
+
+
+def test_requests_of_one_geometry_replan_a_kept_plan(monkeypatch):
+    """tessera.attention's plans (api._request_plan; planner kernels replaced by their numpy
+    stand-ins, the mask taken for a device one): a later request of the same geometry, shapes
+    and stream replans the kept plan, which then equals a new plan of its mask; another stream,
+    geometry or regime takes a plan of its own; a stream being captured into a CUDA graph, a
+    plan that may split tasks, or a regime that read the selection is never kept; the least
+    recently used plan goes beyond request_plans_kept."""
+    import pytest
+
+    import tessera
+    from tessera import BlockMask, Regime
+    from tessera.cuda import loader
+    from tessera.interop import DeviceTensor
+    from tessera.runtime import mapping
+    from test_runtime import PLANNER_STAND_INS, assert_same_plan
+
+    monkeypatch.setattr(loader, "load_kernel", lambda v: PLANNER_STAND_INS[v.kernel])
+    monkeypatch.setattr(mapping, "_use_device_planner", lambda xp: True)
+    monkeypatch.setattr(BlockMask, "on_device", property(lambda self: True))
+    monkeypatch.setattr(api, "_device_cc", lambda: 90)
+    capturing = set()
+    monkeypatch.setattr(api, "_capturing", lambda ptr: ptr in capturing)
+    monkeypatch.setattr(api, "_request_plans", api.OrderedDict())
+    rng = np.random.default_rng(8)
+
+    def ops(stream: int, hq: int = 4, lq: int = 640) -> api._Operands:
+        t = DeviceTensor(256, (1, hq, lq, 64), (hq * lq * 64, lq * 64, 64, 1), "bfloat16", 0,
+                         "cupy", None)
+        kv = DeviceTensor(256, (1, 2, lq, 64), t.strides, "bfloat16", 0, "cupy", None)
+        return api._Operands(t, kv, kv, t.shape, kv.shape, t.strides, kv.strides, kv.strides,
+                             stream)
+
+    def mask(p: float, n: int = 10) -> BlockMask:
+        return BlockMask.from_dense(rng.random((2, n, n)) < p, block_size=64)
+
+    never_splits = Regime(family="sm90", block_m=128, num_warps=12, block_n=128, stages=3,
+                          combine_threshold=0.0, split_ratio=1e9)
+    first = api._request_plan(mask(0.3), ops(7), "bhld", never_splits)
+    for p in (0.6, 0.1):
+        m = mask(p)
+        again = api._request_plan(m, ops(7), "bhld", never_splits)
+        assert again is first and again.mask is m
+        assert_same_plan(again, tessera.plan(m, num_q_heads=4, num_kv_heads=2, head_dim=64,
+                                             batch=1, regime=never_splits))
+    assert api._request_plan(mask(0.3), ops(8), "bhld", never_splits) is not first
+    assert api._request_plan(mask(0.3, n=9), ops(7, lq=576), "bhld", never_splits) \
+        is not first
+    packed = never_splits.with_(pack_keys=True)
+    assert api._request_plan(mask(0.3), ops(7), "bhld", packed) is not first
+    assert len(api._request_plans) == 4
+    capturing.add(7)
+    assert api._request_plan(mask(0.3), ops(7), "bhld", never_splits) is not first
+    capturing.clear()
+    assert len(api._request_plans) == 4
+    splits = never_splits.with_(split_ratio=2.0)  # 40 tasks against unknown slots: may split
+    p = api._request_plan(mask(0.3), ops(7), "bhld", splits)
+    assert not p.replannable and len(api._request_plans) == 4
+    real_plan = api.plan
+
+    def read_the_selection(*args, **kwargs):
+        new = real_plan(*args, **kwargs)
+        new.regime_by_geometry = False  # as when a table lookup measured the mask
+        return new
+
+    monkeypatch.setattr(api, "plan", read_the_selection)
+    assert api._request_plan(mask(0.3), ops(9), "bhld", never_splits).replannable
+    assert len(api._request_plans) == 4  # read the selection: not kept
+    monkeypatch.setattr(api, "plan", real_plan)
+    monkeypatch.setattr(api, "request_plans_kept", 2)
+    api._request_plan(mask(0.3), ops(10), "bhld", never_splits)
+    assert len(api._request_plans) == 2
+    assert api._request_plan(mask(0.3), ops(7), "bhld", never_splits) is not first  # evicted
+    monkeypatch.setattr(api, "request_plans_kept", 0)
+    api._request_plans.clear()
+    api._request_plan(mask(0.3), ops(7), "bhld", never_splits)
+    assert not api._request_plans
+    with pytest.raises(ValueError):  # the replan's own check, should a key ever collide
+        first.replan(mask(0.3, n=9))

@@ -516,6 +516,85 @@ def test_device_planner_equals_host_planner(case):
                    regime=_regime(family, combine_threshold=0.0, split_ratio=1e9))
 
 
+@pytest.mark.parametrize("case", ["random 64", "variable + empty rows", "many runs"])
+def test_replan_on_the_device_equals_a_new_plan(case):
+    """Plan.replan with the real planner kernels: a sync-free plan of one mask replanned for
+    another of its geometry gives the host plan of the new mask array for array (the kernels
+    overwrite whatever the first mask left in the buffers)."""
+    import cupy as cp
+
+    dense, geo = _device_vs_host_masks()[case]
+    rng = np.random.default_rng(19)
+    first = tessera.BlockMask.from_dense(cp.asarray(rng.random(dense.shape) < 0.7), **geo)
+    host = tessera.BlockMask.from_dense(dense, **geo)
+    dev = tessera.BlockMask.from_dense(cp.asarray(dense), **geo)
+    regimes = [Regime(combine_threshold=0.0, split_ratio=1e9),
+               Regime(combine_threshold=0.0, split_ratio=1e9, align_tiles=True)]
+    if _device_cc() == 90:
+        regimes.append(Regime(family="sm90", block_m=128, num_warps=12, block_n=128, stages=3,
+                              combine_threshold=0.0, pack_keys=True))
+    h = dense.shape[0]
+    for reg in regimes:
+        p = tessera.plan(first, num_q_heads=2 * h, num_kv_heads=h, head_dim=128, regime=reg)
+        assert p.replannable
+        _ = p.tiles  # settled for the first mask: the replan must cut them again
+        assert p.replan(dev) is p
+        ph = tessera.plan(host, num_q_heads=2 * h, num_kv_heads=h, head_dim=128, regime=reg,
+                          arch=_device_cc())
+        for f in ("tasks", "spans", "combine"):
+            np.testing.assert_array_equal(getattr(ph.queue, f), getattr(p.queue, f).get(),
+                                          err_msg=f)
+        for f in ("mask_bh", "q0", "q1", "span_begin", "span_end", "chunks"):
+            np.testing.assert_array_equal(getattr(ph.tiles, f), cp.asnumpy(getattr(p.tiles, f)),
+                                          err_msg=f)
+
+
+@pytest.mark.parametrize("family", ["sm80", "sm90ws", "default"])
+def test_requests_of_one_geometry_reuse_a_plan(monkeypatch, family):
+    """tessera.attention keeps a sync-free plan per (geometry, shapes, stream) and replans it for
+    the next request's mask: requests of very different masks (sparse, dense, empty rows, a
+    heavy row), on two streams in turn, each give the reference output with every element
+    written. "default": Wan's shape, where the default plan is sync-free on the H200; checked
+    bit for bit against a new plan's run (the float64 reference would take minutes there)."""
+    torch = _torch()
+    monkeypatch.setattr(api, "_request_plans", api.OrderedDict())
+    if family == "default":
+        h, n, L, regime = 12, 256, 256 * 128, None
+    else:
+        h, n, L = 2, 10, 1200
+        regime = _regime(family, combine_threshold=0.0, split_ratio=1e9)
+    rng = np.random.default_rng(20)
+    masks = [rng.random((h, n, n)) < 0.3, np.ones((h, n, n), bool),
+             rng.random((h, n, n)) < 0.05, rng.random((h, n, n)) < 0.1]
+    masks[2][:, 3] = False  # empty rows
+    masks[3][0, 1] = True  # a heavy row
+    q, k, v = (torch.randn(1, h, L, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    exact = [x.float().cpu().numpy().astype(np.float64) for x in (q, k, v)]
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    kept = {}
+    for i, host in enumerate(masks * 2):
+        s = streams[i % 2]
+        with torch.cuda.stream(s):
+            mask = tessera.BlockMask.from_dense(torch.from_numpy(host).cuda(), block_size=128,
+                                                seq_len_q=L, seq_len_kv=L)
+            out = tessera.attention(q, k, v, mask, regime=regime)
+        s.synchronize()
+        assert not torch.isnan(out).any(), f"request {i}: unwritten output"
+        if family == "default":
+            new = tessera.plan(mask, num_q_heads=h, head_dim=64).run(q, k, v)
+            torch.testing.assert_close(out, new, rtol=0, atol=0)
+        else:
+            ref = reference.attention(*exact, tessera.BlockMask.from_dense(
+                host, block_size=128, seq_len_q=L, seq_len_kv=L))
+            err = np.linalg.norm(out.float().cpu().numpy() - ref) / np.linalg.norm(ref)
+            assert err < TOL["bfloat16"], f"request {i}: relative error {err:.2e}"
+        plans = [p for key, p in api._request_plans.items() if key[1] == s.cuda_stream]
+        if family != "default" or plans:
+            assert len(plans) == 1 and plans[0].mask is mask
+            assert kept.setdefault(s.cuda_stream, plans[0]) is plans[0]  # the same plan
+    assert len(kept) == 2 or (family == "default" and _device_cc() != 90)
+
+
 def test_torch_zero_copy_and_type():
     torch = _torch()
     rng = np.random.default_rng(10)

@@ -1196,10 +1196,11 @@ def test_selection_remembered_only_where_the_geometry_decides(monkeypatch):
     monkeypatch.setattr(R, "device_sm_count", lambda: 7)  # another GPU's task slots
     pick(uniform[0])
     assert len(decided) == 4
+    generation = R.selection_generation()
     R.use_table(None)  # a table change forgets every answer
     try:
         pick(uniform[0])
-        assert len(decided) == 5
+        assert len(decided) == 5 and R.selection_generation() != generation
     finally:
         R.use_table("auto")
     qb = np.r_[0, np.cumsum(rng.integers(100, 200, 30))]
@@ -1207,6 +1208,11 @@ def test_selection_remembered_only_where_the_geometry_decides(monkeypatch):
               for p in (0.3, 0.95)]
     assert not pick(ragged[0]).align_tiles and pick(ragged[1]).align_tiles
     assert len(decided) == 7 and not pick(ragged[0]).align_tiles and len(decided) == 8
+    # selected_regime says which answers every mask of the geometry gets (plans record it:
+    # tessera.attention replans only those for later masks).
+    kw = dict(arch=90, head_dim=128, dtype="bfloat16", num_q_heads=2, batch=1)
+    assert R.selected_regime(uniform[1], **kw) == (first, True)
+    assert R.selected_regime(ragged[1], **kw)[1] is False
 
 
 def test_device_properties_cached_per_device(monkeypatch):

@@ -1112,6 +1112,53 @@ def test_sync_free_planner_equals_general_planner(monkeypatch, group, mask_heads
         assert got.queue.num_slots == 0
 
 
+@pytest.mark.parametrize("regime", [TILE_128x64.with_(combine_threshold=0.0, split_ratio=1e9),
+                                    Regime(family="sm90", block_m=128, num_warps=12,
+                                           block_n=64, stages=3, combine_threshold=0.0,
+                                           pack_keys=True),
+                                    Regime(family="sm90", block_m=128, num_warps=12,
+                                           block_n=128, stages=3, combine_threshold=0.0,
+                                           split_ratio=1e9, align_tiles=True)])
+def test_replan_gives_what_a_new_plan_gives(monkeypatch, regime):
+    """Plan.replan: masks of one geometry planned one after another into the first plan's
+    buffers (the same arrays, nothing read back) give the general planner's arrays for each,
+    whatever the previous mask left there; a mask of another geometry, a host plan or a
+    non-mask is refused before anything is launched."""
+    from tessera.cuda import loader
+    from tessera.runtime import device_planner, mapping
+
+    monkeypatch.setattr(loader, "load_kernel", lambda v: PLANNER_STAND_INS[v.kernel])
+    rng = np.random.default_rng(5)
+    kw = dict(num_q_heads=4, num_kv_heads=2, head_dim=64, batch=2, regime=regime)
+    for base, geo in _sync_free_cases(rng):
+        masks = [BlockMask.from_dense(base | (rng.random((2, 4, *base.shape)) < p), **geo)
+                 for p in (0.05, 0.6, 0.0, 0.3)]
+        masks.append(BlockMask.from_dense(np.zeros((2, 4, *base.shape), bool), **geo))
+        with monkeypatch.context() as mp:
+            mp.setattr(mapping, "_use_device_planner", lambda xp: True)
+            got = tessera.plan(masks[0], **kw)
+            assert got.replannable and got.regime_by_geometry
+            tasks, spans = got.launch_queue.tasks, got.launch_queue.spans
+            for m in masks[1:]:
+                reads = []
+                mp.setattr(device_planner, "to_numpy",
+                           lambda a: reads.append(1) or np.asarray(a))
+                assert got.replan(m) is got and got.mask is m and not reads
+                ref = tessera.plan(m, **kw)
+                assert_same_plan(got, ref)  # (the exact arrays: cut from the buffers below)
+                for cut, buffer in ((got.queue.tasks, tasks), (got.queue.spans, spans)):
+                    assert cut.size == 0 or np.shares_memory(cut, buffer)
+        other = BlockMask.from_dense(np.ones((2, 4, 3, 3), bool), block_size=64)
+        with pytest.raises(ValueError, match="geometry"):
+            got.replan(other)
+    with pytest.raises(TypeError, match="block_mask"):
+        got.replan(masks[0].dense_rows)
+    host = tessera.plan(masks[0], **kw)  # the general planner: exact arrays, no buffers
+    assert not host.replannable
+    with pytest.raises(ValueError, match="sync-free"):
+        host.replan(masks[1])
+
+
 @settings(max_examples=60, deadline=None)
 @given(lengths=st.lists(st.integers(1, 200), min_size=0, max_size=12),
        bn=st.sampled_from([64, 128]), seed=st.integers(0, 2**31 - 1))

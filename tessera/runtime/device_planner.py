@@ -37,12 +37,12 @@ from __future__ import annotations
 import numpy as np
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from .._array import Workspace, array_module, device_copy, to_numpy
 from ..mask import BlockMask
 from .mapping import (PhysicalTiles, _device_dense_rows, aligned_geometry, device_bounds,
-                      launch_row_stats, straddling_tiles)
+                      straddling_tiles)
 from .tasks import (HEAVY_MEAN, HEAVY_SHARE, TaskQueue, build_task_queue, head_assignments,
                     split_limit)
 
@@ -68,6 +68,8 @@ class SyncFreePlan:
     block_n: int
     heads_per_task: int
     num_merged: int = 0
+    # Plans a mask of the same geometry into these buffers again: relaunch(dense rows).
+    relaunch: Callable[[Any], None] | None = None
 
     def launch_queue(self) -> TaskQueue:
         """The queue the kernels read: the buffers, with the task count on the device."""
@@ -87,6 +89,40 @@ class SyncFreePlan:
                           combine=_no_combine(array_module(self.tasks)), num_slots=0,
                           heads_per_task=self.heads_per_task, tile_rows=self.tile_rows)
         return pt, queue
+
+
+# Where a planner launch takes the mask's dense rows (the one argument a replan changes).
+DENSE = object()
+
+
+class _Launch:
+    """One planner kernel launch with its arguments converted once: ``DENSE`` stands for the
+    dense rows, given at each call."""
+
+    def __init__(self, kernel: str, grid: tuple[int], args: tuple, block: int = 256) -> None:
+        from ..cuda.loader import Variant, load_kernel  # noqa: PLC0415 - device only
+
+        self.fn = load_kernel(Variant("plan.cu", kernel))
+        self.grid, self.block = grid, (block,)
+        self.args = args
+        self.dense_at = next((i for i, a in enumerate(args) if a is DENSE), None)
+
+    def __call__(self, dense: Any) -> None:
+        args = self.args
+        if self.dense_at is not None:
+            args = args[:self.dense_at] + (dense,) + args[self.dense_at + 1:]
+        self.fn(self.grid, self.block, args)
+
+
+class _Relaunch:
+    """A sync-free plan's launches in order; holds the scratch they address by raw pointers."""
+
+    def __init__(self, launches: tuple[_Launch, ...], scratch: Workspace) -> None:
+        self.launches, self._scratch = launches, scratch
+
+    def __call__(self, dense: Any) -> None:
+        for launch in self.launches:
+            launch(dense)
 
 
 def _no_combine(xp) -> Any:
@@ -152,8 +188,6 @@ def plan_on_device(mask: BlockMask, *, tile_rows: int, block_n: int, heads_per_t
     ``plan_aligned_spans`` counts and writes each tile's spans, and the tiles take the place of
     the mask rows in the scan (each its own run of one tile) and in the task writing.
     """
-    from ..cuda.loader import Variant, load_kernel  # noqa: PLC0415 - device only
-
     xp = mask.xp
     dense_rows = _device_dense_rows(mask)
     if dense_rows is None:
@@ -192,42 +226,46 @@ def plan_on_device(mask: BlockMask, *, tile_rows: int, block_n: int, heads_per_t
     totals = scratch.view("totals")  # kept by the plan
     arg = scratch.arg
     null = np.uint64(0)
+    # Each launch's arguments are fixed for the geometry except the dense rows (DENSE): a
+    # sync-free plan keeps them and plans a later mask of its geometry by launching them again
+    # (Plan.replan), with no argument of its own to convert.
+    grid_rows = ((n_scan * 32 + 255) // 256,)
     if geo is None:
         # Per row: spans, chunks, whether it repeats the row before (count and token sums:
         # not needed here, left uncomputed).
-        launch_row_stats(mask, dense, block_n, null, arg("nspans"), null, null, arg("chunks"),
-                         arg("identical"), pack_keys)
+        first = [_Launch("plan_row_stats", grid_rows,
+                         (DENSE, i32(n_rows), i32(n_kv), i32(n_q), kb, i32(block_n), null,
+                          arg("nspans"), null, null, arg("chunks"), arg("identical"),
+                          i32(pack_keys)))]
         scan_blocks, scan_bounds = n_q, qb
     else:
-        aligned_spans = load_kernel(Variant("plan.cu", "plan_aligned_spans"))
+        def tile_spans(span_off: Any, spans: Any) -> _Launch:
+            return _Launch("plan_aligned_spans", grid_rows,
+                           (DENSE, i32(n_scan), i32(geo.per_bh), i32(n_q), i32(n_kv), kb, qb,
+                            geo.lo, geo.hi, i32(tile_rows), i32(mask.seq_len_q), i32(block_n),
+                            arg("nspans"), arg("chunks"), arg("identical"), span_off, spans))
 
-        def tile_spans(span_off: Any, spans: Any) -> None:
-            aligned_spans(((n_scan * 32 + 255) // 256,), (256,),
-                          (dense, i32(n_scan), i32(geo.per_bh), i32(n_q), i32(n_kv), kb, qb,
-                           geo.lo, geo.hi, i32(tile_rows), i32(mask.seq_len_q), i32(block_n),
-                           arg("nspans"), arg("chunks"), arg("identical"), span_off, spans))
-
-        tile_spans(null, null)
+        first = [tile_spans(null, null)]
         scan_blocks, scan_bounds = geo.per_bh, geo.bounds
-    load_kernel(Variant("plan.cu", "plan_scan"))(
-        (1,), (1024,), (arg("identical"), arg("nspans"), arg("chunks"), i32(n_scan),
-                        i32(scan_blocks), scan_bounds, i32(tile_rows), expansions, assign_off,
-                        i32(n_assign), heavy_slots, heavy_mean, arg("hist"), arg("key_start"),
-                        arg("run_row0"), arg("run_row1"), arg("span_off"),
-                        arg("tile_off"), arg("task_off"), arg("bh_run0"), arg("heavy_runs"),
-                        totals))
+    first.append(_Launch("plan_scan", (1,),
+                         (arg("identical"), arg("nspans"), arg("chunks"), i32(n_scan),
+                          i32(scan_blocks), scan_bounds, i32(tile_rows), expansions, assign_off,
+                          i32(n_assign), heavy_slots, heavy_mean, arg("hist"),
+                          arg("key_start"), arg("run_row0"), arg("run_row1"),
+                          arg("span_off"), arg("tile_off"), arg("task_off"), arg("bh_run0"),
+                          arg("heavy_runs"), totals), block=1024))
 
-    def write_runs(grid_runs: int, spans: Any, tiles: Any, tasks: Any) -> None:
-        if geo is not None:
-            tile_spans(arg("span_off"), spans)
+    def write_runs(grid_runs: int, spans: Any, tiles: Any, tasks: Any) -> list[_Launch]:
+        out = [] if geo is None else [tile_spans(arg("span_off"), spans)]
         if grid_runs:
-            load_kernel(Variant("plan.cu", "plan_write_runs"))(
-                ((grid_runs * 32 + 255) // 256,), (256,),
-                (dense if geo is None else null, i32(n_kv), i32(scan_blocks), kb, scan_bounds,
+            out.append(_Launch(
+                "plan_write_runs", ((grid_runs * 32 + 255) // 256,),
+                (DENSE if geo is None else null, i32(n_kv), i32(scan_blocks), kb, scan_bounds,
                  i32(tile_rows), totals, arg("run_row0"), arg("run_row1"), arg("span_off"),
                  arg("tile_off"), arg("task_off"), arg("nspans"), arg("chunks"), expansions,
                  assign_off, assign_b, assign_h0, heavy_slots, heavy_mean, arg("key_start"),
-                 spans, tiles, np.uint64(0) if tasks is None else tasks))
+                 spans, tiles, np.uint64(0) if tasks is None else tasks)))
+        return out
 
     if geo is None:
         cap_spans, cap_tiles, cap_tasks = _capacities(mask, n_rows, tile_rows,
@@ -243,11 +281,16 @@ def plan_on_device(mask: BlockMask, *, tile_rows: int, block_n: int, heads_per_t
         spans = xp.empty((cap_spans, 4), dtype=i32)
         tiles = xp.empty((cap_tiles, 6), dtype=i32)
         tasks = xp.empty((cap_tasks, 8), dtype=i32)
-        write_runs(n_scan, spans, tiles, tasks)  # a warp per row: the most runs there can be
+        # write_runs: a warp per row, the most runs there can be.
+        launches = tuple(first + write_runs(n_scan, spans, tiles, tasks))
+        relaunch = _Relaunch(launches, scratch)
+        relaunch(dense)
         return SyncFreePlan(tiles=tiles, spans=spans, tasks=tasks, totals=totals,
                             tile_rows=tile_rows, block_n=block_n, heads_per_task=heads_per_task,
-                            num_merged=num_merged)
+                            num_merged=num_merged, relaunch=relaunch)
 
+    for launch in first:
+        launch(dense)
     n_runs, n_spans, n_tiles, n_tasks, task_chunks, max_chunks = (int(x) for x in
                                                                   to_numpy(totals))
     # The split policy of tasks.build_task_queue, on the same totals.
@@ -256,7 +299,8 @@ def plan_on_device(mask: BlockMask, *, tile_rows: int, block_n: int, heads_per_t
     spans = xp.empty((n_spans, 4), dtype=i32)
     tiles = xp.empty((n_tiles, 6), dtype=i32)
     tasks = None if split else xp.empty((n_tasks, 8), dtype=i32)
-    write_runs(n_runs, spans, tiles, tasks)
+    for launch in write_runs(n_runs, spans, tiles, tasks):
+        launch(dense)
     pt = _physical_tiles(tiles, spans, tile_rows, block_n, n_runs, num_merged)
     if split:
         # Heavy tiles are cut into parts by the general task organization (array operations on

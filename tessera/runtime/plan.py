@@ -19,7 +19,7 @@ from ..mask import BlockMask
 from . import mapping
 from .device_planner import SyncFreePlan, plan_on_device
 from .mapping import PhysicalTiles, map_to_tiles
-from .regime import ROW_GROUP, Regime, plan_may_split, plan_tasks_in_flight, select_regime
+from .regime import ROW_GROUP, Regime, plan_may_split, plan_tasks_in_flight, selected_regime
 from .tasks import TaskQueue, build_task_queue, head_assignments
 
 __all__ = ["Plan", "PlanStats", "plan", "SUPPORTED_DTYPES"]
@@ -81,10 +81,68 @@ class Plan:
     # Tasks the GPU it was planned for runs at once (0: unknown), which the queue's launch order
     # and split rule were decided for.
     in_flight: int = 0
+    # Whether every mask of this geometry gets this regime (given, or selected without reading
+    # the selection): a replan for another such mask then gives what a new plan would.
+    regime_by_geometry: bool = True
     # (tiles, queue), or for a sync-free plan the callable that cuts them from its buffers.
     _exact: tuple[PhysicalTiles, TaskQueue] | Callable[[], tuple[PhysicalTiles, TaskQueue]] = \
         field(repr=False, default=None)  # type: ignore[assignment]
+    _device: SyncFreePlan | None = field(repr=False, default=None)  # a sync-free plan's buffers
     _cache: dict = field(default_factory=dict, repr=False)
+
+    def _planned(self) -> None:
+        """Note where the planner's work was enqueued (CuPy's current stream): runs on another
+        stream wait for this event on the device (no host synchronization); runs on this one
+        are ordered after it already (api._wait_until_planned)."""
+        xp = self.mask.xp
+        if xp is not np:
+            # A replan records the plan's event again: a wait enqueued later waits for the new
+            # planner work, one enqueued earlier for what was recorded then.
+            ready = self._cache.get("ready") or xp.cuda.Event(disable_timing=True)
+            ready.record()
+            self._cache["ready"] = ready
+            self._cache["ready_on"] = {xp.cuda.get_current_stream().ptr}
+
+    @property
+    def replannable(self) -> bool:
+        """Whether :meth:`replan` can take a new mask (a sync-free device plan)."""
+        return self._device is not None and self._device.relaunch is not None
+
+    def replan(self, block_mask: BlockMask) -> "Plan":
+        """Plan ``block_mask``, a mask of this plan's geometry, into this plan's own buffers and
+        return the plan: the planner kernels run again on CuPy's current stream, with nothing
+        allocated and nothing waited for, so a model can keep one plan per layer and change its
+        mask every step. The regime stays this plan's (:attr:`regime_by_geometry` says whether
+        a new plan would pick the same). Runs of this plan already enqueued on this stream
+        finish first; runs still in flight on another stream must be ordered before this call
+        by the caller, as for any array the GPU may still read.
+
+        Raises ValueError when the plan is not :attr:`replannable` or the mask's geometry,
+        batch and heads, or array module differ from the plan's mask.
+        """
+        if not isinstance(block_mask, BlockMask):
+            raise TypeError(f"block_mask must be a tessera.BlockMask, got "
+                            f"{type(block_mask).__name__}")
+        if not self.replannable:
+            raise ValueError("only a sync-free device plan can be replanned (this one was "
+                             "planned on the host, or may split tasks); plan the mask anew")
+        old = self.mask
+        if block_mask is not old:
+            if block_mask.xp is not old.xp:
+                raise ValueError("block_mask must live where the plan's mask does "
+                                 f"({'device' if old.on_device else 'host'})")
+            if block_mask.batch_heads != old.batch_heads or not (
+                    _same_bounds(block_mask.q_bounds, old.q_bounds)
+                    and _same_bounds(block_mask.kv_bounds, old.kv_bounds)):
+                raise ValueError(f"block_mask's geometry {block_mask} differs from the plan's "
+                                 f"{old}")
+        dense = mapping._device_dense_rows(block_mask)
+        xp = block_mask.xp
+        self._device.relaunch(xp.ascontiguousarray(dense).view(np.uint8))
+        self.mask = block_mask
+        self._exact = self._device.settle
+        self._planned()
+        return self
 
     def _settled(self) -> tuple[PhysicalTiles, TaskQueue]:
         if callable(self._exact):
@@ -177,6 +235,10 @@ class Plan:
         return run_plan(self, q, k, v, scale=scale, return_lse=return_lse, out=out, lse=lse)
 
 
+def _same_bounds(a: np.ndarray, b: np.ndarray) -> bool:
+    return a is b or (a.shape == b.shape and bool(np.array_equal(a, b)))
+
+
 def heads_per_task(regime: Regime, mask_heads: int, num_q_heads: int, num_kv_heads: int) -> int:
     """GQA packing factor: all query heads of a kv head in one task when they share a mask head
     and each still gets a whole number of row groups."""
@@ -214,9 +276,11 @@ def plan(block_mask: BlockMask, *, num_q_heads: int, num_kv_heads: int | None = 
         raise TypeError(f"dtype must be one of {SUPPORTED_DTYPES}, got {dtype!r}")
     head_of = block_mask.head_index(num_q_heads, num_kv_heads)
     batch_of = block_mask.batch_index(batch)
+    by_geometry = True  # a regime given holds for every mask of the geometry
     if regime is None:  # the table in force for arch, else the heuristic (runtime/regime.py)
-        regime = select_regime(block_mask, arch=arch, head_dim=head_dim, dtype=dtype,
-                               num_q_heads=num_q_heads, batch=batch, num_kv_heads=num_kv_heads)
+        regime, by_geometry = selected_regime(
+            block_mask, arch=arch, head_dim=head_dim, dtype=dtype, num_q_heads=num_q_heads,
+            batch=batch, num_kv_heads=num_kv_heads)
     if not isinstance(regime, Regime):
         raise TypeError(f"regime must be a tessera Regime, got {type(regime).__name__}")
 
@@ -237,8 +301,9 @@ def plan(block_mask: BlockMask, *, num_q_heads: int, num_kv_heads: int | None = 
                                min_split_chunks=regime.min_split_chunks, in_flight=in_flight,
                                allow_split=allow_split, pack_keys=regime.pack_keys,
                                align_tiles=regime.align_tiles)
+    device = None
     if isinstance(fused, SyncFreePlan):
-        launch, exact = fused.launch_queue(), fused.settle
+        launch, exact, device = fused.launch_queue(), fused.settle, fused
     else:
         if fused is not None:
             tiles, queue = fused
@@ -256,14 +321,6 @@ def plan(block_mask: BlockMask, *, num_q_heads: int, num_kv_heads: int | None = 
     p = Plan(mask=block_mask, regime=regime, batch=batch, num_q_heads=num_q_heads,
              num_kv_heads=num_kv_heads, head_dim=head_dim, head_dim_v=head_dim_v,
              dtype=dtype, layout=layout, launch_queue=launch, in_flight=in_flight,
-             _exact=exact)
-    xp = block_mask.xp
-    if xp is not np:
-        # The queue was built on CuPy's current stream; runs on another stream wait for this
-        # event on the device (no host synchronization).
-        ready = xp.cuda.Event(disable_timing=True)
-        ready.record()
-        p._cache["ready"] = ready
-        # Runs on this stream are ordered after the planner already (api._wait_until_planned).
-        p._cache["ready_on"] = {xp.cuda.get_current_stream().ptr}
+             regime_by_geometry=by_geometry, _exact=exact, _device=device)
+    p._planned()
     return p

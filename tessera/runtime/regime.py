@@ -48,8 +48,8 @@ from .mapping import tiling_pairs
 
 __all__ = ["Regime", "default_regime", "ROW_GROUP", "candidate_regimes", "MaskFeatures",
            "MaskMeasures", "mask_features", "mask_measures", "RegimeTable", "use_table",
-           "active_table", "select_regime", "gpu_slug", "TABLES_DIR", "ENV_TABLE",
-           "tasks_in_flight", "device_arch", "device_sm_count"]
+           "active_table", "select_regime", "selected_regime", "gpu_slug", "TABLES_DIR",
+           "ENV_TABLE", "tasks_in_flight", "device_arch", "device_sm_count"]
 
 # Rows one warp owns in every kernel family (the M of one mma.sync / a quarter of a wgmma M=64).
 # Row groups with no valid row may skip their matrix work (the portable kernel skips per warp of
@@ -1037,7 +1037,8 @@ def use_table(table: "str | os.PathLike | RegimeTable | None") -> RegimeTable | 
     beside the package when it exists. Returns the table now in force for explicit choices
     (None otherwise).
     """
-    global _explicit
+    global _explicit, _generation
+    _generation += 1
     if table is None or isinstance(table, RegimeTable):
         _explicit = table
     elif isinstance(table, str) and table == _AUTO:
@@ -1119,7 +1120,16 @@ def active_table(arch: int | None) -> RegimeTable | None:
 
 def select_regime(mask: Any, *, arch: int | None, head_dim: int, dtype: Any,
                   num_q_heads: int, batch: int, num_kv_heads: int | None = None) -> Regime:
-    """The regime ``tessera.plan`` uses when none is given.
+    """The regime ``tessera.plan`` uses when none is given (see :func:`selected_regime`)."""
+    return selected_regime(mask, arch=arch, head_dim=head_dim, dtype=dtype,
+                           num_q_heads=num_q_heads, batch=batch, num_kv_heads=num_kv_heads)[0]
+
+
+def selected_regime(mask: Any, *, arch: int | None, head_dim: int, dtype: Any,
+                    num_q_heads: int, batch: int, num_kv_heads: int | None = None
+                    ) -> tuple[Regime, bool]:
+    """The regime ``tessera.plan`` uses when none is given, and whether every mask of this
+    geometry gets it (the selection was not read).
 
     ``arch`` None with a device mask means the current device's. The heuristic
     :func:`default_regime`, unless a table is in force for the architecture
@@ -1145,18 +1155,25 @@ def select_regime(mask: Any, *, arch: int | None, head_dim: int, dtype: Any,
            np.asarray(mask.kv_bounds, dtype=np.int64).tobytes())
     found = _selections.get(key)
     if found is not None:
-        return found
+        return found, True
     regime, by_geometry = _select_regime(mask, arch, head_dim, dtype, num_q_heads, batch,
                                          num_kv_heads)
     if by_geometry:
         if len(_selections) >= 256:  # a bound, not an LRU: models use a handful of geometries
             _selections.clear()
         _selections[key] = regime
-    return regime
+    return regime, by_geometry
 
 
 # select_regime's answers that depend on the geometry and shapes alone (emptied by use_table).
 _selections: dict[tuple, Regime] = {}
+_generation = 0  # use_table calls so far
+
+
+def selection_generation() -> int:
+    """Changes whenever :func:`use_table` may have changed what :func:`select_regime` answers
+    (a key part for anything that remembers its answers, as tessera.attention's kept plans)."""
+    return _generation
 
 
 def _select_regime(mask: Any, arch: int | None, head_dim: int, dtype: str, num_q_heads: int,
