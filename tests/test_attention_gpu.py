@@ -518,9 +518,10 @@ def test_device_planner_equals_host_planner(case):
 
 @pytest.mark.parametrize("case", ["random 64", "variable + empty rows", "many runs"])
 def test_replan_on_the_device_equals_a_new_plan(case):
-    """Plan.replan with the real planner kernels: a sync-free plan of one mask replanned for
-    another of its geometry gives the host plan of the new mask array for array (the kernels
-    overwrite whatever the first mask left in the buffers)."""
+    """Plan.replan with the real planner kernels (replayed as a CUDA graph that reads a copy of
+    the new mask's rows): a sync-free plan of one mask replanned for another of its geometry
+    gives the host plan of the new mask array for array (the kernels overwrite whatever the
+    first mask left in the buffers)."""
     import cupy as cp
 
     dense, geo = _device_vs_host_masks()[case]
@@ -539,6 +540,7 @@ def test_replan_on_the_device_equals_a_new_plan(case):
         assert p.replannable
         _ = p.tiles  # settled for the first mask: the replan must cut them again
         assert p.replan(dev) is p
+        assert p._device.relaunch.graph is not None  # replayed as one CUDA graph
         ph = tessera.plan(host, num_q_heads=2 * h, num_kv_heads=h, head_dim=128, regime=reg,
                           arch=_device_cc())
         for f in ("tasks", "spans", "combine"):
@@ -592,6 +594,7 @@ def test_requests_of_one_geometry_reuse_a_plan(monkeypatch, family):
         if family != "default" or plans:
             assert len(plans) == 1 and plans[0].mask is mask
             assert kept.setdefault(s.cuda_stream, plans[0]) is plans[0]  # the same plan
+            assert (plans[0]._device.relaunch.graph is not None) == (i >= 2)  # replans
     assert len(kept) == 2 or (family == "default" and _device_cc() != 90)
 
 
