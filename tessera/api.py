@@ -111,7 +111,8 @@ def attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *, scale: float | N
     same with Hkv heads (Hq a multiple of Hkv) and Lkv tokens; CuPy arrays or any CUDA DLPack
     tensor (PyTorch, JAX), bf16 or fp16, D in 64/96/128. Plans (on the device when the mask is
     there) and runs in one call; returns the output in the caller's type and layout, plus the
-    natural-log LSE ``[B, Hq, Lq]`` (float32) with ``return_lse``.
+    natural-log LSE ``[B, Hq, Lq]`` (float32) with ``return_lse``. A later request of the same
+    mask geometry, shapes and stream replans a kept plan (:data:`request_plans_kept`).
     """
     if not isinstance(block_mask, BlockMask):
         raise TypeError(f"block_mask must be a tessera.BlockMask, got {type(block_mask).__name__}")

@@ -23,6 +23,11 @@ the attention kernels read the number of tasks from them. Nothing waits for the 
 that plans a new mask per layer keeps the GPU fed. The host learns the real lengths only when
 it asks for the plan's arrays (``Plan.tiles``/``Plan.queue``: one copy then).
 
+A sync-free plan keeps its launches, whose arguments are the geometry's except the mask's dense
+rows, so a later mask of its geometry is planned into the same buffers by launching them again
+(``Plan.replan``; from the second planning on, one CUDA graph replayed): this is how
+``tessera.attention`` serves a model's requests, a new mask each, with a kept plan.
+
 **One sync** otherwise (or when the bounds would exceed :data:`SYNC_FREE_WORKSPACE_LIMIT`):
 the totals are read after step 2 to size the arrays and to apply the split rule; when a task
 must split, step 3 writes spans and tiles only and the general task organization
