@@ -79,14 +79,14 @@ def _cupy_view_of_torch(a: Any, name: str) -> Any:
     if cp is None:
         raise TypeError(f"{name} is a CUDA tensor but CuPy is not installed")
     dtype = str(a.dtype).removeprefix("torch.")
-    same_stream = torch_stream_ptr(a.device.index) == cp.cuda.get_current_stream().ptr
-    if dtype == "bfloat16" or not hasattr(np, dtype) or not same_stream:
-        return cp.from_dlpack(a)
-    dt = np.dtype(dtype)
-    if a.numel() == 0:
-        return cp.empty(tuple(a.shape), dtype=dt)
-    span = 1 + sum((n - 1) * s for n, s in zip(a.shape, a.stride()))  # elements spanned
-    with cp.cuda.Device(a.device.index):
+    with cp.cuda.Device(a.device.index):  # (CuPy's current stream is per device)
+        same_stream = torch_stream_ptr(a.device.index) == cp.cuda.get_current_stream().ptr
+        if dtype == "bfloat16" or not hasattr(np, dtype) or not same_stream:
+            return cp.from_dlpack(a)
+        dt = np.dtype(dtype)
+        if a.numel() == 0:
+            return cp.empty(tuple(a.shape), dtype=dt)
+        span = 1 + sum((n - 1) * s for n, s in zip(a.shape, a.stride()))  # elements spanned
         mem = cp.cuda.UnownedMemory(a.data_ptr(), span * dt.itemsize, a, a.device.index)
         return cp.ndarray(tuple(a.shape), dtype=dt, memptr=cp.cuda.MemoryPointer(mem, 0),
                           strides=tuple(s * dt.itemsize for s in a.stride()))

@@ -121,9 +121,13 @@ def attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *, scale: float | N
     b, hq, lq, d = ops.shape_q
     _, hkv, lkv, _ = ops.shape_kv
     _check_mask(block_mask, b, hq, hkv, lq, lkv)
-    # Plan on the caller's stream too: the device planner's arrays must be ready before the
-    # kernels read them, and a framework's side stream does not wait for CuPy's default one.
-    with _caller_stream(ops):
+    if block_mask.on_device and block_mask.device_id != ops.q.device_id:
+        raise ValueError(f"block_mask is on device {block_mask.device_id} but q is on "
+                         f"{ops.q.device_id}")
+    # Plan on q's device and the caller's stream: the device planner's arrays must be ready
+    # before the kernels read them, and a framework's side stream does not wait for CuPy's
+    # default one.
+    with cupy_or_none().cuda.Device(ops.q.device_id), _caller_stream(ops):
         p = _request_plan(block_mask, ops, layout, regime)
     return _launch(p, ops, scale, return_lse)
 
@@ -245,6 +249,9 @@ def run_plan(p: Plan, q: Any, k: Any, v: Any, *, scale: float | None = None,
     if ops.q.dtype != p.dtype:
         raise TypeError(f"q dtype {ops.q.dtype} differs from the plan's {p.dtype}")
     _check_mask(p.mask, b, hq, hkv, lq, lkv)
+    if p.mask.on_device and p.mask.device_id != ops.q.device_id:
+        raise ValueError(f"the plan lives on device {p.mask.device_id} but q is on "
+                         f"{ops.q.device_id}")
     given = _given_outputs(ops, p.layout, out, lse)
     return _launch(p, ops, scale, return_lse or lse is not None, given)
 
@@ -276,8 +283,9 @@ def _given_outputs(ops: _Operands, layout: str, out: Any, lse: Any) -> dict:
 
 
 def _device_queue(p: Plan, cp) -> dict:
-    """The plan's launch queue and workspace on the device (copied/allocated once per plan)."""
-    c = p._cache
+    """The plan's launch queue and workspace on the current device (copied/allocated once per
+    plan and device: a host-built plan may run on several GPUs)."""
+    c = p._cache.setdefault(("queue", cp.cuda.Device().id), {})
     if "tasks" not in c:
         q = p.launch_queue
         c["tasks"] = cp.ascontiguousarray(cp.asarray(q.tasks, dtype=cp.int32))
@@ -345,6 +353,14 @@ def _encoded_maps(q: tuple, k: tuple, v: tuple, bf16: bool, tile_rows: int, head
 
 def _launch(p: Plan, ops: _Operands, scale: float | None, return_lse: bool,
             given: dict | None = None):
+    """Launch ``p``'s kernels on q's device and the caller's stream; the caller's outputs."""
+    # q's device current throughout: its architecture, the kernels loaded there, its SMs.
+    with cupy_or_none().cuda.Device(ops.q.device_id):
+        return _launch_here(p, ops, scale, return_lse, given)
+
+
+def _launch_here(p: Plan, ops: _Operands, scale: float | None, return_lse: bool,
+                 given: dict | None):
     from .cuda.loader import Variant, blocks_per_sm, load_kernel, smem_bytes  # noqa: PLC0415
     from .runtime.regime import device_sm_count, smem_limit_bytes  # noqa: PLC0415
 
@@ -364,7 +380,7 @@ def _launch(p: Plan, ops: _Operands, scale: float | None, return_lse: bool,
         raise ValueError(f"regime {r.name} needs {smem_bytes(fwd)} bytes of shared memory at head "
                          f"dim {d}; sm_{cc} allows {smem_limit_bytes(cc)} per block")
     stream = _caller_stream(ops)
-    with cp.cuda.Device(ops.q.device_id), stream:  # CuPy work below goes on that stream too
+    with stream:  # CuPy work below goes on that stream too
         _wait_until_planned(p, stream)
         queue = _device_queue(p, cp)
         given = given or {}

@@ -16,6 +16,7 @@ Indices within a row are kept sorted and unique: constructors sort them, and rej
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 from dataclasses import dataclass, field
@@ -354,6 +355,21 @@ class BlockMask:
     @property
     def on_device(self) -> bool:
         return self.xp is not np
+
+    @property
+    def device_id(self) -> int | None:
+        """The CUDA device the selection lives on (None on the host)."""
+        if self.xp is np:
+            return None
+        a = self.dense_rows if self.dense_rows is not None else self._indptr
+        return int(a.device.id)
+
+    def device_context(self) -> Any:
+        """A context making the mask's device current (nothing for a host mask): planning
+        launches its kernels and allocates its arrays where the mask lives."""
+        if self.xp is np:
+            return contextlib.nullcontext()
+        return self.xp.cuda.Device(self.device_id)
 
     @property
     def nnz(self) -> int:

@@ -916,3 +916,51 @@ def test_plan_reused_on_one_stream_and_in_a_cuda_graph(family):
             g.replay()
         torch.cuda.synchronize()
         check()
+
+
+def test_tensors_on_a_second_gpu():
+    """q/k/v and the mask on cuda:1 while cuda:0 is current: planning (device planner, kept plans
+    and their CUDA-graph replans), the kernels and the outputs all on cuda:1; a host plan runs
+    on both GPUs (the kernels are loaded once per device, whatever ran first); a mask or plan on
+    the other GPU than q is refused by name."""
+    torch = _torch()
+    import cupy as cp
+
+    if cp.cuda.runtime.getDeviceCount() < 2:
+        pytest.skip("needs two GPUs")
+    assert torch.cuda.current_device() == 0 and cp.cuda.Device().id == 0
+    rng = np.random.default_rng(21)
+    L = 1200
+    host = rng.random((2, 10, 10)) < 0.3
+    host_mask = tessera.BlockMask.from_dense(host, block_size=128, seq_len_q=L, seq_len_kv=L)
+    on0 = [torch.randn(1, 2, L, 64, device="cuda:0", dtype=torch.bfloat16) for _ in range(3)]
+    on1 = [x.to("cuda:1") for x in on0]
+    ref = reference.attention(*(x.float().cpu().numpy().astype(np.float64) for x in on0),
+                              host_mask)
+
+    def check(out, device):
+        assert out.device == torch.device(device)
+        got = out.float().cpu().numpy()
+        assert not np.isnan(got).any()
+        assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < TOL["bfloat16"]
+
+    hp = tessera.plan(host_mask, num_q_heads=2, head_dim=64)
+    check(hp.run(*on0), "cuda:0")  # kernels loaded on device 0 first
+    check(hp.run(*on1), "cuda:1")
+    never_splits = Regime(combine_threshold=0.0, split_ratio=1e9)
+    for regime in (None, never_splits, never_splits):  # new plan, kept plan, CUDA-graph replan
+        mask = tessera.BlockMask.from_dense(torch.from_numpy(host).to("cuda:1"), block_size=128,
+                                            seq_len_q=L, seq_len_kv=L)
+        assert mask.device_id == 1
+        check(tessera.attention(*on1, mask, regime=regime), "cuda:1")
+    p = tessera.plan(mask, num_q_heads=2, head_dim=64, regime=never_splits)
+    assert p.launch_queue.tasks.device.id == 1 and cp.cuda.Device().id == 0
+    check(p.run(*on1), "cuda:1")
+    torch.cuda.synchronize(1)
+    with pytest.raises(ValueError, match="device"):
+        tessera.attention(*on0, mask)
+    with pytest.raises(ValueError, match="device"):
+        p.run(*on0)
+    with pytest.raises(ValueError, match="device"):
+        p.replan(tessera.BlockMask.from_dense(cp.asarray(host), block_size=128, seq_len_q=L,
+                                              seq_len_kv=L))

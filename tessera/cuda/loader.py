@@ -332,8 +332,8 @@ def compile_variant(variant: Variant, target: str, *, allow_spills: bool = False
     return result
 
 
-_loaded: dict[tuple[Variant, int], Any] = {}
-_modules: dict[tuple[str, tuple, int], Any] = {}
+_loaded: dict[tuple[Variant, int], Any] = {}  # per (variant, device id)
+_modules: dict[tuple[str, tuple, int], Any] = {}  # per (source, macros, device id)
 
 
 def device_cc() -> int:
@@ -346,14 +346,17 @@ def device_cc() -> int:
 
 def load_kernel(variant: Variant) -> Any:
     """The CuPy kernel function of ``variant`` for the current device, compiled at most once per
-    process, with its dynamic shared-memory limit raised to what it needs."""
-    cc = device_cc()
-    key = (variant, cc)
+    process and architecture, loaded once per device (a module lives in one device's context:
+    its functions cannot launch on another GPU), with its dynamic shared-memory limit raised to
+    what it needs."""
+    cc = device_cc()  # (a BuildError without CuPy)
+    cp = cupy_or_none()
+    device = cp.cuda.Device().id
+    key = (variant, device)
     fn = _loaded.get(key)
     if fn is None:
-        cp = cupy_or_none()
         result = compile_variant(variant, target_for(cc), require_report=False)
-        mkey = (variant.source, variant.macros, cc)
+        mkey = (variant.source, variant.macros, device)
         module = _modules.get(mkey)
         if module is None:
             path = cache_dir() / f"{variant.label}_{result.target}_loaded.cubin"
@@ -382,7 +385,7 @@ _resident: dict[tuple, int] = {}
 def blocks_per_sm(variant: Variant) -> int:
     """CTAs of ``variant`` one SM of the current device holds at once (the driver's occupancy
     calculation, from registers, threads and shared memory); sizes persistent grids."""
-    key = (variant, device_cc())
+    key = (variant, cupy_or_none().cuda.Device().id)
     if key not in _resident:
         from cupy_backends.cuda.api import driver  # noqa: PLC0415 - device only
 

@@ -136,12 +136,16 @@ class Plan:
                     and _same_bounds(block_mask.kv_bounds, old.kv_bounds)):
                 raise ValueError(f"block_mask's geometry {block_mask} differs from the plan's "
                                  f"{old}")
-        dense = mapping._device_dense_rows(block_mask)
-        xp = block_mask.xp
-        self._device.relaunch(xp.ascontiguousarray(dense).view(np.uint8))
-        self.mask = block_mask
-        self._exact = self._device.settle
-        self._planned()
+        if block_mask.device_id != old.device_id:
+            raise ValueError(f"block_mask is on device {block_mask.device_id}, the plan's mask "
+                             f"on {old.device_id}")
+        with block_mask.device_context():
+            dense = mapping._device_dense_rows(block_mask)
+            xp = block_mask.xp
+            self._device.relaunch(xp.ascontiguousarray(dense).view(np.uint8))
+            self.mask = block_mask
+            self._exact = self._device.settle
+            self._planned()
         return self
 
     def _settled(self) -> tuple[PhysicalTiles, TaskQueue]:
@@ -257,11 +261,20 @@ def plan(block_mask: BlockMask, *, num_q_heads: int, num_kv_heads: int | None = 
 
     ``batch`` defaults to the mask's stored batch; ``regime`` to the one the regime table in
     force for ``arch`` gives, else the heuristic default (``tessera.runtime.regime``);
-    ``arch=None`` with a device mask means the current device's.
-    The plan's arrays live where the mask lives (numpy or CuPy).
+    ``arch=None`` with a device mask means the mask's device's.
+    The plan's arrays live where the mask lives (numpy, or CuPy on the mask's device).
     """
     if not isinstance(block_mask, BlockMask):
         raise TypeError(f"block_mask must be a tessera.BlockMask, got {type(block_mask).__name__}")
+    with block_mask.device_context():
+        return _plan(block_mask, num_q_heads, num_kv_heads, head_dim, head_dim_v, batch, dtype,
+                     layout, regime, arch)
+
+
+def _plan(block_mask: BlockMask, num_q_heads: int, num_kv_heads: int | None, head_dim: int,
+          head_dim_v: int | None, batch: int | None, dtype: Any, layout: str,
+          regime: Regime | None, arch: int | None) -> Plan:
+    """plan() with the mask's device current (where every array and kernel of the plan go)."""
     num_kv_heads = num_q_heads if num_kv_heads is None else num_kv_heads
     head_dim_v = head_dim if head_dim_v is None else head_dim_v
     batch = block_mask.batch_heads[0] if batch is None else batch
