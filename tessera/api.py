@@ -7,9 +7,11 @@ TypeError that names the argument.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -127,48 +129,60 @@ def attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *, scale: float | N
     # Plan on q's device and the caller's stream: the device planner's arrays must be ready
     # before the kernels read them, and a framework's side stream does not wait for CuPy's
     # default one.
-    with cupy_or_none().cuda.Device(ops.q.device_id), _caller_stream(ops):
-        p = _request_plan(block_mask, ops, layout, regime)
-    return _launch(p, ops, scale, return_lse)
+    with cupy_or_none().cuda.Device(ops.q.device_id), _caller_stream(ops), \
+            _request_plan(block_mask, ops, layout, regime) as p:
+        return _launch(p, ops, scale, return_lse)
 
 
 # Plans tessera.attention keeps for the next request of the same geometry, shapes and stream
 # (least recently used first); 0 plans every request anew.
 request_plans_kept = 8
 _request_plans: OrderedDict[tuple, Plan] = OrderedDict()
+_request_lock = threading.Lock()
 
 
-def _request_plan(mask: BlockMask, ops: _Operands, layout: str, regime: Any) -> Plan:
-    """The plan of a request: a kept plan of the same geometry replanned for ``mask``
-    (Plan.replan: the planner's kernels and nothing else -- no allocation, no regime
-    selection), else a new one, kept when a later mask of its geometry can reuse it.
+@contextlib.contextmanager
+def _request_plan(mask: BlockMask, ops: _Operands, layout: str, regime: Any):
+    """The plan of a request, for the duration of its launch: a kept plan of the same geometry
+    replanned for ``mask`` (Plan.replan: the planner's kernels and nothing else -- no
+    allocation, no regime selection), else a new one, kept afterwards when a later mask of its
+    geometry can reuse it.
 
-    Reuse is safe because a kept plan is only ever run on one stream: a request's replan is
-    enqueued after the previous request's kernels, which were the last to read its buffers.
-    A stream being captured into a CUDA graph takes new plans, so that a graph never shares
+    Reuse is safe because a kept plan serves one request at a time, on one stream: a request's
+    replan is enqueued after the previous request's kernels, which were the last to read its
+    buffers, and a plan is taken out of the kept ones while its request plans and launches (a
+    concurrent request of the same key, from another thread, makes a plan of its own). A
+    stream being captured into a CUDA graph takes new plans, so that a graph never shares
     buffers with later requests."""
     from .runtime.regime import ENV_TABLE, selection_generation  # noqa: PLC0415
 
     b, hq, lq, d = ops.shape_q
     hkv = ops.shape_kv[1]
-    key = None
+    key = kept = None
     if request_plans_kept and mask.on_device and not _capturing(ops.stream_ptr):
         # Everything a new plan would read besides the selection (the regime selection's
         # inputs: the device, its table, the shapes, the geometry).
         key = (ops.q.device_id, ops.stream_ptr, regime, selection_generation(),
                os.environ.get(ENV_TABLE), b, hq, hkv, d, ops.q.dtype, layout,
                mask.batch_heads, mask.q_bounds.tobytes(), mask.kv_bounds.tobytes())
-        kept = _request_plans.get(key)
-        if kept is not None:
-            _request_plans.move_to_end(key)
-            return kept.replan(mask)
-    p = plan(mask, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, batch=b, dtype=ops.q.dtype,
-             layout=layout, regime=regime, arch=_device_cc())
-    if key is not None and p.replannable and p.regime_by_geometry:
-        _request_plans[key] = p
-        while len(_request_plans) > request_plans_kept:
-            _request_plans.popitem(last=False)
-    return p
+        with _request_lock:
+            kept = _request_plans.pop(key, None)
+    if kept is not None:
+        p = kept.replan(mask)
+    else:
+        p = plan(mask, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, batch=b,
+                 dtype=ops.q.dtype, layout=layout, regime=regime, arch=_device_cc())
+        if not (p.replannable and p.regime_by_geometry):
+            key = None
+    try:
+        yield p
+    finally:
+        if key is not None:
+            with _request_lock:
+                _request_plans[key] = p
+                _request_plans.move_to_end(key)
+                while len(_request_plans) > request_plans_kept:
+                    _request_plans.popitem(last=False)
 
 
 def _capturing(stream_ptr: int) -> bool:

@@ -124,8 +124,9 @@ def test_requests_of_one_geometry_replan_a_kept_plan(monkeypatch):
     """tessera.attention's plans (api._request_plan; planner kernels replaced by their numpy
     stand-ins, the mask taken for a device one): a later request of the same geometry, shapes
     and stream replans the kept plan, which then equals a new plan of its mask; another stream,
-    geometry or regime takes a plan of its own; a stream being captured into a CUDA graph, a
-    plan that may split tasks, or a regime that read the selection is never kept; the least
+    geometry or regime takes a plan of its own, and so does a request of the same key while
+    one is in flight (another thread's); a stream being captured into a CUDA graph, a plan
+    that may split tasks, or a regime that read the selection is never kept; the least
     recently used plan goes beyond request_plans_kept."""
     import pytest
 
@@ -155,28 +156,35 @@ def test_requests_of_one_geometry_replan_a_kept_plan(monkeypatch):
     def mask(p: float, n: int = 10) -> BlockMask:
         return BlockMask.from_dense(rng.random((2, n, n)) < p, block_size=64)
 
+    def request(m: BlockMask, stream: int, regime: Regime, lq: int = 640):
+        with api._request_plan(m, ops(stream, lq=lq), "bhld", regime) as p:
+            return p
+
     never_splits = Regime(family="sm90", block_m=128, num_warps=12, block_n=128, stages=3,
                           combine_threshold=0.0, split_ratio=1e9)
-    first = api._request_plan(mask(0.3), ops(7), "bhld", never_splits)
+    first = request(mask(0.3), 7, never_splits)
     for p in (0.6, 0.1):
         m = mask(p)
-        again = api._request_plan(m, ops(7), "bhld", never_splits)
+        again = request(m, 7, never_splits)
         assert again is first and again.mask is m
         assert_same_plan(again, tessera.plan(m, num_q_heads=4, num_kv_heads=2, head_dim=64,
                                              batch=1, regime=never_splits))
-    assert api._request_plan(mask(0.3), ops(8), "bhld", never_splits) is not first
-    assert api._request_plan(mask(0.3, n=9), ops(7, lq=576), "bhld", never_splits) \
-        is not first
+    with api._request_plan(mask(0.3), ops(7), "bhld", never_splits) as in_flight:
+        assert in_flight is first and not api._request_plans  # taken out while in use
+        assert request(mask(0.3), 7, never_splits) is not first  # a concurrent request's own
+    kept = list(api._request_plans.values())
+    assert len(kept) == 1 and kept[0] is first  # the last request to finish keeps its plan
+    assert request(mask(0.3), 8, never_splits) is not first
+    assert request(mask(0.3, n=9), 7, never_splits, lq=576) is not first
     packed = never_splits.with_(pack_keys=True)
-    assert api._request_plan(mask(0.3), ops(7), "bhld", packed) is not first
+    assert request(mask(0.3), 7, packed) is not first
     assert len(api._request_plans) == 4
     capturing.add(7)
-    assert api._request_plan(mask(0.3), ops(7), "bhld", never_splits) is not first
+    assert request(mask(0.3), 7, never_splits) is not first
     capturing.clear()
     assert len(api._request_plans) == 4
     splits = never_splits.with_(split_ratio=2.0)  # 40 tasks against unknown slots: may split
-    p = api._request_plan(mask(0.3), ops(7), "bhld", splits)
-    assert not p.replannable and len(api._request_plans) == 4
+    assert not request(mask(0.3), 7, splits).replannable and len(api._request_plans) == 4
     real_plan = api.plan
 
     def read_the_selection(*args, **kwargs):
@@ -185,16 +193,16 @@ def test_requests_of_one_geometry_replan_a_kept_plan(monkeypatch):
         return new
 
     monkeypatch.setattr(api, "plan", read_the_selection)
-    assert api._request_plan(mask(0.3), ops(9), "bhld", never_splits).replannable
+    assert request(mask(0.3), 9, never_splits).replannable
     assert len(api._request_plans) == 4  # read the selection: not kept
     monkeypatch.setattr(api, "plan", real_plan)
     monkeypatch.setattr(api, "request_plans_kept", 2)
-    api._request_plan(mask(0.3), ops(10), "bhld", never_splits)
+    request(mask(0.3), 10, never_splits)
     assert len(api._request_plans) == 2
-    assert api._request_plan(mask(0.3), ops(7), "bhld", never_splits) is not first  # evicted
+    assert request(mask(0.3), 7, never_splits) is not first  # evicted
     monkeypatch.setattr(api, "request_plans_kept", 0)
     api._request_plans.clear()
-    api._request_plan(mask(0.3), ops(7), "bhld", never_splits)
+    request(mask(0.3), 7, never_splits)
     assert not api._request_plans
     with pytest.raises(ValueError):  # the replan's own check, should a key ever collide
         first.replan(mask(0.3, n=9))
