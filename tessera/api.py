@@ -19,10 +19,11 @@ from typing import Any
 import numpy as np
 
 from ._array import cupy_or_none
-from .cuda import tma
+from .cuda import loader, tma
 from .interop import (DeviceTensor, current_stream_ptr, device_of, empty_like_caller,
                       framework_of, from_any)
 from .mask import BlockMask
+from .runtime import regime as regimes
 from .runtime.plan import SUPPORTED_DTYPES, Plan, plan
 
 __all__ = ["attention", "run_plan", "SUPPORTED_HEAD_DIMS"]
@@ -154,16 +155,14 @@ def _request_plan(mask: BlockMask, ops: _Operands, layout: str, regime: Any):
     concurrent request of the same key, from another thread, makes a plan of its own). A
     stream being captured into a CUDA graph takes new plans, so that a graph never shares
     buffers with later requests."""
-    from .runtime.regime import ENV_TABLE, selection_generation  # noqa: PLC0415
-
     b, hq, lq, d = ops.shape_q
     hkv = ops.shape_kv[1]
     key = kept = None
     if request_plans_kept and mask.on_device and not _capturing(ops.stream_ptr):
         # Everything a new plan would read besides the selection (the regime selection's
         # inputs: the device, its table, the shapes, the geometry).
-        key = (ops.q.device_id, ops.stream_ptr, regime, selection_generation(),
-               os.environ.get(ENV_TABLE), b, hq, hkv, d, ops.q.dtype, layout,
+        key = (ops.q.device_id, ops.stream_ptr, regime, regimes.selection_generation(),
+               os.environ.get(regimes.ENV_TABLE), b, hq, hkv, d, ops.q.dtype, layout,
                mask.batch_heads, mask.q_bounds.tobytes(), mask.kv_bounds.tobytes())
         with _request_lock:
             kept = _request_plans.pop(key, None)
@@ -202,21 +201,32 @@ class _RawStream:
 
 
 def _caller_stream(ops: _Operands):
-    """The caller's current stream as a CuPy stream (usable as a context manager)."""
+    """The caller's current stream as a CuPy stream (usable as a context manager); the wrapper
+    of a (device, stream) is made once (it owns nothing: a stream made later at the same
+    address is the same stream to it)."""
     cp = cupy_or_none()
     ptr = ops.stream_ptr
     if not ptr:
         return cp.cuda.Stream.null
-    if hasattr(cp.cuda.Stream, "from_external"):  # CuPy 14 deprecates ExternalStream for it
-        with cp.cuda.Device(ops.q.device_id):  # the stream belongs to q's device
-            return cp.cuda.Stream.from_external(_RawStream(ptr))
-    return cp.cuda.ExternalStream(ptr, ops.q.device_id)
+    key = (ops.q.device_id, ptr)
+    stream = _streams.get(key)
+    if stream is None:
+        if len(_streams) > 256:
+            _streams.clear()
+        if hasattr(cp.cuda.Stream, "from_external"):  # CuPy 14 deprecates ExternalStream for it
+            with cp.cuda.Device(ops.q.device_id):  # the stream belongs to q's device
+                stream = cp.cuda.Stream.from_external(_RawStream(ptr))
+        else:
+            stream = cp.cuda.ExternalStream(ptr, ops.q.device_id)
+        _streams[key] = stream
+    return stream
+
+
+_streams: dict[tuple[int, int], Any] = {}
 
 
 def _device_cc() -> int:
-    from .cuda.loader import device_cc  # noqa: PLC0415
-
-    return device_cc()
+    return loader.device_cc()
 
 
 def _check_scale(scale: Any) -> None:
@@ -375,9 +385,7 @@ def _launch(p: Plan, ops: _Operands, scale: float | None, return_lse: bool,
 
 def _launch_here(p: Plan, ops: _Operands, scale: float | None, return_lse: bool,
                  given: dict | None):
-    from .cuda.loader import Variant, blocks_per_sm, load_kernel, smem_bytes  # noqa: PLC0415
-    from .runtime.regime import device_sm_count, smem_limit_bytes  # noqa: PLC0415
-
+    Variant, load_kernel, smem_bytes = loader.Variant, loader.load_kernel, loader.smem_bytes
     cp = cupy_or_none()
     b, hq, lq, d = ops.shape_q
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
@@ -390,9 +398,10 @@ def _launch_here(p: Plan, ops: _Operands, scale: float | None, return_lse: bool,
     fwd = r.variant(ops.shape_q[3], bf16, tma=maps is not None)
     if maps is None:
         maps = _NO_MAPS
-    if smem_bytes(fwd) > smem_limit_bytes(cc):  # the launch would fail with a bare driver error
+    limit = regimes.smem_limit_bytes(cc)
+    if smem_bytes(fwd) > limit:  # the launch would fail with a bare driver error
         raise ValueError(f"regime {r.name} needs {smem_bytes(fwd)} bytes of shared memory at head "
-                         f"dim {d}; sm_{cc} allows {smem_limit_bytes(cc)} per block")
+                         f"dim {d}; sm_{cc} allows {limit} per block")
     stream = _caller_stream(ops)
     with stream:  # CuPy work below goes on that stream too
         _wait_until_planned(p, stream)
@@ -440,7 +449,7 @@ def _launch_here(p: Plan, ops: _Operands, scale: float | None, return_lse: bool,
             grid, counter = n_tasks, None
             if fwd.persistent:  # as many CTAs as the GPU holds at once, taking tasks in turn
                 grid = n_tasks if persistent_grid_cap == 0 else min(
-                    n_tasks, max(1, blocks_per_sm(fwd) * device_sm_count()),
+                    n_tasks, max(1, loader.blocks_per_sm(fwd) * regimes.device_sm_count()),
                     persistent_grid_cap or n_tasks)
                 counter = _task_counter(p, cp, stream)
             args += (ptr(0 if counter is None else counter.data.ptr), maps)
