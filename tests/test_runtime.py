@@ -1062,17 +1062,19 @@ def _sync_free_cases(rng):
             (np.add.outer(np.arange(40), np.arange(31)) % 2 == 0, tiny)]
 
 
+# Regimes whose plans never split (the sync-free device planner): portable, sm90, packed keys,
+# aligned tiles.
+SYNC_FREE_REGIMES = [TILE_128x64.with_(combine_threshold=0.0, split_ratio=1e9),
+                     Regime(family="sm90", block_m=128, num_warps=12, block_n=128, stages=3,
+                            combine_threshold=0.0, split_ratio=1e9),
+                     Regime(family="sm90", block_m=128, num_warps=12, block_n=64, stages=3,
+                            combine_threshold=0.0, pack_keys=True),
+                     Regime(family="sm90", block_m=128, num_warps=12, block_n=128, stages=3,
+                            combine_threshold=0.0, split_ratio=1e9, align_tiles=True)]
+
+
 @pytest.mark.parametrize("group,mask_heads,batch", [(1, "q", 1), (2, "one", 2), (4, "kv", 1)])
-@pytest.mark.parametrize("regime", [TILE_128x64.with_(combine_threshold=0.0, split_ratio=1e9),
-                                    Regime(family="sm90", block_m=128, num_warps=12,
-                                           block_n=128, stages=3, combine_threshold=0.0,
-                                           split_ratio=1e9),
-                                    Regime(family="sm90", block_m=128, num_warps=12,
-                                           block_n=64, stages=3, combine_threshold=0.0,
-                                           pack_keys=True),
-                                    Regime(family="sm90", block_m=128, num_warps=12,
-                                           block_n=128, stages=3, combine_threshold=0.0,
-                                           split_ratio=1e9, align_tiles=True)])
+@pytest.mark.parametrize("regime", SYNC_FREE_REGIMES)
 def test_sync_free_planner_equals_general_planner(monkeypatch, group, mask_heads, batch,
                                                   regime):
     """When no task may split, the device planner never reads its totals back: its buffers are
@@ -1112,13 +1114,7 @@ def test_sync_free_planner_equals_general_planner(monkeypatch, group, mask_heads
         assert got.queue.num_slots == 0
 
 
-@pytest.mark.parametrize("regime", [TILE_128x64.with_(combine_threshold=0.0, split_ratio=1e9),
-                                    Regime(family="sm90", block_m=128, num_warps=12,
-                                           block_n=64, stages=3, combine_threshold=0.0,
-                                           pack_keys=True),
-                                    Regime(family="sm90", block_m=128, num_warps=12,
-                                           block_n=128, stages=3, combine_threshold=0.0,
-                                           split_ratio=1e9, align_tiles=True)])
+@pytest.mark.parametrize("regime", SYNC_FREE_REGIMES)
 def test_replan_gives_what_a_new_plan_gives(monkeypatch, regime):
     """Plan.replan: masks of one geometry planned one after another into the first plan's
     buffers (the same arrays, nothing read back) give the general planner's arrays for each,
