@@ -5,6 +5,8 @@ It is array-module agnostic: a CuPy mask is planned on the device with no copy o
 host (at most a few scalars, the sizes of the arrays it makes, come back). A device mask without
 restricted merges takes the planner kernels (``device_planner.py``), with no synchronization at
 all when no task may split; everything else the general path, which gives the same arrays.
+A sync-free plan can be replanned for another mask of its geometry (``Plan.replan``), which
+``tessera.attention`` does for the requests of a model.
 """
 
 from __future__ import annotations
@@ -65,7 +67,8 @@ class Plan:
     ``tiles`` and ``queue`` are the exact arrays. ``launch_queue`` is what the kernels read: the
     queue itself, or for a sync-free device plan its bounded buffers with the task count left on
     the device -- then ``tiles``/``queue`` are cut from them on first use (one small copy, which
-    waits for the planner's kernels), and a request that only runs the plan never waits.
+    waits for the planner's kernels), and a request that only runs the plan never waits. Such
+    a plan can also take a later mask of its geometry into the same buffers (:meth:`replan`).
     """
 
     mask: BlockMask
@@ -118,7 +121,7 @@ class Plan:
         by the caller, as for any array the GPU may still read.
 
         Raises ValueError when the plan is not :attr:`replannable` or the mask's geometry,
-        batch and heads, or array module differ from the plan's mask.
+        batch and heads, array module or GPU differ from the plan's mask.
         """
         if not isinstance(block_mask, BlockMask):
             raise TypeError(f"block_mask must be a tessera.BlockMask, got "
