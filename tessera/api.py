@@ -375,6 +375,33 @@ def _encoded_maps(q: tuple, k: tuple, v: tuple, bf16: bool, tile_rows: int, head
         return None
 
 
+@functools.lru_cache(maxsize=1024)  # a model's few strides, on every launch
+def _int64s(values: tuple[int, ...]) -> tuple[np.int64, ...]:
+    """Kernel arguments of int64 values (numpy scalars: ~0.3 us each to make)."""
+    return tuple(np.int64(x) for x in values)
+
+
+def _plan_args(p: Plan, scale: float) -> tuple:
+    """The attention kernels' last arguments, the plan's own and the scale's (made once per
+    plan and scale)."""
+    key = ("plan_args", scale)
+    got = p._cache.get(key)
+    if got is None:
+        launch = p.launch_queue
+        got = p._cache[key] = (
+            np.int32(launch.tile_rows), np.int32(p.num_q_heads // p.num_kv_heads),
+            np.float32(scale * _LOG2E), np.int32(launch.num_tasks),
+            np.uint64(0 if launch.count is None else launch.count.data.ptr))
+    return got
+
+
+@functools.lru_cache(maxsize=256)
+def _resident_ctas(fwd: Any, device_id: int) -> int:
+    """CTAs of ``fwd`` the GPU ``device_id`` (the current one) holds at once: a persistent
+    kernel's largest grid."""
+    return max(1, loader.blocks_per_sm(fwd) * regimes.device_sm_count())
+
+
 def _launch(p: Plan, ops: _Operands, scale: float | None, return_lse: bool,
             given: dict | None = None):
     """Launch ``p``'s kernels on q's device and the caller's stream; the caller's outputs."""
@@ -431,17 +458,14 @@ def _launch_here(p: Plan, ops: _Operands, scale: float | None, return_lse: bool,
 
         fn = load_kernel(fwd)
         launch = p.launch_queue
-        i64, i32, f32, ptr = np.int64, np.int32, np.float32, np.uint64
+        i64, i32, ptr = np.int64, np.int32, np.uint64
         args = (queue["tasks"], queue["spans"],
-                ptr(ops.q.ptr), *map(i64, ops.strides_q[:3]),
-                ptr(ops.k.ptr), *map(i64, ops.strides_k[:3]),
-                ptr(ops.v.ptr), *map(i64, ops.strides_v[:3]),
-                ptr(out_desc.ptr), *map(i64, o_str[:3]),
-                ptr(lse_ptr), i64(lse_sb), i64(lse_sh),
-                queue["part_o"], queue["part_lse"],
-                i32(launch.tile_rows), i32(p.num_q_heads // p.num_kv_heads),
-                f32(scale * _LOG2E), i32(launch.num_tasks),
-                ptr(0 if launch.count is None else launch.count.data.ptr))
+                ptr(ops.q.ptr), *_int64s(ops.strides_q[:3]),
+                ptr(ops.k.ptr), *_int64s(ops.strides_k[:3]),
+                ptr(ops.v.ptr), *_int64s(ops.strides_v[:3]),
+                ptr(out_desc.ptr), *_int64s(o_str[:3]),
+                ptr(lse_ptr), *_int64s((lse_sb, lse_sh)),
+                queue["part_o"], queue["part_lse"], *_plan_args(p, scale))
         # The grid: the tasks, or for a sync-free plan the most there can be (the kernels read
         # the real count and surplus CTAs return at once).
         n_tasks = launch.num_tasks
@@ -449,8 +473,7 @@ def _launch_here(p: Plan, ops: _Operands, scale: float | None, return_lse: bool,
             grid, counter = n_tasks, None
             if fwd.persistent:  # as many CTAs as the GPU holds at once, taking tasks in turn
                 grid = n_tasks if persistent_grid_cap == 0 else min(
-                    n_tasks, max(1, loader.blocks_per_sm(fwd) * regimes.device_sm_count()),
-                    persistent_grid_cap or n_tasks)
+                    n_tasks, _resident_ctas(fwd, ops.q.device_id), persistent_grid_cap or n_tasks)
                 counter = _task_counter(p, cp, stream)
             args += (ptr(0 if counter is None else counter.data.ptr), maps)
             fn((grid,), (fwd.threads,), args, shared_mem=smem_bytes(fwd), stream=stream)

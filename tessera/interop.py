@@ -14,6 +14,7 @@ the caller's current stream.
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -63,6 +64,7 @@ _capi.PyCapsule_New.restype = ctypes.py_object
 _capi.PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
 
 
+@functools.lru_cache(maxsize=256)  # an output's shape, on every request
 def _row_major_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     """Element strides of a compact row-major array of ``shape``."""
     return tuple(int(np.prod(shape[i + 1:], dtype=np.int64)) for i in range(len(shape)))
@@ -255,7 +257,11 @@ def empty_like_caller(template: DeviceTensor, shape: tuple[int, ...], dtype: str
 
         owner = template.owner[0] if isinstance(template.owner, tuple) else template.owner
         obj = owner.new_empty(shape, dtype=getattr(torch, dtype))
-        return from_any(obj, "out"), lambda stream: obj
+        # Described from what we asked for (a new tensor is compact and row-major on the
+        # template's device) rather than read back attribute by attribute.
+        desc = DeviceTensor(int(obj.data_ptr()), tuple(shape), _row_major_strides(shape), dtype,
+                            template.device_id, "torch", obj)
+        return desc, lambda stream: obj
     cp = cupy_or_none()
     with cp.cuda.Device(template.device_id):
         n = int(np.prod(shape, dtype=np.int64))

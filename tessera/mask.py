@@ -24,11 +24,16 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ._array import array_module, as_array, private_copy, segment_ids, to_numpy
+from ._array import (array_module, as_array, private_copy, segment_ids, to_numpy,
+                     torch_private_copy)
 
 __all__ = ["BlockMask"]
 
 BlockSize = int | tuple[int, int]
+
+
+def _is_torch_cuda(a: Any) -> bool:
+    return type(a).__module__.startswith("torch") and bool(getattr(a, "is_cuda", False))
 
 
 def _check_bounds(bounds: Any, name: str) -> np.ndarray:
@@ -186,7 +191,10 @@ class BlockMask:
         the host). Geometry is ``block_size`` (int or ``(q, kv)``, the last block may be short when
         ``seq_len_q``/``seq_len_kv`` say so) or explicit ``q_bounds``/``kv_bounds``.
         """
-        m = as_array(mask, "mask")
+        # A CUDA torch tensor is copied straight from its memory where it can be (the common
+        # request: a block matrix computed by the model, on its current stream).
+        copied = torch_private_copy(mask) if _is_torch_cuda(mask) else None
+        m = copied if copied is not None else as_array(mask, "mask")
         if m.dtype != np.bool_:
             raise TypeError(f"mask must be boolean, got dtype {m.dtype}")
         if m.ndim < 2:
@@ -196,7 +204,8 @@ class BlockMask:
         qb, kb = _geometry(n_q, n_kv, block_size, q_bounds, kv_bounds, seq_len_q, seq_len_kv)
         flat = m.reshape(bm * hm * n_q, n_kv)
         # CSR is derived on first use: a device mask planned by the device planner never needs it.
-        return cls(qb, kb, None, None, (bm, hm), dense_rows=private_copy(flat))
+        return cls(qb, kb, None, None, (bm, hm),
+                   dense_rows=flat if copied is not None else private_copy(flat))
 
     @classmethod
     def from_scipy(cls, matrices: Any, *, block_size: BlockSize | None = None,
