@@ -802,6 +802,26 @@ def test_torch_mask_read_without_copy_and_ordered_on_side_streams():
     assert len(spans) and ((spans[:, 1] - spans[:, 0]) == 384).all()  # all six key blocks
 
 
+def test_torch_mask_copied_on_its_stream():
+    """A contiguous torch mask on torch's current stream (CuPy's too) is copied straight from
+    its memory, after what torch enqueued before it: a late producer's values are the mask's,
+    and writing the tensor afterwards does not change the mask (a private copy); a
+    non-contiguous one takes the general path to the same mask."""
+    torch = _torch()
+    t = torch.zeros(2, 6, 6, device="cuda", dtype=torch.bool)
+    torch.cuda._sleep(50_000_000)  # the producer is late
+    t.fill_(True)
+    mask = tessera.BlockMask.from_dense(t, block_size=64)
+    t.zero_()  # enqueued after the mask's copy
+    torch.cuda.synchronize()
+    rows = mask.dense_rows
+    assert rows.data.ptr != t.data_ptr() and rows.shape == (12, 6) and bool(rows.all())
+    strided = torch.ones(6, 6, 2, device="cuda", dtype=torch.bool).permute(2, 0, 1)
+    assert not strided.is_contiguous()
+    other = tessera.BlockMask.from_dense(strided, block_size=64)
+    assert other.dense_rows.shape == (12, 6) and bool(other.dense_rows.all())
+
+
 def test_portable_plan_counts_its_slots_by_occupancy():
     """The portable family's one-task CTAs in flight are the driver's occupancy of the compiled
     variant (registers included), not the shared-memory estimate: at CogVideoX's shape (48
