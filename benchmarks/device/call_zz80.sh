@@ -10,12 +10,13 @@ set -uo pipefail
 gpu_tests gpu_new 200 tests/test_attention_gpu.py -k "torch_mask"
 sanitize memcheck 200 "torch_mask_copied_on_its_stream"
 request_ab 3 216bff9 wan-1.3b-480p cogvideox-5b
-mkdir -p .lt/old && git archive 216bff9 tessera benchmarks | tar -x -C .lt/old
+# (this tree's line_times.py over each tree's package: 216bff9 predates the script)
+mkdir -p .lt/old && git archive 216bff9 tessera | tar -x -C .lt/old
 for round in 1 2; do
-  for t in .lt/old .; do
-    (cd "$t/benchmarks" && PYTHONPATH=.. timeout 120 python3 line_times.py --what request \
-      --function tessera.mask.BlockMask.from_dense --n 300 --top 6 2>&1 | head -4 \
-      | sed "s|^|$t $round: |")
+  for t in "$PWD/.lt/old" "$PWD"; do
+    PYTHONPATH=$t TESSERA_CACHE_DIR=/tmp/tc_lt timeout 120 python3 benchmarks/line_times.py \
+      --what request --function tessera.mask.BlockMask.from_dense --n 300 --top 6 2>&1 \
+      | head -4 | sed "s|^|$(basename "$t") $round: |"
   done
 done
 rm -rf .lt
