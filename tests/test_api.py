@@ -206,3 +206,23 @@ def test_requests_of_one_geometry_replan_a_kept_plan(monkeypatch):
     assert not api._request_plans
     with pytest.raises(ValueError):  # the replan's own check, should a key ever collide
         first.replan(mask(0.3, n=9))
+
+
+def test_kernel_arguments_made_once_per_plan_and_scale():
+    """The plan's own kernel arguments are made once per (plan, scale) -- a new scale makes new
+    ones, as the kernels fold it into the exponent -- and int64 argument tuples once per
+    values."""
+    import types
+
+    launch = types.SimpleNamespace(tile_rows=64, num_tasks=12, count=None)
+    p = types.SimpleNamespace(launch_queue=launch, num_q_heads=8, num_kv_heads=2, _cache={})
+    a = api._plan_args(p, 0.125)
+    assert api._plan_args(p, 0.125) is a
+    assert [type(x) for x in a] == [np.int32, np.int32, np.float32, np.int32, np.uint64]
+    assert (int(a[0]), int(a[1]), int(a[3]), int(a[4])) == (64, 4, 12, 0)
+    assert float(a[2]) == np.float32(0.125 * api._LOG2E)
+    b = api._plan_args(p, 0.25)
+    assert b is not a and float(b[2]) == np.float32(0.25 * api._LOG2E)
+    s = api._int64s((3, 5, 7))
+    assert api._int64s((3, 5, 7)) is s and [int(x) for x in s] == [3, 5, 7]
+    assert all(type(x) is np.int64 for x in s)
