@@ -125,7 +125,7 @@ bsa_fwd_sm80(TESSERA_BSA_PARAMS) {
   }
 #pragma unroll
   for (int st = 0; st < STAGES - 1; ++st) {
-    if (load_walk.si < se) {
+    if (load_walk.more(se)) {
       load_kv(stages + st * STAGE, k_head, k_sl, v_head, v_sl, load_walk, tid);
       load_walk.next(spans, se);
     }
@@ -162,9 +162,9 @@ bsa_fwd_sm80(TESSERA_BSA_PARAMS) {
   const u32 k_frag = (u32)((((lane % 8) + 8 * (lane / 16)) * LDS + 8 * ((lane / 8) % 2)) * 2);
   const u32 v_frag = (u32)((((lane % 8) + 8 * ((lane / 8) % 2)) * LDS + 8 * (lane / 16)) * 2);
 
-  for (int c = 0; walk.si < se; ++c) {
+  for (int c = 0; walk.more(se); ++c) {
     // Prefetch STAGES-1 chunks ahead while this one is computed.
-    if (load_walk.si < se) {
+    if (load_walk.more(se)) {
       load_kv(stages + ((c + STAGES - 1) % STAGES) * STAGE, k_head, k_sl, v_head, v_sl,
               load_walk, tid);
       load_walk.next(spans, se);
@@ -176,8 +176,8 @@ bsa_fwd_sm80(TESSERA_BSA_PARAMS) {
     const u32 ks = stage_base + (u32)((c % STAGES) * STAGE * 2);
     const u32 vs = ks + KV_TILE * 2;
     // Rows this span applies to, clipped to the tile's real rows.
-    const int lo = max(spans[(i64)walk.si * SPAN_FIELDS + 2], q_start);
-    const int hi = min(spans[(i64)walk.si * SPAN_FIELDS + 3], q_end);
+    const int lo = max(walk.row_lo(spans), q_start);
+    const int hi = min(walk.row_hi(spans), q_end);
     // A warp none of whose rows the span applies to skips the chunk's matrix work; otherwise
     // all its row tiles compute (an idle tile's rows are masked, so its P is 0): a mma.sync
     // predicated per row tile is one ptxas cannot prove warp-uniform, and it brackets each such

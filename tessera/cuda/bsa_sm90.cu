@@ -616,7 +616,7 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
         }
 #pragma unroll
         for (int st = 0; st < PREFETCH; ++st) {
-          if (load_walk.si < se) {
+          if (load_walk.more(se)) {
             load_kv(stage_base + (u32)(st * STAGE_BYTES), task.k_head, k_sl, task.v_head, v_sl,
                     load_walk, spans, se, tid);
             load_walk.next(spans, se);
@@ -652,7 +652,7 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
           cp_async_wait<PREFETCH - 1>();
           fence_async_smem();
           __syncthreads();
-          if (load_walk.si < se) {
+          if (load_walk.more(se)) {
             load_kv(stage_base + (u32)(((j + PREFETCH) % STAGES) * STAGE_BYTES), task.k_head,
                     k_sl, task.v_head, v_sl, load_walk, spans, se, tid);
             load_walk.next(spans, se);
