@@ -73,17 +73,13 @@ def _cupy_view_of_torch(a: Any, name: str) -> Any:
     (which costs tens of microseconds on the request path) when torch and CuPy work on the same
     stream, so that CuPy's work on the array is ordered after torch's. Otherwise, and for
     bfloat16 (no CuPy dtype), DLPack, whose stream handshake orders them."""
-    from .interop import torch_stream_ptr  # noqa: PLC0415 - interop imports this module
-
     cp = cupy_or_none()
     if cp is None:
         raise TypeError(f"{name} is a CUDA tensor but CuPy is not installed")
-    dtype = str(a.dtype).removeprefix("torch.")
-    with cp.cuda.Device(a.device.index):  # (CuPy's current stream is per device)
-        same_stream = torch_stream_ptr(a.device.index) == cp.cuda.get_current_stream().ptr
-        if dtype == "bfloat16" or not hasattr(np, dtype) or not same_stream:
+    with cp.cuda.Device(a.device.index):
+        dt = _numpy_dtype_on_cupy_stream(a, cp)
+        if dt is None:
             return cp.from_dlpack(a)
-        dt = np.dtype(dtype)
         if a.numel() == 0:
             return cp.empty(tuple(a.shape), dtype=dt)
         span = 1 + sum((n - 1) * s for n, s in zip(a.shape, a.stride()))  # elements spanned
@@ -99,25 +95,35 @@ def torch_private_copy(a: Any) -> Any:
     view of the tensor first (~30 us of a request's host time on the H200 machine,
     benchmarks/line_times.py); None when any of that does not hold (the caller then takes the
     general path: a view or DLPack, and private_copy)."""
-    from .interop import torch_stream_ptr  # noqa: PLC0415 - interop imports this module
-
     cp = cupy_or_none()
     if cp is None or not a.is_contiguous():
         return None
-    try:
-        dtype = np.dtype(str(a.dtype).removeprefix("torch."))
-    except TypeError:  # bfloat16 and other types numpy lacks
-        return None
-    device = a.device.index
-    with cp.cuda.Device(device):
-        stream = cp.cuda.get_current_stream()
-        if torch_stream_ptr(device) != stream.ptr:
+    with cp.cuda.Device(a.device.index):
+        dtype = _numpy_dtype_on_cupy_stream(a, cp)
+        if dtype is None:
             return None
         out = cp.empty(tuple(a.shape), dtype=dtype)
         if out.nbytes:
             cp.cuda.runtime.memcpyAsync(out.data.ptr, a.data_ptr(), out.nbytes,
-                                        cp.cuda.runtime.memcpyDeviceToDevice, stream.ptr)
+                                        cp.cuda.runtime.memcpyDeviceToDevice,
+                                        cp.cuda.get_current_stream().ptr)
     return out
+
+
+def _numpy_dtype_on_cupy_stream(a: Any, cp: Any) -> np.dtype | None:
+    """The numpy dtype of a CUDA torch tensor when numpy has one (not bfloat16) and torch's
+    current stream on its device is CuPy's (CuPy's work on its memory is then ordered after
+    torch's), else None. Called with the tensor's device current (CuPy's current stream is per
+    device)."""
+    from .interop import torch_stream_ptr  # noqa: PLC0415 - interop imports this module
+
+    try:
+        dtype = np.dtype(str(a.dtype).removeprefix("torch."))
+    except TypeError:  # bfloat16 and other types numpy lacks
+        return None
+    if torch_stream_ptr(a.device.index) != cp.cuda.get_current_stream().ptr:
+        return None
+    return dtype
 
 
 def private_copy(a: Any) -> Any:
