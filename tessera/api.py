@@ -132,7 +132,7 @@ def attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *, scale: float | N
     # default one.
     with cupy_or_none().cuda.Device(ops.q.device_id), _caller_stream(ops), \
             _request_plan(block_mask, ops, layout, regime) as p:
-        return _launch(p, ops, scale, return_lse)
+        return _launch_here(p, ops, scale, return_lse, None)  # (q's device is current)
 
 
 # Plans tessera.attention keeps for the next request of the same geometry, shapes and stream
