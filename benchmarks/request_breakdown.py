@@ -25,7 +25,7 @@ from request_hotspots import random_request  # this folder's: run as a script
 # (module, attribute): the request path's steps, as its callers look them up.
 WRAPPED = [
     (api, "_describe"), (api, "_check_mask"), (api, "_caller_stream"), (api, "plan"),
-    (api, "_capturing"), (api, "_launch"), (api, "_launch_here"),
+    (api, "stream_capturing"), (api, "_launch"), (api, "_launch_here"),
     (api, "_tma_maps"), (api, "_device_queue"), (api, "_task_counter"),
     (api, "_wait_until_planned"), (api, "empty_like_caller"), (api, "from_any"),
     (api, "current_stream_ptr"),

@@ -5,6 +5,7 @@ physical tiles, organizes them into tasks and runs a kernel chosen for the GPU. 
 needs only numpy and scipy; CuPy is needed to run on a GPU.
 """
 
+from ._array import release_captured_memory
 from .api import attention
 from .mask import BlockMask
 from .runtime.plan import Plan, plan
@@ -12,4 +13,5 @@ from .runtime.regime import Regime, use_table
 
 __version__ = "0.1.0"
 
-__all__ = ["BlockMask", "Plan", "Regime", "attention", "plan", "use_table", "__version__"]
+__all__ = ["BlockMask", "Plan", "Regime", "attention", "plan", "release_captured_memory",
+           "use_table", "__version__"]

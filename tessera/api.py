@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ._array import cupy_or_none
+from ._array import capture_memory, cupy_external_stream, cupy_or_none, stream_capturing
 from .cuda import loader, tma
 from .interop import (DeviceTensor, current_stream_ptr, device_of, empty_like_caller,
                       framework_of, from_any)
@@ -130,9 +130,19 @@ def attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *, scale: float | N
     # Plan on q's device and the caller's stream: the device planner's arrays must be ready
     # before the kernels read them, and a framework's side stream does not wait for CuPy's
     # default one.
-    with cupy_or_none().cuda.Device(ops.q.device_id), _caller_stream(ops), \
-            _request_plan(block_mask, ops, layout, regime) as p:
-        return _launch_here(p, ops, scale, return_lse, None)  # (q's device is current)
+    with cupy_or_none().cuda.Device(ops.q.device_id):
+        capturing = stream_capturing(ops.stream_ptr)
+        if capturing and not block_mask.on_device:
+            raise ValueError("block_mask must be on the GPU while the stream is being captured "
+                             "into a CUDA graph (a host mask's plan is copied to the GPU, "
+                             "which a graph cannot capture): build it from a device tensor")
+        with _caller_stream(ops), \
+                capture_memory(ops.q.framework, ops.q.device_id) if capturing else _NO_CONTEXT, \
+                _request_plan(block_mask, ops, layout, regime, capturing) as p:
+            return _launch_here(p, ops, scale, return_lse, None)  # (q's device is current)
+
+
+_NO_CONTEXT = contextlib.nullcontext()
 
 
 # Plans tessera.attention keeps for the next request of the same geometry, shapes and stream
@@ -143,7 +153,7 @@ _request_lock = threading.Lock()
 
 
 @contextlib.contextmanager
-def _request_plan(mask: BlockMask, ops: _Operands, layout: str, regime: Any):
+def _request_plan(mask: BlockMask, ops: _Operands, layout: str, regime: Any, capturing: bool):
     """The plan of a request, for the duration of its launch: a kept plan of the same geometry
     replanned for ``mask`` (Plan.replan: the planner's kernels and nothing else -- no
     allocation, no regime selection), else a new one, kept afterwards when a later mask of its
@@ -153,12 +163,12 @@ def _request_plan(mask: BlockMask, ops: _Operands, layout: str, regime: Any):
     replan is enqueued after the previous request's kernels, which were the last to read its
     buffers, and a plan is taken out of the kept ones while its request plans and launches (a
     concurrent request of the same key, from another thread, makes a plan of its own). A
-    stream being captured into a CUDA graph takes new plans, so that a graph never shares
-    buffers with later requests."""
+    request ``capturing`` into a CUDA graph takes a new sync-free plan (plan(sync_free=True)),
+    so that the graph never shares buffers with later requests."""
     b, hq, lq, d = ops.shape_q
     hkv = ops.shape_kv[1]
     key = kept = None
-    if request_plans_kept and mask.on_device and not _capturing(ops.stream_ptr):
+    if request_plans_kept and mask.on_device and not capturing:
         # Everything a new plan would read besides the selection (the regime selection's
         # inputs: the device, its table, the shapes, the geometry).
         key = (ops.q.device_id, ops.stream_ptr, regime, regimes.selection_generation(),
@@ -170,7 +180,8 @@ def _request_plan(mask: BlockMask, ops: _Operands, layout: str, regime: Any):
         p = kept.replan(mask)
     else:
         p = plan(mask, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, batch=b,
-                 dtype=ops.q.dtype, layout=layout, regime=regime, arch=_device_cc())
+                 dtype=ops.q.dtype, layout=layout, regime=regime, arch=_device_cc(),
+                 sync_free=capturing)
         if not (p.replannable and p.regime_by_geometry):
             key = None
     try:
@@ -182,22 +193,6 @@ def _request_plan(mask: BlockMask, ops: _Operands, layout: str, regime: Any):
                 _request_plans.move_to_end(key)
                 while len(_request_plans) > request_plans_kept:
                     _request_plans.popitem(last=False)
-
-
-def _capturing(stream_ptr: int) -> bool:
-    """Whether ``stream_ptr`` is being captured into a CUDA graph."""
-    cp = cupy_or_none()
-    return bool(cp.cuda.runtime.streamIsCapturing(stream_ptr))
-
-
-class _RawStream:
-    """A raw stream pointer in the CUDA stream protocol, which ``Stream.from_external`` reads."""
-
-    def __init__(self, ptr: int) -> None:
-        self.ptr = ptr
-
-    def __cuda_stream__(self) -> tuple[int, int]:
-        return (0, self.ptr)
 
 
 def _caller_stream(ops: _Operands):
@@ -213,12 +208,7 @@ def _caller_stream(ops: _Operands):
     if stream is None:
         if len(_streams) > 256:
             _streams.clear()
-        if hasattr(cp.cuda.Stream, "from_external"):  # CuPy 14 deprecates ExternalStream for it
-            with cp.cuda.Device(ops.q.device_id):  # the stream belongs to q's device
-                stream = cp.cuda.Stream.from_external(_RawStream(ptr))
-        else:
-            stream = cp.cuda.ExternalStream(ptr, ops.q.device_id)
-        _streams[key] = stream
+        stream = _streams[key] = cupy_external_stream(ptr, ops.q.device_id)
     return stream
 
 

@@ -24,8 +24,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ._array import (array_module, as_array, private_copy, segment_ids, to_numpy,
-                     torch_private_copy)
+from ._array import (array_module, as_array, capture_memory_for, private_copy, segment_ids,
+                     to_numpy, torch_private_copy)
 
 __all__ = ["BlockMask"]
 
@@ -191,6 +191,12 @@ class BlockMask:
         the host). Geometry is ``block_size`` (int or ``(q, kv)``, the last block may be short when
         ``seq_len_q``/``seq_len_kv`` say so) or explicit ``q_bounds``/``kv_bounds``.
         """
+        with capture_memory_for(mask):  # (a mask made while a CUDA graph is captured)
+            return cls._from_dense(mask, block_size, q_bounds, kv_bounds, seq_len_q, seq_len_kv)
+
+    @classmethod
+    def _from_dense(cls, mask: Any, block_size: BlockSize | None, q_bounds: Any, kv_bounds: Any,
+                    seq_len_q: int | None, seq_len_kv: int | None) -> "BlockMask":
         # A CUDA torch tensor is copied straight from its memory where it can be (the common
         # request: a block matrix computed by the model, on its current stream).
         copied = torch_private_copy(mask) if _is_torch_cuda(mask) else None

@@ -125,9 +125,10 @@ def test_requests_of_one_geometry_replan_a_kept_plan(monkeypatch):
     stand-ins, the mask taken for a device one): a later request of the same geometry, shapes
     and stream replans the kept plan, which then equals a new plan of its mask; another stream,
     geometry or regime takes a plan of its own, and so does a request of the same key while
-    one is in flight (another thread's); a stream being captured into a CUDA graph, a plan
-    that may split tasks, or a regime that read the selection is never kept; the least
-    recently used plan goes beyond request_plans_kept."""
+    one is in flight (another thread's); a stream being captured into a CUDA graph (which
+    takes a sync-free plan, and refuses a given regime that may split), a plan that may split
+    tasks, or a regime that read the selection is never kept; the least recently used plan
+    goes beyond request_plans_kept."""
     import pytest
 
     import tessera
@@ -142,7 +143,6 @@ def test_requests_of_one_geometry_replan_a_kept_plan(monkeypatch):
     monkeypatch.setattr(BlockMask, "on_device", property(lambda self: True))
     monkeypatch.setattr(api, "_device_cc", lambda: 90)
     capturing = set()
-    monkeypatch.setattr(api, "_capturing", lambda ptr: ptr in capturing)
     monkeypatch.setattr(api, "_request_plans", api.OrderedDict())
     rng = np.random.default_rng(8)
 
@@ -157,7 +157,8 @@ def test_requests_of_one_geometry_replan_a_kept_plan(monkeypatch):
         return BlockMask.from_dense(rng.random((2, n, n)) < p, block_size=64)
 
     def request(m: BlockMask, stream: int, regime: Regime, lq: int = 640):
-        with api._request_plan(m, ops(stream, lq=lq), "bhld", regime) as p:
+        with api._request_plan(m, ops(stream, lq=lq), "bhld", regime,
+                               stream in capturing) as p:
             return p
 
     never_splits = Regime(family="sm90", block_m=128, num_warps=12, block_n=128, stages=3,
@@ -169,7 +170,7 @@ def test_requests_of_one_geometry_replan_a_kept_plan(monkeypatch):
         assert again is first and again.mask is m
         assert_same_plan(again, tessera.plan(m, num_q_heads=4, num_kv_heads=2, head_dim=64,
                                              batch=1, regime=never_splits))
-    with api._request_plan(mask(0.3), ops(7), "bhld", never_splits) as in_flight:
+    with api._request_plan(mask(0.3), ops(7), "bhld", never_splits, False) as in_flight:
         assert in_flight is first and not api._request_plans  # taken out while in use
         assert request(mask(0.3), 7, never_splits) is not first  # a concurrent request's own
     kept = list(api._request_plans.values())
@@ -180,7 +181,10 @@ def test_requests_of_one_geometry_replan_a_kept_plan(monkeypatch):
     assert request(mask(0.3), 7, packed) is not first
     assert len(api._request_plans) == 4
     capturing.add(7)
-    assert request(mask(0.3), 7, never_splits) is not first
+    captured = request(mask(0.3), 7, never_splits)
+    assert captured is not first and captured.sync_free  # a sync-free plan of its own
+    with pytest.raises(ValueError, match="regime .* may split tasks"):  # given: not changed
+        request(mask(0.3), 7, never_splits.with_(split_ratio=2.0))
     capturing.clear()
     assert len(api._request_plans) == 4
     splits = never_splits.with_(split_ratio=2.0)  # 40 tasks against unknown slots: may split
@@ -226,3 +230,35 @@ def test_kernel_arguments_made_once_per_plan_and_scale():
     s = api._int64s((3, 5, 7))
     assert api._int64s((3, 5, 7)) is s and [int(x) for x in s] == [3, 5, 7]
     assert all(type(x) is np.int64 for x in s)
+
+
+def test_capture_memory_and_device_copies():
+    """While a request is captured (_array.capture_memory), a constant array not yet on the
+    device is refused with the warm-up advice -- copying it then would be a host-to-device copy
+    inside the graph, living in the graph's memory -- and one made before is reused; nested
+    captures keep the outer allocator, and leaving the outermost ends the capture."""
+    import types
+
+    import pytest
+
+    from tessera import _array
+
+    if _array.cupy_or_none() is None:
+        pytest.skip("needs CuPy (the allocator hook)")
+    xp = types.SimpleNamespace(cuda=types.SimpleNamespace(Device=lambda: types.SimpleNamespace(
+        id=0)))
+    made = []
+    key = ("capture-test", id(made))
+    with _array.capture_memory("cupy", 0):
+        assert _array.capturing()
+        with pytest.raises(RuntimeError, match="warm-up"):
+            _array.device_copy(key, lambda: made.append(1) or "copy", xp)
+        with _array.capture_memory("torch", 0):  # nested: still the outer capture
+            assert _array.capturing()
+        assert _array.capturing() and not made
+    assert not _array.capturing()
+    assert _array.device_copy(key, lambda: made.append(1) or "copy", xp) == "copy"
+    with _array.capture_memory("cupy", 0):
+        assert _array.device_copy(key, lambda: made.append(1) or "other", xp) == "copy"
+    assert made == [1]
+    assert _array.release_captured_memory() >= 0 and not _array._captured_memory

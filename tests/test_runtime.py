@@ -1155,6 +1155,72 @@ def test_replan_gives_what_a_new_plan_gives(monkeypatch, regime):
         host.replan(masks[1])
 
 
+def test_sync_free_plans_read_nothing_back(monkeypatch):
+    """plan(sync_free=True) -- what a request captured into a CUDA graph takes: a regime chosen
+    by the geometry alone (no table lookup, no align_pays estimate) made never to split or
+    merge, planned with nothing read back, equal to the general planner's plan of that regime;
+    a given regime that may split or merge, or a host mask, is refused by name before anything
+    is launched."""
+    from tessera.cuda import loader
+    from tessera.runtime import device_planner, mapping
+    from tessera.runtime import regime as regime_mod
+    from tessera.runtime.tasks import NEVER_SPLIT_RATIO
+
+    launched = []
+
+    def stand_in(v):
+        kernel = PLANNER_STAND_INS[v.kernel]
+        return lambda *args, **kwargs: launched.append(v.kernel) or kernel(*args, **kwargs)
+
+    monkeypatch.setattr(loader, "load_kernel", stand_in)
+    read_selection = []
+    monkeypatch.setattr(regime_mod, "align_pays",
+                        lambda *a, **k: read_selection.append("align") or False)
+    monkeypatch.setattr(regime_mod, "mask_features",
+                        lambda *a, **k: read_selection.append("features"))
+    rng = np.random.default_rng(3)
+    mask = BlockMask.from_dense(rng.random((2, 9, 31)) < 0.3, block_size=64)
+    kw = dict(num_q_heads=4, num_kv_heads=2, head_dim=64, batch=1)
+    with pytest.raises(ValueError, match="block_mask must be on the GPU"):
+        tessera.plan(mask, sync_free=True, **kw)  # a host mask: the general planner
+    with monkeypatch.context() as mp:
+        mp.setattr(mapping, "_use_device_planner", lambda xp: True)
+        reads = []
+        mp.setattr(device_planner, "to_numpy", lambda a: reads.append(1) or np.asarray(a))
+        got = tessera.plan(mask, sync_free=True, **kw)
+        assert got.sync_free and got.replannable and not reads and not read_selection
+        assert got.regime.split_ratio == NEVER_SPLIT_RATIO and got.regime.combine_threshold == 0
+        # The heuristic on its own would split here (no GPU: its slots are unknown).
+        assert tessera.plan(mask, **kw).regime.split_ratio < NEVER_SPLIT_RATIO
+        launched.clear()
+        for bad in (TILE_128x64.with_(combine_threshold=0.0, split_ratio=2.0),
+                    TILE_128x64.with_(split_ratio=1e9, combine_threshold=0.5)):
+            with pytest.raises(ValueError, match="regime .* may split tasks or merge rows"):
+                tessera.plan(mask, sync_free=True, regime=bad, **kw)
+        assert not launched
+        # On an H200-like GPU, query blocks ragged against the 128-row tile: a new plan asks
+        # align_pays (or the table) of the mask, a sync-free one neither.
+        mp.setattr(regime_mod, "device_arch", lambda: 90)
+        mp.setattr(regime_mod, "device_sm_count", lambda: 7)
+        mp.setattr(regime_mod, "_device_tasks_in_flight", lambda *args: 14)
+        ragged = BlockMask.from_dense(
+            rng.random((2, 9, 9)) < 0.3, q_bounds=np.r_[0, np.cumsum(rng.integers(90, 200, 9))],
+            kv_bounds=np.r_[0, np.cumsum(rng.integers(90, 200, 9))])
+        kw90 = dict(kw, head_dim=128, arch=90)
+        tessera.plan(ragged, **kw90)
+        assert read_selection
+        read_selection.clear()
+        reads.clear()
+        assert tessera.plan(ragged, sync_free=True, **kw90).sync_free and not read_selection
+        assert not reads
+        mp.setattr(device_planner, "REQUIRED_SYNC_FREE_WORKSPACE_LIMIT", 1000)
+        launched.clear()
+        with pytest.raises(ValueError, match="plan buffers would take"):
+            tessera.plan(mask, sync_free=True, **kw)
+        assert not launched
+    assert_same_plan(got, tessera.plan(mask, regime=got.regime, **kw))
+
+
 @settings(max_examples=60, deadline=None)
 @given(lengths=st.lists(st.integers(1, 200), min_size=0, max_size=12),
        bn=st.sampled_from([64, 128]), seed=st.integers(0, 2**31 - 1))

@@ -44,7 +44,7 @@ import numpy as np
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .._array import Workspace, array_module, device_copy, to_numpy
+from .._array import Workspace, array_module, device_copy, stream_capturing, to_numpy
 from ..mask import BlockMask
 from .mapping import (PhysicalTiles, _device_dense_rows, aligned_geometry, device_bounds,
                       straddling_tiles)
@@ -56,6 +56,9 @@ __all__ = ["plan_on_device", "SyncFreePlan", "SYNC_FREE_WORKSPACE_LIMIT"]
 # Most bytes the bounded buffers of a sync-free plan may take; beyond (e.g. HunyuanVideo's 930
 # x 930 blocks per head, whose kernels take tens of milliseconds) the one-sync path sizes them.
 SYNC_FREE_WORKSPACE_LIMIT = 64 << 20
+# The limit for a plan that must be sync-free (``tessera.plan(sync_free=True)``, a request
+# captured into a CUDA graph): bounds that large are still cheaper than no plan at all.
+REQUIRED_SYNC_FREE_WORKSPACE_LIMIT = 1 << 30
 
 
 @dataclass
@@ -156,7 +159,7 @@ class _Relaunch:
 
 def _capturing(xp: Any) -> bool:
     """Whether CuPy's current stream is being captured into a CUDA graph."""
-    return bool(xp.cuda.runtime.streamIsCapturing(xp.cuda.get_current_stream().ptr))
+    return stream_capturing(xp.cuda.get_current_stream().ptr)
 
 
 _capture_streams: dict[int, Any] = {}
@@ -221,7 +224,7 @@ def plan_on_device(mask: BlockMask, *, tile_rows: int, block_n: int, heads_per_t
                    batch: int, num_q_heads: int, num_kv_heads: int, batch_of: np.ndarray,
                    head_of: np.ndarray, split_ratio: float, min_split_chunks: int,
                    in_flight: int = 0, allow_split: bool = True, pack_keys: bool = False,
-                   align_tiles: bool = False
+                   align_tiles: bool = False, require_sync_free: bool = False
                    ) -> tuple[PhysicalTiles, TaskQueue] | SyncFreePlan | None:
     """Tiles and task queue of a device mask without restricted merges, by the planner kernels.
 
@@ -232,10 +235,15 @@ def plan_on_device(mask: BlockMask, *, tile_rows: int, block_n: int, heads_per_t
     ``align_tiles``: tiles at multiples of ``tile_rows`` (``Regime.align_tiles``):
     ``plan_aligned_spans`` counts and writes each tile's spans, and the tiles take the place of
     the mask rows in the scan (each its own run of one tile) and in the task writing.
+    ``require_sync_free``: a SyncFreePlan or a ValueError (buffers up to
+    :data:`REQUIRED_SYNC_FREE_WORKSPACE_LIMIT`; ``allow_split`` must be False).
     """
     xp = mask.xp
     dense_rows = _device_dense_rows(mask)
     if dense_rows is None:
+        if require_sync_free:
+            raise ValueError(f"block_mask {mask} is too large to plan without reading it back "
+                             "(its dense block rows exceed the device planner's limit)")
         return None
     dense = xp.ascontiguousarray(dense_rows).view(np.uint8)
     n_rows, n_kv = dense.shape
@@ -321,8 +329,14 @@ def plan_on_device(mask: BlockMask, *, tile_rows: int, block_n: int, heads_per_t
         per_tile = min(overlap * n_kv, geo.reach * (geo.reach + 1) // 2 * ((n_kv + 1) // 2))
         cap_spans, cap_tiles = n_scan * per_tile, n_scan
         cap_tasks = int(assign_b.size) * geo.per_bh
-    if not allow_split and 4 * (4 * cap_spans + 6 * cap_tiles + 8 * cap_tasks) \
-            <= SYNC_FREE_WORKSPACE_LIMIT:
+    buffer_bytes = 4 * (4 * cap_spans + 6 * cap_tiles + 8 * cap_tasks)
+    if require_sync_free and (allow_split or buffer_bytes > REQUIRED_SYNC_FREE_WORKSPACE_LIMIT):
+        raise ValueError(f"block_mask {mask} cannot be planned without reading it back: "
+                         + ("its tasks may split" if allow_split else
+                            f"its bounded plan buffers would take {buffer_bytes >> 20} MB"))
+    limit = REQUIRED_SYNC_FREE_WORKSPACE_LIMIT if require_sync_free else \
+        SYNC_FREE_WORKSPACE_LIMIT
+    if not allow_split and buffer_bytes <= limit:
         spans = xp.empty((cap_spans, 4), dtype=i32)
         tiles = xp.empty((cap_tiles, 6), dtype=i32)
         tasks = xp.empty((cap_tasks, 8), dtype=i32)

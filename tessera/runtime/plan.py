@@ -11,18 +11,19 @@ A sync-free plan can be replanned for another mask of its geometry (``Plan.repla
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 
-from .._array import to_numpy
+from .._array import capture_memory, capturing, stream_capturing, to_numpy
 from ..mask import BlockMask
 from . import mapping
 from .device_planner import SyncFreePlan, plan_on_device
 from .mapping import PhysicalTiles, map_to_tiles
 from .regime import ROW_GROUP, Regime, plan_may_split, plan_tasks_in_flight, selected_regime
-from .tasks import TaskQueue, build_task_queue, head_assignments
+from .tasks import NEVER_SPLIT_RATIO, TaskQueue, build_task_queue, head_assignments
 
 __all__ = ["Plan", "PlanStats", "plan", "SUPPORTED_DTYPES"]
 
@@ -259,24 +260,37 @@ def heads_per_task(regime: Regime, mask_heads: int, num_q_heads: int, num_kv_hea
 def plan(block_mask: BlockMask, *, num_q_heads: int, num_kv_heads: int | None = None,
          head_dim: int, head_dim_v: int | None = None, batch: int | None = None,
          dtype: Any = "bfloat16", layout: str = "bhld", regime: Regime | None = None,
-         arch: int | None = None) -> Plan:
+         arch: int | None = None, sync_free: bool | None = None) -> Plan:
     """Plan ``block_mask`` for attention with these heads, head dim and dtype.
 
     ``batch`` defaults to the mask's stored batch; ``regime`` to the one the regime table in
     force for ``arch`` gives, else the heuristic default (``tessera.runtime.regime``);
     ``arch=None`` with a device mask means the mask's device's.
     The plan's arrays live where the mask lives (numpy, or CuPy on the mask's device).
+
+    ``sync_free=True`` plans without reading anything back from the GPU, so that the planning
+    can be captured into a CUDA graph (the default when CuPy's current stream is being
+    captured): a device mask, a regime chosen by the geometry alone whose tasks never split
+    nor merge rows (a selected one is made so; a given one must be), buffers sized by the
+    geometry's bounds. Raises ValueError when the mask or the regime cannot be planned so.
     """
     if not isinstance(block_mask, BlockMask):
         raise TypeError(f"block_mask must be a tessera.BlockMask, got {type(block_mask).__name__}")
     with block_mask.device_context():
-        return _plan(block_mask, num_q_heads, num_kv_heads, head_dim, head_dim_v, batch, dtype,
-                     layout, regime, arch)
+        xp = block_mask.xp
+        captured = xp is not np and stream_capturing(xp.cuda.get_current_stream().ptr)
+        # A plan captured outside tessera.attention keeps its memory for the graph
+        # (_array.capture_memory; inside a request the request's own applies).
+        with capture_memory("cupy", block_mask.device_id) if captured and not capturing() \
+                else contextlib.nullcontext():
+            return _plan(block_mask, num_q_heads, num_kv_heads, head_dim, head_dim_v, batch,
+                         dtype, layout, regime, arch,
+                         captured if sync_free is None else bool(sync_free))
 
 
 def _plan(block_mask: BlockMask, num_q_heads: int, num_kv_heads: int | None, head_dim: int,
           head_dim_v: int | None, batch: int | None, dtype: Any, layout: str,
-          regime: Regime | None, arch: int | None) -> Plan:
+          regime: Regime | None, arch: int | None, sync_free: bool = False) -> Plan:
     """plan() with the mask's device current (where every array and kernel of the plan go)."""
     num_kv_heads = num_q_heads if num_kv_heads is None else num_kv_heads
     head_dim_v = head_dim if head_dim_v is None else head_dim_v
@@ -292,11 +306,15 @@ def _plan(block_mask: BlockMask, num_q_heads: int, num_kv_heads: int | None, hea
         raise TypeError(f"dtype must be one of {SUPPORTED_DTYPES}, got {dtype!r}")
     head_of = block_mask.head_index(num_q_heads, num_kv_heads)
     batch_of = block_mask.batch_index(batch)
+    if sync_free and not mapping._use_device_planner(block_mask.xp):
+        raise ValueError("block_mask must be on the GPU for a sync-free plan (one made while a "
+                         "CUDA graph is captured): a host mask is planned on the host")
     by_geometry = True  # a regime given holds for every mask of the geometry
+    given = regime is not None
     if regime is None:  # the table in force for arch, else the heuristic (runtime/regime.py)
         regime, by_geometry = selected_regime(
             block_mask, arch=arch, head_dim=head_dim, dtype=dtype, num_q_heads=num_q_heads,
-            batch=batch, num_kv_heads=num_kv_heads)
+            batch=batch, num_kv_heads=num_kv_heads, read_mask=not sync_free)
     if not isinstance(regime, Regime):
         raise TypeError(f"regime must be a tessera Regime, got {type(regime).__name__}")
 
@@ -307,6 +325,15 @@ def _plan(block_mask: BlockMask, num_q_heads: int, num_kv_heads: int | None, hea
     tile_rows = regime.block_m // hp
     allow_split = plan_may_split(regime, block_mask, num_q_heads=num_q_heads,
                                  num_kv_heads=num_kv_heads, batch=batch, in_flight=in_flight)
+    if sync_free and (allow_split or regime.combine_threshold):
+        # Splitting needs the mask's totals on the host, restricted merges the general planner.
+        if given:
+            raise ValueError(f"regime {regime.name} may split tasks or merge rows, which reads "
+                             "the mask back; a sync-free plan needs "
+                             f"regime.with_(split_ratio={NEVER_SPLIT_RATIO:g}, "
+                             "combine_threshold=0.0)")
+        regime = regime.with_(split_ratio=NEVER_SPLIT_RATIO, combine_threshold=0.0)
+        allow_split = False
     fused = None
     if mapping._use_device_planner(block_mask.xp) and regime.combine_threshold == 0:
         # The common request: the planner kernels (runtime/device_planner.py).
@@ -316,7 +343,7 @@ def _plan(block_mask: BlockMask, num_q_heads: int, num_kv_heads: int | None, hea
                                split_ratio=regime.split_ratio,
                                min_split_chunks=regime.min_split_chunks, in_flight=in_flight,
                                allow_split=allow_split, pack_keys=regime.pack_keys,
-                               align_tiles=regime.align_tiles)
+                               align_tiles=regime.align_tiles, require_sync_free=sync_free)
     device = None
     if isinstance(fused, SyncFreePlan):
         launch, exact, device = fused.launch_queue(), fused.settle, fused

@@ -1126,8 +1126,8 @@ def select_regime(mask: Any, *, arch: int | None, head_dim: int, dtype: Any,
 
 
 def selected_regime(mask: Any, *, arch: int | None, head_dim: int, dtype: Any,
-                    num_q_heads: int, batch: int, num_kv_heads: int | None = None
-                    ) -> tuple[Regime, bool]:
+                    num_q_heads: int, batch: int, num_kv_heads: int | None = None,
+                    read_mask: bool = True) -> tuple[Regime, bool]:
     """The regime ``tessera.plan`` uses when none is given, and whether every mask of this
     geometry gets it (the selection was not read).
 
@@ -1140,6 +1140,8 @@ def selected_regime(mask: Any, *, arch: int | None, head_dim: int, dtype: Any,
     :func:`align_pays`. An answer that the geometry alone decides (neither a table lookup nor
     :func:`align_pays` read the selection) is remembered for the geometry and shapes: a model
     asks for the same few on every request (~45 us a request on the H200's host otherwise).
+    ``read_mask=False`` decides by the geometry alone, reading nothing back from the GPU (a
+    plan made while a CUDA graph is captured): the heuristic, with plain tiles.
     """
     if arch is None and mask.on_device:
         arch = device_arch()
@@ -1152,12 +1154,16 @@ def selected_regime(mask: Any, *, arch: int | None, head_dim: int, dtype: Any,
     key = (arch, device_arch(), device_sm_count(), id(active_table(arch)), int(head_dim), dtype,
            int(num_q_heads), int(batch), int(num_kv_heads), tuple(mask.batch_heads),
            bool(mask.on_device), np.asarray(mask.q_bounds, dtype=np.int64).tobytes(),
-           np.asarray(mask.kv_bounds, dtype=np.int64).tobytes())
+           np.asarray(mask.kv_bounds, dtype=np.int64).tobytes(), read_mask)
     found = _selections.get(key)
     if found is not None:
         return found, True
-    regime, by_geometry = _select_regime(mask, arch, head_dim, dtype, num_q_heads, batch,
-                                         num_kv_heads)
+    if read_mask:
+        regime, by_geometry = _select_regime(mask, arch, head_dim, dtype, num_q_heads, batch,
+                                             num_kv_heads)
+    else:
+        regime = default_regime(arch, head_dim, _typical_q_block(mask.q_bounds), mask.kv_bounds)
+        by_geometry = True
     if by_geometry:
         if len(_selections) >= 256:  # a bound, not an LRU: models use a handful of geometries
             _selections.clear()
