@@ -938,6 +938,21 @@ def test_plan_reused_on_one_stream_and_in_a_cuda_graph(family):
         check()
 
 
+def _fill_free_memory(cp) -> list:
+    """Arrays of 7s over all the free memory of CuPy's pool that the current stream can take
+    (chunks largest first; a request no free chunk serves is a new allocation, also kept)."""
+    pool = cp.get_default_memory_pool()
+    fills, size = [], pool.free_bytes() // 512 * 512
+    while pool.free_bytes() and size >= 512 and len(fills) < 4096:
+        before = pool.free_bytes()
+        fills.append(cp.full(size // 4, 7, dtype=cp.int32))
+        if pool.free_bytes() >= before:  # not from a free chunk (another stream's, or none)
+            size //= 2
+        else:
+            size = min(size, pool.free_bytes() // 512 * 512)
+    return fills
+
+
 def _capture_masks(rng, heads, n):
     """Masks of very different densities for the replays of one captured request, each with an
     empty row and a full one."""
@@ -1014,8 +1029,12 @@ def test_request_captured_in_a_cuda_graph(framework):
         put(mask_t, host)
         for t in (q, k, v):
             put(t, rng.standard_normal(tuple(t.shape)).astype(np.float32))
-        # Memory allocated and filled now: any the graph still writes would show here.
-        fills = [cp.full(size, 7, dtype=cp.int32) for size in (1 << 10, 1 << 14, 1 << 18)]
+        # Every free byte of CuPy's pool (whose free chunks belong to the stream they were
+        # freed on) taken and filled now: memory the graph still writes would show here.
+        fills = _fill_free_memory(cp)
+        if framework == "cupy":
+            with stream:
+                fills += _fill_free_memory(cp)
         cp.cuda.Device().synchronize()
         with on_stream():
             replay()

@@ -31,7 +31,7 @@ for fw in ("torch", "cupy"):
         t.test_request_captured_in_a_cuda_graph(fw)
         print(fw, "unprotected: PASSED (the protection was not needed here)")
     except BaseException as exc:
-        print(fw, "unprotected: FAILED:", type(exc).__name__, str(exc).splitlines()[0][:200])
+        print(fw, "unprotected: FAILED:", type(exc).__name__, (str(exc).splitlines() or [""])[0][:200])
 PY
 echo "unprotected probe:"; cat "$out/unprotected.txt" | tail -4
 for shape in wan-1.3b-480p cogvideox-5b; do
