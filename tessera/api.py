@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from ._array import capture_memory, cupy_external_stream, cupy_or_none, stream_capturing
+from ._array import (capture_memory, capturing, cupy_external_stream, cupy_or_none,
+                     stream_capturing)
 from .cuda import loader, tma
 from .interop import (DeviceTensor, current_stream_ptr, device_of, empty_like_caller,
                       framework_of, from_any)
@@ -249,8 +250,9 @@ def run_plan(p: Plan, q: Any, k: Any, v: Any, *, scale: float | None = None,
 
     ``out`` (same dtype and layout as q, last dim contiguous) and ``lse`` (float32
     ``[B, Hq, Lq]``, contiguous) are written in place when given, so a run allocates nothing
-    after the plan's first run on the stream (then a CUDA graph can capture it); they are
-    returned as given.
+    after the plan's first run on the stream; they are returned as given. A run may be
+    captured into a CUDA graph (what it allocates then is the graph's); a host-planned plan
+    must have run on the GPU once before.
     """
     _check_scale(scale)
     ops = _describe(q, k, v, p.layout)
@@ -267,7 +269,11 @@ def run_plan(p: Plan, q: Any, k: Any, v: Any, *, scale: float | None = None,
         raise ValueError(f"the plan lives on device {p.mask.device_id} but q is on "
                          f"{ops.q.device_id}")
     given = _given_outputs(ops, p.layout, out, lse)
-    return _launch(p, ops, scale, return_lse or lse is not None, given)
+    # A run captured into a CUDA graph allocates (a task counter for a new stream, outputs
+    # not given) from memory the graph keeps, as a captured request does.
+    with capture_memory(ops.q.framework, ops.q.device_id) \
+            if stream_capturing(ops.stream_ptr) else _NO_CONTEXT:
+        return _launch(p, ops, scale, return_lse or lse is not None, given)
 
 
 def _given_outputs(ops: _Operands, layout: str, out: Any, lse: Any) -> dict:
@@ -301,6 +307,9 @@ def _device_queue(p: Plan, cp) -> dict:
     plan and device: a host-built plan may run on several GPUs)."""
     c = p._cache.setdefault(("queue", cp.cuda.Device().id), {})
     if "tasks" not in c:
+        if capturing() and not p.mask.on_device:  # a host-to-device copy cannot be captured
+            raise RuntimeError("a CUDA graph is being captured and this host-planned plan has "
+                               "not run on this GPU yet: run it once before capturing")
         q = p.launch_queue
         c["tasks"] = cp.ascontiguousarray(cp.asarray(q.tasks, dtype=cp.int32))
         c["spans"] = cp.ascontiguousarray(cp.asarray(q.spans, dtype=cp.int32))

@@ -1055,6 +1055,53 @@ def test_request_captured_in_a_cuda_graph(framework):
     else:
         assert tessera.release_captured_memory() > 0
 
+def test_replan_and_run_captured_in_a_cuda_graph():
+    """A plan kept by the caller (one per layer), its replan and run captured into a CUDA graph
+    on another stream than the one it ran on before -- the run's task counter for that stream
+    and its output then come from the graph's memory -- and replayed for new masks written into
+    the captured tensor, each against the float64 reference with the output poisoned; a host
+    plan that never ran on the GPU is refused inside the capture before anything is launched.
+    (Plan.replan works on CuPy's current stream: a torch caller makes it the captured one.)"""
+    torch = _torch()
+    from tessera._array import cupy_external_stream
+
+    rng = np.random.default_rng(31)
+    H, L, n, D = 2, 1300, 11, 128
+    masks = list(_capture_masks(rng, H, n))
+    blocks = torch.from_numpy(masks[0]).cuda()
+    q, k, v = (torch.randn(1, H, L, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    geo = dict(block_size=128, seq_len_q=L, seq_len_kv=L)
+    p = tessera.plan(tessera.BlockMask.from_dense(blocks, **geo), num_q_heads=H, head_dim=D,
+                     sync_free=True)
+    assert p.sync_free and p.replannable
+    warm, s = torch.cuda.Stream(), torch.cuda.Stream()
+    with torch.cuda.stream(warm):
+        p.run(q, k, v)
+    torch.cuda.synchronize()
+    host_plan = tessera.plan(tessera.BlockMask.from_dense(masks[0], **geo), num_q_heads=H,
+                             head_dim=D)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=s), cupy_external_stream(s.cuda_stream, 0):
+        p.replan(tessera.BlockMask.from_dense(blocks, **geo))
+        out = p.run(q, k, v)
+        with pytest.raises(RuntimeError, match="run it once before capturing"):
+            host_plan.run(q, k, v)
+    for host in masks[1:] + masks[:1]:
+        torch.cuda.synchronize()
+        blocks.copy_(torch.from_numpy(host))
+        for t in (q, k, v):
+            t.copy_(torch.randn_like(t))
+        torch.cuda.synchronize()
+        with torch.cuda.stream(s):
+            graph.replay()
+        torch.cuda.synchronize()
+        ref = reference.attention(*(t.float().cpu().numpy().astype(np.float64)
+                                    for t in (q, k, v)),
+                                  tessera.BlockMask.from_dense(host, **geo))
+        got = out.float().cpu().numpy()
+        assert not np.isnan(got).any(), "the replay left output unwritten"
+        assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < TOL["bfloat16"]
+
 def test_tensors_on_a_second_gpu():
     """q/k/v and the mask on cuda:1 while cuda:0 is current: planning (device planner, kept plans
     and their CUDA-graph replans), the kernels and the outputs all on cuda:1; a host plan runs
