@@ -28,6 +28,10 @@ rows, so a later mask of its geometry is planned into the same buffers by launch
 (``Plan.replan``; from the second planning on, one CUDA graph replayed): this is how
 ``tessera.attention`` serves a model's requests, a new mask each, with a kept plan.
 
+A plan that must be sync-free (``tessera.plan(sync_free=True)``: a request captured into a
+CUDA graph, whose regime never splits) takes bounds up to
+:data:`REQUIRED_SYNC_FREE_WORKSPACE_LIMIT` instead, and is refused beyond.
+
 **One sync** otherwise (or when the bounds would exceed :data:`SYNC_FREE_WORKSPACE_LIMIT`):
 the totals are read after step 2 to size the arrays and to apply the split rule; when a task
 must split, step 3 writes spans and tiles only and the general task organization
@@ -51,7 +55,8 @@ from .mapping import (PhysicalTiles, _device_dense_rows, aligned_geometry, devic
 from .tasks import (HEAVY_MEAN, HEAVY_SHARE, TaskQueue, build_task_queue, head_assignments,
                     split_limit)
 
-__all__ = ["plan_on_device", "SyncFreePlan", "SYNC_FREE_WORKSPACE_LIMIT"]
+__all__ = ["plan_on_device", "SyncFreePlan", "SYNC_FREE_WORKSPACE_LIMIT",
+           "REQUIRED_SYNC_FREE_WORKSPACE_LIMIT"]
 
 # Most bytes the bounded buffers of a sync-free plan may take; beyond (e.g. HunyuanVideo's 930
 # x 930 blocks per head, whose kernels take tens of milliseconds) the one-sync path sizes them.
