@@ -5,8 +5,10 @@
 
 Marked ``gpu`` (skipped without one). Inputs are CuPy fp16 (no PyTorch needed). "kernel" times
 ``Plan.run`` of a plan made once; "request" times ``tessera.attention`` with the mask already on
-the device (planning + launches + kernels, a new plan every call). Every timed call ends with a
-device synchronize so the wall-clock pytest-benchmark measures includes the GPU work.
+the device (planning + launches + kernels, a new plan every call); "captured request" replays
+that request captured into a CUDA graph (the planner's kernels and the attention kernel, no host
+work). Every timed call ends with a device synchronize so the wall-clock pytest-benchmark
+measures includes the GPU work.
 Useful FLOPs for a row = 4 * D * ``extra_info["useful_pairs"]``.
 
 Run on the H200: figures in benchmarks/RESULTS.md.
@@ -65,3 +67,22 @@ def test_request(benchmark, shape, family):
     sync = cp.cuda.Device().synchronize
     benchmark.extra_info.update(useful_pairs=int(mask.selected_pairs(1, q.shape[1]).sum()))
     benchmark(lambda: (tessera.attention(q, k, v, mask), sync()))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_captured_request(benchmark, shape, family):
+    import cupy as cp
+
+    q, k, v, mask, _ = _case(shape, family)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        tessera.attention(q, k, v, mask)  # the warm-up a capture needs
+        stream.begin_capture()
+        try:
+            tessera.attention(q, k, v, mask)
+        finally:
+            graph = stream.end_capture()
+    benchmark.extra_info.update(useful_pairs=int(mask.selected_pairs(1, q.shape[1]).sum()))
+    benchmark(lambda: (graph.launch(stream), stream.synchronize()))
+    tessera.release_captured_memory()  # (the graph is never launched again)

@@ -440,7 +440,10 @@ class BlockMask:
             return self.dense_rows.reshape(self.shape).copy()
         n_rows = self.indptr.size - 1
         out = xp.zeros((n_rows, self.num_kv_blocks), dtype=bool)
-        rows = segment_ids(self.indptr, self.indices.size, xp)
+        # Each stored entry's row by a search of the offsets: unlike segment_ids on CuPy, it
+        # reads nothing back (the device planner plans a CSR mask from these rows without a
+        # synchronization, also while a CUDA graph is captured).
+        rows = xp.searchsorted(self.indptr[1:], xp.arange(self.indices.size), side="right")
         out[rows, self.indices] = True
         return out.reshape(self.shape)
 
