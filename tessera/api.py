@@ -116,7 +116,11 @@ def attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *, scale: float | N
     tensor (PyTorch, JAX), bf16 or fp16, D in 64/96/128. Plans (on the device when the mask is
     there) and runs in one call; returns the output in the caller's type and layout, plus the
     natural-log LSE ``[B, Hq, Lq]`` (float32) with ``return_lse``. A later request of the same
-    mask geometry, shapes and stream replans a kept plan (:data:`request_plans_kept`).
+    mask geometry, shapes and stream replans a kept plan (:data:`request_plans_kept`). Unless
+    ``regime`` is given, a request never splits heavy tasks (``plan(split_tasks=False)``: the
+    split costs milliseconds of host planning, more than it saves), so a device mask is planned
+    without waiting for the GPU. Inside a CUDA-graph capture the whole request is captured
+    (after one warm-up request outside it; ``plan(sync_free=True)``).
     """
     if not isinstance(block_mask, BlockMask):
         raise TypeError(f"block_mask must be a tessera.BlockMask, got {type(block_mask).__name__}")
@@ -182,7 +186,7 @@ def _request_plan(mask: BlockMask, ops: _Operands, layout: str, regime: Any, cap
     else:
         p = plan(mask, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, batch=b,
                  dtype=ops.q.dtype, layout=layout, regime=regime, arch=_device_cc(),
-                 sync_free=capturing)
+                 sync_free=capturing, split_tasks=False)
         if not (p.replannable and p.regime_by_geometry):
             key = None
     try:

@@ -186,6 +186,10 @@ def test_requests_of_one_geometry_replan_a_kept_plan(monkeypatch):
     with pytest.raises(ValueError, match="regime .* may split tasks"):  # given: not changed
         request(mask(0.3), 7, never_splits.with_(split_ratio=2.0))
     capturing.clear()
+    # A selected regime is made never to split (40 tasks against unknown slots may split).
+    selected = request(mask(0.3), 12, None)
+    assert selected.sync_free and selected.regime.split_ratio >= 1e6
+    api._request_plans.pop(next(k for k in api._request_plans if k[1] == 12), None)
     assert len(api._request_plans) == 4
     splits = never_splits.with_(split_ratio=2.0)  # 40 tasks against unknown slots: may split
     assert not request(mask(0.3), 7, splits).replannable and len(api._request_plans) == 4

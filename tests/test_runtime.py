@@ -1207,12 +1207,18 @@ def test_sync_free_plans_read_nothing_back(monkeypatch):
             rng.random((2, 9, 9)) < 0.3, q_bounds=np.r_[0, np.cumsum(rng.integers(90, 200, 9))],
             kv_bounds=np.r_[0, np.cumsum(rng.integers(90, 200, 9))])
         kw90 = dict(kw, head_dim=128, arch=90)
-        tessera.plan(ragged, **kw90)
-        assert read_selection
+        heuristic = tessera.plan(ragged, sync_free=True, **kw90)  # nothing read before
+        assert heuristic.sync_free and not read_selection and not heuristic.regime.align_tiles
+        mp.setattr(regime_mod, "align_pays",
+                   lambda *a, **k: read_selection.append("align") or True)
+        eager = tessera.plan(ragged, **kw90)
+        assert read_selection and eager.regime.align_tiles
         read_selection.clear()
         reads.clear()
-        assert tessera.plan(ragged, sync_free=True, **kw90).sync_free and not read_selection
-        assert not reads
+        # The last selection that read a mask of this geometry (the warm-up before a capture).
+        captured = tessera.plan(ragged, sync_free=True, **kw90)
+        assert captured.sync_free and not read_selection and not reads
+        assert captured.regime == eager.regime.with_(split_ratio=NEVER_SPLIT_RATIO)
         mp.setattr(device_planner, "REQUIRED_SYNC_FREE_WORKSPACE_LIMIT", 1000)
         launched.clear()
         with pytest.raises(ValueError, match="plan buffers would take"):

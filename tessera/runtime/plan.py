@@ -260,7 +260,8 @@ def heads_per_task(regime: Regime, mask_heads: int, num_q_heads: int, num_kv_hea
 def plan(block_mask: BlockMask, *, num_q_heads: int, num_kv_heads: int | None = None,
          head_dim: int, head_dim_v: int | None = None, batch: int | None = None,
          dtype: Any = "bfloat16", layout: str = "bhld", regime: Regime | None = None,
-         arch: int | None = None, sync_free: bool | None = None) -> Plan:
+         arch: int | None = None, sync_free: bool | None = None,
+         split_tasks: bool = True) -> Plan:
     """Plan ``block_mask`` for attention with these heads, head dim and dtype.
 
     ``batch`` defaults to the mask's stored batch; ``regime`` to the one the regime table in
@@ -273,6 +274,12 @@ def plan(block_mask: BlockMask, *, num_q_heads: int, num_kv_heads: int | None = 
     captured): a device mask, a regime chosen by the geometry alone whose tasks never split
     nor merge rows (a selected one is made so; a given one must be), buffers sized by the
     geometry's bounds. Raises ValueError when the mask or the regime cannot be planned so.
+
+    ``split_tasks=False`` makes a selected regime never split heavy tasks nor merge rows
+    (``tessera.attention``'s requests): both need the general task organization on the host,
+    milliseconds a plan, more than the tail a split shortens at the sizes where one is possible
+    at all (``tasks.may_split``; benchmarks/RESULTS.md, nineteenth session). A device mask's
+    plan is then sync-free.
     """
     if not isinstance(block_mask, BlockMask):
         raise TypeError(f"block_mask must be a tessera.BlockMask, got {type(block_mask).__name__}")
@@ -285,12 +292,13 @@ def plan(block_mask: BlockMask, *, num_q_heads: int, num_kv_heads: int | None = 
                 else contextlib.nullcontext():
             return _plan(block_mask, num_q_heads, num_kv_heads, head_dim, head_dim_v, batch,
                          dtype, layout, regime, arch,
-                         captured if sync_free is None else bool(sync_free))
+                         captured if sync_free is None else bool(sync_free), split_tasks)
 
 
 def _plan(block_mask: BlockMask, num_q_heads: int, num_kv_heads: int | None, head_dim: int,
           head_dim_v: int | None, batch: int | None, dtype: Any, layout: str,
-          regime: Regime | None, arch: int | None, sync_free: bool = False) -> Plan:
+          regime: Regime | None, arch: int | None, sync_free: bool = False,
+          split_tasks: bool = True) -> Plan:
     """plan() with the mask's device current (where every array and kernel of the plan go)."""
     num_kv_heads = num_q_heads if num_kv_heads is None else num_kv_heads
     head_dim_v = head_dim if head_dim_v is None else head_dim_v
@@ -325,7 +333,7 @@ def _plan(block_mask: BlockMask, num_q_heads: int, num_kv_heads: int | None, hea
     tile_rows = regime.block_m // hp
     allow_split = plan_may_split(regime, block_mask, num_q_heads=num_q_heads,
                                  num_kv_heads=num_kv_heads, batch=batch, in_flight=in_flight)
-    if sync_free and (allow_split or regime.combine_threshold):
+    if (sync_free or not split_tasks and not given) and (allow_split or regime.combine_threshold):
         # Splitting needs the mask's totals on the host, restricted merges the general planner.
         if given:
             raise ValueError(f"regime {regime.name} may split tasks or merge rows, which reads "

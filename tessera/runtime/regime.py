@@ -1047,6 +1047,7 @@ def use_table(table: "str | os.PathLike | RegimeTable | None") -> RegimeTable | 
         _explicit = RegimeTable.load(table)
     _resolved.clear()
     _selections.clear()
+    _read_selections.clear()
     _warned.clear()
     return None if isinstance(_explicit, str) else _explicit
 
@@ -1141,7 +1142,8 @@ def selected_regime(mask: Any, *, arch: int | None, head_dim: int, dtype: Any,
     :func:`align_pays` read the selection) is remembered for the geometry and shapes: a model
     asks for the same few on every request (~45 us a request on the H200's host otherwise).
     ``read_mask=False`` decides by the geometry alone, reading nothing back from the GPU (a
-    plan made while a CUDA graph is captured): the heuristic, with plain tiles.
+    plan made while a CUDA graph is captured): what the last selection for this geometry and
+    shapes found by reading its mask (the warm-up request), else the heuristic, plain tiles.
     """
     if arch is None and mask.on_device:
         arch = device_arch()
@@ -1154,25 +1156,31 @@ def selected_regime(mask: Any, *, arch: int | None, head_dim: int, dtype: Any,
     key = (arch, device_arch(), device_sm_count(), id(active_table(arch)), int(head_dim), dtype,
            int(num_q_heads), int(batch), int(num_kv_heads), tuple(mask.batch_heads),
            bool(mask.on_device), np.asarray(mask.q_bounds, dtype=np.int64).tobytes(),
-           np.asarray(mask.kv_bounds, dtype=np.int64).tobytes(), read_mask)
+           np.asarray(mask.kv_bounds, dtype=np.int64).tobytes())
     found = _selections.get(key)
     if found is not None:
         return found, True
-    if read_mask:
-        regime, by_geometry = _select_regime(mask, arch, head_dim, dtype, num_q_heads, batch,
-                                             num_kv_heads)
-    else:
-        regime = default_regime(arch, head_dim, _typical_q_block(mask.q_bounds), mask.kv_bounds)
-        by_geometry = True
-    if by_geometry:
-        if len(_selections) >= 256:  # a bound, not an LRU: models use a handful of geometries
-            _selections.clear()
-        _selections[key] = regime
+    if not read_mask:
+        # What the last selection for this geometry and shapes found by reading its mask (the
+        # warm-up request before a CUDA-graph capture), else the heuristic with plain tiles.
+        seen = _read_selections.get(key)
+        if seen is not None:
+            return seen, False
+        return default_regime(arch, head_dim, _typical_q_block(mask.q_bounds),
+                              mask.kv_bounds), True
+    regime, by_geometry = _select_regime(mask, arch, head_dim, dtype, num_q_heads, batch,
+                                         num_kv_heads)
+    kept = _selections if by_geometry else _read_selections
+    if len(kept) >= 256:  # a bound, not an LRU: models use a handful of geometries
+        kept.clear()
+    kept[key] = regime
     return regime, by_geometry
 
 
-# select_regime's answers that depend on the geometry and shapes alone (emptied by use_table).
+# select_regime's answers that depend on the geometry and shapes alone, and the last answer for
+# each geometry and shapes that read the mask (both emptied by use_table).
 _selections: dict[tuple, Regime] = {}
+_read_selections: dict[tuple, Regime] = {}
 _generation = 0  # use_table calls so far
 
 
