@@ -5,7 +5,8 @@
 
 Marked ``gpu`` (skipped without one). Inputs are CuPy fp16 (no PyTorch needed). "kernel" times
 ``Plan.run`` of a plan made once; "request" times ``tessera.attention`` with the mask already on
-the device (planning + launches + kernels, a new plan every call); "captured request" replays
+the device (planning + launches + kernels every call; a kept plan replanned where the regime
+was chosen by the geometry); "captured request" replays
 that request captured into a CUDA graph (the planner's kernels and the attention kernel, no host
 work). Every timed call ends with a device synchronize so the wall-clock pytest-benchmark
 measures includes the GPU work.
