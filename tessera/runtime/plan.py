@@ -271,9 +271,11 @@ def plan(block_mask: BlockMask, *, num_q_heads: int, num_kv_heads: int | None = 
 
     ``sync_free=True`` plans without reading anything back from the GPU, so that the planning
     can be captured into a CUDA graph (the default when CuPy's current stream is being
-    captured): a device mask, a regime chosen by the geometry alone whose tasks never split
-    nor merge rows (a selected one is made so; a given one must be), buffers sized by the
-    geometry's bounds. Raises ValueError when the mask or the regime cannot be planned so.
+    captured): a device mask; a regime chosen without reading the mask (the one the last
+    selection for this geometry and shapes found by reading a mask -- a warm-up request --
+    else the heuristic's) whose tasks never split nor merge rows (a selected one is made so; a
+    given one must be); buffers sized by the geometry's bounds. Raises ValueError when the
+    mask or the regime cannot be planned so.
 
     ``split_tasks=False`` makes a selected regime never split heavy tasks nor merge rows
     (``tessera.attention``'s requests): both need the general task organization on the host,
