@@ -6,7 +6,9 @@ host (at most a few scalars, the sizes of the arrays it makes, come back). A dev
 restricted merges takes the planner kernels (``device_planner.py``), with no synchronization at
 all when no task may split; everything else the general path, which gives the same arrays.
 A sync-free plan can be replanned for another mask of its geometry (``Plan.replan``), which
-``tessera.attention`` does for the requests of a model.
+``tessera.attention`` does for the requests of a model; its requests never split tasks
+(``split_tasks=False``), and one captured into a CUDA graph reads nothing back at all
+(``sync_free=True``).
 """
 
 from __future__ import annotations
