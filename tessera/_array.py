@@ -254,6 +254,12 @@ def capture_memory(framework: str, device_id: int) -> Iterator[None]:
         _capture.depth = 0
 
 
+def capture_memory_if(active: bool, framework: str, device_id: int) -> Any:
+    """:func:`capture_memory` while ``active`` (a stream being captured), else a context that
+    does nothing and costs nothing (the request path's case)."""
+    return capture_memory(framework, device_id) if active else _NO_CONTEXT
+
+
 def capture_memory_for(a: Any) -> Any:
     """For work on ``a`` (a CUDA torch tensor or a CuPy array) while the stream ordering work on
     it -- torch's or CuPy's current one on its device -- is being captured into a CUDA graph:
@@ -274,8 +280,7 @@ def capture_memory_for(a: Any) -> Any:
         device = int(a.device.id)
         with a.device:
             stream = int(cp.cuda.get_current_stream().ptr)
-        if stream_capturing(stream):
-            return capture_memory("cupy", device)
+        return capture_memory_if(stream_capturing(stream), "cupy", device)
     return _NO_CONTEXT
 
 

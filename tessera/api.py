@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ._array import (capture_memory, capturing, cupy_external_stream, cupy_or_none,
+from ._array import (capture_memory_if, capturing, cupy_external_stream, cupy_or_none,
                      stream_capturing)
 from .cuda import loader, tma
 from .interop import (DeviceTensor, current_stream_ptr, device_of, empty_like_caller,
@@ -142,12 +142,9 @@ def attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *, scale: float | N
                              "into a CUDA graph (a host mask's plan is copied to the GPU, "
                              "which a graph cannot capture): build it from a device tensor")
         with _caller_stream(ops), \
-                capture_memory(ops.q.framework, ops.q.device_id) if capturing else _NO_CONTEXT, \
+                capture_memory_if(capturing, ops.q.framework, ops.q.device_id), \
                 _request_plan(block_mask, ops, layout, regime, capturing) as p:
             return _launch_here(p, ops, scale, return_lse, None)  # (q's device is current)
-
-
-_NO_CONTEXT = contextlib.nullcontext()
 
 
 # Plans tessera.attention keeps for the next request of the same geometry, shapes and stream
@@ -275,8 +272,7 @@ def run_plan(p: Plan, q: Any, k: Any, v: Any, *, scale: float | None = None,
     given = _given_outputs(ops, p.layout, out, lse)
     # A run captured into a CUDA graph allocates (a task counter for a new stream, outputs
     # not given) from memory the graph keeps, as a captured request does.
-    with capture_memory(ops.q.framework, ops.q.device_id) \
-            if stream_capturing(ops.stream_ptr) else _NO_CONTEXT:
+    with capture_memory_if(stream_capturing(ops.stream_ptr), ops.q.framework, ops.q.device_id):
         return _launch(p, ops, scale, return_lse or lse is not None, given)
 
 

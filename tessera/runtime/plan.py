@@ -13,13 +13,12 @@ A sync-free plan can be replanned for another mask of its geometry (``Plan.repla
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 
-from .._array import capture_memory, capturing, stream_capturing, to_numpy
+from .._array import capture_memory_if, stream_capturing, to_numpy
 from ..mask import BlockMask
 from . import mapping
 from .device_planner import SyncFreePlan, plan_on_device
@@ -291,9 +290,8 @@ def plan(block_mask: BlockMask, *, num_q_heads: int, num_kv_heads: int | None = 
         xp = block_mask.xp
         captured = xp is not np and stream_capturing(xp.cuda.get_current_stream().ptr)
         # A plan captured outside tessera.attention keeps its memory for the graph
-        # (_array.capture_memory; inside a request the request's own applies).
-        with capture_memory("cupy", block_mask.device_id) if captured and not capturing() \
-                else contextlib.nullcontext():
+        # (_array.capture_memory; inside a request the request's own applies: it nests).
+        with capture_memory_if(captured, "cupy", block_mask.device_id):
             return _plan(block_mask, num_q_heads, num_kv_heads, head_dim, head_dim_v, batch,
                          dtype, layout, regime, arch,
                          captured if sync_free is None else bool(sync_free), split_tasks)
