@@ -20,7 +20,7 @@ from __future__ import annotations
 import pytest
 
 import tessera
-from tessera.workloads import FAMILIES, WORKLOADS, example_mask
+from tessera.tools.workloads import FAMILIES, WORKLOADS, example_mask
 
 pytestmark = pytest.mark.gpu
 

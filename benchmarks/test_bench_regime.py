@@ -19,8 +19,8 @@ import json
 import pytest
 
 from tessera import BlockMask
-from tessera.runtime.regime import (DENSITY_BUCKETS, SEQ_BUCKETS, MaskFeatures, RegimeTable,
-                                    candidate_regimes, mask_features)
+from tessera.runtime.regime import MaskFeatures, RegimeTable, candidate_regimes, mask_features
+from tessera.runtime.regime.features import DENSITY_BUCKETS, SEQ_BUCKETS
 
 # The same Wan-1.3B-shaped mask as the planning benchmark (pytest puts benchmarks/ on the path).
 from test_bench_plan import HEAD_DIM, HEADS, SEQ_LEN, wan_dense  # noqa: E402

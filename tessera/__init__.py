@@ -5,13 +5,14 @@ physical tiles, organizes them into tasks and runs a kernel chosen for the GPU. 
 needs only numpy and scipy; CuPy is needed to run on a GPU.
 """
 
-from ._array import release_captured_memory
+from .capture import release_captured_memory
 from .api import attention
 from .mask import BlockMask
 from .runtime.plan import Plan, plan
 from .runtime.regime import Regime, use_table
+from .settings import config
 
 __version__ = "0.1.0"
 
-__all__ = ["BlockMask", "Plan", "Regime", "attention", "plan", "release_captured_memory",
-           "use_table", "__version__"]
+__all__ = ["BlockMask", "Plan", "Regime", "attention", "config", "plan",
+           "release_captured_memory", "use_table", "__version__"]

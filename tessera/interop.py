@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ._array import cupy_or_none
+from ._array import cupy_or_none, is_cupy, torch_stream_ptr
 
 __all__ = ["DeviceTensor", "from_any", "empty_like_caller", "current_stream_ptr", "device_of",
            "framework_of"]
@@ -177,18 +177,6 @@ def device_of(x: Any) -> int:
     return 0
 
 
-def torch_stream_ptr(device_id: int) -> int:
-    """PyTorch's current CUDA stream on ``device_id`` as a raw pointer. Through the raw-stream
-    query torch's own compiler uses when it exists: ``torch.cuda.current_stream`` builds a
-    Stream object, ~5 us on the request path."""
-    import torch  # noqa: PLC0415 - the caller's own framework, already imported
-
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if raw is not None:
-        return int(raw(device_id))
-    return int(torch.cuda.current_stream(device_id).cuda_stream)
-
-
 def current_stream_ptr(fw: str, device_id: int) -> int:
     """The caller's current CUDA stream (0: the legacy default stream)."""
     if fw == "torch":
@@ -279,3 +267,87 @@ def empty_like_caller(template: DeviceTensor, shape: tuple[int, ...], dtype: str
     # CuPy (and other producers): a CuPy array; bfloat16 comes back as its raw uint16 bits,
     # since CuPy has no bfloat16 dtype.
     return desc, lambda stream: buf
+
+
+# ---- arrays of any framework as numpy or CuPy (masks, the reference, the emulator) -------------
+def as_array(a: Any, name: str) -> Any:
+    """Turn numpy/CuPy arrays, DLPack tensors (PyTorch, JAX) or sequences into numpy or CuPy.
+
+    Device tensors stay on the device (zero-copy through DLPack); host tensors become numpy.
+    """
+    if isinstance(a, np.ndarray) or is_cupy(a):
+        return a
+    if type(a).__module__.startswith("torch") and getattr(a, "is_cuda", False):
+        return _cupy_view_of_torch(a, name)
+    if hasattr(a, "__dlpack__"):
+        device_type = None
+        if hasattr(a, "__dlpack_device__"):
+            device_type = int(a.__dlpack_device__()[0])
+        if device_type in (2, 3, 13):  # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
+            cp = cupy_or_none()
+            if cp is None:
+                raise TypeError(f"{name} is a CUDA tensor but CuPy is not installed")
+            return cp.from_dlpack(a)
+        return np.from_dlpack(a)
+    try:
+        return np.asarray(a)
+    except Exception as exc:  # pragma: no cover - message path
+        raise TypeError(f"{name} must be an array (numpy, CuPy or a DLPack tensor), "
+                        f"got {type(a).__name__}") from exc
+
+
+def _cupy_view_of_torch(a: Any, name: str) -> Any:
+    """A CuPy array over a CUDA torch tensor's memory, no copy, without torch's ``__dlpack__``
+    (which costs tens of microseconds on the request path) when torch and CuPy work on the same
+    stream, so that CuPy's work on the array is ordered after torch's. Otherwise, and for
+    bfloat16 (no CuPy dtype), DLPack, whose stream handshake orders them."""
+    cp = cupy_or_none()
+    if cp is None:
+        raise TypeError(f"{name} is a CUDA tensor but CuPy is not installed")
+    with cp.cuda.Device(a.device.index):
+        dt = _numpy_dtype_on_cupy_stream(a, cp)
+        if dt is None:
+            return cp.from_dlpack(a)
+        if a.numel() == 0:
+            return cp.empty(tuple(a.shape), dtype=dt)
+        span = 1 + sum((n - 1) * s for n, s in zip(a.shape, a.stride()))  # elements spanned
+        mem = cp.cuda.UnownedMemory(a.data_ptr(), span * dt.itemsize, a, a.device.index)
+        return cp.ndarray(tuple(a.shape), dtype=dt, memptr=cp.cuda.MemoryPointer(mem, 0),
+                          strides=tuple(s * dt.itemsize for s in a.stride()))
+
+
+def torch_private_copy(a: Any) -> Any:
+    """A CuPy copy of a contiguous CUDA torch tensor of a numpy dtype, made by one
+    device-to-device copy on CuPy's current stream of its device when that is torch's current
+    stream there (so the copy is ordered after whatever torch wrote into it), without a CuPy
+    view of the tensor first (~30 us of a request's host time on the H200 machine,
+    benchmarks/line_times.py); None when any of that does not hold (the caller then takes the
+    general path: a view or DLPack, and private_copy)."""
+    cp = cupy_or_none()
+    if cp is None or not a.is_contiguous():
+        return None
+    with cp.cuda.Device(a.device.index):
+        dtype = _numpy_dtype_on_cupy_stream(a, cp)
+        if dtype is None:
+            return None
+        out = cp.empty(tuple(a.shape), dtype=dtype)
+        if out.nbytes:
+            cp.cuda.runtime.memcpyAsync(out.data.ptr, a.data_ptr(), out.nbytes,
+                                        cp.cuda.runtime.memcpyDeviceToDevice,
+                                        cp.cuda.get_current_stream().ptr)
+    return out
+
+
+def _numpy_dtype_on_cupy_stream(a: Any, cp: Any) -> np.dtype | None:
+    """The numpy dtype of a CUDA torch tensor when numpy has one (not bfloat16) and torch's
+    current stream on its device is CuPy's (CuPy's work on its memory is then ordered after
+    torch's), else None. Called with the tensor's device current (CuPy's current stream is per
+    device)."""
+
+    try:
+        dtype = np.dtype(str(a.dtype).removeprefix("torch."))
+    except TypeError:  # bfloat16 and other types numpy lacks
+        return None
+    if torch_stream_ptr(a.device.index) != cp.cuda.get_current_stream().ptr:
+        return None
+    return dtype

@@ -23,9 +23,11 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
+import scipy.sparse as sp
 
-from ._array import (array_module, as_array, capture_memory_for, private_copy, segment_ids,
-                     to_numpy, torch_private_copy)
+from ._array import array_module, cupy_or_none, private_copy, segment_ids, to_numpy
+from .capture import capture_memory_for
+from .interop import as_array, torch_private_copy
 
 __all__ = ["BlockMask"]
 
@@ -223,7 +225,6 @@ class BlockMask:
         zero or False are not selected). A ``bsr_array`` is read as the token-level matrix: its
         block size is the geometry and its stored blocks are the selection.
         """
-        import scipy.sparse as sp  # noqa: PLC0415 - scipy is a base dependency, import on use
 
         if sp.issparse(matrices):
             grid = [[matrices]]
@@ -457,8 +458,6 @@ class BlockMask:
 
     def to_device(self) -> "BlockMask":
         """The same mask with its selection on the current CUDA device (needs CuPy)."""
-        from ._array import cupy_or_none  # noqa: PLC0415
-
         cp = cupy_or_none()
         if cp is None:
             raise RuntimeError("to_device needs CuPy")

@@ -11,7 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from ._array import as_array, to_numpy
+from ._array import to_numpy
+from .interop import as_array
 from .mask import BlockMask
 
 __all__ = ["attention", "split_layout"]

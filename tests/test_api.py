@@ -1,10 +1,11 @@
-"""CPU: the launch bookkeeping of tessera.api that needs no GPU (fakes stand in for CuPy)."""
+"""CPU: the request and launch bookkeeping (tessera.api, tessera.launch) that needs no GPU
+(fakes stand in for CuPy)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from tessera import api
+from tessera import api, capture, launch, operands
 
 
 class _Stream:
@@ -17,7 +18,7 @@ class _Stream:
 
 class _Plan:
     def __init__(self, ready=None) -> None:
-        self._cache = {} if ready is None else {"ready": ready}
+        self.launch_state = launch.LaunchState(ready=ready)
 
 
 class _CuPy:
@@ -43,11 +44,11 @@ def test_plan_is_waited_for_once_per_stream():
     ready = object()
     p, a, b = _Plan(ready), _Stream(1), _Stream(2)
     for _ in range(3):
-        api._wait_until_planned(p, a)
-    api._wait_until_planned(p, b)
+        launch._wait_until_planned(p, a)
+    launch._wait_until_planned(p, b)
     assert a.waited == [ready] and b.waited == [ready]
     host_built, c = _Plan(), _Stream(3)
-    api._wait_until_planned(host_built, c)
+    launch._wait_until_planned(host_built, c)
     assert c.waited == []
 
 
@@ -56,9 +57,9 @@ def test_task_counter_one_per_stream_zeroed_once():
     zero (checked on the GPU by test_attention_gpu's persistent tests)."""
     cp, p = _CuPy(), _Plan()
     a, b = _Stream(11), _Stream(12)
-    first = api._task_counter(p, cp, a)
-    again = api._task_counter(p, cp, a)
-    other = api._task_counter(p, cp, b)
+    first = launch._task_counter(p, cp, a)
+    again = launch._task_counter(p, cp, a)
+    other = launch._task_counter(p, cp, b)
     assert first is again and other is not first and cp.allocations == 2
     assert first.nbytes == 4 and cp.memsets == []
 
@@ -115,9 +116,9 @@ def test_scale_checked_before_anything_else():
     with pytest.raises(TypeError, match="scale must be a number or None, got str"):
         tessera.attention(None, None, None, m, scale="0.1")
     with pytest.raises(ValueError, match="scale must be positive"):
-        api.run_plan(None, None, None, None, scale=-1)
+        launch.run_plan(None, None, None, None, scale=-1)
     for good in (None, 0.125, np.float32(0.1), 1):
-        api._check_scale(good)
+        operands.check_scale(good)
 
 
 def test_requests_of_one_geometry_replan_a_kept_plan(monkeypatch):
@@ -130,27 +131,27 @@ def test_requests_of_one_geometry_replan_a_kept_plan(monkeypatch):
     tasks, or a regime that read the selection is never kept; the least recently used plan
     goes beyond request_plans_kept."""
     import pytest
+    from test_runtime import PLANNER_STAND_INS, assert_same_plan
 
     import tessera
     from tessera import BlockMask, Regime
     from tessera.cuda import loader
     from tessera.interop import DeviceTensor
     from tessera.runtime import mapping
-    from test_runtime import PLANNER_STAND_INS, assert_same_plan
 
     monkeypatch.setattr(loader, "load_kernel", lambda v: PLANNER_STAND_INS[v.kernel])
-    monkeypatch.setattr(mapping, "_use_device_planner", lambda xp: True)
+    monkeypatch.setattr(mapping, "use_device_planner", lambda xp: True)
     monkeypatch.setattr(BlockMask, "on_device", property(lambda self: True))
-    monkeypatch.setattr(api, "_device_cc", lambda: 90)
+    monkeypatch.setattr(tessera.cuda.device, "device_cc", lambda: 90)
     capturing = set()
     monkeypatch.setattr(api, "_request_plans", api.OrderedDict())
     rng = np.random.default_rng(8)
 
-    def ops(stream: int, hq: int = 4, lq: int = 640) -> api._Operands:
+    def ops(stream: int, hq: int = 4, lq: int = 640) -> operands.Operands:
         t = DeviceTensor(256, (1, hq, lq, 64), (hq * lq * 64, lq * 64, 64, 1), "bfloat16", 0,
                          "cupy", None)
         kv = DeviceTensor(256, (1, 2, lq, 64), t.strides, "bfloat16", 0, "cupy", None)
-        return api._Operands(t, kv, kv, t.shape, kv.shape, t.strides, kv.strides, kv.strides,
+        return operands.Operands(t, kv, kv, t.shape, kv.shape, t.strides, kv.strides, kv.strides,
                              stream)
 
     def mask(p: float, n: int = 10) -> BlockMask:
@@ -204,11 +205,11 @@ def test_requests_of_one_geometry_replan_a_kept_plan(monkeypatch):
     assert request(mask(0.3), 9, never_splits).replannable
     assert len(api._request_plans) == 4  # read the selection: not kept
     monkeypatch.setattr(api, "plan", real_plan)
-    monkeypatch.setattr(api, "request_plans_kept", 2)
+    monkeypatch.setattr(tessera.config, "request_plans_kept", 2)
     request(mask(0.3), 10, never_splits)
     assert len(api._request_plans) == 2
     assert request(mask(0.3), 7, never_splits) is not first  # evicted
-    monkeypatch.setattr(api, "request_plans_kept", 0)
+    monkeypatch.setattr(tessera.config, "request_plans_kept", 0)
     api._request_plans.clear()
     request(mask(0.3), 7, never_splits)
     assert not api._request_plans
@@ -222,22 +223,23 @@ def test_kernel_arguments_made_once_per_plan_and_scale():
     values."""
     import types
 
-    launch = types.SimpleNamespace(tile_rows=64, num_tasks=12, count=None)
-    p = types.SimpleNamespace(launch_queue=launch, num_q_heads=8, num_kv_heads=2, _cache={})
-    a = api._plan_args(p, 0.125)
-    assert api._plan_args(p, 0.125) is a
+    queue = types.SimpleNamespace(tile_rows=64, num_tasks=12, count=None)
+    p = types.SimpleNamespace(launch_queue=queue, num_q_heads=8, num_kv_heads=2,
+                              launch_state=launch.LaunchState())
+    a = launch._plan_args(p, 0.125)
+    assert launch._plan_args(p, 0.125) is a
     assert [type(x) for x in a] == [np.int32, np.int32, np.float32, np.int32, np.uint64]
     assert (int(a[0]), int(a[1]), int(a[3]), int(a[4])) == (64, 4, 12, 0)
-    assert float(a[2]) == np.float32(0.125 * api._LOG2E)
-    b = api._plan_args(p, 0.25)
-    assert b is not a and float(b[2]) == np.float32(0.25 * api._LOG2E)
-    s = api._int64s((3, 5, 7))
-    assert api._int64s((3, 5, 7)) is s and [int(x) for x in s] == [3, 5, 7]
+    assert float(a[2]) == np.float32(0.125 * launch._LOG2E)
+    b = launch._plan_args(p, 0.25)
+    assert b is not a and float(b[2]) == np.float32(0.25 * launch._LOG2E)
+    s = launch._int64s((3, 5, 7))
+    assert launch._int64s((3, 5, 7)) is s and [int(x) for x in s] == [3, 5, 7]
     assert all(type(x) is np.int64 for x in s)
 
 
 def test_capture_memory_and_device_copies():
-    """While a request is captured (_array.capture_memory), a constant array not yet on the
+    """While a request is captured (capture.capture_memory), a constant array not yet on the
     device is refused with the warm-up advice -- copying it then would be a host-to-device copy
     inside the graph, living in the graph's memory -- and one made before is reused; nested
     captures keep the outer allocator, and leaving the outermost ends the capture."""
@@ -253,16 +255,17 @@ def test_capture_memory_and_device_copies():
         id=0)))
     made = []
     key = ("capture-test", id(made))
-    with _array.capture_memory("cupy", 0):
-        assert _array.capturing()
+    with capture.capture_memory("cupy", 0):
+        assert capture.capturing()
         with pytest.raises(RuntimeError, match="warm-up"):
-            _array.device_copy(key, lambda: made.append(1) or "copy", xp)
-        with _array.capture_memory("torch", 0):  # nested: still the outer capture
-            assert _array.capturing()
-        assert _array.capturing() and not made
-    assert not _array.capturing()
-    assert _array.device_copy(key, lambda: made.append(1) or "copy", xp) == "copy"
-    with _array.capture_memory("cupy", 0):
-        assert _array.device_copy(key, lambda: made.append(1) or "other", xp) == "copy"
+            capture.device_copy(key, lambda: made.append(1) or "copy", xp)
+        with capture.capture_memory("torch", 0):  # nested: still the outer capture
+            assert capture.capturing()
+        assert capture.capturing() and not made
+    assert not capture.capturing()
+    assert capture.device_copy(key, lambda: made.append(1) or "copy", xp) == "copy"
+    with capture.capture_memory("cupy", 0):
+        assert capture.device_copy(key, lambda: made.append(1) or "other", xp) == "copy"
     assert made == [1]
-    assert _array.release_captured_memory() >= 0 and not _array._captured_memory
+    capture.release_captured_memory()
+    assert not capture._captured_memory

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import tessera
-from tessera import api, reference
+import tessera.cuda.device
+from tessera import api, launch, operands, reference
 from tessera.runtime.regime import Regime, default_regime
 
 pytestmark = pytest.mark.gpu
@@ -17,7 +18,7 @@ TOL = {"bfloat16": 1e-2, "float16": 5e-3}
 
 @pytest.fixture(autouse=True)
 def _poison(monkeypatch):
-    monkeypatch.setattr(api, "poison_outputs", True)
+    monkeypatch.setattr(tessera.config, "poison_outputs", True)
 
 
 def _torch():
@@ -259,9 +260,9 @@ def test_wide_key_steps(dtype, monkeypatch):
         wide = wide_step_tasks(cp.asnumpy(queue.tasks), cp.asnumpy(queue.spans), 128, 192)
         assert wide.any() and not wide.all()
         with_tma = _check(m, hq=hq, hkv=hkv, d=64, regime=reg, dtype=dtype)
-        monkeypatch.setattr(api, "use_tma", False)
+        monkeypatch.setattr(tessera.config, "use_tma", False)
         narrow = _check(m, hq=hq, hkv=hkv, d=64, regime=reg, dtype=dtype)
-        monkeypatch.setattr(api, "use_tma", True)
+        monkeypatch.setattr(tessera.config, "use_tma", True)
         a, b = (_to_numpy(x).astype(np.float32) for x in (with_tma, narrow))
         assert np.abs(a - b).max() <= 2e-2 * np.abs(b).max()
 
@@ -290,19 +291,19 @@ def test_tma_copies_equal_cp_async(d, block_m, block_n, monkeypatch):
     q = cp.asarray(rng.standard_normal((1, 4, lq, d)), dtype=cp.float16)
     k, v = (cp.asarray(rng.standard_normal((1, 2, lk, d)), dtype=cp.float16) for _ in range(2))
     p = tessera.plan(m, num_q_heads=4, num_kv_heads=2, head_dim=d, dtype="float16", regime=reg)
-    assert api._tma_maps(p, api._describe(q, k, v, "bhld"), False) is not None
+    assert launch._tma_maps(p, operands.describe(q, k, v, "bhld"), False) is not None
     with_tma = p.run(q, k, v)
-    monkeypatch.setattr(api, "use_tma", False)
+    monkeypatch.setattr(tessera.config, "use_tma", False)
     without = p.run(q, k, v)
     assert cp.array_equal(with_tma, without)
     _check(m, hq=4, hkv=2, d=d, regime=reg, dtype="float16")  # and against the reference
-    monkeypatch.setattr(api, "use_tma", True)
+    monkeypatch.setattr(tessera.config, "use_tma", True)
     # k and v broadcast over the kv heads (a head stride of 0, which cp.async reads and a
     # tensor map cannot describe)
     base = cp.asarray(rng.standard_normal((2, 1, 1, lk, d)), dtype=cp.float16)
     k2, v2 = (cp.lib.stride_tricks.as_strided(base[i], shape=(1, 2, lk, d),
                                               strides=(lk * d * 2, 0, d * 2, 2)) for i in (0, 1))
-    assert api._tma_maps(p, api._describe(q, k2, v2, "bhld"), False) is None
+    assert launch._tma_maps(p, operands.describe(q, k2, v2, "bhld"), False) is None
     ref = reference.attention(q, k2, v2, m)
     got = cp.asnumpy(p.run(q, k2, v2)).astype(np.float64)
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) <= TOL["float16"]
@@ -325,8 +326,8 @@ def test_two_64_row_producer_ctas_an_sm(d, bn, pack, tma, monkeypatch):
     v = reg.variant(d, bf16=True, tma=tma)
     assert dict(v.macros).get("SMEM_ALIGNED") == 1 and v.min_blocks == 2
     assert blocks_per_sm(v) == 2, f"{smem_bytes(v)} bytes of shared memory"
-    monkeypatch.setattr(api, "persistent_grid_cap", 5)  # several tasks per CTA
-    monkeypatch.setattr(api, "use_tma", tma)
+    monkeypatch.setattr(tessera.config, "persistent_grid_cap", 5)  # several tasks per CTA
+    monkeypatch.setattr(tessera.config, "use_tma", tma)
     rng = np.random.default_rng(d + bn + pack + 2 * tma)
     sizes = np.r_[rng.integers(40, 65, size=14), 64, 17]
     bounds = np.r_[0, np.cumsum(sizes)]
@@ -391,9 +392,8 @@ def test_aligned_tiles_chosen_for_a_device_mask(monkeypatch):
     m = tessera.BlockMask.from_dense(cp.asarray(near), q_bounds=qb, kv_bounds=qb)
     # The heuristic's choice: a mask this small may split its tasks, where a regime table in
     # force would be asked first (use_table(None), undone after the test).
-    from tessera.runtime import regime
 
-    monkeypatch.setattr(regime, "_explicit", None)
+    monkeypatch.setattr(tessera.runtime.regime.selection, "_explicit", None)
     p = tessera.plan(m, num_q_heads=2, head_dim=64)
     assert p.regime.align_tiles and p.regime.block_m == 128 and p.tiles.num_merged > 0
     _check(m, hq=2, d=64)
@@ -540,7 +540,7 @@ def test_replan_on_the_device_equals_a_new_plan(case):
         assert p.replannable
         _ = p.tiles  # settled for the first mask: the replan must cut them again
         assert p.replan(dev) is p
-        assert p._device.relaunch.graph is not None  # replayed as one CUDA graph
+        assert p.device_plan.relaunch.graph is not None  # replayed as one CUDA graph
         ph = tessera.plan(host, num_q_heads=2 * h, num_kv_heads=h, head_dim=128, regime=reg,
                           arch=_device_cc())
         for f in ("tasks", "spans", "combine"):
@@ -594,7 +594,7 @@ def test_requests_of_one_geometry_reuse_a_plan(monkeypatch, family):
         if family != "default" or plans:
             assert len(plans) == 1 and plans[0].mask is mask
             assert kept.setdefault(s.cuda_stream, plans[0]) is plans[0]  # the same plan
-            assert (plans[0]._device.relaunch.graph is not None) == (i >= 2)  # replans
+            assert (plans[0].device_plan.relaunch.graph is not None) == (i >= 2)  # replans
     assert len(kept) == 2 or (family == "default" and _device_cc() != 90)
 
 
@@ -761,7 +761,7 @@ def test_persistent_ctas_run_many_tasks(monkeypatch, cap, d):
     """The warp-specialized variant is persistent: with the grid capped at a few CTAs each runs
     a run of tasks back to back (the K/V stage ring and the Q hand-over carry on across them),
     including tasks with no keys, split parts and GQA-packed tiles."""
-    monkeypatch.setattr(api, "persistent_grid_cap", cap)
+    monkeypatch.setattr(tessera.config, "persistent_grid_cap", cap)
     reg = _regime("sm90ws", split_ratio=2.0, min_split_chunks=2)
     stress = _regime_stress_mask()
     p = tessera.plan(stress, num_q_heads=4, num_kv_heads=2, head_dim=d, regime=reg)
@@ -775,7 +775,7 @@ def test_persistent_ctas_run_many_tasks(monkeypatch, cap, d):
 def test_persistent_kernel_with_one_cta_per_task(monkeypatch):
     """persistent_grid_cap = 0 launches the persistent variant with one CTA per task (each
     finds the queue exhausted after its first task): the same results."""
-    monkeypatch.setattr(api, "persistent_grid_cap", 0)
+    monkeypatch.setattr(tessera.config, "persistent_grid_cap", 0)
     reg = _regime("sm90ws", split_ratio=2.0, min_split_chunks=2)
     _check(_regime_stress_mask(), hq=4, hkv=2, d=128, regime=reg)
 
@@ -785,7 +785,7 @@ def test_torch_mask_read_without_copy_and_ordered_on_side_streams():
     share a stream; on a torch side stream it goes through DLPack, whose handshake orders the
     mask's producer before CuPy's copy -- the plan then sees the mask as written."""
     torch = _torch()
-    from tessera._array import as_array
+    from tessera.interop import as_array
 
     t = torch.rand(2, 6, 6, device="cuda") < 0.5
     view = as_array(t, "mask")
@@ -831,6 +831,7 @@ def test_portable_plan_counts_its_slots_by_occupancy():
     import cupy as cp
 
     from tessera.cuda.loader import blocks_per_sm
+    from tessera.cuda import device as D
     from tessera.runtime import regime as R
 
     h, n, L, d = 48, 139, 17776, 64
@@ -839,8 +840,8 @@ def test_portable_plan_counts_its_slots_by_occupancy():
     mask = tessera.BlockMask.from_dense(blocks, **geo)
     portable = default_regime(80, d)
     slots = R.plan_tasks_in_flight(portable, mask, d, None, bf16=False)
-    assert slots == R.device_sm_count() * blocks_per_sm(portable.variant(d, bf16=False))
-    assert slots <= R.tasks_in_flight(portable, d, _device_cc(), R.device_sm_count())
+    assert slots == D.device_sm_count() * blocks_per_sm(portable.variant(d, bf16=False))
+    assert slots <= R.tasks_in_flight(portable, d, _device_cc(), D.device_sm_count())
     kw = dict(num_q_heads=h, head_dim=d, dtype="float16", regime=portable)
     p = tessera.plan(mask, **kw)
     assert p.sync_free == (h * n >= 16 * slots)
@@ -1094,7 +1095,7 @@ def test_replan_and_run_captured_in_a_cuda_graph():
     plan that never ran on the GPU is refused inside the capture before anything is launched.
     (Plan.replan works on CuPy's current stream: a torch caller makes it the captured one.)"""
     torch = _torch()
-    from tessera._array import cupy_external_stream
+    from tessera.capture import cupy_external_stream
 
     rng = np.random.default_rng(31)
     H, L, n, D = 2, 1300, 11, 128

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import tessera
-from tessera.__main__ import main
+from tessera.tools.cli import main
 
 
 def test_info_in_process(capsys):
@@ -36,7 +36,7 @@ def test_info_as_module():
 
 def test_bench_table_and_chart(tmp_path):
     pytest = __import__("pytest")
-    from tessera import bench
+    from tessera.tools import bench
 
     rows = [dict(shape="wan-1.3b-480p", case="random-10", density=0.1, tessera_ms=2.0,
                  tessera_tflops=300.0, tessera_plan_ms=0.5, tessera_request_ms=2.5,
@@ -58,7 +58,7 @@ def test_bench_table_and_chart(tmp_path):
 def test_cuda_time_ms_rejects_an_empty_burst():
     import pytest
 
-    from tessera.bench import cuda_time_ms
+    from tessera.tools.bench import cuda_time_ms
 
     with pytest.raises(ValueError, match="burst"):
         cuda_time_ms(lambda: None, burst=0)
@@ -67,7 +67,7 @@ def test_cuda_time_ms_rejects_an_empty_burst():
 def test_bench_without_gpu_says_why(capsys):
     import importlib.util
 
-    from tessera.__main__ import main as cli
+    from tessera.tools.cli import main as cli
 
     rc = cli(["bench", "--shape", "wan-1.3b-480p", "--case", "random-10"])
     out = capsys.readouterr().out
@@ -83,14 +83,14 @@ def test_bench_without_gpu_says_why(capsys):
 def test_bench_rejects_unknown_shape():
     import pytest
 
-    from tessera.bench import main as bench_main
+    from tessera.tools.bench import main as bench_main
 
     with pytest.raises(SystemExit):
         bench_main(["--shape", "no-such-model"])
 
 
 def test_demo_small_runs_on_cpu(capsys):
-    from tessera.demo import run
+    from tessera.tools.demo import run
 
     assert run("small") == 0
     out = capsys.readouterr().out
@@ -100,7 +100,7 @@ def test_demo_small_runs_on_cpu(capsys):
 def test_plan_command_prints_and_draws(tmp_path, capsys):
     import pytest
 
-    from tessera.__main__ import main as cli
+    from tessera.tools.cli import main as cli
 
     pytest.importorskip("matplotlib")
     png = tmp_path / "plan.png"
@@ -114,7 +114,7 @@ def test_padded_to_tiles_matches_token_level_coarsening():
     """FlexAttention's baseline runs a family mask padded to 128x128 tiles: the padded tile
     matrix must select exactly the tiles holding a selected token pair (variable blocks,
     blocks straddling tiles, empty blocks)."""
-    from tessera.bench import padded_to_tiles
+    from tessera.tools.bench import padded_to_tiles
 
     rng = np.random.default_rng(3)
     qb = np.array([0, 5, 5, 13, 30, 31, 47])  # an empty block, blocks straddling tiles
@@ -137,7 +137,7 @@ def test_padded_to_tiles_matches_token_level_coarsening():
 
 
 def test_bench_rejects_unknown_family():
-    from tessera.bench import main as bench_main
+    from tessera.tools.bench import main as bench_main
 
     with pytest.raises(SystemExit):
         bench_main(["--family", "no-such-family"])
@@ -146,12 +146,12 @@ def test_bench_rejects_unknown_family():
 def test_bench_regime_option(capsys):
     """--regime takes a regime name (checked before anything else runs): a bad one is refused
     with the expected form, a good one passes to the GPU check."""
-    from tessera.bench import main as bench_main
+    from tessera.tools.bench import main as bench_main
 
     with pytest.raises(SystemExit):
         bench_main(["--case", "random-10", "--regime", "sm90_128x128_w12_s3[no_such=1]"])
     assert "not a regime name" in capsys.readouterr().err
-    from tessera.runtime.regime import device_arch
+    from tessera.cuda.device import device_arch
 
     if device_arch() is not None:
         return  # with a GPU a good name would run the whole bench

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tessera.cuda import loader
+from tessera.cuda import loader, variants
 from tessera.runtime.regime import Regime, default_regime, regime_fits
 
 pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="NVRTC comes with the CUDA extras")
@@ -40,7 +40,7 @@ def test_bsa_variant_compiles_without_spills(target, regime, d, bf16, tmp_path, 
     limit = {"sm_86": 101376, "sm_89": 101376}.get(target, 166912)
     if regime.family == "sm90":
         limit = 232448
-    assert loader.smem_bytes(v) <= limit
+    assert variants.smem_bytes(v) <= limit
 
 
 SM90_SHAPES = [(bm, bn, d, stages) for bm in (64, 128) for bn in (64, 128)
@@ -56,7 +56,7 @@ def test_sm90_variants_compile_without_spills(bm, bn, d, stages, tmp_path, monke
     no spills and no serialized wgmma (the loader refuses both)."""
     monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
     for bf16 in (True, False):
-        v = loader.Variant.bsa_sm90(block_m=bm, block_n=bn, head_dim=d, stages=stages, bf16=bf16)
+        v = variants.Variant.bsa_sm90(block_m=bm, block_n=bn, head_dim=d, stages=stages, bf16=bf16)
         res = loader.compile_variant(v, "sm_90a")
         assert res.spill_bytes == 0 and res.stack_bytes == 0 and res.registers <= 255
 
@@ -80,7 +80,7 @@ def test_sm90_producer_variants_compile(bm, bn, d, tmp_path, monkeypatch):
     plain = Regime(family="sm90", block_m=bm, num_warps=bm // 16, block_n=bn, stages=3)
     q_bufs = dict(v.macros).get("Q_BUFFERS", 1)
     aligned = dict(v.macros).get("SMEM_ALIGNED", 0)
-    with_two = loader.smem_bytes(plain.variant(d)) + bm * d * 2 + 8 * (2 * 3 + 2 * 2 + 2)
+    with_two = variants.smem_bytes(plain.variant(d)) + bm * d * 2 + 8 * (2 * 3 + 2 * 2 + 2)
     # (two CTAs an SM with one Q buffer beat one CTA with two; a two-CTA variant without the
     # alignment slack keeps two Q buffers where they fit: 128-key steps at head dim 64)
     if aligned:
@@ -90,7 +90,7 @@ def test_sm90_producer_variants_compile(bm, bn, d, tmp_path, monkeypatch):
     if (bm, bn, d) == (128, 128, 128):
         assert q_bufs == 1
     # The tiles, the barriers and task-index words, and (unless SMEM_ALIGNED) 1 KB of slack.
-    assert loader.smem_bytes(v) == (loader.smem_bytes(plain.variant(d)) + (q_bufs - 1) * bm * d * 2
+    assert variants.smem_bytes(v) == (variants.smem_bytes(plain.variant(d)) + (q_bufs - 1) * bm * d * 2
                                     + 8 * (2 * 3 + 2 * q_bufs + 2) - 1024 * aligned)
     if (bm, bn, d) == (128, 128, 64):  # CogVideoX's aligned tiles
         assert q_bufs == 2
@@ -103,7 +103,7 @@ def test_sm90_producer_variants_compile(bm, bn, d, tmp_path, monkeypatch):
     assert v.min_blocks == (2 if two_ctas else 1)
     assert aligned == ((bm, bn, d) in ((64, 64, 128), (64, 128, 64)))
     if v.min_blocks == 2:
-        assert res.registers <= 128 and 2 * (loader.smem_bytes(v) + 1024) <= 228 * 1024
+        assert res.registers <= 128 and 2 * (variants.smem_bytes(v) + 1024) <= 228 * 1024
 
 
 @pytest.mark.parametrize("bm,bn,d", [(128, 128, 64), (128, 128, 96), (128, 128, 128),
@@ -127,11 +127,11 @@ def test_sm90_tma_variants_compile(bm, bn, d, tmp_path, monkeypatch):
     two_ctas = bm == 64 and (bn == 64 or d == 64)
     assert v.min_blocks == (2 if two_ctas else 1)
     if two_ctas:
-        assert res.registers <= 128 and 2 * (loader.smem_bytes(v) + 1024) <= 228 * 1024
+        assert res.registers <= 128 and 2 * (variants.smem_bytes(v) + 1024) <= 228 * 1024
         assert dict(v.macros).get("SMEM_ALIGNED", 0) == ((bm, bn) == (64, 128) or d == 128)
         assert dict(v.macros).get("Q_BUFFERS", 1) == (1 if d == 128 else 2)
     with pytest.raises(ValueError, match="producer's"):
-        loader.Variant.bsa_sm90(block_m=bm, block_n=bn, head_dim=d, stages=3, bf16=True,
+        variants.Variant.bsa_sm90(block_m=bm, block_n=bn, head_dim=d, stages=3, bf16=True,
                                 producer=True, pack_keys=True, tma=True)
 
 
@@ -145,12 +145,12 @@ def test_sm90_wide_step_variant_compiles(bf16, tmp_path, monkeypatch):
     reg = Regime(family="sm90", block_m=128, num_warps=12, block_n=128, stages=3,
                  combine_threshold=0.0, wide_steps=True)
     v = reg.variant(64, bf16=bf16, tma=True)
-    assert dict(v.macros)["WIDE_BN"] == loader.WIDE_BN and v.kv_rows == 192
+    assert dict(v.macros)["WIDE_BN"] == variants.WIDE_BN and v.kv_rows == 192
     from tessera.runtime import tasks  # the rule's one source: the host mirror's constants
 
     assert (dict(v.macros)["WIDE_SPANS"], dict(v.macros)["WIDE_SLACK"]) == (
         tasks.WIDE_SPANS, tasks.WIDE_SLACK)
-    assert v.kv_box_rows == 64 and loader.smem_bytes(v) <= 227 * 1024
+    assert v.kv_box_rows == 64 and variants.smem_bytes(v) <= 227 * 1024
     for other in (reg.variant(64, bf16=bf16), reg.variant(128, bf16=bf16, tma=True)):
         assert "WIDE_BN" not in dict(other.macros)
     res = loader.compile_variant(v, "sm_90a")
@@ -223,7 +223,7 @@ def test_sm90_packed_key_variants_compile(bm, bn, d, producer, tmp_path, monkeyp
 
 def test_sm90_family_is_refused_off_hopper(tmp_path, monkeypatch):
     monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
-    v = loader.Variant.bsa_sm90(block_m=128, block_n=128, head_dim=128, stages=3, bf16=True)
+    v = variants.Variant.bsa_sm90(block_m=128, block_n=128, head_dim=128, stages=3, bf16=True)
     with pytest.raises(loader.BuildError, match="sm_90a"):
         loader.compile_variant(v, "sm_80")
 
@@ -239,13 +239,13 @@ def test_wgmma_header_is_generated():
 @pytest.mark.parametrize("bf16", [True, False])
 def test_combine_compiles(target, bf16, tmp_path, monkeypatch):
     monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
-    res = loader.compile_variant(loader.Variant.combine(bf16=bf16), target)
+    res = loader.compile_variant(variants.Variant.combine(bf16=bf16), target)
     assert res.spill_bytes == 0
 
 
 def test_cache_roundtrip(tmp_path, monkeypatch):
     monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
-    v = loader.Variant.combine(bf16=True)
+    v = variants.Variant.combine(bf16=True)
     first = loader.compile_variant(v, "sm_80")
     assert list(tmp_path.glob("*.cubin"))
     second = loader.compile_variant(v, "sm_80")
@@ -254,7 +254,7 @@ def test_cache_roundtrip(tmp_path, monkeypatch):
 
 def test_compile_error_is_reported(tmp_path, monkeypatch):
     monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
-    bad = loader.Variant("bsa_sm80.cu", "bsa_fwd_sm80", (("BM", 100), ("BN", 64), ("D", 64),
+    bad = variants.Variant("bsa_sm80.cu", "bsa_fwd_sm80", (("BM", 100), ("BN", 64), ("D", 64),
                                                          ("WARPS", 4), ("MT", 2),
                                                          ("STAGES", 2), ("BF16", 1)))
     with pytest.raises(loader.BuildError, match="failed to compile"):
@@ -264,7 +264,7 @@ def test_compile_error_is_reported(tmp_path, monkeypatch):
 def test_spills_are_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
     # 8 warps with two row tiles each and a 2-CTA register cap cannot hold head dim 128.
-    v = loader.Variant.bsa_sm80(block_m=256, block_n=64, head_dim=128, num_warps=8, stages=2,
+    v = variants.Variant.bsa_sm80(block_m=256, block_n=64, head_dim=128, num_warps=8, stages=2,
                                 bf16=True, min_blocks=2)
     with pytest.raises(loader.BuildError, match="spills registers"):
         loader.compile_variant(v, "sm_80")
@@ -272,7 +272,7 @@ def test_spills_are_refused(tmp_path, monkeypatch):
 
 def test_missing_source_is_reported():
     with pytest.raises(loader.BuildError, match="not found"):
-        loader.compile_variant(loader.Variant("nope.cu", "k"), "sm_80")
+        loader.compile_variant(variants.Variant("nope.cu", "k"), "sm_80")
 
 
 def test_target_for():
@@ -296,21 +296,21 @@ def test_regime_validation():
 @pytest.mark.parametrize("target", loader.CI_TARGETS)
 def test_planner_kernels_compile(kernel, target, tmp_path, monkeypatch):
     monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
-    res = loader.compile_variant(loader.Variant("plan.cu", kernel), target)
+    res = loader.compile_variant(variants.Variant("plan.cu", kernel), target)
     assert res.spill_bytes == 0 and f"'{kernel}'" in res.log
 
 
 def test_one_module_two_kernels_reports_each(tmp_path, monkeypatch):
     monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
-    a = loader.compile_variant(loader.Variant("plan.cu", "plan_row_stats"), "sm_80")
-    b = loader.compile_variant(loader.Variant("plan.cu", "plan_write_spans"), "sm_80")
+    a = loader.compile_variant(variants.Variant("plan.cu", "plan_row_stats"), "sm_80")
+    b = loader.compile_variant(variants.Variant("plan.cu", "plan_write_spans"), "sm_80")
     assert a.cubin == b.cubin  # one module
     assert len(list(tmp_path.glob("*.cubin"))) == 1
 
 
 def test_missing_report_is_an_error_unless_waived(tmp_path, monkeypatch):
     monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
-    v = loader.Variant.combine(bf16=True)
+    v = variants.Variant.combine(bf16=True)
     res = loader.compile_variant(v, "sm_80")
     # Simulate NVRTC returning no ptxas report: the cached log is what the next build reads.
     loader._built.clear()

@@ -1,4 +1,4 @@
-"""CPU tests of the video mask families (tessera.masks).
+"""CPU tests of the video mask families (tessera.families).
 
 Hand-worked small cases, and brute-force token-level constructions (an ``L x L`` boolean rule
 matrix reduced to blocks with the any-token rule) compared with the vectorized generators.
@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from tessera import masks as M
+from tessera import families as M
 from tessera import reference
 
 

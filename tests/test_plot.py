@@ -10,7 +10,7 @@ pytest.importorskip("matplotlib")
 
 
 def test_draw_plan_writes_png(tmp_path):
-    from tessera.plot import draw_plan
+    from tessera.tools.plot import draw_plan
 
     rng = np.random.default_rng(0)
     dense = rng.random((2, 12, 20)) < 0.2

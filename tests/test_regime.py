@@ -13,14 +13,18 @@ import numpy as np
 import pytest
 
 import tessera
+import tessera.runtime.mapping
 from tessera import BlockMask
-from tessera.runtime import profile as prof
+from tessera.tools import profile as prof
+from tessera.cuda import device as D
 from tessera.runtime import regime as R
+from tessera.runtime.regime import features as F
+from tessera.runtime.regime import selection as S
 from tessera.runtime.regime import (MaskFeatures, Regime, RegimeTable, candidate_regimes,
                                     default_regime, mask_features, mask_measures)
 
 
-REAL_GPU_NAME = R.current_gpu_name  # the fixture below stubs it; one test checks the real one
+REAL_GPU_NAME = D.current_gpu_name  # the fixture below stubs it; one test checks the real one
 
 
 @pytest.fixture(autouse=True)
@@ -28,7 +32,7 @@ def clean_selection(monkeypatch):
     """Every test starts from discovery with no env var and no GPU name (deterministic on GPU
     machines too), and leaves it that way."""
     monkeypatch.delenv(R.ENV_TABLE, raising=False)
-    monkeypatch.setattr(R, "current_gpu_name", lambda: None)
+    monkeypatch.setattr(D, "current_gpu_name", lambda: None)
     R.use_table("auto")
     yield
     R.use_table("auto")
@@ -89,7 +93,7 @@ def test_new_candidate_tiles_compile_without_spills(tmp_path, monkeypatch):
     """The 32-key variants are new to CI (the default regimes use 64): they must build
     without spills too."""
     pytest.importorskip("cupy_backends.cuda.libs.nvrtc")
-    from tessera.cuda import loader
+    from tessera.cuda import loader, variants
 
     if loader.nvrtc_version() is None:
         pytest.skip("NVRTC not available")
@@ -98,7 +102,7 @@ def test_new_candidate_tiles_compile_without_spills(tmp_path, monkeypatch):
         for d in (64, 128):
             shapes = {(r.block_m, r.block_n) for r in candidate_regimes(d, cc)}
             for bm, bn in sorted(s for s in shapes if s[1] == 32):
-                v = loader.Variant.bsa_sm80(block_m=bm, block_n=bn, head_dim=d, num_warps=4,
+                v = variants.Variant.bsa_sm80(block_m=bm, block_n=bn, head_dim=d, num_warps=4,
                                             stages=2, bf16=True)
                 res = loader.compile_variant(v, target)
                 assert res.spill_bytes == 0 and res.stack_bytes == 0
@@ -155,7 +159,7 @@ def test_device_measures_equal_host_measures(monkeypatch):
     assert host[2].imbalance > 2
     calls = []
     monkeypatch.setattr(loader, "load_kernel", lambda v: calls.append(v.kernel) or _np_mask_pairs)
-    monkeypatch.setattr(mapping, "_use_device_planner", lambda xp: True)
+    monkeypatch.setattr(mapping, "use_device_planner", lambda xp: True)
     for m, want in zip(masks, host):
         assert mask_measures(m) == want
     assert calls == ["mask_pairs"] * len(masks)
@@ -214,12 +218,12 @@ def test_features_heavy_rows_and_buckets():
 
 
 def test_bucket_edges():
-    assert [R.block_bucket(b) for b in (16, 64, 65, 128, 129, 256, 384, 4096)] == \
+    assert [F.block_bucket(b) for b in (16, 64, 65, 128, 129, 256, 384, 4096)] == \
         ["64", "64", "128", "128", "256", "256", "384+", "384+"]
-    sb = lambda n: R._bucket(n, R._SEQ_EDGES, R.SEQ_BUCKETS, True)  # noqa: E731
+    sb = lambda n: F._bucket(n, F._SEQ_EDGES, F.SEQ_BUCKETS, True)  # noqa: E731
     assert [sb(n) for n in (1000, 16384, 16385, 32768, 75_000, 131072, 200_000)] == \
         ["<=16k", "<=16k", "<=32k", "<=32k", "<=128k", "<=128k", ">128k"]
-    db = lambda d: R._bucket(d, R._DENSITY_EDGES, R.DENSITY_BUCKETS, False)  # noqa: E731
+    db = lambda d: F._bucket(d, F._DENSITY_EDGES, F.DENSITY_BUCKETS, False)  # noqa: E731
     assert [db(d) for d in (0, 0.049, 0.05, 0.15, 0.3, 0.59, 0.6, 1.0)] == \
         ["0-5%", "0-5%", "5-15%", "15-30%", "30-60%", "30-60%", "60-100%", "60-100%"]
 
@@ -409,8 +413,8 @@ def test_features_measured_only_when_the_table_could_answer(monkeypatch):
     m = wan_like_mask()
     R.use_table(table_for(m))
     calls = []
-    real = R.mask_features
-    monkeypatch.setattr(R, "mask_features", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = F.mask_features
+    monkeypatch.setattr(F, "mask_features", lambda *a, **k: calls.append(1) or real(*a, **k))
     assert plan90(m, dtype="float16").regime == heuristic(m)
     assert plan90(m, head_dim=64).regime == heuristic(m, head_dim=64)
     assert calls == []
@@ -427,16 +431,16 @@ def test_table_looked_up_only_where_tasks_may_split(monkeypatch):
     m = wan_like_mask()
     R.use_table(table_for(m))
     measured = []
-    real = R.mask_features
-    monkeypatch.setattr(R, "mask_features", lambda *a, **k: measured.append(1) or real(*a, **k))
-    monkeypatch.setattr(R, "device_arch", lambda: 90)
+    real = F.mask_features
+    monkeypatch.setattr(F, "mask_features", lambda *a, **k: measured.append(1) or real(*a, **k))
+    monkeypatch.setattr(D, "device_arch", lambda: 90)
     for sms, looked_up in ((1, False), (10_000, True)):
-        monkeypatch.setattr(R, "device_sm_count", lambda sms=sms: sms)
+        monkeypatch.setattr(D, "device_sm_count", lambda sms=sms: sms)
         measured.clear()
         got = R.select_regime(m, arch=90, head_dim=128, dtype="bfloat16", num_q_heads=2,
                               batch=1)
         assert got == (PICK if looked_up else heuristic(m)) and bool(measured) == looked_up
-    monkeypatch.setattr(R, "device_arch", lambda: None)  # a portable plan: the split rule
+    monkeypatch.setattr(D, "device_arch", lambda: None)  # a portable plan: the split rule
     assert R.select_regime(m, arch=90, head_dim=128, dtype="bfloat16", num_q_heads=2,
                            batch=1) == PICK
 
@@ -452,8 +456,8 @@ def test_env_var_and_default_location(tmp_path, monkeypatch):
     assert plan90(m).regime == heuristic(m)  # no GPU name: no default table
     # tables/<gpu-slug>.json beside the package, for the GPU this process runs on, unless
     # $TESSERA_REGIME_TABLE=none.
-    monkeypatch.setattr(R, "TABLES_DIR", tmp_path)
-    monkeypatch.setattr(R, "current_gpu_name", lambda: "NVIDIA H200")
+    monkeypatch.setattr(S, "TABLES_DIR", tmp_path)
+    monkeypatch.setattr(D, "current_gpu_name", lambda: "NVIDIA H200")
     own = PICK.with_(block_m=128, num_warps=8)
     table_for(m, regime=own).save(tmp_path / "nvidia-h200.json")
     assert plan90(m).regime == own
@@ -464,11 +468,11 @@ def test_env_var_and_default_location(tmp_path, monkeypatch):
     monkeypatch.setenv(R.ENV_TABLE, "auto")
     assert plan90(m).regime == own
     assert "nvidia-h200.json" in R.describe_table_in_use(90)
-    monkeypatch.setattr(R, "current_gpu_name", lambda: "NVIDIA A100-SXM4-80GB")
+    monkeypatch.setattr(D, "current_gpu_name", lambda: "NVIDIA A100-SXM4-80GB")
     assert plan90(m).regime == heuristic(m)  # no table for that GPU: quietly the heuristic
     assert "no table at" in R.describe_table_in_use(90)
     # use_table overrides the environment; use_table(None) means the heuristic.
-    monkeypatch.setattr(R, "current_gpu_name", lambda: "NVIDIA H200")
+    monkeypatch.setattr(D, "current_gpu_name", lambda: "NVIDIA H200")
     monkeypatch.setenv(R.ENV_TABLE, str(path))
     R.use_table(tmp_path / "nvidia-h200.json")
     assert plan90(m).regime == own
@@ -513,16 +517,16 @@ def test_other_gpu_table_warns_and_falls_back(monkeypatch):
         assert plan90(m).regime == heuristic(m)
     # Same architecture, another GPU model (known only where a GPU is present).
     R.use_table(table_for(m, gpu="NVIDIA H100 80GB HBM3"))
-    monkeypatch.setattr(R, "current_gpu_name", lambda: "NVIDIA H200")
+    monkeypatch.setattr(D, "current_gpu_name", lambda: "NVIDIA H200")
     with pytest.warns(RuntimeWarning, match="profiled on NVIDIA H100 80GB HBM3"):
         assert plan90(m).regime == heuristic(m)
-    monkeypatch.setattr(R, "current_gpu_name", lambda: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(D, "current_gpu_name", lambda: "NVIDIA H100 80GB HBM3")
     R.use_table(table_for(m, gpu="NVIDIA H100 80GB HBM3"))
     assert plan90(m).regime == PICK
 
 
 def test_info_shows_table_in_use(capsys):
-    from tessera.__main__ import main
+    from tessera.tools.cli import main
 
     assert main(["info"]) == 0
     assert "Regime table in use: none: heuristic" in capsys.readouterr().out
@@ -677,7 +681,7 @@ def test_regimes_that_plan_alike_are_timed_once(tmp_path):
 def test_corpora_at_the_models_head_counts():
     """heads=None builds every mask with its model's head count (each case its own: the
     builders bind their shape's count, not the loop's last)."""
-    from tessera.workloads import WORKLOADS
+    from tessera.tools.workloads import WORKLOADS
 
     cases = prof.build_corpus(["wan-1.3b-480p", "cogvideox-5b-5f"], ["sliding_tile",
                                                                    "random_blocks"], heads=None)
@@ -694,7 +698,7 @@ def test_corpora_at_the_models_head_counts():
 
 
 def test_profile_command_options(capsys):
-    from tessera.__main__ import main
+    from tessera.tools.cli import main
 
     assert main(["profile", "--list", "--shapes", "cogvideox-5b", "--families", "radial",
                  "--heads", "model", "--kernel-families", "sm90", "--combine-thresholds",
@@ -840,7 +844,7 @@ def test_corpus_from_workloads():
 def test_profile_command_without_gpu(tmp_path, capsys):
     import importlib.util
 
-    from tessera.__main__ import main
+    from tessera.tools.cli import main
 
     assert main(["profile", "--list", "--shapes", "cogvideox-5b", "--families", "radial"]) == 0
     out = capsys.readouterr().out
@@ -1008,14 +1012,14 @@ def test_short_profile_on_the_gpu_writes_a_valid_table(tmp_path, capsys):
     entries hold measured candidates. (Run on the H200 as part of the full profile, call B of
     the second session; this short form was written after the session's device time ran out.)"""
     pytest.importorskip("torch")
-    from tessera.__main__ import main
+    from tessera.tools.cli import main
 
     out = tmp_path / "t.json"
     rc = main(["profile", "--out", str(out), "--budget-minutes", "1", "--shapes",
                "cogvideox-5b", "--families", "radial,spatial_temporal", "--reps", "3"])
     assert rc == 0, capsys.readouterr().out
     t = RegimeTable.load(out)
-    assert len(t) >= 1 and t.gpu and t.arch == R.device_arch()
+    assert len(t) >= 1 and t.gpu and t.arch == D.device_arch()
     for e in t.entries:
         assert len(e["candidates"]) >= 18 and e["oracle_ms"] > 0
         assert e["ms"] >= e["oracle_ms"] * 0.999
@@ -1103,7 +1107,7 @@ def test_packed_keys_default_on_ragged_key_geometry():
     """sm_90 takes the packed key walk with 64-row tiles where key blocks end mid-step (top-k
     cubes with edge cubes), not on aligned or long blocks, never with 128-row tiles (their walk
     copies by TMA: variable clusters ran faster unpacked) and never off sm_90."""
-    from tessera.workloads import WORKLOADS, example_mask
+    from tessera.tools.workloads import WORKLOADS, example_mask
 
     aligned = np.arange(0, 4097, 128)
     assert not R.blocks_ragged(aligned, 128) and not R.blocks_ragged(aligned, 64)
@@ -1140,7 +1144,7 @@ def test_aligned_tiles_chosen_where_they_pay(monkeypatch):
     whose neighbours share keys) and not for random variable blocks at low density, nor off
     sm_90; masks whose query blocks are not ragged never pay for the estimate."""
     from tessera.mask import BlockMask
-    from tessera.workloads import WORKLOADS, example_mask
+    from tessera.tools.workloads import WORKLOADS, example_mask
 
     def pick(m, arch=90):
         return R.select_regime(m, arch=arch, head_dim=64, dtype=np.dtype("float16"),
@@ -1163,7 +1167,7 @@ def test_aligned_tiles_chosen_where_they_pay(monkeypatch):
     def no_estimate(*a, **k):
         raise AssertionError("estimated the tilings of a mask with aligned query blocks")
 
-    monkeypatch.setattr(R, "tiling_pairs", no_estimate)
+    monkeypatch.setattr(tessera.runtime.mapping, "tiling_pairs", no_estimate)
     for family in ("sliding_tile", "random_blocks"):
         m = example_mask(WORKLOADS["wan-1.3b-480p"], family, heads=2, head_dim=64).mask
         assert not R.align_pays(m, 128) and not pick(m).align_tiles, family
@@ -1178,9 +1182,9 @@ def test_selection_remembered_only_where_the_geometry_decides(monkeypatch):
     from tessera.mask import BlockMask
 
     decided = []
-    real = R._select_regime
-    monkeypatch.setattr(R, "_select_regime", lambda *a: decided.append(1) or real(*a))
-    monkeypatch.setattr(R, "_selections", {})
+    real = S._select_regime
+    monkeypatch.setattr(S, "_select_regime", lambda *a: decided.append(1) or real(*a))
+    monkeypatch.setattr(S, "_selections", {})
     rng = np.random.default_rng(3)
 
     def pick(m, arch=90, hq=2):
@@ -1193,7 +1197,7 @@ def test_selection_remembered_only_where_the_geometry_decides(monkeypatch):
     pick(uniform[0], hq=4)
     pick(uniform[0], arch=80)
     assert len(decided) == 3
-    monkeypatch.setattr(R, "device_sm_count", lambda: 7)  # another GPU's task slots
+    monkeypatch.setattr(D, "device_sm_count", lambda: 7)  # another GPU's task slots
     pick(uniform[0])
     assert len(decided) == 4
     generation = R.selection_generation()
@@ -1234,20 +1238,20 @@ def test_device_properties_cached_per_device(monkeypatch):
         Device=Device, runtime=types.SimpleNamespace(
             getDeviceProperties=lambda dev: {"name": b"NVIDIA H200"})))
     monkeypatch.setattr(A, "cupy_or_none", lambda: fake)
-    monkeypatch.setattr(R, "_gpu_names", {})
-    monkeypatch.setattr(R, "_device_archs", {})
-    monkeypatch.setattr(R, "_device_sms", {})
+    monkeypatch.setattr(D, "_gpu_names", {})
+    monkeypatch.setattr(D, "_device_archs", {})
+    monkeypatch.setattr(D, "_device_sms", {})
     dev = {"id": 0}
-    monkeypatch.setattr(R, "_current_device_id", lambda: dev["id"])
-    assert (REAL_GPU_NAME(), R.device_arch(), R.device_sm_count()) == ("NVIDIA H200", 90, 132)
-    assert R.device_arch() == 90 and R.device_sm_count() == 132 and reads["device"] == 2  # cached
+    monkeypatch.setattr(D, "_current_device_id", lambda: dev["id"])
+    assert (REAL_GPU_NAME(), D.device_arch(), D.device_sm_count()) == ("NVIDIA H200", 90, 132)
+    assert D.device_arch() == 90 and D.device_sm_count() == 132 and reads["device"] == 2  # cached
     dev["id"] = 1
-    assert R.device_sm_count() == 114
+    assert D.device_sm_count() == 114
     dev["id"] = None
-    assert (REAL_GPU_NAME(), R.device_arch(), R.device_sm_count()) == (None, None, 0)
+    assert (REAL_GPU_NAME(), D.device_arch(), D.device_sm_count()) == (None, None, 0)
     dev["id"] = 2
     monkeypatch.setattr(fake.cuda, "Device", lambda d: 1 / 0)
-    assert R.device_arch() is None and R.device_sm_count() == 0 and 2 not in R._device_archs
+    assert D.device_arch() is None and D.device_sm_count() == 0 and 2 not in D._device_archs
 
 
 def test_table_still_answers_masks_the_heuristic_would_pack():

@@ -21,6 +21,10 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 import tessera
+import tessera.cuda.device
+import tessera.runtime.regime.features
+import tessera.runtime.regime.selection
+import tessera.runtime.regime.slots
 from tessera import BlockMask, Regime
 from tessera.reference import attention
 from tessera.runtime import emulate
@@ -903,7 +907,7 @@ def test_one_sync_planner_equals_general_planner(monkeypatch, group, mask_heads,
         ref = tessera.plan(mask, num_q_heads=hq, num_kv_heads=hkv, head_dim=64, batch=batch,
                            regime=regime)
         with monkeypatch.context() as mp:
-            mp.setattr(mapping, "_use_device_planner", lambda xp: True)
+            mp.setattr(mapping, "use_device_planner", lambda xp: True)
             spy = []
             real = device_planner.plan_on_device
             mp.setattr(tessera.runtime.plan, "plan_on_device",
@@ -933,7 +937,7 @@ def test_one_sync_planner_splits_heavy_rows_like_the_general_planner(monkeypatch
     kw = dict(num_q_heads=2 * group, num_kv_heads=2, head_dim=64, regime=regime)
     ref = tessera.plan(mask, **kw)
     assert ref.queue.combine.shape[0] > 0
-    monkeypatch.setattr(mapping, "_use_device_planner", lambda xp: True)
+    monkeypatch.setattr(mapping, "use_device_planner", lambda xp: True)
     got = tessera.plan(mask, **kw)
     for f in ("tasks", "spans", "combine"):
         np.testing.assert_array_equal(getattr(got.queue, f), getattr(ref.queue, f), err_msg=f)
@@ -1004,12 +1008,11 @@ def test_plans_for_the_current_gpu_split_only_what_its_slots_need(monkeypatch, s
     seen = []
     from tessera.cuda import loader
     from tessera.runtime import mapping
-    from tessera.runtime import regime as regime_mod
 
     monkeypatch.setattr(loader, "load_kernel", lambda v: PLANNER_STAND_INS[v.kernel])
-    monkeypatch.setattr(regime_mod, "device_arch", lambda: 90)
-    monkeypatch.setattr(regime_mod, "device_sm_count", lambda: 7)
-    monkeypatch.setattr(regime_mod, "_device_tasks_in_flight",
+    monkeypatch.setattr(tessera.cuda.device, "device_arch", lambda: 90)
+    monkeypatch.setattr(tessera.cuda.device, "device_sm_count", lambda: 7)
+    monkeypatch.setattr(tessera.runtime.regime.slots, "_device_tasks_in_flight",
                         lambda r, d, bf16, arch, sms: seen.append((arch, sms)) or slots)
     dense = np.random.default_rng(3).random((2, 12, 60)) < 0.05
     dense[:, 4] = True
@@ -1020,7 +1023,7 @@ def test_plans_for_the_current_gpu_split_only_what_its_slots_need(monkeypatch, s
     assert portable.queue.combine.shape[0] > 0  # the ratio rule splits row 4
     ref = tessera.plan(mask, arch=90, **kw)
     assert (ref.queue.combine.shape[0] > 0) == splits
-    monkeypatch.setattr(mapping, "_use_device_planner", lambda xp: True)
+    monkeypatch.setattr(mapping, "use_device_planner", lambda xp: True)
     got = tessera.plan(mask, arch=90, **kw)
     for f in ("tasks", "spans", "combine"):
         np.testing.assert_array_equal(getattr(got.queue, f), getattr(ref.queue, f), err_msg=f)
@@ -1098,7 +1101,7 @@ def test_sync_free_planner_equals_general_planner(monkeypatch, group, mask_heads
         mask = BlockMask.from_dense(dense, **geo)
         ref = tessera.plan(mask, **kw)
         with monkeypatch.context() as mp:
-            mp.setattr(mapping, "_use_device_planner", lambda xp: True)
+            mp.setattr(mapping, "use_device_planner", lambda xp: True)
             reads = []  # device-to-host copies (each would be a synchronization on the GPU)
             mp.setattr(device_planner, "to_numpy", lambda a: reads.append(1) or np.asarray(a))
             got = tessera.plan(mask, **kw)
@@ -1131,7 +1134,7 @@ def test_replan_gives_what_a_new_plan_gives(monkeypatch, regime):
                  for p in (0.05, 0.6, 0.0, 0.3)]
         masks.append(BlockMask.from_dense(np.zeros((2, 4, *base.shape), bool), **geo))
         with monkeypatch.context() as mp:
-            mp.setattr(mapping, "_use_device_planner", lambda xp: True)
+            mp.setattr(mapping, "use_device_planner", lambda xp: True)
             got = tessera.plan(masks[0], **kw)
             assert got.replannable and got.regime_by_geometry
             tasks, spans = got.launch_queue.tasks, got.launch_queue.spans
@@ -1163,7 +1166,6 @@ def test_sync_free_plans_read_nothing_back(monkeypatch):
     is launched."""
     from tessera.cuda import loader
     from tessera.runtime import device_planner, mapping
-    from tessera.runtime import regime as regime_mod
     from tessera.runtime.tasks import NEVER_SPLIT_RATIO
 
     launched = []
@@ -1174,9 +1176,9 @@ def test_sync_free_plans_read_nothing_back(monkeypatch):
 
     monkeypatch.setattr(loader, "load_kernel", stand_in)
     read_selection = []
-    monkeypatch.setattr(regime_mod, "align_pays",
+    monkeypatch.setattr(tessera.runtime.regime.selection, "align_pays",
                         lambda *a, **k: read_selection.append("align") or False)
-    monkeypatch.setattr(regime_mod, "mask_features",
+    monkeypatch.setattr(tessera.runtime.regime.features, "mask_features",
                         lambda *a, **k: read_selection.append("features"))
     rng = np.random.default_rng(3)
     mask = BlockMask.from_dense(rng.random((2, 9, 31)) < 0.3, block_size=64)
@@ -1184,7 +1186,7 @@ def test_sync_free_plans_read_nothing_back(monkeypatch):
     with pytest.raises(ValueError, match="block_mask must be on the GPU"):
         tessera.plan(mask, sync_free=True, **kw)  # a host mask: the general planner
     with monkeypatch.context() as mp:
-        mp.setattr(mapping, "_use_device_planner", lambda xp: True)
+        mp.setattr(mapping, "use_device_planner", lambda xp: True)
         reads = []
         mp.setattr(device_planner, "to_numpy", lambda a: reads.append(1) or np.asarray(a))
         got = tessera.plan(mask, sync_free=True, **kw)
@@ -1200,16 +1202,16 @@ def test_sync_free_plans_read_nothing_back(monkeypatch):
         assert not launched
         # On an H200-like GPU, query blocks ragged against the 128-row tile: a new plan asks
         # align_pays (or the table) of the mask, a sync-free one neither.
-        mp.setattr(regime_mod, "device_arch", lambda: 90)
-        mp.setattr(regime_mod, "device_sm_count", lambda: 7)
-        mp.setattr(regime_mod, "_device_tasks_in_flight", lambda *args: 14)
+        mp.setattr(tessera.cuda.device, "device_arch", lambda: 90)
+        mp.setattr(tessera.cuda.device, "device_sm_count", lambda: 7)
+        mp.setattr(tessera.runtime.regime.slots, "_device_tasks_in_flight", lambda *args: 14)
         ragged = BlockMask.from_dense(
             rng.random((2, 9, 9)) < 0.3, q_bounds=np.r_[0, np.cumsum(rng.integers(90, 200, 9))],
             kv_bounds=np.r_[0, np.cumsum(rng.integers(90, 200, 9))])
         kw90 = dict(kw, head_dim=128, arch=90)
         heuristic = tessera.plan(ragged, sync_free=True, **kw90)  # nothing read before
         assert heuristic.sync_free and not read_selection and not heuristic.regime.align_tiles
-        mp.setattr(regime_mod, "align_pays",
+        mp.setattr(tessera.runtime.regime.selection, "align_pays",
                    lambda *a, **k: read_selection.append("align") or True)
         eager = tessera.plan(ragged, **kw90)
         assert read_selection and eager.regime.align_tiles
@@ -1236,13 +1238,14 @@ def test_packed_walk_covers_each_key_once(lengths, bn, seed):
     is full except the last; rows past the keys repeat the last key; the row range is the
     task's first span's (the kernel's consumers read it once a task)."""
     from tessera.runtime.emulate import _packed_chunks
+    from tessera.runtime.queue import Span, records
 
     rng = np.random.default_rng(seed)
     gaps = rng.integers(0, 300, len(lengths))
     k0 = np.cumsum(gaps + np.r_[0, lengths[:-1]]).astype(np.int64)
     spans = np.stack([k0, k0 + lengths, np.arange(len(lengths)), np.arange(len(lengths)) + 1],
                      axis=1).reshape(-1, 4)
-    chunks = list(_packed_chunks(spans, bn))
+    chunks = list(_packed_chunks(records(spans, Span), bn))
     total = sum(lengths)
     assert len(chunks) == -(-total // bn)
     got = np.concatenate([keys[ok] for keys, ok, _, _ in chunks]) if chunks else np.zeros(0)
@@ -1463,7 +1466,7 @@ def test_device_planner_logic_equals_host_planner(monkeypatch, source, threshold
         m = host if source == "dense" else BlockMask(host.q_bounds, host.kv_bounds, host.indptr,
                                                      host.indices, host.batch_heads)
         with monkeypatch.context() as mp:
-            mp.setattr(mapping, "_use_device_planner", lambda xp: True)
+            mp.setattr(mapping, "use_device_planner", lambda xp: True)
             got = mapping.map_to_tiles(m, 128, 64, threshold)
         merged += ref.num_merged
         assert (got.num_groups, got.num_merged) == (ref.num_groups, ref.num_merged)

@@ -6,6 +6,7 @@ import ctypes
 import numpy as np
 import pytest
 
+from tessera import launch, operands
 from tessera.cuda import tma
 
 
@@ -116,20 +117,19 @@ def test_launch_without_a_driver_keeps_cp_async(monkeypatch):
     """No driver encoder (CPU machines, old drivers): the launch's maps are None, so it takes
     the cp.async variant."""
     import tessera
-    from tessera import api
 
     monkeypatch.setattr(tma, "_driver_encoder", lambda: None)
-    api._encoded_maps.cache_clear()
+    launch._encoded_maps.cache_clear()
     m = tessera.BlockMask.from_dense(np.ones((1, 2, 2), bool), block_size=128)
     p = tessera.plan(m, num_q_heads=2, head_dim=128, arch=90)
 
     class Desc:
         ptr = 0x1000
 
-    ops = api._Operands(q=Desc(), k=Desc(), v=Desc(), shape_q=(1, 2, 256, 128),
+    ops = operands.Operands(q=Desc(), k=Desc(), v=Desc(), shape_q=(1, 2, 256, 128),
                         shape_kv=(1, 2, 256, 128), strides_q=bhld_strides(1, 2, 256, 128),
                         strides_k=bhld_strides(1, 2, 256, 128),
                         strides_v=bhld_strides(1, 2, 256, 128), stream_ptr=0)
-    assert api._tma_maps(p, ops, bf16=True) is None
-    api._encoded_maps.cache_clear()
-    assert len(bytes(api._NO_MAPS)) == 384 and not any(bytes(api._NO_MAPS))
+    assert launch._tma_maps(p, ops, bf16=True) is None
+    launch._encoded_maps.cache_clear()
+    assert len(bytes(launch._NO_MAPS)) == 384 and not any(bytes(launch._NO_MAPS))

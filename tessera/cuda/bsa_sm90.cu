@@ -369,7 +369,7 @@ __device__ __forceinline__ bool wide_task(const int* spans, int sb, int se) {
   for (int i = 0; i < WIDE_SPANS; ++i) {
     if (sb + i < se) {
       const int* f = spans + (i64)(sb + i) * SPAN_FIELDS;
-      const u32 len = (u32)(f[1] - f[0]);
+      const u32 len = (u32)(f[SPAN_K_END] - f[SPAN_K_START]);
       narrow += (len + BN - 1) / BN * BN;
       wide += (len + KV_ROWS - 1) / KV_ROWS * KV_ROWS;
     }

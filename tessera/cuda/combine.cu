@@ -8,8 +8,9 @@ bsa_combine(const int* __restrict__ jobs, const float* __restrict__ part_o,
             const float* __restrict__ part_lse, u16* o_ptr, i64 o_sb, i64 o_sh, i64 o_sl,
             float* lse_ptr, i64 lse_sb, i64 lse_sh, int block_m, int dv, int tile_rows) {
   const int* job = jobs + (i64)blockIdx.x * COMBINE_FIELDS;
-  const int b = job[0], h0 = job[1], q_start = job[2], q_end = job[3];
-  const int slot0 = job[4], parts = job[5];
+  const int b = job[COMBINE_BATCH], h0 = job[COMBINE_Q_HEAD0];
+  const int q_start = job[COMBINE_Q_START], q_end = job[COMBINE_Q_END];
+  const int slot0 = job[COMBINE_SLOT_BEGIN], parts = job[COMBINE_PARTS];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nwarps = blockDim.x / 32;
   for (int r = warp; r < block_m; r += nwarps) {
     const int tok = q_start + r % tile_rows, head = h0 + r / tile_rows;

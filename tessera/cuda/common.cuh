@@ -4,8 +4,10 @@
 // softmax step and the output epilogue (both families hold scores and outputs in mma.sync's
 // m16n8 accumulator layout, wgmma's being the same per warp).
 //
-// The task-queue layout is defined in tessera/runtime/tasks.py; the constants below mirror it.
+// The task-queue layout is defined in tessera/runtime/queue.py; queue.cuh is generated from it.
 #pragma once
+
+#include "queue.cuh"
 
 typedef unsigned int u32;
 typedef unsigned short u16;
@@ -13,18 +15,6 @@ typedef long long i64;
 
 // -inf without <math.h> (NVRTC compiles these sources with no toolkit headers).
 #define NEG_INF __int_as_float(0xff800000u)
-
-// ---- task queue (tessera/runtime/tasks.py) ---------------------------------------------------
-#define TASK_BATCH 0
-#define TASK_Q_HEAD0 1
-#define TASK_Q_START 2
-#define TASK_Q_END 3
-#define TASK_SPAN_BEGIN 4
-#define TASK_SPAN_END 5
-#define TASK_SLOT 6
-#define TASK_FIELDS 8
-#define SPAN_FIELDS 4
-#define COMBINE_FIELDS 6
 
 // ---- element types ------------------------------------------------------------------------------
 // TESSERA_BF16 = 1 selects bfloat16 inputs/outputs, 0 selects float16. Values travel as raw
@@ -194,10 +184,10 @@ struct SpanPosition {
   int si;
   __device__ __forceinline__ bool more(int se) const { return si < se; }
   __device__ __forceinline__ int row_lo(const int* spans) const {
-    return spans[(i64)si * SPAN_FIELDS + 2];
+    return spans[(i64)si * SPAN_FIELDS + SPAN_R_START];
   }
   __device__ __forceinline__ int row_hi(const int* spans) const {
-    return spans[(i64)si * SPAN_FIELDS + 3];
+    return spans[(i64)si * SPAN_FIELDS + SPAN_R_END];
   }
 };
 
@@ -209,8 +199,8 @@ struct ChunkWalk : SpanPosition {
   __device__ __forceinline__ void open(const int* spans, int s, int se) {
     si = s;
     if (si < se) {
-      kpos = spans[(i64)si * SPAN_FIELDS];
-      k1 = spans[(i64)si * SPAN_FIELDS + 1];
+      kpos = spans[(i64)si * SPAN_FIELDS + SPAN_K_START];
+      k1 = spans[(i64)si * SPAN_FIELDS + SPAN_K_END];
     }
   }
   __device__ __forceinline__ void next(const int* spans, int se) {
@@ -240,7 +230,7 @@ template <int BN_>
 struct PackedWalk : SpanPosition {
   int off, valid;
   __device__ __forceinline__ static int span_len(const int* spans, int s) {
-    return spans[(i64)s * SPAN_FIELDS + 1] - spans[(i64)s * SPAN_FIELDS];
+    return spans[(i64)s * SPAN_FIELDS + SPAN_K_END] - spans[(i64)s * SPAN_FIELDS + SPAN_K_START];
   }
   // Keys from (si, off) on, at most BN_.
   __device__ __forceinline__ void count(const int* spans, int se) {
@@ -277,15 +267,15 @@ struct PackedWalk : SpanPosition {
     int s, se, base, k0, len;  // span s starts at chunk row `base` and holds keys k0 .. k0+len-1
     __device__ __forceinline__ Cursor(const PackedWalk& w, const int* spans_, int se_)
         : spans(spans_), s(w.si), se(se_), base(-w.off) {
-      k0 = spans[(i64)s * SPAN_FIELDS];
-      len = spans[(i64)s * SPAN_FIELDS + 1] - k0;
+      k0 = spans[(i64)s * SPAN_FIELDS + SPAN_K_START];
+      len = spans[(i64)s * SPAN_FIELDS + SPAN_K_END] - k0;
     }
     __device__ __forceinline__ i64 key(int r) {
       while (r >= base + len && s + 1 < se) {
         base += len;
         ++s;
-        k0 = spans[(i64)s * SPAN_FIELDS];
-        len = spans[(i64)s * SPAN_FIELDS + 1] - k0;
+        k0 = spans[(i64)s * SPAN_FIELDS + SPAN_K_START];
+        len = spans[(i64)s * SPAN_FIELDS + SPAN_K_END] - k0;
       }
       return k0 + min(r - base, len - 1);
     }
@@ -304,10 +294,10 @@ struct PackedCount {
   __device__ __forceinline__ void open(const int* spans, int s, int se) {
     int keys = 0;
     for (int i = s + (int)(threadIdx.x % 32); i < se; i += 32)
-      keys += spans[(i64)i * SPAN_FIELDS + 1] - spans[(i64)i * SPAN_FIELDS];
+      keys += spans[(i64)i * SPAN_FIELDS + SPAN_K_END] - spans[(i64)i * SPAN_FIELDS + SPAN_K_START];
     left = __reduce_add_sync(0xffffffffu, keys);
-    lo = s < se ? spans[(i64)s * SPAN_FIELDS + 2] : 0;
-    hi = s < se ? spans[(i64)s * SPAN_FIELDS + 3] : 0;
+    lo = s < se ? spans[(i64)s * SPAN_FIELDS + SPAN_R_START] : 0;
+    hi = s < se ? spans[(i64)s * SPAN_FIELDS + SPAN_R_END] : 0;
   }
   __device__ __forceinline__ void next(const int*, int) { left -= BN_; }
   __device__ __forceinline__ bool more(int) const { return left > 0; }

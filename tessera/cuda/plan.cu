@@ -103,10 +103,10 @@ __device__ __forceinline__ int walk_spans(const Sel& sel, int n_kv,
       chunks += (kv_bounds[c + 1] - kv_bounds[s0] + block_n - 1) / block_n;
       if (spans != nullptr) {
         int* sp = spans + (out + n + __popc(ends & ((1u << lane) - 1u))) * SPAN_FIELDS;
-        sp[0] = (int)kv_bounds[s0];
-        sp[1] = (int)kv_bounds[c + 1];
-        sp[2] = q0;
-        sp[3] = q1;
+        sp[SPAN_K_START] = (int)kv_bounds[s0];
+        sp[SPAN_K_END] = (int)kv_bounds[c + 1];
+        sp[SPAN_R_START] = q0;
+        sp[SPAN_R_END] = q1;
       }
     }
     n += __popc(ends);
@@ -428,12 +428,12 @@ plan_scan(const unsigned char* __restrict__ identical, const int* __restrict__ n
     }
   }
   if (threadIdx.x == 0) {
-    totals[0] = runs;
-    totals[1] = span_base;
-    totals[2] = tile_base;
-    totals[3] = task_base;
-    totals[4] = task_chunks;
-    totals[5] = max_chunks;
+    totals[TOTAL_RUNS] = runs;
+    totals[TOTAL_SPANS] = span_base;
+    totals[TOTAL_TILES] = tile_base;
+    totals[TOTAL_TASKS] = task_base;
+    totals[TOTAL_TASK_CHUNKS] = task_chunks;
+    totals[TOTAL_MAX_CHUNKS] = max_chunks;
   }
 }
 
@@ -441,7 +441,7 @@ plan_scan(const unsigned char* __restrict__ identical, const int* __restrict__ n
 // [T, 6]: mask_bh, q0, q1, span_begin, span_end, chunks) and, unless `tasks` is null, its tasks
 // (the task-queue layout, slot -1) in launch order, where plan_scan placed them (its
 // run_task_off, key_start and the same heavy_slots and heavy_mean). The number of runs is
-// plan_scan's totals[0], so the grid may be sized for the most runs the mask can have (the
+// plan_scan's totals[TOTAL_RUNS], so the grid may be sized for the most runs the mask can have (the
 // sync-free plan) and surplus warps return.
 extern "C" __global__ void plan_write_runs(
     const unsigned char* __restrict__ dense, int n_kv, int n_q,
@@ -455,7 +455,7 @@ extern "C" __global__ void plan_write_runs(
     const i64* __restrict__ key_start,
     int* spans, int* tiles, int* tasks) {
   const int u = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
-  if (u >= totals[0]) return;
+  if (u >= totals[TOTAL_RUNS]) return;
   const i64 r0 = run_row0[u], r1 = run_row1[u];
   const int bh = (int)(r0 / n_q);
   const int q0 = (int)q_bounds[r0 % n_q], q1 = (int)q_bounds[r1 % n_q + 1];
@@ -466,19 +466,20 @@ extern "C" __global__ void plan_write_runs(
   const int n_tiles = (q1 - q0 + tile_rows - 1) / tile_rows;
   const i64 tile0 = run_tile_off[u], task0 = run_task_off[u];
   for (int i = lane; i < n_tiles; i += 32) {
-    int* t = tiles + (tile0 + i) * 6;
-    t[0] = bh;
-    t[1] = q0 + i * tile_rows;
-    t[2] = min(q0 + (i + 1) * tile_rows, q1);
-    t[3] = span_begin;
-    t[4] = span_end;
-    t[5] = ch;
+    int* t = tiles + (tile0 + i) * TILE_FIELDS;
+    t[TILE_MASK_BH] = bh;
+    t[TILE_Q_START] = q0 + i * tile_rows;
+    t[TILE_Q_END] = min(q0 + (i + 1) * tile_rows, q1);
+    t[TILE_SPAN_BEGIN] = span_begin;
+    t[TILE_SPAN_END] = span_end;
+    t[TILE_CHUNKS] = ch;
   }
   if (tasks == nullptr) return;  // tasks are split on the host path (device_planner.py)
   // Where task (tile i, assignment e) goes (plan_scan): a heavy run's tasks from task0 on,
   // tile-major; a light run's tiles at the same offset task0 within each assignment's keys.
-  const bool heavy = heavy_task(ch, totals[3], totals[4], heavy_slots, heavy_mean);
-  const i64 width = totals[5] + 1;
+  const bool heavy = heavy_task(ch, totals[TOTAL_TASKS], totals[TOTAL_TASK_CHUNKS], heavy_slots,
+                                  heavy_mean);
+  const i64 width = totals[TOTAL_MAX_CHUNKS] + 1;
   for (int k = lane; k < n_tiles * e_count; k += 32) {
     const int i = k / e_count, e = k % e_count;
     const i64 at = heavy ? task0 + k : key_start[order_key(1 + a0 + e, ch, width)] + task0 + i;
@@ -490,7 +491,7 @@ extern "C" __global__ void plan_write_runs(
     t[TASK_SPAN_BEGIN] = span_begin;
     t[TASK_SPAN_END] = span_end;
     t[TASK_SLOT] = -1;
-    t[7] = ch;
+    t[TASK_COST] = ch;
   }
 }
 

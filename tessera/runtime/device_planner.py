@@ -48,11 +48,15 @@ import numpy as np
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .._array import Workspace, array_module, device_copy, stream_capturing, to_numpy
+from .._array import Workspace, array_module, to_numpy
+from ..capture import device_copy, stream_capturing
+from ..cuda import loader
+from ..cuda.variants import Variant
 from ..mask import BlockMask
-from .mapping import (PhysicalTiles, _device_dense_rows, aligned_geometry, device_bounds,
+from .mapping import (PhysicalTiles, device_dense_rows, aligned_geometry, device_bounds,
                       straddling_tiles)
-from .tasks import (HEAVY_MEAN, HEAVY_SHARE, TaskQueue, build_task_queue, head_assignments,
+from .queue import Combine, Span, Task, TaskQueue, Tile, Total
+from .tasks import (HEAVY_MEAN, HEAVY_SHARE, build_task_queue, head_assignments,
                     split_limit)
 
 __all__ = ["plan_on_device", "SyncFreePlan", "SYNC_FREE_WORKSPACE_LIMIT",
@@ -68,9 +72,9 @@ REQUIRED_SYNC_FREE_WORKSPACE_LIMIT = 1 << 30
 
 @dataclass
 class SyncFreePlan:
-    """A sync-free plan's device buffers: ``tiles`` int32 [capacity, 6], ``spans`` [capacity,
-    4], ``tasks`` [capacity, 8] (in launch order), filled up to ``totals`` (device int64: runs,
-    spans, tiles, tasks, task chunks, most chunks of a tile), which stay on the device until
+    """A sync-free plan's device buffers: ``tiles``, ``spans`` and ``tasks`` (in launch order)
+    int32 ``[capacity, fields]`` in the layout of ``queue.py``, filled up to ``totals`` (device
+    int64, ``queue.Total``), which stay on the device until
     :meth:`settle`. ``num_merged``: the aligned tiles that straddle (known from the geometry)."""
 
     tiles: Any
@@ -89,12 +93,14 @@ class SyncFreePlan:
         return TaskQueue(tasks=self.tasks, spans=self.spans,
                          combine=_no_combine(array_module(self.tasks)), num_slots=0,
                          heads_per_task=self.heads_per_task, tile_rows=self.tile_rows,
-                         count=self.totals[3:4])
+                         count=self.totals[Total.TASKS:Total.TASKS + 1])
 
     def settle(self) -> tuple[PhysicalTiles, TaskQueue]:
         """The exact tiles and queue: views of the buffers cut at the totals (one copy of six
         numbers from the device, which waits for the planner's kernels)."""
-        n_runs, n_spans, n_tiles, n_tasks = (int(x) for x in to_numpy(self.totals)[:4])
+        totals = to_numpy(self.totals)
+        n_runs, n_spans = int(totals[Total.RUNS]), int(totals[Total.SPANS])
+        n_tiles, n_tasks = int(totals[Total.TILES]), int(totals[Total.TASKS])
         tiles, spans = self.tiles[:n_tiles], self.spans[:n_spans]
         pt = _physical_tiles(tiles, spans, self.tile_rows, self.block_n, n_runs,
                              self.num_merged)
@@ -113,9 +119,7 @@ class _Launch:
     dense rows, given at each call."""
 
     def __init__(self, kernel: str, grid: tuple[int], args: tuple, block: int = 256) -> None:
-        from ..cuda.loader import Variant, load_kernel  # noqa: PLC0415 - device only
-
-        self.fn = load_kernel(Variant("plan.cu", kernel))
+        self.fn = loader.load_kernel(Variant("plan.cu", kernel))
         self.grid, self.block = grid, (block,)
         self.args = args
         self.dense_at = next((i for i, a in enumerate(args) if a is DENSE), None)
@@ -181,16 +185,19 @@ def _capture_stream(xp: Any) -> Any:
 def _no_combine(xp) -> Any:
     """The empty combine list of a plan without split tasks (one per device, not per plan)."""
     if xp is np:
-        return np.zeros((0, 6), dtype=np.int32)
-    return device_copy(("no_combine",), lambda: xp.zeros((0, 6), dtype=np.int32), xp)
+        return np.zeros((0, len(Combine)), dtype=np.int32)
+    return device_copy(("no_combine",), lambda: xp.zeros((0, len(Combine)), dtype=np.int32),
+                       xp)
 
 
 def _physical_tiles(tiles: Any, spans: Any, tile_rows: int, block_n: int,
                     n_runs: int, num_merged: int) -> PhysicalTiles:
-    return PhysicalTiles(tile_rows=tile_rows, block_n=block_n, mask_bh=tiles[:, 0],
-                         q0=tiles[:, 1], q1=tiles[:, 2], span_begin=tiles[:, 3],
-                         span_end=tiles[:, 4], chunks=tiles[:, 5], k0=spans[:, 0],
-                         k1=spans[:, 1], r0=spans[:, 2], r1=spans[:, 3], num_groups=n_runs,
+    return PhysicalTiles(tile_rows=tile_rows, block_n=block_n, mask_bh=tiles[:, Tile.MASK_BH],
+                         q0=tiles[:, Tile.Q_START], q1=tiles[:, Tile.Q_END],
+                         span_begin=tiles[:, Tile.SPAN_BEGIN], span_end=tiles[:, Tile.SPAN_END],
+                         chunks=tiles[:, Tile.CHUNKS], k0=spans[:, Span.K_START],
+                         k1=spans[:, Span.K_END], r0=spans[:, Span.R_START],
+                         r1=spans[:, Span.R_END], num_groups=n_runs,
                          num_merged=num_merged)
 
 
@@ -244,7 +251,7 @@ def plan_on_device(mask: BlockMask, *, tile_rows: int, block_n: int, heads_per_t
     :data:`REQUIRED_SYNC_FREE_WORKSPACE_LIMIT`; ``allow_split`` must be False).
     """
     xp = mask.xp
-    dense_rows = _device_dense_rows(mask)
+    dense_rows = device_dense_rows(mask)
     if dense_rows is None:
         if require_sync_free:
             raise ValueError(f"block_mask {mask} is too large to plan without reading it back "
@@ -273,7 +280,7 @@ def plan_on_device(mask: BlockMask, *, tile_rows: int, block_n: int, heads_per_t
     n_hist = n_keys * (1 + n_assign)
     heavy_slots, heavy_mean = np.int64(HEAVY_SHARE * max(in_flight, 1)), np.int64(HEAVY_MEAN)
     # The kernels' scratch in one allocation, passed as raw addresses (views on numpy).
-    scratch = Workspace(xp, (("totals", i64, 6), ("run_row0", i64, n_scan),
+    scratch = Workspace(xp, (("totals", i64, len(Total)), ("run_row0", i64, n_scan),
                             ("run_row1", i64, n_scan), ("span_off", i64, n_scan),
                             ("tile_off", i64, n_scan), ("task_off", i64, n_scan),
                             ("hist", i64, n_hist), ("key_start", i64, n_hist),
@@ -342,9 +349,9 @@ def plan_on_device(mask: BlockMask, *, tile_rows: int, block_n: int, heads_per_t
     limit = REQUIRED_SYNC_FREE_WORKSPACE_LIMIT if require_sync_free else \
         SYNC_FREE_WORKSPACE_LIMIT
     if not allow_split and buffer_bytes <= limit:
-        spans = xp.empty((cap_spans, 4), dtype=i32)
-        tiles = xp.empty((cap_tiles, 6), dtype=i32)
-        tasks = xp.empty((cap_tasks, 8), dtype=i32)
+        spans = xp.empty((cap_spans, len(Span)), dtype=i32)
+        tiles = xp.empty((cap_tiles, len(Tile)), dtype=i32)
+        tasks = xp.empty((cap_tasks, len(Task)), dtype=i32)
         # write_runs: a warp per row, the most runs there can be.
         launches = tuple(first + write_runs(n_scan, spans, tiles, tasks))
         relaunch = _Relaunch(launches, scratch, xp)
@@ -355,14 +362,16 @@ def plan_on_device(mask: BlockMask, *, tile_rows: int, block_n: int, heads_per_t
 
     for launch in first:
         launch(dense)
-    n_runs, n_spans, n_tiles, n_tasks, task_chunks, max_chunks = (int(x) for x in
-                                                                  to_numpy(totals))
+    counts = [int(x) for x in to_numpy(totals)]
+    n_runs, n_spans, n_tiles = counts[Total.RUNS], counts[Total.SPANS], counts[Total.TILES]
+    n_tasks, task_chunks = counts[Total.TASKS], counts[Total.TASK_CHUNKS]
+    max_chunks = counts[Total.MAX_CHUNKS]
     # The split policy of tasks.build_task_queue, on the same totals.
     limit = split_limit(split_ratio, min_split_chunks, n_tasks, task_chunks, in_flight)
     split = allow_split and bool(n_tiles) and max_chunks > limit
-    spans = xp.empty((n_spans, 4), dtype=i32)
-    tiles = xp.empty((n_tiles, 6), dtype=i32)
-    tasks = None if split else xp.empty((n_tasks, 8), dtype=i32)
+    spans = xp.empty((n_spans, len(Span)), dtype=i32)
+    tiles = xp.empty((n_tiles, len(Tile)), dtype=i32)
+    tasks = None if split else xp.empty((n_tasks, len(Task)), dtype=i32)
     for launch in write_runs(n_runs, spans, tiles, tasks):
         launch(dense)
     pt = _physical_tiles(tiles, spans, tile_rows, block_n, n_runs, num_merged)

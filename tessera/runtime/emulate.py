@@ -17,9 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from .._array import as_array, to_numpy
+from .._array import to_numpy
+from ..interop import as_array
 from ..reference import split_layout
 from .plan import Plan
+from .queue import Combine, Span, Task, records
 
 __all__ = ["EmulationResult", "run"]
 
@@ -35,21 +37,22 @@ class EmulationResult:
     pairs_masked: int  # pairs computed on real rows and masked off (edge keys, restrictions)
 
 
-def _span_chunks(spans: np.ndarray, bn: int):
+def _span_chunks(spans: np.recarray, bn: int):
     """Chunks span by span (ChunkWalk): (keys, which are real, the span's row range)."""
-    for k0, k1, r0, r1 in spans:
+    for span in spans:
+        k0, k1, r0, r1 = span.k_start, span.k_end, span.r_start, span.r_end
         for c0 in range(k0, k1, bn):
             keys = c0 + np.arange(bn)
             yield keys, keys < k1, r0, r1
 
 
-def _packed_chunks(spans: np.ndarray, bn: int):
+def _packed_chunks(spans: np.recarray, bn: int):
     """Chunks of the task's keys end to end, step for step as common.cuh's PackedWalk and its
     Cursor: a chunk starts ``off`` keys into span ``si`` and holds ``valid`` keys; a row past
     them repeats the task's last key (masked); the row range is the task's first span's, for
     every chunk (as the consumers' PackedCount reads it: a packed task's spans share one)."""
     n = len(spans)
-    length = [int(k1 - k0) for k0, k1, _, _ in spans]
+    length = [int(s.k_end - s.k_start) for s in spans]
 
     def count(si: int, off: int) -> int:
         valid, s, o = 0, si, off
@@ -67,8 +70,8 @@ def _packed_chunks(spans: np.ndarray, bn: int):
             while r >= base + length[s] and s + 1 < n:
                 base += length[s]
                 s += 1
-            keys[r] = spans[s][0] + min(r - base, length[s] - 1)
-        yield keys, np.arange(bn) < valid, spans[0][2], spans[0][3]
+            keys[r] = spans[s].k_start + min(r - base, length[s] - 1)
+        yield keys, np.arange(bn) < valid, spans[0].r_start, spans[0].r_end
         left = bn
         while si < n:
             rest = length[si] - off
@@ -102,14 +105,16 @@ def run(plan: Plan, q: Any, k: Any, v: Any, *, scale: float | None = None) -> Em
 
     out = np.full((b_, hq, lq, v4.shape[3]), np.nan)
     lse = np.full((b_, hq, lq), np.nan)
-    tasks = to_numpy(plan.queue.tasks).astype(np.int64)
-    spans = to_numpy(plan.queue.spans).astype(np.int64)
+    tasks = records(plan.queue.tasks, Task)
+    spans = records(plan.queue.spans, Span)
     part_out = np.full((plan.queue.num_slots, bm, v4.shape[3]), np.nan)
     part_lse = np.full((plan.queue.num_slots, bm), np.nan)
     n_unmasked = n_outside = n_masked = 0
 
     rows = np.arange(bm)
-    for b, h0, qs, qe, sb, se, slot, _cost in tasks:
+    for task in tasks:
+        b, h0, qs, qe = task.batch, task.q_head0, task.q_start, task.q_end
+        sb, se, slot = task.span_begin, task.span_end, task.slot
         head = h0 + rows // tr
         tok = qs + rows % tr
         real = tok < qe
@@ -148,7 +153,9 @@ def run(plan: Plan, q: Any, k: Any, v: Any, *, scale: float | None = None) -> Em
             part_out[slot] = o
             part_lse[slot] = row_lse
 
-    for b, h0, qs, qe, s0, parts in to_numpy(plan.queue.combine).astype(np.int64):
+    for job in records(plan.queue.combine, Combine):
+        b, h0, qs, qe = job.batch, job.q_head0, job.q_start, job.q_end
+        s0, parts = job.slot_begin, job.parts
         head = h0 + rows // tr
         tok = qs + rows % tr
         real = tok < qe

@@ -34,8 +34,12 @@ from typing import Any
 
 import numpy as np
 
-from .._array import Workspace, device_copy, offsets_from_counts, segment_ids, to_numpy
+from .._array import Workspace, offsets_from_counts, segment_ids, to_numpy
+from ..capture import device_copy
+from ..cuda import loader
+from ..cuda.variants import Variant
 from ..mask import BlockMask
+from .queue import Span
 
 __all__ = ["PhysicalTiles", "map_to_tiles", "row_stats_on_device", "launch_row_stats",
            "device_bounds", "tiling_pairs", "aligned_tile_blocks", "aligned_geometry",
@@ -208,7 +212,7 @@ def map_to_tiles(mask: BlockMask, tile_rows: int, block_n: int,
         stats = _row_stats(mask, xp)
         return _aligned_tiles(mask, stats, _runs(stats, n_rows, n_q, qb, xp), kb, tile_rows,
                               block_n, pack_keys, xp)
-    dense = _device_dense_rows(mask) if _use_device_planner(xp) else None
+    dense = device_dense_rows(mask) if use_device_planner(xp) else None
     if dense is not None:
         tiles, runs = _map_dense_on_device(mask, dense, tile_rows, block_n, combine_threshold,
                                            pack_keys)
@@ -447,7 +451,7 @@ def tiling_pairs(mask: BlockMask, tile_rows: int) -> tuple[int, int] | None:
     if geo.reach > ALIGNED_ESTIMATE_MAX_BLOCKS:
         return None
     if xp is not np:
-        dense = _device_dense_rows(mask)
+        dense = device_dense_rows(mask)
         return None if dense is None else _tiling_pairs_on_device(mask, dense, geo, tile_rows)
     dense = mask.to_dense().reshape(-1, n_q, n_kv)
     # float64 products are exact here (pairs < 2^53) and take the BLAS path.
@@ -468,7 +472,6 @@ def _tiling_pairs_on_device(mask: BlockMask, dense_rows: Any, geo: AlignedGeomet
     """:func:`tiling_pairs` of a device mask by plan.cu's tiling_pairs kernel: one launch and
     one 16-byte copy back (as array operations, ~15 launches, the estimate cost ~1 ms of a
     request on the H200, benchmarks/RESULTS.md tenth session)."""
-    from ..cuda.loader import Variant, load_kernel  # noqa: PLC0415 - device only
 
     xp = mask.xp
     n_kv = mask.num_kv_blocks
@@ -476,7 +479,7 @@ def _tiling_pairs_on_device(mask: BlockMask, dense_rows: Any, geo: AlignedGeomet
     n_rows = dense.shape[0]
     out = xp.zeros(2, dtype=np.uint64)
     warps = n_rows + n_rows // mask.num_q_blocks * geo.per_bh
-    load_kernel(Variant("plan.cu", "tiling_pairs"))(
+    loader.load_kernel(Variant("plan.cu", "tiling_pairs"))(
         ((warps * 32 + 255) // 256,), (256,),
         (dense, np.int32(n_rows), np.int32(n_kv), np.int32(mask.num_q_blocks),
          np.int32(geo.per_bh), device_bounds(mask.q_bounds, xp),
@@ -516,12 +519,12 @@ def _subdivide(group_q0, group_q1, group_bh, g_span_off, g_chunks, k0, k1, r0, r
 DENSE_ON_DEVICE_LIMIT = 1 << 29
 
 
-def _use_device_planner(xp) -> bool:
+def use_device_planner(xp) -> bool:
     """Device masks take the planner kernels (tests substitute numpy versions of them)."""
     return xp is not np
 
 
-def _device_dense_rows(mask: BlockMask) -> Any:
+def device_dense_rows(mask: BlockMask) -> Any:
     """The mask's dense block rows ``[rows, nKB]`` on the device (its own when built from a
     dense matrix, else scattered from its CSR), or None when that would exceed the limit."""
     if mask.dense_rows is not None:
@@ -564,11 +567,10 @@ def launch_row_stats(mask: BlockMask, dense: Any, block_n: int, count: Any, nspa
     """Launch plan_row_stats over ``dense`` (uint8 [rows, nKB]) into the given arrays or raw
     device pointers (np.uint64; 0 for count and the token sums leaves them uncomputed); chunks
     of each row's keys end to end with ``pack_keys``."""
-    from ..cuda.loader import Variant, load_kernel  # noqa: PLC0415 - device only
 
     n_rows, n_kv = dense.shape
     i32 = np.int32
-    load_kernel(Variant("plan.cu", "plan_row_stats"))(
+    loader.load_kernel(Variant("plan.cu", "plan_row_stats"))(
         ((n_rows * 32 + 255) // 256,), (256,),
         (dense, i32(n_rows), i32(n_kv), i32(mask.num_q_blocks),
          device_bounds(mask.kv_bounds, mask.xp), i32(block_n), count, nspans, key_tokens,
@@ -580,14 +582,12 @@ def mask_pairs_on_device(mask: BlockMask, dense_rows: Any) -> tuple[int, int]:
     kernel: one launch and one 16-byte copy (the regime table's features, runtime/regime.py;
     with the array operations before it, plans that looked up the table took ~0.5 ms longer
     on the H200, benchmarks/RESULTS.md)."""
-    from .._array import to_numpy  # noqa: PLC0415
-    from ..cuda.loader import Variant, load_kernel  # noqa: PLC0415 - device only
 
     xp = mask.xp
     dense = xp.ascontiguousarray(dense_rows).view(np.uint8)
     n_rows, n_kv = dense.shape
     out = xp.zeros(2, dtype=np.uint64)
-    load_kernel(Variant("plan.cu", "mask_pairs"))(
+    loader.load_kernel(Variant("plan.cu", "mask_pairs"))(
         ((n_rows * 32 + 255) // 256,), (256,),
         (dense, np.int32(n_rows), np.int32(n_kv), np.int32(mask.num_q_blocks),
          device_bounds(mask.q_bounds, xp), device_bounds(mask.kv_bounds, xp), out))
@@ -602,7 +602,6 @@ def _map_dense_on_device(mask: BlockMask, dense_rows: Any, tile_rows: int, block
     (tessera/cuda/plan.cu), the rest on per-row arrays. Returns ``(tiles, None)``, or, when a
     restricted merge is chosen, ``(None, (row stats, runs, merge_next))`` for the general path
     to finish from (it needs the per-entry arrays the merged spans are cut from)."""
-    from ..cuda.loader import Variant, load_kernel  # noqa: PLC0415 - device only
 
     xp = mask.xp
     dense, stats, nspans, chunks = row_stats_on_device(mask, dense_rows, block_n, pack_keys)
@@ -629,12 +628,13 @@ def _map_dense_on_device(mask: BlockMask, dense_rows: Any, tile_rows: int, block
     row_q1 = xp.zeros(n_rows, dtype=np.int64)
     row_q0[run_first] = run_q0
     row_q1[run_first] = run_q1
-    spans = xp.empty((n_spans, 4), dtype=np.int32)
-    load_kernel(Variant("plan.cu", "plan_write_spans"))(
+    spans = xp.empty((n_spans, len(Span)), dtype=np.int32)
+    loader.load_kernel(Variant("plan.cu", "plan_write_spans"))(
         grid, (256,), (dense, i32(n_rows), i32(n_kv), kb, span_dst, row_q0, row_q1, spans))
     g_chunks = chunks[run_first].astype(np.int64)
-    return _subdivide(run_q0, run_q1, run_bh, g_span_off, g_chunks, spans[:, 0], spans[:, 1],
-                      spans[:, 2], spans[:, 3], tile_rows, block_n, 0, xp), None
+    return _subdivide(run_q0, run_q1, run_bh, g_span_off, g_chunks, spans[:, Span.K_START],
+                      spans[:, Span.K_END], spans[:, Span.R_START], spans[:, Span.R_END],
+                      tile_rows, block_n, 0, xp), None
 
 
 def _merged_spans(e_j, e_run, run_group, merged_into_prev, run_q0, run_q1, group_q0, group_q1,

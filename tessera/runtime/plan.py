@@ -18,24 +18,18 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .._array import capture_memory_if, stream_capturing, to_numpy
+from ..capture import capture_memory_if, stream_capturing
+from ..dtypes import SUPPORTED_DTYPES, dtype_name
+from ..launch import LaunchState, run_plan
 from ..mask import BlockMask
 from . import mapping
 from .device_planner import SyncFreePlan, plan_on_device
 from .mapping import PhysicalTiles, map_to_tiles
+from .queue import Span, Task, TaskQueue, records
 from .regime import ROW_GROUP, Regime, plan_may_split, plan_tasks_in_flight, selected_regime
-from .tasks import NEVER_SPLIT_RATIO, TaskQueue, build_task_queue, head_assignments
+from .tasks import NEVER_SPLIT_RATIO, build_task_queue, head_assignments, heads_per_task
 
-__all__ = ["Plan", "PlanStats", "plan", "SUPPORTED_DTYPES"]
-
-SUPPORTED_DTYPES = ("bfloat16", "float16")
-
-
-def _dtype_name(dtype: Any) -> str:
-    name = getattr(dtype, "name", None) or str(dtype)
-    name = name.replace("torch.", "").replace("jnp.", "")
-    aliases = {"bf16": "bfloat16", "fp16": "float16", "half": "float16"}
-    return aliases.get(name, name)
+__all__ = ["Plan", "PlanStats", "plan"]
 
 
 @dataclass
@@ -92,26 +86,19 @@ class Plan:
     # (tiles, queue), or for a sync-free plan the callable that cuts them from its buffers.
     _exact: tuple[PhysicalTiles, TaskQueue] | Callable[[], tuple[PhysicalTiles, TaskQueue]] = \
         field(repr=False, default=None)  # type: ignore[assignment]
-    _device: SyncFreePlan | None = field(repr=False, default=None)  # a sync-free plan's buffers
-    _cache: dict = field(default_factory=dict, repr=False)
+    # A sync-free plan's device buffers and the launches that replan them (None: a host plan).
+    device_plan: SyncFreePlan | None = field(repr=False, default=None)
+    # The launches' device state (queues per device, task counters, ...; ``launch.py``).
+    launch_state: LaunchState = field(default_factory=LaunchState, repr=False)
 
     def _planned(self) -> None:
-        """Note where the planner's work was enqueued (CuPy's current stream): runs on another
-        stream wait for this event on the device (no host synchronization); runs on this one
-        are ordered after it already (api._wait_until_planned)."""
-        xp = self.mask.xp
-        if xp is not np:
-            # A replan records the plan's event again: a wait enqueued later waits for the new
-            # planner work, one enqueued earlier for what was recorded then.
-            ready = self._cache.get("ready") or xp.cuda.Event(disable_timing=True)
-            ready.record()
-            self._cache["ready"] = ready
-            self._cache["ready_on"] = {xp.cuda.get_current_stream().ptr}
+        """Note where the planner's work was enqueued (``launch.LaunchState.record_planned``)."""
+        self.launch_state.record_planned(self.mask.xp)
 
     @property
     def replannable(self) -> bool:
         """Whether :meth:`replan` can take a new mask (a sync-free device plan)."""
-        return self._device is not None and self._device.relaunch is not None
+        return self.device_plan is not None and self.device_plan.relaunch is not None
 
     def replan(self, block_mask: BlockMask) -> "Plan":
         """Plan ``block_mask``, a mask of this plan's geometry, into this plan's own buffers and
@@ -145,11 +132,11 @@ class Plan:
             raise ValueError(f"block_mask is on device {block_mask.device_id}, the plan's mask "
                              f"on {old.device_id}")
         with block_mask.device_context():
-            dense = mapping._device_dense_rows(block_mask)
+            dense = mapping.device_dense_rows(block_mask)
             xp = block_mask.xp
-            self._device.relaunch(xp.ascontiguousarray(dense).view(np.uint8))
+            self.device_plan.relaunch(xp.ascontiguousarray(dense).view(np.uint8))
             self.mask = block_mask
-            self._exact = self._device.settle
+            self._exact = self.device_plan.settle
             self._planned()
         return self
 
@@ -192,30 +179,31 @@ class Plan:
             self.mask.head_index(self.num_q_heads, self.num_kv_heads), self.mask.batch_heads[1])
         index = np.full((self.batch, self.num_q_heads), -1, dtype=np.int64)
         index[a_b, a_h0] = np.arange(a_b.size)
-        tasks = np.asarray(to_numpy(self.queue.tasks), dtype=np.int64)
-        return index[tasks[:, 0], tasks[:, 1]]
+        tasks = records(self.queue.tasks, Task)
+        return index[tasks.batch, tasks.q_head0]
 
     def computed_pairs(self) -> int:
         """(query, key) pairs the kernels evaluate: per span chunk, block_n keys for every row
         group (ROW_GROUP rows, one warp's share) holding at least one row the span applies to
         (sm80), or for all block_m rows of the task (sm90: its warpgroups issue every chunk)."""
-        tasks = np.asarray(to_numpy(self.queue.tasks), dtype=np.int64)
-        spans = np.asarray(to_numpy(self.queue.spans), dtype=np.int64)
+        tasks = records(self.queue.tasks, Task)
+        spans = records(self.queue.spans, Span)
         if tasks.size == 0:
             return 0
-        n_sp = tasks[:, 5] - tasks[:, 4]
-        t_of = np.repeat(np.arange(tasks.shape[0]), n_sp)
-        s_idx = np.concatenate([np.arange(a, b) for a, b in tasks[:, 4:6]]) if n_sp.sum() else \
-            np.zeros(0, np.int64)
-        k0, k1, r0, r1 = spans[s_idx].T
+        n_sp = tasks.span_end - tasks.span_begin
+        t_of = np.repeat(np.arange(tasks.size), n_sp)
+        s_idx = np.concatenate([np.arange(a, b) for a, b in zip(tasks.span_begin, tasks.span_end)]
+                               ) if n_sp.sum() else np.zeros(0, np.int64)
+        mine = spans[s_idx]
+        k0, k1, r0, r1 = mine.k_start, mine.k_end, mine.r_start, mine.r_end
         bn = self.regime.block_n
         chunks = (k1 - k0 + bn - 1) // bn
         if self.regime.pack_keys:  # a task's keys end to end (sm90: every row, every chunk)
-            keys = np.bincount(t_of, weights=k1 - k0, minlength=tasks.shape[0]).astype(np.int64)
+            keys = np.bincount(t_of, weights=k1 - k0, minlength=tasks.size).astype(np.int64)
             return int(((keys + bn - 1) // bn * bn * self.regime.block_m).sum())
         if self.regime.family == "sm90":  # every warpgroup multiplies every chunk of its task
             return int((chunks * bn * self.regime.block_m).sum())
-        q0, q1 = tasks[t_of, 2], tasks[t_of, 3]
+        q0, q1 = tasks.q_start[t_of], tasks.q_end[t_of]
         lo = np.maximum(q0, r0) - q0
         hi = np.minimum(q1, r1) - q0
         groups = np.where(hi > lo, (hi + ROW_GROUP - 1) // ROW_GROUP - lo // ROW_GROUP, 0)
@@ -225,7 +213,7 @@ class Plan:
         """Useful and computed pairs, waste, task counts and balance (computed on the host)."""
         useful = int(self.mask.selected_pairs(self.batch, self.num_q_heads).sum())
         computed = self.computed_pairs()
-        cost = np.asarray(to_numpy(self.queue.tasks[:, 7])) if self.queue.num_tasks else np.zeros(1)
+        cost = records(self.queue.tasks, Task).cost if self.queue.num_tasks else np.zeros(1)
         return PlanStats(
             useful_pairs=useful, computed_pairs=computed,
             wasted_ratio=computed / useful if useful else float("nan"),
@@ -237,25 +225,13 @@ class Plan:
 
     def run(self, q: Any, k: Any, v: Any, *, scale: float | None = None,
             return_lse: bool = False, out: Any = None, lse: Any = None):
-        """Execute on the GPU (see tessera.api.run_plan); needs CuPy and a CUDA device.
+        """Execute on the GPU (``launch.run_plan``); needs CuPy and a CUDA device.
         With ``out``/``lse`` given the run writes them in place and allocates nothing."""
-        from ..api import run_plan  # noqa: PLC0415 - the GPU path is optional
-
         return run_plan(self, q, k, v, scale=scale, return_lse=return_lse, out=out, lse=lse)
 
 
 def _same_bounds(a: np.ndarray, b: np.ndarray) -> bool:
     return a is b or (a.shape == b.shape and bool(np.array_equal(a, b)))
-
-
-def heads_per_task(regime: Regime, mask_heads: int, num_q_heads: int, num_kv_heads: int) -> int:
-    """GQA packing factor: all query heads of a kv head in one task when they share a mask head
-    and each still gets a whole number of row groups."""
-    group = num_q_heads // num_kv_heads
-    if (not regime.pack_gqa or group == 1 or mask_heads not in (1, num_kv_heads)
-            or regime.block_m % group or (regime.block_m // group) % ROW_GROUP):
-        return 1
-    return group
 
 
 def plan(block_mask: BlockMask, *, num_q_heads: int, num_kv_heads: int | None = None,
@@ -290,7 +266,7 @@ def plan(block_mask: BlockMask, *, num_q_heads: int, num_kv_heads: int | None = 
         xp = block_mask.xp
         captured = xp is not np and stream_capturing(xp.cuda.get_current_stream().ptr)
         # A plan captured outside tessera.attention keeps its memory for the graph
-        # (_array.capture_memory; inside a request the request's own applies: it nests).
+        # (capture.capture_memory; inside a request the request's own applies: it nests).
         with capture_memory_if(captured, "cupy", block_mask.device_id):
             return _plan(block_mask, num_q_heads, num_kv_heads, head_dim, head_dim_v, batch,
                          dtype, layout, regime, arch,
@@ -311,12 +287,12 @@ def _plan(block_mask: BlockMask, num_q_heads: int, num_kv_heads: int | None, hea
             raise ValueError(f"{name} must be a positive int, got {val!r}")
     if layout not in ("bhld", "blhd"):
         raise ValueError(f"layout must be 'bhld' or 'blhd', got {layout!r}")
-    dtype = _dtype_name(dtype)
+    dtype = dtype_name(dtype)
     if dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"dtype must be one of {SUPPORTED_DTYPES}, got {dtype!r}")
     head_of = block_mask.head_index(num_q_heads, num_kv_heads)
     batch_of = block_mask.batch_index(batch)
-    if sync_free and not mapping._use_device_planner(block_mask.xp):
+    if sync_free and not mapping.use_device_planner(block_mask.xp):
         raise ValueError("block_mask must be on the GPU for a sync-free plan (one made while a "
                          "CUDA graph is captured): a host mask is planned on the host")
     by_geometry = True  # a regime given holds for every mask of the geometry
@@ -345,7 +321,7 @@ def _plan(block_mask: BlockMask, num_q_heads: int, num_kv_heads: int | None, hea
         regime = regime.with_(split_ratio=NEVER_SPLIT_RATIO, combine_threshold=0.0)
         allow_split = False
     fused = None
-    if mapping._use_device_planner(block_mask.xp) and regime.combine_threshold == 0:
+    if mapping.use_device_planner(block_mask.xp) and regime.combine_threshold == 0:
         # The common request: the planner kernels (runtime/device_planner.py).
         fused = plan_on_device(block_mask, tile_rows=tile_rows, block_n=regime.block_n,
                                heads_per_task=hp, batch=batch, num_q_heads=num_q_heads,
@@ -374,6 +350,6 @@ def _plan(block_mask: BlockMask, num_q_heads: int, num_kv_heads: int | None, hea
     p = Plan(mask=block_mask, regime=regime, batch=batch, num_q_heads=num_q_heads,
              num_kv_heads=num_kv_heads, head_dim=head_dim, head_dim_v=head_dim_v,
              dtype=dtype, layout=layout, launch_queue=launch, in_flight=in_flight,
-             regime_by_geometry=by_geometry, _exact=exact, _device=device)
+             regime_by_geometry=by_geometry, _exact=exact, device_plan=device)
     p._planned()
     return p

@@ -1,83 +1,35 @@
-"""Task organization: physical tiles -> the task queue every kernel family reads.
-
-THE TASK-QUEUE LAYOUT (the one contract between this runtime and the CUDA kernels; the kernels'
-``common.cuh`` mirrors it, and ``emulate.py`` executes it on the CPU):
-
-``tasks``: int32 ``[num_tasks, 8]``, one row per CTA, in launch order (:func:`launch_keys`: the
-heavy tasks longest first, then the rest one (batch, query head group) at a time, longest first
-within each)::
-
-    0 batch        batch index b of q/k/v/out
-    1 q_head0      first query head of the task; the task covers heads q_head0 .. q_head0+hp-1
-                   (hp = ``heads_per_task``, GQA packing), all reading kv head q_head0 // group
-    2 q_start      first query token of the tile
-    3 q_end        one past its last query token (q_end - q_start <= tile_rows = block_m / hp)
-    4 span_begin   range [span_begin, span_end) of rows of ``spans``
-    5 span_end
-    6 slot         -1: write out (and lse) directly; >= 0: write the normalised partial output
-                   (fp32) and its lse to workspace slot ``slot`` for the combine step
-    7 cost         key chunks of this task (block_n keys each); informative only
-
-Physical row ``r`` of a task (0 <= r < block_m) is query head ``q_head0 + r // tile_rows`` and
-token ``q_start + r % tile_rows``; it is real when that token is < q_end.
-
-``spans``: int32 ``[num_spans, 4]``: ``k_start, k_end, r_start, r_end``. Keys [k_start, k_end)
-are consumed block_n at a time from k_start (the last chunk masked at token level; a kernel
-variant with a wider step may take a task of a few long spans at that width instead:
-:func:`wide_step_tasks`); the span
-applies to query tokens [r_start, r_end) only (rows outside are masked for this span). With a
-``pack_keys`` regime a task's spans are consumed end to end instead -- a chunk may hold the
-end of one span and the start of the next, only the task's last chunk is partial -- and its
-cost counts those chunks; such plans have one row range per task and never split.
-
-``combine``: int32 ``[num_combine, 6]``: ``batch, q_head0, q_start, q_end, slot_begin, parts``:
-rows of one split tile whose ``parts`` partials sit in slots slot_begin .. slot_begin+parts-1.
-Partial slots hold ``block_m`` rows of out (fp32, ``[slot, block_m, Dv]``) and lse (fp32,
-``[slot, block_m]``, natural log; -inf where the part saw no key for that row).
-"""
+"""Task organization: physical tiles -> the task queue every kernel family reads
+(layout: ``runtime/queue.py``): GQA head packing, the split rule for heavy tasks, their cut
+into parts merged by the combine step, and the launch order."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from typing import TYPE_CHECKING
+
 from .._array import array_module, offsets_from_counts, segment_ids, to_numpy
+from ..cuda.variants import ROW_GROUP, WIDE_SLACK, WIDE_SPANS
 from .mapping import PhysicalTiles
+from .queue import Combine, Span, Task, TaskQueue, stack_fields
 
-__all__ = ["TaskQueue", "build_task_queue", "split_limit", "may_split", "tasks_lower_bound",
-           "wide_step_tasks",
-           "launch_keys", "HEAVY_SHARE", "HEAVY_MEAN", "TASK_FIELDS", "SPAN_FIELDS",
-           "COMBINE_FIELDS"]
+if TYPE_CHECKING:  # annotations only: the regime layer sits above this one
+    from .regime import Regime
 
-TASK_FIELDS = ("batch", "q_head0", "q_start", "q_end", "span_begin", "span_end", "slot", "cost")
-SPAN_FIELDS = ("k_start", "k_end", "r_start", "r_end")
-COMBINE_FIELDS = ("batch", "q_head0", "q_start", "q_end", "slot_begin", "parts")
+__all__ = ["build_task_queue", "heads_per_task", "split_limit", "may_split", "tasks_lower_bound",
+           "wide_step_tasks", "launch_keys", "HEAVY_SHARE", "HEAVY_MEAN", "NEVER_SPLIT_RATIO"]
 
 
-@dataclass
-class TaskQueue:
-    """Flat int32 arrays a kernel reads directly (see the module docstring for the layout).
-
-    ``count`` is set on the queue a sync-free plan launches (``device_planner.py``): a device
-    int64 array whose first element is the number of real tasks, which only the device knows;
-    ``tasks`` and ``spans`` are then buffers sized by bounds, and rows past the real ones are
-    not meaningful. ``None``: the arrays are exact.
-    """
-
-    tasks: Any
-    spans: Any
-    combine: Any
-    num_slots: int
-    heads_per_task: int
-    tile_rows: int
-    count: Any = None
-
-    @property
-    def num_tasks(self) -> int:
-        """Rows of ``tasks``: the tasks, or for a queue with a device ``count`` its capacity."""
-        return int(self.tasks.shape[0])
+def heads_per_task(regime: Regime, mask_heads: int, num_q_heads: int, num_kv_heads: int) -> int:
+    """GQA packing factor: all query heads of a kv head in one task when they share a mask head
+    and each still gets a whole number of row groups."""
+    group = num_q_heads // num_kv_heads
+    if (not regime.pack_gqa or group == 1 or mask_heads not in (1, num_kv_heads)
+            or regime.block_m % group or (regime.block_m // group) % ROW_GROUP):
+        return 1
+    return group
 
 
 def head_assignments(batch: int, num_q_heads: int, num_kv_heads: int, heads_per_task: int,
@@ -172,13 +124,6 @@ def launch_keys(cost: Any, group: Any, in_flight: int) -> Any:
     return rank * (1 << 32) + ((1 << 31) - 1 - cost)
 
 
-# The wide step's rule, which the loader passes to bsa_sm90.cu's wide_task (TESSERA_WIDE_SPANS,
-# TESSERA_WIDE_SLACK): tasks of more spans never take it, nor tasks whose keys in wide steps
-# exceed their keys in narrow ones by more than 1 / WIDE_SLACK.
-WIDE_SPANS = 4
-WIDE_SLACK = 32
-
-
 def wide_step_tasks(tasks: np.ndarray, spans: np.ndarray, block_n: int, wide_bn: int
                     ) -> np.ndarray:
     """Which tasks a kernel with a ``wide_bn``-key step (bsa_sm90.cu ``TESSERA_WIDE_BN``) walks
@@ -188,8 +133,9 @@ def wide_step_tasks(tasks: np.ndarray, spans: np.ndarray, block_n: int, wide_bn:
     kernel decides this per task, by the same constants (the loader passes them); this host
     mirror lets tests and statistics see the decision (host arrays in, bool out)."""
     tasks, spans = np.asarray(tasks), np.asarray(spans)
-    begin, end = tasks[:, 4].astype(np.int64), tasks[:, 5].astype(np.int64)
-    length = (spans[:, 1] - spans[:, 0]).astype(np.int64)
+    begin = tasks[:, Task.SPAN_BEGIN].astype(np.int64)
+    end = tasks[:, Task.SPAN_END].astype(np.int64)
+    length = (spans[:, Span.K_END] - spans[:, Span.K_START]).astype(np.int64)
     narrow = -(-length // block_n) * block_n
     wide = -(-length // wide_bn) * wide_bn
     n_sum, w_sum = offsets_from_counts(narrow, np), offsets_from_counts(wide, np)
@@ -297,21 +243,26 @@ def build_task_queue(tiles: PhysicalTiles, *, batch: int, num_q_heads: int, num_
         t_slot = xp.where(t_split, job_slot_off[t_job] + t_part_idx, -1)
 
     i32 = np.int32
-    tasks = xp.stack([t_b, t_h0, tiles.q0[t_tile], tiles.q1[t_tile], part_begin[t_part],
-                      part_end[t_part], t_slot, part_cost[t_part]], axis=1).astype(i32)
+    tasks = stack_fields(Task, {
+        Task.BATCH: t_b, Task.Q_HEAD0: t_h0, Task.Q_START: tiles.q0[t_tile],
+        Task.Q_END: tiles.q1[t_tile], Task.SPAN_BEGIN: part_begin[t_part],
+        Task.SPAN_END: part_end[t_part], Task.SLOT: t_slot, Task.COST: part_cost[t_part]}, xp)
     # The hardware dispatches CTAs roughly in index order (and persistent CTAs take tasks in
     # it): heavy tasks first, then one (batch, head) assignment at a time (launch_keys).
-    order = xp.argsort(launch_keys(tasks[:, 7], t_assign, in_flight), kind="stable")
+    order = xp.argsort(launch_keys(tasks[:, Task.COST], t_assign, in_flight), kind="stable")
     tasks = xp.ascontiguousarray(tasks[order])
 
     if n_jobs:
         j_assign = xp.asarray(bh_off)[tiles.mask_bh[j_tile]] + (xp.arange(n_jobs) - j_off[j_tile])
-        combine = xp.stack([a_b[j_assign], a_h0[j_assign], tiles.q0[j_tile], tiles.q1[j_tile],
-                            job_slot_off[:-1], job_parts], axis=1).astype(i32)
+        combine = stack_fields(Combine, {
+            Combine.BATCH: a_b[j_assign], Combine.Q_HEAD0: a_h0[j_assign],
+            Combine.Q_START: tiles.q0[j_tile], Combine.Q_END: tiles.q1[j_tile],
+            Combine.SLOT_BEGIN: job_slot_off[:-1], Combine.PARTS: job_parts}, xp)
     else:
-        combine = xp.zeros((0, 6), dtype=i32)
-    spans = xp.ascontiguousarray(xp.stack([spans_k0, spans_k1, spans_r0, spans_r1],
-                                          axis=1).astype(i32))
+        combine = xp.zeros((0, len(Combine)), dtype=i32)
+    spans = xp.ascontiguousarray(stack_fields(Span, {
+        Span.K_START: spans_k0, Span.K_END: spans_k1, Span.R_START: spans_r0,
+        Span.R_END: spans_r1}, xp))
     return TaskQueue(tasks=tasks, spans=spans, combine=xp.ascontiguousarray(combine),
                      num_slots=num_slots, heads_per_task=heads_per_task,
                      tile_rows=tiles.tile_rows)

@@ -1,0 +1,168 @@
+"""CUDA-graph capture: memory that lives as long as the graph, and the streams being captured.
+
+A captured request's kernels keep the addresses of everything it allocated (plan buffers, the
+mask's copy, task counters) and write them again at every replay, so that memory must neither
+come from cudaMalloc during the capture (PyTorch captures in the mode that forbids it) nor be
+handed to anyone else afterwards. PyTorch callers get it from torch's allocator, i.e. from the
+graph's private memory pool, which torch keeps for the graph's lifetime; everyone else (CuPy's
+own graph capture) from CuPy's pool, kept until :func:`release_captured_memory`. Constant
+arrays a plan copies from the host (:func:`device_copy`) must exist before a capture: a
+host-to-device copy cannot be captured.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, Iterator
+
+from ._array import cupy_or_none, is_cupy, torch_stream_ptr
+
+_capture = threading.local()
+
+
+_captured_memory: list = []
+
+
+_captured_lock = threading.Lock()
+
+
+def stream_capturing(stream_ptr: int) -> bool:
+    """Whether the CUDA stream ``stream_ptr`` (of the current device) is being captured."""
+    cp = cupy_or_none()
+    return cp is not None and bool(cp.cuda.runtime.streamIsCapturing(stream_ptr))
+
+
+def capturing() -> bool:
+    """Whether this thread is inside :func:`capture_memory` (a request being captured)."""
+    return getattr(_capture, "depth", 0) > 0
+
+
+@contextlib.contextmanager
+def capture_memory(framework: str, device_id: int) -> Iterator[None]:
+    """CuPy allocations of this thread, while a request is captured into a CUDA graph, from
+    memory that outlives the request: the graph's pool for ``framework`` "torch" (allocated on
+    torch's current stream, the one captured), else CuPy memory kept until
+    :func:`release_captured_memory`. Nested uses keep the outermost allocator."""
+    if capturing():
+        _capture.depth += 1
+        try:
+            yield
+        finally:
+            _capture.depth -= 1
+        return
+    cp = cupy_or_none()
+    if framework == "torch":
+        import torch  # noqa: PLC0415 - the caller's own framework, already imported
+
+        def allocate(nbytes: int) -> Any:
+            t = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=f"cuda:{device_id}")
+            mem = cp.cuda.UnownedMemory(t.data_ptr(), nbytes, t, device_id)
+            return cp.cuda.MemoryPointer(mem, 0)
+    else:
+        pool = cp.get_default_memory_pool()
+
+        def allocate(nbytes: int) -> Any:
+            ptr = pool.malloc(nbytes)
+            with _captured_lock:
+                _captured_memory.append(ptr)
+            return ptr
+    _capture.depth = 1
+    try:
+        with cp.cuda.using_allocator(allocate):
+            yield
+    finally:
+        _capture.depth = 0
+
+
+def capture_memory_if(active: bool, framework: str, device_id: int) -> Any:
+    """:func:`capture_memory` while ``active`` (a stream being captured), else a context that
+    does nothing and costs nothing (the request path's case)."""
+    return capture_memory(framework, device_id) if active else _NO_CONTEXT
+
+
+def capture_memory_for(a: Any) -> Any:
+    """For work on ``a`` (a CUDA torch tensor or a CuPy array) while the stream ordering work on
+    it -- torch's or CuPy's current one on its device -- is being captured into a CUDA graph:
+    :func:`capture_memory`, with CuPy working on that stream (a torch tensor's work would go to
+    CuPy's own, which the graph does not capture); else a context that does nothing."""
+    if capturing():
+        return _NO_CONTEXT
+    cp = cupy_or_none()
+    if type(a).__module__.startswith("torch") and bool(getattr(a, "is_cuda", False)):
+
+        device = int(a.device.index)
+        stream = torch_stream_ptr(device)
+        if not stream_capturing(stream):
+            return _NO_CONTEXT
+        return _on_stream_capturing("torch", device, stream)
+    if is_cupy(a):
+        device = int(a.device.id)
+        with a.device:
+            stream = int(cp.cuda.get_current_stream().ptr)
+        return capture_memory_if(stream_capturing(stream), "cupy", device)
+    return _NO_CONTEXT
+
+
+@contextlib.contextmanager
+def _on_stream_capturing(framework: str, device: int, stream: int) -> Iterator[None]:
+    """CuPy's current device and stream set to the captured ``stream``, memory for the graph."""
+    cp = cupy_or_none()
+    with cp.cuda.Device(device), cupy_external_stream(stream, device), \
+            capture_memory(framework, device):
+        yield
+
+
+class _RawStream:
+    """A raw stream pointer in the CUDA stream protocol, which ``Stream.from_external`` reads."""
+
+    def __init__(self, ptr: int) -> None:
+        self.ptr = ptr
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.ptr)
+
+
+def cupy_external_stream(ptr: int, device_id: int) -> Any:
+    """A CuPy stream object for another framework's raw CUDA stream ``ptr`` on ``device_id``
+    (owning nothing; usable as a context manager)."""
+    cp = cupy_or_none()
+    if hasattr(cp.cuda.Stream, "from_external"):  # CuPy 14 deprecates ExternalStream for it
+        with cp.cuda.Device(device_id):  # the stream belongs to that device
+            return cp.cuda.Stream.from_external(_RawStream(ptr))
+    return cp.cuda.ExternalStream(ptr, device_id)
+
+
+_NO_CONTEXT = contextlib.nullcontext()
+
+
+def release_captured_memory() -> int:
+    """Give back the CuPy memory that requests captured outside PyTorch (CuPy's own graph
+    capture) kept for their graphs; call it once no such graph will be launched again. Returns
+    the bytes released. (PyTorch's graphs hold theirs in their own memory pools.)"""
+    with _captured_lock:
+        released = sum(int(p.mem.size) for p in _captured_memory)
+        _captured_memory.clear()
+    return released
+
+
+_DEVICE_COPIES: dict = {}
+
+
+def device_copy(key: tuple, make: Any, xp) -> Any:
+    """``make()`` (host arrays put on the device), made once per ``key`` and current device: a
+    copy from pageable host memory may wait for the stream, so requests reuse the first one.
+    Inside :func:`capture_memory` a missing copy is an error: a host-to-device copy cannot be
+    captured into a CUDA graph, and one made there would live in the graph's memory."""
+    key = (xp.cuda.Device().id, *key)
+    got = _DEVICE_COPIES.get(key)
+    if got is None:
+        if capturing():
+            raise RuntimeError(
+                "a CUDA graph is being captured and this mask geometry and attention shape "
+                "have not run outside a capture yet: run the same request once before capturing "
+                "(a warm-up), so that its constant arrays are on the GPU")
+        if len(_DEVICE_COPIES) > 128:
+            _DEVICE_COPIES.clear()
+        got = _DEVICE_COPIES[key] = make()
+    return got

@@ -1,0 +1,102 @@
+"""Facts about the GPUs: compute capability, multiprocessors, shared-memory limits, names.
+
+The one place that asks the driver (through CuPy) about a device; every answer is cached per
+device, and every function answers something sensible without a GPU or without CuPy.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from .. import _array
+
+__all__ = ["device_cc", "device_arch", "device_sm_count", "current_gpu_name",
+           "smem_limit_bytes", "SMEM_LIMIT_KIB", "SM90_SMEM_PER_SM", "SM90_SMEM_RESERVED"]
+
+# Shared memory of one sm_90 SM, and what the driver reserves per resident CTA (CUDA
+# programming guide, "Technical specifications" and "Shared memory"): two CTAs fit when
+# 2 x (dynamic + reserved) is at most the SM's.
+SM90_SMEM_PER_SM = 228 * 1024
+
+
+SM90_SMEM_RESERVED = 1024
+
+
+# Largest dynamic shared memory one CTA may use, in KiB, per compute capability (CUDA
+# programming guide, "Technical specifications"). Unknown architectures get the smallest.
+SMEM_LIMIT_KIB = {80: 163, 87: 163, 90: 227, 100: 227, 103: 227, 86: 99, 89: 99, 120: 99,
+                  121: 99}
+
+
+_SMEM_FALLBACK_KIB = 99
+
+
+def smem_limit_bytes(arch: int | None) -> int:
+    """Dynamic shared memory per CTA on compute capability ``arch`` (None: the smallest, 99 KiB)."""
+    return SMEM_LIMIT_KIB.get(arch, _SMEM_FALLBACK_KIB) * 1024  # type: ignore[arg-type]
+
+
+_gpu_names: dict[int, str | None] = {}
+
+
+_device_archs: dict[int, int] = {}
+
+
+_device_sms: dict[int, int] = {}
+
+
+def _current_device_id() -> int | None:
+    cp = _array.cupy_or_none()
+    if cp is None:
+        return None
+    try:
+        return int(cp.cuda.runtime.getDevice())
+    except Exception:
+        return None
+
+
+def _per_device(cache: dict[int, Any], read: Callable[[Any, int], Any], missing: Any) -> Any:
+    """``read(cupy, device)`` for the current device, cached per device; ``missing`` without a
+    GPU or when reading raises (not cached: the next call tries again)."""
+    dev = _current_device_id()
+    if dev is None:
+        return missing
+    if dev not in cache:
+        try:
+            cache[dev] = read(_array.cupy_or_none(), dev)
+        except Exception:
+            return missing
+    return cache[dev]
+
+
+def current_gpu_name() -> str | None:
+    """The current CUDA device's name (e.g. ``"NVIDIA H200"``), or None without a GPU."""
+    def read(cp: Any, dev: int) -> str | None:
+        try:
+            name = cp.cuda.runtime.getDeviceProperties(dev)["name"]
+            return name.decode() if isinstance(name, bytes) else str(name)
+        except Exception:
+            return None  # remembered: the name is only shown and recorded
+
+    return _per_device(_gpu_names, read, None)
+
+
+def device_arch() -> int | None:
+    """Compute capability of the current device (cached per device), None without one."""
+    return _per_device(_device_archs,
+                       lambda cp, dev: int(cp.cuda.Device(dev).compute_capability), None)
+
+
+def device_sm_count() -> int:
+    """Multiprocessors of the current device (cached per device), 0 without one."""
+    return _per_device(_device_sms, lambda cp, dev: int(
+        cp.cuda.Device(dev).attributes["MultiProcessorCount"]), 0)
+
+
+def device_cc() -> int:
+    """Compute capability of the current CUDA device as an int (e.g. 90)."""
+    cp = _array.cupy_or_none()
+    if cp is None:
+        raise RuntimeError("CuPy is not installed: install Tessera with the CUDA extras "
+                           "(pip install 'tessera[cuda13]' or 'tessera[cuda12]')")
+    return int(cp.cuda.Device().compute_capability)

@@ -1,0 +1,165 @@
+"""Kernel variants: which ``.cu`` source, entry point and macro values one compiled kernel has,
+and what it needs to launch (threads, dynamic shared memory, persistence).
+
+Pure arithmetic on the variant's values, no CuPy: the regime layer names variants and checks
+their shared memory on machines without a GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .device import SM90_SMEM_PER_SM, SM90_SMEM_RESERVED, smem_limit_bytes
+
+__all__ = ["Variant", "smem_bytes", "ROW_GROUP", "WIDE_BN", "WIDE_SPANS", "WIDE_SLACK"]
+
+# The wide key step of the sm90 TMA variants that have one (bsa_sm90.cu TESSERA_WIDE_BN).
+WIDE_BN = 192
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One compiled configuration of a kernel source.
+
+    ``kernel`` names the entry point; ``source`` the ``.cu`` file; ``macros`` the variant values
+    (passed as ``-DTESSERA_<NAME>=<value>``).
+    """
+
+    source: str
+    kernel: str
+    macros: tuple[tuple[str, int], ...] = field(default_factory=tuple)
+
+    @classmethod
+    def bsa_sm80(cls, *, block_m: int, block_n: int, head_dim: int, num_warps: int, stages: int,
+                 bf16: bool, min_blocks: int = 1) -> "Variant":
+        mt = block_m // (16 * num_warps)
+        return cls("bsa_sm80.cu", "bsa_fwd_sm80", (
+            ("BM", block_m), ("BN", block_n), ("D", head_dim), ("WARPS", num_warps), ("MT", mt),
+            ("STAGES", stages), ("MIN_BLOCKS", min_blocks), ("BF16", int(bf16))))
+
+    @classmethod
+    def bsa_sm90(cls, *, block_m: int, block_n: int, head_dim: int, stages: int,
+                 bf16: bool, producer: bool = False, pack_keys: bool = False,
+                 tma: bool = False, wide: bool = False) -> "Variant":
+        """The Hopper family (sm_90a only): 64 rows per consumer warpgroup, plus a producer
+        warpgroup that does all copies when ``producer`` -- then with two Q buffers where they
+        fit the sm_90 shared-memory limit (all but 128-row tiles with 128-key steps at head dim
+        128), so the next task's Q loads while the current task computes. 64-row producer
+        variants split their registers for two CTAs an SM where their shared memory fits (64x64
+        at every head dim, 64x128 at head dim 64): one CTA would hold the whole register file
+        for a single consumer warpgroup. ``pack_keys``: the packed key walk
+        (Regime.pack_keys). ``tma``: the producer copies K/V chunks by TMA (producer variants of
+        the span-by-span walk only; the launch passes tensor maps). ``wide``
+        (Regime.wide_steps): the TMA variant of 128x128 tiles at head dim 64 steps 192 keys at
+        a time through tasks of a few long spans (``WIDE_BN``, by the rule of
+        tasks.wide_step_tasks; see bsa_sm90.cu); other variants have no wide step and ignore
+        it."""
+        if tma and (not producer or pack_keys):
+            raise ValueError("TMA copies are the producer's, for the span-by-span walk")
+        wide = wide and tma and (block_m, block_n, head_dim) == (128, 128, 64)
+        macros = (("BM", block_m), ("BN", block_n), ("D", head_dim), ("STAGES", stages),
+                  ("BF16", int(bf16))) + ((("PACK_KEYS", 1),) if pack_keys else ()) + (
+                  (("TMA", 1),) if tma else ()) + (
+                  (("WIDE_BN", WIDE_BN), ("WIDE_SPANS", WIDE_SPANS), ("WIDE_SLACK", WIDE_SLACK))
+                  if wide else ())
+        if not producer:
+            return cls("bsa_sm90.cu", "bsa_fwd_sm90", macros)
+        def ws(q_buffers: int, min_blocks: int, aligned: bool = False) -> "Variant":
+            return cls("bsa_sm90.cu", "bsa_fwd_sm90", macros + (("PRODUCER", 1),) + (
+                (("Q_BUFFERS", 2),) if q_buffers == 2 else ()) + (
+                (("MIN_BLOCKS", min_blocks),) if min_blocks > 1 else ()) + (
+                (("SMEM_ALIGNED", 1),) if aligned else ()))
+
+        if block_m == 64:
+            # Two CTAs an SM: with two Q buffers where they fit (64-key steps at head dims 64,
+            # 96; 128-key steps at head dim 64 without the alignment slack), else with one and
+            # no slack (64-key steps at head dim 128, 160 bytes over with the slack). (The
+            # cp.async producer of 128-key steps spilled under that budget until the sixteenth
+            # session's walk changes; CI's compile test keeps every variant spill-free.)
+            for v in (ws(2, 2), ws(2, 2, aligned=True), ws(1, 2, aligned=True)):
+                if 2 * (smem_bytes(v) + SM90_SMEM_RESERVED) <= SM90_SMEM_PER_SM:
+                    return v
+        two = ws(2, 1)
+        return two if smem_bytes(two) <= smem_limit_bytes(90) else ws(1, 1)
+
+    @property
+    def tma(self) -> bool:
+        """Whether the kernel reads K/V by TMA (its launch must pass the tensor maps)."""
+        return bool(dict(self.macros).get("TMA"))
+
+    @property
+    def kv_rows(self) -> int:
+        """Keys a K/V stage holds: the widest step (``WIDE_BN`` where the variant has one)."""
+        return dict(self.macros).get("WIDE_BN") or self.macro("BN")
+
+    @property
+    def kv_box_rows(self) -> int:
+        """Rows of the K and V tensor maps' boxes (TMA variants): a step's width, or 64 where
+        steps of two widths are copied as several boxes."""
+        return 64 if dict(self.macros).get("WIDE_BN") else self.macro("BN")
+
+    @property
+    def min_blocks(self) -> int:
+        """CTAs per SM the variant's register budget is set for (``__launch_bounds__``)."""
+        return dict(self.macros).get("MIN_BLOCKS", 1)
+
+    @property
+    def threads(self) -> int:
+        """Threads per CTA of a block-sparse attention variant."""
+        if self.source == "bsa_sm90.cu":
+            return (self.macro("BM") // 64 + dict(self.macros).get("PRODUCER", 0)) * 128
+        return self.macro("WARPS") * 32
+
+    @property
+    def persistent(self) -> bool:
+        """Whether a CTA runs a sequence of tasks (grid of at most the CTAs the GPU holds at
+        once) rather than one: the warp-specialized sm90 variant."""
+        return self.source == "bsa_sm90.cu" and bool(dict(self.macros).get("PRODUCER"))
+
+    @classmethod
+    def combine(cls, *, bf16: bool) -> "Variant":
+        return cls("combine.cu", "bsa_combine", (("BF16", int(bf16)),))
+
+    def macro(self, name: str) -> int:
+        return dict(self.macros)[name]
+
+    @property
+    def label(self) -> str:
+        """Names the compiled module: the source and macro values (a module may hold several
+        kernels, e.g. the planner's; each compiles once)."""
+        return Path(self.source).stem + "".join(f"_{k.lower()}{v}" for k, v in self.macros)
+
+
+@functools.lru_cache(maxsize=256)  # asked on every launch
+def smem_bytes(v: Variant) -> int:
+    """Dynamic shared memory of a block-sparse attention variant (mirrors the formulas in
+    bsa_sm80.cu and bsa_sm90.cu); 0 for other kernels."""
+    if v.source == "bsa_sm80.cu":
+        lds = v.macro("D") + 8
+        return 2 * lds * (v.macro("BM") + v.macro("STAGES") * 2 * v.macro("BN"))
+    if v.source == "bsa_sm90.cu":  # tiles unpadded (swizzled), plus 1 KiB to align them
+        d, stages = v.macro("D"), v.macro("STAGES")
+        macros = dict(v.macros)
+        q_bufs = macros.get("Q_BUFFERS", 1)
+        # producer: full/empty per stage and per Q buffer, four task-index words
+        barriers = 8 * (2 * stages + 2 * q_bufs + 2) if macros.get("PRODUCER") else 0
+        align = 0 if macros.get("SMEM_ALIGNED") else 1024
+        return align + 2 * d * (q_bufs * v.macro("BM") + stages * 2 * v.kv_rows) + barriers
+    return 0
+
+
+# The wide step's rule, which the loader passes to bsa_sm90.cu's wide_task (TESSERA_WIDE_SPANS,
+# TESSERA_WIDE_SLACK): tasks of more spans never take it, nor tasks whose keys in wide steps
+# exceed their keys in narrow ones by more than 1 / WIDE_SLACK.
+WIDE_SPANS = 4
+
+
+WIDE_SLACK = 32
+
+
+# Rows one warp owns in every kernel family (the M of one mma.sync / a quarter of a wgmma M=64).
+# Row groups with no valid row may skip their matrix work (the portable kernel skips per warp of
+# 16 or 32 rows), so stats count computed pairs per group: an approximation of what runs.
+ROW_GROUP = 16

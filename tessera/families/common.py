@@ -1,0 +1,198 @@
+"""Pieces the mask families share: argument checks, block bounds, text-token blocks, top-p rows."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from .._array import array_module
+from ..interop import as_array
+from ..mask import BlockMask
+
+Latent = tuple[int, int, int]
+
+
+def with_text_identity(perm: np.ndarray | None, text_tokens: int) -> np.ndarray | None:
+    """Extend a video permutation by the identity over the text tokens that follow."""
+    if perm is None or text_tokens == 0:
+        return perm
+    n = perm.size
+    return np.concatenate([perm, np.arange(n, n + text_tokens, dtype=np.int64)])
+
+
+def check_latent(latent: Sequence[int]) -> Latent:
+    lat = tuple(int(x) for x in latent)
+    if len(lat) != 3 or any(x <= 0 for x in lat):
+        raise ValueError(f"latent must be three positive ints (t, h, w), got {latent!r}")
+    return lat  # type: ignore[return-value]
+
+
+def check_triple(v: Sequence[int], name: str) -> tuple[int, int, int]:
+    try:
+        t = tuple(int(x) for x in v)
+    except TypeError:
+        raise TypeError(f"{name} must be three positive ints, got {v!r}") from None
+    if len(t) != 3 or any(x <= 0 for x in t):
+        raise ValueError(f"{name} must be three positive ints, got {v!r}")
+    return t  # type: ignore[return-value]
+
+
+def bounds_from_sizes(sizes: np.ndarray) -> np.ndarray:
+    return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+
+
+def uniform_bounds(n: int, block: int) -> np.ndarray:
+    if not isinstance(block, (int, np.integer)) or block <= 0:
+        raise ValueError(f"block must be a positive int, got {block!r}")
+    nb = -(-n // block)
+    return np.minimum(np.arange(nb + 1, dtype=np.int64) * block, n)
+
+
+def mark_ranges(n_rows: int, n_cols: int, rows: np.ndarray, lo: np.ndarray,
+                 hi: np.ndarray) -> np.ndarray:
+    """Bool ``[n_rows, n_cols]`` with ``[lo, hi]`` (inclusive) set in each listed row.
+
+    Intervals may overlap and repeat; empty ones (``hi < lo``) are ignored. A difference array
+    built with ``bincount`` then a running sum: linear in the matrix and interval counts.
+    """
+    rows, lo, hi = (np.asarray(a, dtype=np.int64).reshape(-1) for a in (rows, lo, hi))
+    keep = hi >= lo
+    rows, lo, hi = rows[keep], lo[keep], hi[keep]
+    width = n_cols + 1
+    size = n_rows * width
+    diff = (np.bincount(rows * width + lo, minlength=size)
+            - np.bincount(rows * width + hi + 1, minlength=size))
+    return np.cumsum(diff.reshape(n_rows, width), axis=1)[:, :n_cols] > 0
+
+
+def frame_segments(bounds: np.ndarray, frame: int) -> tuple[np.ndarray, ...]:
+    """Split each block ``[bounds[i], bounds[i+1])`` of frame-major tokens at frame edges.
+
+    Returns ``(block, frame_index, start, stop)`` per segment, ``start``/``stop`` the token range
+    inside that frame (``0 <= start < stop <= frame``).
+    """
+    a, b = bounds[:-1], bounds[1:]
+    f_lo, f_hi = a // frame, (b - 1) // frame
+    n_seg = f_hi - f_lo + 1
+    blk = np.repeat(np.arange(a.size, dtype=np.int64), n_seg)
+    first = np.repeat(np.cumsum(n_seg) - n_seg, n_seg)
+    f = f_lo[blk] + (np.arange(blk.size, dtype=np.int64) - first)
+    start = np.maximum(a[blk], f * frame) - f * frame
+    stop = np.minimum(b[blk], (f + 1) * frame) - f * frame
+    return blk, f, start, stop
+
+
+def text_counts(text_tokens: int, text_valid: int | None) -> tuple[int, int]:
+    text_tokens = int(text_tokens)
+    if text_tokens < 0:
+        raise ValueError(f"text_tokens must be >= 0, got {text_tokens}")
+    valid = text_tokens if text_valid is None else int(text_valid)
+    if not 0 <= valid <= text_tokens:
+        raise ValueError(f"text_valid must be in [0, text_tokens={text_tokens}], got {text_valid}")
+    return valid, text_tokens - valid
+
+
+def with_text(video: Any, q_bounds: np.ndarray, kv_bounds: np.ndarray, text_tokens: int,
+               text_valid: int | None) -> tuple[Any, np.ndarray, np.ndarray]:
+    """Append the text blocks (see the module docstring) to a video block mask ``[..., nQ, nK]``.
+
+    Returns ``(mask, q_bounds, kv_bounds)`` over the whole sequence; ``mask`` stays in the
+    array module of ``video``.
+    """
+    valid, pad = text_counts(text_tokens, text_valid)
+    if valid == 0 and pad == 0:
+        return video, q_bounds, kv_bounds
+    xp = array_module(video)
+    sizes = [s for s in (valid, pad) if s]
+    n_t = len(sizes)
+    nq, nk = video.shape[-2], video.shape[-1]
+    out = xp.zeros((*video.shape[:-2], nq + n_t, nk + n_t), dtype=bool)
+    out[..., :nq, :nk] = video
+    if valid:
+        out[..., :nq, nk] = True        # every video row sees the valid text block
+        out[..., nq, :nk + 1] = True    # valid text rows: all video + valid text
+    if pad:
+        out[..., nq + n_t - 1, nk + n_t - 1] = True  # padding sees only padding
+    qb = np.concatenate([q_bounds, q_bounds[-1] + np.cumsum(sizes)]).astype(np.int64)
+    kb = np.concatenate([kv_bounds, kv_bounds[-1] + np.cumsum(sizes)]).astype(np.int64)
+    return out, qb, kb
+
+
+def finish(video: Any, q_bounds: np.ndarray, kv_bounds: np.ndarray, text_tokens: int,
+            text_valid: int | None) -> BlockMask:
+    dense, qb, kb = with_text(video, q_bounds, kv_bounds, text_tokens, text_valid)
+    if dense.ndim == 3 and dense.shape[0] == 1:
+        dense = dense[0]
+    return BlockMask.from_dense(dense, q_bounds=qb, kv_bounds=kb)
+
+
+def per_head(value: Any, is_single) -> tuple[list, bool]:
+    """``([values], single)``: a single value, or a non-empty list of per-head values."""
+    if is_single(value):
+        return [value], True
+    vals = list(value)
+    if not vals:
+        raise ValueError("a per-head list must not be empty")
+    return vals, False
+
+
+def is_int(x: Any) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+
+# ---------------------------------------------------------------------------- q/k helpers
+def as_bhld(x: Any, name: str) -> Any:
+    a = as_array(x, name)
+    if a.ndim == 3:
+        a = a[None]
+    if a.ndim != 4:
+        raise ValueError(f"{name} must be [B, H, L, D] or [H, L, D], got shape {tuple(a.shape)}")
+    return a
+
+
+def check_qk(q: Any, k: Any, n_tokens: int | None) -> tuple[Any, Any, Any]:
+    q, k = as_bhld(q, "q"), as_bhld(k, "k")
+    xp = array_module(q, k)
+    if xp is not np:
+        q, k = xp.asarray(q), xp.asarray(k)
+    B, Hq, L, D = q.shape
+    Bk, Hk, Lk, Dk = k.shape
+    if (Bk, Lk, Dk) != (B, L, D):
+        raise ValueError(f"k shape {tuple(k.shape)} does not match q shape {tuple(q.shape)} "
+                         "(batch, length and head dim must agree)")
+    if Hq % Hk:
+        raise ValueError(f"q heads {Hq} must be a multiple of k heads {Hk}")
+    if n_tokens is not None and L != n_tokens:
+        raise ValueError(f"q/k have {L} tokens; expected {n_tokens} (video + text)")
+    if Hk != Hq:
+        k = xp.repeat(k, Hq // Hk, axis=1)
+    return q, k, xp
+
+
+def sorted_keep(order: Any, keep_sorted: Any, shape: tuple[int, ...], xp) -> Any:
+    """Scatter a keep flag given in sorted order (``order`` per row) back to a bool ``shape``."""
+    n_rows = int(np.prod(shape[:-1]))
+    n = shape[-1]
+    base = (xp.arange(n_rows, dtype=np.int64) * n).reshape(*shape[:-1], 1)
+    flat = (base + order)[keep_sorted]
+    out = xp.zeros(n_rows * n, dtype=bool)
+    out[flat] = True
+    return out.reshape(shape)
+
+
+def top_p_rows(logits: Any, top_p: float, min_keep: int, xp) -> Any:
+    """Per row, the smallest set of largest-probability entries with softmax mass >= top_p.
+
+    At least ``min_keep`` entries (and at least one) are kept. ``logits`` ``[..., n]``.
+    """
+    x = logits.astype(np.float64)
+    x = x - x.max(axis=-1, keepdims=True)
+    p = xp.exp(x)
+    p /= p.sum(axis=-1, keepdims=True)
+    order = xp.argsort(-p, axis=-1)
+    ps = xp.take_along_axis(p, order, axis=-1)
+    before = xp.cumsum(ps, axis=-1) - ps          # mass of the entries ranked above
+    rank = xp.arange(p.shape[-1])
+    keep = (before < top_p) | (rank < max(min_keep, 1))
+    return sorted_keep(order, keep, p.shape, xp)

@@ -1,0 +1,313 @@
+"""Running a plan on the GPU: the caller's stream, the plan's device state (its queue on each
+device, task counters, kernel arguments), TMA tensor maps, the persistent grid, the attention
+kernel and the combine step.
+
+A plan reaches this module through :func:`run_plan` (``Plan.run``) or :func:`run`
+(``tessera.attention``, operands already described); it only reads a plan's fields, so the
+runtime's planning layer sits above it.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ._array import cupy_or_none
+from .capture import capture_memory_if, capturing, cupy_external_stream, stream_capturing
+from .cuda import tma
+from .cuda.device import device_cc, device_sm_count, smem_limit_bytes
+from .cuda.loader import blocks_per_sm, load_kernel
+from .cuda.variants import Variant, smem_bytes
+from .interop import empty_like_caller
+from .operands import Operands, Outputs, bhld_view, check_mask, check_scale, describe, \
+    describe_outputs
+from .settings import config
+
+if TYPE_CHECKING:  # annotations only: plans are made a layer above
+    from .runtime.plan import Plan
+
+__all__ = ["LaunchState", "DeviceQueue", "run_plan", "run", "caller_stream"]
+
+_LOG2E = 1.4426950408889634
+
+
+@dataclass
+class DeviceQueue:
+    """A plan's task queue and split-KV workspace on one device (a host plan may run on several
+    GPUs): what the kernels' pointer arguments address. A plan without split tasks (most) has
+    no workspace: ``part_o``/``part_lse`` are null pointers then."""
+
+    tasks: Any
+    spans: Any
+    combine: Any
+    part_o: Any
+    part_lse: Any
+
+
+@dataclass
+class LaunchState:
+    """The device state a plan's launches keep between runs, owned by the plan.
+
+    Attributes:
+        ready: CUDA event recorded where the planner's work was enqueued (device plans; None
+            for a host plan), which runs on another stream wait for on the device.
+        ready_on: streams already ordered after ``ready`` (their later work stays ordered).
+        queues: per device id, the queue copied there (:class:`DeviceQueue`).
+        task_counters: per stream, the counter a persistent kernel takes tasks from.
+        kernel_args: per scale, the attention kernel's last arguments (made once).
+    """
+
+    ready: Any = None
+    ready_on: set[int] = field(default_factory=set)
+    queues: dict[int, DeviceQueue] = field(default_factory=dict)
+    task_counters: dict[int, Any] = field(default_factory=dict)
+    kernel_args: dict[float, tuple] = field(default_factory=dict)
+
+    def record_planned(self, xp: Any) -> None:
+        """Note where the planner's work was enqueued (CuPy's current stream): runs on another
+        stream wait for this event on the device (no host synchronization); runs on this one
+        are ordered after it already. A replan records the same event again: a wait enqueued
+        later waits for the new planner work, one enqueued earlier for what was recorded then."""
+        if xp is np:
+            return
+        if self.ready is None:
+            self.ready = xp.cuda.Event(disable_timing=True)
+        self.ready.record()
+        self.ready_on = {xp.cuda.get_current_stream().ptr}
+
+
+def run_plan(p: "Plan", q: Any, k: Any, v: Any, *, scale: float | None = None,
+             return_lse: bool = False, out: Any = None, lse: Any = None):
+    """Run a plan on the GPU (``Plan.run``); q/k/v must match the shapes it was planned for.
+
+    ``out`` (same dtype and layout as q, last dim contiguous) and ``lse`` (float32
+    ``[B, Hq, Lq]``, contiguous) are written in place when given, so a run allocates nothing
+    after the plan's first run on the stream; they are returned as given. A run may be
+    captured into a CUDA graph (what it allocates then is the graph's); a host-planned plan
+    must have run on the GPU once before.
+    """
+    check_scale(scale)
+    ops = describe(q, k, v, p.layout)
+    b, hq, lq, d = ops.shape_q
+    _, hkv, lkv, _ = ops.shape_kv
+    if (b, hq, hkv, d) != (p.batch, p.num_q_heads, p.num_kv_heads, p.head_dim):
+        raise ValueError(f"q/k shapes (B={b}, Hq={hq}, Hkv={hkv}, D={d}) differ from the plan's "
+                         f"(B={p.batch}, Hq={p.num_q_heads}, Hkv={p.num_kv_heads}, "
+                         f"D={p.head_dim})")
+    if ops.q.dtype != p.dtype:
+        raise TypeError(f"q dtype {ops.q.dtype} differs from the plan's {p.dtype}")
+    check_mask(p.mask, b, hq, hkv, lq, lkv)
+    if p.mask.on_device and p.mask.device_id != ops.q.device_id:
+        raise ValueError(f"the plan lives on device {p.mask.device_id} but q is on "
+                         f"{ops.q.device_id}")
+    given = describe_outputs(ops, p.layout, out, lse)
+    # q's device current throughout: its architecture, the kernels loaded there, its SMs. A run
+    # captured into a CUDA graph allocates (a task counter for a new stream, outputs not given)
+    # from memory the graph keeps, as a captured request does.
+    with cupy_or_none().cuda.Device(ops.q.device_id), \
+            capture_memory_if(stream_capturing(ops.stream_ptr), ops.q.framework,
+                              ops.q.device_id):
+        return run(p, ops, scale, return_lse or lse is not None, given)
+
+
+_streams: dict[tuple[int, int], Any] = {}
+
+
+def caller_stream(ops: Operands) -> Any:
+    """The caller's current stream as a CuPy stream (usable as a context manager); the wrapper
+    of a (device, stream) is made once (it owns nothing: a stream made later at the same
+    address is the same stream to it)."""
+    cp = cupy_or_none()
+    ptr = ops.stream_ptr
+    if not ptr:
+        return cp.cuda.Stream.null
+    key = (ops.q.device_id, ptr)
+    stream = _streams.get(key)
+    if stream is None:
+        if len(_streams) > 256:
+            _streams.clear()
+        stream = _streams[key] = cupy_external_stream(ptr, ops.q.device_id)
+    return stream
+
+
+def _device_queue(p: "Plan", cp: Any) -> DeviceQueue:
+    """The plan's launch queue and workspace on the current device (copied/allocated once per
+    plan and device)."""
+    state = p.launch_state
+    device = cp.cuda.Device().id
+    got = state.queues.get(device)
+    if got is None:
+        if capturing() and not p.mask.on_device:  # a host-to-device copy cannot be captured
+            raise RuntimeError("a CUDA graph is being captured and this host-planned plan has "
+                               "not run on this GPU yet: run it once before capturing")
+        q = p.launch_queue
+        n_o, n_l = p.workspace_elements
+        got = state.queues[device] = DeviceQueue(
+            tasks=cp.ascontiguousarray(cp.asarray(q.tasks, dtype=cp.int32)),
+            spans=cp.ascontiguousarray(cp.asarray(q.spans, dtype=cp.int32)),
+            combine=cp.ascontiguousarray(cp.asarray(q.combine, dtype=cp.int32)),
+            part_o=cp.empty(n_o, dtype=cp.float32) if n_o else np.uint64(0),
+            part_lse=cp.empty(n_l, dtype=cp.float32) if n_l else np.uint64(0))
+    return got
+
+
+def _wait_until_planned(p: "Plan", stream: Any) -> None:
+    """Order ``stream`` after the device planner's work for ``p`` (no host synchronization).
+    Once per stream: its later work stays ordered after it, so repeated runs -- and a CUDA
+    graph captured on a stream the plan already ran on -- make no event calls."""
+    state = p.launch_state
+    if state.ready is None:  # a host-built plan
+        return
+    if stream.ptr not in state.ready_on:
+        stream.wait_event(state.ready)
+        state.ready_on.add(stream.ptr)
+
+
+def _task_counter(p: "Plan", cp: Any, stream: Any) -> Any:
+    """The counter a persistent kernel takes ``p``'s tasks from: zeroed once when made, and left
+    zero by every launch (the kernel's last ticket resets it, bsa_sm90.cu), so a reused plan's
+    run enqueues no memset (a new plan's first run still makes one). One per (plan, stream):
+    runs on one stream execute in order and may share it, runs on different streams never do,
+    and a run allocates nothing after its first on a stream (CUDA-graph capture then records
+    the launch alone, and each replay leaves the counter zero for the next)."""
+    counters = p.launch_state.task_counters
+    counter = counters.get(stream.ptr)
+    if counter is None:
+        counter = counters[stream.ptr] = cp.zeros(1, dtype=np.int32)
+    return counter
+
+
+_NO_MAPS = np.zeros((), dtype=tma.MAPS_DTYPE)[()]  # the kernels' TmaMaps of a cp.async launch
+
+
+def _tma_maps(p: "Plan", ops: Operands, bf16: bool):
+    """The tensor maps of q, k and v for a TMA launch of ``p``, or None when TMA cannot read
+    them (strides, alignment, no driver support): the launch then copies by cp.async."""
+    return _encoded_maps((ops.q.ptr, ops.shape_q, tuple(ops.strides_q)),
+                         (ops.k.ptr, ops.shape_kv, tuple(ops.strides_k)),
+                         (ops.v.ptr, ops.shape_kv, tuple(ops.strides_v)), bf16,
+                         p.launch_queue.tile_rows, p.launch_queue.heads_per_task,
+                         p.regime.variant(ops.shape_q[3], bf16, tma=True).kv_box_rows)
+
+
+@functools.lru_cache(maxsize=64)  # a model's layers reuse their buffers: encode once each
+def _encoded_maps(q: tuple, k: tuple, v: tuple, bf16: bool, tile_rows: int, heads: int,
+                  kv_rows: int):
+    try:
+        return tma.launch_maps(q, k, v, bf16=bf16, tile_rows=tile_rows, heads_per_task=heads,
+                               block_n=kv_rows)
+    except tma.TensorMapError:
+        return None
+
+
+@functools.lru_cache(maxsize=1024)  # a model's few strides, on every launch
+def _int64s(values: tuple[int, ...]) -> tuple[np.int64, ...]:
+    """Kernel arguments of int64 values (numpy scalars: ~0.3 us each to make)."""
+    return tuple(np.int64(x) for x in values)
+
+
+def _plan_args(p: "Plan", scale: float) -> tuple:
+    """The attention kernels' last arguments, the plan's own and the scale's (made once per
+    plan and scale)."""
+    cached = p.launch_state.kernel_args
+    got = cached.get(scale)
+    if got is None:
+        launch = p.launch_queue
+        got = cached[scale] = (
+            np.int32(launch.tile_rows), np.int32(p.num_q_heads // p.num_kv_heads),
+            np.float32(scale * _LOG2E), np.int32(launch.num_tasks),
+            np.uint64(0 if launch.count is None else launch.count.data.ptr))
+    return got
+
+
+@functools.lru_cache(maxsize=256)
+def _resident_ctas(fwd: Variant, device_id: int) -> int:
+    """CTAs of ``fwd`` the GPU ``device_id`` (the current one) holds at once: a persistent
+    kernel's largest grid."""
+    return max(1, blocks_per_sm(fwd) * device_sm_count())
+
+
+def run(p: "Plan", ops: Operands, scale: float | None, return_lse: bool,
+        given: Outputs | None = None):
+    """Launch ``p``'s kernels on q's device (current) and the caller's stream; returns the
+    caller's outputs (and the LSE with ``return_lse``)."""
+    cp = cupy_or_none()
+    b, hq, lq, d = ops.shape_q
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    bf16 = ops.q.dtype == "bfloat16"
+    r = p.regime
+    cc = device_cc()
+    if not r.runs_on(cc):
+        raise ValueError(f"regime {r.name} runs on sm_90 GPUs only; this device is sm_{cc}")
+    maps = _tma_maps(p, ops, bf16) if config.use_tma and r.tma_capable else None
+    fwd = r.variant(ops.shape_q[3], bf16, tma=maps is not None)
+    if maps is None:
+        maps = _NO_MAPS
+    limit = smem_limit_bytes(cc)
+    if smem_bytes(fwd) > limit:  # the launch would fail with a bare driver error
+        raise ValueError(f"regime {r.name} needs {smem_bytes(fwd)} bytes of shared memory at head "
+                         f"dim {d}; sm_{cc} allows {limit} per block")
+    stream = caller_stream(ops)
+    given = given or Outputs()
+    with stream:  # CuPy work below goes on that stream too
+        _wait_until_planned(p, stream)
+        queue = _device_queue(p, cp)
+        out_shape = (b, hq, lq, d) if p.layout == "bhld" else (b, lq, hq, d)
+        if given.out is not None:
+            out_desc, out_obj = given.out
+            finish_out = lambda stream: out_obj  # noqa: E731
+        else:
+            out_desc, finish_out = empty_like_caller(ops.q, out_shape, ops.q.dtype)
+        o_str = bhld_view(out_desc, p.layout, "out")[1]
+        lse_desc = finish_lse = None
+        if given.lse is not None:
+            lse_desc, lse_obj = given.lse
+            finish_lse = lambda stream: lse_obj  # noqa: E731
+        elif return_lse:
+            lse_desc, finish_lse = empty_like_caller(ops.q, (b, hq, lq), "float32")
+        lse_ptr = lse_desc.ptr if lse_desc else 0
+        if config.poison_outputs:  # only what this call allocated (given ones may be strided)
+            for desc in (None if given.out is not None else out_desc,
+                         None if given.lse is not None else lse_desc):
+                if desc is not None:
+                    n = int(np.prod(desc.shape)) * desc.itemsize
+                    cp.cuda.runtime.memsetAsync(desc.ptr, 0xFF, n, stream.ptr)  # NaN in all types
+        lse_sb, lse_sh = (hq * lq, lq)
+
+        fn = load_kernel(fwd)
+        launch = p.launch_queue
+        i64, i32, ptr = np.int64, np.int32, np.uint64
+        args = (queue.tasks, queue.spans,
+                ptr(ops.q.ptr), *_int64s(ops.strides_q[:3]),
+                ptr(ops.k.ptr), *_int64s(ops.strides_k[:3]),
+                ptr(ops.v.ptr), *_int64s(ops.strides_v[:3]),
+                ptr(out_desc.ptr), *_int64s(o_str[:3]),
+                ptr(lse_ptr), *_int64s((lse_sb, lse_sh)),
+                queue.part_o, queue.part_lse, *_plan_args(p, scale))
+        # The grid: the tasks, or for a sync-free plan the most there can be (the kernels read
+        # the real count and surplus CTAs return at once).
+        n_tasks = launch.num_tasks
+        if n_tasks:
+            grid, counter = n_tasks, None
+            if fwd.persistent:  # as many CTAs as the GPU holds at once, taking tasks in turn
+                cap = config.persistent_grid_cap
+                grid = n_tasks if cap == 0 else min(
+                    n_tasks, _resident_ctas(fwd, ops.q.device_id), cap or n_tasks)
+                counter = _task_counter(p, cp, stream)
+            args += (ptr(0 if counter is None else counter.data.ptr), maps)
+            fn((grid,), (fwd.threads,), args, shared_mem=smem_bytes(fwd), stream=stream)
+        n_jobs = int(launch.combine.shape[0])
+        if n_jobs:
+            comb = load_kernel(Variant.combine(bf16=bf16))
+            comb((n_jobs,), (256,), (queue.combine, queue.part_o, queue.part_lse,
+                                     ptr(out_desc.ptr), *map(i64, o_str[:3]), ptr(lse_ptr),
+                                     i64(lse_sb), i64(lse_sh), i32(r.block_m), i32(d),
+                                     i32(launch.tile_rows)), stream=stream)
+        result = finish_out(stream)
+        if return_lse:
+            return result, finish_lse(stream)
+        return result

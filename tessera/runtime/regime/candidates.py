@@ -1,0 +1,69 @@
+"""The regimes the offline profiler measures on a GPU (the space a regime table chooses from)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from .heuristic import sm90_producer
+from .slots import regime_fits
+from .value import ROW_GROUP, Regime
+
+__all__ = ["candidate_regimes"]
+
+
+# The space the profiler measures: 2 x 2 x 3 x 2 = 24 sm80 regimes, as many sm90 ones on sm_90.
+CANDIDATE_BLOCK_M = (64, 128)
+
+
+CANDIDATE_BLOCK_N = (32, 64)
+
+
+CANDIDATE_SPLIT_RATIO = (2.0, 4.0, 1e9)  # 1e9: never split
+
+
+CANDIDATE_COMBINE = (0.0, 0.3)
+
+
+CANDIDATE_WARPS = 4
+
+
+CANDIDATE_SM90_BLOCK_N = (64, 128)
+
+
+def candidate_regimes(head_dim: int, arch: int | None,
+                      kernel_families: Sequence[str] | None = None,
+                      combine_thresholds: Sequence[float] | None = None) -> list[Regime]:
+    """The regimes worth profiling for ``head_dim`` on compute capability ``arch`` (only those
+    of ``kernel_families``, e.g. ``("sm90",)``, and of ``combine_thresholds``, e.g. ``(0.0,)``,
+    when given).
+
+    The sm80 family with 4 warps: 64- or 128-row tiles (16 or 32 rows a warp, the two shapes the
+    kernel supports at 4 warps), 32 or 64 keys a step, double buffered; on sm_90 also the sm90
+    family, 64-row tiles on one warpgroup (with a producer warpgroup at head dim 128, and for
+    128-key steps at 64) or 128-row tiles warp-specialized, 64 or 128 keys a step, three
+    stages; split policy 2x or 4x the mean task, or never (1e9); combine threshold 0 (merge
+    only identical key sets) or 0.3. Variants whose shared memory exceeds ``arch``'s per-CTA
+    limit are left out. The order is stable (tile shape, then split, then combine), so names
+    index the list reproducibly.
+    """
+    shapes = [dict(block_m=bm, block_n=bn, num_warps=CANDIDATE_WARPS)
+              for bm in CANDIDATE_BLOCK_M for bn in CANDIDATE_BLOCK_N]
+    if arch == 90:
+        # 64-row tiles plain (one warpgroup) -- with a producer warpgroup, two CTAs an SM, as
+        # default_regime takes them at head dim 128 and for 128-key steps at 64 --, 128-row
+        # tiles warp-specialized (the plain 128-row variant was slower on every swept mask:
+        # benchmarks/RESULTS.md).
+        shapes += [dict(family="sm90", block_m=bm, block_n=bn,
+                        num_warps=bm // ROW_GROUP + (4 if sm90_producer(bm, bn, head_dim) else 0))
+                   for bm in CANDIDATE_BLOCK_M for bn in CANDIDATE_SM90_BLOCK_N]
+    out = []
+    for shape in shapes:
+        for split in CANDIDATE_SPLIT_RATIO:
+            for comb in CANDIDATE_COMBINE:
+                stages = 3 if shape.get("family") == "sm90" else 2
+                r = Regime(**shape, stages=stages, split_ratio=split, combine_threshold=comb)
+                if (regime_fits(r, head_dim, arch)
+                        and (kernel_families is None or r.family in kernel_families)
+                        and (combine_thresholds is None or comb in combine_thresholds)):
+                    out.append(r)
+    return out

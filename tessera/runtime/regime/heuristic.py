@@ -1,0 +1,138 @@
+"""The documented heuristic: the regime a plan takes when no table answers, from the GPU's
+architecture, the head dim and the mask's block geometry (each rule with the measurement behind
+it in docs/decisions.md)."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+
+from .. import mapping
+from .value import ROW_GROUP, Regime
+
+__all__ = ["default_regime", "align_pays", "blocks_ragged", "typical_q_block",
+           "SM90_ROWS128", "SM90_ROWS64_D64", "ALIGN_MAX_PAIR_RATIO"]
+
+
+# sm_90's regimes for blocks of 128 tokens and more: 128-row tiles warp-specialized (two consumer
+# warpgroups and a producer), 128 keys a step, three stages; at head dim 64 64-row tiles with a
+# producer, two CTAs an SM, each on its own tasks (default_regime says why).
+SM90_ROWS128 = Regime(family="sm90", block_m=128, num_warps=128 // ROW_GROUP + 4, block_n=128,
+                      stages=3, combine_threshold=0.0)
+
+
+SM90_ROWS64_D64 = Regime(family="sm90", block_m=64, num_warps=64 // ROW_GROUP + 4, block_n=128,
+                         stages=3, combine_threshold=0.0)
+
+
+def default_regime(arch: int | None = None, head_dim: int = 128,
+                   q_block: float | None = None, kv_bounds: np.ndarray | None = None) -> Regime:
+    """The heuristic regime for a GPU with compute capability ``arch`` (e.g. 90), or None (CPU).
+
+    Hopper (sm_90) takes the warp-specialized wgmma variant: 128-row tiles (two consumer
+    warpgroups and a producer warpgroup), 128 keys a step, three K/V stages — the fastest sm90
+    shape for head dim 128 on the H200 (benchmarks/RESULTS.md, fourth session). At head dim 64
+    64-row tiles with 128-key steps and a producer warpgroup, two CTAs an SM, each running its
+    own tasks: as fast or faster than the 128-row tiles on every CogVideoX mask measured (1-3%,
+    random 10% 2-7%; H200, sixteenth session) -- the 128-row ones still take aligned tiles
+    (:func:`select_regime`). Masks of small query blocks take 64-row tiles and 64 keys a step
+    (key spans of 64-token blocks would leave half of a 128-key step masked), at head dim 128
+    with a producer warpgroup, two CTAs an SM (Wan's top-k cubes 1.2-1.3x faster than without
+    a producer, H200, fourteenth session); head dims 64 and 96 keep the plain variant (at 64
+    the producer form ran CogVideoX's cubes only 1-3% faster, within the drift between machine
+    starts, fifteenth session -- before the sixteenth's packed-walk changes; 96 not measured).
+    Elsewhere the portable family: 128-row tiles over 4 warps (32 rows each), 64 keys a step, double
+    buffered, at every head dim: since the kernel stopped predicating its mma.sync per row tile,
+    the 128-row tile runs head dim 64 1.14-1.22x faster than the 64-row one it used to take
+    there (CogVideoX at 10%, 30% and dense; H200, benchmarks/RESULTS.md, eleventh session).
+    sm_86/sm_89 allow 99 KB of shared memory per CTA, too little for the 128-row tile at head
+    dim 128, so they take 64-row tiles there. Masks whose query blocks are mostly 64 tokens
+    or fewer (``q_block``: the median query block size) take 64-row tiles as well: such blocks
+    rarely share key sets, so a 128-row tile would run half empty. Restricted merges are off
+    (``combine_threshold=0``): over the 72 profiled and 32 held-out masks on the H200 they
+    lost more in planning and kernel time than they saved (benchmarks/RESULTS.md).
+    On sm_90, masks of small blocks whose key geometry ``kv_bounds`` is ragged against the key
+    step (:func:`blocks_ragged`: pooled top-k cubes with their edge cubes) take the packed key walk
+    (``pack_keys``): walked span by span, each short span would cost a whole step. The 128-row
+    regime never packs: its span-by-span walk copies K/V by TMA (a packed walk cannot), which
+    ran the variable clusters 1.16-1.23x faster than packing them (H200, ninth session);
+    whether it also aligns its tiles depends on the selection, which :func:`select_regime`
+    asks (:func:`align_pays`).
+    """
+    small_blocks = q_block is not None and q_block <= 64
+    if arch == 90:
+        if small_blocks:
+            pack = kv_bounds is not None and blocks_ragged(kv_bounds, 64)
+            # At head dim 128 a producer warpgroup per 64-row CTA, two CTAs an SM.
+            producer = sm90_producer(64, 64, head_dim)
+            return Regime(family="sm90", block_m=64, num_warps=4 + 4 * producer, block_n=64,
+                          stages=3, combine_threshold=0.0, pack_keys=pack)
+        if head_dim == 64:
+            return SM90_ROWS64_D64
+        return SM90_ROWS128
+    if small_blocks or (arch in (86, 87, 89) and head_dim > 96):
+        return Regime(block_m=64, num_warps=4, combine_threshold=0.0)
+    return Regime(combine_threshold=0.0)
+
+
+def blocks_ragged(bounds: np.ndarray, step: int) -> bool:
+    """Whether the blocks of this geometry (key or query token ``bounds``) end mid-step (mid key
+    step, mid tile) often enough for a walk or tiling that ignores block ends to pay: at least a
+    tenth of them are not a multiple of ``step`` tokens and the median block is under two
+    steps. Keys, measured on the H200 (benchmarks/RESULTS.md, eighth session): CogVideoX's
+    top-k cubes (40% ragged at 64) ran 1.12x faster packed with 64-key steps; masks of
+    128-token blocks ran the same either way. In computed pairs: top-k cubes (19-40% ragged)
+    25-42% fewer, variable clusters 10-12%; sliding tiles of 288/384-token blocks ~1% (spans
+    there run over several blocks), too little to be sure of. Queries: the gate of
+    :func:`align_pays`."""
+    return _blocks_ragged(np.asarray(bounds, dtype=np.int64).tobytes(), int(step))
+
+
+@functools.lru_cache(maxsize=64)  # asked on every request; a geometry's answer never changes
+def _blocks_ragged(bounds: bytes, step: int) -> bool:
+    sizes = np.diff(np.frombuffer(bounds, dtype=np.int64))
+    if sizes.size == 0:
+        return False
+    return bool(np.mean(sizes % step != 0) >= 0.1 and np.median(sizes) < 2 * step)
+
+
+# align_pays answers yes when the aligned tiling's estimated computed pairs are at most this
+# fraction of the plain tiling's: the estimate (mapping.tiling_pairs) runs up to ~0.1 below the
+# exact ratio (no chunk rounding), and at 0.8 it still separates the masks where aligned tiles
+# won on the H200 (semantic clusters, 0.62-0.65: kernels 1.37-1.41x faster) from those where
+# they lose (random 100-200-token blocks at density <= 0.6: estimate >= 0.9, exact >= 1.02).
+ALIGN_MAX_PAIR_RATIO = 0.8
+
+
+def align_pays(mask: Any, tile_rows: int) -> bool:
+    """Whether aligned tiles (``Regime.align_tiles``) make ``mask``'s kernel clearly cheaper:
+    query blocks ragged against the tile (:func:`blocks_ragged`, host bounds alone) and an
+    aligned tiling computing at most :data:`ALIGN_MAX_PAIR_RATIO` of the plain one's pairs.
+    Reads the selection: one kernel and one synchronization for a device mask (~0.2 ms of a
+    request on the H200), paid only by ragged query geometries. Semantic clusters on the H200
+    (tenth session): kernel 1.41x (Wan) / 1.46x (CogVideoX) faster aligned, request 1.35x /
+    1.43x with the estimate included."""
+    if not blocks_ragged(mask.q_bounds, tile_rows):
+        return False
+    pairs = mapping.tiling_pairs(mask, tile_rows)
+    return pairs is not None and pairs[0] > 0 and pairs[1] <= ALIGN_MAX_PAIR_RATIO * pairs[0]
+
+
+def sm90_producer(block_m: int, block_n: int, head_dim: int) -> bool:
+    """Whether the sm90 regime of this tile shape takes a producer warpgroup, as
+    :func:`default_regime` and the profiled candidates do (64-row tiles: where two CTAs an SM
+    were measured faster with one)."""
+    return block_m == 128 or head_dim == 128 or (head_dim == 64 and block_n == 128)
+
+
+def typical_q_block(q_bounds: np.ndarray) -> float:
+    """The median query block of a mask's geometry (cached: every request of a model asks it of
+    the same few geometries, and a median costs ~30 us)."""
+    return _median_block(np.asarray(q_bounds, dtype=np.int64).tobytes())
+
+
+@functools.lru_cache(maxsize=64)
+def _median_block(bounds: bytes) -> float:
+    return float(np.median(np.diff(np.frombuffer(bounds, dtype=np.int64))))

@@ -1,0 +1,298 @@
+"""How a plan's regime is chosen when none is given.
+
+Selection (``tessera.plan(..., regime=None)``, :func:`select_regime`):
+
+1. A regime table in force for the plan's architecture (:func:`active_table`): chosen by
+   :func:`use_table`, else by ``$TESSERA_REGIME_TABLE`` (a file; ``none`` for no table), else
+   ``tables/<gpu-slug>.json`` beside the package (``"NVIDIA H200"`` -> ``nvidia-h200.json``)
+   when it exists. Tables are written offline by ``python -m tessera profile``
+   (tessera/runtime/profile.py).
+
+   The table is consulted where its choice matters: when the heuristic regime's plan may split
+   tasks (``tasks.may_split``: shapes with fewer than 16 tasks per slot of the GPU -- few heads,
+   short clips -- whose plans synchronize once anyway). There the mask's :class:`MaskFeatures`
+   (one kernel and a 16-byte copy on the device) are looked up (:meth:`RegimeTable.lookup`);
+   the H200 table picks within 5% of the oracle on 91% of held-out 4-head masks, 1.09x faster
+   than the heuristic. At the models' full head counts no task may split, the plan needs no
+   synchronization, and the heuristic is kept: profiled at those head counts the table's
+   picks equal the heuristic's (x1.000 over 32 held-out masks, 97% within 5% of the oracle,
+   benchmarks/RESULTS.md, sixth session), so measuring the mask there would only cost a
+   synchronization.
+2. Otherwise, or when the table has no entry for the head dim / dtype / geometry, the
+   documented heuristic :func:`default_regime`. Plans without an architecture (``arch=None``
+   with a host mask: a CPU-only machine) always take the heuristic. A table that is corrupt or
+   was profiled on another GPU warns once and is ignored: planning never fails because of one.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import warnings
+from typing import Any
+
+import numpy as np
+
+from ...cuda import device
+from ...dtypes import dtype_name
+from . import features
+from .heuristic import (SM90_ROWS64_D64, SM90_ROWS128, align_pays, blocks_ragged, default_regime,
+                        typical_q_block)
+from .slots import plan_may_split, plan_tasks_in_flight
+from .table import TABLES_DIR, RegimeTable, gpu_slug
+from .value import Regime
+
+__all__ = ["use_table", "active_table", "select_regime", "selected_regime",
+           "selection_generation", "describe_table_in_use", "ENV_TABLE"]
+
+
+ENV_TABLE = "TESSERA_REGIME_TABLE"
+
+
+_AUTO = "auto"
+
+
+_NONE = "none"  # $TESSERA_REGIME_TABLE=none: no table, the heuristic everywhere
+
+
+_explicit: Any = _AUTO  # "auto": discover; None: no table; a RegimeTable: that one
+
+
+_resolved: dict[tuple, RegimeTable | None] = {}
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(msg: str) -> None:
+    if msg not in _warned:
+        _warned.add(msg)
+        warnings.warn(msg, RuntimeWarning, stacklevel=5)  # the caller of tessera.plan
+
+
+def use_table(table: "str | os.PathLike | RegimeTable | None") -> RegimeTable | None:
+    """Choose the regime table plans use.
+
+    A path (loaded and validated now: a bad file raises ``ValueError``) or a
+    :class:`RegimeTable`: that table, for plans on its architecture and GPU. ``None``: no table,
+    every plan takes the heuristic :func:`default_regime`. ``"auto"`` (the initial setting):
+    ``$TESSERA_REGIME_TABLE`` if set (``none``: no table), else ``tables/<gpu-slug>.json``
+    beside the package when it exists. Returns the table now in force for explicit choices
+    (None otherwise).
+    """
+    global _explicit, _generation
+    _generation += 1
+    if table is None or isinstance(table, RegimeTable):
+        _explicit = table
+    elif isinstance(table, str) and table == _AUTO:
+        _explicit = _AUTO
+    else:
+        _explicit = RegimeTable.load(table)
+    _resolved.clear()
+    _selections.clear()
+    _read_selections.clear()
+    _warned.clear()
+    return None if isinstance(_explicit, str) else _explicit
+
+
+def _table_source() -> tuple[str, str | None, bool]:
+    """(how the table is chosen, its path or None, whether a missing file is an error)."""
+    if isinstance(_explicit, RegimeTable) or _explicit is None:
+        return "use_table", None, False
+    env = os.environ.get(ENV_TABLE)
+    if env == _NONE:
+        return f"${ENV_TABLE}", None, False
+    if env and env != _AUTO:
+        return f"${ENV_TABLE}", env, True
+    name = device.current_gpu_name()
+    if name is None:
+        return "tables", None, False
+    return "tables", _default_table_path(name), False
+
+
+@functools.lru_cache(maxsize=16)  # asked on every plan: path arithmetic costs microseconds
+def _default_table_path(gpu_name: str) -> str:
+    return str(TABLES_DIR / f"{gpu_slug(gpu_name)}.json")
+
+
+def active_table(arch: int | None) -> RegimeTable | None:
+    """The table plans for compute capability ``arch`` use, or None (the heuristic).
+
+    None for ``arch=None`` (no GPU). A table that cannot be read, that was profiled on another
+    architecture or another GPU, or that never measured the architecture's default kernel family,
+    gives a warning (once) and None: planning never fails because of a table.
+    """
+    if arch is None:
+        return None
+    how, path, required = _table_source()
+    cache_key = (how, path, arch, id(_explicit))
+    if cache_key in _resolved:
+        return _resolved[cache_key]
+    table: RegimeTable | None = None
+    if how == "use_table":
+        table = _explicit
+    elif path is not None:
+        try:
+            table = RegimeTable.load(path)
+        except FileNotFoundError:
+            if required:
+                _warn_once(f"regime table {path} (from {how}) does not exist; "
+                           "using the heuristic default regime")
+        except (OSError, ValueError) as exc:
+            _warn_once(f"regime table from {how} is unusable: {exc}; "
+                       "using the heuristic default regime")
+    if table is not None:
+        here = device.current_gpu_name()
+        if table.arch is not None and table.arch != arch:
+            _warn_once(f"regime table {table.describe()} was profiled on sm_{table.arch}, "
+                       f"but this plan is for sm_{arch}; using the heuristic default regime")
+            table = None
+        elif here is not None and table.gpu is not None and gpu_slug(here) != gpu_slug(table.gpu):
+            _warn_once(f"regime table {table.describe()} was profiled on {table.gpu}, but this "
+                       f"GPU is {here}; using the heuristic default regime")
+            table = None
+        elif default_regime(arch).family not in table.families:
+            # A table that never measured this GPU's own kernel family would steer plans to a
+            # slower one (the H200 table predates the sm90 family): profile again.
+            _warn_once(f"regime table {table.describe()} has no {default_regime(arch).family} "
+                       "regimes (profiled before that kernel family existed); using the "
+                       "heuristic default regime; run `python -m tessera profile` again")
+            table = None
+    _resolved[cache_key] = table
+    return table
+
+
+def select_regime(mask: Any, *, arch: int | None, head_dim: int, dtype: Any,
+                  num_q_heads: int, batch: int, num_kv_heads: int | None = None) -> Regime:
+    """The regime ``tessera.plan`` uses when none is given (see :func:`selected_regime`)."""
+    return selected_regime(mask, arch=arch, head_dim=head_dim, dtype=dtype,
+                           num_q_heads=num_q_heads, batch=batch, num_kv_heads=num_kv_heads)[0]
+
+
+def selected_regime(mask: Any, *, arch: int | None, head_dim: int, dtype: Any,
+                    num_q_heads: int, batch: int, num_kv_heads: int | None = None,
+                    read_mask: bool = True) -> tuple[Regime, bool]:
+    """The regime ``tessera.plan`` uses when none is given, and whether every mask of this
+    geometry gets it (the selection was not read).
+
+    ``arch`` None with a device mask means the current device's. The heuristic
+    :func:`default_regime`, unless a table is in force for the architecture
+    (:func:`active_table`) and the heuristic's plan may split tasks (see the module
+    docstring): then the mask's features are measured once and looked up, and the heuristic
+    stays the answer when the table has nothing for this head dim / dtype / geometry. The
+    heuristic's sm90 regimes for large blocks take 128-row aligned tiles where
+    :func:`align_pays`. An answer that the geometry alone decides (neither a table lookup nor
+    :func:`align_pays` read the selection) is remembered for the geometry and shapes: a model
+    asks for the same few on every request (~45 us a request on the H200's host otherwise).
+    ``read_mask=False`` decides by the geometry alone, reading nothing back from the GPU (a
+    plan made while a CUDA graph is captured): what the last selection for this geometry and
+    shapes found by reading its mask (the warm-up request), else the heuristic, plain tiles.
+    """
+    if arch is None and mask.on_device:
+        arch = device.device_arch()
+    num_kv_heads = num_kv_heads or num_q_heads
+
+    dtype = dtype_name(dtype)
+    # Everything the decision reads besides the selection: the GPU (its task slots), the table
+    # in force, the shapes and the geometry.
+    key = (arch, device.device_arch(), device.device_sm_count(), id(active_table(arch)), int(head_dim), dtype,
+           int(num_q_heads), int(batch), int(num_kv_heads), tuple(mask.batch_heads),
+           bool(mask.on_device), np.asarray(mask.q_bounds, dtype=np.int64).tobytes(),
+           np.asarray(mask.kv_bounds, dtype=np.int64).tobytes())
+    found = _selections.get(key)
+    if found is not None:
+        return found, True
+    if not read_mask:
+        # What the last selection for this geometry and shapes found by reading its mask (the
+        # warm-up request before a CUDA-graph capture), else the heuristic with plain tiles.
+        seen = _read_selections.get(key)
+        if seen is not None:
+            return seen, False
+        return default_regime(arch, head_dim, typical_q_block(mask.q_bounds),
+                              mask.kv_bounds), True
+    regime, by_geometry = _select_regime(mask, arch, head_dim, dtype, num_q_heads, batch,
+                                         num_kv_heads)
+    kept = _selections if by_geometry else _read_selections
+    if len(kept) >= 256:  # a bound, not an LRU: models use a handful of geometries
+        kept.clear()
+    kept[key] = regime
+    return regime, by_geometry
+
+
+# select_regime's answers that depend on the geometry and shapes alone, and the last answer for
+# each geometry and shapes that read the mask (both emptied by use_table).
+_selections: dict[tuple, Regime] = {}
+
+
+_read_selections: dict[tuple, Regime] = {}
+
+
+_generation = 0  # use_table calls so far
+
+
+def selection_generation() -> int:
+    """Changes whenever :func:`use_table` may have changed what :func:`select_regime` answers
+    (a key part for anything that remembers its answers, as tessera.attention's kept plans)."""
+    return _generation
+
+
+def _select_regime(mask: Any, arch: int | None, head_dim: int, dtype: str, num_q_heads: int,
+                   batch: int, num_kv_heads: int) -> tuple[Regime, bool]:
+    """select_regime's decision: (the regime, whether the geometry and shapes alone gave it)."""
+    heuristic = default_regime(arch, head_dim, typical_q_block(mask.q_bounds), mask.kv_bounds)
+    table = active_table(arch)
+    # Whether the split policy matters is asked of the heuristic's unpacked form: a packed walk
+    # never splits, which must not keep the table from masks it was profiled for. (The slots
+    # are the heuristic's own: the variant that would run, compiled once for its occupancy.)
+    unpacked = heuristic.with_(pack_keys=False)
+    if (table is not None and table.covers(int(arch), int(head_dim), dtype)
+            and plan_may_split(unpacked, mask, num_q_heads=num_q_heads,
+                               num_kv_heads=num_kv_heads, batch=batch,
+                               in_flight=plan_tasks_in_flight(heuristic, mask, head_dim, arch,
+                                                              dtype == "bfloat16"))):
+        try:
+            found = table.lookup(features.mask_features(mask, head_dim=head_dim, dtype=dtype, arch=arch,
+                                               num_q_heads=num_q_heads, batch=batch))
+        except Exception as exc:  # a table must never break planning
+            _warn_once(f"regime table lookup failed ({type(exc).__name__}: {exc}); "
+                       "using the heuristic default regime")
+            found = None
+        if found is not None:
+            return found, False
+        by_geometry = False
+    else:
+        by_geometry = True
+    if heuristic in (SM90_ROWS128, SM90_ROWS64_D64):
+        # align_pays reads the selection only when the query blocks are ragged against the tile.
+        by_geometry = by_geometry and not blocks_ragged(mask.q_bounds, 128)
+        if align_pays(mask, 128):
+            # Aligned tiles are measured with 128 rows (clusters 1.3-1.4x faster), at every
+            # head dim.
+            return SM90_ROWS128.with_(align_tiles=True), by_geometry
+    return heuristic, by_geometry
+
+
+def describe_table_in_use(arch: int | None) -> str:
+    """For ``python -m tessera info``: which table plans use here, or ``none: heuristic``."""
+    how, path, _ = _table_source()
+    if arch is None:
+        if how == "use_table" and isinstance(_explicit, RegimeTable):
+            return (f"none: heuristic (no GPU; {_explicit.describe()} from use_table applies "
+                    "on a GPU)")
+        if path is not None:
+            return f"none: heuristic (no GPU; {path} from {how} applies on a GPU)"
+        return "none: heuristic (no GPU)"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        table = active_table(arch)
+    if table is not None:
+        return (f"{table.describe()} (from {how}; looked up where tasks may split, the "
+                "heuristic elsewhere)")
+    why = "; ".join(str(w.message) for w in caught)
+    if why:
+        return f"none: heuristic ({why})"
+    if how == "use_table":
+        return "none: heuristic (use_table(None))"
+    if path is None and how.startswith("$"):
+        return f"none: heuristic ({ENV_TABLE}={_NONE})"
+    return f"none: heuristic (no table at {path})" if path else "none: heuristic"

@@ -1,0 +1,204 @@
+"""The regime value: a whole execution plan (kernel family, tile shape, pipeline depth, mapping
+and split policy) as a small frozen value that can be named, compared, stored in a table and
+passed to ``tessera.plan(..., regime=...)``."""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from ...cuda.variants import ROW_GROUP, Variant
+
+__all__ = ["Regime", "KNOWN_FAMILIES", "ROW_GROUP", "regime_from_name", "checked_regime"]
+
+
+# Kernel families: "sm80" (mma.sync, every target) and "sm90" (wgmma, Hopper only).
+KNOWN_FAMILIES = ("sm80", "sm90")
+
+
+@dataclass(frozen=True)
+class Regime:
+    """One execution plan.
+
+    Attributes:
+        family: kernel family ("sm80": mma.sync, runs on sm_80 and newer; "sm90": wgmma,
+            sm_90 only, 64 rows per warpgroup of 4 warps, 64 or 128 keys a step; four more
+            warps than the rows need select its warp-specialized variant).
+        block_m: physical tile rows (BM) per task; with GQA packing, shared by the packed heads.
+        block_n: keys consumed per inner step (BN); key spans are walked BN keys at a time.
+        num_warps: warps per CTA; each owns ``block_m / num_warps`` rows, 16 or 32 (two row
+            tiles per warp halve the shared-memory traffic per matrix operation).
+        stages: depth of the K/V copy pipeline.
+        combine_threshold: merge two adjacent short query groups with different key sets when the
+            masked work the merge adds is at most this fraction of their useful work.
+        split_ratio: split a task whose key chunks exceed ``split_ratio`` x the mean task ...
+        min_split_chunks: ... and exceed this many chunks (short rows are never split).
+        pack_gqa: put the query heads that share a key/value head (and a mask head) in one task.
+        pack_keys: sm90 only: walk each task's keys end to end, BN at a time, so that spans
+            shorter than BN (small or edge blocks) share chunks instead of costing one each.
+            Needs combine_threshold 0 (one row restriction per task); such plans never split.
+        align_tiles: tiles at multiples of block_m query tokens, straddling query-block
+            boundaries (each span restricted to the rows that select it), instead of tiles cut
+            from each block: for variable blocks that do not fill whole tiles and share most
+            keys with their neighbours (clusters). Needs combine_threshold 0 and no pack_keys.
+            The default plan on sm_90 sets it where :func:`align_pays` (:func:`select_regime`).
+        wide_steps: sm90, 128x128 tiles with the producer, head dim 64, TMA copies: tasks of at
+            most four long spans step 192 keys at a time (bsa_sm90.cu ``TESSERA_WIDE_BN``;
+            other variants ignore it). Off by default: on the H200 it ran dense CogVideoX ~3%
+            faster than without, random and spatial-temporal masks 3-8% slower (its stages
+            hold 192 keys; benchmarks/RESULTS.md, thirteenth session).
+    """
+
+    family: str = "sm80"
+    block_m: int = 128
+    block_n: int = 64
+    num_warps: int = 4
+    stages: int = 2
+    combine_threshold: float = 0.3
+    split_ratio: float = 4.0
+    min_split_chunks: int = 16
+    pack_gqa: bool = True
+    pack_keys: bool = False
+    align_tiles: bool = False
+    wide_steps: bool = False
+
+    def __post_init__(self) -> None:
+        if self.block_m % ROW_GROUP or self.block_m <= 0:
+            raise ValueError(f"block_m must be a positive multiple of {ROW_GROUP}, "
+                             f"got {self.block_m}")
+        if self.block_n % 16 or self.block_n <= 0:
+            raise ValueError(f"block_n must be a positive multiple of 16, got {self.block_n}")
+        if self.family != "sm90" and (self.num_warps <= 0 or self.block_m not in (
+                self.num_warps * ROW_GROUP, 2 * self.num_warps * ROW_GROUP)):
+            raise ValueError(f"block_m={self.block_m} must be 16 or 32 rows per warp "
+                             f"(num_warps={self.num_warps})")
+        if self.combine_threshold < 0 or self.split_ratio < 1 or self.min_split_chunks < 1:
+            raise ValueError("combine_threshold >= 0, split_ratio >= 1 and min_split_chunks >= 1")
+        if self.family not in KNOWN_FAMILIES:
+            raise ValueError(f"family must be one of {list(KNOWN_FAMILIES)}, got {self.family!r}")
+        if self.family == "sm90" and (self.block_m not in (64, 128, 192)
+                                      or self.num_warps not in (self.block_m // ROW_GROUP,
+                                                                self.block_m // ROW_GROUP + 4)
+                                      or self.block_n not in (64, 128)
+                                      or (self.block_m == 192 and not self.producer)):
+            raise ValueError(f"the sm90 family takes block_m 64 or 128 (192: with the producer "
+                             f"warpgroup) with one warp per 16 rows (plus 4 for a producer "
+                             f"warpgroup) and block_n 64 or 128, got "
+                             f"{self.block_m}x{self.block_n} with {self.num_warps} warps")
+        if self.family == "sm90" and self.stages < 3:
+            raise ValueError(f"the sm90 family needs stages >= 3, got {self.stages}")
+        if self.pack_keys and (self.family != "sm90" or self.combine_threshold != 0):
+            raise ValueError("pack_keys needs the sm90 family and combine_threshold 0 (one row "
+                             f"restriction per task), got {self.family} with "
+                             f"combine_threshold={self.combine_threshold}")
+        if self.wide_steps and (self.family, self.block_m, self.block_n, self.producer) != (
+                "sm90", 128, 128, True):
+            raise ValueError("wide_steps needs the sm90 family's 128x128 tiles with the producer "
+                             f"warpgroup, got {self.family}_{self.block_m}x{self.block_n} with "
+                             f"{self.num_warps} warps")
+        if self.align_tiles and (self.combine_threshold != 0 or self.pack_keys):
+            raise ValueError("align_tiles needs combine_threshold 0 and pack_keys False (its "
+                             "tiles carry their own row restrictions)")
+
+    @property
+    def name(self) -> str:
+        """A stable name, e.g. ``sm80_128x64_w8_s2``; policy fields are listed when not default."""
+        base = f"{self.family}_{self.block_m}x{self.block_n}_w{self.num_warps}_s{self.stages}"
+        extras = [f"{k}={v}" for k, v in asdict(self).items()
+                  if k not in ("family", "block_m", "block_n", "num_warps", "stages")
+                  and v != getattr(Regime, k)]
+        return base + ("[" + ",".join(extras) + "]" if extras else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @functools.lru_cache(maxsize=256)  # noqa: B019 - regimes are few and immutable
+    def variant(self, head_dim: int, bf16: bool = True, tma: bool = False):
+        """The attention kernel variant (``tessera.cuda.loader.Variant``) this regime runs;
+        ``tma``: its TMA-copying form (producer regimes of the span-by-span walk, when the
+        launch can describe the operands: ``tma_capable``)."""
+
+        if self.family == "sm90":
+            return Variant.bsa_sm90(block_m=self.block_m, block_n=self.block_n,
+                                    head_dim=head_dim, stages=self.stages, bf16=bf16,
+                                    producer=self.producer, pack_keys=self.pack_keys, tma=tma,
+                                    wide=self.wide_steps)
+        return Variant.bsa_sm80(block_m=self.block_m, block_n=self.block_n, head_dim=head_dim,
+                                num_warps=self.num_warps, stages=self.stages, bf16=bf16)
+
+    @property
+    def tma_capable(self) -> bool:
+        """Whether this regime's kernel has a TMA-copying form (variant(..., tma=True))."""
+        return self.producer and not self.pack_keys
+
+    @property
+    def producer(self) -> bool:
+        """sm90 only: a producer warpgroup does the copies (four warps beyond the rows' own)."""
+        return self.family == "sm90" and self.num_warps == self.block_m // ROW_GROUP + 4
+
+    def runs_on(self, arch: int | None) -> bool:
+        """Whether this regime's family runs on compute capability ``arch`` (None: any GPU)."""
+        return self.family != "sm90" or arch == 90
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Regime":
+        unknown = set(d) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"regime: unknown fields {sorted(unknown)}")
+        return cls(**d)
+
+    def with_(self, **changes: Any) -> "Regime":
+        return replace(self, **changes)
+
+
+def checked_regime(d: Any) -> Regime:
+    if not isinstance(d, dict):
+        raise ValueError(f"regime must be an object, got {type(d).__name__}")
+    unknown = set(d) - set(Regime.__dataclass_fields__)
+    if unknown:
+        raise ValueError(f"regime: unknown fields {sorted(unknown)}")
+    defaults = Regime()
+    for name, v in d.items():
+        want = type(getattr(defaults, name))
+        if want is bool:
+            ok = isinstance(v, bool)
+        elif want is float:
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        elif want is int:
+            ok = isinstance(v, int) and not isinstance(v, bool)
+        else:
+            ok = isinstance(v, want)
+        if not ok:
+            raise ValueError(f"regime: {name} must be {want.__name__}, got {v!r}")
+    try:
+        return Regime.from_dict(d)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"regime: {exc}") from None
+
+
+def regime_from_name(name: str) -> Regime | None:
+    """Parse :attr:`Regime.name` (``sm80_128x64_w4_s2[split_ratio=2.0]``) back into a regime;
+    None when the name is not one."""
+    m = re.fullmatch(r"(\w+?)_(\d+)x(\d+)_w(\d+)_s(\d+)(?:\[(.*)\])?", name)
+    if not m:
+        return None
+    fields: dict[str, Any] = dict(family=m.group(1), block_m=int(m.group(2)),
+                                  block_n=int(m.group(3)), num_warps=int(m.group(4)),
+                                  stages=int(m.group(5)))
+    for item in filter(None, (m.group(6) or "").split(",")):
+        k, _, v = item.partition("=")
+        default = getattr(Regime, k, None)
+        if default is None:
+            return None
+        try:
+            fields[k] = (v == "True") if isinstance(default, bool) else type(default)(float(v))
+        except ValueError:
+            return None
+    try:
+        r = Regime(**fields)
+    except (TypeError, ValueError):
+        return None
+    return r if r.name == name else None

@@ -1,0 +1,66 @@
+"""Process-wide switches of the GPU path, in one documented object: ``tessera.config``.
+
+Each switch is read at every launch or request, so a change applies to the next call. Tests and
+benchmarks change them for a while with :meth:`Settings.override`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, fields
+from typing import Any, Iterator
+
+__all__ = ["Settings", "config"]
+
+
+@dataclass
+class Settings:
+    """Switches of the launch path.
+
+    Attributes:
+        poison_outputs: fill every output Tessera allocates with NaN before the kernels run, so
+            a test can prove that each element was written (a memset per call; off in use).
+        persistent_grid_cap: most CTAs a persistent kernel is launched with (None: as many as
+            the GPU holds at once; 0: one per task, i.e. not persistent). Tests set it low so
+            that a small mask's tasks queue up behind few CTAs, each running several.
+        use_tma: the producer variant copies K/V by TMA wherever the operands allow; False
+            keeps every launch on cp.async (an A/B switch for benchmarks and tests).
+        request_plans_kept: sync-free plans ``tessera.attention`` keeps for the next request of
+            the same geometry, shapes and stream (least recently used dropped first); 0 plans
+            every request anew.
+    """
+
+    poison_outputs: bool = False
+    persistent_grid_cap: int | None = None
+    use_tma: bool = True
+    request_plans_kept: int = 8
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in {f.name for f in fields(self)}:
+            raise AttributeError(f"tessera.config has no setting {name!r} (settings: "
+                                 f"{', '.join(f.name for f in fields(self))})")
+        if name in ("poison_outputs", "use_tma") and not isinstance(value, bool):
+            raise TypeError(f"config.{name} must be True or False, got {value!r}")
+        if name == "persistent_grid_cap" and value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise ValueError(f"config.persistent_grid_cap must be None or an int >= 0, "
+                             f"got {value!r}")
+        if name == "request_plans_kept" and (isinstance(value, bool) or not isinstance(value, int)
+                                             or value < 0):
+            raise ValueError(f"config.request_plans_kept must be an int >= 0, got {value!r}")
+        object.__setattr__(self, name, value)
+
+    @contextlib.contextmanager
+    def override(self, **changes: Any) -> Iterator["Settings"]:
+        """Change some switches for the duration of a ``with`` block, then restore them."""
+        old = {name: getattr(self, name) for name in changes}
+        try:
+            for name, value in changes.items():
+                setattr(self, name, value)
+            yield self
+        finally:
+            for name, value in old.items():
+                setattr(self, name, value)
+
+
+config = Settings()

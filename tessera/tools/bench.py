@@ -1,0 +1,332 @@
+"""``python -m tessera bench``: Tessera against dense SDPA (cuDNN, flash) and FlexAttention with
+a per-request BlockMask, in one process, on the WORKLOADS shapes and mask families.
+
+Two kinds of masks: ``--case`` (random or banded masks on 128-token blocks, which FlexAttention's
+default 128x128 BlockMask takes as they are) and ``--family`` (the :mod:`tessera.families`
+families at their typical parameters, :func:`tessera.workloads.example_mask`). A family's
+blocks need not be 128-token aligned (64-token cubes, variable clusters): FlexAttention then
+runs the mask padded to the 128x128 tiles it accepts (every tile that holds a selected pair),
+which is what users of a fixed-block kernel do today; useful FLOPs count the logical mask for both.
+
+Useful FLOPs = 4 * D * selected (query, key) pairs. "kernel" = the GPU time of one run of a
+prepared plan (FlexAttention: of its compiled call with a ready BlockMask; SDPA: of one call),
+measured over :data:`BURST` calls between two events so that the host's launch work hides
+behind the GPU's as it does in a model; "call" = one such call timed alone, the host's launch
+work included (the figure this table reported as "kernel" up to the fourteenth session).
+"request" = everything a dynamic-mask call costs: building the mask object from a device bool
+block matrix, planning and running (FlexAttention: building its BlockMask and running), timed
+alone (the host's work and the GPU's add up) and back to back ("b2b": :data:`BURST` requests
+between two events, as a model's layer loop issues them -- the host's work hides behind the
+GPU's unless something makes the host wait for the GPU). Needs a GPU and PyTorch (the baselines
+and the timers); prints a table and can write JSON and a PNG chart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+import tessera
+
+from ..runtime.regime import regime_from_name
+from .workloads import FAMILIES, WORKLOADS, example_mask
+
+# Mask cases on 128-token blocks that FlexAttention's default 128x128 BlockMask also accepts.
+BLOCK = 128
+# Calls per pair of events in the kernel and back-to-back timings.
+BURST = 10
+
+
+def _band(n: int, heads: int, width: int) -> np.ndarray:
+    i = np.arange(n)
+    return np.broadcast_to(np.abs(i[:, None] - i[None, :]) <= width, (heads, n, n)).copy()
+
+
+CASES: dict[str, Callable[[np.random.Generator, int, int], np.ndarray]] = {
+    "random-10": lambda rng, h, n: rng.random((h, n, n)) < 0.10,
+    "random-30": lambda rng, h, n: rng.random((h, n, n)) < 0.30,
+    "band-16": lambda rng, h, n: _band(n, h, int(0.08 * n)),
+    "dense": lambda rng, h, n: np.ones((h, n, n), bool),
+}
+
+
+def cuda_time_ms(fn: Callable[[], Any], reps: int = 20, warmup: int = 3,
+                 stat: Callable[[list[float]], float] = statistics.median,
+                 burst: int = 1) -> float:
+    """``stat`` (the median unless told) of ``reps`` CUDA-event timings of ``fn`` after
+    ``warmup`` calls, per call. ``burst`` > 1 times that many calls between the two events
+    (the host queues them ahead while the GPU works), which leaves out the launch latency a
+    lone call pays between its first event and its first kernel."""
+    if burst < 1:
+        raise ValueError(f"burst must be at least 1, got {burst}")
+    import torch  # noqa: PLC0415
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(burst):
+            fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / burst)
+    return stat(times)
+
+
+def _progress(i: int, n: int, label: str) -> None:
+    width = 30
+    done = int(width * i / max(n, 1))
+    sys.stderr.write(f"\r[{'#' * done}{'.' * (width - done)}] {i}/{n} {label:40}")
+    sys.stderr.flush()
+    if i == n:
+        sys.stderr.write("\n")
+
+
+def _family_blocks(shape: str, family: str, heads: int, seed: int = 0):
+    """A family mask for ``shape`` as (host bool block matrix [H', nQB, nKB] with H' = 1 or
+    ``heads``, q bounds, kv bounds) — what a sparse-attention method hands over each step."""
+
+    w = WORKLOADS[shape]
+    m = example_mask(w, family, heads=heads, seed=seed, head_dim=w.head_dim).mask
+    return m.to_dense()[0], m.q_bounds, m.kv_bounds
+
+
+def padded_to_tiles(blocks: np.ndarray, q_bounds: np.ndarray, kv_bounds: np.ndarray,
+                    tile: int) -> np.ndarray:
+    """``blocks`` ([..., nQB, nKB] bool, any block geometry) coarsened to ``tile``-token tiles: a
+    tile is selected when it holds any selected (query, key) pair — the padding a kernel with a
+    fixed block size needs to run the mask."""
+
+    def member(bounds: np.ndarray) -> np.ndarray:  # [n_blocks, n_tiles]: block meets tile
+        bounds = np.asarray(bounds, dtype=np.int64)
+        n_tiles = -(-int(bounds[-1]) // tile)
+        first, last = bounds[:-1] // tile, (bounds[1:] - 1) // tile
+        t = np.arange(n_tiles)
+        nonempty = (bounds[1:] > bounds[:-1])[:, None]
+        return ((t >= first[:, None]) & (t <= last[:, None]) & nonempty).astype(np.float32)
+
+    mq, mk = member(q_bounds), member(kv_bounds)
+    return (mq.T @ np.asarray(blocks, dtype=np.float32) @ mk) > 0
+
+
+def run(shapes: list[str], cases: list[str], reps: int = 20, flex: bool = True,
+        batch: int = 1, heads: int | None = None, regime: Any = None) -> list[dict]:
+    """Time every (shape, case); returns one dict of figures per pair. A case is a name of
+    :data:`CASES` or of a mask family (:data:`tessera.workloads.FAMILIES`). ``heads`` (default:
+    the model's) slices the model's query heads, e.g. to keep host-built family masks quick.
+    ``regime`` (a ``tessera.Regime``) replaces the one Tessera would pick, for every case."""
+    import torch  # noqa: PLC0415
+    import torch.nn.functional as F  # noqa: PLC0415
+    from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: PLC0415
+
+    flex_fn = flex_mask = None
+    if flex:
+        try:
+            from torch.nn.attention.flex_attention import BlockMask as flex_mask  # noqa: N813
+            from torch.nn.attention.flex_attention import flex_attention
+
+            flex_fn = torch.compile(flex_attention)
+        except Exception as exc:  # pragma: no cover - depends on the torch build
+            print(f"FlexAttention unavailable: {exc}", file=sys.stderr)
+    rng = np.random.default_rng(0)
+    rows: list[dict] = []
+    total = len(shapes) * len(cases)
+    step = 0
+    for shape in shapes:
+        w = WORKLOADS[shape]
+        h, d, L = (heads or w.heads), w.head_dim, w.seq_len
+        q, k, v = (torch.randn(batch, h, L, d, device="cuda", dtype=torch.bfloat16)
+                   for _ in range(3))
+        dense_flops = 4 * d * L * L * batch * h
+        sdpa = {}
+        for backend, label in ((SDPBackend.CUDNN_ATTENTION, "cudnn"),
+                               (SDPBackend.FLASH_ATTENTION, "flash")):
+            try:
+                with sdpa_kernel(backend):
+                    sdpa[label] = cuda_time_ms(lambda: F.scaled_dot_product_attention(q, k, v),
+                                               reps, burst=BURST)
+            except Exception as exc:
+                print(f"\nSDPA {label} failed: {exc}", file=sys.stderr)
+        n = math.ceil(L / BLOCK)
+        for case in cases:
+            _progress(step, total, f"{shape} {case}")
+            step += 1
+            if case in CASES:
+                blocks = torch.from_numpy(CASES[case](rng, h, n)).cuda()
+                qb = kb = np.minimum(np.arange(n + 1) * BLOCK, L)
+                tiles = blocks
+            else:
+                host, qb, kb = _family_blocks(shape, case, h)
+                blocks = torch.from_numpy(host).cuda()
+                tiles = torch.from_numpy(padded_to_tiles(host, qb, kb, BLOCK)).cuda()
+                tiles = tiles.expand(h, n, n).contiguous()
+
+            def new_mask():
+                return tessera.BlockMask.from_dense(blocks, q_bounds=qb, kv_bounds=kb)
+
+            m = new_mask()
+            flops = 4 * d * int(m.selected_pairs(batch, h).sum())
+            p = tessera.plan(m, num_q_heads=h, head_dim=d, batch=batch, regime=regime)
+            t_kernel = cuda_time_ms(lambda: p.run(q, k, v), reps, burst=BURST)
+            t_call = cuda_time_ms(lambda: p.run(q, k, v), reps)
+            t_plan = cuda_time_ms(lambda: tessera.plan(new_mask(), num_q_heads=h, head_dim=d,
+                                                       batch=batch, regime=regime), reps)
+            t_req = cuda_time_ms(lambda: tessera.attention(q, k, v, new_mask(), regime=regime),
+                                 reps)
+            # Back to back: BURST requests between synchronizations, as a model's layer loop
+            # issues them (the host runs ahead unless something waits for the GPU).
+            t_b2b = cuda_time_ms(lambda: tessera.attention(q, k, v, new_mask(), regime=regime),
+                                 reps, burst=BURST)
+            row = dict(shape=shape, case=case, density=round(m.density, 4),
+                       useful_tflop=flops / 1e12, tessera_ms=t_kernel,
+                       tessera_tflops=flops / t_kernel / 1e9, tessera_call_ms=t_call,
+                       tessera_plan_ms=t_plan,
+                       tessera_request_ms=t_req, tessera_b2b_ms=t_b2b, regime=p.regime.name,
+                       stats=str(p.stats()))
+            for label, t in sdpa.items():
+                row[f"sdpa_{label}_ms"] = t
+                row[f"sdpa_{label}_tflops"] = dense_flops / t / 1e9
+            if flex_fn is not None:
+                try:
+                    def build():
+                        knb = tiles.sum(-1, dtype=torch.int32)[None]
+                        kidx = torch.argsort(~tiles, dim=-1, stable=True).to(torch.int32)[None]
+                        return flex_mask.from_kv_blocks(knb, kidx, BLOCK_SIZE=BLOCK,
+                                                        seq_lengths=(L, L))
+                    fm = build()
+                    t_flex = cuda_time_ms(lambda: flex_fn(q, k, v, block_mask=fm), reps,
+                                          burst=BURST)
+                    t_flex_call = cuda_time_ms(lambda: flex_fn(q, k, v, block_mask=fm), reps)
+                    t_build = cuda_time_ms(build, reps)
+                    t_flex_req = cuda_time_ms(lambda: flex_fn(q, k, v, block_mask=build()), reps)
+                    t_flex_b2b = cuda_time_ms(lambda: flex_fn(q, k, v, block_mask=build()),
+                                              reps, burst=BURST)
+                    row.update(flex_ms=t_flex, flex_tflops=flops / t_flex / 1e9,
+                               flex_call_ms=t_flex_call, call_vs_flex=t_flex_call / t_call,
+                               flex_tile_density=round(float(tiles.float().mean()), 4),
+                               flex_build_ms=t_build, flex_request_ms=t_flex_req,
+                               kernel_vs_flex=t_flex / t_kernel,
+                               request_vs_flex=t_flex_req / t_req, flex_b2b_ms=t_flex_b2b,
+                               b2b_vs_flex=t_flex_b2b / t_b2b)
+                except Exception as exc:
+                    print(f"\nFlex failed on {shape}/{case}: {exc}", file=sys.stderr)
+            rows.append(row)
+    _progress(total, total, "done")
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    """The figures as a fixed-width table (ms, useful TFLOP/s, ratios to FlexAttention; rows of
+    earlier runs without the "call" figures show nan there)."""
+    nan = float("nan")
+    out = [f"{'shape':15} {'case':17} {'dens':>5} {'kernel':>7} {'TF/s':>5} {'call':>6} "
+           f"{'plan':>6} {'request':>7} {'b2b':>6} {'flex':>7} {'TF/s':>5} {'f.call':>6} "
+           f"{'f.req':>7} {'f.b2b':>6} {'k x':>5} {'c x':>5} {'req x':>5} {'b2b x':>5} "
+           f"{'cudnn':>6} {'fa2':>6}"]
+    for r in rows:
+        out.append(
+            f"{r['shape']:15} {r['case']:17} {r['density']:5.2f} {r['tessera_ms']:7.2f} "
+            f"{r['tessera_tflops']:5.0f} {r.get('tessera_call_ms', nan):6.2f} "
+            f"{r['tessera_plan_ms']:6.2f} "
+            f"{r['tessera_request_ms']:7.2f} {r.get('tessera_b2b_ms', nan):6.2f} "
+            f"{r.get('flex_ms', nan):7.2f} {r.get('flex_tflops', nan):5.0f} "
+            f"{r.get('flex_call_ms', nan):6.2f} "
+            f"{r.get('flex_request_ms', nan):7.2f} {r.get('flex_b2b_ms', nan):6.2f} "
+            f"{r.get('kernel_vs_flex', nan):5.2f} {r.get('call_vs_flex', nan):5.2f} "
+            f"{r.get('request_vs_flex', nan):5.2f} {r.get('b2b_vs_flex', nan):5.2f} "
+            f"{r.get('sdpa_cudnn_ms', nan):6.2f} {r.get('sdpa_flash_ms', nan):6.2f}")
+    return "\n".join(out)
+
+
+def chart(rows: list[dict], path: str) -> None:
+    """Bar chart of useful TFLOP/s per (shape, case) for Tessera and FlexAttention."""
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    labels = [f"{r['shape']}\n{r['case']}" for r in rows]
+    x = np.arange(len(rows))
+    fig, ax = plt.subplots(figsize=(max(6, len(rows) * 1.1), 4))
+    ax.bar(x - 0.2, [r["tessera_tflops"] for r in rows], 0.4, label="Tessera")
+    ax.bar(x + 0.2, [r.get("flex_tflops", 0) for r in rows], 0.4, label="FlexAttention")
+    ax.set_xticks(x, labels, fontsize=7)
+    ax.set_ylabel("useful TFLOP/s")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tessera bench")
+    ap.add_argument("--shape", default="wan-1.3b-480p,cogvideox-5b",
+                    help=f"comma list of {', '.join(WORKLOADS)}")
+    ap.add_argument("--case", default=None,
+                    help=f"comma list of {', '.join(CASES)} (default: all, unless --family)")
+    ap.add_argument("--family", default=None,
+                    help=f"comma list of mask families: {', '.join(FAMILIES)}, or 'all'")
+    ap.add_argument("--heads", type=int, default=None,
+                    help="query heads (default: the model's; data-dependent families build "
+                         "their masks on the host, which takes a while at full size)")
+    ap.add_argument("--regime", default=None,
+                    help="a regime name (as plan.regime.name prints it) to use for every case "
+                         "instead of the table's or the heuristic's")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--no-flex", action="store_true")
+    ap.add_argument("--json", help="write the figures as JSON here")
+    ap.add_argument("--png", help="write a bar chart here (needs matplotlib)")
+    args = ap.parse_args(argv)
+    shapes = args.shape.split(",")
+    cases = args.case.split(",") if args.case else ([] if args.family else list(CASES))
+    families = (list(FAMILIES) if args.family == "all" else args.family.split(",")) \
+        if args.family else []
+    for s in shapes:
+        if s not in WORKLOADS:
+            ap.error(f"unknown shape {s!r}; choose from {', '.join(WORKLOADS)}")
+    for c in cases:
+        if c not in CASES:
+            ap.error(f"unknown case {c!r}; choose from {', '.join(CASES)}")
+    for f in families:
+        if f not in FAMILIES:
+            ap.error(f"unknown family {f!r}; choose from {', '.join(FAMILIES)}")
+    if args.heads is not None and args.heads <= 0:
+        ap.error(f"--heads must be positive, got {args.heads}")
+    regime = None
+    if args.regime is not None:
+        regime = regime_from_name(args.regime)
+        if regime is None:
+            ap.error(f"--regime: not a regime name: {args.regime!r} (e.g. "
+                     "'sm90_128x128_w12_s3[combine_threshold=0.0]')")
+    try:
+        import torch  # noqa: PLC0415
+
+        has_gpu = torch.cuda.is_available()
+    except ImportError:
+        print("bench needs PyTorch (baselines and CUDA timers); it is not installed here.")
+        return 1
+    if not has_gpu:
+        print("bench needs a CUDA GPU; none is visible. `python -m tessera demo` runs on the "
+              "CPU emulator instead.")
+        return 1
+    rows = run(shapes, cases + families, args.reps, flex=not args.no_flex, heads=args.heads,
+               regime=regime)
+    print(table(rows))
+    print("regimes: " + "; ".join(f"{r['shape']} {r['case']}: {r['regime']}" for r in rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(date=time.strftime("%Y-%m-%d"), gpu=torch.cuda.get_device_name(),
+                           rows=rows), f, indent=1)
+    if args.png:
+        chart(rows, args.png)
+    return 0

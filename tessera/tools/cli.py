@@ -1,0 +1,166 @@
+"""Command line: ``python -m tessera info`` (what this machine can run, with or without a GPU),
+``plan``, ``demo``, ``bench`` and ``profile`` (write this GPU's regime table)."""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import time
+
+import numpy as np
+import scipy
+
+import tessera
+
+from .._array import cupy_or_none
+from ..cuda.loader import CI_TARGETS, cache_dir, nvrtc_version, target_for
+from ..cuda.tma import _driver_encoder
+from ..runtime.plan import plan
+from ..runtime.regime import (
+    TABLES_DIR,  # noqa: F401 - tables/ beside the package
+    default_regime,
+    describe_table_in_use,
+)
+from .bench import main as bench_main
+from .demo import run
+from .plot import draw_plan
+from .profile import add_arguments, command
+from .workloads import FAMILIES, WORKLOADS, example_mask
+
+
+def _gpu_lines() -> tuple[list[str], int | None]:
+    cp = cupy_or_none()
+    if cp is None:
+        return ["CuPy: not installed (CPU-only: masks, planning, reference, emulator)"], None
+    lines = [f"CuPy: {cp.__version__}"]
+    try:
+        rt = cp.cuda.runtime.runtimeGetVersion()
+        lines.append(f"CUDA runtime: {rt // 1000}.{rt % 1000 // 10}")
+    except Exception as exc:  # CuPy present but its CUDA libraries are not
+        lines.append(f"CUDA runtime: unavailable ({type(exc).__name__})")
+
+    v = nvrtc_version()
+    lines.append(f"NVRTC: {'%d.%d' % v if v else 'not found (install the cuda12/cuda13 extra)'}")
+    try:
+        n = cp.cuda.runtime.getDeviceCount()
+    except Exception:
+        n = 0
+    if n == 0:
+        lines.append("GPU: none found (kernels can still be compiled: see targets below)")
+        return lines, None
+    dev = cp.cuda.Device()
+    props = cp.cuda.runtime.getDeviceProperties(dev.id)
+    cc = int(dev.compute_capability)
+    drv = cp.cuda.runtime.driverGetVersion()
+    lines.append(f"GPU: {props['name'].decode()} (compute capability {cc // 10}.{cc % 10}, "
+                 f"{props['multiProcessorCount']} SMs), driver CUDA {drv // 1000}."
+                 f"{drv % 1000 // 10}, kernels built for {target_for(cc)}")
+    return lines, cc
+
+
+def info() -> int:
+    """Print versions, the GPU (if any), kernel targets and regime tables."""
+
+    print(f"Tessera {tessera.__version__} (Python {platform.python_version()}, numpy "
+          f"{np.__version__}, scipy {scipy.__version__})")
+    lines, cc = _gpu_lines()
+    for line in lines:
+        print(line)
+    print("Kernel families: sm80 (mma.sync, runs on sm_80 and newer); sm90 (wgmma, sm_90 "
+          "only, the default there); combine")
+    print(f"Compile targets checked in CI: {', '.join(CI_TARGETS)} (sm90 family: sm_90a)")
+
+    print("TMA copies (sm90 family, producer variants of the span-by-span walk): " + (
+        "the driver encodes tensor maps" if _driver_encoder() is not None else
+        "no CUDA driver with cuTensorMapEncodeTiled here: cp.async copies"))
+    cached = sorted(p.name for p in cache_dir().glob("*.cubin")) if cache_dir().is_dir() else []
+    print(f"Compiled kernels cached in {cache_dir()}: {len(cached)}")
+    tables = sorted(TABLES_DIR.glob("*.json")) if TABLES_DIR.is_dir() else []
+    if tables:
+        print("Regime tables: " + ", ".join(t.name for t in tables))
+    else:
+        print("Regime tables: none yet; plans use the heuristic default regime")
+    print(f"Regime table in use: {describe_table_in_use(cc)}")
+    where = f"sm_{cc}" if cc is not None else "no GPU"
+    for d in (64, 128):
+        line = f"Default regime for head dim {d} ({where}): {default_regime(cc, d).name}"
+        if cc != 90:  # what a Hopper GPU would take instead
+            line += f"; on sm_90: {default_regime(90, d).name}"
+        # Masks of small query blocks (64-token cubes) take 64-row tiles.
+        line += f"; 64-token query blocks: {default_regime(cc, d, q_block=64).name}"
+        if cc != 90:
+            line += f" (sm_90: {default_regime(90, d, q_block=64).name})"
+        print(line)
+    return 0
+
+
+def plan_command(args: argparse.Namespace) -> int:
+    """Build a family's mask for a workload, plan it, print its stats, optionally draw it."""
+
+    if args.shape not in WORKLOADS:
+        print(f"unknown shape {args.shape!r}; choose from {', '.join(WORKLOADS)}")
+        return 2
+    if args.family not in FAMILIES:
+        print(f"unknown family {args.family!r}; choose from {', '.join(FAMILIES)}")
+        return 2
+    w = WORKLOADS[args.shape]
+    d = args.head_dim or w.head_dim
+    t0 = time.perf_counter()
+    vm = example_mask(w, args.family, heads=args.heads)
+    t1 = time.perf_counter()
+    regime = default_regime(None, d)
+    if args.block_m:
+        regime = regime.with_(block_m=args.block_m, num_warps=max(1, args.block_m // 32))
+    h = vm.mask.batch_heads[1]
+    p = plan(vm.mask, num_q_heads=max(h, args.heads), head_dim=d, regime=regime)
+    t2 = time.perf_counter()
+    print(f"{args.family} on {w.name} ({w.seq_len} tokens, {args.heads} heads): {vm.mask}")
+    print(f"mask built in {(t1 - t0) * 1e3:.1f} ms, planned in {(t2 - t1) * 1e3:.1f} ms "
+          f"({p.regime.name})")
+    print(f"plan: {p.stats()}")
+    if args.png:
+        out = draw_plan(p, args.png, head=args.head,
+                        title=f"{args.family} on {w.name}, head {args.head}")
+        print(f"wrote {out}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tessera",
+                                 description="Tessera: block-sparse attention for video DiTs")
+    sub = ap.add_subparsers(dest="cmd")
+    sub.add_parser("info", help="versions, GPU, kernel targets and regime tables")
+    demo = sub.add_parser("demo", help="STA and top-k masks on a Wan-1.3B-shaped attention, "
+                                       "checked against the float64 reference")
+    demo.add_argument("--size", choices=["auto", "full", "small"], default="auto",
+                      help="full: the GPU run; small: the CPU emulator at a reduced size; "
+                           "auto: full when a GPU is present")
+    pl = sub.add_parser("plan", help="plan a video mask family and print (or draw) the plan")
+    pl.add_argument("--shape", default="wan-1.3b-480p", help="a workload of tessera.workloads")
+    pl.add_argument("--family", default="sliding_tile", help="a family of tessera.families")
+    pl.add_argument("--heads", type=int, default=2, help="mask heads to generate")
+    pl.add_argument("--head-dim", type=int, default=None)
+    pl.add_argument("--head", type=int, default=0, help="head to draw")
+    pl.add_argument("--block-m", type=int, default=None, help="physical tile rows")
+    pl.add_argument("--png", help="draw the plan to this PNG (needs matplotlib)")
+    pr = sub.add_parser("profile", help="time candidate regimes on a mask corpus and write "
+                                         "this GPU's regime table (needs a GPU and PyTorch)")
+
+    add_arguments(pr)
+    sub.add_parser("bench", add_help=False,
+                   help="Tessera vs dense SDPA and FlexAttention on a GPU (see --help there)")
+    args, rest = ap.parse_known_args(argv)
+    if args.cmd == "bench":
+        return bench_main(rest)
+    if rest:
+        ap.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.cmd in (None, "info"):
+        return info()
+    if args.cmd == "plan":
+        return plan_command(args)
+    if args.cmd == "profile":
+        return command(args)
+    if args.cmd == "demo":
+        return run(args.size)
+    return 2
+
