@@ -1,7 +1,9 @@
-"""Array-module plumbing: one place that knows about numpy, CuPy and DLPack.
+"""Array-module plumbing: numpy or CuPy (``xp``), CSR helpers, one-allocation workspaces, and
+PyTorch's current stream.
 
 Everything above this module works on "an array of module ``xp``" and never imports CuPy
-directly, so the library imports and plans on machines without a GPU or without CuPy.
+directly (CuPy is loaded here, lazily), so the library imports and plans on machines without a
+GPU or without CuPy.
 """
 
 from __future__ import annotations

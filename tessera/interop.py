@@ -320,8 +320,8 @@ def torch_private_copy(a: Any) -> Any:
     """A CuPy copy of a contiguous CUDA torch tensor of a numpy dtype, made by one
     device-to-device copy on CuPy's current stream of its device when that is torch's current
     stream there (so the copy is ordered after whatever torch wrote into it), without a CuPy
-    view of the tensor first (~30 us of a request's host time on the H200 machine,
-    benchmarks/line_times.py); None when any of that does not hold (the caller then takes the
+    view of the tensor first (that view costs ~30 us of a request's host time on the H200);
+    None when any of that does not hold (the caller then takes the
     general path: a view or DLPack, and private_copy)."""
     cp = cupy_or_none()
     if cp is None or not a.is_contiguous():

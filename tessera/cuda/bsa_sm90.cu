@@ -234,7 +234,7 @@ __device__ __forceinline__ void load_kv(u32 ks, const u16* k_head, i64 k_sl, con
     // threads share a row, each copying one piece of every column chunk of it, so a thread
     // does that for BN / LINE_ROWS rows instead of BN / ROW_STEP (4 against 8 at head dim 128),
     // and each copy instruction still reads whole lines (four rows of 128 bytes): Wan's top-k
-    // cubes ran 14-16% faster (H200, sixteenth session). Two threads a row (16 rows of 32 bytes
+    // cubes run 14-16% faster (H200, docs/decisions.md). Two threads a row (16 rows of 32 bytes
     // a copy instruction) ran them 22% slower. Rows LINE_ROWS apart (a multiple of 8) keep the
     // swizzle pattern: offsets step by constants. (A row of one column chunk, head dim 64,
     // takes the layout below, which is then the same.)

@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from .. import _array
 
-__all__ = ["device_cc", "device_arch", "device_sm_count", "current_gpu_name",
+__all__ = ["device_cc", "device_arch", "device_sm_count", "current_gpu_name", "gpu_count",
            "smem_limit_bytes", "SMEM_LIMIT_KIB", "SM90_SMEM_PER_SM", "SM90_SMEM_RESERVED"]
 
 # Shared memory of one sm_90 SM, and what the driver reserves per resident CTA (CUDA
@@ -36,13 +36,21 @@ def smem_limit_bytes(arch: int | None) -> int:
     return SMEM_LIMIT_KIB.get(arch, _SMEM_FALLBACK_KIB) * 1024  # type: ignore[arg-type]
 
 
+# Per device id: its name, compute capability and multiprocessor count.
 _gpu_names: dict[int, str | None] = {}
-
-
 _device_archs: dict[int, int] = {}
-
-
 _device_sms: dict[int, int] = {}
+
+
+def gpu_count() -> int:
+    """CUDA devices visible to this process (0 without CuPy, a driver or a GPU)."""
+    cp = _array.cupy_or_none()
+    if cp is None:
+        return 0
+    try:
+        return int(cp.cuda.runtime.getDeviceCount())
+    except Exception:
+        return 0
 
 
 def _current_device_id() -> int | None:

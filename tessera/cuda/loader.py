@@ -110,8 +110,8 @@ def compile_variant(variant: Variant, target: str, *, allow_spills: bool = False
     ``require_report=False`` accepts a build whose ptxas report is missing, whatever else the
     log holds (compiler warnings): the H200 machine's NVRTC leaves it out when the same program
     was compiled before on the machine -- by another process, or into another cache directory
-    (seventeenth session: a fresh ``TESSERA_CACHE_DIR`` after the test suite had built the same
-    sources failed every request) -- and once for a program compiled after CuPy's own kernels.
+    (a fresh ``TESSERA_CACHE_DIR`` after the test suite had built the same sources would
+    otherwise fail every request) -- and once for a program compiled after CuPy's own kernels.
     The spill gate is CI's job, where the report is always required. Registers are then -1.
     """
     if variant.source in SM90A_ONLY and target != "sm_90a":

@@ -404,9 +404,9 @@ plan_scan(const unsigned char* __restrict__ identical, const int* __restrict__ n
   // Pass 5: runs take their places in run order (see the kernel's comment): a warp walks a
   // mask head's light runs, or the heavy runs' list, 32 at a time; the lanes of one key find the
   // weights of those below them (__match_any_sync, a shuffle per lane), the key's last lane
-  // advances its next position, and each lane's place follows. Until the seventeenth session the
-  // whole block took each group of SCAN_THREADS runs in 32 warp turns, a block barrier each:
-  // ~50 of the kernel's 71 us on CogVideoX's 6,672 rows (ncu without cache flush, call_zz66).
+  // advances its next position, and each lane's place follows. (The whole block taking each
+  // group of SCAN_THREADS runs in 32 warp turns, a block barrier each, costs ~50 of the
+  // kernel's 71 us on CogVideoX's 6,672 rows: docs/decisions.md.)
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int n_bh = n_rows / n_q;
   for (int bh = warp; bh < n_bh; bh += SCAN_THREADS / 32) {

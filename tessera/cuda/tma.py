@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["TileMap", "tile_map", "encode", "launch_maps", "MAPS_DTYPE", "TensorMapError"]
+__all__ = ["TileMap", "tile_map", "encode", "launch_maps", "MAPS_DTYPE", "TensorMapError",
+           "driver_encodes_maps"]
 
 # CUtensorMapDataType, CUtensorMapSwizzle and friends (cuda.h, CUDA 12 and 13).
 DATA_TYPE_FLOAT16 = 6
@@ -98,6 +99,12 @@ def _driver_encoder():
         fn.restype = ctypes.c_int
         return fn
     return None
+
+
+def driver_encodes_maps() -> bool:
+    """Whether this machine's CUDA driver can encode tensor maps (cuTensorMapEncodeTiled): where
+    it cannot, every launch copies by cp.async."""
+    return _driver_encoder() is not None
 
 
 def encode(m: TileMap, address: int, encoder=None) -> bytes:

@@ -136,7 +136,7 @@ class _Relaunch:
     they address by raw pointers). On CuPy, a replan replays them as one CUDA graph, captured
     at the first replan on a stream of its own, which reads the dense rows from a buffer that
     each replan fills by one copy: ~6 us of host time for the three planner launches instead of
-    ~35 (benchmarks/launch_overhead.py on the H200). A stream being captured by the caller
+    ~35 on the H200. A stream being captured by the caller
     takes the launches themselves."""
 
     def __init__(self, launches: tuple[_Launch, ...], scratch: Workspace, xp: Any) -> None:

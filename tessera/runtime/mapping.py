@@ -471,7 +471,7 @@ def _tiling_pairs_on_device(mask: BlockMask, dense_rows: Any, geo: AlignedGeomet
                             tile_rows: int) -> tuple[int, int]:
     """:func:`tiling_pairs` of a device mask by plan.cu's tiling_pairs kernel: one launch and
     one 16-byte copy back (as array operations, ~15 launches, the estimate cost ~1 ms of a
-    request on the H200, benchmarks/RESULTS.md tenth session)."""
+    request on the H200, docs/decisions.md)."""
 
     xp = mask.xp
     n_kv = mask.num_kv_blocks
@@ -579,9 +579,9 @@ def launch_row_stats(mask: BlockMask, dense: Any, block_n: int, count: Any, nspa
 
 def mask_pairs_on_device(mask: BlockMask, dense_rows: Any) -> tuple[int, int]:
     """(total, heaviest row) selected token pairs of a mask with dense rows, by the mask_pairs
-    kernel: one launch and one 16-byte copy (the regime table's features, runtime/regime.py;
+    kernel: one launch and one 16-byte copy (the regime table's features, runtime/regime/features.py;
     with the array operations before it, plans that looked up the table took ~0.5 ms longer
-    on the H200, benchmarks/RESULTS.md)."""
+    on the H200, docs/decisions.md)."""
 
     xp = mask.xp
     dense = xp.ascontiguousarray(dense_rows).view(np.uint8)

@@ -257,7 +257,7 @@ def plan(block_mask: BlockMask, *, num_q_heads: int, num_kv_heads: int | None = 
     ``split_tasks=False`` makes a selected regime never split heavy tasks nor merge rows
     (``tessera.attention``'s requests): both need the general task organization on the host,
     milliseconds a plan, more than the tail a split shortens at the sizes where one is possible
-    at all (``tasks.may_split``; benchmarks/RESULTS.md, nineteenth session). A device mask's
+    at all (``tasks.may_split``; docs/decisions.md). A device mask's
     plan is then sync-free.
     """
     if not isinstance(block_mask, BlockMask):
@@ -297,7 +297,7 @@ def _plan(block_mask: BlockMask, num_q_heads: int, num_kv_heads: int | None, hea
                          "CUDA graph is captured): a host mask is planned on the host")
     by_geometry = True  # a regime given holds for every mask of the geometry
     given = regime is not None
-    if regime is None:  # the table in force for arch, else the heuristic (runtime/regime.py)
+    if regime is None:  # the table in force for arch, else the heuristic (runtime/regime/)
         regime, by_geometry = selected_regime(
             block_mask, arch=arch, head_dim=head_dim, dtype=dtype, num_q_heads=num_q_heads,
             batch=batch, num_kv_heads=num_kv_heads, read_mask=not sync_free)

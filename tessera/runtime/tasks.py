@@ -87,7 +87,7 @@ def may_split(split_ratio: float, tasks_bound: int, in_flight: int) -> bool:
     the shape guarantees ``tasks_bound`` >= SPLIT_FREE_TASKS_PER_SLOT tasks per slot: launched
     in any order, the queue then finishes within its average work per slot plus the heaviest
     task, and a task only exceeds that average when it is 16 times the mean -- the text rows of
-    full-size video models, which split_limit keeps whole anyway (benchmarks/RESULTS.md).
+    full-size video models, which split_limit keeps whole anyway (docs/decisions.md).
     """
     if split_ratio >= NEVER_SPLIT_RATIO:
         return False
@@ -109,11 +109,11 @@ def launch_keys(cost: Any, group: Any, in_flight: int) -> Any:
     come first, longest first: they set the tail. The rest follow one assignment at a time,
     longest first within it, so the tasks running together read the same K/V and find it in
     L2 -- ordering every task by cost alone interleaves the heads, and K/V came from DRAM
-    (random 10% masks on the H200: 9-10% slower kernels, benchmarks/RESULTS.md); a mask shared
+    (random 10% masks on the H200: 9-10% slower kernels, docs/decisions.md); a mask shared
     by all heads is taken head by head too. Any order finishes within the work per slot plus
     the heaviest task (list scheduling), which is what tasks.may_split counts on; a long task
     left in the last head's group is what the heavy rule keeps from the tail
-    (benchmarks/order_makespan.py). Stable sorts on these keys give both planners' order
+    (a list-scheduling bound, docs/decisions.md). Stable sorts on these keys give both planners' order
     (plan.cu's plan_scan mirrors it)."""
     xp = array_module(cost)
     cost = cost.astype(np.int64)

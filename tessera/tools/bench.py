@@ -12,7 +12,7 @@ Useful FLOPs = 4 * D * selected (query, key) pairs. "kernel" = the GPU time of o
 prepared plan (FlexAttention: of its compiled call with a ready BlockMask; SDPA: of one call),
 measured over :data:`BURST` calls between two events so that the host's launch work hides
 behind the GPU's as it does in a model; "call" = one such call timed alone, the host's launch
-work included (the figure this table reported as "kernel" up to the fourteenth session).
+work included.
 "request" = everything a dynamic-mask call costs: building the mask object from a device bool
 block matrix, planning and running (FlexAttention: building its BlockMask and running), timed
 alone (the host's work and the GPU's add up) and back to back ("b2b": :data:`BURST` requests

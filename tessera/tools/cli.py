@@ -13,8 +13,9 @@ import scipy
 import tessera
 
 from .._array import cupy_or_none
+from ..cuda import device
 from ..cuda.loader import CI_TARGETS, cache_dir, nvrtc_version, target_for
-from ..cuda.tma import _driver_encoder
+from ..cuda.tma import driver_encodes_maps
 from ..runtime.plan import plan
 from ..runtime.regime import (
     TABLES_DIR,  # noqa: F401 - tables/ beside the package
@@ -41,19 +42,13 @@ def _gpu_lines() -> tuple[list[str], int | None]:
 
     v = nvrtc_version()
     lines.append(f"NVRTC: {'%d.%d' % v if v else 'not found (install the cuda12/cuda13 extra)'}")
-    try:
-        n = cp.cuda.runtime.getDeviceCount()
-    except Exception:
-        n = 0
-    if n == 0:
+    if device.gpu_count() == 0:
         lines.append("GPU: none found (kernels can still be compiled: see targets below)")
         return lines, None
-    dev = cp.cuda.Device()
-    props = cp.cuda.runtime.getDeviceProperties(dev.id)
-    cc = int(dev.compute_capability)
+    cc = device.device_arch()
     drv = cp.cuda.runtime.driverGetVersion()
-    lines.append(f"GPU: {props['name'].decode()} (compute capability {cc // 10}.{cc % 10}, "
-                 f"{props['multiProcessorCount']} SMs), driver CUDA {drv // 1000}."
+    lines.append(f"GPU: {device.current_gpu_name()} (compute capability {cc // 10}.{cc % 10}, "
+                 f"{device.device_sm_count()} SMs), driver CUDA {drv // 1000}."
                  f"{drv % 1000 // 10}, kernels built for {target_for(cc)}")
     return lines, cc
 
@@ -71,7 +66,7 @@ def info() -> int:
     print(f"Compile targets checked in CI: {', '.join(CI_TARGETS)} (sm90 family: sm_90a)")
 
     print("TMA copies (sm90 family, producer variants of the span-by-span walk): " + (
-        "the driver encodes tensor maps" if _driver_encoder() is not None else
+        "the driver encodes tensor maps" if driver_encodes_maps() else
         "no CUDA driver with cuTensorMapEncodeTiled here: cp.async copies"))
     cached = sorted(p.name for p in cache_dir().glob("*.cubin")) if cache_dir().is_dir() else []
     print(f"Compiled kernels cached in {cache_dir()}: {len(cached)}")

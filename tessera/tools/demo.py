@@ -18,6 +18,7 @@ import tessera
 
 from .. import families, reference
 from .._array import cupy_or_none
+from ..cuda import device
 from ..runtime import emulate
 from ..runtime.plan import plan
 from .workloads import STA_WINDOWS, WORKLOADS
@@ -26,11 +27,7 @@ WAN_LATENT = WORKLOADS["wan-1.3b-480p"].latent
 
 
 def _gpu_available() -> bool:
-    cp = cupy_or_none()
-    try:
-        return cp is not None and cp.cuda.runtime.getDeviceCount() > 0
-    except Exception:
-        return False
+    return device.gpu_count() > 0
 
 
 def _families(q: Any, k: Any, latent: tuple[int, int, int], heads: int,
@@ -91,7 +88,7 @@ def _run_gpu() -> int:
     L = math.prod(WAN_LATENT)
     fw = "torch bf16" if torch is not None else "CuPy fp16"
     print(f"Wan-2.1-1.3B-shaped self-attention: {heads} heads x {L} tokens x {d}, {fw}, "
-          f"{cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}")
+          f"{device.current_gpu_name()}")
     if torch is not None:
         q, k, v = (torch.randn(1, heads, L, d, device="cuda", dtype=torch.bfloat16)
                    for _ in range(3))

@@ -43,7 +43,7 @@ import numpy as np
 from .. import __version__
 from .. import families as mask_families
 from .._array import cupy_or_none
-from ..cuda.device import device_cc
+from ..cuda.device import current_gpu_name, device_cc, device_sm_count
 from ..cuda.loader import nvrtc_version
 from ..runtime.plan import plan as make_plan
 from ..runtime.regime import (
@@ -697,12 +697,11 @@ def gpu_environment() -> tuple[int, dict]:
                                   "(or cuda12)")
 
     cc = device_cc()
-    props = cp.cuda.runtime.getDeviceProperties(cp.cuda.runtime.getDevice())
-    name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    name = current_gpu_name()
     drv = cp.cuda.runtime.driverGetVersion()
     rt = cp.cuda.runtime.runtimeGetVersion()
     nv = nvrtc_version()
-    prov = dict(gpu=name, arch=cc, sms=int(props["multiProcessorCount"]),
+    prov = dict(gpu=name, arch=cc, sms=device_sm_count(),
                 driver=_nvidia_driver() or f"CUDA {drv // 1000}.{drv % 1000 // 10} (driver API)",
                 cuda=f"{rt // 1000}.{rt % 1000 // 10}", nvrtc="%d.%d" % nv if nv else None,
                 cupy=cp.__version__, torch=torch.__version__)
@@ -730,7 +729,7 @@ def gpu_timer(*, dtype: str = "bfloat16", batch: int = 1, reps: int = 10,
     ``plan_reps`` timings of planning again (the dynamic-mask path; a third of them for plans
     over 3 ms). Planning is host work (0.15-0.5 ms of CuPy calls, at most one synchronization) whose
     noise only adds: the same code path measured 0.43-0.87 ms as a median of 5 in one run
-    (H200, benchmarks/RESULTS.md), enough to decide a lookup; the minimum of more timings is
+    (H200, docs/decisions.md), enough to decide a lookup; the minimum of more timings is
     what one regime's planning costs.
     """
     import torch  # noqa: PLC0415
@@ -752,7 +751,7 @@ def gpu_timer(*, dtype: str = "bfloat16", batch: int = 1, reps: int = 10,
                   regime=regime)
         p = make_plan(mask, **kw)
         # Long kernels (tens of ms) are steady: fewer repetitions keep a profile of the
-        # largest shapes within a device session.
+        # largest shapes within an hour of GPU time.
         first = cuda_time_ms(lambda: p.run(q, k, v), reps=1, warmup=1)
         n = reps if first < 20 else max(3, reps // 3)
         kernel_ms = cuda_time_ms(lambda: p.run(q, k, v), reps=n, warmup=0)
@@ -761,7 +760,7 @@ def gpu_timer(*, dtype: str = "bfloat16", batch: int = 1, reps: int = 10,
             return make_plan(mask, **kw)
 
         # Slow planning (the general planner, milliseconds) never wins a request by a margin
-        # that noise decides: fewer timings keep the profile within a device session.
+        # that noise decides: fewer timings keep the profile within an hour of GPU time.
         first_plan = cuda_time_ms(replan, reps=1, warmup=1)
         m = plan_reps if first_plan < 3 else max(3, plan_reps // 3)
         plan_ms = min(first_plan, cuda_time_ms(replan, reps=m, warmup=0, stat=min))

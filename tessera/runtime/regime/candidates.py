@@ -52,7 +52,7 @@ def candidate_regimes(head_dim: int, arch: int | None,
         # 64-row tiles plain (one warpgroup) -- with a producer warpgroup, two CTAs an SM, as
         # default_regime takes them at head dim 128 and for 128-key steps at 64 --, 128-row
         # tiles warp-specialized (the plain 128-row variant was slower on every swept mask:
-        # benchmarks/RESULTS.md).
+        # docs/decisions.md).
         shapes += [dict(family="sm90", block_m=bm, block_n=bn,
                         num_warps=bm // ROW_GROUP + (4 if sm90_producer(bm, bn, head_dim) else 0))
                    for bm in CANDIDATE_BLOCK_M for bn in CANDIDATE_SM90_BLOCK_N]

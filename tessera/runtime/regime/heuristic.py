@@ -31,35 +31,28 @@ def default_regime(arch: int | None = None, head_dim: int = 128,
                    q_block: float | None = None, kv_bounds: np.ndarray | None = None) -> Regime:
     """The heuristic regime for a GPU with compute capability ``arch`` (e.g. 90), or None (CPU).
 
-    Hopper (sm_90) takes the warp-specialized wgmma variant: 128-row tiles (two consumer
-    warpgroups and a producer warpgroup), 128 keys a step, three K/V stages — the fastest sm90
-    shape for head dim 128 on the H200 (benchmarks/RESULTS.md, fourth session). At head dim 64
-    64-row tiles with 128-key steps and a producer warpgroup, two CTAs an SM, each running its
-    own tasks: as fast or faster than the 128-row tiles on every CogVideoX mask measured (1-3%,
-    random 10% 2-7%; H200, sixteenth session) -- the 128-row ones still take aligned tiles
-    (:func:`select_regime`). Masks of small query blocks take 64-row tiles and 64 keys a step
-    (key spans of 64-token blocks would leave half of a 128-key step masked), at head dim 128
-    with a producer warpgroup, two CTAs an SM (Wan's top-k cubes 1.2-1.3x faster than without
-    a producer, H200, fourteenth session); head dims 64 and 96 keep the plain variant (at 64
-    the producer form ran CogVideoX's cubes only 1-3% faster, within the drift between machine
-    starts, fifteenth session -- before the sixteenth's packed-walk changes; 96 not measured).
-    Elsewhere the portable family: 128-row tiles over 4 warps (32 rows each), 64 keys a step, double
-    buffered, at every head dim: since the kernel stopped predicating its mma.sync per row tile,
-    the 128-row tile runs head dim 64 1.14-1.22x faster than the 64-row one it used to take
-    there (CogVideoX at 10%, 30% and dense; H200, benchmarks/RESULTS.md, eleventh session).
-    sm_86/sm_89 allow 99 KB of shared memory per CTA, too little for the 128-row tile at head
-    dim 128, so they take 64-row tiles there. Masks whose query blocks are mostly 64 tokens
-    or fewer (``q_block``: the median query block size) take 64-row tiles as well: such blocks
-    rarely share key sets, so a 128-row tile would run half empty. Restricted merges are off
-    (``combine_threshold=0``): over the 72 profiled and 32 held-out masks on the H200 they
-    lost more in planning and kernel time than they saved (benchmarks/RESULTS.md).
-    On sm_90, masks of small blocks whose key geometry ``kv_bounds`` is ragged against the key
-    step (:func:`blocks_ragged`: pooled top-k cubes with their edge cubes) take the packed key walk
-    (``pack_keys``): walked span by span, each short span would cost a whole step. The 128-row
-    regime never packs: its span-by-span walk copies K/V by TMA (a packed walk cannot), which
-    ran the variable clusters 1.16-1.23x faster than packing them (H200, ninth session);
-    whether it also aligns its tiles depends on the selection, which :func:`select_regime`
-    asks (:func:`align_pays`).
+    Each rule, with the measurement behind it in docs/decisions.md ("Default regimes"):
+
+    - sm_90, blocks of 128 tokens or more: the warp-specialized wgmma variant, 128-row tiles
+      (two consumer warpgroups and a producer), 128 keys a step, three K/V stages -- the fastest
+      sm90 shape at head dim 128. At head dim 64, 64-row tiles with 128-key steps and a producer
+      warpgroup, two CTAs an SM: as fast or faster on every CogVideoX mask measured (the 128-row
+      ones still take aligned tiles, :func:`select_regime`).
+    - sm_90, small query blocks (``q_block``, the median query block, <= 64 tokens): 64-row
+      tiles and 64 keys a step (a 128-key step would be half masked on 64-token spans); at head
+      dim 128 with a producer warpgroup, two CTAs an SM (Wan's top-k cubes 1.2-1.3x faster);
+      head dims 64 and 96 keep the plain variant (the producer form was within noise at 64).
+      Key geometries ragged against the step (:func:`blocks_ragged`: pooled top-k cubes with
+      their edge cubes) take the packed key walk (``pack_keys``): walked span by span, each
+      short span would cost a whole step. The 128-row regime never packs: its span-by-span walk
+      copies K/V by TMA, which a packed walk cannot (variable clusters 1.16-1.23x faster).
+    - Elsewhere the portable family: 128-row tiles over 4 warps, 64 keys a step, double
+      buffered, at every head dim (1.14-1.22x faster than 64-row tiles at head dim 64); sm_86
+      and sm_89 allow 99 KB of shared memory per CTA, too little for 128 rows at head dim 128,
+      so they take 64-row tiles there, as do small query blocks (a 128-row tile would run half
+      empty: such blocks rarely share key sets).
+    - Restricted merges are off (``combine_threshold=0``): on the profiled and held-out masks
+      they cost more in planning and kernel time than they saved.
     """
     small_blocks = q_block is not None and q_block <= 64
     if arch == 90:
@@ -81,7 +74,7 @@ def blocks_ragged(bounds: np.ndarray, step: int) -> bool:
     """Whether the blocks of this geometry (key or query token ``bounds``) end mid-step (mid key
     step, mid tile) often enough for a walk or tiling that ignores block ends to pay: at least a
     tenth of them are not a multiple of ``step`` tokens and the median block is under two
-    steps. Keys, measured on the H200 (benchmarks/RESULTS.md, eighth session): CogVideoX's
+    steps. Keys, measured on the H200 (docs/decisions.md): CogVideoX's
     top-k cubes (40% ragged at 64) ran 1.12x faster packed with 64-key steps; masks of
     128-token blocks ran the same either way. In computed pairs: top-k cubes (19-40% ragged)
     25-42% fewer, variable clusters 10-12%; sliding tiles of 288/384-token blocks ~1% (spans
@@ -112,7 +105,7 @@ def align_pays(mask: Any, tile_rows: int) -> bool:
     aligned tiling computing at most :data:`ALIGN_MAX_PAIR_RATIO` of the plain one's pairs.
     Reads the selection: one kernel and one synchronization for a device mask (~0.2 ms of a
     request on the H200), paid only by ragged query geometries. Semantic clusters on the H200
-    (tenth session): kernel 1.41x (Wan) / 1.46x (CogVideoX) faster aligned, request 1.35x /
+    (docs/decisions.md): kernel 1.41x (Wan) / 1.46x (CogVideoX) faster aligned, request 1.35x /
     1.43x with the estimate included."""
     if not blocks_ragged(mask.q_bounds, tile_rows):
         return False

@@ -6,7 +6,7 @@ Selection (``tessera.plan(..., regime=None)``, :func:`select_regime`):
    :func:`use_table`, else by ``$TESSERA_REGIME_TABLE`` (a file; ``none`` for no table), else
    ``tables/<gpu-slug>.json`` beside the package (``"NVIDIA H200"`` -> ``nvidia-h200.json``)
    when it exists. Tables are written offline by ``python -m tessera profile``
-   (tessera/runtime/profile.py).
+   (tessera/tools/profile.py).
 
    The table is consulted where its choice matters: when the heuristic regime's plan may split
    tasks (``tasks.may_split``: shapes with fewer than 16 tasks per slot of the GPU -- few heads,
@@ -16,7 +16,7 @@ Selection (``tessera.plan(..., regime=None)``, :func:`select_regime`):
    than the heuristic. At the models' full head counts no task may split, the plan needs no
    synchronization, and the heuristic is kept: profiled at those head counts the table's
    picks equal the heuristic's (x1.000 over 32 held-out masks, 97% within 5% of the oracle,
-   benchmarks/RESULTS.md, sixth session), so measuring the mask there would only cost a
+   docs/decisions.md), so measuring the mask there would only cost a
    synchronization.
 2. Otherwise, or when the table has no entry for the head dim / dtype / geometry, the
    documented heuristic :func:`default_regime`. Plans without an architecture (``arch=None``

@@ -84,7 +84,7 @@ class RegimeTable:
     and batch x heads, plus :data:`GEOMETRY_STEP` per step of geometry), and the regime with
     the lowest weighted mean relative time (time / that entry's oracle) wins. One profiled
     mask per key is a noisy vote; pooling the neighbours' evidence picked better regimes in
-    leave-one-out tests on the H200 table (benchmarks/RESULTS.md). Tables without candidate
+    leave-one-out tests on the H200 table (docs/decisions.md). Tables without candidate
     data (written by hand): the entry with the same key; else, among entries with the same
     arch, head dim, dtype and geometry, the nearest by bucket distance (density first, then
     sequence length, then imbalance, then batch x heads; ties by key). Else None. Every

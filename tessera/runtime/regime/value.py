@@ -49,7 +49,7 @@ class Regime:
             most four long spans step 192 keys at a time (bsa_sm90.cu ``TESSERA_WIDE_BN``;
             other variants ignore it). Off by default: on the H200 it ran dense CogVideoX ~3%
             faster than without, random and spatial-temporal masks 3-8% slower (its stages
-            hold 192 keys; benchmarks/RESULTS.md, thirteenth session).
+            hold 192 keys; docs/decisions.md).
     """
 
     family: str = "sm80"
