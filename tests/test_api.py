@@ -131,7 +131,7 @@ def test_requests_of_one_geometry_replan_a_kept_plan(monkeypatch):
     tasks, or a regime that read the selection is never kept; the least recently used plan
     goes beyond request_plans_kept."""
     import pytest
-    from test_runtime import PLANNER_STAND_INS, assert_same_plan
+    from tests.runtime.runtime_helpers import PLANNER_STAND_INS, assert_same_plan
 
     import tessera
     from tessera import BlockMask, Regime

@@ -13,12 +13,7 @@ import pytest
 
 from tessera import families as M
 from tessera import reference
-
-
-# ---------------------------------------------------------------------------- helpers
-def dense(vm: M.VideoMask) -> np.ndarray:
-    """[B, H, nQB, nKB] host bool."""
-    return np.asarray(vm.mask.to_dense())
+from tests.families.families_helpers import dense, is_permutation, separated_qk
 
 
 def to_blocks(tok: np.ndarray, qb: np.ndarray, kb: np.ndarray) -> np.ndarray:
@@ -39,15 +34,10 @@ def coords(latent):
     return t.reshape(-1), h.reshape(-1), w.reshape(-1)
 
 
-def is_permutation(p, n):
-    return p.dtype == np.int64 and p.shape == (n,) and np.array_equal(np.sort(p), np.arange(n))
-
-
 def uniform(n, block):
     return np.minimum(np.arange(-(-n // block) + 1) * block, n)
 
 
-# ---------------------------------------------------------------------------- permutation helpers
 def test_apply_and_invert_permutation_roundtrip():
     rng = np.random.default_rng(0)
     perm = rng.permutation(17).astype(np.int64)
@@ -69,7 +59,6 @@ def test_temporal_permutation_hand():
     assert np.array_equal(s[p] * 4 + t[p], np.arange(32))
 
 
-# ---------------------------------------------------------------------------- sliding tile
 def test_sta_divisible_every_row_attends_window_volume():
     vm = M.sliding_tile((6, 8, 10), tile=(2, 2, 2), window=(3, 3, 3))  # grid 3x4x5
     d = dense(vm)
@@ -135,7 +124,6 @@ def test_sta_per_head_windows():
     assert np.array_equal(d[0, 2], single[0, 0])
 
 
-# ---------------------------------------------------------------------------- text tokens
 LAT = (4, 4, 6)  # 96 video tokens
 
 
@@ -196,7 +184,6 @@ def test_text_valid_out_of_range():
         M.radial(LAT, block=16, text_tokens=3, text_valid=4)
 
 
-# ---------------------------------------------------------------------------- spatial / temporal
 def brute_spatial(latent, width):
     T, H, W = latent
     t, _, _ = coords(latent)
@@ -306,7 +293,6 @@ def test_spatial_temporal_densities_on_wan():
     assert s == t and 0.12 < s < 0.2
 
 
-# ---------------------------------------------------------------------------- radial
 def brute_radial(latent, block, dense_distance=1, sink=True):
     """The documented token rule, token pair by token pair (broadcast)."""
     T, H, W = latent
@@ -372,7 +358,6 @@ def test_radial_density_on_wan():
         assert 0.2 <= M.radial(lat).mask.density <= 0.5
 
 
-# ---------------------------------------------------------------------------- top-k pooled
 def brute_pooled(q, k, latent, cube):
     """Cube members (original indices, frame-major order), pooled q/k, scores."""
     T, H, W = latent
@@ -448,22 +433,6 @@ def test_topk_pooled_gqa_and_3d_input_and_default():
         M.topk_pooled(q[:, :100], k[:, :100], lat, cube=cube)
 
 
-# ---------------------------------------------------------------------------- semantic clusters
-def separated_qk(rng, n_heads=2, d=8):
-    """q tokens around 3 well-separated points, k tokens around 4 (same for every head)."""
-    L = 60
-    cq = 10 * np.eye(d)[:3]
-    ck = 10 * np.eye(d)[3:7]
-    lq = rng.integers(0, 3, L)
-    lk = rng.integers(0, 4, L)
-    lq[:3] = [0, 1, 2]
-    lk[:4] = [0, 1, 2, 3]
-    q = cq[lq] + 0.01 * rng.standard_normal((L, d))
-    k = ck[lk] + 0.01 * rng.standard_normal((L, d))
-    scale = np.linspace(0.5, 1.5, n_heads)[:, None, None]
-    return (scale * q).astype(np.float32), (scale * k).astype(np.float32), lq, lk
-
-
 def test_semantic_clusters_find_separated_clusters():
     rng = np.random.default_rng(3)
     q, k, lq, lk = separated_qk(rng)
@@ -529,7 +498,6 @@ def test_semantic_clusters_deterministic_and_min_fraction():
     assert (dense(a).sum(-1) == math.ceil(0.25 * n_k)).all()  # top_p tiny: min_fraction binds
 
 
-# ---------------------------------------------------------------------------- random
 def test_random_blocks_density():
     vm = M.random_blocks(4, 128 * 200 - 5, block=128, density=0.1, seed=3)
     assert vm.mask.batch_heads == (1, 4)
@@ -540,7 +508,6 @@ def test_random_blocks_density():
     assert M.random_blocks(1, 1000, density=0.5).mask.batch_heads == (1, 1)
 
 
-# ---------------------------------------------------------------------------- end to end
 def masked_attention_original(q, k, v, tok):
     s = q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])
     s = np.where(tok, s, -np.inf)
@@ -569,33 +536,3 @@ def test_permuted_attention_equals_original_order_rule(family):
     ki = M.invert_permutation(vm.key_permutation)
     tok = tok_perm[:, qi][:, :, ki]
     assert np.allclose(out, masked_attention_original(q, k, v, tok[None]), atol=1e-10)
-
-
-# ---------------------------------------------------------------------------- device (CuPy)
-@pytest.mark.gpu
-def test_device_paths_match_host():
-    import cupy as cp
-
-    lat, cube = (5, 6, 7), (4, 4, 4)
-    rng = np.random.default_rng(7)
-    q = 2 * rng.standard_normal((2, 3, 215, 16)).astype(np.float32)
-    k = 2 * rng.standard_normal((2, 3, 215, 16)).astype(np.float32)
-    for kw in (dict(topk=3), dict(top_p=0.8)):
-        h = M.topk_pooled(q, k, lat, cube=cube, text_tokens=5, text_valid=3, **kw)
-        d = M.topk_pooled(cp.asarray(q), cp.asarray(k), lat, cube=cube, text_tokens=5,
-                          text_valid=3, **kw)
-        assert d.mask.on_device and isinstance(d.permutation, np.ndarray)
-        assert np.array_equal(cp.asnumpy(d.mask.to_dense()), dense(h)), kw
-        assert np.array_equal(d.permutation, h.permutation)
-        assert np.array_equal(d.mask.q_bounds, h.mask.q_bounds)
-    qs, ks, _, _ = separated_qk(np.random.default_rng(3))
-    h = M.semantic_clusters(qs, ks, 3, 4, top_p=0.9, min_fraction=0.25)
-    d = M.semantic_clusters(cp.asarray(qs), cp.asarray(ks), 3, 4, top_p=0.9, min_fraction=0.25)
-    assert d.mask.on_device
-    assert np.array_equal(d.permutation, h.permutation)
-    assert np.array_equal(d.kv_permutation, h.kv_permutation)
-    assert np.array_equal(cp.asnumpy(d.mask.to_dense()), dense(h))
-    qr = cp.asarray(rng.standard_normal((2, 300, 8)).astype(np.float32))
-    vm = M.semantic_clusters(qr, qr * 2, 6, 20, text_tokens=4, text_valid=2)
-    assert is_permutation(vm.permutation, 300) and is_permutation(vm.kv_permutation, 300)
-    assert (cp.asnumpy(vm.mask.to_dense())[0, :, :-2, :-2].sum(-1) >= 2).all()

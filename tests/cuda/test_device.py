@@ -1,0 +1,43 @@
+"""CPU tests of the device properties (tessera.cuda.device), with a fake CuPy."""
+
+from __future__ import annotations
+
+from tessera.cuda import device as D
+from tests.runtime.regime.regime_helpers import clean_selection  # noqa: F401 (autouse fixture)
+
+REAL_GPU_NAME = D.current_gpu_name  # the fixture below stubs it; one test checks the real one
+
+
+def test_device_properties_cached_per_device(monkeypatch):
+    """Name, architecture and SM count of the current device are read once per device; a failed
+    read gives the 'no GPU' answer and is retried (the name's failure is remembered)."""
+    import types
+
+    import tessera._array as A
+
+    reads = {"device": 0}
+
+    class Device:
+        def __init__(self, dev):
+            reads["device"] += 1
+            self.compute_capability = "90"
+            self.attributes = {"MultiProcessorCount": 132 if dev == 0 else 114}
+
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        Device=Device, runtime=types.SimpleNamespace(
+            getDeviceProperties=lambda dev: {"name": b"NVIDIA H200"})))
+    monkeypatch.setattr(A, "cupy_or_none", lambda: fake)
+    monkeypatch.setattr(D, "_gpu_names", {})
+    monkeypatch.setattr(D, "_device_archs", {})
+    monkeypatch.setattr(D, "_device_sms", {})
+    dev = {"id": 0}
+    monkeypatch.setattr(D, "_current_device_id", lambda: dev["id"])
+    assert (REAL_GPU_NAME(), D.device_arch(), D.device_sm_count()) == ("NVIDIA H200", 90, 132)
+    assert D.device_arch() == 90 and D.device_sm_count() == 132 and reads["device"] == 2  # cached
+    dev["id"] = 1
+    assert D.device_sm_count() == 114
+    dev["id"] = None
+    assert (REAL_GPU_NAME(), D.device_arch(), D.device_sm_count()) == (None, None, 0)
+    dev["id"] = 2
+    monkeypatch.setattr(fake.cuda, "Device", lambda d: 1 / 0)
+    assert D.device_arch() is None and D.device_sm_count() == 0 and 2 not in D._device_archs

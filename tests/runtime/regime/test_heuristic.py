@@ -1,0 +1,113 @@
+"""CPU tests of the default-regime heuristic (tessera.runtime.regime.heuristic)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import tessera
+import tessera.runtime.mapping
+from tessera.runtime import regime as R
+from tessera.runtime.regime import default_regime
+from tests.runtime.regime.regime_helpers import clean_selection  # noqa: F401 (autouse fixture)
+
+
+def test_defaults_per_architecture():
+    """sm_90 takes the Hopper family (warp-specialized 128x128 tiles; at head dim 64 64x128
+    producer tiles, two CTAs an SM; 64-row tiles and 64-key steps for small query blocks);
+    every other GPU the portable family."""
+    assert default_regime(90, 128).name == "sm90_128x128_w12_s3[combine_threshold=0.0]"
+    assert default_regime(90, 64).name == "sm90_64x128_w8_s3[combine_threshold=0.0]"
+    assert default_regime(90, 64).variant(64).min_blocks == 2
+    assert default_regime(90, 64).variant(64, tma=True).min_blocks == 2
+    assert default_regime(90, 96).producer
+    # Small query blocks: 64-row tiles, with a producer warpgroup (two CTAs an SM) at head dim
+    # 128 only.
+    assert default_regime(90, 128, q_block=64).name == "sm90_64x64_w8_s3[combine_threshold=0.0]"
+    assert default_regime(90, 128, q_block=64).variant(128).min_blocks == 2
+    for d in (64, 96):
+        assert default_regime(90, d, q_block=64).name == "sm90_64x64_w4_s3[combine_threshold=0.0]"
+    for arch in (80, 86, 89, 100, None):
+        assert default_regime(arch, 128).family == "sm80"
+    # The portable family: 128-row tiles at every head dim (two row tiles a warp), 64-row ones
+    # where 128 rows do not fit (sm_86/sm_89 at head dim 128) or query blocks are small.
+    for arch in (80, 100, None):
+        for d in (64, 96, 128):
+            assert default_regime(arch, d).name == "sm80_128x64_w4_s2[combine_threshold=0.0]"
+    assert default_regime(89, 64).block_m == 128 and default_regime(89, 128).block_m == 64
+    assert default_regime(80, 64, q_block=64).block_m == 64
+    for arch in (80, 86, 89, 90, 100):
+        for d in (64, 96, 128):
+            assert R.regime_fits(default_regime(arch, d), d, arch)
+
+
+def test_packed_keys_default_on_ragged_key_geometry():
+    """sm_90 takes the packed key walk with 64-row tiles where key blocks end mid-step (top-k
+    cubes with edge cubes), not on aligned or long blocks, never with 128-row tiles (their walk
+    copies by TMA: variable clusters ran faster unpacked) and never off sm_90."""
+    from tessera.tools.workloads import WORKLOADS, example_mask
+
+    aligned = np.arange(0, 4097, 128)
+    assert not R.blocks_ragged(aligned, 128) and not R.blocks_ragged(aligned, 64)
+    cubes = np.array([0, 64, 128, 144, 208, 272, 288])  # a third of them 16-token edge cubes
+    assert R.blocks_ragged(cubes, 64)
+    assert not R.blocks_ragged(np.r_[np.arange(0, 20 * 64 + 1, 64), 20 * 64 + 16], 64)  # 1/21
+    tiles = np.arange(0, 288 * 20 + 1, 288)  # long blocks: spans run over several of them
+    assert not R.blocks_ragged(tiles, 128)
+    assert not R.blocks_ragged(np.array([0]), 64)  # no key blocks
+    assert default_regime(90, 128, 64.0, cubes).pack_keys
+    assert not default_regime(90, 128, 64.0, aligned).pack_keys
+    assert not default_regime(90, 128, 150.0, cubes).pack_keys  # 128-row tiles: TMA instead
+    assert default_regime(90, 128, 64.0, cubes) == default_regime(90, 128, 64.0).with_(
+        pack_keys=True)
+    for arch in (80, 89, 100, None):
+        assert not default_regime(arch, 128, 64.0, cubes).pack_keys
+    for shape in ("cogvideox-5b", "hunyuan-720p"):  # top-k cubes 40% / 19% ragged at 64
+        w = WORKLOADS[shape]
+        for family, packed in (("topk_pooled", True), ("semantic_clusters", False),
+                               ("random_blocks", False), ("sliding_tile", False)):
+            m = example_mask(w, family, heads=2, head_dim=w.head_dim).mask
+            r = R.select_regime(m, arch=90, head_dim=w.head_dim, dtype=np.dtype("float16"),
+                                num_q_heads=w.heads, batch=1)
+            assert r.pack_keys == packed, (shape, family)
+    w = WORKLOADS["cogvideox-5b"]
+    m = example_mask(w, "topk_pooled", heads=w.heads, head_dim=w.head_dim).mask
+    r = R.select_regime(m, arch=90, head_dim=w.head_dim, dtype=np.dtype("float16"),
+                        num_q_heads=w.heads, batch=1)
+    assert tessera.plan(m, num_q_heads=w.heads, head_dim=w.head_dim, arch=90).regime == r
+
+
+def test_aligned_tiles_chosen_where_they_pay(monkeypatch):
+    """The sm90 heuristic aligns its 128-row tiles for the semantic clusters (variable blocks
+    whose neighbours share keys) and not for random variable blocks at low density, nor off
+    sm_90; masks whose query blocks are not ragged never pay for the estimate."""
+    from tessera.mask import BlockMask
+    from tessera.tools.workloads import WORKLOADS, example_mask
+
+    def pick(m, arch=90):
+        return R.select_regime(m, arch=arch, head_dim=64, dtype=np.dtype("float16"),
+                               num_q_heads=2, batch=1)
+
+    for shape in ("wan-1.3b-480p", "cogvideox-5b"):
+        m = example_mask(WORKLOADS[shape], "semantic_clusters", heads=2, head_dim=64).mask
+        assert R.align_pays(m, 128), shape
+        assert pick(m).align_tiles and pick(m).block_m == 128 and not pick(m).pack_keys, shape
+        assert not pick(m, arch=80).align_tiles
+        assert tessera.plan(m, num_q_heads=2, head_dim=64, arch=90).regime.align_tiles
+    rng = np.random.default_rng(0)
+    qb = np.r_[0, np.cumsum(rng.integers(100, 200, 60))]
+    sparse = BlockMask.from_dense(rng.random((2, 60, 60)) < 0.3, q_bounds=qb, kv_bounds=qb)
+    assert R.blocks_ragged(qb, 128) and not R.align_pays(sparse, 128)
+    assert not pick(sparse).align_tiles
+    dense = BlockMask.from_dense(rng.random((2, 60, 60)) < 0.95, q_bounds=qb, kv_bounds=qb)
+    assert R.align_pays(dense, 128) and pick(dense).align_tiles
+
+    def no_estimate(*a, **k):
+        raise AssertionError("estimated the tilings of a mask with aligned query blocks")
+
+    monkeypatch.setattr(tessera.runtime.mapping, "tiling_pairs", no_estimate)
+    for family in ("sliding_tile", "random_blocks"):
+        m = example_mask(WORKLOADS["wan-1.3b-480p"], family, heads=2, head_dim=64).mask
+        assert not R.align_pays(m, 128) and not pick(m).align_tiles, family
+    # Small query blocks take the 64-row heuristic, which never asks.
+    m = example_mask(WORKLOADS["wan-1.3b-480p"], "topk_pooled", heads=2, head_dim=64).mask
+    assert pick(m).block_m == 64 and not pick(m).align_tiles

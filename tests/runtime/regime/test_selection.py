@@ -1,0 +1,258 @@
+"""CPU tests of regime selection (tessera.runtime.regime.selection): tables in ``tessera.plan``
+with their fallbacks, the env var and default location, warnings and remembered selections."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+
+import tessera
+from tessera import BlockMask
+from tessera.cuda import device as D
+from tessera.runtime import regime as R
+from tessera.runtime.regime import Regime, RegimeTable, default_regime, mask_features
+from tessera.runtime.regime import features as F
+from tessera.runtime.regime import selection as S
+from tests.runtime.regime.regime_helpers import (
+    _write,
+    clean_selection,  # noqa: F401 (autouse fixture)
+    entry,
+)
+
+
+def wan_like_mask() -> BlockMask:
+    dense = np.random.default_rng(0).random((2, 16, 16)) < 0.1
+    return BlockMask.from_dense(dense, block_size=128, seq_len_q=2000, seq_len_kv=2000)
+
+
+# What the test tables say for sm_90 (a Hopper-family regime no heuristic picks) and for sm_80.
+PICK = Regime(family="sm90", block_m=64, block_n=64, num_warps=4, stages=3, split_ratio=2.0,
+              combine_threshold=0.0)
+
+
+PICK80 = Regime(block_m=64, block_n=32, split_ratio=2.0, combine_threshold=0.0)
+
+
+def table_for(mask: BlockMask, *, arch=90, gpu="NVIDIA H200", regime=None) -> RegimeTable:
+    f = mask_features(mask, head_dim=128, dtype="bfloat16", arch=arch, num_q_heads=2, batch=1)
+    regime = regime or (PICK if arch == 90 else PICK80)
+    return RegimeTable([entry(f, regime)], {"gpu": gpu, "arch": arch, "date": "2025-01-02"})
+
+
+def test_table_without_the_hopper_family_is_not_used_on_hopper():
+    """A table profiled before the sm90 family existed would steer sm_90 plans to the portable
+    kernel: it warns once and the heuristic (the sm90 default) plans instead."""
+    m = wan_like_mask()
+    R.use_table(table_for(m, regime=PICK80))
+    with pytest.warns(RuntimeWarning, match="no sm90 regimes"):
+        assert plan90(m).regime == heuristic(m)
+    assert heuristic(m).family == "sm90"
+    assert table_for(m).families == {"sm90"}
+
+
+def plan90(mask, **kw):
+    kw = {"num_q_heads": 2, "head_dim": 128, "arch": 90, **kw}
+    return tessera.plan(mask, **kw)
+
+
+def heuristic(mask, arch=90, head_dim=128):
+    return default_regime(arch, head_dim, float(np.median(np.diff(mask.q_bounds))),
+                          mask.kv_bounds)
+
+
+def test_plan_uses_table_and_falls_back():
+    m = wan_like_mask()
+    assert plan90(m).regime == heuristic(m)  # no table anywhere
+    assert R.use_table(table_for(m)) is not None
+    assert plan90(m).regime == PICK
+    assert plan90(m, regime=Regime()).regime == Regime()  # an explicit regime wins
+    assert plan90(m, head_dim=64).regime == heuristic(m, head_dim=64)  # no d64 entries
+    assert plan90(m, dtype="float16").regime == heuristic(m)
+    assert tessera.plan(m, num_q_heads=2, head_dim=128).regime == heuristic(m, None)  # CPU
+    # Nearest entry: more heads are another batch x heads bucket of the same group.
+    assert plan90(m, batch=20).regime == PICK
+    R.use_table(None)
+    assert plan90(m).regime == heuristic(m)
+
+
+def test_features_measured_only_when_the_table_could_answer(monkeypatch):
+    m = wan_like_mask()
+    R.use_table(table_for(m))
+    calls = []
+    real = F.mask_features
+    monkeypatch.setattr(F, "mask_features", lambda *a, **k: calls.append(1) or real(*a, **k))
+    assert plan90(m, dtype="float16").regime == heuristic(m)
+    assert plan90(m, head_dim=64).regime == heuristic(m, head_dim=64)
+    assert calls == []
+    assert plan90(m).regime == PICK and calls == [1]
+    assert R.active_table(90).covers(90, 128, "bfloat16")
+    assert not R.active_table(90).covers(90, 128, "float16")
+
+
+def test_table_looked_up_only_where_tasks_may_split(monkeypatch):
+    """Planning for this GPU, a shape with 16+ tasks per task slot keeps the heuristic without
+    measuring the mask (its plan needs no synchronization, and at the models' head counts the
+    H200 table's picks equal the heuristic's); a GPU with more slots than that, or a portable
+    plan, looks the table up."""
+    m = wan_like_mask()
+    R.use_table(table_for(m))
+    measured = []
+    real = F.mask_features
+    monkeypatch.setattr(F, "mask_features", lambda *a, **k: measured.append(1) or real(*a, **k))
+    monkeypatch.setattr(D, "device_arch", lambda: 90)
+    for sms, looked_up in ((1, False), (10_000, True)):
+        monkeypatch.setattr(D, "device_sm_count", lambda sms=sms: sms)
+        measured.clear()
+        got = R.select_regime(m, arch=90, head_dim=128, dtype="bfloat16", num_q_heads=2,
+                              batch=1)
+        assert got == (PICK if looked_up else heuristic(m)) and bool(measured) == looked_up
+    monkeypatch.setattr(D, "device_arch", lambda: None)  # a portable plan: the split rule
+    assert R.select_regime(m, arch=90, head_dim=128, dtype="bfloat16", num_q_heads=2,
+                           batch=1) == PICK
+
+
+def test_env_var_and_default_location(tmp_path, monkeypatch):
+    m = wan_like_mask()
+    path = tmp_path / "mine.json"
+    table_for(m).save(path)
+    monkeypatch.setenv(R.ENV_TABLE, str(path))
+    assert plan90(m).regime == PICK
+    assert "mine.json" in R.describe_table_in_use(90)
+    monkeypatch.delenv(R.ENV_TABLE)
+    assert plan90(m).regime == heuristic(m)  # no GPU name: no default table
+    # tables/<gpu-slug>.json beside the package, for the GPU this process runs on, unless
+    # $TESSERA_REGIME_TABLE=none.
+    monkeypatch.setattr(S, "TABLES_DIR", tmp_path)
+    monkeypatch.setattr(D, "current_gpu_name", lambda: "NVIDIA H200")
+    own = PICK.with_(block_m=128, num_warps=8)
+    table_for(m, regime=own).save(tmp_path / "nvidia-h200.json")
+    assert plan90(m).regime == own
+    assert "nvidia-h200.json" in R.describe_table_in_use(90)
+    monkeypatch.setenv(R.ENV_TABLE, "none")
+    assert plan90(m).regime == heuristic(m)
+    assert "TESSERA_REGIME_TABLE=none" in R.describe_table_in_use(90)
+    monkeypatch.setenv(R.ENV_TABLE, "auto")
+    assert plan90(m).regime == own
+    assert "nvidia-h200.json" in R.describe_table_in_use(90)
+    monkeypatch.setattr(D, "current_gpu_name", lambda: "NVIDIA A100-SXM4-80GB")
+    assert plan90(m).regime == heuristic(m)  # no table for that GPU: quietly the heuristic
+    assert "no table at" in R.describe_table_in_use(90)
+    # use_table overrides the environment; use_table(None) means the heuristic.
+    monkeypatch.setattr(D, "current_gpu_name", lambda: "NVIDIA H200")
+    monkeypatch.setenv(R.ENV_TABLE, str(path))
+    R.use_table(tmp_path / "nvidia-h200.json")
+    assert plan90(m).regime == own
+    R.use_table(None)
+    assert plan90(m).regime == heuristic(m)
+    assert R.describe_table_in_use(90) == "none: heuristic (use_table(None))"
+
+
+@pytest.mark.parametrize("content", ["{oops", json.dumps({"format": "tessera-regime-table",
+                                                          "version": 7, "entries": []})])
+def test_corrupt_table_warns_once_and_plans_with_heuristic(tmp_path, monkeypatch, content):
+    m = wan_like_mask()
+    bad = _write(tmp_path, content, "bad.json")
+    monkeypatch.setenv(R.ENV_TABLE, str(bad))
+    with pytest.warns(RuntimeWarning, match="unusable.*bad.json"):
+        p = plan90(m)
+    assert p.regime == heuristic(m)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a second plan does not warn again
+        assert plan90(m).regime == heuristic(m)
+    assert "none: heuristic" in R.describe_table_in_use(90)
+    with pytest.raises(ValueError, match="bad.json"):
+        R.use_table(bad)  # an explicit choice fails loudly
+
+
+def test_missing_env_table_warns(tmp_path, monkeypatch):
+    monkeypatch.setenv(R.ENV_TABLE, str(tmp_path / "nope.json"))
+    with pytest.warns(RuntimeWarning, match="does not exist"):
+        assert plan90(wan_like_mask()).regime == heuristic(wan_like_mask())
+
+
+def test_other_gpu_table_warns_and_falls_back(monkeypatch):
+    m = wan_like_mask()
+    R.use_table(table_for(m, arch=80, gpu="NVIDIA A100-SXM4-80GB"))
+    with pytest.warns(RuntimeWarning, match="profiled on sm_80.*sm_90"):
+        assert plan90(m).regime == heuristic(m)
+    # Same architecture, another GPU model (known only where a GPU is present).
+    R.use_table(table_for(m, gpu="NVIDIA H100 80GB HBM3"))
+    monkeypatch.setattr(D, "current_gpu_name", lambda: "NVIDIA H200")
+    with pytest.warns(RuntimeWarning, match="profiled on NVIDIA H100 80GB HBM3"):
+        assert plan90(m).regime == heuristic(m)
+    monkeypatch.setattr(D, "current_gpu_name", lambda: "NVIDIA H100 80GB HBM3")
+    R.use_table(table_for(m, gpu="NVIDIA H100 80GB HBM3"))
+    assert plan90(m).regime == PICK
+
+
+def test_info_shows_table_in_use(capsys):
+    from tessera.tools.cli import main
+
+    assert main(["info"]) == 0
+    assert "Regime table in use: none: heuristic" in capsys.readouterr().out
+    R.use_table(table_for(wan_like_mask()))
+    line = R.describe_table_in_use(90)
+    assert "NVIDIA H200" in line and "2025-01-02" in line and "1 entries" in line
+
+
+def test_selection_remembered_only_where_the_geometry_decides(monkeypatch):
+    """select_regime answers a geometry it has seen without deciding again -- unless the answer
+    read the selection (align_pays on ragged query blocks), or the shapes, GPU or table differ."""
+    from tessera.mask import BlockMask
+
+    decided = []
+    real = S._select_regime
+    monkeypatch.setattr(S, "_select_regime", lambda *a: decided.append(1) or real(*a))
+    monkeypatch.setattr(S, "_selections", {})
+    rng = np.random.default_rng(3)
+
+    def pick(m, arch=90, hq=2):
+        return R.select_regime(m, arch=arch, head_dim=128, dtype="bfloat16", num_q_heads=hq,
+                               batch=1)
+
+    uniform = [BlockMask.from_dense(rng.random((2, 8, 8)) < p, block_size=128) for p in (.2, .9)]
+    first = pick(uniform[0])
+    assert pick(uniform[1]) is first and len(decided) == 1  # same geometry, other selection
+    pick(uniform[0], hq=4)
+    pick(uniform[0], arch=80)
+    assert len(decided) == 3
+    monkeypatch.setattr(D, "device_sm_count", lambda: 7)  # another GPU's task slots
+    pick(uniform[0])
+    assert len(decided) == 4
+    generation = R.selection_generation()
+    R.use_table(None)  # a table change forgets every answer
+    try:
+        pick(uniform[0])
+        assert len(decided) == 5 and R.selection_generation() != generation
+    finally:
+        R.use_table("auto")
+    qb = np.r_[0, np.cumsum(rng.integers(100, 200, 30))]
+    ragged = [BlockMask.from_dense(rng.random((2, 30, 30)) < p, q_bounds=qb, kv_bounds=qb)
+              for p in (0.3, 0.95)]
+    assert not pick(ragged[0]).align_tiles and pick(ragged[1]).align_tiles
+    assert len(decided) == 7 and not pick(ragged[0]).align_tiles and len(decided) == 8
+    # selected_regime says which answers every mask of the geometry gets (plans record it:
+    # tessera.attention replans only those for later masks).
+    kw = dict(arch=90, head_dim=128, dtype="bfloat16", num_q_heads=2, batch=1)
+    assert R.selected_regime(uniform[1], **kw) == (first, True)
+    assert R.selected_regime(ragged[1], **kw)[1] is False
+
+
+def test_table_still_answers_masks_the_heuristic_would_pack():
+    """A ragged key geometry makes the heuristic pack its keys (never split), but whether the
+    table is asked is decided on the unpacked form: masks with few tasks per slot keep the
+    table's pick."""
+    rng = np.random.default_rng(3)
+    kb = np.r_[0, np.cumsum(rng.integers(20, 120, 28))]
+    m = BlockMask.from_dense(rng.random((2, 32, kb.size - 1)) < 0.3, block_size=None,
+                             q_bounds=np.arange(0, 32 * 64 + 1, 64), kv_bounds=kb)
+    assert heuristic(m).pack_keys  # 64-token query blocks, keys ragged against 64-key steps
+    try:
+        assert R.use_table(table_for(m)) is not None
+        assert plan90(m).regime == PICK
+    finally:
+        R.use_table(None)
+    assert plan90(m).regime == heuristic(m)

@@ -1,0 +1,134 @@
+"""CPU tests of the emulator (tessera.runtime.emulate).
+
+The core check (DESIGN.md section 7): for thousands of random masks, regimes and attention
+shapes, ``tessera.runtime.emulate.run(plan, q, k, v)`` equals ``tessera.reference.attention``
+in float64, computes no pair outside the logical mask and leaves no output unwritten (the
+emulator poisons with NaN)."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
+
+import tessera
+from tessera import BlockMask, Regime
+from tests.runtime.runtime_helpers import (
+    ALIGN_REGIMES,
+    BASE_REGIMES,
+    COMBINE_REGIMES,
+    EXTRA_REGIMES,
+    SPLIT_REGIMES,
+    cases,
+    check_emulation,
+    check_queue,
+    random_qkv,
+)
+
+
+def label(plan) -> None:
+    """Hypothesis events, to see what the generated cases exercise
+    (--hypothesis-show-statistics)."""
+    s = plan.stats()
+    event(f"merged: {s.num_merged > 0}")
+    event(f"split: {s.num_split_jobs > 0}")
+    event(f"gqa packed: {plan.heads_per_task > 1}")
+    event(f"subdivided: {s.num_tiles > s.num_groups}")
+
+
+@settings(max_examples=1600, deadline=None)
+@given(cases(BASE_REGIMES + EXTRA_REGIMES))
+def test_emulator_matches_reference(case):
+    plan, mask, q, k, v, scale = case
+    label(plan)
+    check_queue(plan)
+    check_emulation(plan, mask, q, k, v, scale)
+
+
+@settings(max_examples=600, deadline=None)
+@given(cases(SPLIT_REGIMES))
+def test_emulator_matches_reference_with_splits(case):
+    plan, mask, q, k, v, scale = case
+    label(plan)
+    check_queue(plan)
+    check_emulation(plan, mask, q, k, v, scale)
+
+
+@settings(max_examples=500, deadline=None)
+@given(cases(COMBINE_REGIMES))
+def test_emulator_matches_reference_combine_thresholds(case):
+    plan, mask, q, k, v, scale = case
+    label(plan)
+    if plan.regime.combine_threshold == 0:
+        # 0 disables merging groups whose key sets differ (identical ones never reach step 3)
+        assert plan.stats().num_merged == 0
+    check_queue(plan)
+    check_emulation(plan, mask, q, k, v, scale)
+
+
+@settings(max_examples=500, deadline=None)
+@given(cases(ALIGN_REGIMES))
+def test_emulator_matches_reference_aligned_tiles(case):
+    """Tiles straddling query-block boundaries stay exact: every selected pair once, nothing
+    outside the mask, every output written; tiles start at multiples of the tile rows."""
+    plan, mask, q, k, v, scale = case
+    label(plan)
+    check_queue(plan)
+    t = plan.tiles
+    assert np.all(np.asarray(t.q0) % t.tile_rows == 0)
+    check_emulation(plan, mask, q, k, v, scale)
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.integers(1, 200), min_size=0, max_size=12),
+       bn=st.sampled_from([64, 128]), seed=st.integers(0, 2**31 - 1))
+def test_packed_walk_covers_each_key_once(lengths, bn, seed):
+    """The packed walk (the emulator's copy of common.cuh's PackedWalk and Cursor): chunk after
+    chunk, the valid rows hold the task's keys end to end, each once, in span order; a chunk
+    is full except the last; rows past the keys repeat the last key; the row range is the
+    task's first span's (the kernel's consumers read it once a task)."""
+    from tessera.runtime.emulate import _packed_chunks
+    from tessera.runtime.queue import Span, records
+
+    rng = np.random.default_rng(seed)
+    gaps = rng.integers(0, 300, len(lengths))
+    k0 = np.cumsum(gaps + np.r_[0, lengths[:-1]]).astype(np.int64)
+    spans = np.stack([k0, k0 + lengths, np.arange(len(lengths)), np.arange(len(lengths)) + 1],
+                     axis=1).reshape(-1, 4)
+    chunks = list(_packed_chunks(records(spans, Span), bn))
+    total = sum(lengths)
+    assert len(chunks) == -(-total // bn)
+    got = np.concatenate([keys[ok] for keys, ok, _, _ in chunks]) if chunks else np.zeros(0)
+    want = np.concatenate([np.arange(a, b) for a, b in spans[:, :2]]) if total else np.zeros(0)
+    np.testing.assert_array_equal(got, want)
+    for i, (keys, ok, r0, _) in enumerate(chunks):
+        assert ok.sum() == min(bn, total - i * bn) and ok[:ok.sum()].all()
+        assert (keys[~ok] == want[-1]).all()
+        assert r0 == spans[0, 2]
+
+
+def test_packed_keys_plans_emulate_exactly_with_less_work():
+    """A pack_keys regime on masks of small and ragged blocks: the emulated plan equals the
+    reference on the mask, computes nothing outside it, never splits, and computes fewer pairs
+    than the span-by-span walk (its cost: each task's keys end to end)."""
+    rng = np.random.default_rng(5)
+    qb = np.r_[0, np.cumsum(rng.integers(8, 80, 12))]
+    kb = np.r_[0, np.cumsum(rng.integers(4, 70, 40))]
+    mask = BlockMask.from_dense(rng.random((2, qb.size - 1, kb.size - 1)) < 0.3,
+                                q_bounds=qb, kv_bounds=kb)
+    q, k, v = random_qkv(rng, 1, 2, 2, int(qb[-1]), int(kb[-1]))
+    for bm, bn, warps in ((64, 64, 4), (128, 128, 12)):
+        base = Regime(family="sm90", block_m=bm, block_n=bn, num_warps=warps, stages=3,
+                      combine_threshold=0.0, split_ratio=1.0, min_split_chunks=1)
+        packed = base.with_(pack_keys=True)
+        plain = tessera.plan(mask, num_q_heads=2, head_dim=8, regime=base)
+        p = tessera.plan(mask, num_q_heads=2, head_dim=8, regime=packed)
+        check_queue(p)
+        assert p.queue.num_slots == 0 and plain.queue.num_slots > 0  # packed never splits
+        res = check_emulation(p, mask, q, k, v, None)
+        assert res.pairs_unmasked == int(mask.selected_pairs(1, 2).sum())
+        spans = np.asarray(p.queue.spans, dtype=np.int64)
+        tasks = np.asarray(p.queue.tasks, dtype=np.int64)
+        keys = [int((spans[a:b, 1] - spans[a:b, 0]).sum()) for a, b in tasks[:, 4:6]]
+        assert [int(c) for c in tasks[:, 7]] == [-(-n // bn) for n in keys]
+        assert p.computed_pairs() < plain.computed_pairs()
