@@ -267,5 +267,8 @@ def test_capture_memory_and_device_copies():
     with capture.capture_memory("cupy", 0):
         assert capture.device_copy(key, lambda: made.append(1) or "other", xp) == "copy"
     assert made == [1]
-    capture.release_captured_memory()
-    assert not capture._captured_memory
+    # What release_captured_memory gives back: the sizes of the allocations captures kept.
+    kept = [types.SimpleNamespace(mem=types.SimpleNamespace(size=n)) for n in (512, 1536)]
+    capture._captured_memory.extend(kept)
+    assert capture.release_captured_memory() == 2048 and not capture._captured_memory
+    assert capture.release_captured_memory() == 0

@@ -917,8 +917,7 @@ def test_plan_reused_on_one_stream_and_in_a_cuda_graph(family):
         got = out.float().cpu().numpy()
         assert not np.isnan(got).any()
         assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-2
-        counters = [c for key, c in p._cache.items()
-                    if isinstance(key, tuple) and key[0] == "task_counter"]
+        counters = list(p.launch_state.task_counters.values())
         assert (family == "default" or counters) and all(int(c.get()[0]) == 0 for c in counters)
 
     for _ in range(3):

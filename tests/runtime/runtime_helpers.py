@@ -12,6 +12,7 @@ import tessera
 from tessera import BlockMask, Regime
 from tessera.reference import attention
 from tessera.runtime import emulate
+from tessera.runtime.queue import Combine, Span, Task, records
 from tessera.runtime.tasks import launch_keys
 
 TOL = 1e-10
@@ -240,7 +241,7 @@ def assert_launch_order(plan) -> None:
     """The queue's tasks in launch order: heavy ones longest first, then one (batch, head)
     assignment at a time, longest first (tasks.launch_keys with the task's assignment found
     from its batch and first query head)."""
-    cost = np.asarray(plan.queue.tasks)[:, 7].astype(np.int64)
+    cost = records(plan.queue.tasks, Task).cost
     group = plan.task_assignments()
     assert (group >= 0).all()  # every task's (batch, first head) is an assignment
     keys = launch_keys(cost, group, plan.in_flight)
@@ -248,7 +249,7 @@ def assert_launch_order(plan) -> None:
 
 
 def check_queue(plan) -> None:
-    """The task-queue contract of tessera/runtime/tasks.py on one plan."""
+    """The task-queue contract of tessera/runtime/queue.py on one plan."""
     qu = plan.queue
     tasks = np.asarray(qu.tasks)
     spans = np.asarray(qu.spans)
@@ -260,13 +261,15 @@ def check_queue(plan) -> None:
     bm, bn = plan.regime.block_m, plan.regime.block_n
     for a in (tasks, spans, comb):
         assert a.dtype == np.int32
-    assert tasks.ndim == 2 and tasks.shape[1] == 8
-    assert spans.ndim == 2 and spans.shape[1] == 4
-    assert comb.ndim == 2 and comb.shape[1] == 6
+    assert tasks.ndim == 2 and tasks.shape[1] == len(Task)
+    assert spans.ndim == 2 and spans.shape[1] == len(Span)
+    assert comb.ndim == 2 and comb.shape[1] == len(Combine)
     assert hp >= 1 and hq % hp == 0 and tr * hp == bm
     assert hp == 1 or tr % 16 == 0
 
-    b, h0, qs, qe, sb, se, slot, cost = tasks.T.astype(np.int64)
+    t = records(tasks, Task)
+    b, h0, qs, qe = t.batch, t.q_head0, t.q_start, t.q_end
+    sb, se, slot, cost = t.span_begin, t.span_end, t.slot, t.cost
     n_spans = spans.shape[0]
     # tasks
     assert np.all((0 <= b) & (b < B))
@@ -277,7 +280,8 @@ def check_queue(plan) -> None:
     assert np.all((0 <= sb) & (sb <= se) & (se <= n_spans))
     assert np.all(slot >= -1)
     # spans
-    k0, k1, r0, r1 = spans.T.astype(np.int64)
+    s = records(spans, Span)
+    k0, k1, r0, r1 = s.k_start, s.k_end, s.r_start, s.r_end
     assert np.all((0 <= k0) & (k0 < k1) & (k1 <= lk))
     assert np.all((0 <= r0) & (r0 < r1) & (r1 <= lq))
     # cost: key chunks of the task (span by span, or its keys end to end with pack_keys),
@@ -300,7 +304,9 @@ def check_queue(plan) -> None:
     assert np.unique(slots).size == slots.size
     assert np.all(slots < qu.num_slots)
     # combine jobs own exactly the slots of their parts
-    cb, ch0, cqs, cqe, cs0, cparts = comb.T.astype(np.int64)
+    c = records(comb, Combine)
+    cb, ch0, cqs, cqe = c.batch, c.q_head0, c.q_start, c.q_end
+    cs0, cparts = c.slot_begin, c.parts
     assert np.all(cparts >= 1) and np.all((0 <= cs0) & (cs0 + cparts <= qu.num_slots))
     assert np.all((0 <= cb) & (cb < B) & (0 <= ch0) & (ch0 + hp <= hq))
     assert np.all((0 <= cqs) & (cqs < cqe) & (cqe <= lq) & (cqe - cqs <= tr))

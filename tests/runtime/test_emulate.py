@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 import tessera
 from tessera import BlockMask, Regime
+from tessera.runtime.queue import Span, Task, records
 from tests.runtime.runtime_helpers import (
     ALIGN_REGIMES,
     BASE_REGIMES,
@@ -129,6 +130,7 @@ def test_packed_keys_plans_emulate_exactly_with_less_work():
         assert res.pairs_unmasked == int(mask.selected_pairs(1, 2).sum())
         spans = np.asarray(p.queue.spans, dtype=np.int64)
         tasks = np.asarray(p.queue.tasks, dtype=np.int64)
-        keys = [int((spans[a:b, 1] - spans[a:b, 0]).sum()) for a, b in tasks[:, 4:6]]
-        assert [int(c) for c in tasks[:, 7]] == [-(-n // bn) for n in keys]
+        s, t = records(spans, Span), records(tasks, Task)
+        keys = [int((s.k_end[a:b] - s.k_start[a:b]).sum()) for a, b in zip(t.span_begin, t.span_end)]
+        assert [int(c) for c in t.cost] == [-(-n // bn) for n in keys]
         assert p.computed_pairs() < plain.computed_pairs()
