@@ -8,16 +8,15 @@ import pytest
 from tessera import BlockMask
 from tessera.cuda import device as D
 from tessera.runtime.regime import RegimeTable, mask_measures
+from tessera.tools.cli import main
 from tests.runtime.regime.regime_helpers import clean_selection  # noqa: F401 (autouse fixture)
 
 
 @pytest.mark.gpu
 def test_short_profile_on_the_gpu_writes_a_valid_table(tmp_path, capsys):
     """``profile --budget-minutes 1`` on a small corpus: a loadable table for this GPU whose
-    entries hold measured candidates. (Run on the H200 as part of the full profile, call B of
-    the second session; this short form was written after the session's device time ran out.)"""
+    entries hold measured candidates."""
     pytest.importorskip("torch")
-    from tessera.tools.cli import main
 
     out = tmp_path / "t.json"
     rc = main(["profile", "--out", str(out), "--budget-minutes", "1", "--shapes",
