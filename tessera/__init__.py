@@ -2,17 +2,21 @@
 
 The caller's logical block mask (:class:`BlockMask`) is kept as it is; the runtime maps it onto
 physical tiles, organizes them into tasks and runs a kernel chosen for the GPU. Importing Tessera
-needs only numpy and scipy; CuPy is needed to run on a GPU.
+needs only numpy and scipy; CuPy is needed to run on a GPU. ``tessera.reference`` is the
+float64 truth, ``tessera.emulate`` runs a plan on the CPU, ``tessera.families`` makes the
+masks of published video sparse-attention methods.
 """
 
-from .capture import release_captured_memory
+from . import families, reference
 from .api import attention
+from .capture import release_captured_memory
 from .mask import BlockMask
+from .runtime import emulate
 from .runtime.plan import Plan, plan
 from .runtime.regime import Regime, use_table
 from .settings import config
 
 __version__ = "0.1.0"
 
-__all__ = ["BlockMask", "Plan", "Regime", "attention", "config", "plan",
-           "release_captured_memory", "use_table", "__version__"]
+__all__ = ["BlockMask", "Plan", "Regime", "attention", "config", "emulate", "families", "plan",
+           "reference", "release_captured_memory", "use_table", "__version__"]

@@ -91,6 +91,9 @@ def _request_plan(mask: BlockMask, ops: Operands, layout: str, regime: Any,
     hkv = ops.shape_kv[1]
     key = kept = None
     keep = config.request_plans_kept
+    if not keep and _request_plans:  # keeping was turned off: let the kept plans go
+        with _request_lock:
+            _request_plans.clear()
     if keep and mask.on_device and not capturing:
         # Everything a new plan would read besides the selection (the regime selection's
         # inputs: the device, its table, the shapes, the geometry).

@@ -30,20 +30,27 @@ from .settings import config
 if TYPE_CHECKING:  # annotations only: plans are made a layer above
     from .runtime.plan import Plan
 
-__all__ = ["LaunchState", "DeviceQueue", "run_plan", "run", "caller_stream"]
+__all__ = ["LaunchState", "DeviceQueue", "Workspace", "run_plan", "run", "caller_stream"]
 
 _LOG2E = 1.4426950408889634
 
 
 @dataclass
 class DeviceQueue:
-    """A plan's task queue and split-KV workspace on one device (a host plan may run on several
-    GPUs): what the kernels' pointer arguments address. A plan without split tasks (most) has
-    no workspace: ``part_o``/``part_lse`` are null pointers then."""
+    """A plan's task queue on one device (a host plan may run on several GPUs): what the
+    kernels' queue pointers address."""
 
     tasks: Any
     spans: Any
     combine: Any
+
+
+@dataclass
+class Workspace:
+    """A plan's split-KV partials for the runs on one stream: runs on one stream execute in
+    order and may share them, runs on two streams at once must not (each would overwrite the
+    other's partials). A plan without split tasks (most) has none: null pointers."""
+
     part_o: Any
     part_lse: Any
 
@@ -57,14 +64,17 @@ class LaunchState:
             for a host plan), which runs on another stream wait for on the device.
         ready_on: streams already ordered after ``ready`` (their later work stays ordered).
         queues: per device id, the queue copied there (:class:`DeviceQueue`).
-        task_counters: per stream, the counter a persistent kernel takes tasks from.
+        workspaces: per (device id, stream), the split-KV partials (:class:`Workspace`).
+        task_counters: per (device id, stream), the counter a persistent kernel takes tasks
+            from (the legacy default stream is 0 on every device).
         kernel_args: per scale, the attention kernel's last arguments (made once).
     """
 
     ready: Any = None
     ready_on: set[int] = field(default_factory=set)
     queues: dict[int, DeviceQueue] = field(default_factory=dict)
-    task_counters: dict[int, Any] = field(default_factory=dict)
+    workspaces: dict[tuple[int, int], Workspace] = field(default_factory=dict)
+    task_counters: dict[tuple[int, int], Any] = field(default_factory=dict)
     kernel_args: dict[float, tuple] = field(default_factory=dict)
 
     def record_planned(self, xp: Any) -> None:
@@ -135,8 +145,7 @@ def caller_stream(ops: Operands) -> Any:
 
 
 def _device_queue(p: "Plan", cp: Any) -> DeviceQueue:
-    """The plan's launch queue and workspace on the current device (copied/allocated once per
-    plan and device)."""
+    """The plan's launch queue on the current device (copied once per plan and device)."""
     state = p.launch_state
     device = cp.cuda.Device().id
     got = state.queues.get(device)
@@ -145,13 +154,28 @@ def _device_queue(p: "Plan", cp: Any) -> DeviceQueue:
             raise RuntimeError("a CUDA graph is being captured and this host-planned plan has "
                                "not run on this GPU yet: run it once before capturing")
         q = p.launch_queue
-        n_o, n_l = p.workspace_elements
         got = state.queues[device] = DeviceQueue(
             tasks=cp.ascontiguousarray(cp.asarray(q.tasks, dtype=cp.int32)),
             spans=cp.ascontiguousarray(cp.asarray(q.spans, dtype=cp.int32)),
-            combine=cp.ascontiguousarray(cp.asarray(q.combine, dtype=cp.int32)),
-            part_o=cp.empty(n_o, dtype=cp.float32) if n_o else np.uint64(0),
-            part_lse=cp.empty(n_l, dtype=cp.float32) if n_l else np.uint64(0))
+            combine=cp.ascontiguousarray(cp.asarray(q.combine, dtype=cp.int32)))
+    return got
+
+
+_NO_WORKSPACE = Workspace(part_o=np.uint64(0), part_lse=np.uint64(0))
+
+
+def _workspace(p: "Plan", cp: Any, stream: Any) -> Workspace:
+    """The split-KV partials of ``p``'s runs on ``stream`` (allocated at its first run there;
+    a stream belongs to one device, so the device is implied)."""
+    n_o, n_l = p.workspace_elements
+    if not n_o:
+        return _NO_WORKSPACE
+    spaces = p.launch_state.workspaces
+    key = (cp.cuda.Device().id, stream.ptr)
+    got = spaces.get(key)
+    if got is None:
+        got = spaces[key] = Workspace(part_o=cp.empty(n_o, dtype=cp.float32),
+                                             part_lse=cp.empty(n_l, dtype=cp.float32))
     return got
 
 
@@ -175,9 +199,10 @@ def _task_counter(p: "Plan", cp: Any, stream: Any) -> Any:
     and a run allocates nothing after its first on a stream (CUDA-graph capture then records
     the launch alone, and each replay leaves the counter zero for the next)."""
     counters = p.launch_state.task_counters
-    counter = counters.get(stream.ptr)
+    key = (cp.cuda.Device().id, stream.ptr)
+    counter = counters.get(key)
     if counter is None:
-        counter = counters[stream.ptr] = cp.zeros(1, dtype=np.int32)
+        counter = counters[key] = cp.zeros(1, dtype=np.int32)
     return counter
 
 
@@ -256,6 +281,7 @@ def run(p: "Plan", ops: Operands, scale: float | None, return_lse: bool,
     with stream:  # CuPy work below goes on that stream too
         _wait_until_planned(p, stream)
         queue = _device_queue(p, cp)
+        work = _workspace(p, cp, stream)
         out_shape = (b, hq, lq, d) if p.layout == "bhld" else (b, lq, hq, d)
         if given.out is not None:
             out_desc, out_obj = given.out
@@ -287,7 +313,7 @@ def run(p: "Plan", ops: Operands, scale: float | None, return_lse: bool,
                 ptr(ops.v.ptr), *_int64s(ops.strides_v[:3]),
                 ptr(out_desc.ptr), *_int64s(o_str[:3]),
                 ptr(lse_ptr), *_int64s((lse_sb, lse_sh)),
-                queue.part_o, queue.part_lse, *_plan_args(p, scale))
+                work.part_o, work.part_lse, *_plan_args(p, scale))
         # The grid: the tasks, or for a sync-free plan the most there can be (the kernels read
         # the real count and surplus CTAs return at once).
         n_tasks = launch.num_tasks
@@ -303,7 +329,7 @@ def run(p: "Plan", ops: Operands, scale: float | None, return_lse: bool,
         n_jobs = int(launch.combine.shape[0])
         if n_jobs:
             comb = load_kernel(Variant.combine(bf16=bf16))
-            comb((n_jobs,), (256,), (queue.combine, queue.part_o, queue.part_lse,
+            comb((n_jobs,), (256,), (queue.combine, work.part_o, work.part_lse,
                                      ptr(out_desc.ptr), *map(i64, o_str[:3]), ptr(lse_ptr),
                                      i64(lse_sb), i64(lse_sh), i32(r.block_m), i32(d),
                                      i32(launch.tile_rows)), stream=stream)

@@ -27,11 +27,14 @@ import scipy.sparse as sp
 
 from ._array import array_module, cupy_or_none, private_copy, segment_ids, to_numpy
 from .capture import capture_memory_for
+from .cuda import device
 from .interop import as_array, torch_private_copy
 
 __all__ = ["BlockMask"]
 
 BlockSize = int | tuple[int, int]
+# Token offsets are int32 in the task queue and the kernels.
+MAX_TOKENS = 2**31 - 1
 
 
 def _is_torch_cuda(a: Any) -> bool:
@@ -67,8 +70,9 @@ def _validate_bounds(bounds: Any, name: str) -> np.ndarray:
         bad = int(np.argmax(np.diff(b) <= 0))
         raise ValueError(f"{name} must be strictly increasing: {name}[{bad}]={int(b[bad])} "
                          f">= {name}[{bad + 1}]={int(b[bad + 1])}")
-    if b[-1] >= 2**31:
-        raise ValueError(f"{name}: sequence length {int(b[-1])} does not fit in int32")
+    if b[-1] > MAX_TOKENS:
+        raise ValueError(f"{name}: sequence length {int(b[-1])} does not fit in int32 "
+                         f"(at most {MAX_TOKENS} tokens)")
     return b
 
 
@@ -76,7 +80,10 @@ def _uniform_bounds(n_blocks: int, block: int, seq_len: int | None, which: str) 
     """Offsets of ``n_blocks`` blocks of ``block`` tokens, the last one short if ``seq_len`` says
     so."""
     if isinstance(block, bool) or not isinstance(block, (int, np.integer)) or block <= 0:
-        raise ValueError(f"block_size must be positive integers, got {block!r} for {which}")
+        raise ValueError(f"block_size must be a positive int or a (q, kv) pair of them, got "
+                         f"{block!r} for {which}")
+    if n_blocks < 1:
+        raise ValueError(f"the mask needs at least one {which} block, got {n_blocks}")
     full = n_blocks * int(block)
     if seq_len is None:
         seq_len = full
@@ -85,6 +92,9 @@ def _uniform_bounds(n_blocks: int, block: int, seq_len: int | None, which: str) 
     if not (full - block < seq_len <= full):
         raise ValueError(f"seq_len_{which}={seq_len} does not fit {n_blocks} blocks of {block} "
                          f"tokens (must be in ({full - block}, {full}])")
+    if seq_len > MAX_TOKENS:
+        raise ValueError(f"{n_blocks} {which} blocks of {block} tokens make {seq_len} tokens; "
+                         f"token offsets are int32 (at most {MAX_TOKENS})")
     return _uniform_offsets(int(n_blocks), int(block), int(seq_len))
 
 
@@ -101,7 +111,13 @@ def _geometry(n_q: int, n_kv: int, block_size: BlockSize | None, q_bounds: Any, 
     if block_size is not None:
         if q_bounds is not None or kv_bounds is not None:
             raise ValueError("give either block_size or q_bounds/kv_bounds, not both")
-        bq, bk = (block_size, block_size) if np.isscalar(block_size) else tuple(block_size)
+        if np.isscalar(block_size):
+            bq = bk = block_size
+        elif isinstance(block_size, (tuple, list)) and len(block_size) == 2:
+            bq, bk = block_size
+        else:
+            raise ValueError(f"block_size must be an int or a (q, kv) pair of ints, got "
+                             f"{block_size!r}")
         return (_uniform_bounds(n_q, bq, seq_len_q, "q"),
                 _uniform_bounds(n_kv, bk, seq_len_kv, "kv"))
     if q_bounds is None or kv_bounds is None:
@@ -157,6 +173,29 @@ class BlockMask:
     # planner plans from it directly. The CSR arrays are then derived only when first read.
     dense_rows: Any = field(default=None, repr=False, compare=False)
 
+    def __post_init__(self) -> None:
+        """The structure every mask must have, checked here so that the constructor refuses
+        what the factories refuse (their contents checks -- sorted, unique, in-range key
+        blocks -- are the factories'; build masks with them)."""
+        object.__setattr__(self, "q_bounds", _check_bounds(self.q_bounds, "q_bounds"))
+        object.__setattr__(self, "kv_bounds", _check_bounds(self.kv_bounds, "kv_bounds"))
+        bh = self.batch_heads
+        if (not isinstance(bh, tuple) or len(bh) != 2 or any(
+                isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < 1 for x in bh)):
+            raise ValueError(f"batch_heads must be a (B, H) pair of positive ints, got {bh!r}")
+        rows = int(bh[0]) * int(bh[1]) * (self.q_bounds.size - 1)
+        if self.dense_rows is not None:
+            d = self.dense_rows
+            if d.dtype != np.bool_ or tuple(d.shape) != (rows, self.kv_bounds.size - 1):
+                raise ValueError(f"dense_rows must be bool [{rows}, {self.kv_bounds.size - 1}] "
+                                 f"(B*H*nQB, nKB), got {d.dtype} {tuple(d.shape)}")
+        elif self._indptr is None or self._indices is None:
+            raise ValueError("a BlockMask needs dense_rows or both indptr and indices (build "
+                             "one with BlockMask.from_dense, from_scipy or from_indices)")
+        if self._indptr is not None and tuple(self._indptr.shape) != (rows + 1,):
+            raise ValueError(f"indptr must have B*H*nQB + 1 = {rows + 1} entries, got shape "
+                             f"{tuple(self._indptr.shape)}")
+
     @property
     def indptr(self) -> Any:
         """int64 ``[B * H * nQB + 1]`` row offsets into :attr:`indices`."""
@@ -201,6 +240,11 @@ class BlockMask:
                     seq_len_q: int | None, seq_len_kv: int | None) -> "BlockMask":
         # A CUDA torch tensor is copied straight from its memory where it can be (the common
         # request: a block matrix computed by the model, on its current stream).
+        if mask is None or sp.issparse(mask):
+            raise TypeError("mask must be a boolean block matrix (numpy, CuPy or a DLPack "
+                            f"tensor), got {type(mask).__name__}"
+                            + ("; use BlockMask.from_scipy for scipy sparse matrices"
+                               if mask is not None else ""))
         copied = torch_private_copy(mask) if _is_torch_cuda(mask) else None
         m = copied if copied is not None else as_array(mask, "mask")
         if m.dtype != np.bool_:
@@ -209,6 +253,9 @@ class BlockMask:
             raise ValueError(f"mask must have at least 2 dimensions [nQB, nKB], got {m.ndim}")
         bm, hm = _lead_shape(m.ndim - 2, m.shape[:-2], "mask")
         n_q, n_kv = m.shape[-2], m.shape[-1]
+        if bm * hm == 0:
+            raise ValueError(f"mask must have at least one batch and one head, got shape "
+                             f"{tuple(m.shape)}")
         qb, kb = _geometry(n_q, n_kv, block_size, q_bounds, kv_bounds, seq_len_q, seq_len_kv)
         flat = m.reshape(bm * hm * n_q, n_kv)
         # CSR is derived on first use: a device mask planned by the device planner never needs it.
@@ -263,11 +310,16 @@ class BlockMask:
                                  shape=(lq // bq, lk // bk)) for x in flat]
         else:
             csrs = []
-            for x in flat:
-                c = sp.csr_array(x, copy=True)
-                c.sum_duplicates()  # also sorts indices
-                c.eliminate_zeros()
-                csrs.append(c)
+            for i, x in enumerate(flat):
+                c = sp.coo_array(x)
+                keep = c.data != 0  # stored zeros / False are not selected
+                rows, cols = c.row[keep].astype(np.int64), c.col[keep].astype(np.int64)
+                key = rows * max(c.shape[1], 1) + cols
+                if np.unique(key).size != key.size:
+                    raise ValueError(f"matrices[{i}]: an entry is stored twice (duplicates are "
+                                     "refused: summing them could drop or add a block)")
+                csrs.append(sp.csr_array((np.ones(rows.size, bool), (rows, cols)),
+                                         shape=c.shape))
         shapes = {c.shape for c in csrs}
         if len(shapes) != 1:
             raise ValueError("matrices: all block matrices must have one shape, got "
@@ -277,7 +329,7 @@ class BlockMask:
         counts = np.concatenate([np.diff(c.indptr) for c in csrs]).astype(np.int64)
         indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         indices = np.concatenate([c.indices for c in csrs]).astype(np.int32)
-        # bsr input may carry unsorted block indices; csr input was sorted by sum_duplicates.
+        # Indices are sorted (and checked for range and duplicates) per row below.
         mask = cls._sorted_checked(qb, kb, indptr, indices, (len(grid), len(grid[0])),
                                    "matrices")
         return mask
@@ -308,6 +360,15 @@ class BlockMask:
         n_q, width = counts.shape[-1], idx.shape[-1]
         if num_kv_blocks is None:
             num_kv_blocks = (len(kv_bounds) - 1) if kv_bounds is not None else width
+            if num_kv_blocks == 0:
+                raise ValueError("kv_indices has width 0: pass num_kv_blocks (the number of key "
+                                 "blocks) or kv_bounds")
+        if isinstance(num_kv_blocks, bool) or not isinstance(num_kv_blocks, (int, np.integer)) \
+                or num_kv_blocks < 1:
+            raise ValueError(f"num_kv_blocks must be a positive int, got {num_kv_blocks!r}")
+        if bm * hm * n_q == 0:
+            raise ValueError(f"kv_num_blocks must have at least one batch, head and query "
+                             f"block, got shape {tuple(counts.shape)}")
         qb, kb = _geometry(n_q, num_kv_blocks, block_size, q_bounds, kv_bounds, seq_len_q,
                            seq_len_kv)
         xp = array_module(counts, idx)
@@ -460,7 +521,9 @@ class BlockMask:
         """The same mask with its selection on the current CUDA device (needs CuPy)."""
         cp = cupy_or_none()
         if cp is None:
-            raise RuntimeError("to_device needs CuPy")
+            raise RuntimeError("to_device needs CuPy: pip install 'tessera[cuda13]' (or cuda12)")
+        if device.gpu_count() == 0:
+            raise RuntimeError("to_device: no CUDA GPU found")
         return BlockMask(self.q_bounds, self.kv_bounds, cp.asarray(self.indptr),
                          cp.asarray(self.indices), self.batch_heads,
                          None if self.dense_rows is None else cp.asarray(self.dense_rows))

@@ -7,15 +7,21 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from ._array import cupy_or_none
+from .cuda import device
 from .dtypes import SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS
-from .interop import DeviceTensor, current_stream_ptr, device_of, framework_of, from_any
+from .interop import (DeviceTensor, as_array, current_stream_ptr, device_of, framework_of,
+                      from_any)
 from .mask import BlockMask
 
 __all__ = ["Operands", "Outputs", "describe", "describe_outputs", "check_scale", "check_mask",
-           "bhld_view", "LAYOUTS"]
+           "bhld_view", "host_operands", "LAYOUTS"]
 
 LAYOUTS = ("bhld", "blhd")
+NO_GPU = ("no CUDA GPU found: tessera.attention and Plan.run need one (on the CPU, plans run on "
+          "tessera.runtime.emulate.run and tessera.reference.attention is the float64 truth)")
 
 
 @dataclass
@@ -59,6 +65,12 @@ def describe(q: Any, k: Any, v: Any, layout: str) -> Operands:
         raise ValueError(f"layout must be 'bhld' or 'blhd', got {layout!r}")
     if cupy_or_none() is None:
         raise RuntimeError("the GPU path needs CuPy: pip install 'tessera[cuda13]' (or cuda12)")
+    if device.gpu_count() == 0:
+        # Inputs first (a host array or a non-array is the caller's mistake anywhere), then
+        # the machine: without a GPU there is no CUDA tensor to pass.
+        for name, x in (("q", q), ("k", k), ("v", v)):
+            from_any(x, name)
+        raise RuntimeError(NO_GPU)
     # The caller's stream first: a DLPack producer orders its pending work before it.
     fw = framework_of(q)
     on_host = fw == "torch" and not getattr(q, "is_cuda", True)  # from_any says so below
@@ -114,11 +126,17 @@ def check_scale(scale: Any) -> None:
         raise ValueError(f"scale must be positive and finite, got {value}")
 
 
-def check_mask(mask: BlockMask, b: int, hq: int, hkv: int, lq: int, lkv: int) -> None:
+def check_mask(mask: BlockMask, b: int, hq: int, hkv: int, lq: int, lkv: int,
+               layout: str | None = None) -> None:
     """The mask must cover q's and k's tokens and broadcast over their batch and heads."""
     if (mask.seq_len_q, mask.seq_len_kv) != (lq, lkv):
+        hint = ""
+        if layout is not None and (hq, hkv) == (mask.seq_len_q, mask.seq_len_kv):
+            other = "blhd" if layout == "bhld" else "bhld"
+            hint = (f"; read as layout={layout!r} ([B, H, L, D] for 'bhld', [B, L, H, D] for "
+                    f"'blhd'), the heads axis holds the mask's token counts: layout={other!r}?")
         raise ValueError(f"block_mask covers ({mask.seq_len_q}, {mask.seq_len_kv}) tokens but "
-                         f"q/k have ({lq}, {lkv})")
+                         f"q/k have ({lq}, {lkv}){hint}")
     mask.head_index(hq, hkv)  # raises ValueError when the mask's heads fit neither
     mask.batch_index(b)
 
@@ -139,11 +157,88 @@ def describe_outputs(ops: Operands, layout: str, out: Any, lse: Any) -> Outputs:
                              f"strides {od.strides}")
         if od.device_id != ops.q.device_id:
             raise ValueError(f"out is on device {od.device_id} but q is on {ops.q.device_id}")
+        if min(od.strides[:3]) <= 0:
+            raise ValueError(f"out must not have zero or negative strides (rows would overlap), "
+                             f"got strides {od.strides}")
+        for name, t in (("q", ops.q), ("k", ops.k), ("v", ops.v)):
+            if _overlap(od, t):
+                raise ValueError(f"out overlaps {name} in memory: the kernels read {name} "
+                                 "while they write out")
         given.out = (od, out)
     if lse is not None:
         ld = from_any(lse, "lse", ops.stream_ptr)
         if ld.shape != (b, hq, lq) or ld.dtype != "float32" or ld.strides != (hq * lq, lq, 1):
             raise ValueError(f"lse must be a contiguous float32 array of shape {(b, hq, lq)}, "
                              f"got {ld.dtype} {ld.shape} strides {ld.strides}")
+        if ld.device_id != ops.q.device_id:
+            raise ValueError(f"lse is on device {ld.device_id} but q is on {ops.q.device_id}")
+        for name, t in (("q", ops.q), ("k", ops.k), ("v", ops.v)) + (
+                (("out", given.out[0]),) if given.out is not None else ()):
+            if _overlap(ld, t):
+                raise ValueError(f"lse overlaps {name} in memory")
         given.lse = (ld, lse)
     return given
+
+
+def host_operands(q: Any, k: Any, v: Any, layout: str, scale: Any = None,
+                  mask: BlockMask | None = None) -> tuple[Any, Any, Any]:
+    """q, k, v for the CPU entry points (the float64 reference, the emulator) as ``[B, H, L, D]``
+    views of numpy or CuPy arrays, checked as :func:`describe` checks the GPU path's: real
+    floating types, 4-D shapes that agree, a head dim of at least one, query heads a multiple
+    of the key/value heads, a valid ``scale`` and, given ``mask``, its token counts and heads."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be 'bhld' or 'blhd', got {layout!r}")
+    check_scale(scale)
+    views = []
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x is None or isinstance(x, (str, bytes)):
+            raise TypeError(f"{name} must be an array (numpy, CuPy or a DLPack tensor), got "
+                            f"{type(x).__name__}")
+        a = as_array(x, name)
+        dt = a.dtype
+        if not (np.issubdtype(dt, np.floating) or dt.name == "bfloat16"):
+            raise TypeError(f"{name} must hold real floating-point values, got dtype {dt}")
+        if a.ndim != 4:
+            raise ValueError(f"{name} must be 4-D ({layout}: "
+                             f"{'[B, H, L, D]' if layout == 'bhld' else '[B, L, H, D]'}), got "
+                             f"shape {tuple(a.shape)}")
+        views.append(a if layout == "bhld" else a.transpose(0, 2, 1, 3))
+    q4, k4, v4 = views
+    b, hq, lq, d = q4.shape
+    bk, hkv, lkv, dk = k4.shape
+    if bk != b or v4.shape[0] != b:
+        raise ValueError(f"batch of k {bk} / v {v4.shape[0]} must equal batch of q {b}")
+    if v4.shape[1:3] != k4.shape[1:3]:
+        raise ValueError(f"k and v must agree in heads and length, got k {tuple(k.shape)} and "
+                         f"v {tuple(v.shape)} ({layout})")
+    if d < 1 or dk != d or v4.shape[3] < 1:
+        raise ValueError(f"head dims must be at least 1 and agree between q and k: q {d}, "
+                         f"k {dk}, v {v4.shape[3]}")
+    if hkv < 1 or hq % hkv:
+        raise ValueError(f"q heads {hq} must be a multiple of k/v heads {hkv}")
+    if min(b, hq, lq, lkv) < 1:
+        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must not be empty")
+    if mask is not None:
+        if not isinstance(mask, BlockMask):
+            raise TypeError(f"block_mask must be a tessera.BlockMask, got {type(mask).__name__}")
+        check_mask(mask, b, hq, hkv, lq, lkv, layout)
+    return q4, k4, v4
+
+
+def _extent(t: DeviceTensor) -> tuple[int, int]:
+    """The byte range [first, last + 1) a tensor's elements span (empty for no elements)."""
+    if any(n == 0 for n in t.shape):
+        return t.ptr, t.ptr
+    last = sum((n - 1) * s for n, s in zip(t.shape, t.strides) if s > 0)
+    first = sum((n - 1) * s for n, s in zip(t.shape, t.strides) if s < 0)
+    return t.ptr + first * t.itemsize, t.ptr + (last + 1) * t.itemsize
+
+
+def _overlap(a: DeviceTensor, b: DeviceTensor) -> bool:
+    """Whether two tensors' spans of memory on one device intersect (a conservative test: an
+    output interleaved with an input in one buffer counts as overlapping)."""
+    if a.device_id != b.device_id:
+        return False
+    (a0, a1), (b0, b1) = _extent(a), _extent(b)
+    return a0 < b1 and b0 < a1
+

@@ -12,19 +12,10 @@ from typing import Any
 import numpy as np
 
 from ._array import to_numpy
-from .interop import as_array
 from .mask import BlockMask
+from .operands import host_operands
 
-__all__ = ["attention", "split_layout"]
-
-
-def split_layout(x: Any, layout: str, name: str) -> np.ndarray:
-    """Return ``x`` as a ``[B, H, L, D]`` view (no copy) given its ``layout`` ("bhld" or "blhd")."""
-    if layout not in ("bhld", "blhd"):
-        raise ValueError(f"layout must be 'bhld' or 'blhd', got {layout!r}")
-    if x.ndim != 4:
-        raise ValueError(f"{name} must be 4-D ({layout}), got shape {tuple(x.shape)}")
-    return x if layout == "bhld" else x.transpose(0, 2, 1, 3)
+__all__ = ["attention", "attention_rows"]
 
 
 def attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *, scale: float | None = None,
@@ -36,19 +27,11 @@ def attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *, scale: float | N
     output in ``layout`` as float64 numpy, and with ``return_lse`` also the natural-log
     log-sum-exp ``[B, Hq, Lq]`` of the scaled scores (``-inf`` for rows that select nothing).
     """
-    q4 = split_layout(to_numpy(as_array(q, "q")), layout, "q").astype(np.float64)
-    k4 = split_layout(to_numpy(as_array(k, "k")), layout, "k").astype(np.float64)
-    v4 = split_layout(to_numpy(as_array(v, "v")), layout, "v").astype(np.float64)
+    q4, k4, v4 = (to_numpy(x).astype(np.float64)
+                  for x in host_operands(q, k, v, layout, scale, block_mask))
     b, hq, lq, d = q4.shape
-    if k4.shape[0] != b or v4.shape[:3] != k4.shape[:3]:
-        raise ValueError(f"k {k4.shape} and v {v4.shape} must agree with q {q4.shape}")
-    hkv, lkv = k4.shape[1], k4.shape[2]
-    if k4.shape[3] != d:
-        raise ValueError(f"k head dim {k4.shape[3]} != q head dim {d}")
+    hkv = k4.shape[1]
     dv = v4.shape[3]
-    if lq != block_mask.seq_len_q or lkv != block_mask.seq_len_kv:
-        raise ValueError(f"block_mask covers ({block_mask.seq_len_q}, {block_mask.seq_len_kv}) "
-                         f"tokens but q/k have ({lq}, {lkv})")
     mask = block_mask.to_host()
     head_of = mask.head_index(hq, hkv)
     batch_of = mask.batch_index(b)
@@ -85,9 +68,7 @@ def attention_rows(q: Any, k: Any, v: Any, block_mask: BlockMask, rows: np.ndarr
     """The float64 truth for a few query rows only: ``rows`` is an int array ``[n, 3]`` of
     (batch, query head, token); returns ``[n, Dv]``. Lets large runs (100k tokens) be checked on
     sampled rows without computing the whole reference."""
-    q4 = split_layout(as_array(q, "q"), layout, "q")
-    k4 = split_layout(as_array(k, "k"), layout, "k")
-    v4 = split_layout(as_array(v, "v"), layout, "v")
+    q4, k4, v4 = host_operands(q, k, v, layout, scale, block_mask)
     _, hq, _, d = q4.shape
     hkv = k4.shape[1]
     mask = block_mask.to_host()

@@ -22,17 +22,23 @@ class _Plan:
 
 
 class _CuPy:
-    """Just what _task_counter uses: zeroed arrays (and a memset, which it must not call),
-    recorded."""
+    """Just what the per-stream launch state uses: zeroed and empty arrays (and a memset, which
+    it must not call), recorded, on a current device ``device``."""
 
-    def __init__(self) -> None:
-        self.memsets, self.allocations = [], 0
+    float32 = np.float32
+
+    def __init__(self, device: int = 0) -> None:
+        self.memsets, self.allocations, self.device = [], 0, device
+        current = type("dev", (), {"id": device})()
         self.cuda = type("cuda", (), {"runtime": type("rt", (), {
-            "memsetAsync": staticmethod(lambda p, v, n, s: self.memsets.append((p, v, n, s)))})})
+            "memsetAsync": staticmethod(lambda p, v, n, s: self.memsets.append((p, v, n, s)))}),
+            "Device": staticmethod(lambda: current)})
 
     def zeros(self, n, dtype):
         self.allocations += 1
         return _Array(1000 + self.allocations, n * np.dtype(dtype).itemsize)
+
+    empty = zeros
 
 
 class _Array:
@@ -62,6 +68,28 @@ def test_task_counter_one_per_stream_zeroed_once():
     other = launch._task_counter(p, cp, b)
     assert first is again and other is not first and cp.allocations == 2
     assert first.nbytes == 4 and cp.memsets == []
+
+
+def test_split_workspace_one_per_stream_and_device():
+    """The split-KV partials are per (device, stream), like the task counter: two streams
+    running one splitting plan at once would otherwise overwrite each other's partials; a plan
+    without split tasks passes null pointers and allocates nothing."""
+    import types
+
+    p = _Plan()
+    p.workspace_elements = (4 * 64 * 128, 4 * 64)  # four slots
+    cp, a, b = _CuPy(), _Stream(21), _Stream(22)
+    wa, wb = launch._workspace(p, cp, a), launch._workspace(p, cp, b)
+    assert launch._workspace(p, cp, a) is wa and wb is not wa
+    assert wa.part_o.nbytes == 4 * 64 * 128 * 4 and wa.part_lse.nbytes == 4 * 64 * 4
+    other_gpu = launch._workspace(p, _CuPy(device=1), _Stream(21))
+    assert other_gpu is not wa and cp.allocations == 4
+    c0, c1 = launch._task_counter(p, cp, _Stream(0)), launch._task_counter(p, _CuPy(1), _Stream(0))
+    assert c0 is not c1  # the legacy default stream is 0 on every device
+    unsplit = types.SimpleNamespace(workspace_elements=(0, 0),
+                                    launch_state=launch.LaunchState())
+    w = launch._workspace(unsplit, cp, a)
+    assert int(w.part_o) == int(w.part_lse) == 0 and not unsplit.launch_state.workspaces
 
 
 class _TorchLike:
@@ -209,10 +237,10 @@ def test_requests_of_one_geometry_replan_a_kept_plan(monkeypatch):
     request(mask(0.3), 10, never_splits)
     assert len(api._request_plans) == 2
     assert request(mask(0.3), 7, never_splits) is not first  # evicted
-    monkeypatch.setattr(tessera.config, "request_plans_kept", 0)
-    api._request_plans.clear()
-    request(mask(0.3), 7, never_splits)
-    assert not api._request_plans
+    assert api.kept_plans() == 2
+    monkeypatch.setattr(tessera.config, "request_plans_kept", 0)  # keeping turned off:
+    request(mask(0.3), 7, never_splits)  # the next request lets the kept plans go
+    assert api.kept_plans() == 0 and not api._request_plans
     with pytest.raises(ValueError):  # the replan's own check, should a key ever collide
         first.replan(mask(0.3, n=9))
 

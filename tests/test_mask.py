@@ -506,3 +506,79 @@ def test_from_scipy_errors():
     for bad in ([], np.ones((2, 2), bool), [a, np.ones((2, 3), bool)], [[a], []], "csr"):
         with pytest.raises(TypeError, match="matrices must be a scipy sparse matrix"):
             BlockMask.from_scipy(bad, block_size=2)
+
+
+# ---- inputs refused at construction --------------------------------------------------------
+@pytest.mark.parametrize("block", [2**30, 2**31, 2**40])
+def test_block_sizes_past_int32_tokens_refused_before_building(block):
+    """Offsets past int32 used to overflow in planning (task ends of -2**31, "0 pairs")."""
+    with pytest.raises(ValueError, match="token offsets are int32"):
+        BlockMask.from_dense(np.ones((4, 4), bool), block_size=block)
+    with pytest.raises(ValueError, match="does not fit in int32"):
+        BlockMask.from_dense(np.ones((1, 1), bool), q_bounds=[0, 2**31], kv_bounds=[0, 64])
+
+
+@pytest.mark.parametrize("shape, words", [
+    ((0, 3), "at least one q block"), ((3, 0), "at least one kv block"),
+    ((0, 2, 2), "at least one batch and one head"), ((2, 0, 2, 2), "at least one batch")])
+def test_zero_size_masks_refused(shape, words):
+    """Masks without blocks or heads are refused when built (they used to crash in repr())."""
+    with pytest.raises(ValueError, match=words):
+        BlockMask.from_dense(np.ones(shape, bool), block_size=64)
+
+
+def test_from_indices_without_blocks_or_width():
+    with pytest.raises(ValueError, match="pass num_kv_blocks"):
+        BlockMask.from_indices(np.zeros((2,), np.int32), np.zeros((2, 0), np.int32),
+                               block_size=64)
+    m = BlockMask.from_indices(np.zeros((2,), np.int32), np.zeros((2, 0), np.int32),
+                               block_size=64, num_kv_blocks=3)
+    assert m.shape == (1, 1, 2, 3) and m.nnz == 0 and "BlockMask" in repr(m)
+    with pytest.raises(ValueError, match="num_kv_blocks must be a positive int"):
+        BlockMask.from_indices(np.zeros((2,), np.int32), np.zeros((2, 1), np.int32),
+                               block_size=64, num_kv_blocks=0)
+    with pytest.raises(ValueError, match="at least one batch, head and query block"):
+        BlockMask.from_indices(np.zeros((0,), np.int32), np.zeros((0, 1), np.int32),
+                               block_size=64)
+
+
+def test_the_constructor_validates_like_the_factories():
+    good = BlockMask.from_dense(np.eye(3, dtype=bool), block_size=64)
+    assert BlockMask(good.q_bounds, good.kv_bounds, good.indptr, good.indices, (1, 1)).nnz == 3
+    with pytest.raises(ValueError, match="must start at 0"):
+        BlockMask(np.array([1, 64]), good.kv_bounds, good.indptr, good.indices, (1, 1))
+    with pytest.raises(ValueError, match="batch_heads must be a"):
+        BlockMask(good.q_bounds, good.kv_bounds, good.indptr, good.indices, (0, 1))
+    with pytest.raises(ValueError, match="indptr must have"):
+        BlockMask(good.q_bounds, good.kv_bounds, good.indptr[:-1], good.indices, (1, 1))
+    with pytest.raises(ValueError, match="needs dense_rows or both indptr and indices"):
+        BlockMask(good.q_bounds, good.kv_bounds, None, None, (1, 1))
+    with pytest.raises(ValueError, match="dense_rows must be bool"):
+        BlockMask(good.q_bounds, good.kv_bounds, None, None, (1, 1),
+                  dense_rows=np.ones((2, 3), bool))
+
+
+def test_from_scipy_refuses_duplicate_entries():
+    """1 + -1 stored twice used to sum to 0 and drop the block silently."""
+    dup = sp.coo_array((np.array([1, -1, 1]), (np.array([0, 0, 1]), np.array([1, 1, 0]))),
+                       shape=(2, 2))
+    with pytest.raises(ValueError, match="stored twice"):
+        BlockMask.from_scipy(dup, block_size=64)
+    zero = sp.coo_array((np.array([0, 1]), (np.array([0, 1]), np.array([1, 0]))), shape=(2, 2))
+    assert BlockMask.from_scipy(zero, block_size=64).to_dense()[0, 0].tolist() == [
+        [False, False], [True, False]]
+
+
+@pytest.mark.parametrize("mask, kind, words", [
+    (None, TypeError, "mask must be a boolean block matrix"),
+    (sp.csr_array(np.eye(2)), TypeError, "use BlockMask.from_scipy"),
+])
+def test_from_dense_names_wrong_kinds(mask, kind, words):
+    with pytest.raises(kind, match=words):
+        BlockMask.from_dense(mask, block_size=64)
+
+
+@pytest.mark.parametrize("block", [(64,), (64, 64, 64), "64", (64, 0), 0, -64, 1.5])
+def test_bad_block_sizes_say_what_is_accepted(block):
+    with pytest.raises(ValueError, match="block_size must be"):
+        BlockMask.from_dense(np.ones((2, 2), bool), block_size=block)

@@ -184,11 +184,11 @@ def test_errors():
         attention(q, k, v[None], MASK)
     with pytest.raises(ValueError, match="q must be 4-D"):
         attention(q[0], k, v, MASK, layout="blhd")
-    with pytest.raises(ValueError, match="k head dim 2 != q head dim 3"):
+    with pytest.raises(ValueError, match="agree between q and k: q 3, k 2"):
         attention(q, k[..., :2], v, MASK)
-    with pytest.raises(ValueError, match="must agree with q"):
+    with pytest.raises(ValueError, match="k and v must agree in heads and length"):
         attention(q, k, v[:, :, :5], MASK)  # v length differs from k
-    with pytest.raises(ValueError, match="must agree with q"):
+    with pytest.raises(ValueError, match="batch of k 2 / v 2 must equal batch of q 1"):
         attention(q, np.concatenate([k, k]), np.concatenate([v, v]), MASK)  # batch differs
     with pytest.raises(ValueError, match=r"covers \(4, 6\) tokens but q/k have \(5, 6\)"):
         q5, k5, v5 = _qkv(lq=5)
@@ -196,9 +196,9 @@ def test_errors():
     with pytest.raises(ValueError, match=r"covers \(4, 6\) tokens but q/k have \(4, 7\)"):
         q7, k7, v7 = _qkv(lkv=7)
         attention(q7, k7, v7, MASK)
-    with pytest.raises(ValueError, match="num_q_heads=3 must be a multiple of num_kv_heads=2"):
+    with pytest.raises(ValueError, match="q heads 3 must be a multiple of k/v heads 2"):
         attention(*_qkv(hq=3, hkv=2), MASK)
-    with pytest.raises(ValueError, match="num_q_heads=2 must be a multiple of num_kv_heads=4"):
+    with pytest.raises(ValueError, match="q heads 2 must be a multiple of k/v heads 4"):
         attention(*_qkv(hq=2, hkv=4), MASK)
     three_heads = BlockMask.from_dense(np.ones((3, 2, 3), bool), block_size=2)
     with pytest.raises(ValueError, match="block_mask has 3 heads; expected 1, num_q_heads=4 "

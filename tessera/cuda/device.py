@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import numpy as np
+
 from .. import _array
 
 __all__ = ["device_cc", "device_arch", "device_sm_count", "current_gpu_name", "gpu_count",
-           "smem_limit_bytes", "SMEM_LIMIT_KIB", "SM90_SMEM_PER_SM", "SM90_SMEM_RESERVED"]
+           "smem_limit_bytes", "SMEM_LIMIT_KIB", "check_arch", "SM90_SMEM_PER_SM", "SM90_SMEM_RESERVED"]
 
 # Shared memory of one sm_90 SM, and what the driver reserves per resident CTA (CUDA
 # programming guide, "Technical specifications" and "Shared memory"): two CTAs fit when
@@ -29,6 +31,22 @@ SMEM_LIMIT_KIB = {80: 163, 87: 163, 90: 227, 100: 227, 103: 227, 86: 99, 89: 99,
 
 
 _SMEM_FALLBACK_KIB = 99
+
+
+# Compute capabilities a plan may name (``tessera.plan(arch=...)``): sm_80 and newer, as
+# major * 10 + minor (GPUs newer than SMEM_LIMIT_KIB's get its smallest shared-memory limit).
+MIN_ARCH, MAX_ARCH = 80, 199
+
+
+def check_arch(arch: object) -> None:
+    """``arch`` must be None (the mask's device, or a portable host plan) or a compute
+    capability of sm_80 or newer as an int: 80, 86, 89, 90, 100, ..."""
+    if arch is None:
+        return
+    if isinstance(arch, bool) or not isinstance(arch, (int, np.integer)) or \
+            not MIN_ARCH <= int(arch) <= MAX_ARCH:
+        raise ValueError(f"arch must be None or a compute capability int from {MIN_ARCH} (sm_80) "
+                         f"up, such as {sorted(SMEM_LIMIT_KIB)} (90 for sm_90), got {arch!r}")
 
 
 def smem_limit_bytes(arch: int | None) -> int:

@@ -11,6 +11,7 @@ would spill fails at build time (in CI, for every target) instead of running slo
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -78,6 +79,21 @@ def nvrtc_version() -> tuple[int, int] | None:
 def cache_dir() -> Path:
     """Where cubins are cached: ``$TESSERA_CACHE_DIR`` or ``~/.cache/tessera``."""
     return Path(os.environ.get("TESSERA_CACHE_DIR", Path.home() / ".cache" / "tessera"))
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a private temporary file and a rename, so that a reader
+    sees the whole file or none."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def _read_source(name: str) -> str:
@@ -148,11 +164,9 @@ def compile_variant(variant: Variant, target: str, *, allow_spills: bool = False
             nvrtc.destroyProgram(prog)
         if use_cache:
             try:
-                cubin_path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = cubin_path.with_suffix(f".tmp{os.getpid()}")
-                tmp.write_bytes(cubin)
-                tmp.replace(cubin_path)
-                log_path.write_text(log)
+                # The log first: a reader takes the cubin only when its log is there.
+                _write_atomic(log_path, log.encode())
+                _write_atomic(cubin_path, cubin)
             except OSError:
                 pass  # a read-only home is fine: the process keeps its own copy
     if use_cache:
@@ -210,10 +224,13 @@ def load_kernel(variant: Variant) -> Any:
         mkey = (variant.source, variant.macros, device)
         module = _modules.get(mkey)
         if module is None:
-            path = cache_dir() / f"{variant.label}_{result.target}_loaded.cubin"
+            # Named by its content and written atomically: processes loading at once (torchrun)
+            # never read a file another is writing, nor another version's kernels.
+            digest = hashlib.sha256(result.cubin).hexdigest()[:24]
+            path = cache_dir() / f"{variant.label}_{result.target}_{digest}.loaded.cubin"
             try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_bytes(result.cubin)
+                if not path.is_file():
+                    _write_atomic(path, result.cubin)
                 module = cp.RawModule(path=str(path))
             except OSError:
                 with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:

@@ -18,8 +18,7 @@ from typing import Any
 import numpy as np
 
 from .._array import to_numpy
-from ..interop import as_array
-from ..reference import split_layout
+from ..operands import host_operands
 from .plan import Plan
 from .queue import Combine, Span, Task, records
 
@@ -85,12 +84,17 @@ def _packed_chunks(spans: np.recarray, bn: int):
 
 def run(plan: Plan, q: Any, k: Any, v: Any, *, scale: float | None = None) -> EmulationResult:
     """Execute ``plan`` on the CPU in float64; unwritten outputs stay NaN (poisoned)."""
-    q4 = split_layout(to_numpy(as_array(q, "q")), plan.layout, "q").astype(np.float64)
-    k4 = split_layout(to_numpy(as_array(k, "k")), plan.layout, "k").astype(np.float64)
-    v4 = split_layout(to_numpy(as_array(v, "v")), plan.layout, "v").astype(np.float64)
+    if not isinstance(plan, Plan):
+        raise TypeError(f"plan must be a tessera.Plan, got {type(plan).__name__}")
+    q4, k4, v4 = (to_numpy(x).astype(np.float64)
+                  for x in host_operands(q, k, v, plan.layout, scale, plan.mask))
     b_, hq, lq, d = q4.shape
-    if (b_, hq, d) != (plan.batch, plan.num_q_heads, plan.head_dim):
-        raise ValueError(f"q shape {q4.shape} does not match the plan")
+    hkv, dv = k4.shape[1], v4.shape[3]
+    if (b_, hq, hkv, d, dv) != (plan.batch, plan.num_q_heads, plan.num_kv_heads, plan.head_dim,
+                                plan.head_dim_v):
+        raise ValueError(f"q/k/v shapes (B={b_}, Hq={hq}, Hkv={hkv}, D={d}, Dv={dv}) differ from "
+                         f"the plan's (B={plan.batch}, Hq={plan.num_q_heads}, "
+                         f"Hkv={plan.num_kv_heads}, D={plan.head_dim}, Dv={plan.head_dim_v})")
     scale = 1.0 / np.sqrt(d) if scale is None else float(scale)
     group = plan.num_q_heads // plan.num_kv_heads
     bm, bn = plan.regime.block_m, plan.regime.block_n

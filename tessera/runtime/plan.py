@@ -19,7 +19,8 @@ from typing import Any, Callable
 import numpy as np
 
 from ..capture import capture_memory_if, stream_capturing
-from ..dtypes import SUPPORTED_DTYPES, dtype_name
+from ..cuda.device import check_arch
+from ..dtypes import SUPPORTED_HEAD_DIMS, checked_dtype
 from ..launch import LaunchState, run_plan
 from ..mask import BlockMask
 from . import mapping
@@ -287,9 +288,14 @@ def _plan(block_mask: BlockMask, num_q_heads: int, num_kv_heads: int | None, hea
             raise ValueError(f"{name} must be a positive int, got {val!r}")
     if layout not in ("bhld", "blhd"):
         raise ValueError(f"layout must be 'bhld' or 'blhd', got {layout!r}")
-    dtype = dtype_name(dtype)
-    if dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"dtype must be one of {SUPPORTED_DTYPES}, got {dtype!r}")
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"head_dim {head_dim} is not supported (supported: "
+                         f"{SUPPORTED_HEAD_DIMS})")
+    if head_dim_v != head_dim:
+        raise ValueError(f"head_dim_v must equal head_dim ({head_dim}): the kernels write "
+                         f"head_dim values per row, got head_dim_v={head_dim_v}")
+    check_arch(arch)
+    dtype = checked_dtype(dtype)
     head_of = block_mask.head_index(num_q_heads, num_kv_heads)
     batch_of = block_mask.batch_index(batch)
     if sync_free and not mapping.use_device_planner(block_mask.xp):

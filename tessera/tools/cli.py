@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import argparse
+import os
 import platform
+import sys
 import time
 
 import numpy as np
@@ -93,10 +95,19 @@ def plan_command(args: argparse.Namespace) -> int:
     """Build a family's mask for a workload, plan it, print its stats, optionally draw it."""
 
     if args.shape not in WORKLOADS:
-        print(f"unknown shape {args.shape!r}; choose from {', '.join(WORKLOADS)}")
+        print(f"unknown shape {args.shape!r}; choose from {', '.join(WORKLOADS)}",
+              file=sys.stderr)
         return 2
     if args.family not in FAMILIES:
-        print(f"unknown family {args.family!r}; choose from {', '.join(FAMILIES)}")
+        print(f"unknown family {args.family!r}; choose from {', '.join(FAMILIES)}",
+              file=sys.stderr)
+        return 2
+    if args.heads < 1:
+        print(f"--heads must be at least 1, got {args.heads}", file=sys.stderr)
+        return 2
+    if not 0 <= args.head < args.heads:
+        print(f"--head must be in [0, {args.heads}) (one of the --heads {args.heads} mask "
+              f"heads), got {args.head}", file=sys.stderr)
         return 2
     w = WORKLOADS[args.shape]
     d = args.head_dim or w.head_dim
@@ -121,6 +132,20 @@ def plan_command(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line; returns the exit status. Output piped into a reader that closes early
+    (``| head``) ends the command quietly, as Unix tools do."""
+    try:
+        rc = _main(argv)
+        sys.stdout.flush()  # a closed pipe shows here, not in Python's flush at exit
+        return rc
+    except BrokenPipeError:
+        # Python would report the broken pipe again when it flushes stdout at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+
+
+def _main(argv: list[str] | None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tessera",
                                  description="Tessera: block-sparse attention for video DiTs")
     sub = ap.add_subparsers(dest="cmd")

@@ -54,7 +54,7 @@ def run(size: str = "auto") -> int:
 
 
 def _run_cpu() -> int:
-    latent, heads, d = (4, 8, 16), 2, 32
+    latent, heads, d = (4, 8, 16), 2, 64
     L = math.prod(latent)
     print(f"No GPU: running Tessera's plans on the CPU emulator at a reduced size "
           f"(latent {latent}, {L} tokens, {heads} heads, head dim {d}, float64).")

@@ -122,8 +122,8 @@ def test_packed_keys_plans_emulate_exactly_with_less_work():
         base = Regime(family="sm90", block_m=bm, block_n=bn, num_warps=warps, stages=3,
                       combine_threshold=0.0, split_ratio=1.0, min_split_chunks=1)
         packed = base.with_(pack_keys=True)
-        plain = tessera.plan(mask, num_q_heads=2, head_dim=8, regime=base)
-        p = tessera.plan(mask, num_q_heads=2, head_dim=8, regime=packed)
+        plain = tessera.plan(mask, num_q_heads=2, head_dim=64, regime=base)
+        p = tessera.plan(mask, num_q_heads=2, head_dim=64, regime=packed)
         check_queue(p)
         assert p.queue.num_slots == 0 and plain.queue.num_slots > 0  # packed never splits
         res = check_emulation(p, mask, q, k, v, None)

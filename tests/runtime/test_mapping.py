@@ -31,7 +31,7 @@ def test_identical_row_pairs_combine_for_free(seed, heads, pairs, n_kv):
     base[..., 0, rng.integers(n_kv)] = True  # something selected in every head
     dense = np.repeat(base, 2, axis=-2)
     mask = BlockMask.from_dense(dense, block_size=64)
-    plan = tessera.plan(mask, num_q_heads=heads, head_dim=8, regime=TILE_128x64)
+    plan = tessera.plan(mask, num_q_heads=heads, head_dim=64, regime=TILE_128x64)
     s = plan.stats()
     assert s.wasted_ratio == 1.0
     assert s.num_tiles == heads * pairs
@@ -43,7 +43,7 @@ def test_identical_row_pairs_emulated():
     rng = np.random.default_rng(1)
     dense = np.repeat(rng.random((2, 4, 6)) < 0.5, 2, axis=-2)
     mask = BlockMask.from_dense(dense, block_size=64)
-    plan = tessera.plan(mask, num_q_heads=2, head_dim=8, regime=TILE_128x64)
+    plan = tessera.plan(mask, num_q_heads=2, head_dim=64, regime=TILE_128x64)
     assert plan.stats().num_tiles == 8
     check_emulation(plan, mask, *random_qkv(rng, 1, 2, 2, 512, 384), None)
 
@@ -74,12 +74,12 @@ def test_mostly_different_neighbours_do_not_merge():
     waste = merge_waste(dense, np.full(8, 64), np.full(16, 64))
     assert np.all(waste > 0.3), "the mask is meant to make every merge too wasteful"
     mask = BlockMask.from_dense(dense, block_size=64)
-    plan = tessera.plan(mask, num_q_heads=1, head_dim=8,
+    plan = tessera.plan(mask, num_q_heads=1, head_dim=64,
                         regime=TILE_128x64.with_(combine_threshold=0.3))
     assert plan.stats().num_merged == 0
     assert plan.stats().num_tiles == 8
     # ... while a threshold above their waste lets them merge (and stay exact)
-    loose = tessera.plan(mask, num_q_heads=1, head_dim=8,
+    loose = tessera.plan(mask, num_q_heads=1, head_dim=64,
                          regime=TILE_128x64.with_(combine_threshold=1.0))
     assert loose.stats().num_merged == 4 and loose.stats().num_tiles == 4
     rng = np.random.default_rng(2)
@@ -94,7 +94,7 @@ def test_neighbours_without_shared_keys_never_merge():
     dense[1::2, 4:] = True
     mask = BlockMask.from_dense(dense, block_size=32)
     for t in (1.0, 10.0):
-        plan = tessera.plan(mask, num_q_heads=1, head_dim=8,
+        plan = tessera.plan(mask, num_q_heads=1, head_dim=64,
                             regime=TILE_128x64.with_(combine_threshold=t))
         assert plan.stats().num_merged == 0
         assert plan.stats().num_tiles == 8
@@ -132,7 +132,7 @@ def test_banded_neighbours_merge_and_stay_exact(heads):
     waste = merge_waste(dense[0], np.full(8, 64), np.full(8, 64))
     assert np.all(waste <= 0.3)
     mask = BlockMask.from_dense(dense, block_size=64)
-    plan = tessera.plan(mask, num_q_heads=heads, head_dim=8,
+    plan = tessera.plan(mask, num_q_heads=heads, head_dim=64,
                         regime=TILE_128x64.with_(combine_threshold=0.3))
     s = plan.stats()
     assert s.num_merged > 0
@@ -155,7 +155,7 @@ def test_subdivide_384_token_blocks(split):
     dense[:, 2, 1] = ~dense[:, 1, 1]
     mask = BlockMask.from_dense(dense, block_size=384)
     regime = TILE_128x64.with_(split_ratio=1.0, min_split_chunks=1) if split else TILE_128x64
-    plan = tessera.plan(mask, num_q_heads=heads, head_dim=8, regime=regime)
+    plan = tessera.plan(mask, num_q_heads=heads, head_dim=64, regime=regime)
     t = plan.tiles
     assert t.num_tiles == 3 * n_q * heads
     assert np.all(np.asarray(t.q1) - np.asarray(t.q0) == 128)
@@ -183,8 +183,8 @@ def test_aligned_tiles_cut_the_waste_of_clusters():
     q, k, v = random_qkv(rng, 1, 2, 2, int(qb[-1]), int(kb[-1]))
     base = Regime(family="sm90", block_m=128, num_warps=12, block_n=128, stages=3,
                   combine_threshold=0.0)
-    plain = tessera.plan(mask, num_q_heads=2, head_dim=8, regime=base)
-    aligned = tessera.plan(mask, num_q_heads=2, head_dim=8, regime=base.with_(align_tiles=True))
+    plain = tessera.plan(mask, num_q_heads=2, head_dim=64, regime=base)
+    aligned = tessera.plan(mask, num_q_heads=2, head_dim=64, regime=base.with_(align_tiles=True))
     check_queue(aligned)
     check_emulation(aligned, mask, q, k, v, None)
     assert aligned.tiles.num_tiles == 2 * -(-int(qb[-1]) // 128)
@@ -258,7 +258,7 @@ def test_tiling_pairs_estimate(seed, monkeypatch):
     plain, aligned = tiling_pairs(mask, 128)
     base = Regime(family="sm90", block_m=128, num_warps=12, block_n=128, stages=3,
                   combine_threshold=0.0)
-    planned = [tessera.plan(mask, num_q_heads=2, head_dim=8, regime=r).computed_pairs()
+    planned = [tessera.plan(mask, num_q_heads=2, head_dim=64, regime=r).computed_pairs()
                for r in (base, base.with_(align_tiles=True))]
     assert abs(aligned / plain - planned[1] / planned[0]) < 0.1
 

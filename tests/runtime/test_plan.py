@@ -33,7 +33,7 @@ def test_uniform_128_blocks_on_128x64_tiles_waste_nothing(seed, n_q, n_kv, p, sh
     dense = rng.random((batch, hkv if hkv > 1 else 1, n_q, n_kv)) < p
     dense[..., 0, 0] = True
     mask = BlockMask.from_dense(dense, block_size=128)
-    plan = tessera.plan(mask, num_q_heads=hq, num_kv_heads=hkv, head_dim=8, batch=batch,
+    plan = tessera.plan(mask, num_q_heads=hq, num_kv_heads=hkv, head_dim=64, batch=batch,
                         regime=TILE_128x64)
     s = plan.stats()
     assert s.useful_pairs == brute_useful_pairs(mask, batch, hq, hkv)
@@ -47,7 +47,7 @@ def test_stats_small_blocks_count_padding():
     dense = np.eye(6, dtype=bool)[None]
     dense[0, 0, 0] = True
     mask = BlockMask.from_dense(dense, block_size=16)
-    plan = tessera.plan(mask, num_q_heads=1, head_dim=8,
+    plan = tessera.plan(mask, num_q_heads=1, head_dim=64,
                         regime=TILE_128x64.with_(combine_threshold=0.0))
     s = plan.stats()
     assert s.useful_pairs == 6 * 16 * 16
@@ -117,7 +117,7 @@ def test_all_empty_mask(shape):
     dense = np.zeros(shape, dtype=bool)
     mask = BlockMask.from_dense(dense, block_size=64)
     hq = shape[0] if len(shape) == 3 else 1
-    plan = tessera.plan(mask, num_q_heads=hq, head_dim=8)
+    plan = tessera.plan(mask, num_q_heads=hq, head_dim=64)
     check_queue(plan)
     rng = np.random.default_rng(5)
     check_emulation(plan, mask, *random_qkv(rng, 1, hq, hq, mask.seq_len_q, mask.seq_len_kv),
@@ -126,10 +126,10 @@ def test_all_empty_mask(shape):
 
 def test_one_token_sequences():
     mask = BlockMask.from_dense(np.ones((1, 1), bool), block_size=16, seq_len_q=1, seq_len_kv=1)
-    plan = tessera.plan(mask, num_q_heads=1, head_dim=4)
+    plan = tessera.plan(mask, num_q_heads=1, head_dim=64)
     check_queue(plan)
     rng = np.random.default_rng(6)
-    check_emulation(plan, mask, *random_qkv(rng, 1, 1, 1, 1, 1, d=4), None)
+    check_emulation(plan, mask, *random_qkv(rng, 1, 1, 1, 1, 1), None)
 
 
 @pytest.mark.parametrize("slots,splits", [(1, False), (10_000, True)])
@@ -166,3 +166,33 @@ def test_plans_for_the_current_gpu_split_only_what_its_slots_need(monkeypatch, s
     else:
         assert ref.queue.num_slots == 0 and records(ref.queue.tasks, Task).cost.max() == 60
     assert seen and set(seen) == {(90, 7)}  # asked for this GPU's SMs, never for the host plan
+
+
+# ---- arguments refused by name --------------------------------------------------------------
+@pytest.mark.parametrize("head_dim", [7, 8, 80, 256])
+def test_unsupported_head_dims_refused(head_dim):
+    mask = BlockMask.from_dense(np.ones((2, 2), bool), block_size=64)
+    with pytest.raises(ValueError, match=r"head_dim .* not supported \(supported: \(64, 96, 128\)"):
+        tessera.plan(mask, num_q_heads=1, head_dim=head_dim)
+
+
+def test_head_dim_v_must_equal_head_dim():
+    """The kernels write head_dim values per row: a smaller head_dim_v wrote out of bounds."""
+    mask = BlockMask.from_dense(np.ones((2, 2), bool), block_size=64)
+    with pytest.raises(ValueError, match="head_dim_v must equal head_dim"):
+        tessera.plan(mask, num_q_heads=1, head_dim=128, head_dim_v=64)
+    assert tessera.plan(mask, num_q_heads=1, head_dim=96, head_dim_v=96).head_dim_v == 96
+
+
+@pytest.mark.parametrize("arch", ["sm90", "sm_90", 9.0, 12345, 75, True, "90"])
+def test_bad_arch_refused(arch):
+    mask = BlockMask.from_dense(np.ones((2, 2), bool), block_size=64)
+    with pytest.raises(ValueError, match="arch must be None or a compute capability int"):
+        tessera.plan(mask, num_q_heads=1, head_dim=64, arch=arch)
+
+
+@pytest.mark.parametrize("arch, family", [(80, "sm80"), (86, "sm80"), (90, "sm90"),
+                                          (100, "sm80"), (None, "sm80")])
+def test_supported_archs_planned(arch, family):
+    mask = BlockMask.from_dense(np.ones((2, 2), bool), block_size=128)
+    assert tessera.plan(mask, num_q_heads=1, head_dim=64, arch=arch).regime.family == family

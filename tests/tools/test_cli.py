@@ -159,3 +159,30 @@ def test_bench_regime_option(capsys):
                      "sm90_128x128_w12_s3[combine_threshold=0.0,align_tiles=True]"])
     assert rc == 1  # no GPU (or no torch) here: it says why instead of running
     assert "bench needs" in capsys.readouterr().out
+
+
+def test_plan_command_refuses_bad_choices_on_stderr(capsys):
+    assert main(["plan", "--family", "no-such-family"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "unknown family 'no-such-family'" in err
+    assert main(["plan", "--heads", "2", "--head", "5"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "--head must be in [0, 2)" in err
+
+
+@pytest.mark.parametrize("unbuffered", ["", "1"])
+def test_cli_piped_into_a_reader_that_closed(unbuffered):
+    """``python -m tessera info | head -1``: the reader gone, the command ends quietly (no
+    BrokenPipeError traceback, nor Python's "Exception ignored" at exit) whether the broken
+    pipe shows in a print or in the final flush."""
+    import os
+
+    read, write = os.pipe()
+    os.close(read)  # every write to the pipe fails with EPIPE
+    env = dict(os.environ, PYTHONUNBUFFERED=unbuffered)
+    proc = subprocess.run([sys.executable, "-m", "tessera", "info"], stdout=write,
+                          stderr=subprocess.PIPE, env=env, timeout=120)
+    os.close(write)
+    err = proc.stderr.decode()
+    assert "BrokenPipe" not in err and "Traceback" not in err and "ignored" not in err, err
+    assert proc.returncode == 1
