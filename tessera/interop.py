@@ -2,13 +2,16 @@
 
 Kernels only need a pointer, a shape, element strides and a dtype, so inputs are described by a
 small :class:`DeviceTensor` read straight from the DLPack capsule (ctypes). That is also how
-bfloat16 passes through: CuPy has no bfloat16 dtype, DLPack does. PyTorch tensors are described
+bfloat16 passes through from producers whose arrays CuPy cannot hold (CuPy 14 holds bfloat16
+only with ml_dtypes; DLPack always can). PyTorch tensors are described
 from their own attributes instead (``data_ptr``, ``stride``; still no copy): torch's
 ``__dlpack__`` makes a stream wait on an event unless asked with its current stream, which a
 CUDA graph being captured forbids, and it costs tens of microseconds a call on a request path
 that reads five tensors. Outputs are allocated in the caller's framework (``tensor.new_empty``
-for PyTorch, a CuPy buffer exported through DLPack for JAX, CuPy otherwise) and kernels run on
-the caller's current stream.
+for PyTorch, a CuPy buffer exported through DLPack for JAX, CuPy otherwise -- bfloat16 as
+CuPy's bfloat16 where it has one, else raw uint16 bits) and kernels run on the caller's current
+stream. The second half of the module turns arrays of any framework into numpy or CuPy for the
+host-side entry points (masks, the reference, the emulator).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import numpy as np
 from ._array import cupy_or_none, is_cupy, torch_stream_ptr
 
 __all__ = ["DeviceTensor", "from_any", "empty_like_caller", "current_stream_ptr", "device_of",
-           "framework_of"]
+           "framework_of", "cupy_bfloat16", "as_array"]
 
 _KDL_CUDA, _KDL_CUDA_MANAGED = 2, 13
 _DL_CODES = {(2, 16): "float16", (4, 16): "bfloat16", (2, 32): "float32", (0, 32): "int32",
@@ -253,7 +256,12 @@ def empty_like_caller(template: DeviceTensor, shape: tuple[int, ...], dtype: str
     cp = cupy_or_none()
     with cp.cuda.Device(template.device_id):
         n = int(np.prod(shape, dtype=np.int64))
-        buf = cp.empty(n, dtype=cp.uint16 if dtype == "bfloat16" else dtype).reshape(shape)
+        if dtype == "bfloat16":
+            # JAX's exporter needs raw bits; a CuPy caller gets CuPy's bfloat16 where it has one.
+            bf16 = None if fw == "jax" else cupy_bfloat16()
+            buf = cp.empty(n, dtype=cp.uint16 if bf16 is None else bf16).reshape(shape)
+        else:
+            buf = cp.empty(n, dtype=dtype).reshape(shape)
     desc = DeviceTensor(int(buf.data.ptr), shape,
                         _row_major_strides(shape),
                         dtype, template.device_id, fw, buf)
@@ -264,9 +272,31 @@ def empty_like_caller(template: DeviceTensor, shape: tuple[int, ...], dtype: str
             stream.synchronize()  # JAX exposes no stream to order against
             return jax.dlpack.from_dlpack(_Exporter(buf, shape, dtype, template.device_id))
         return desc, finish
-    # CuPy (and other producers): a CuPy array; bfloat16 comes back as its raw uint16 bits,
-    # since CuPy has no bfloat16 dtype.
+    # CuPy (and other producers): a CuPy array -- bfloat16 where CuPy has the dtype (CuPy 14
+    # with ml_dtypes), else its raw bits as uint16 (view them with ``.view(bfloat16)``).
     return desc, lambda stream: buf
+
+
+_BF16_UNKNOWN = object()
+_bf16: Any = _BF16_UNKNOWN
+
+
+def cupy_bfloat16() -> Any:
+    """The bfloat16 dtype CuPy arrays can hold (``ml_dtypes.bfloat16``, which CuPy 14 supports),
+    or None where CuPy or ml_dtypes lacks it; asked once per process."""
+    global _bf16
+    if _bf16 is _BF16_UNKNOWN:
+        _bf16 = None
+        cp = cupy_or_none()
+        try:
+            import ml_dtypes  # noqa: PLC0415 - optional: JAX and CuPy 14's bfloat16 bring it
+
+            dt = np.dtype(ml_dtypes.bfloat16)
+            if cp is not None and cp.empty(1, dtype=dt).dtype == dt:
+                _bf16 = dt
+        except Exception:  # no ml_dtypes, or a CuPy that refuses the dtype
+            pass
+    return _bf16
 
 
 # ---- arrays of any framework as numpy or CuPy (masks, the reference, the emulator) -------------

@@ -32,7 +32,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("tessera.tools", "tessera.__main__"),
 ]
 # Imported inside functions only: optional dependencies, loaded when a feature needs them.
-OPTIONAL = {"cupy", "cupy_backends", "torch", "jax", "jaxlib", "matplotlib", "diffusers"}
+OPTIONAL = {"cupy", "cupy_backends", "torch", "jax", "jaxlib", "matplotlib", "diffusers",
+            "ml_dtypes"}
 
 
 def _module_name(path: Path) -> str:

@@ -1179,3 +1179,66 @@ def test_tensors_on_a_second_gpu():
     with pytest.raises(ValueError, match="device"):
         p.replan(tessera.BlockMask.from_dense(cp.asarray(host), block_size=128, seq_len_q=L,
                                               seq_len_kv=L))
+
+
+def test_bf16_cupy_arrays_give_a_bf16_cupy_output():
+    """bf16 CuPy q/k/v (CuPy 14 with ml_dtypes) come back as a bf16 CuPy output and a float32
+    LSE, equal to the reference on the bf16 values (they came back as uint16 bits before)."""
+    import cupy as cp
+
+    from tessera.interop import cupy_bfloat16
+
+    bf16 = cupy_bfloat16()
+    if bf16 is None:
+        pytest.skip("this CuPy holds no bfloat16 (CuPy 14 with ml_dtypes does)")
+    rng = np.random.default_rng(11)
+    mask = _random_mask(rng, (2, 4, 5), 0.5, block_size=64, seq_len_q=250, seq_len_kv=300)
+
+    def bf16_pair(shape):  # a bf16 device array and the exact values it holds
+        bits = (rng.standard_normal(shape).astype(np.float32).view(np.uint32) >> 16)
+        exact = (bits << 16).view(np.float32).astype(np.float64)
+        return cp.asarray(bits.astype(np.uint16)).view(bf16), exact
+
+    (q, qe), (k, ke), (v, ve) = (bf16_pair((1, 2, n, 64)) for n in (250, 300, 300))
+    out, lse = tessera.attention(q, k, v, mask, return_lse=True)
+    assert isinstance(out, cp.ndarray) and out.dtype == bf16 and lse.dtype == cp.float32
+    got = (out.view(cp.uint16).get().astype(np.uint32) << 16).view(np.float32)
+    ref = reference.attention(qe, ke, ve, mask)
+    worst = (np.linalg.norm(got - ref, axis=-1) /
+             np.maximum(np.linalg.norm(ref, axis=-1), 1e-30)).max()
+    assert np.isfinite(got).all() and worst < 2e-2, f"worst row {worst:.2e}"
+
+
+def test_one_splitting_plan_on_two_streams_at_once():
+    """A plan whose tasks split run on two streams at once, each behind a random delay (so that
+    some rounds overlap the runs), on different inputs: each stream has its own partials, so
+    both outputs stay exact over every round (one workspace per plan and device let the runs
+    overwrite each other's partials)."""
+    torch = _torch()
+    rng = np.random.default_rng(5)
+    dense = rng.random((2, 10, 12)) < 0.3
+    dense[:, 3] = True  # heavy rows: split
+    mask = tessera.BlockMask.from_dense(dense, block_size=64)
+    reg = Regime(block_m=64, num_warps=4, split_ratio=1.0, min_split_chunks=1)
+    p = tessera.plan(mask, num_q_heads=2, head_dim=64, dtype="bfloat16", regime=reg)
+    assert p.queue.combine.shape[0] > 0
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    inputs = []
+    for seed in (1, 2):
+        (q, k, v), exact = _inputs(np.random.default_rng(seed), "torch", "bfloat16", 1, 2, 2,
+                                   640, 768, 64, "bhld")
+        inputs.append(((q, k, v), reference.attention(*exact, mask)))
+    torch.cuda.synchronize()
+    delays = np.random.default_rng(0).integers(0, 40_000, size=(50, 2))
+    for round_delays in delays:  # some rounds overlap the two runs, some do not
+        outs = []
+        for s, ((q, k, v), _), cycles in zip(streams, inputs, round_delays):
+            with torch.cuda.stream(s):
+                torch.cuda._sleep(int(cycles))
+                outs.append(p.run(q, k, v))
+        torch.cuda.synchronize()
+        for out, (_, ref) in zip(outs, inputs):
+            got = out.float().cpu().numpy()
+            err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
+            assert err < 1e-2, f"relative error {err:.2e}"
+    assert len(p.launch_state.workspaces) == 2
