@@ -68,6 +68,7 @@ def capture_memory(framework: str, device_id: int) -> Iterator[None]:
                 _captured_memory.append(ptr)
             return ptr
     _capture.depth = 1
+    _capture.framework = framework
     try:
         with cp.cuda.using_allocator(allocate):
             yield
@@ -143,10 +144,16 @@ def release_captured_memory() -> int:
     with _captured_lock:
         released = sum(int(p.mem.size) for p in _captured_memory)
         _captured_memory.clear()
+        _pinned["cupy"].clear()
     return released
 
 
 _DEVICE_COPIES: dict = {}
+# Constant arrays a captured graph reads by address, kept alive for the graph whatever the
+# cache above drops: CuPy captures' until release_captured_memory, PyTorch captures' for the
+# process (Tessera cannot see when a torch graph is freed; they are a few small arrays per
+# captured geometry).
+_pinned: dict[str, list] = {"cupy": [], "torch": []}
 
 
 def device_copy(key: tuple, make: Any, xp) -> Any:
@@ -165,4 +172,9 @@ def device_copy(key: tuple, make: Any, xp) -> Any:
         if len(_DEVICE_COPIES) > 128:
             _DEVICE_COPIES.clear()
         got = _DEVICE_COPIES[key] = make()
+    elif capturing():
+        framework = "torch" if getattr(_capture, "framework", "cupy") == "torch" else "cupy"
+        with _captured_lock:
+            if not any(p is got for p in _pinned[framework]):
+                _pinned[framework].append(got)
     return got

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -23,8 +24,15 @@ from .cuda.device import device_cc, device_sm_count, smem_limit_bytes
 from .cuda.loader import blocks_per_sm, load_kernel
 from .cuda.variants import Variant, smem_bytes
 from .interop import empty_like_caller
-from .operands import Operands, Outputs, bhld_view, check_mask, check_scale, describe, \
-    describe_outputs
+from .operands import (
+    Operands,
+    Outputs,
+    bhld_view,
+    check_mask,
+    check_scale,
+    describe,
+    describe_outputs,
+)
 from .settings import config
 
 if TYPE_CHECKING:  # annotations only: plans are made a layer above
@@ -33,6 +41,16 @@ if TYPE_CHECKING:  # annotations only: plans are made a layer above
 __all__ = ["LaunchState", "DeviceQueue", "Workspace", "run_plan", "run", "caller_stream"]
 
 _LOG2E = 1.4426950408889634
+
+
+# cudaStreamPerThread: one value for every thread's own default stream.
+_PER_THREAD_STREAM = 2
+
+
+def _stream_identity(ptr: int) -> tuple[int, int]:
+    """A stream as (address, thread): the per-thread default stream has one address for all
+    threads, so there the thread tells the streams apart."""
+    return ptr, threading.get_ident() if ptr == _PER_THREAD_STREAM else 0
 
 
 @dataclass
@@ -64,17 +82,18 @@ class LaunchState:
             for a host plan), which runs on another stream wait for on the device.
         ready_on: streams already ordered after ``ready`` (their later work stays ordered).
         queues: per device id, the queue copied there (:class:`DeviceQueue`).
-        workspaces: per (device id, stream), the split-KV partials (:class:`Workspace`).
-        task_counters: per (device id, stream), the counter a persistent kernel takes tasks
-            from (the legacy default stream is 0 on every device).
+        workspaces: per (device id, stream, thread for the per-thread default stream), the
+            split-KV partials (:class:`Workspace`).
+        task_counters: per the same key, the counter a persistent kernel takes tasks from (the
+            legacy default stream is 0 on every device).
         kernel_args: per scale, the attention kernel's last arguments (made once).
     """
 
     ready: Any = None
-    ready_on: set[int] = field(default_factory=set)
+    ready_on: set[tuple[int, int]] = field(default_factory=set)
     queues: dict[int, DeviceQueue] = field(default_factory=dict)
-    workspaces: dict[tuple[int, int], Workspace] = field(default_factory=dict)
-    task_counters: dict[tuple[int, int], Any] = field(default_factory=dict)
+    workspaces: dict[tuple[int, int, int], Workspace] = field(default_factory=dict)
+    task_counters: dict[tuple[int, int, int], Any] = field(default_factory=dict)
     kernel_args: dict[float, tuple] = field(default_factory=dict)
 
     def record_planned(self, xp: Any) -> None:
@@ -87,7 +106,7 @@ class LaunchState:
         if self.ready is None:
             self.ready = xp.cuda.Event(disable_timing=True)
         self.ready.record()
-        self.ready_on = {xp.cuda.get_current_stream().ptr}
+        self.ready_on = {_stream_identity(xp.cuda.get_current_stream().ptr)}
 
 
 def run_plan(p: "Plan", q: Any, k: Any, v: Any, *, scale: float | None = None,
@@ -164,6 +183,11 @@ def _device_queue(p: "Plan", cp: Any) -> DeviceQueue:
 _NO_WORKSPACE = Workspace(part_o=np.uint64(0), part_lse=np.uint64(0))
 
 
+def _stream_key(cp: Any, stream: Any) -> tuple[int, int, int]:
+    """Who may share per-stream state: work on one stream of one device executes in order."""
+    return (cp.cuda.Device().id, *_stream_identity(stream.ptr))
+
+
 def _workspace(p: "Plan", cp: Any, stream: Any) -> Workspace:
     """The split-KV partials of ``p``'s runs on ``stream`` (allocated at its first run there;
     a stream belongs to one device, so the device is implied)."""
@@ -171,7 +195,7 @@ def _workspace(p: "Plan", cp: Any, stream: Any) -> Workspace:
     if not n_o:
         return _NO_WORKSPACE
     spaces = p.launch_state.workspaces
-    key = (cp.cuda.Device().id, stream.ptr)
+    key = _stream_key(cp, stream)
     got = spaces.get(key)
     if got is None:
         got = spaces[key] = Workspace(part_o=cp.empty(n_o, dtype=cp.float32),
@@ -186,9 +210,10 @@ def _wait_until_planned(p: "Plan", stream: Any) -> None:
     state = p.launch_state
     if state.ready is None:  # a host-built plan
         return
-    if stream.ptr not in state.ready_on:
+    here = _stream_identity(stream.ptr)
+    if here not in state.ready_on:
         stream.wait_event(state.ready)
-        state.ready_on.add(stream.ptr)
+        state.ready_on.add(here)
 
 
 def _task_counter(p: "Plan", cp: Any, stream: Any) -> Any:
@@ -199,7 +224,7 @@ def _task_counter(p: "Plan", cp: Any, stream: Any) -> Any:
     and a run allocates nothing after its first on a stream (CUDA-graph capture then records
     the launch alone, and each replay leaves the counter zero for the next)."""
     counters = p.launch_state.task_counters
-    key = (cp.cuda.Device().id, stream.ptr)
+    key = _stream_key(cp, stream)
     counter = counters.get(key)
     if counter is None:
         counter = counters[key] = cp.zeros(1, dtype=np.int32)

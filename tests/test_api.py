@@ -300,3 +300,81 @@ def test_capture_memory_and_device_copies():
     capture._captured_memory.extend(kept)
     assert capture.release_captured_memory() == 2048 and not capture._captured_memory
     assert capture.release_captured_memory() == 0
+
+
+def test_constants_a_capture_reads_outlive_the_cache():
+    """A constant array a captured graph reads by address stays alive when the cache of device
+    copies is emptied (past 128 geometries) until release_captured_memory -- a replay read
+    freed memory before."""
+    import gc
+    import types
+    import weakref
+
+    import pytest
+
+    from tessera import _array
+
+    if _array.cupy_or_none() is None:
+        pytest.skip("needs CuPy (the allocator hook)")
+
+    class Constant:
+        pass
+
+    xp = types.SimpleNamespace(cuda=types.SimpleNamespace(Device=lambda: types.SimpleNamespace(
+        id=0)))
+    key = ("pinned-test", id(Constant))
+    made = capture.device_copy(key, Constant, xp)  # the warm-up makes it
+    alive = weakref.ref(made)
+    with capture.capture_memory("cupy", 0):
+        assert capture.device_copy(key, Constant, xp) is made  # the capture reads it
+    del made
+    for i in range(140):  # other geometries empty the cache
+        capture.device_copy(("other", i), Constant, xp)
+    gc.collect()
+    assert alive() is not None, "a captured graph's constant was freed"
+    capture.release_captured_memory()
+    gc.collect()
+    assert alive() is None
+
+
+def test_per_thread_default_streams_and_capture_streams_are_per_thread():
+    """cudaStreamPerThread has one address (2) for every thread's own stream: a plan's task
+    counter, partials and planned-event wait are per thread there (two threads' runs would
+    share them otherwise), and each thread replans into graphs on a capture stream of its own;
+    the legacy default stream (0), shared by all threads, keeps one state."""
+    import threading
+    import types
+
+    from tessera.runtime import device_planner
+
+    p = _Plan(ready="event")
+    p.workspace_elements = (64 * 64, 64)
+    per_thread, legacy = _Stream(2), _Stream(0)
+    made = {}
+    streams = []
+    xp = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        Device=lambda: types.SimpleNamespace(id=0),
+        Stream=lambda non_blocking: streams.append(object()) or streams[-1]))
+
+    both = threading.Barrier(2)  # the two threads alive together (idents are reused)
+
+    def work(name):
+        both.wait()
+        cp = _CuPy()
+        made[name] = (launch._task_counter(p, cp, per_thread),
+                      launch._workspace(p, cp, per_thread),
+                      launch._task_counter(p, cp, legacy),
+                      device_planner._capture_stream(xp), device_planner._capture_stream(xp))
+        launch._wait_until_planned(p, per_thread)
+        both.wait()
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    a, b = made["a"], made["b"]
+    assert a[0] is not b[0] and a[1] is not b[1]  # per-thread stream: state per thread
+    assert a[2] is b[2]  # legacy default stream: one state
+    assert a[3] is a[4] and a[3] is not b[3]  # one capture stream per thread
+    assert per_thread.waited == ["event", "event"]  # each thread's stream waited once

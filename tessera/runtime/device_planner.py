@@ -43,21 +43,26 @@ CPU with numpy stand-ins for the kernels).
 
 from __future__ import annotations
 
-import numpy as np
-
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable
+
+import numpy as np
 
 from .._array import Workspace, array_module, to_numpy
 from ..capture import device_copy, stream_capturing
 from ..cuda import loader
 from ..cuda.variants import Variant
 from ..mask import BlockMask
-from .mapping import (PhysicalTiles, device_dense_rows, aligned_geometry, device_bounds,
-                      straddling_tiles)
+from .mapping import (
+    PhysicalTiles,
+    aligned_geometry,
+    device_bounds,
+    device_dense_rows,
+    straddling_tiles,
+)
 from .queue import Combine, Span, Task, TaskQueue, Tile, Total
-from .tasks import (HEAVY_MEAN, HEAVY_SHARE, build_task_queue, head_assignments,
-                    split_limit)
+from .tasks import HEAVY_MEAN, HEAVY_SHARE, build_task_queue, head_assignments, split_limit
 
 __all__ = ["plan_on_device", "SyncFreePlan", "SYNC_FREE_WORKSPACE_LIMIT",
            "REQUIRED_SYNC_FREE_WORKSPACE_LIMIT"]
@@ -171,15 +176,17 @@ def _capturing(xp: Any) -> bool:
     return stream_capturing(xp.cuda.get_current_stream().ptr)
 
 
-_capture_streams: dict[int, Any] = {}
+_capture_streams: dict[tuple[int, int], Any] = {}
 
 
 def _capture_stream(xp: Any) -> Any:
-    """A stream of the current device that only ever captures planner graphs."""
-    device = xp.cuda.Device().id
-    if device not in _capture_streams:
-        _capture_streams[device] = xp.cuda.Stream(non_blocking=True)
-    return _capture_streams[device]
+    """A stream of the current device and thread that only ever captures planner graphs (two
+    threads replanning at once must not capture on one stream)."""
+    key = (xp.cuda.Device().id, threading.get_ident())
+    stream = _capture_streams.get(key)
+    if stream is None:
+        stream = _capture_streams[key] = xp.cuda.Stream(non_blocking=True)
+    return stream
 
 
 def _no_combine(xp) -> Any:
