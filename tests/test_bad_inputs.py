@@ -1,0 +1,138 @@
+"""Bad input to the public entry points, as a new user types it: each case is refused with a
+ValueError or TypeError naming the argument, before anything runs (no GPU needed). The same
+cases make the table in docs/errors.md."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import tessera
+from tessera import BlockMask
+
+M = BlockMask.from_dense(np.ones((2, 2), bool), block_size=64)
+X = np.zeros((1, 1, 128, 64), np.float32)
+
+
+def _plan(**kw):
+    args = dict(num_q_heads=1, head_dim=64)
+    args.update(kw)
+    return tessera.plan(M, **args)
+
+
+# (entry point, input, call, error type, message pattern)
+CASES = [
+    ("BlockMask.from_dense", "None", lambda: BlockMask.from_dense(None, block_size=64),
+     TypeError, "mask must be a boolean block matrix"),
+    ("BlockMask.from_dense", "a scipy matrix", lambda: BlockMask.from_dense(
+        sp.csr_array(np.eye(2)), block_size=64), TypeError, "use BlockMask.from_scipy"),
+    ("BlockMask.from_dense", "an int matrix", lambda: BlockMask.from_dense(
+        np.ones((2, 2), int), block_size=64), TypeError, "mask must be boolean"),
+    ("BlockMask.from_dense", "no blocks", lambda: BlockMask.from_dense(
+        np.ones((0, 2), bool), block_size=64), ValueError, "at least one q block"),
+    ("BlockMask.from_dense", "no heads", lambda: BlockMask.from_dense(
+        np.ones((0, 2, 2), bool), block_size=64), ValueError, "at least one batch and one head"),
+    ("BlockMask.from_dense", "block_size=(64,)", lambda: BlockMask.from_dense(
+        np.ones((2, 2), bool), block_size=(64,)), ValueError, "block_size must be an int or"),
+    ("BlockMask.from_dense", "block_size=0", lambda: BlockMask.from_dense(
+        np.ones((2, 2), bool), block_size=0), ValueError, "block_size must be a positive int"),
+    ("BlockMask.from_dense", "block_size=2**30", lambda: BlockMask.from_dense(
+        np.ones((4, 4), bool), block_size=2**30), ValueError, "token offsets are int32"),
+    ("BlockMask.from_dense", "seq_len_q past the blocks", lambda: BlockMask.from_dense(
+        np.ones((2, 2), bool), block_size=64, seq_len_q=200), ValueError,
+     "seq_len_q=200 does not fit 2 blocks"),
+    ("BlockMask.from_dense", "bounds not from 0", lambda: BlockMask.from_dense(
+        np.ones((1, 1), bool), q_bounds=[1, 64], kv_bounds=[0, 64]), ValueError,
+     "q_bounds must start at 0"),
+    ("BlockMask.from_dense", "block_size and bounds", lambda: BlockMask.from_dense(
+        np.ones((1, 1), bool), block_size=64, q_bounds=[0, 64], kv_bounds=[0, 64]), ValueError,
+     "give either block_size or q_bounds"),
+    ("BlockMask.from_scipy", "a duplicate entry", lambda: BlockMask.from_scipy(
+        sp.coo_array((np.array([1, -1]), (np.array([0, 0]), np.array([1, 1]))), shape=(2, 2)),
+        block_size=64), ValueError, "stored twice"),
+    ("BlockMask.from_scipy", "a list of arrays", lambda: BlockMask.from_scipy(
+        [np.eye(2)], block_size=64), TypeError, "matrices must be a scipy sparse matrix"),
+    ("BlockMask.from_indices", "width 0, no num_kv_blocks", lambda: BlockMask.from_indices(
+        np.zeros(2, np.int32), np.zeros((2, 0), np.int32), block_size=64), ValueError,
+     "pass num_kv_blocks"),
+    ("BlockMask.from_indices", "an index out of range", lambda: BlockMask.from_indices(
+        np.ones(2, np.int32), np.full((2, 1), 5, np.int32), block_size=64), ValueError,
+     "block index out of range"),
+    ("BlockMask.from_indices", "a repeated index", lambda: BlockMask.from_indices(
+        np.full(2, 2, np.int32), np.zeros((2, 2), np.int32), block_size=64,
+        num_kv_blocks=2), ValueError, "selects the same key block twice"),
+    ("BlockMask(...)", "batch_heads (0, 1)", lambda: BlockMask(
+        M.q_bounds, M.kv_bounds, M.indptr, M.indices, (0, 1)), ValueError,
+     "batch_heads must be a"),
+    ("tessera.plan", "a dense array as the mask", lambda: tessera.plan(
+        np.ones((2, 2), bool), num_q_heads=1, head_dim=64), TypeError,
+     "block_mask must be a tessera.BlockMask"),
+    ("tessera.plan", "dtype=float32", lambda: _plan(dtype="float32"), TypeError,
+     "dtype must be bfloat16 or float16"),
+    ("tessera.plan", "head_dim=80", lambda: _plan(head_dim=80), ValueError,
+     r"head_dim 80 is not supported \(supported: \(64, 96, 128\)\)"),
+    ("tessera.plan", "head_dim_v=32", lambda: _plan(head_dim_v=32), ValueError,
+     "head_dim_v must equal head_dim"),
+    ("tessera.plan", "arch='sm_90'", lambda: _plan(arch="sm_90"), ValueError,
+     "arch must be None or a compute capability int"),
+    ("tessera.plan", "num_q_heads=0", lambda: _plan(num_q_heads=0), ValueError,
+     "num_q_heads must be a positive int"),
+    ("tessera.plan", "3 query heads over 2 kv heads", lambda: _plan(
+        num_q_heads=3, num_kv_heads=2), ValueError, "must be a multiple of num_kv_heads"),
+    ("tessera.plan", "layout='bshd'", lambda: _plan(layout="bshd"), ValueError,
+     "layout must be 'bhld' or 'blhd'"),
+    ("tessera.plan", "regime='fast'", lambda: _plan(regime="fast"), TypeError,
+     "regime must be a tessera Regime"),
+    ("tessera.plan", "sync_free with a host mask", lambda: _plan(sync_free=True), ValueError,
+     "block_mask must be on the GPU for a sync-free plan"),
+    ("tessera.Regime", "block_m=100", lambda: tessera.Regime(block_m=100), ValueError,
+     "block_m must be a positive multiple of 16"),
+    ("tessera.attention", "numpy arrays", lambda: tessera.attention(X, X, X, M), ValueError,
+     "q is a host \\(numpy\\) array"),
+    ("tessera.attention", "None", lambda: tessera.attention(None, None, None, M), TypeError,
+     "q must be a CuPy array or a DLPack tensor"),
+    ("tessera.attention", "scale=0", lambda: tessera.attention(X, X, X, M, scale=0.0),
+     ValueError, "scale must be positive and finite"),
+    ("tessera.attention", "a dense array as the mask", lambda: tessera.attention(
+        X, X, X, np.ones((2, 2), bool)), TypeError, "block_mask must be a tessera.BlockMask"),
+    ("Plan.run", "numpy arrays", lambda: _plan().run(X, X, X), ValueError,
+     "q is a host \\(numpy\\) array"),
+    ("Plan.replan", "a host plan", lambda: _plan().replan(M), ValueError,
+     "only a sync-free device plan can be replanned"),
+    ("tessera.reference.attention", "complex q", lambda: tessera.reference.attention(
+        X.astype(np.complex64), X, X, M), TypeError, "q must hold real floating"),
+    ("tessera.reference.attention", "scale=nan", lambda: tessera.reference.attention(
+        X, X, X, M, scale=float("nan")), ValueError, "scale must be positive and finite"),
+    ("tessera.reference.attention", "head dim 0", lambda: tessera.reference.attention(
+        X[..., :0], X[..., :0], X, M), ValueError, "head dims must be at least 1"),
+    ("tessera.reference.attention", "[B, L, H, D] read as bhld", lambda:
+        tessera.reference.attention(*(np.zeros((1, 128, 2, 64)),) * 3, M), ValueError,
+     "layout='blhd'\\?"),
+    ("tessera.emulate.run", "a short k", lambda: tessera.emulate.run(
+        _plan(), X, X[:, :, :100], X[:, :, :100]), ValueError, "covers \\(128, 128\\) tokens"),
+    ("tessera.emulate.run", "a head dim other than the plan's", lambda: tessera.emulate.run(
+        _plan(), *(np.zeros((1, 1, 128, 128)),) * 3), ValueError, "differ from the plan's"),
+    ("tessera.config", "use_tma='yes'", lambda: setattr(tessera.config, "use_tma", "yes"),
+     TypeError, "config.use_tma must be True or False"),
+    ("tessera.config", "an unknown setting", lambda: setattr(tessera.config, "tma", True),
+     AttributeError, "tessera.config has no setting 'tma'"),
+    ("tessera.use_table", "a missing file", lambda: tessera.use_table("/nonexistent.json"),
+     FileNotFoundError, "nonexistent"),
+]
+
+
+@pytest.mark.parametrize("entry, what, call, kind, words", CASES,
+                         ids=[f"{c[0]}: {c[1]}" for c in CASES])
+def test_bad_input_refused_by_name(entry, what, call, kind, words):
+    with pytest.raises(kind, match=words):
+        call()
+
+
+def test_the_docs_table_lists_every_case():
+    """docs/errors.md shows these cases; a case added here and not there fails."""
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "errors.md").read_text()
+    missing = [f"{e}: {w}" for e, w, *_ in CASES if f"| `{e}` | {w} |" not in doc]
+    assert not missing, missing
