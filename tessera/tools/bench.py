@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import sys
 import time
 from typing import Any, Callable
@@ -36,6 +35,7 @@ import numpy as np
 import tessera
 
 from ..runtime.regime import regime_from_name
+from .timing import cuda_time_ms
 from .workloads import FAMILIES, WORKLOADS, example_mask
 
 # Mask cases on 128-token blocks that FlexAttention's default 128x128 BlockMask also accepts.
@@ -55,32 +55,6 @@ CASES: dict[str, Callable[[np.random.Generator, int, int], np.ndarray]] = {
     "band-16": lambda rng, h, n: _band(n, h, int(0.08 * n)),
     "dense": lambda rng, h, n: np.ones((h, n, n), bool),
 }
-
-
-def cuda_time_ms(fn: Callable[[], Any], reps: int = 20, warmup: int = 3,
-                 stat: Callable[[list[float]], float] = statistics.median,
-                 burst: int = 1) -> float:
-    """``stat`` (the median unless told) of ``reps`` CUDA-event timings of ``fn`` after
-    ``warmup`` calls, per call. ``burst`` > 1 times that many calls between the two events
-    (the host queues them ahead while the GPU works), which leaves out the launch latency a
-    lone call pays between its first event and its first kernel."""
-    if burst < 1:
-        raise ValueError(f"burst must be at least 1, got {burst}")
-    import torch  # noqa: PLC0415
-
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(burst):
-            fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / burst)
-    return stat(times)
 
 
 def _progress(i: int, n: int, label: str) -> None:

@@ -62,7 +62,7 @@ from ..runtime.regime import (
     write_json_atomic,
 )
 from ..runtime.tasks import NEVER_SPLIT_RATIO
-from .bench import cuda_time_ms
+from .timing import cuda_time_ms
 from .workloads import FAMILIES, WORKLOADS, Workload, example_mask
 
 __all__ = ["Case", "Timing", "ProfileResult", "ProfilerUnavailable", "build_corpus",

@@ -58,7 +58,7 @@ def test_bench_table_and_chart(tmp_path):
 def test_cuda_time_ms_rejects_an_empty_burst():
     import pytest
 
-    from tessera.tools.bench import cuda_time_ms
+    from tessera.tools.timing import cuda_time_ms
 
     with pytest.raises(ValueError, match="burst"):
         cuda_time_ms(lambda: None, burst=0)
