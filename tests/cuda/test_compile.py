@@ -343,3 +343,24 @@ def test_missing_report_is_an_error_unless_waived(tmp_path, monkeypatch):
 def test_small_query_blocks_get_64_row_tiles():
     assert default_regime(90, 128, q_block=64).block_m == 64
     assert default_regime(90, 128, q_block=128).block_m == 128
+
+
+def test_cache_files_are_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    """Cubins and their logs reach the cache through a temporary file and a rename: a write
+    that fails leaves the old file (or none) and no temporary behind, so a process loading
+    while another writes (torchrun) never reads half a file."""
+    import os
+
+    target = tmp_path / "k.cubin"
+    loader._write_atomic(target, b"first")
+    assert target.read_bytes() == b"first"
+    loader._write_atomic(target, b"second")
+    assert target.read_bytes() == b"second" and [p.name for p in tmp_path.iterdir()] == ["k.cubin"]
+
+    def fail(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", fail)
+    with pytest.raises(OSError, match="disk full"):
+        loader._write_atomic(target, b"third, cut short")
+    assert target.read_bytes() == b"second" and [p.name for p in tmp_path.iterdir()] == ["k.cubin"]

@@ -1269,3 +1269,46 @@ def test_one_splitting_plan_on_two_streams_at_once():
             err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
             assert err < 1e-2, f"relative error {err:.2e}"
     assert len(p.launch_state.workspaces) == 2
+
+
+def test_captured_request_survives_the_constant_cache_emptying():
+    """A captured request reads its geometry's constant arrays by address; after 140 other
+    geometries empty the cache of such arrays, garbage is collected and CuPy's pool is taken
+    and filled, the replay still matches the reference (it read freed memory before)."""
+    import gc
+
+    import cupy as cp
+
+    torch = _torch()
+    rng = np.random.default_rng(12)
+    H, n, D = 2, 6, 64
+    L = n * 128
+    q, k, v = (torch.randn(1, H, L, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    mask_t = torch.from_numpy(rng.random((H, n, n)) < 0.4).cuda()
+    stream = torch.cuda.Stream()
+
+    def request():
+        m = tessera.BlockMask.from_dense(mask_t, block_size=128, seq_len_q=L, seq_len_kv=L)
+        return tessera.attention(q, k, v, m)
+
+    with torch.cuda.stream(stream):
+        request()  # the warm-up
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        out = request()
+    for i in range(140):  # other geometries of device masks: their constants fill the cache
+        other = tessera.BlockMask.from_dense(cp.ones((1, i + 1, 2), dtype=bool), block_size=64)
+        tessera.plan(other, num_q_heads=1, head_dim=64)
+    gc.collect()
+    fills = _fill_free_memory(cp)
+    mask_t.copy_(torch.from_numpy(rng.random((H, n, n)) < 0.4))
+    with torch.cuda.stream(stream):
+        graph.replay()
+    torch.cuda.synchronize()
+    host = tessera.BlockMask.from_dense(mask_t.cpu().numpy(), block_size=128)
+    ref = reference.attention(*(t.float().cpu().numpy().astype(np.float64) for t in (q, k, v)),
+                              host)
+    got = out.float().cpu().numpy()
+    assert all(bool((f == 7).all()) for f in fills)
+    assert not np.isnan(got).any() and np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-2
