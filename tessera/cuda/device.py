@@ -13,7 +13,8 @@ import numpy as np
 from .. import _array
 
 __all__ = ["device_cc", "device_arch", "device_sm_count", "current_gpu_name", "gpu_count",
-           "smem_limit_bytes", "SMEM_LIMIT_KIB", "check_arch", "SM90_SMEM_PER_SM", "SM90_SMEM_RESERVED"]
+           "smem_limit_bytes", "SMEM_LIMIT_KIB", "check_arch", "SM90_SMEM_PER_SM",
+           "SM90_SMEM_RESERVED"]
 
 # Shared memory of one sm_90 SM, and what the driver reserves per resident CTA (CUDA
 # programming guide, "Technical specifications" and "Shared memory"): two CTAs fit when

@@ -579,7 +579,8 @@ def launch_row_stats(mask: BlockMask, dense: Any, block_n: int, count: Any, nspa
 
 def mask_pairs_on_device(mask: BlockMask, dense_rows: Any) -> tuple[int, int]:
     """(total, heaviest row) selected token pairs of a mask with dense rows, by the mask_pairs
-    kernel: one launch and one 16-byte copy (the regime table's features, runtime/regime/features.py;
+    kernel: one launch and one 16-byte copy (the regime table's features,
+    runtime/regime/features.py;
     with the array operations before it, plans that looked up the table took ~0.5 ms longer
     on the H200, docs/decisions.md)."""
 

@@ -158,7 +158,8 @@ HEADER_PATH = Path(__file__).resolve().parents[1] / "cuda" / "queue.cuh"
 
 def header_text() -> str:
     """The text of ``cuda/queue.cuh``: one ``#define`` per field and the width of each array."""
-    lines = ["// GENERATED from tessera/runtime/queue.py (python -m tessera.tools.headers); do not edit.",
+    lines = ["// GENERATED from tessera/runtime/queue.py (python -m tessera.tools.headers); do not "
+             "edit.",
              "//",
              "// The task-queue layout the Python runtime writes and the kernels read: column",
              "// indices of tasks, spans, combine jobs and the device planner's tiles and totals.",

@@ -113,7 +113,8 @@ def launch_keys(cost: Any, group: Any, in_flight: int) -> Any:
     by all heads is taken head by head too. Any order finishes within the work per slot plus
     the heaviest task (list scheduling), which is what tasks.may_split counts on; a long task
     left in the last head's group is what the heavy rule keeps from the tail
-    (a list-scheduling bound, docs/decisions.md). Stable sorts on these keys give both planners' order
+    (a list-scheduling bound, docs/decisions.md). Stable sorts on these keys give both planners'
+    order
     (plan.cu's plan_scan mirrors it)."""
     xp = array_module(cost)
     cost = cost.astype(np.int64)

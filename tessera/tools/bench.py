@@ -3,7 +3,7 @@ a per-request BlockMask, in one process, on the WORKLOADS shapes and mask famili
 
 Two kinds of masks: ``--case`` (random or banded masks on 128-token blocks, which FlexAttention's
 default 128x128 BlockMask takes as they are) and ``--family`` (the :mod:`tessera.families`
-families at their typical parameters, :func:`tessera.workloads.example_mask`). A family's
+families at their typical parameters, :func:`tessera.tools.workloads.example_mask`). A family's
 blocks need not be 128-token aligned (64-token cubes, variable clusters): FlexAttention then
 runs the mask padded to the 128x128 tiles it accepts (every tile that holds a selected pair),
 which is what users of a fixed-block kernel do today; useful FLOPs count the logical mask for both.
@@ -96,7 +96,8 @@ def padded_to_tiles(blocks: np.ndarray, q_bounds: np.ndarray, kv_bounds: np.ndar
 def run(shapes: list[str], cases: list[str], reps: int = 20, flex: bool = True,
         batch: int = 1, heads: int | None = None, regime: Any = None) -> list[dict]:
     """Time every (shape, case); returns one dict of figures per pair. A case is a name of
-    :data:`CASES` or of a mask family (:data:`tessera.workloads.FAMILIES`). ``heads`` (default:
+    :data:`CASES` or of a mask family (:data:`tessera.tools.workloads.FAMILIES`). ``heads``
+    (default:
     the model's) slices the model's query heads, e.g. to keep host-built family masks quick.
     ``regime`` (a ``tessera.Regime``) replaces the one Tessera would pick, for every case."""
     import torch  # noqa: PLC0415

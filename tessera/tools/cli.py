@@ -156,7 +156,8 @@ def _main(argv: list[str] | None) -> int:
                       help="full: the GPU run; small: the CPU emulator at a reduced size; "
                            "auto: full when a GPU is present")
     pl = sub.add_parser("plan", help="plan a video mask family and print (or draw) the plan")
-    pl.add_argument("--shape", default="wan-1.3b-480p", help="a workload of tessera.workloads")
+    pl.add_argument("--shape", default="wan-1.3b-480p",
+                    help="a workload of tessera.tools.workloads")
     pl.add_argument("--family", default="sliding_tile", help="a family of tessera.families")
     pl.add_argument("--heads", type=int, default=2, help="mask heads to generate")
     pl.add_argument("--head-dim", type=int, default=None)

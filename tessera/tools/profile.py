@@ -237,14 +237,15 @@ def build_heldout_corpus(shapes: Sequence[str] | None = None, *, heads: int | No
                                                               sink_frame=False, **text),
             f"topk_pooled@{topk:g}": lambda lat=lat, text=text, qk=qk, f=topk, n=n_cubes:
                 mask_families.topk_pooled(*qk(), lat, topk=max(1, round(f * n)), **text),
-            "semantic_clusters": lambda seq=seq, text=text, qk=qk, r=r: mask_families.semantic_clusters(
-                *qk(), max(2, seq // 256), max(2, seq // 192), top_p=0.8, seed=r, **text),
+            "semantic_clusters": lambda seq=seq, text=text, qk=qk, r=r:
+                mask_families.semantic_clusters(*qk(), max(2, seq // 256), max(2, seq // 192),
+                                                top_p=0.8, seed=r, **text),
             f"random_blocks@{dens[0]:g}/b128": lambda seq=seq, text=text, r=r, p=dens[0], nh=nh:
                 mask_families.random_blocks(nh, seq, block=128, density=p, seed=r, **text),
             f"random_blocks@{dens[1]:g}/b128": lambda seq=seq, text=text, r=r, p=dens[1], nh=nh:
                 mask_families.random_blocks(nh, seq, block=128, density=p, seed=r, **text),
-            "random_blocks@0.2/b64": lambda seq=seq, text=text, r=r, nh=nh: mask_families.random_blocks(
-                nh, seq, block=64, density=0.2, seed=r, **text),
+            "random_blocks@0.2/b64": lambda seq=seq, text=text, r=r, nh=nh:
+                mask_families.random_blocks(nh, seq, block=64, density=0.2, seed=r, **text),
         }
         for name, build in builders.items():
             family = name.split("@")[0]
@@ -806,7 +807,7 @@ def add_arguments(ap: Any) -> None:
     ap.add_argument("--resume", action="store_true",
                     help="continue an existing table: skip the masks it already records")
     ap.add_argument("--overwrite", action="store_true", help="replace an existing table")
-    ap.add_argument("--shapes", help="comma list of tessera.workloads shapes (default: all)")
+    ap.add_argument("--shapes", help="comma list of tessera.tools.workloads shapes (default: all)")
     ap.add_argument("--families", help="comma list of mask families (default: all)")
     ap.add_argument("--kernel-families",
                     help="comma list of kernel families to time, e.g. sm90 (default: every "

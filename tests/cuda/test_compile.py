@@ -90,7 +90,8 @@ def test_sm90_producer_variants_compile(bm, bn, d, tmp_path, monkeypatch):
     if (bm, bn, d) == (128, 128, 128):
         assert q_bufs == 1
     # The tiles, the barriers and task-index words, and (unless SMEM_ALIGNED) 1 KB of slack.
-    assert variants.smem_bytes(v) == (variants.smem_bytes(plain.variant(d)) + (q_bufs - 1) * bm * d * 2
+    assert variants.smem_bytes(v) == (variants.smem_bytes(plain.variant(d))
+                                      + (q_bufs - 1) * bm * d * 2
                                     + 8 * (2 * 3 + 2 * q_bufs + 2) - 1024 * aligned)
     if (bm, bn, d) == (128, 128, 64):  # CogVideoX's aligned tiles
         assert q_bufs == 2

@@ -131,6 +131,7 @@ def test_packed_keys_plans_emulate_exactly_with_less_work():
         spans = np.asarray(p.queue.spans, dtype=np.int64)
         tasks = np.asarray(p.queue.tasks, dtype=np.int64)
         s, t = records(spans, Span), records(tasks, Task)
-        keys = [int((s.k_end[a:b] - s.k_start[a:b]).sum()) for a, b in zip(t.span_begin, t.span_end)]
+        keys = [int((s.k_end[a:b] - s.k_start[a:b]).sum())
+                for a, b in zip(t.span_begin, t.span_end)]
         assert [int(c) for c in t.cost] == [-(-n // bn) for n in keys]
         assert p.computed_pairs() < plain.computed_pairs()

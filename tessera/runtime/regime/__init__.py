@@ -3,7 +3,8 @@ that picks one for a plan (``value``, ``heuristic``, ``features``, ``table``, ``
 ``slots`` counts the GPU's task slots, ``candidates`` is the profiler's search space)."""
 
 from .candidates import candidate_regimes
-from .features import MaskFeatures, MaskMeasures, features_from_measures, mask_features, mask_measures
+from .features import (MaskFeatures, MaskMeasures, features_from_measures, mask_features,
+                       mask_measures)
 from .heuristic import align_pays, blocks_ragged, default_regime
 from .selection import (ENV_TABLE, active_table, describe_table_in_use, select_regime,
                         selected_regime, selection_generation, use_table)

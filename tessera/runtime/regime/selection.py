@@ -195,7 +195,8 @@ def selected_regime(mask: Any, *, arch: int | None, head_dim: int, dtype: Any,
     dtype = dtype_name(dtype)
     # Everything the decision reads besides the selection: the GPU (its task slots), the table
     # in force, the shapes and the geometry.
-    key = (arch, device.device_arch(), device.device_sm_count(), id(active_table(arch)), int(head_dim), dtype,
+    key = (arch, device.device_arch(), device.device_sm_count(), id(active_table(arch)),
+           int(head_dim), dtype,
            int(num_q_heads), int(batch), int(num_kv_heads), tuple(mask.batch_heads),
            bool(mask.on_device), np.asarray(mask.q_bounds, dtype=np.int64).tobytes(),
            np.asarray(mask.kv_bounds, dtype=np.int64).tobytes())
@@ -251,7 +252,8 @@ def _select_regime(mask: Any, arch: int | None, head_dim: int, dtype: str, num_q
                                in_flight=plan_tasks_in_flight(heuristic, mask, head_dim, arch,
                                                               dtype == "bfloat16"))):
         try:
-            found = table.lookup(features.mask_features(mask, head_dim=head_dim, dtype=dtype, arch=arch,
+            found = table.lookup(features.mask_features(mask, head_dim=head_dim, dtype=dtype,
+                                                        arch=arch,
                                                num_q_heads=num_q_heads, batch=batch))
         except Exception as exc:  # a table must never break planning
             _warn_once(f"regime table lookup failed ({type(exc).__name__}: {exc}); "
