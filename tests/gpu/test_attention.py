@@ -972,7 +972,11 @@ def _fill_free_memory(cp) -> list:
     fills, size = [], pool.free_bytes() // 512 * 512
     while pool.free_bytes() and size >= 512 and len(fills) < 4096:
         before = pool.free_bytes()
-        fills.append(cp.full(size // 4, 7, dtype=cp.int32))
+        try:
+            fills.append(cp.full(size // 4, 7, dtype=cp.int32))
+        except cp.cuda.memory.OutOfMemoryError:  # no free chunk that large, no device memory
+            size //= 2
+            continue
         if pool.free_bytes() >= before:  # not from a free chunk (another stream's, or none)
             size //= 2
         else:
