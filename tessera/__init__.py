@@ -9,7 +9,7 @@ masks of published video sparse-attention methods.
 
 from . import families, reference
 from .api import attention
-from .capture import release_captured_memory
+from .capture import CapturedMemory, release_captured_memory
 from .mask import BlockMask
 from .runtime import emulate
 from .runtime.plan import Plan, plan
@@ -18,5 +18,6 @@ from .settings import config
 
 __version__ = "0.1.0"
 
-__all__ = ["BlockMask", "Plan", "Regime", "attention", "config", "emulate", "families", "plan",
-           "reference", "release_captured_memory", "use_table", "__version__"]
+__all__ = ["BlockMask", "CapturedMemory", "Plan", "Regime", "attention", "config", "emulate",
+           "families", "plan", "reference", "release_captured_memory", "use_table",
+           "__version__"]

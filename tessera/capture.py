@@ -64,8 +64,11 @@ def capture_memory(framework: str, device_id: int) -> Iterator[None]:
 
         def allocate(nbytes: int) -> Any:
             ptr = pool.malloc(nbytes)
+            scope = _current_scope()
             with _captured_lock:
                 _captured_memory.append(ptr)
+                if scope is not None:
+                    scope._memory.append(ptr)
             return ptr
     _capture.depth = 1
     _capture.framework = framework
@@ -138,14 +141,79 @@ _NO_CONTEXT = contextlib.nullcontext()
 
 
 def release_captured_memory() -> int:
-    """Give back the CuPy memory that requests captured outside PyTorch (CuPy's own graph
-    capture) kept for their graphs; call it once no such graph will be launched again. Returns
-    the bytes released. (PyTorch's graphs hold theirs in their own memory pools.)"""
+    """Give back all the CuPy memory that requests captured outside PyTorch (CuPy's own graph
+    capture) kept for their graphs; call it once no such graph will be launched again (one
+    graph's alone: :class:`CapturedMemory`). Returns the bytes released. (PyTorch's graphs hold
+    theirs in their own memory pools.)"""
     with _captured_lock:
         released = sum(int(p.mem.size) for p in _captured_memory)
         _captured_memory.clear()
         _pinned["cupy"].clear()
+        for scope in list(_scopes):
+            scope._memory.clear()
+            scope._pins.clear()
     return released
+
+
+class CapturedMemory:
+    """The memory one CuPy graph's captured requests keep, to give back when that graph is done
+    while others stay (``release_captured_memory`` gives back everything)::
+
+        with tessera.CapturedMemory() as kept:     # around the capture
+            stream.begin_capture(); out = tessera.attention(q, k, v, mask)
+            graph = stream.end_capture()
+        ...                                        # replays
+        kept.release()                             # this graph is not launched again
+    """
+
+    def __init__(self) -> None:
+        self._memory: list = []
+        self._pins: list = []
+
+    def __enter__(self) -> "CapturedMemory":
+        _scope_stack().append(self)
+        with _captured_lock:
+            _scopes.add(self)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _scope_stack().remove(self)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes kept for this scope's captures."""
+        with _captured_lock:
+            return sum(int(p.mem.size) for p in self._memory)
+
+    def release(self) -> int:
+        """Give back this scope's memory (and its hold on constant arrays); returns the bytes."""
+        with _captured_lock:
+            mine = {id(p) for p in self._memory}
+            released = sum(int(p.mem.size) for p in self._memory)
+            _captured_memory[:] = [p for p in _captured_memory if id(p) not in mine]
+            for pin in self._pins:  # one hold each: another graph may hold the same array
+                for i, other in enumerate(_pinned["cupy"]):
+                    if other is pin:
+                        del _pinned["cupy"][i]
+                        break
+            self._memory.clear()
+            self._pins.clear()
+            _scopes.discard(self)
+        return released
+
+
+_scopes: set = set()  # scopes entered and not yet released
+
+
+def _scope_stack() -> list:
+    if not hasattr(_capture, "scopes"):
+        _capture.scopes = []
+    return _capture.scopes
+
+
+def _current_scope() -> "CapturedMemory | None":
+    stack = _scope_stack()
+    return stack[-1] if stack else None
 
 
 _DEVICE_COPIES: dict = {}
@@ -174,7 +242,12 @@ def device_copy(key: tuple, make: Any, xp) -> Any:
         got = _DEVICE_COPIES[key] = make()
     elif capturing():
         framework = "torch" if getattr(_capture, "framework", "cupy") == "torch" else "cupy"
+        scope = _current_scope() if framework == "cupy" else None
         with _captured_lock:
-            if not any(p is got for p in _pinned[framework]):
+            if scope is not None:  # one hold per graph scope, given back with it
+                if not any(p is got for p in scope._pins):
+                    scope._pins.append(got)
+                    _pinned[framework].append(got)
+            elif not any(p is got for p in _pinned[framework]):
                 _pinned[framework].append(got)
     return got

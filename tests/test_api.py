@@ -378,3 +378,46 @@ def test_per_thread_default_streams_and_capture_streams_are_per_thread():
     assert a[2] is b[2]  # legacy default stream: one state
     assert a[3] is a[4] and a[3] is not b[3]  # one capture stream per thread
     assert per_thread.waited == ["event", "event"]  # each thread's stream waited once
+
+
+def test_one_graphs_captured_memory_released_alone():
+    """tessera.CapturedMemory: the memory and constant holds of the captures inside it, given
+    back alone while another graph's stay; release_captured_memory still gives back all."""
+    import types
+    import weakref
+
+    import pytest
+
+    from tessera import _array
+
+    if _array.cupy_or_none() is None:
+        pytest.skip("needs CuPy (the allocator hook)")
+
+    def ptr(n):
+        return types.SimpleNamespace(mem=types.SimpleNamespace(size=n))
+
+    class Constant:
+        pass
+
+    xp = types.SimpleNamespace(cuda=types.SimpleNamespace(Device=lambda: types.SimpleNamespace(
+        id=0)))
+    shared = capture.device_copy(("scope-test", id(Constant)), Constant, xp)
+    alive = weakref.ref(shared)
+    capture.release_captured_memory()
+    a, b = capture.CapturedMemory(), capture.CapturedMemory()
+    for scope, sizes in ((a, (100, 200)), (b, (1000,))):
+        with scope, capture.capture_memory("cupy", 0):
+            for n in sizes:  # what the allocator hook records for each allocation
+                p = ptr(n)
+                with capture._captured_lock:
+                    capture._captured_memory.append(p)
+                    scope._memory.append(p)
+            capture.device_copy(("scope-test", id(Constant)), Constant, xp)  # both hold it
+    del shared
+    capture._DEVICE_COPIES.clear()
+    assert a.nbytes == 300 and b.nbytes == 1000
+    assert a.release() == 300 and a.nbytes == 0
+    assert alive() is not None  # b's graph still reads it
+    assert sum(int(p.mem.size) for p in capture._captured_memory) == 1000
+    assert b.release() == 1000 and alive() is None
+    assert capture.release_captured_memory() == 0
