@@ -189,8 +189,8 @@ def _stream_key(cp: Any, stream: Any) -> tuple[int, int, int]:
 
 
 def _workspace(p: "Plan", cp: Any, stream: Any) -> Workspace:
-    """The split-KV partials of ``p``'s runs on ``stream`` (allocated at its first run there;
-    a stream belongs to one device, so the device is implied)."""
+    """The split-KV partials of ``p``'s runs on ``stream`` of the current device (allocated at
+    its first run there)."""
     n_o, n_l = p.workspace_elements
     if not n_o:
         return _NO_WORKSPACE
@@ -199,7 +199,7 @@ def _workspace(p: "Plan", cp: Any, stream: Any) -> Workspace:
     got = spaces.get(key)
     if got is None:
         got = spaces[key] = Workspace(part_o=cp.empty(n_o, dtype=cp.float32),
-                                             part_lse=cp.empty(n_l, dtype=cp.float32))
+                                      part_lse=cp.empty(n_l, dtype=cp.float32))
     return got
 
 
@@ -219,7 +219,8 @@ def _wait_until_planned(p: "Plan", stream: Any) -> None:
 def _task_counter(p: "Plan", cp: Any, stream: Any) -> Any:
     """The counter a persistent kernel takes ``p``'s tasks from: zeroed once when made, and left
     zero by every launch (the kernel's last ticket resets it, bsa_sm90.cu), so a reused plan's
-    run enqueues no memset (a new plan's first run still makes one). One per (plan, stream):
+    run enqueues no memset (a new plan's first run still makes one). One per (plan, stream of
+    the current device):
     runs on one stream execute in order and may share it, runs on different streams never do,
     and a run allocates nothing after its first on a stream (CUDA-graph capture then records
     the launch alone, and each replay leaves the counter zero for the next)."""
