@@ -189,7 +189,7 @@ def host_operands(q: Any, k: Any, v: Any, layout: str, scale: Any = None,
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be 'bhld' or 'blhd', got {layout!r}")
     check_scale(scale)
-    views = []
+    views, arrays = [], []
     for name, x in (("q", q), ("k", k), ("v", v)):
         if x is None or isinstance(x, (str, bytes)):
             raise TypeError(f"{name} must be an array (numpy, CuPy or a DLPack tensor), got "
@@ -202,6 +202,7 @@ def host_operands(q: Any, k: Any, v: Any, layout: str, scale: Any = None,
             raise ValueError(f"{name} must be 4-D ({layout}: "
                              f"{'[B, H, L, D]' if layout == 'bhld' else '[B, L, H, D]'}), got "
                              f"shape {tuple(a.shape)}")
+        arrays.append(a)
         views.append(a if layout == "bhld" else a.transpose(0, 2, 1, 3))
     q4, k4, v4 = views
     b, hq, lq, d = q4.shape
@@ -209,15 +210,16 @@ def host_operands(q: Any, k: Any, v: Any, layout: str, scale: Any = None,
     if bk != b or v4.shape[0] != b:
         raise ValueError(f"batch of k {bk} / v {v4.shape[0]} must equal batch of q {b}")
     if v4.shape[1:3] != k4.shape[1:3]:
-        raise ValueError(f"k and v must agree in heads and length, got k {tuple(k.shape)} and "
-                         f"v {tuple(v.shape)} ({layout})")
+        raise ValueError(f"k and v must agree in heads and length, got k "
+                         f"{tuple(arrays[1].shape)} and v {tuple(arrays[2].shape)} ({layout})")
     if d < 1 or dk != d or v4.shape[3] < 1:
         raise ValueError(f"head dims must be at least 1 and agree between q and k: q {d}, "
                          f"k {dk}, v {v4.shape[3]}")
     if hkv < 1 or hq % hkv:
         raise ValueError(f"q heads {hq} must be a multiple of k/v heads {hkv}")
     if min(b, hq, lq, lkv) < 1:
-        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must not be empty")
+        raise ValueError(f"q {tuple(arrays[0].shape)} and k {tuple(arrays[1].shape)} must not "
+                         "be empty")
     if mask is not None:
         if not isinstance(mask, BlockMask):
             raise TypeError(f"block_mask must be a tessera.BlockMask, got {type(mask).__name__}")
