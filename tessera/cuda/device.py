@@ -20,17 +20,12 @@ __all__ = ["device_cc", "device_arch", "device_sm_count", "current_gpu_name", "g
 # programming guide, "Technical specifications" and "Shared memory"): two CTAs fit when
 # 2 x (dynamic + reserved) is at most the SM's.
 SM90_SMEM_PER_SM = 228 * 1024
-
-
 SM90_SMEM_RESERVED = 1024
-
 
 # Largest dynamic shared memory one CTA may use, in KiB, per compute capability (CUDA
 # programming guide, "Technical specifications"). Unknown architectures get the smallest.
 SMEM_LIMIT_KIB = {80: 163, 87: 163, 90: 227, 100: 227, 103: 227, 86: 99, 89: 99, 120: 99,
                   121: 99}
-
-
 _SMEM_FALLBACK_KIB = 99
 
 
@@ -61,15 +56,20 @@ _device_archs: dict[int, int] = {}
 _device_sms: dict[int, int] = {}
 
 
+_gpus: int | None = None
+
+
 def gpu_count() -> int:
-    """CUDA devices visible to this process (0 without CuPy, a driver or a GPU)."""
-    cp = _array.cupy_or_none()
-    if cp is None:
-        return 0
-    try:
-        return int(cp.cuda.runtime.getDeviceCount())
-    except Exception:
-        return 0
+    """CUDA devices visible to this process (0 without CuPy, a driver or a GPU); asked of the
+    driver once (every request checks it)."""
+    global _gpus
+    if _gpus is None:
+        cp = _array.cupy_or_none()
+        try:
+            _gpus = 0 if cp is None else int(cp.cuda.runtime.getDeviceCount())
+        except Exception:  # no driver: CuPy's cudaErrorInsufficientDriver and kin
+            _gpus = 0
+    return _gpus
 
 
 def _current_device_id() -> int | None:
