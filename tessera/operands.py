@@ -89,16 +89,11 @@ def describe(q: Any, k: Any, v: Any, layout: str) -> Operands:
     sk, tk = bhld_view(kd, layout, "k")
     sv, tv = bhld_view(vd, layout, "v")
     b, hq, lq, d = sq
-    if sk[0] != b or sv[0] != b:
-        raise ValueError(f"batch of k {sk[0]} / v {sv[0]} must equal batch of q {b}")
-    if sk[:3] != sv[:3]:
-        raise ValueError(f"k {sk} and v {sv} must agree in batch, heads and length")
+    _check_shapes(sq, sk, sv, kd.shape, vd.shape, layout)
     if sk[3] != d or sv[3] != d:
         raise ValueError(f"head dims must agree: q {d}, k {sk[3]}, v {sv[3]}")
     if d not in SUPPORTED_HEAD_DIMS:
         raise ValueError(f"head dim {d} is not supported (supported: {SUPPORTED_HEAD_DIMS})")
-    if sk[1] == 0 or hq % sk[1]:
-        raise ValueError(f"q heads {hq} must be a multiple of k/v heads {sk[1]}")
     for name, t, st in (("q", qd, tq), ("k", kd, tk), ("v", vd, tv)):
         if st[3] != 1:
             raise ValueError(f"{name} must be contiguous in the head dim (stride 1), got {st[3]}")
@@ -108,6 +103,21 @@ def describe(q: Any, k: Any, v: Any, layout: str) -> Operands:
         if min(st[:3]) < 0:
             raise ValueError(f"{name} has negative strides {st}")
     return Operands(qd, kd, vd, sq, sk, tq, tk, tv, stream)
+
+
+def _check_shapes(sq: tuple, sk: tuple, sv: tuple, k_shape: tuple, v_shape: tuple,
+                  layout: str) -> None:
+    """What both paths ask of ``[B, H, L, D]`` shapes: one batch, k and v alike in heads and
+    length, query heads a multiple of the key/value heads (``k_shape``/``v_shape``: as the
+    caller gave them, for the message)."""
+    b, hq = sq[0], sq[1]
+    if sk[0] != b or sv[0] != b:
+        raise ValueError(f"batch of k {sk[0]} / v {sv[0]} must equal batch of q {b}")
+    if tuple(sk[1:3]) != tuple(sv[1:3]):
+        raise ValueError(f"k and v must agree in heads and length, got k {tuple(k_shape)} and "
+                         f"v {tuple(v_shape)} ({layout})")
+    if sk[1] < 1 or hq % sk[1]:
+        raise ValueError(f"q heads {hq} must be a multiple of k/v heads {sk[1]}")
 
 
 def check_scale(scale: Any) -> None:
@@ -206,17 +216,11 @@ def host_operands(q: Any, k: Any, v: Any, layout: str, scale: Any = None,
         views.append(a if layout == "bhld" else a.transpose(0, 2, 1, 3))
     q4, k4, v4 = views
     b, hq, lq, d = q4.shape
-    bk, hkv, lkv, dk = k4.shape
-    if bk != b or v4.shape[0] != b:
-        raise ValueError(f"batch of k {bk} / v {v4.shape[0]} must equal batch of q {b}")
-    if v4.shape[1:3] != k4.shape[1:3]:
-        raise ValueError(f"k and v must agree in heads and length, got k "
-                         f"{tuple(arrays[1].shape)} and v {tuple(arrays[2].shape)} ({layout})")
+    _, hkv, lkv, dk = k4.shape
+    _check_shapes(q4.shape, k4.shape, v4.shape, arrays[1].shape, arrays[2].shape, layout)
     if d < 1 or dk != d or v4.shape[3] < 1:
         raise ValueError(f"head dims must be at least 1 and agree between q and k: q {d}, "
                          f"k {dk}, v {v4.shape[3]}")
-    if hkv < 1 or hq % hkv:
-        raise ValueError(f"q heads {hq} must be a multiple of k/v heads {hkv}")
     if min(b, hq, lq, lkv) < 1:
         raise ValueError(f"q {tuple(arrays[0].shape)} and k {tuple(arrays[1].shape)} must not "
                          "be empty")
