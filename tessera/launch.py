@@ -20,7 +20,7 @@ import numpy as np
 from ._array import cupy_or_none
 from .capture import capture_memory_if, capturing, cupy_external_stream, stream_capturing
 from .cuda import tma
-from .cuda.device import device_cc, device_sm_count, smem_limit_bytes
+from .cuda.device import device_cc, device_sm_count, smem_limit_bytes, stream_id
 from .cuda.loader import blocks_per_sm, load_kernel
 from .cuda.variants import Variant, smem_bytes
 from .interop import empty_like_caller
@@ -48,8 +48,13 @@ _PER_THREAD_STREAM = 2
 
 
 def _stream_identity(ptr: int) -> tuple[int, int]:
-    """A stream as (address, thread): the per-thread default stream has one address for all
-    threads, so there the thread tells the streams apart."""
+    """A stream as (address, the driver's stream id): an address alone is not one -- a stream
+    made after another is destroyed often gets its address while the old one's work is still
+    pending, and the per-thread default stream has one address for all threads. Where the
+    driver gives no id (before CUDA 12), the thread tells per-thread default streams apart."""
+    sid = stream_id(ptr)
+    if sid is not None:
+        return ptr, sid
     return ptr, threading.get_ident() if ptr == _PER_THREAD_STREAM else 0
 
 
@@ -82,8 +87,8 @@ class LaunchState:
             for a host plan), which runs on another stream wait for on the device.
         ready_on: streams already ordered after ``ready`` (their later work stays ordered).
         queues: per device id, the queue copied there (:class:`DeviceQueue`).
-        workspaces: per (device id, stream, thread for the per-thread default stream), the
-            split-KV partials (:class:`Workspace`).
+        workspaces: per (device id, stream address, the driver's stream id -- see
+            ``_stream_identity``), the split-KV partials (:class:`Workspace`).
         task_counters: per the same key, the counter a persistent kernel takes tasks from (the
             legacy default stream is 0 on every device).
         kernel_args: per scale, the attention kernel's last arguments (made once).

@@ -116,8 +116,8 @@ static_assert(Q_BYTES % 1024 == 0 && KV_BYTES % 1024 == 0, "tiles stay 1024-byte
 #endif
 constexpr bool PACKED = TESSERA_PACK_KEYS != 0;
 // K/V chunks by TMA: a chunk is BN consecutive keys from the walk's position (rows past the
-// span's end read the keys that follow, or zeros past the sequence; masked either way), which
-// the packed walk's chunks are not.
+// span's end read the keys that follow, or zeros past the sequence: masked, their V rows zeroed
+// by zero_v_tail), which the packed walk's chunks are not.
 constexpr bool TMA = TESSERA_TMA != 0;
 static_assert(!TMA || (TESSERA_PRODUCER && !TESSERA_PACK_KEYS),
               "TMA copies are the producer's, for the span-by-span walk");
@@ -412,6 +412,31 @@ constexpr int CONSUMER_REGS = CONSUMER_REGS_FIT < 256 ? CONSUMER_REGS_FIT : 256;
 __device__ __forceinline__ void fence_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
+
+// A lone consumer warpgroup's own barrier (zero_v_tail), after the producer's.
+constexpr int TAIL_BAR = PRODUCER_BAR + 1;
+// A TMA chunk copies W consecutive keys: rows past the span's end hold keys that follow it,
+// which no row of the task selects. Their P is 0, but 0 x Inf is NaN, so an Inf in such a V row
+// would reach rows whose reference output is finite: warpgroup 0 zeroes those rows before any
+// P V reads the stage (cp.async copies repeat the span's last key there instead, a selected
+// one). The issue turns order the other warpgroups' wgmma after warpgroup 0's (a barrier chain);
+// a lone warpgroup syncs its own threads. Only partial chunks pay (`valid` is uniform).
+template <int W>
+__device__ __forceinline__ void zero_v_tail(u32 vs, int valid, int wg) {
+  if constexpr (TMA) {
+    if (valid >= W) return;
+    if (wg == 0) {
+      const int t = thread_index() % 128;
+#pragma unroll 1
+      for (int i = t; i < (W - valid) * CPR; i += 128) {
+        const u32 at = vs + tile_offset<KV_ROWS>(valid + i / CPR, i % CPR);
+        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(at), "r"(0u) : "memory");
+      }
+      fence_async_smem();  // the zeros, for the tensor cores' reads
+    }
+    if constexpr (WGS == 1) named_bar_sync(TAIL_BAR, 128);
+  }
+}
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS)
@@ -664,6 +689,7 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
         // Rows this span applies to, clipped to the tile's real rows.
         const int lo = max(walk.row_lo(spans), q_start);
         const int hi = min(walk.row_hi(spans), q_end);
+        zero_v_tail<W>(ks + KV_BYTES, walk.key_end() - walk.key0(), wg);
 
         wait_issue_turn(wg);
         wgmma_hold<D / 2>(&o[0][0]);

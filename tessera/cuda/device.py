@@ -6,6 +6,8 @@ device, and every function answers something sensible without a GPU or without C
 
 from __future__ import annotations
 
+import ctypes
+import functools
 from typing import Any, Callable
 
 import numpy as np
@@ -14,7 +16,7 @@ from .. import _array
 
 __all__ = ["device_cc", "device_arch", "device_sm_count", "current_gpu_name", "gpu_count",
            "smem_limit_bytes", "SMEM_LIMIT_KIB", "check_arch", "SM90_SMEM_PER_SM",
-           "SM90_SMEM_RESERVED"]
+           "SM90_SMEM_RESERVED", "driver_library", "stream_id"]
 
 # Shared memory of one sm_90 SM, and what the driver reserves per resident CTA (CUDA
 # programming guide, "Technical specifications" and "Shared memory"): two CTAs fit when
@@ -127,3 +129,39 @@ def device_cc() -> int:
         raise RuntimeError("CuPy is not installed: install Tessera with the CUDA extras "
                            "(pip install 'tessera[cuda13]' or 'tessera[cuda12]')")
     return int(cp.cuda.Device().compute_capability)
+
+
+@functools.lru_cache(maxsize=1)
+def driver_library() -> ctypes.CDLL | None:
+    """libcuda through ctypes, for the driver calls CuPy does not expose (None without a
+    driver)."""
+    for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def _stream_get_id() -> Any:
+    lib = driver_library()
+    fn = getattr(lib, "cuStreamGetId", None) if lib is not None else None
+    if fn is not None:  # CUDA 12.0 and newer drivers
+        fn.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_ulonglong)]
+        fn.restype = ctypes.c_int
+    return fn
+
+
+def stream_id(handle: int) -> int | None:
+    """The driver's id of the stream at ``handle`` in the current context: unique for the
+    context's lifetime, so a stream made at a destroyed stream's address gets a new one, and
+    the per-thread default stream's differs per thread. None where the driver cannot say
+    (older than CUDA 12, or no context yet)."""
+    fn = _stream_get_id()
+    if fn is None:
+        return None
+    out = ctypes.c_ulonglong()
+    if fn(ctypes.c_void_p(handle), ctypes.byref(out)) != 0:
+        return None
+    return int(out.value)

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .device import driver_library
+
 __all__ = ["TileMap", "tile_map", "encode", "launch_maps", "MAPS_DTYPE", "TensorMapError",
            "driver_encodes_maps"]
 
@@ -85,20 +87,15 @@ def tile_map(shape: tuple[int, int, int, int], strides: tuple[int, int, int, int
 @functools.lru_cache(maxsize=1)
 def _driver_encoder():
     """libcuda's cuTensorMapEncodeTiled with its argument types, or None without a driver."""
-    for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
-        try:
-            lib = ctypes.CDLL(name)
-        except OSError:
-            continue
-        fn = getattr(lib, "cuTensorMapEncodeTiled", None)
-        if fn is None:  # a driver older than CUDA 12
-            return None
-        u64p, u32p = ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint32)
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, u64p,
-                       u64p, u32p, u32p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
-        fn.restype = ctypes.c_int
-        return fn
-    return None
+    lib = driver_library()
+    fn = getattr(lib, "cuTensorMapEncodeTiled", None) if lib is not None else None
+    if fn is None:  # no driver, or one older than CUDA 12
+        return None
+    u64p, u32p = ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint32)
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, u64p,
+                   u64p, u32p, u32p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
 
 
 def driver_encodes_maps() -> bool:

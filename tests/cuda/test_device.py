@@ -41,3 +41,23 @@ def test_device_properties_cached_per_device(monkeypatch):
     dev["id"] = 2
     monkeypatch.setattr(fake.cuda, "Device", lambda d: 1 / 0)
     assert D.device_arch() is None and D.device_sm_count() == 0 and 2 not in D._device_archs
+
+
+def test_stream_id_asks_the_driver_and_says_none_when_it_cannot(monkeypatch):
+    """stream_id passes the handle to cuStreamGetId and returns its id; a failing call or a
+    driver without the function gives None (the caller then falls back to the address)."""
+    import ctypes
+
+    seen = []
+
+    def get_id(handle, out):
+        seen.append(handle.value)
+        ctypes.cast(out, ctypes.POINTER(ctypes.c_ulonglong))[0] = 41 + (handle.value or 0)
+        return 0
+
+    monkeypatch.setattr(D, "_stream_get_id", lambda: get_id)
+    assert D.stream_id(0x1234) == 41 + 0x1234 and seen == [0x1234]
+    monkeypatch.setattr(D, "_stream_get_id", lambda: lambda handle, out: 400)  # an error code
+    assert D.stream_id(0x1234) is None
+    monkeypatch.setattr(D, "_stream_get_id", lambda: None)
+    assert D.stream_id(0x1234) is None

@@ -336,6 +336,48 @@ def test_tma_copies_equal_cp_async(d, block_m, block_n, monkeypatch):
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) <= TOL["float16"]
 
 
+@pytest.mark.parametrize("tma", [True, False])
+@pytest.mark.parametrize("family,block_m,wide", [("sm90ws", 128, False), ("sm90ws", 128, True),
+                                                 ("sm90ws", 64, False), ("sm80", 128, False)])
+def test_non_finite_values_stay_where_they_belong(family, block_m, wide, tma, monkeypatch):
+    """Inf and NaN in the K/V rows of key blocks no query selects -- which partial chunks copy
+    past a span's end -- change nothing (0 x Inf never reaches an output); a NaN query row gives
+    NaN in that row only. Variable blocks, so most chunks end inside a span's last step."""
+    import cupy as cp
+
+    reg = _regime(family, block_m, combine_threshold=0.0)
+    if wide:
+        reg = reg.with_(wide_steps=True)
+    monkeypatch.setattr(tessera.config, "use_tma", tma)
+    rng = np.random.default_rng(block_m + 2 * wide + tma)
+    qs, ks = rng.integers(16, 300, size=6), rng.integers(8, 200, size=24)
+    dense = rng.random((2, 6, 24)) < 0.5
+    unselected = np.arange(1, 24, 2)  # every other key block: never selected, by any head
+    dense[:, :, unselected] = False
+    dense[:, :, 0] = True
+    m = tessera.BlockMask.from_dense(dense, q_bounds=np.r_[0, np.cumsum(qs)],
+                                     kv_bounds=np.r_[0, np.cumsum(ks)])
+    kb = np.r_[0, np.cumsum(ks)]
+    rows = np.concatenate([np.arange(kb[i], kb[i + 1]) for i in unselected])
+    lq, lk, d = int(m.seq_len_q), int(m.seq_len_kv), 64
+    q, k, v = (rng.standard_normal((1, 2, n, d)).astype(np.float16) for n in (lq, lk, lk))
+    ref = reference.attention(q, k, v, m)
+    poisoned_k, poisoned_v = k.copy(), v.copy()
+    poisoned_k[:, :, rows] = np.nan
+    poisoned_v[:, :, rows[0::3]] = np.inf
+    poisoned_v[:, :, rows[1::3]] = -np.inf
+    poisoned_v[:, :, rows[2::3]] = np.nan
+    gq = cp.asarray(q)
+    gq[0, 1, 5] = np.nan  # one query row of head 1
+    out = tessera.attention(gq, cp.asarray(poisoned_k), cp.asarray(poisoned_v), m, regime=reg)
+    got = cp.asnumpy(out).astype(np.float64)
+    assert np.isnan(got[0, 1, 5]).all(), "a NaN query row gives NaN"
+    keep = np.ones(got.shape[:3], dtype=bool)
+    keep[0, 1, 5] = False
+    assert np.isfinite(got[keep]).all(), "a non-finite value leaked into another row"
+    assert_rows_close(got[keep][None], ref[keep][None], "float16")
+
+
 @pytest.mark.parametrize("d,bn,pack,tma", [(128, 64, False, True), (128, 64, True, False),
                                            (64, 128, False, True), (64, 128, False, False),
                                            (64, 128, True, False)])
@@ -1279,6 +1321,63 @@ def test_one_splitting_plan_on_two_streams_at_once():
             err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
             assert err < 1e-2, f"relative error {err:.2e}"
     assert len(p.launch_state.workspaces) == 2
+
+
+_SPIN = r"""
+extern "C" __global__ void spin(long long cycles) {
+  const long long t0 = clock64();
+  while (clock64() - t0 < cycles) {}
+}
+"""
+
+
+def test_a_stream_at_a_destroyed_streams_address_gets_its_own_state():
+    """CuPy destroys a stream with its object, and the next stream made often gets its address
+    while the old one's work is still pending. Per-stream state (split-KV partials, the task
+    counter) follows the driver's stream id: the new stream's run, overlapping the old one's,
+    gets its own, and both outputs stay exact (keyed by address they shared one)."""
+    import gc
+
+    import cupy as cp
+
+    rng = np.random.default_rng(6)
+    dense = rng.random((2, 10, 12)) < 0.3
+    dense[:, 3] = True  # heavy rows: split
+    mask = tessera.BlockMask.from_dense(dense, block_size=64)
+    reg = Regime(block_m=64, num_warps=4, split_ratio=1.0, min_split_chunks=1)
+    p = tessera.plan(mask, num_q_heads=2, head_dim=64, dtype="float16", regime=reg)
+    assert p.queue.combine.shape[0] > 0
+    spin = cp.RawKernel(_SPIN, "spin")
+    cycles = np.int64(50_000_000)  # ~25 ms at the H200's clock
+    inputs = []
+    for seed in (3, 4):
+        (q, k, v), exact = _inputs(np.random.default_rng(seed), "cupy", "float16", 1, 2, 2,
+                                   640, 768, 64, "bhld")
+        inputs.append(((q, k, v), reference.attention(*exact, mask)))
+    for _ in range(20):
+        old = cp.cuda.Stream(non_blocking=True)
+        with old:
+            spin((1,), (1,), (cycles,))
+            out_old = p.run(*inputs[0][0])
+        address = old.ptr
+        del old
+        gc.collect()
+        new = cp.cuda.Stream(non_blocking=True)
+        if new.ptr == address:
+            break
+        cp.cuda.Device().synchronize()
+    else:
+        pytest.skip("the driver gave no new stream a destroyed stream's address")
+    with new:
+        spin((1,), (1,), (cycles,))
+        out_new = p.run(*inputs[1][0])
+    cp.cuda.Device().synchronize()
+    at_address = [key for key in p.launch_state.workspaces if key[1] == address]
+    assert len(at_address) == 2, "the new stream reused the old one's partials"
+    for out, (_, ref) in zip((out_old, out_new), inputs):
+        got = cp.asnumpy(out).astype(np.float64)
+        err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
+        assert err < 5e-3, f"relative error {err:.2e}"
 
 
 def test_captured_request_survives_the_constant_cache_emptying():
