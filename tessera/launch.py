@@ -50,12 +50,26 @@ _PER_THREAD_STREAM = 2
 def _stream_identity(ptr: int) -> tuple[int, int]:
     """A stream as (address, the driver's stream id): an address alone is not one -- a stream
     made after another is destroyed often gets its address while the old one's work is still
-    pending, and the per-thread default stream has one address for all threads. Where the
-    driver gives no id (before CUDA 12), the thread tells per-thread default streams apart."""
-    sid = stream_id(ptr)
-    if sid is not None:
-        return ptr, sid
-    return ptr, threading.get_ident() if ptr == _PER_THREAD_STREAM else 0
+    pending. The default streams (handles 0-2) are never destroyed and are not asked about: a
+    query of the legacy stream invalidates a CUDA graph being captured; the per-thread one has
+    one address for all threads, which the thread tells apart. Where the driver gives no id
+    (before CUDA 12), the address stands for the stream."""
+    if ptr <= _PER_THREAD_STREAM:
+        return ptr, threading.get_ident() if ptr == _PER_THREAD_STREAM else 0
+    if stream_capturing(ptr):
+        # The driver is not asked while the stream is captured into a graph (the query
+        # invalidates the capture); a stream being captured is alive, so the id last seen at
+        # its address is its own.
+        sid = _stream_ids.get(ptr)
+    else:
+        sid = _stream_ids[ptr] = stream_id(ptr)
+        if len(_stream_ids) > 4096:  # addresses of streams long gone
+            _stream_ids.clear()
+            _stream_ids[ptr] = sid
+    return ptr, 0 if sid is None else sid
+
+
+_stream_ids: dict[int, int | None] = {}  # per stream address, the driver's id last seen there
 
 
 @dataclass

