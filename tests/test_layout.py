@@ -29,6 +29,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("tessera.runtime.emulate",),
     ("tessera.api",),
     ("tessera",),
+    ("tessera.integrations", "tessera.integrations.methods"),
+    ("tessera.integrations.diffusers",),
     ("tessera.tools", "tessera.__main__"),
 ]
 # Imported inside functions only: optional dependencies, loaded when a feature needs them.
@@ -153,7 +155,7 @@ def test_in_function_imports_are_optional_dependencies_only():
 
 def test_request_path_never_loads_the_tools():
     """What ``import tessera`` loads (the front door and everything below it) never reaches
-    the offline tools (CLI, benchmarks, profiler, plots)."""
+    the offline tools (CLI, benchmarks, profiler, plots) nor the integrations."""
     graph, _ = _imports()
     seen, todo = set(), ["tessera"]
     while todo:
@@ -161,7 +163,7 @@ def test_request_path_never_loads_the_tools():
         if m not in seen:
             seen.add(m)
             todo.extend(graph[m])
-    assert not [m for m in seen if m.startswith("tessera.tools")]
+    assert not [m for m in seen if m.startswith(("tessera.tools", "tessera.integrations"))]
 
 
 def test_the_checks_see_a_cycle_and_an_upward_import(tmp_path, monkeypatch):

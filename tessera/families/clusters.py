@@ -13,22 +13,13 @@ from ..mask import BlockMask
 from .common import (
     bounds_from_sizes,
     check_qk,
+    segment_sums,
     text_counts,
     top_p_rows,
     with_text,
     with_text_identity,
 )
 from .video import VideoMask
-
-
-def _segment_sums(x: Any, bounds: np.ndarray, xp) -> Any:
-    """Sums of ``x [..., N, D]`` over the token segments ``bounds`` (float64 accumulation)."""
-    if xp is np:
-        return np.add.reduceat(x.astype(np.float64), bounds[:-1], axis=-2)
-    c = xp.cumsum(x.astype(np.float64), axis=-2)
-    c = xp.concatenate([xp.zeros_like(c[..., :1, :]), c], axis=-2)
-    b = xp.asarray(bounds)
-    return c[..., b[1:], :] - c[..., b[:-1], :]
 
 
 def _kmeans(x: Any, k: int, iters: int, seed: int, xp) -> Any:
@@ -68,7 +59,7 @@ def _kmeans(x: Any, k: int, iters: int, seed: int, xp) -> Any:
         counts = to_numpy(xp.bincount(lab, minlength=k))
         nz = counts > 0
         b = bounds_from_sizes(counts[nz])
-        sums = _segment_sums(x[order], b, xp)
+        sums = segment_sums(x[order], b, xp)
         nz_idx = xp.asarray(np.nonzero(nz)[0])
         c[nz_idx] = (sums / xp.asarray(counts[nz], dtype=np.float64)[:, None]).astype(np.float32)
     return assign(c).astype(np.int64)
@@ -125,9 +116,9 @@ def semantic_clusters(q: Any, k: Any, num_q_clusters: int, num_kv_clusters: int,
     perm_q, size_q = _cluster_order(lab_q, kq, xp)
     perm_k, size_k = _cluster_order(lab_k, kk, xp)
     qb, kb = bounds_from_sizes(size_q), bounds_from_sizes(size_k)
-    cq = _segment_sums(xp.take(qv, xp.asarray(perm_q), axis=2), qb, xp) / xp.asarray(
+    cq = segment_sums(xp.take(qv, xp.asarray(perm_q), axis=2), qb, xp) / xp.asarray(
         size_q, dtype=np.float64)[:, None]
-    ck = _segment_sums(xp.take(kv, xp.asarray(perm_k), axis=2), kb, xp) / xp.asarray(
+    ck = segment_sums(xp.take(kv, xp.asarray(perm_k), axis=2), kb, xp) / xp.asarray(
         size_k, dtype=np.float64)[:, None]
     logits = cq @ ck.swapaxes(-1, -2) / math.sqrt(D) + xp.log(
         xp.asarray(size_k, dtype=np.float64))

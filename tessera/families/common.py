@@ -171,14 +171,26 @@ def check_qk(q: Any, k: Any, n_tokens: int | None) -> tuple[Any, Any, Any]:
 
 
 def sorted_keep(order: Any, keep_sorted: Any, shape: tuple[int, ...], xp) -> Any:
-    """Scatter a keep flag given in sorted order (``order`` per row) back to a bool ``shape``."""
+    """Scatter a keep flag given in sorted order (``order`` per row) back to a bool ``shape``.
+    A scatter of the flags (not boolean indexing, whose result size CuPy reads back): no host
+    synchronization on the device."""
     n_rows = int(np.prod(shape[:-1]))
     n = shape[-1]
-    base = (xp.arange(n_rows, dtype=np.int64) * n).reshape(*shape[:-1], 1)
-    flat = (base + order)[keep_sorted]
-    out = xp.zeros(n_rows * n, dtype=bool)
-    out[flat] = True
+    order = order.reshape(n_rows, -1)
+    out = xp.zeros((n_rows, n), dtype=bool)
+    out[xp.arange(n_rows)[:, None], order] = keep_sorted.reshape(n_rows, -1)
     return out.reshape(shape)
+
+
+def segment_sums(x: Any, bounds: np.ndarray, xp) -> Any:
+    """Sums of ``x [..., N, D]`` over the token segments ``bounds`` (float64 accumulation; on
+    the device by prefix sums, with no host synchronization)."""
+    if xp is np:
+        return np.add.reduceat(x.astype(np.float64), bounds[:-1], axis=-2)
+    c = xp.cumsum(x.astype(np.float64), axis=-2)
+    c = xp.concatenate([xp.zeros_like(c[..., :1, :]), c], axis=-2)
+    b = xp.asarray(bounds)
+    return c[..., b[1:], :] - c[..., b[:-1], :]
 
 
 def top_p_rows(logits: Any, top_p: float, min_keep: int, xp) -> Any:

@@ -15,6 +15,7 @@ from .common import (
     check_qk,
     check_triple,
     is_int,
+    segment_sums,
     sorted_keep,
     text_counts,
     top_p_rows,
@@ -41,7 +42,7 @@ def _cube_pool(x: Any, lat: Latent, cube: tuple[int, int, int], xp) -> Any:
 
 def topk_pooled(q: Any, k: Any, latent: Sequence[int], cube: Sequence[int] = (4, 4, 4),
                 topk: int | None = None, top_p: float | None = None, text_tokens: int = 0,
-                text_valid: int | None = None) -> VideoMask:
+                text_valid: int | None = None, ordered: bool = False) -> VideoMask:
     """Top-k (or top-p) key cubes per query cube from mean-pooled q and k (VSA, SpargeAttn).
 
     Tokens are regrouped by :func:`tile_permutation` into ``cube`` (default 4x4x4 = 64 tokens;
@@ -62,6 +63,8 @@ def topk_pooled(q: Any, k: Any, latent: Sequence[int], cube: Sequence[int] = (4,
             gives a host mask; CuPy (or a CUDA DLPack tensor) computes on the device and gives a
             device mask (``permutation`` is always host numpy).
         latent: ``(t, h, w)``.
+        ordered: q and k are already in the cube order (``permutation`` applied, as when a
+            pipeline keeps its tokens in that order): each cube is a contiguous run of tokens.
     Returns:
         A VideoMask whose mask has ``batch_heads = (B, H)`` (q heads).
     """
@@ -77,8 +80,14 @@ def topk_pooled(q: Any, k: Any, latent: Sequence[int], cube: Sequence[int] = (4,
     if top_p is None and topk is None:
         topk = max(1, round(0.1 * n))
     D = q.shape[-1]
-    pq = _cube_pool(q[:, :, :n_video], lat, cb, xp)
-    pk = _cube_pool(k[:, :, :n_video], lat, cb, xp)
+    if ordered:
+        bounds = bounds_from_sizes(sizes)
+        inv = xp.asarray(1.0 / sizes)[:, None]
+        pq, pk = ((segment_sums(x[:, :, :n_video], bounds, xp) * inv).astype(np.float32)
+                  for x in (q, k))
+    else:
+        pq = _cube_pool(q[:, :, :n_video], lat, cb, xp)
+        pk = _cube_pool(k[:, :, :n_video], lat, cb, xp)
     scores = pq @ pk.swapaxes(-1, -2) / np.float32(math.sqrt(D))
     if topk is not None:
         if not is_int(topk) or topk <= 0:
@@ -94,5 +103,6 @@ def topk_pooled(q: Any, k: Any, latent: Sequence[int], cube: Sequence[int] = (4,
     dense, qb, kb = with_text(video, bounds, bounds, text_tokens, text_valid)
     mask = BlockMask.from_dense(dense, q_bounds=qb, kv_bounds=kb)
     params = dict(latent=lat, cube=cb, topk=topk, top_p=top_p, text_tokens=text_tokens,
-                  text_valid=text_valid, batch=int(q.shape[0]), heads=int(q.shape[1]))
+                  text_valid=text_valid, batch=int(q.shape[0]), heads=int(q.shape[1]),
+                  ordered=ordered)
     return VideoMask(mask, with_text_identity(perm, text_tokens), "topk_pooled", params)

@@ -396,6 +396,21 @@ def test_topk_pooled_against_brute_force():
     assert (d.sum(-1) == 3).all()
 
 
+def test_topk_pooled_on_tokens_already_in_cube_order():
+    """``ordered=True`` (q/k already permuted into cube order, each cube contiguous) selects the
+    same cubes as pooling the original order, with top-k and with top-p, and text at the end."""
+    lat, cube = (5, 6, 7), (4, 4, 4)
+    rng = np.random.default_rng(3)
+    q, k = (rng.standard_normal((1, 2, 210 + 9, 8)).astype(np.float32) for _ in range(2))
+    for kw in (dict(topk=2), dict(top_p=0.5)):
+        base = M.topk_pooled(q, k, lat, cube=cube, text_tokens=9, text_valid=5, **kw)
+        perm = base.permutation
+        ordered = M.topk_pooled(q[:, :, perm], k[:, :, perm], lat, cube=cube, text_tokens=9,
+                                text_valid=5, ordered=True, **kw)
+        assert np.array_equal(dense(ordered), dense(base))
+        assert np.array_equal(ordered.mask.q_bounds, base.mask.q_bounds)
+
+
 def test_topk_pooled_top_p_rule():
     lat, cube = (5, 6, 7), (4, 4, 4)
     rng = np.random.default_rng(1)

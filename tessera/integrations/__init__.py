@@ -1,0 +1,7 @@
+"""Tessera inside the pipelines people run.
+
+:mod:`tessera.integrations.methods` holds the published sparse-attention methods as ready
+configurations (no optional dependency); :mod:`tessera.integrations.diffusers` turns them on for
+a diffusers video transformer in one call (needs torch and diffusers: ``pip install
+'tessera[diffusers]'``). Nothing here is imported by ``import tessera``.
+"""

@@ -1,0 +1,155 @@
+"""CPU tests of the method configurations (tessera.integrations.methods): every method's mask,
+taken back to the model's own token order, against a token-level construction; text before or
+after the video, with padding slots; the orders and their inverses; schedules."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tessera import families
+from tessera.integrations import methods as M
+
+LATENT = (5, 6, 7)  # 210 video tokens: partial tiles and cubes on every axis
+
+
+def _tokens(mask, b=0, h=0) -> np.ndarray:
+    """The token-level matrix of one (batch, head) of a host BlockMask."""
+    d = np.asarray(mask.to_host().to_dense())
+    d = d[min(b, d.shape[0] - 1), min(h, d.shape[1] - 1)]
+    rq, rk = np.diff(mask.q_bounds), np.diff(mask.kv_bounds)
+    return np.repeat(np.repeat(d, rq, axis=0), rk, axis=1)
+
+
+def _in_model_order(lm: M.LayerMask, h=0) -> np.ndarray:
+    """The LayerMask's token matrix with rows and columns back in the model's sequence order."""
+    t = _tokens(lm.mask, h=h)
+    n = t.shape[0]
+    qo = np.arange(n) if lm.q_order is None else lm.q_order
+    ko = np.arange(n) if lm.key_order is None else lm.key_order
+    out = np.zeros_like(t)
+    out[np.ix_(qo, ko)] = t
+    return out
+
+
+def _family_in_model_order(vm: families.VideoMask, geo: M.VideoGeometry, h=0) -> np.ndarray:
+    """The family's mask (text last) as a token matrix of the model's order, built directly:
+    undo the family's permutations, then move the text where the model has it."""
+    t = _tokens(vm.mask, h=h)
+    n = t.shape[0]
+    qp = np.arange(n) if vm.permutation is None else vm.permutation
+    kp = np.arange(n) if vm.key_permutation is None else vm.key_permutation
+    orig = np.zeros_like(t)
+    orig[np.ix_(qp, kp)] = t
+    if geo.text_first and geo.text_tokens:
+        nv = geo.video_tokens
+        to_model = np.r_[np.arange(geo.text_tokens, geo.text_tokens + nv),
+                         np.arange(geo.text_tokens)]
+        out = np.zeros_like(orig)
+        out[np.ix_(to_model, to_model)] = orig
+        return out
+    return orig
+
+
+def _text_rule(geo: M.VideoGeometry, a: np.ndarray) -> None:
+    """Text rows and columns of a model-order token matrix follow the documented rule."""
+    nv, nt = geo.video_tokens, geo.text_tokens
+    if not nt:
+        return
+    valid = nt if geo.text_valid is None else geo.text_valid
+    off = 0 if geo.text_first else nv
+    video = np.r_[nt:nt + nv] if geo.text_first else np.r_[0:nv]
+    tv, tp = np.r_[off:off + valid], np.r_[off + valid:off + nt]
+    assert a[np.ix_(tv, video)].all() and a[np.ix_(tv, tv)].all()
+    assert a[np.ix_(video, tv)].all()
+    assert not a[np.ix_(video, tp)].any() and not a[np.ix_(tv, tp)].any()
+    assert a[np.ix_(tp, tp)].all() and not a[np.ix_(tp, video)].any()
+
+
+GEOMETRIES = [M.VideoGeometry(LATENT), M.VideoGeometry(LATENT, 9, 5),
+              M.VideoGeometry(LATENT, 9, 5, text_first=True),
+              M.VideoGeometry(LATENT, 6, None, text_first=True)]
+STATIC = [M.SlidingTile(tile=(2, 4, 4), window=(1, 3, 3)),
+          M.SlidingTile(tile=(2, 4, 4), window=[(1, 1, 3), (3, 3, 1)]),
+          M.SpatialTemporal(block=32, heads=["spatial", "temporal"]),
+          M.SpatialTemporal(block=32, heads="temporal"), M.Radial(block=32)]
+
+
+def _qk(geo, heads=2, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal((1, heads, geo.tokens, 8)).astype(np.float32)
+            for _ in range(2)]
+
+
+def _family(method, geo, q, k):
+    """The family call a method stands for, on the text-last sequence."""
+    if geo.text_first and geo.text_tokens:
+        order = np.r_[np.arange(geo.text_tokens, geo.tokens), np.arange(geo.text_tokens)]
+        q, k = q[:, :, order], k[:, :, order]
+    return method._family_mask(geo, q, k, False)
+
+
+@pytest.mark.parametrize("geo", GEOMETRIES, ids=str)
+@pytest.mark.parametrize("method", STATIC + [M.TopKCubes(topk=3), M.TopKCubes(top_p=0.6),
+                                             M.SemanticClusters(q_clusters=7, kv_clusters=9)],
+                         ids=lambda m: m.name)
+def test_mask_in_model_order_equals_the_family_rule(method, geo):
+    """Every (method, layout): the LayerMask, undone through its orders, selects exactly the
+    token pairs the family selects, moved to the model's order; text follows the rule."""
+    q, k = _qk(geo)
+    lm = method.layer_mask(geo, q, k)
+    vm = _family(method, geo, q, k)
+    for h in range(2):
+        got = _in_model_order(lm, h)
+        assert np.array_equal(got, _family_in_model_order(vm, geo, h))
+        _text_rule(geo, got)
+
+
+@pytest.mark.parametrize("geo", GEOMETRIES, ids=str)
+@pytest.mark.parametrize("method", [STATIC[0], STATIC[3], M.TopKCubes(topk=3)],
+                         ids=lambda m: m.name)
+def test_tokens_kept_in_the_method_order_need_no_reordering(method, geo):
+    """q/k already in the method's order (``sequence_order(video_order)``, as a pipeline keeps
+    them across layers): the mask, with no orders, equals the reordered call's, and the order
+    is a permutation whose inverse restores the sequence."""
+    q, k = _qk(geo, seed=1)
+    order = geo.sequence_order(method.video_order(geo))
+    base = method.layer_mask(geo, q, k)
+    if order is None:
+        assert base.q_order is None
+        return
+    assert np.array_equal(np.sort(order), np.arange(geo.tokens))
+    inv = families.invert_permutation(order)
+    assert np.array_equal(order[inv], np.arange(geo.tokens))
+    assert np.array_equal(base.q_order, order)
+    ordered = method.layer_mask(geo, q[:, :, order], k[:, :, order], ordered=True)
+    assert ordered.q_order is None and ordered.kv_order is None
+    for h in range(2):
+        assert np.array_equal(_tokens(ordered.mask, h=h), _tokens(base.mask, h=h))
+
+
+def test_schedule_keeps_first_steps_and_layers_dense():
+    s = M.Schedule(dense_steps=2, dense_layers=1)
+    table = [[s.dense(step, layer) for layer in range(3)] for step in range(4)]
+    assert table == [[True] * 3, [True] * 3, [True, False, False], [True, False, False]]
+    assert not M.Schedule().dense(0, 0)
+    with pytest.raises(ValueError, match="dense_steps must be an int >= 0"):
+        M.Schedule(dense_steps=-1)
+
+
+def test_bad_configurations_are_refused_by_name():
+    with pytest.raises(ValueError, match="text_valid must be None or an int in"):
+        M.VideoGeometry(LATENT, 4, 5)
+    with pytest.raises(ValueError, match="latent must be three positive ints"):
+        M.VideoGeometry((0, 2, 2))
+    with pytest.raises(ValueError, match="give one of density, topk or top_p"):
+        M.TopKCubes(density=0.1, topk=3)
+    with pytest.raises(ValueError, match=r"density must be in \(0, 1\]"):
+        M.TopKCubes(density=1.5)
+    with pytest.raises(ValueError, match="unknown method 'sta'; choose from sliding_tile"):
+        M.method_from_name("sta")
+    with pytest.raises(ValueError, match="builds its mask from q and k"):
+        M.TopKCubes().layer_mask(M.VideoGeometry(LATENT))
+    with pytest.raises(TypeError, match="geo must be a VideoGeometry"):
+        M.Radial().layer_mask((5, 6, 7))
+    assert M.TopKCubes().density == 0.1
