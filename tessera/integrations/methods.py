@@ -177,7 +177,7 @@ def _sequence_from_family(geo: VideoGeometry, perm: np.ndarray | None) -> np.nda
     perm = np.asarray(perm, dtype=np.int64)
     if not geo.text_first or geo.text_tokens == 0:
         return perm
-    n, t = geo.video_tokens, geo.text_tokens
+    n = geo.video_tokens
     video, text = perm[:n], perm[n:]
     to_model = _text_last_order(geo)  # family position -> model token
     return np.concatenate([to_model[text], to_model[video]])

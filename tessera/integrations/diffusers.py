@@ -1,0 +1,431 @@
+"""Tessera as the self-attention of diffusers' video transformers, in one call.
+
+::
+
+    from tessera.integrations import diffusers as td
+    from tessera.integrations.methods import TopKCubes, Schedule
+
+    session = td.enable(pipe.transformer, TopKCubes(density=0.1),
+                        schedule=Schedule(dense_steps=10), forwards_per_step=2)
+    video = pipe(prompt, ...).frames
+    td.disable(pipe.transformer)          # the model's own attention again
+
+Supported: ``WanTransformer3DModel`` (Wan 2.1 / 2.2), ``HunyuanVideoTransformer3DModel`` and
+``CogVideoXTransformer3DModel`` (diffusers 0.42). Self-attention only; cross-attention and
+every other module are left alone.
+
+How it plugs in. Each self-attention module's processor is wrapped (``set_processor``, public):
+the wrapper marks the call as Tessera's and runs the model's own processor, which projects,
+normalizes and rotates q/k/v as always. The processor's attention function -- diffusers'
+``dispatch_attention_fn`` as the Wan and HunyuanVideo modules import it, and
+``F.scaled_dot_product_attention`` as ``attention_processor`` (CogVideoX's processor) reaches
+it -- is replaced in that module by a router that sends marked calls to Tessera and every
+other call to the original, unchanged. diffusers has no public hook for a custom attention
+function (its backend registry takes only its own names), so this is the smallest patch;
+``tests/integrations/test_diffusers.py`` fails if diffusers moves either name.
+
+The token layout comes from the transformer's inputs (a forward pre-hook): the latent's frames
+and size over the patch size, the text tokens attended jointly (HunyuanVideo's after the video,
+with its prompt mask's padding; CogVideoX's 226 before it). Steps are counted in transformer
+forwards (``forwards_per_step``: 2 where a pipeline calls the transformer twice per step for
+classifier-free guidance); :meth:`Session.reset` starts a new video.
+
+On CPU tensors the float64 reference runs instead of the GPU kernels (for tests: slow).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import importlib
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from .. import api, reference
+from ..families import invert_permutation
+from .methods import LayerMask, Method, Schedule, VideoGeometry
+
+__all__ = ["enable", "disable", "session_of", "Session", "SUPPORTED"]
+
+
+@dataclass(frozen=True)
+class _Model:
+    """How one diffusers transformer class is wired to Tessera.
+
+    Attributes:
+        module: the diffusers module whose attention function the processors call.
+        hook: "dispatch" (``dispatch_attention_fn``) or "sdpa" (``F.scaled_dot_product_attention``).
+        layout: the q/k/v layout that function gets ("blhd" or "bhld").
+        self_attention: the transformer's self-attention modules, in layer order.
+        geometries: the layouts of a forward's calls from its inputs (one per batch element
+            where they differ, else one).
+    """
+
+    module: str
+    hook: str
+    layout: str
+    self_attention: Callable[[Any], list]
+    geometries: Callable[[Any, tuple, dict], list[VideoGeometry]]
+
+
+def _arg(args: tuple, kwargs: dict, i: int, name: str) -> Any:
+    return kwargs[name] if name in kwargs else (args[i] if len(args) > i else None)
+
+
+def _wan_geometries(model: Any, args: tuple, kwargs: dict) -> list[VideoGeometry]:
+    _, _, f, h, w = _arg(args, kwargs, 0, "hidden_states").shape
+    pt, ph, pw = model.config.patch_size
+    return [VideoGeometry((f // pt, h // ph, w // pw))]
+
+
+def _hunyuan_geometries(model: Any, args: tuple, kwargs: dict) -> list[VideoGeometry]:
+    _, _, f, h, w = _arg(args, kwargs, 0, "hidden_states").shape
+    p, pt = model.config.patch_size, model.config.patch_size_t
+    text = _arg(args, kwargs, 2, "encoder_hidden_states")
+    text_mask = _arg(args, kwargs, 3, "encoder_attention_mask")
+    latent = (f // pt, h // p, w // p)
+    n_text = int(text.shape[1])
+    if text_mask is None:
+        return [VideoGeometry(latent, n_text)]
+    # The prompt lengths decide the mask's text blocks: read once per forward (the only
+    # host synchronization; pass equal-length prompts to keep it cheap).
+    valid = [int(x) for x in text_mask.sum(dim=1).tolist()]
+    geos = [VideoGeometry(latent, n_text, v) for v in valid]
+    return geos[:1] if len(set(valid)) == 1 else geos
+
+
+def _cogvideox_geometries(model: Any, args: tuple, kwargs: dict) -> list[VideoGeometry]:
+    _, f, _, h, w = _arg(args, kwargs, 0, "hidden_states").shape
+    p, pt = model.config.patch_size, model.config.patch_size_t or 1
+    text = _arg(args, kwargs, 1, "encoder_hidden_states")
+    return [VideoGeometry((f // pt, h // p, w // p), int(text.shape[1]), text_first=True)]
+
+
+SUPPORTED: dict[str, _Model] = {
+    "WanTransformer3DModel": _Model(
+        "diffusers.models.transformers.transformer_wan", "dispatch", "blhd",
+        lambda m: [b.attn1 for b in m.blocks], _wan_geometries),
+    "HunyuanVideoTransformer3DModel": _Model(
+        "diffusers.models.transformers.transformer_hunyuan_video", "dispatch", "blhd",
+        lambda m: [b.attn for b in m.transformer_blocks]
+        + [b.attn for b in m.single_transformer_blocks], _hunyuan_geometries),
+    "CogVideoXTransformer3DModel": _Model(
+        "diffusers.models.attention_processor", "sdpa", "bhld",
+        lambda m: [b.attn1 for b in m.transformer_blocks], _cogvideox_geometries),
+}
+
+
+@dataclass
+class Stats:
+    """What a session has done: attention calls run by Tessera (sparse) and left to the model
+    (dense, by the schedule), and transformer forwards seen."""
+
+    sparse_calls: int = 0
+    dense_calls: int = 0
+    forwards: int = 0
+
+
+@dataclass
+class Session:
+    """Tessera's state on one transformer (what :func:`enable` returns).
+
+    Attributes:
+        method: the sparse method (:mod:`tessera.integrations.methods`).
+        schedule: when attention stays the model's own (dense).
+        forwards_per_step: transformer forwards per denoising step.
+        regime: an execution plan for every call (None: Tessera's own choice).
+        stats: counts (:class:`Stats`).
+    """
+
+    transformer: Any = field(repr=False)
+    model: _Model = field(repr=False)
+    method: Method
+    schedule: Schedule
+    forwards_per_step: int = 1
+    regime: Any = None
+    stats: Stats = field(default_factory=Stats)
+    _geometries: list = field(default_factory=list, repr=False)
+    _originals: list = field(default_factory=list, repr=False)
+    _hook: Any = field(default=None, repr=False)
+    _indices: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def step(self) -> int:
+        """The denoising step of the forward being run (from 0)."""
+        return max(self.stats.forwards - 1, 0) // self.forwards_per_step
+
+    def reset(self) -> None:
+        """Start counting steps again (a new video)."""
+        self.stats.forwards = 0
+
+    def disable(self) -> None:
+        """The transformer's own attention again (:func:`disable`)."""
+        disable(self.transformer)
+
+    # -- per forward and per call --------------------------------------------------------
+    def _before_forward(self, module: Any, args: tuple, kwargs: dict) -> None:
+        self._geometries = self.model.geometries(module, args, kwargs)
+        self.stats.forwards += 1
+
+    def _attend(self, layer: int, q: Any, k: Any, v: Any, scale: float | None,
+                dense: Callable[[], Any]) -> Any:
+        """One self-attention call of layer ``layer``: the model's own (``dense``) where the
+        schedule says so, else Tessera with the method's mask."""
+        if self.schedule.dense(self.step, layer):
+            self.stats.dense_calls += 1
+            return dense()
+        layout = self.model.layout
+        seq = 1 if layout == "blhd" else 2
+        geos = self._geometries
+        if not geos:
+            raise RuntimeError("Tessera saw an attention call outside the transformer's "
+                               "forward: call the transformer itself (its forward sets the "
+                               "token layout)")
+        if q.shape[seq] != geos[0].tokens or k.shape[seq] != geos[0].tokens:
+            raise RuntimeError(
+                f"self-attention over {q.shape[seq]} queries and {k.shape[seq]} keys, but the "
+                f"transformer's inputs give {geos[0].tokens} tokens ({geos[0]}): this diffusers "
+                "version lays tokens out differently from what Tessera supports")
+        self.stats.sparse_calls += 1
+        if len(geos) == 1:
+            return self._sparse(q, k, v, geos[0], layout, scale)
+        import torch
+
+        return torch.cat([self._sparse(q[b:b + 1], k[b:b + 1], v[b:b + 1], g, layout, scale)
+                          for b, g in enumerate(geos)], dim=0)
+
+    def _index(self, order: np.ndarray, device: Any) -> Any:
+        """``order`` and its inverse as index tensors on ``device`` (made once per order)."""
+        import torch
+
+        key = (id(order), str(device))
+        got = self._indices.get(key)
+        if got is None or got[0] is not order:
+            if len(self._indices) > 64:
+                self._indices.clear()
+            idx = torch.as_tensor(order, device=device)
+            inv = torch.as_tensor(invert_permutation(np.asarray(order)), device=device)
+            got = self._indices[key] = (order, idx, inv)
+        return got[1], got[2]
+
+    def _sparse(self, q: Any, k: Any, v: Any, geo: VideoGeometry, layout: str,
+                scale: float | None) -> Any:
+        seq = 1 if layout == "blhd" else 2
+        lm = self._layer_mask(geo, q, k, layout)
+        if lm.q_order is not None:
+            iq, inv = self._index(lm.q_order, q.device)
+            ik, _ = self._index(lm.key_order, q.device)
+            q = q.index_select(seq, iq)
+            k, v = k.index_select(seq, ik), v.index_select(seq, ik)
+        out = _run(q, k, v, lm.mask, layout, scale, self.regime)
+        if lm.q_order is not None:
+            out = out.index_select(seq, inv)
+        return out
+
+    def _layer_mask(self, geo: VideoGeometry, q: Any, k: Any, layout: str) -> LayerMask:
+        if not self.method.dynamic:
+            return self.method.layer_mask(geo)
+        qh, kh = (x.transpose(1, 2) if layout == "blhd" else x for x in (q, k))
+        if qh.is_cuda:
+            import cupy as cp
+
+            qh, kh = cp.from_dlpack(qh), cp.from_dlpack(kh)
+        else:
+            qh, kh = qh.float().numpy(), kh.float().numpy()
+        return self.method.layer_mask(geo, qh, kh)
+
+
+def _run(q: Any, k: Any, v: Any, mask: Any, layout: str, scale: float | None,
+         regime: Any) -> Any:
+    """Tessera's attention on the GPU; on CPU tensors the float64 reference."""
+    if q.is_cuda:
+        return api.attention(q, k, v, mask, layout=layout, scale=scale, regime=regime)
+    import torch
+
+    out = reference.attention(q.float().numpy(), k.float().numpy(), v.float().numpy(), mask,
+                              layout=layout, scale=scale)
+    return torch.from_numpy(out).to(q.dtype)
+
+
+# ---- the call marking and the routers ---------------------------------------------------
+@dataclass(frozen=True)
+class _Call:
+    session: Session
+    layer: int
+
+
+_active: contextvars.ContextVar[_Call | None] = contextvars.ContextVar("tessera_call",
+                                                                      default=None)
+
+
+class _Routed:
+    """A self-attention processor wrapped: marks its calls as Tessera's and runs the model's
+    own. Attributes diffusers reads or sets on a processor reach the wrapped one."""
+
+    def __init__(self, original: Any, session: Session, layer: int) -> None:
+        object.__setattr__(self, "_tessera", (original, session, layer))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(object.__getattribute__(self, "_tessera")[0], name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._tessera[0], name, value)
+
+
+_ROUTED: dict[type, type] = {}
+
+
+def _routed(original: Any, session: Session, layer: int) -> _Routed:
+    """The wrapper of ``original``: a class per processor class, whose ``__call__`` has the
+    original's signature (diffusers' ``Attention.forward`` passes only the keyword arguments
+    the processor's signature names)."""
+    cls = type(original)
+    wrapper = _ROUTED.get(cls)
+    if wrapper is None:
+        def __call__(self, attn, *args, **kwargs):
+            original, session, layer = self._tessera
+            token = _active.set(_Call(session, layer))
+            try:
+                return original(attn, *args, **kwargs)
+            finally:
+                _active.reset(token)
+
+        __call__.__signature__ = inspect.signature(cls.__call__)
+        wrapper = _ROUTED[cls] = type(f"Tessera{cls.__name__}", (_Routed,),
+                                      {"__call__": __call__})
+    return wrapper(original, session, layer)
+
+
+def _dispatch_router(original: Callable) -> Callable:
+    def dispatch_attention_fn(query, key, value, attn_mask=None, dropout_p=0.0,
+                              is_causal=False, scale=None, enable_gqa=False,
+                              attention_kwargs=None, *, backend=None, parallel_config=None):
+        def own():
+            return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                            is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
+                            attention_kwargs=attention_kwargs, backend=backend,
+                            parallel_config=parallel_config)
+
+        call = _active.get()
+        if call is None or dropout_p or is_causal or parallel_config is not None:
+            return own()
+        # (attn_mask: HunyuanVideo's prompt padding, which the mask's text blocks encode)
+        return call.session._attend(call.layer, query, key, value, scale, own)
+
+    dispatch_attention_fn._tessera_original = original
+    return dispatch_attention_fn
+
+
+class _RoutedFunctional:
+    """``torch.nn.functional`` as one diffusers module sees it: the same functions, with
+    ``scaled_dot_product_attention`` routed for Tessera's calls."""
+
+    def __init__(self, functional: Any) -> None:
+        self._tessera_original = functional
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tessera_original, name)
+
+    def scaled_dot_product_attention(self, query, key, value, attn_mask=None, dropout_p=0.0,
+                                     is_causal=False, scale=None, enable_gqa=False):
+        def own():
+            return self._tessera_original.scaled_dot_product_attention(
+                query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+
+        call = _active.get()
+        if call is None or attn_mask is not None or dropout_p or is_causal:
+            return own()
+        return call.session._attend(call.layer, query, key, value, scale, own)
+
+
+_installed: dict[str, int] = {}  # module -> sessions using its router
+
+
+def _install(model: _Model) -> None:
+    mod = importlib.import_module(model.module)
+    if _installed.get(model.module, 0) == 0:
+        if model.hook == "dispatch":
+            fn = getattr(mod, "dispatch_attention_fn", None)
+            if fn is None:
+                raise RuntimeError(f"{model.module} has no dispatch_attention_fn: this diffusers "
+                                   "version is not one Tessera supports (0.42)")
+            mod.dispatch_attention_fn = _dispatch_router(fn)
+        else:
+            fn = getattr(mod, "F", None)
+            if fn is None or not hasattr(fn, "scaled_dot_product_attention"):
+                raise RuntimeError(f"{model.module} has no F.scaled_dot_product_attention: this "
+                                   "diffusers version is not one Tessera supports (0.42)")
+            mod.F = _RoutedFunctional(fn)
+    _installed[model.module] = _installed.get(model.module, 0) + 1
+
+
+def _uninstall(model: _Model) -> None:
+    n = _installed.get(model.module, 0) - 1
+    _installed[model.module] = max(n, 0)
+    if n == 0:
+        mod = importlib.import_module(model.module)
+        name = "dispatch_attention_fn" if model.hook == "dispatch" else "F"
+        setattr(mod, name, getattr(mod, name)._tessera_original)
+
+
+# ---- the public calls -------------------------------------------------------------------
+_sessions: dict[int, Session] = {}
+
+
+def enable(transformer: Any, method: Method, *, schedule: Schedule | None = None,
+           forwards_per_step: int = 1, regime: Any = None) -> Session:
+    """Run ``transformer``'s self-attention through Tessera with ``method``'s masks; returns the
+    :class:`Session` (counts, :meth:`Session.reset`, :meth:`Session.disable`). Enabling again
+    replaces the method and schedule."""
+    name = type(transformer).__name__
+    if name not in SUPPORTED:
+        raise TypeError(f"transformer must be one of {', '.join(SUPPORTED)}, got {name}")
+    if not isinstance(method, Method):
+        raise TypeError(f"method must be a tessera.integrations.methods.Method (SlidingTile, "
+                        f"TopKCubes, ...), got {type(method).__name__}")
+    schedule = Schedule() if schedule is None else schedule
+    if not isinstance(schedule, Schedule):
+        raise TypeError(f"schedule must be a tessera.integrations.methods.Schedule, got "
+                        f"{type(schedule).__name__}")
+    if isinstance(forwards_per_step, bool) or not isinstance(forwards_per_step, int) or \
+            forwards_per_step < 1:
+        raise ValueError(f"forwards_per_step must be an int >= 1, got {forwards_per_step!r}")
+    if id(transformer) in _sessions:
+        disable(transformer)
+    model = SUPPORTED[name]
+    _install(model)
+    session = Session(transformer, model, method, schedule, forwards_per_step, regime)
+    try:
+        for layer, attn in enumerate(model.self_attention(transformer)):
+            original = attn.processor
+            session._originals.append((attn, original))
+            attn.set_processor(_routed(original, session, layer))
+        session._hook = transformer.register_forward_pre_hook(session._before_forward,
+                                                              with_kwargs=True)
+    except Exception:
+        for attn, original in session._originals:
+            attn.set_processor(original)
+        _uninstall(model)
+        raise
+    _sessions[id(transformer)] = session
+    return session
+
+
+def disable(transformer: Any) -> None:
+    """``transformer``'s own attention again, exactly as before :func:`enable` (a no-op when
+    Tessera is not enabled on it)."""
+    session = _sessions.pop(id(transformer), None)
+    if session is None:
+        return
+    for attn, original in session._originals:
+        attn.set_processor(original)
+    session._hook.remove()
+    _uninstall(session.model)
+
+
+def session_of(transformer: Any) -> Session | None:
+    """The session enabled on ``transformer``, or None."""
+    return _sessions.get(id(transformer))

@@ -1,0 +1,154 @@
+"""CPU tests of the diffusers integration (tessera.integrations.diffusers) on tiny versions of
+each supported transformer: routing, text tokens, schedules, enable/disable. On CPU tensors the
+integration runs the float64 reference, so these test the glue, not the kernels (the GPU tests
+in tests/gpu/test_gpu_diffusers.py do). Skipped without torch and diffusers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("diffusers")
+
+from tessera.integrations import diffusers as td  # noqa: E402
+from tessera.integrations import methods as M  # noqa: E402
+from tessera.tools import models  # noqa: E402
+from tests.integrations.test_methods import _in_model_order  # noqa: E402
+
+NAMES = ["wan-1.3b", "hunyuan", "cogvideox-5b"]
+
+
+@pytest.fixture(autouse=True)
+def _clean():
+    yield
+    for s in list(td._sessions.values()):
+        s.disable()
+
+
+def _model(name, **kw):
+    m = models.build(name, tiny=True, device="cpu", dtype=torch.float32)
+    return m, models.inputs(name, m, tiny=True, **kw)
+
+
+def _layers(model) -> int:
+    return len(td.SUPPORTED[type(model).__name__].self_attention(model))
+
+
+def _full(name) -> M.Method:
+    """A method whose mask selects every pair (a window over the whole tile grid)."""
+    return M.SlidingTile(tile=(2, 4, 4), window=(9, 9, 9))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_an_all_ones_mask_equals_the_models_own_attention(name):
+    """Every self-attention layer routed (one Tessera call per layer per forward -- fails if
+    diffusers moves the function its processors call), with tokens reordered into tiles and
+    back: the output equals the model's own to float32 rounding."""
+    model, x = _model(name, text_valid=10)
+    with torch.no_grad():
+        own = model(**x)[0]
+        s = td.enable(model, _full(name))
+        got = model(**x)[0]
+    assert s.stats.sparse_calls == _layers(model) and s.stats.dense_calls == 0
+    assert torch.allclose(got, own, atol=2e-5, rtol=1e-4), (got - own).abs().max()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_disable_restores_the_model_bit_for_bit(name):
+    """enable -> disable: the same processors, the diffusers module's own attention function,
+    and outputs equal to the last bit."""
+    import importlib
+
+    model, x = _model(name)
+    spec = td.SUPPORTED[type(model).__name__]
+    mod = importlib.import_module(spec.module)
+    before = (mod.__dict__.get("dispatch_attention_fn"), mod.__dict__.get("F"))
+    procs = [a.processor for a in spec.self_attention(model)]
+    with torch.no_grad():
+        own = model(**x)[0]
+        td.enable(model, M.TopKCubes(topk=2))
+        assert not torch.equal(model(**x)[0], own)  # the sparse mask changes the output
+        td.disable(model)
+        again = model(**x)[0]
+    assert torch.equal(again, own)
+    assert [a.processor for a in spec.self_attention(model)] == procs
+    assert (mod.__dict__.get("dispatch_attention_fn"), mod.__dict__.get("F")) == before
+    assert td.session_of(model) is None
+
+
+def test_the_schedule_keeps_steps_and_layers_dense():
+    """dense_steps=1 with two forwards a step: the first two forwards are the model's own
+    (bit for bit), the third is sparse except its first dense_layers layer."""
+    model, x = _model("wan-1.3b")
+    with torch.no_grad():
+        own = model(**x)[0]
+        s = td.enable(model, M.TopKCubes(topk=2), schedule=M.Schedule(dense_steps=1,
+                                                                     dense_layers=1),
+                      forwards_per_step=2)
+        first, second = model(**x)[0], model(**x)[0]
+        assert torch.equal(first, own) and torch.equal(second, own) and s.step == 0
+        assert s.stats.dense_calls == 2 * _layers(model) and s.stats.sparse_calls == 0
+        third = model(**x)[0]
+        assert s.step == 1 and s.stats.sparse_calls == _layers(model) - 1
+        assert not torch.equal(third, own)
+        s.reset()
+        assert torch.equal(model(**x)[0], own)
+
+
+@pytest.mark.parametrize("layout", ["blhd", "bhld"])
+@pytest.mark.parametrize("geo", [M.VideoGeometry((5, 6, 10)),
+                                 M.VideoGeometry((5, 6, 10), 12, 7),
+                                 M.VideoGeometry((5, 6, 10), 12, None, text_first=True)],
+                         ids=str)
+@pytest.mark.parametrize("method", [M.SlidingTile(tile=(2, 4, 4), window=(1, 3, 3)),
+                                    M.SpatialTemporal(block=32, heads=["spatial", "temporal"]),
+                                    M.Radial(block=32), M.TopKCubes(topk=3),
+                                    M.SemanticClusters(q_clusters=6, kv_clusters=8)],
+                         ids=lambda m: m.name)
+def test_each_method_equals_sdpa_with_its_token_mask(method, geo, layout):
+    """One routed call (orders applied, Tessera run, order undone) equals torch's SDPA over the
+    original tokens with the method's mask as a token-level boolean mask."""
+    rng = np.random.default_rng(0)
+    b, h, n, d = 1, 2, geo.tokens, 16
+    q, k, v = (torch.from_numpy(rng.standard_normal((b, h, n, d)).astype(np.float32))
+               for _ in range(3))
+    session = td.Session(None, td._Model("", "", layout, None, None), method, M.Schedule())
+    session._geometries = [geo]
+    lay = (lambda t: t.transpose(1, 2).contiguous()) if layout == "blhd" else (lambda t: t)
+    got = session._attend(0, lay(q), lay(k), lay(v), None, None)
+    got = got.transpose(1, 2) if layout == "blhd" else got
+    qn, kn = q.numpy(), k.numpy()
+    lm = method.layer_mask(geo, qn, kn)
+    tokens = torch.from_numpy(np.stack([_in_model_order(lm, hh) for hh in range(h)]))[None]
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=tokens)
+    valid = tokens.any(-1, keepdim=True)  # rows with no key: zero in Tessera, NaN in SDPA
+    assert torch.allclose(torch.where(valid, got, 0), torch.where(valid, want, 0), atol=1e-5)
+
+
+def test_prompts_of_different_lengths_in_one_batch():
+    """HunyuanVideo with two prompts of different lengths (classifier-free guidance): one mask
+    per prompt length, and the video output equals the model's own."""
+    model, x = _model("hunyuan")
+    x2 = models.inputs("hunyuan", model, tiny=True, batch=2)
+    x2["encoder_attention_mask"][0, 7:] = 0
+    x2["encoder_attention_mask"][1, 15:] = 0
+    with torch.no_grad():
+        own = model(**x2)[0]
+        s = td.enable(model, _full("hunyuan"))
+        got = model(**x2)[0]
+    assert [g.text_valid for g in s._geometries] == [7, 15]
+    assert torch.allclose(got, own, atol=2e-5, rtol=1e-4)
+
+
+def test_bad_arguments_are_refused_by_name():
+    model, _ = _model("wan-1.3b")
+    with pytest.raises(TypeError, match="transformer must be one of WanTransformer3DModel"):
+        td.enable(torch.nn.Linear(2, 2), M.Radial())
+    with pytest.raises(TypeError, match="method must be a tessera.integrations.methods.Method"):
+        td.enable(model, "sliding_tile")
+    with pytest.raises(ValueError, match="forwards_per_step must be an int >= 1"):
+        td.enable(model, M.Radial(), forwards_per_step=0)
+    with pytest.raises(TypeError, match="schedule must be a tessera.integrations.methods"):
+        td.enable(model, M.Radial(), schedule=3)
+    assert td.session_of(model) is None  # nothing left half-enabled
