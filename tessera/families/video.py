@@ -3,6 +3,7 @@ expressed in) and the token permutations the families regroup tokens by."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -92,8 +93,14 @@ def tile_permutation(latent: Sequence[int], tile: Sequence[int]) -> tuple[np.nda
     are partial when a dimension does not divide. Returns ``(perm, sizes)``: the permutation of
     the ``T*H*W`` video tokens and the token count of each tile (int64, in tile order).
     """
-    T, H, W = check_latent(latent)
-    ct, ch, cw = check_triple(tile, "tile")
+    return _tile_permutation(check_latent(latent), check_triple(tile, "tile"))
+
+
+@functools.lru_cache(maxsize=64)  # every layer of every step asks again: made once, read-only
+def _tile_permutation(latent: tuple[int, int, int],
+                      tile: tuple[int, int, int]) -> tuple[np.ndarray, np.ndarray]:
+    T, H, W = latent
+    ct, ch, cw = tile
     gt, gh, gw = -(-T // ct), -(-H // ch), -(-W // cw)
     tid = ((np.arange(T)[:, None, None] // ct * gh + np.arange(H)[None, :, None] // ch) * gw
            + np.arange(W)[None, None, :] // cw)
@@ -104,6 +111,7 @@ def tile_permutation(latent: Sequence[int], tile: Sequence[int]) -> tuple[np.nda
 
     sizes = (extents(T, ct, gt)[:, None, None] * extents(H, ch, gh)[None, :, None]
              * extents(W, cw, gw)[None, None, :]).reshape(-1).astype(np.int64)
+    perm.flags.writeable = sizes.flags.writeable = False
     return perm, sizes
 
 

@@ -44,6 +44,8 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import api, reference
+from ..runtime.plan import plan
+from ..capture import capture_memory_if, cupy_external_stream, stream_capturing
 from ..families import invert_permutation
 from .methods import LayerMask, Method, Schedule, VideoGeometry
 
@@ -137,6 +139,9 @@ class Session:
         forwards_per_step: transformer forwards per denoising step.
         regime: an execution plan for every call (None: Tessera's own choice).
         stats: counts (:class:`Stats`).
+        attention: what runs a call's mask, ``(q, k, v, mask, layout, scale) -> out``, in the
+            session's token orders (None: ``tessera.attention``; benchmarks put another
+            block-sparse kernel here to compare on the same masks).
     """
 
     transformer: Any = field(repr=False)
@@ -146,10 +151,12 @@ class Session:
     forwards_per_step: int = 1
     regime: Any = None
     stats: Stats = field(default_factory=Stats)
+    attention: Callable | None = field(default=None, repr=False)
     _geometries: list = field(default_factory=list, repr=False)
     _originals: list = field(default_factory=list, repr=False)
     _hook: Any = field(default=None, repr=False)
     _indices: dict = field(default_factory=dict, repr=False)
+    _plans: dict = field(default_factory=dict, repr=False)
 
     @property
     def step(self) -> int:
@@ -205,8 +212,8 @@ class Session:
         if got is None or got[0] is not order:
             if len(self._indices) > 64:
                 self._indices.clear()
-            idx = torch.as_tensor(order, device=device)
-            inv = torch.as_tensor(invert_permutation(np.asarray(order)), device=device)
+            idx = torch.tensor(order, device=device)  # (a copy: orders may be read-only)
+            inv = torch.tensor(invert_permutation(np.asarray(order)), device=device)
             got = self._indices[key] = (order, idx, inv)
         return got[1], got[2]
 
@@ -219,7 +226,10 @@ class Session:
             ik, _ = self._index(lm.key_order, q.device)
             q = q.index_select(seq, iq)
             k, v = k.index_select(seq, ik), v.index_select(seq, ik)
-        out = _run(q, k, v, lm.mask, layout, scale, self.regime)
+        if self.attention is not None:
+            out = self.attention(q, k, v, lm.mask, layout, scale)
+        else:
+            out = self._run(q, k, v, lm.mask, layout, scale)
         if lm.q_order is not None:
             out = out.index_select(seq, inv)
         return out
@@ -228,25 +238,44 @@ class Session:
         if not self.method.dynamic:
             return self.method.layer_mask(geo)
         qh, kh = (x.transpose(1, 2) if layout == "blhd" else x for x in (q, k))
-        if qh.is_cuda:
-            import cupy as cp
+        if not qh.is_cuda:
+            return self.method.layer_mask(geo, qh.float().numpy(), kh.float().numpy())
+        import cupy as cp
+        import torch
 
-            qh, kh = cp.from_dlpack(qh), cp.from_dlpack(kh)
-        else:
-            qh, kh = qh.float().numpy(), kh.float().numpy()
-        return self.method.layer_mask(geo, qh, kh)
+        # The mask is made on torch's current stream (ordered after q and k, and the stream a
+        # CUDA graph captures), with no host synchronization.
+        stream = torch.cuda.current_stream(qh.device)
+        with cupy_external_stream(stream.cuda_stream, qh.device.index), \
+                capture_memory_if(stream_capturing(stream.cuda_stream), "torch",
+                                  qh.device.index):
+            return self.method.layer_mask(geo, cp.from_dlpack(qh), cp.from_dlpack(kh))
 
 
-def _run(q: Any, k: Any, v: Any, mask: Any, layout: str, scale: float | None,
-         regime: Any) -> Any:
-    """Tessera's attention on the GPU; on CPU tensors the float64 reference."""
-    if q.is_cuda:
-        return api.attention(q, k, v, mask, layout=layout, scale=scale, regime=regime)
-    import torch
+    def _run(self, q: Any, k: Any, v: Any, mask: Any, layout: str,
+             scale: float | None) -> Any:
+        """Tessera's attention: a device mask (made every call) as a request, which replans a
+        kept plan; a fixed host mask planned once per shapes, then only run. On CPU tensors the
+        float64 reference."""
+        if not q.is_cuda:
+            import torch
 
-    out = reference.attention(q.float().numpy(), k.float().numpy(), v.float().numpy(), mask,
-                              layout=layout, scale=scale)
-    return torch.from_numpy(out).to(q.dtype)
+            out = reference.attention(q.float().numpy(), k.float().numpy(), v.float().numpy(),
+                                      mask, layout=layout, scale=scale)
+            return torch.from_numpy(out).to(q.dtype)
+        if mask.on_device:
+            return api.attention(q, k, v, mask, layout=layout, scale=scale, regime=self.regime)
+        key = (id(mask), tuple(q.shape), tuple(k.shape), q.dtype, layout, q.device.index)
+        got = self._plans.get(key)
+        if got is None or got[0] is not mask:
+            if len(self._plans) > 64:
+                self._plans.clear()
+            heads = 2 if layout == "blhd" else 1
+            p = plan(mask, num_q_heads=q.shape[heads], num_kv_heads=k.shape[heads],
+                     head_dim=q.shape[-1], batch=q.shape[0], dtype=q.dtype, layout=layout,
+                     regime=self.regime)
+            got = self._plans[key] = (mask, p)
+        return got[1].run(q, k, v, scale=scale)
 
 
 # ---- the call marking and the routers ---------------------------------------------------

@@ -148,6 +148,18 @@ class Method:
             raise TypeError(f"geo must be a VideoGeometry, got {type(geo).__name__}")
         if self.dynamic and (q is None or k is None):
             raise ValueError(f"method {self.name!r} builds its mask from q and k: pass both")
+        if not self.dynamic:  # one LayerMask per layout: the same mask object every call,
+            # which tessera.attention's kept plans recognize
+            made = self.__dict__.setdefault("_layer_masks", {})
+            key = (geo, ordered)
+            if key not in made:
+                if len(made) > 32:
+                    made.clear()
+                made[key] = self._layer_mask(geo, None, None, ordered)
+            return made[key]
+        return self._layer_mask(geo, q, k, ordered)
+
+    def _layer_mask(self, geo: VideoGeometry, q: Any, k: Any, ordered: bool) -> LayerMask:
         if geo.text_first and self.dynamic and geo.text_tokens:
             # the families read text after the video: a reordered copy for them (the
             # attention reads the caller's own q and k)
@@ -155,8 +167,17 @@ class Method:
             q, k = q[:, :, order], k[:, :, order]
         vm = self._family_mask(geo, q, k, ordered)
         mask = _text_first(vm.mask, _text_blocks(geo)) if geo.text_first else vm.mask
-        if ordered or (vm.permutation is None and vm.kv_permutation is None):
+        if ordered:
             return LayerMask(mask)
+        if self.video_order(geo) is not None or (vm.permutation is None and
+                                                 vm.kv_permutation is None):
+            # one order per layout: the same array every call (a caller caches its device copy)
+            orders = self.__dict__.setdefault("_orders", {})
+            if geo not in orders:
+                if len(orders) > 32:
+                    orders.clear()
+                orders[geo] = geo.sequence_order(self.video_order(geo))
+            return LayerMask(mask, orders[geo])
         q_order = _sequence_from_family(geo, vm.permutation)
         kv_order = (None if vm.kv_permutation is None
                     else _sequence_from_family(geo, vm.kv_permutation))

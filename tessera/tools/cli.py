@@ -1,5 +1,5 @@
 """Command line: ``python -m tessera info`` (what this machine can run, with or without a GPU),
-``plan``, ``demo``, ``bench`` and ``profile`` (write this GPU's regime table)."""
+``plan``, ``demo``, ``bench``, ``pipeline`` and ``profile`` (write this GPU's regime table)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from ..runtime.regime import (
     describe_table_in_use,
 )
 from .bench import main as bench_main
+from .pipeline import main as pipeline_main
 from .demo import run
 from .plot import draw_plan
 from .profile import add_arguments, command
@@ -170,9 +171,14 @@ def _main(argv: list[str] | None) -> int:
     add_arguments(pr)
     sub.add_parser("bench", add_help=False,
                    help="Tessera vs dense SDPA and FlexAttention on a GPU (see --help there)")
+    sub.add_parser("pipeline", add_help=False,
+                   help="a diffusers video transformer's forwards: dense, Tessera and "
+                        "FlexAttention on one method's masks (see --help there)")
     args, rest = ap.parse_known_args(argv)
     if args.cmd == "bench":
         return bench_main(rest)
+    if args.cmd == "pipeline":
+        return pipeline_main(rest)
     if rest:
         ap.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.cmd in (None, "info"):

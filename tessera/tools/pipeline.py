@@ -1,0 +1,239 @@
+"""``python -m tessera pipeline``: a diffusers video transformer at its published size, its
+denoising steps' forwards run with the model's own dense attention, with Tessera and with
+FlexAttention on the same method's masks; per-step time, attention share, speed-ups and how far
+the outputs are from each other.
+
+Random weights unless ``--weights`` names a local checkpoint folder (nothing is downloaded).
+Times are CUDA-event medians over ``--steps`` forwards after one warm-up forward per backend
+(which also compiles FlexAttention); every backend's time includes its mask making.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import sys
+from typing import Any
+
+import numpy as np
+
+from ..cuda.device import current_gpu_name
+from ..integrations import diffusers as td
+from ..integrations import methods as M
+from .bench import _progress
+from .models import MODELS, build, inputs
+
+__all__ = ["main", "flex_attention_runner", "run"]
+
+FLEX_TILE = 128  # FlexAttention's block size here: its best on these shapes (WORKLOADS.md)
+
+
+def flex_attention_runner() -> Any:
+    """A ``Session.attention`` that runs each call's Tessera mask with FlexAttention: the mask's
+    blocks coarsened to 128-token tiles (tiles wholly inside selected blocks as full blocks, the
+    rest as partial ones with a token-exact mask_mod), built on the GPU every call as a Flex
+    user would for a mask that changes every call."""
+    import torch
+    from torch.nn.attention.flex_attention import BlockMask as FlexMask
+    from torch.nn.attention.flex_attention import flex_attention
+
+    flex = torch.compile(flex_attention)
+
+    def overlaps(bounds: np.ndarray, device) -> Any:
+        """[blocks, tiles]: tokens a block shares with each tile."""
+        n_tiles = -(-int(bounds[-1]) // FLEX_TILE)
+        t0 = np.arange(n_tiles) * FLEX_TILE
+        lo = np.maximum(bounds[:-1, None], t0[None])
+        hi = np.minimum(bounds[1:, None], t0[None] + FLEX_TILE)
+        return torch.as_tensor(np.maximum(hi - lo, 0), dtype=torch.float32, device=device)
+
+    def to_flex(mask: Any, device: Any) -> Any:
+        dense = mask.to_dense()
+        dense = (torch.from_dlpack(dense) if mask.on_device else
+                 torch.from_numpy(np.asarray(dense))).to(device)
+        oq, ok = overlaps(mask.q_bounds, device), overlaps(mask.kv_bounds, device)
+        pairs = oq.T @ dense.float() @ ok  # selected token pairs per tile pair
+        size = oq.sum(0)[:, None] * ok.sum(0)[None, :]
+        full, partial = pairs >= size, (pairs > 0) & (pairs < size)
+
+        def lists(sel):
+            return (sel.sum(-1, dtype=torch.int32),
+                    torch.argsort(~sel, dim=-1, stable=True).to(torch.int32))
+
+        qblk = torch.as_tensor(np.repeat(np.arange(mask.num_q_blocks), np.diff(mask.q_bounds)),
+                               device=device)
+        kblk = torch.as_tensor(np.repeat(np.arange(mask.num_kv_blocks),
+                                         np.diff(mask.kv_bounds)), device=device)
+        B, H = dense.shape[:2]
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            return dense[b % B, h % H, qblk[q_idx], kblk[kv_idx]]
+
+        (pn, pi), (fn_, fi) = lists(partial), lists(full)
+        return FlexMask.from_kv_blocks(pn, pi, fn_, fi, BLOCK_SIZE=FLEX_TILE, mask_mod=mask_mod,
+                                       seq_lengths=(mask.seq_len_q, mask.seq_len_kv))
+
+    def run(q, k, v, mask, layout, scale):
+        if layout == "blhd":
+            q, k, v = (x.transpose(1, 2) for x in (q, k, v))
+        out = flex(q, k, v, block_mask=to_flex(mask, q.device), scale=scale)
+        return out.transpose(1, 2) if layout == "blhd" else out
+
+    return run
+
+
+def _method(args: argparse.Namespace) -> M.Method:
+    if args.method == "sliding_tile":
+        return M.SlidingTile(tile=tuple(args.tile), window=tuple(args.window))
+    if args.method == "topk_cubes":
+        return M.TopKCubes(density=args.density)
+    if args.method == "spatial_temporal":
+        return M.SpatialTemporal(heads=args.heads)
+    if args.method == "radial":
+        return M.Radial()
+    return M.SemanticClusters()
+
+
+def run(model_name: str, method: M.Method, steps: int = 3, schedule: M.Schedule | None = None,
+        weights: str | None = None, tiny: bool = False, flex: bool = True,
+        forwards_per_step: int = 1) -> dict:
+    """Time one transformer's forwards per backend; returns the figures (see :func:`main`)."""
+    import torch
+
+    model = build(model_name, tiny=tiny, weights=weights)
+    x = inputs(model_name, model, tiny=tiny)
+    backends = ["dense", "tessera"] + (["flex"] if flex else [])
+    result: dict = dict(model=model_name, method=method.name, steps=steps, gpu=current_gpu_name(),
+                        layers=len(td.SUPPORTED[type(model).__name__].self_attention(model)))
+    outputs = {}
+    total = len(backends) * (steps + 1)
+    done = 0
+    for backend in backends:
+        sched = M.Schedule(dense_steps=10 ** 9) if backend == "dense" else schedule
+        session = td.enable(model, method, schedule=sched, forwards_per_step=forwards_per_step)
+        if backend == "flex":
+            session.attention = flex_attention_runner()
+        per_layer: list[list] = []
+        attend = session._attend
+
+        def timed(layer, *a, _attend=attend, _per_layer=per_layer):
+            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+            start.record()
+            out = _attend(layer, *a)
+            end.record()
+            _per_layer[-1].append((start, end))
+            return out
+
+        session._attend = timed
+        step_ms = []
+        with torch.no_grad():
+            for i in range(steps + 1):  # the first: warm-up (compiles, loads kernels)
+                per_layer.append([])
+                a, b = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+                a.record()
+                out = model(**x)[0]
+                b.record()
+                b.synchronize()
+                if i:
+                    step_ms.append(a.elapsed_time(b))
+                done += 1
+                _progress(done, total, f"{model_name} {backend} forward {i}")
+        layers_ms = np.array([[s.elapsed_time(e) for s, e in calls] for calls in per_layer[1:]])
+        td.disable(model)
+        outputs[backend] = out.float()
+        result[backend] = dict(step_ms=statistics.median(step_ms),
+                               attention_ms=float(np.median(layers_ms.sum(1))),
+                               per_layer_ms=np.median(layers_ms, axis=0).tolist())
+    ref = outputs["dense"]
+    for backend in backends:
+        r = result[backend]
+        r["share"] = r["attention_ms"] / r["step_ms"]
+        r["vs_dense"] = result["dense"]["step_ms"] / r["step_ms"]
+        r["diff_vs_dense"] = float((outputs[backend] - ref).norm() / ref.norm())
+        if flex:
+            r["diff_vs_flex"] = float((outputs[backend] - outputs["flex"]).norm()
+                                      / outputs["flex"].norm())
+            r["vs_flex"] = result["flex"]["step_ms"] / r["step_ms"]
+    return result
+
+
+def table(result: dict) -> str:
+    head = (f"{result['model']} ({result['layers']} self-attention layers), method "
+            f"{result['method']}, {result['steps']} forwards per backend, {result['gpu']}")
+    lines = [head, f"{'backend':8} {'step ms':>8} {'attn ms':>8} {'share':>6} {'x dense':>8} "
+                   f"{'x flex':>7} {'diff/dense':>10} {'diff/flex':>9}"]
+    for backend in ("dense", "tessera", "flex"):
+        r = result.get(backend)
+        if r is None:
+            continue
+        lines.append(f"{backend:8} {r['step_ms']:8.1f} {r['attention_ms']:8.1f} "
+                     f"{r['share']:6.0%} {r['vs_dense']:8.2f} {r.get('vs_flex', float('nan')):7.2f}"
+                     f" {r['diff_vs_dense']:10.2e} {r.get('diff_vs_flex', float('nan')):9.2e}")
+    return "\n".join(lines)
+
+
+def chart(result: dict, path: str) -> None:
+    """Per-layer attention time, dense against the sparse backends."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 4))
+    for backend in ("dense", "tessera", "flex"):
+        if backend in result:
+            ax.plot(result[backend]["per_layer_ms"], label=backend)
+    ax.set_xlabel("self-attention layer")
+    ax.set_ylabel("ms per call")
+    ax.set_title(f"{result['model']}, {result['method']}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tessera pipeline", description=__doc__.split(
+        "\n\n")[0])
+    ap.add_argument("--model", choices=list(MODELS), default="wan-1.3b")
+    ap.add_argument("--method", choices=list(M.METHODS), default="topk_cubes")
+    ap.add_argument("--density", type=float, default=0.1, help="topk_cubes: key cubes kept")
+    ap.add_argument("--tile", type=int, nargs=3, default=(6, 8, 8), help="sliding_tile")
+    ap.add_argument("--window", type=int, nargs=3, default=(3, 3, 3), help="sliding_tile")
+    ap.add_argument("--heads", default="spatial", help="spatial_temporal: spatial or temporal")
+    ap.add_argument("--steps", type=int, default=3, help="timed forwards per backend")
+    ap.add_argument("--dense-steps", type=int, default=0)
+    ap.add_argument("--dense-layers", type=int, default=0)
+    ap.add_argument("--weights", help="a local checkpoint folder (from_pretrained)")
+    ap.add_argument("--tiny", action="store_true", help="the tiny configuration (a check)")
+    ap.add_argument("--no-flex", action="store_true")
+    ap.add_argument("--png", help="per-layer attention time, dense vs sparse (matplotlib)")
+    args = ap.parse_args(argv)
+    if args.steps < 1:
+        ap.error("--steps must be at least 1")
+    missing = [m for m in ("torch", "diffusers") if not _importable(m)]
+    if missing:
+        print(f"pipeline needs {' and '.join(missing)} (pip install 'tessera[diffusers]') and a "
+              f"CUDA GPU; {args.model} is {MODELS[args.model].notes}.")
+        return 1
+    import torch
+
+    if not torch.cuda.is_available():
+        print(f"pipeline needs a CUDA GPU (none found); {args.model} is "
+              f"{MODELS[args.model].notes}.")
+        return 1
+    result = run(args.model, _method(args), args.steps,
+                 M.Schedule(args.dense_steps, args.dense_layers), args.weights, args.tiny,
+                 not args.no_flex)
+    print(table(result))
+    if args.png:
+        chart(result, args.png)
+    return 0
+
+
+def _importable(name: str) -> bool:
+    return importlib.util.find_spec(name) is not None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""GPU: the diffusers integration on tiny versions of each supported transformer, bf16 on the
+GPU kernels: all-ones masks equal the model's own attention, each method's routed call equals
+SDPA with its token-level mask and FlexAttention on the same mask, a captured forward replays
+with masks that change, and disable restores the model bit for bit. Needs torch and diffusers
+(skipped without them)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("diffusers")
+
+from tessera.integrations import diffusers as td  # noqa: E402
+from tessera.integrations import methods as M  # noqa: E402
+from tessera.tools import models  # noqa: E402
+from tessera.tools.pipeline import flex_attention_runner  # noqa: E402
+from tests.integrations.test_methods import _in_model_order  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+NAMES = ["wan-1.3b", "hunyuan", "cogvideox-5b"]
+
+
+@pytest.fixture(autouse=True)
+def _clean():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    yield
+    for s in list(td._sessions.values()):
+        s.disable()
+
+
+def _rel(a, b) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_all_ones_masks_equal_the_models_own_attention(name):
+    """A window over the whole tile grid (every pair, tokens reordered into tiles and back):
+    the transformer's output equals its own dense attention's to bf16 rounding; disable gives
+    the model's own output bit for bit."""
+    model = models.build(name, tiny=True)
+    x = models.inputs(name, model, tiny=True, text_valid=10)
+    with torch.no_grad():
+        own = model(**x)[0]
+        s = td.enable(model, M.SlidingTile(tile=(2, 4, 4), window=(9, 9, 9)))
+        got = model(**x)[0]
+        td.disable(model)
+        again = model(**x)[0]
+    assert s.stats.sparse_calls > 0 and not torch.isnan(got).any()
+    assert _rel(got, own) < 2e-2, _rel(got, own)
+    assert torch.equal(again, own)
+
+
+METHODS = [M.SlidingTile(tile=(2, 4, 4), window=(1, 3, 3)),
+           M.SpatialTemporal(block=64, heads=["spatial", "temporal"]), M.Radial(block=64),
+           M.TopKCubes(topk=4), M.SemanticClusters(q_clusters=8, kv_clusters=12)]
+GEOS = [M.VideoGeometry((5, 12, 20)), M.VideoGeometry((5, 12, 20), 24, 10),
+        M.VideoGeometry((5, 12, 20), 24, None, text_first=True)]
+
+
+@pytest.mark.parametrize("geo", GEOS, ids=str)
+@pytest.mark.parametrize("method", METHODS, ids=lambda m: m.name)
+def test_each_method_equals_sdpa_and_flex_on_its_mask(method, geo):
+    """One routed call on the GPU (orders, Tessera's kernels, order undone) against float32
+    SDPA over the original tokens with the method's token-level mask (worst row within bf16
+    tolerance), and FlexAttention given the same mask through the pipeline's runner."""
+    rng = np.random.default_rng(1)
+    b, h, n, d = 1, 2, geo.tokens, 64
+    q, k, v = (torch.from_numpy(rng.standard_normal((b, n, h, d)).astype(np.float32))
+               .cuda().bfloat16() for _ in range(3))
+    session = td.Session(None, td._Model("", "", "blhd", None, None), method, M.Schedule())
+    session._geometries = [geo]
+    got = session._attend(0, q, k, v, None, None).float()
+    lm = method.layer_mask(geo, q.transpose(1, 2).float().cpu().numpy(),
+                           k.transpose(1, 2).float().cpu().numpy())
+    tokens = torch.from_numpy(np.stack([_in_model_order(lm, hh) for hh in range(h)]))[None]
+    tokens = tokens.cuda()
+    want = torch.nn.functional.scaled_dot_product_attention(
+        *(t.transpose(1, 2).float() for t in (q, k, v)), attn_mask=tokens).transpose(1, 2)
+    rows = tokens.any(-1).transpose(1, 2)  # [b, n, h]: rows that select something
+    err = ((got - want).norm(dim=-1) / want.norm(dim=-1).clamp_min(1e-6))[rows]
+    assert not torch.isnan(got[rows]).any() and float(err.max()) < 2.5e-2, float(err.max())
+    session.attention = flex_attention_runner()
+    flex = session._attend(0, q, k, v, None, None).float()
+    assert _rel(flex[rows], got[rows]) < 1e-2
+
+
+def test_a_captured_forward_replays_with_changing_masks():
+    """A whole transformer forward with top-k cubes (masks made on the GPU from each call's q
+    and k) captured into a CUDA graph after a warm-up forward, replayed on new inputs: each
+    replay equals an eager forward on those inputs."""
+    model = models.build("wan-1.3b", tiny=True)
+    x = models.inputs("wan-1.3b", model, tiny=True)
+    td.enable(model, M.TopKCubes(topk=4))
+    static = {k: v for k, v in x.items() if torch.is_tensor(v)}
+    stream = torch.cuda.Stream()
+    with torch.no_grad():
+        with torch.cuda.stream(stream):
+            model(**x)  # warm-up: kernels loaded, plans kept
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            out = model(**x)[0]
+        for seed in (1, 2):
+            fresh = models.inputs("wan-1.3b", model, tiny=True, seed=seed)
+            for key, t in static.items():
+                t.copy_(fresh[key])
+            graph.replay()
+            torch.cuda.synchronize()
+            eager = model(**fresh)[0]
+            assert _rel(out, eager) < 1e-2, _rel(out, eager)
