@@ -182,6 +182,24 @@ def sorted_keep(order: Any, keep_sorted: Any, shape: tuple[int, ...], xp) -> Any
     return out.reshape(shape)
 
 
+_device_copies: dict[tuple[int, int], tuple[np.ndarray, Any]] = {}
+
+
+def device_copy(a: np.ndarray, xp) -> Any:
+    """``a`` on the current device, copied once: for the read-only host arrays the families
+    cache (cube sizes), so that a mask made on the GPU copies nothing from the host -- which a
+    CUDA graph being captured does not allow. ``xp`` numpy returns ``a``."""
+    if xp is np:
+        return a
+    key = (id(a), int(xp.cuda.Device().id))
+    got = _device_copies.get(key)
+    if got is None or got[0] is not a:
+        if len(_device_copies) > 256:
+            _device_copies.clear()
+        got = _device_copies[key] = (a, xp.asarray(a))
+    return got[1]
+
+
 def segment_sums(x: Any, bounds: np.ndarray, xp) -> Any:
     """Sums of ``x [..., N, D]`` over the token segments ``bounds`` (float64 accumulation; on
     the device by prefix sums, with no host synchronization)."""

@@ -14,6 +14,7 @@ from .common import (
     check_latent,
     check_qk,
     check_triple,
+    device_copy,
     is_int,
     segment_sums,
     sorted_keep,
@@ -37,7 +38,7 @@ def _cube_pool(x: Any, lat: Latent, cube: tuple[int, int, int], xp) -> Any:
         v = xp.pad(v, pad)
     s = v.reshape(B, H, gt, ct, gh, ch, gw, cw, D).sum(axis=(3, 5, 7))
     _, sizes = tile_permutation(lat, cube)
-    return s.reshape(B, H, gt * gh * gw, D) / xp.asarray(sizes, dtype=np.float32)[:, None]
+    return s.reshape(B, H, gt * gh * gw, D) / device_copy(sizes, xp).astype(np.float32)[:, None]
 
 
 def topk_pooled(q: Any, k: Any, latent: Sequence[int], cube: Sequence[int] = (4, 4, 4),
@@ -81,8 +82,9 @@ def topk_pooled(q: Any, k: Any, latent: Sequence[int], cube: Sequence[int] = (4,
         topk = max(1, round(0.1 * n))
     D = q.shape[-1]
     if ordered:
-        bounds = bounds_from_sizes(sizes)
-        inv = xp.asarray(1.0 / sizes)[:, None]
+        dev_sizes = device_copy(sizes, xp)
+        bounds = xp.concatenate([xp.zeros(1, dtype=dev_sizes.dtype), xp.cumsum(dev_sizes)])
+        inv = (1.0 / dev_sizes)[:, None]
         pq, pk = ((segment_sums(x[:, :, :n_video], bounds, xp) * inv).astype(np.float32)
                   for x in (q, k))
     else:
