@@ -46,6 +46,7 @@ import numpy as np
 from .. import api, reference
 from ..runtime.plan import plan
 from ..capture import capture_memory_if, cupy_external_stream, stream_capturing
+from ..cuda.device import device_cc
 from ..families import invert_permutation
 from .methods import LayerMask, Method, Schedule, VideoGeometry
 
@@ -273,7 +274,7 @@ class Session:
             heads = 2 if layout == "blhd" else 1
             p = plan(mask, num_q_heads=q.shape[heads], num_kv_heads=k.shape[heads],
                      head_dim=q.shape[-1], batch=q.shape[0], dtype=q.dtype, layout=layout,
-                     regime=self.regime)
+                     regime=self.regime, arch=device_cc())  # (this GPU's kernels)
             got = self._plans[key] = (mask, p)
         return got[1].run(q, k, v, scale=scale)
 
