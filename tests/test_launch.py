@@ -12,6 +12,7 @@ def test_streams_are_told_apart_by_the_drivers_id(monkeypatch):
     streams; one id is one stream."""
     ids = {"next": 7}
     monkeypatch.setattr(launch, "_stream_ids", {})
+    monkeypatch.setattr(launch, "gpu_count", lambda: 1)
     monkeypatch.setattr(launch, "stream_capturing", lambda ptr: False)
     monkeypatch.setattr(launch, "stream_id", lambda ptr: ids["next"])
     first = launch._stream_identity(0xABC0)
@@ -28,6 +29,7 @@ def test_threads_tell_per_thread_streams_apart(monkeypatch):
     """The per-thread default stream (one address for every thread) is keyed by thread; where
     the driver gives no id, any other stream by its address alone."""
     monkeypatch.setattr(launch, "stream_id", lambda ptr: None)
+    monkeypatch.setattr(launch, "gpu_count", lambda: 1)
     monkeypatch.setattr(launch, "stream_capturing", lambda ptr: False)
     here = launch._stream_identity(launch._PER_THREAD_STREAM)
     there = []
@@ -43,6 +45,7 @@ def test_a_stream_being_captured_keeps_the_id_last_seen(monkeypatch):
     """While a CUDA graph is captured the driver is not asked (the query would invalidate the
     capture): the stream's id is the one its last eager run saw."""
     monkeypatch.setattr(launch, "_stream_ids", {})
+    monkeypatch.setattr(launch, "gpu_count", lambda: 1)
     monkeypatch.setattr(launch, "stream_capturing", lambda ptr: False)
     monkeypatch.setattr(launch, "stream_id", lambda ptr: 31)
     eager = launch._stream_identity(0xD000)
