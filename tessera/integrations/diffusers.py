@@ -36,6 +36,7 @@ On CPU tensors the float64 reference runs instead of the GPU kernels (for tests:
 from __future__ import annotations
 
 import contextvars
+import functools
 import importlib
 import inspect
 from dataclasses import dataclass, field
@@ -64,6 +65,13 @@ class _Model:
         self_attention: the transformer's self-attention modules, in layer order.
         geometries: the layouts of a forward's calls from its inputs (one per batch element
             where they differ, else one).
+        blocks: the transformer blocks, in order (their inputs and outputs hold the video
+            tokens alone, at sequence dim 1 of argument 0 and of the output's first tensor).
+        rotary: where a block takes its rotary tables (argument index, names) and their
+            sequence dim; ``per_token_temb``: argument 2 may hold one time embedding per token
+            (4 dims: Wan 2.2), which then follows the tokens; ``no_order_arg``: an argument
+            index whose presence forbids reordering (HunyuanVideo's first-frame token
+            replacement, which needs the frame-major order).
     """
 
     module: str
@@ -71,6 +79,10 @@ class _Model:
     layout: str
     self_attention: Callable[[Any], list]
     geometries: Callable[[Any, tuple, dict], list[VideoGeometry]]
+    blocks: Callable[[Any], list] | None = None
+    rotary: tuple[int, tuple[str, ...], int] = (3, ("rotary_emb",), 1)
+    per_token_temb: bool = False
+    no_order_arg: tuple[int, str] | None = None
 
 
 def _arg(args: tuple, kwargs: dict, i: int, name: str) -> Any:
@@ -106,17 +118,24 @@ def _cogvideox_geometries(model: Any, args: tuple, kwargs: dict) -> list[VideoGe
     return [VideoGeometry((f // pt, h // p, w // p), int(text.shape[1]), text_first=True)]
 
 
+def _hunyuan_blocks(m: Any) -> list:
+    return list(m.transformer_blocks) + list(m.single_transformer_blocks)
+
+
 SUPPORTED: dict[str, _Model] = {
     "WanTransformer3DModel": _Model(
         "diffusers.models.transformers.transformer_wan", "dispatch", "blhd",
-        lambda m: [b.attn1 for b in m.blocks], _wan_geometries),
+        lambda m: [b.attn1 for b in m.blocks], _wan_geometries,
+        blocks=lambda m: list(m.blocks), rotary=(3, ("rotary_emb",), 1), per_token_temb=True),
     "HunyuanVideoTransformer3DModel": _Model(
         "diffusers.models.transformers.transformer_hunyuan_video", "dispatch", "blhd",
-        lambda m: [b.attn for b in m.transformer_blocks]
-        + [b.attn for b in m.single_transformer_blocks], _hunyuan_geometries),
+        lambda m: [b.attn for b in _hunyuan_blocks(m)], _hunyuan_geometries,
+        blocks=_hunyuan_blocks, rotary=(4, ("freqs_cis", "image_rotary_emb"), 0),
+        no_order_arg=(5, "token_replace_emb")),
     "CogVideoXTransformer3DModel": _Model(
         "diffusers.models.attention_processor", "sdpa", "bhld",
-        lambda m: [b.attn1 for b in m.transformer_blocks], _cogvideox_geometries),
+        lambda m: [b.attn1 for b in m.transformer_blocks], _cogvideox_geometries,
+        blocks=lambda m: list(m.transformer_blocks), rotary=(3, ("image_rotary_emb",), 0)),
 }
 
 
@@ -158,6 +177,11 @@ class Session:
     _hook: Any = field(default=None, repr=False)
     _indices: dict = field(default_factory=dict, repr=False)
     _plans: dict = field(default_factory=dict, repr=False)
+    keep_order: bool = False
+    _video_order: Any = field(default=None, repr=False)  # this forward's, or None
+    _ordered: bool = field(default=False, repr=False)  # the blocks' tokens are in it now
+    _moved: dict = field(default_factory=dict, repr=False)
+    _block_hooks: list = field(default_factory=list, repr=False)
 
     @property
     def step(self) -> int:
@@ -176,6 +200,74 @@ class Session:
     def _before_forward(self, module: Any, args: tuple, kwargs: dict) -> None:
         self._geometries = self.model.geometries(module, args, kwargs)
         self.stats.forwards += 1
+        self._ordered = False
+        self._moved = {}
+        order = None
+        all_dense = all(self.schedule.dense(self.step, layer)
+                        for layer in range(len(self._originals)))
+        if self.keep_order and self.model.blocks is not None and not all_dense:
+            order = self.method.video_order(self._geometries[0])
+        self._video_order = order
+
+    # -- the method's token order kept from the first block to the last ---------------------
+    def _reorder(self, x: Any, dim: int, inverse: bool = False) -> Any:
+        idx, inv = self._index(self._video_order, x.device)
+        return x.index_select(dim, inv if inverse else idx)
+
+    def _moved_once(self, x: Any, dim: int) -> Any:
+        """``x`` (a per-token input every block gets: rotary tables, Wan 2.2's per-token time
+        embedding) in the method's order, reordered once per forward."""
+        got = self._moved.get(id(x))
+        if got is None or got[0] is not x:
+            got = self._moved[id(x)] = (x, self._reorder(x, dim))
+        return got[1]
+
+    def _before_block(self, first: bool, module: Any, args: tuple, kwargs: dict):
+        """A block's inputs in the method's order: the hidden states at the first block (the
+        later ones get the previous block's, already reordered), the per-token inputs at
+        every block. Nothing between two blocks mixes tokens, so the layers in between run
+        unchanged on reordered tokens."""
+        if self._video_order is None:
+            return None
+        m = self.model
+        if first:
+            banned = m.no_order_arg and _arg(args, kwargs, *m.no_order_arg)
+            hidden = _arg(args, kwargs, 0, "hidden_states")
+            if banned is not None and banned is not False or \
+                    hidden.shape[1] != self._video_order.size:
+                self._video_order = None  # this forward keeps the model's order
+                return None
+            self._ordered = True
+        elif not self._ordered:
+            return None
+        args, kwargs = list(args), dict(kwargs)
+
+        def replace(i: int, names: tuple[str, ...], fn) -> None:
+            for name in names:
+                if name in kwargs:
+                    if kwargs[name] is not None:
+                        kwargs[name] = fn(kwargs[name])
+                    return
+            if len(args) > i and args[i] is not None:
+                args[i] = fn(args[i])
+
+        if first:
+            replace(0, ("hidden_states",), lambda x: self._reorder(x, 1))
+        i, names, dim = m.rotary
+        replace(i, names, lambda r: tuple(self._moved_once(t, dim) for t in r)
+                if isinstance(r, (tuple, list)) else self._moved_once(r, dim))
+        if m.per_token_temb:
+            replace(2, ("temb",), lambda t: self._moved_once(t, 1) if t.ndim == 4 else t)
+        return tuple(args), kwargs
+
+    def _after_last_block(self, module: Any, args: tuple, kwargs: dict, out: Any) -> Any:
+        """The last block's hidden states back in the model's order."""
+        if not self._ordered:
+            return None
+        self._ordered = False
+        if isinstance(out, tuple):
+            return (self._reorder(out[0], 1, inverse=True), *out[1:])
+        return self._reorder(out, 1, inverse=True)
 
     def _attend(self, layer: int, q: Any, k: Any, v: Any, scale: float | None,
                 dense: Callable[[], Any]) -> Any:
@@ -221,7 +313,7 @@ class Session:
     def _sparse(self, q: Any, k: Any, v: Any, geo: VideoGeometry, layout: str,
                 scale: float | None) -> Any:
         seq = 1 if layout == "blhd" else 2
-        lm = self._layer_mask(geo, q, k, layout)
+        lm = self._layer_mask(geo, q, k, layout, self._ordered)
         if lm.q_order is not None:
             iq, inv = self._index(lm.q_order, q.device)
             ik, _ = self._index(lm.key_order, q.device)
@@ -235,12 +327,14 @@ class Session:
             out = out.index_select(seq, inv)
         return out
 
-    def _layer_mask(self, geo: VideoGeometry, q: Any, k: Any, layout: str) -> LayerMask:
+    def _layer_mask(self, geo: VideoGeometry, q: Any, k: Any, layout: str,
+                    ordered: bool) -> LayerMask:
         if not self.method.dynamic:
-            return self.method.layer_mask(geo)
+            return self.method.layer_mask(geo, ordered=ordered)
         qh, kh = (x.transpose(1, 2) if layout == "blhd" else x for x in (q, k))
         if not qh.is_cuda:
-            return self.method.layer_mask(geo, qh.float().numpy(), kh.float().numpy())
+            return self.method.layer_mask(geo, qh.float().numpy(), kh.float().numpy(),
+                                          ordered=ordered)
         import cupy as cp
         import torch
 
@@ -250,7 +344,8 @@ class Session:
         with cupy_external_stream(stream.cuda_stream, qh.device.index), \
                 capture_memory_if(stream_capturing(stream.cuda_stream), "torch",
                                   qh.device.index):
-            return self.method.layer_mask(geo, cp.from_dlpack(qh), cp.from_dlpack(kh))
+            return self.method.layer_mask(geo, cp.from_dlpack(qh), cp.from_dlpack(kh),
+                                          ordered=ordered)
 
 
     def _run(self, q: Any, k: Any, v: Any, mask: Any, layout: str,
@@ -406,10 +501,13 @@ _sessions: dict[int, Session] = {}
 
 
 def enable(transformer: Any, method: Method, *, schedule: Schedule | None = None,
-           forwards_per_step: int = 1, regime: Any = None) -> Session:
+           forwards_per_step: int = 1, keep_order: bool = False, regime: Any = None) -> Session:
     """Run ``transformer``'s self-attention through Tessera with ``method``'s masks; returns the
     :class:`Session` (counts, :meth:`Session.reset`, :meth:`Session.disable`). Enabling again
-    replaces the method and schedule."""
+    replaces the method and schedule. ``keep_order``: for methods with a fixed token order
+    (sliding tiles, cubes), reorder the tokens once per forward -- before the first block,
+    back after the last -- instead of around every attention call (off by default until its
+    GPU speed is measured: docs/integrations.md)."""
     name = type(transformer).__name__
     if name not in SUPPORTED:
         raise TypeError(f"transformer must be one of {', '.join(SUPPORTED)}, got {name}")
@@ -423,11 +521,14 @@ def enable(transformer: Any, method: Method, *, schedule: Schedule | None = None
     if isinstance(forwards_per_step, bool) or not isinstance(forwards_per_step, int) or \
             forwards_per_step < 1:
         raise ValueError(f"forwards_per_step must be an int >= 1, got {forwards_per_step!r}")
+    if not isinstance(keep_order, bool):
+        raise TypeError(f"keep_order must be True or False, got {keep_order!r}")
     if id(transformer) in _sessions:
         disable(transformer)
     model = SUPPORTED[name]
     _install(model)
-    session = Session(transformer, model, method, schedule, forwards_per_step, regime)
+    session = Session(transformer, model, method, schedule, forwards_per_step, regime,
+                      keep_order=keep_order)
     try:
         for layer, attn in enumerate(model.self_attention(transformer)):
             original = attn.processor
@@ -435,9 +536,15 @@ def enable(transformer: Any, method: Method, *, schedule: Schedule | None = None
             attn.set_processor(_routed(original, session, layer))
         session._hook = transformer.register_forward_pre_hook(session._before_forward,
                                                               with_kwargs=True)
+        blocks = model.blocks(transformer) if model.blocks is not None else []
+        for i, block in enumerate(blocks):
+            session._block_hooks.append(block.register_forward_pre_hook(
+                functools.partial(session._before_block, i == 0), with_kwargs=True))
+        if blocks:
+            session._block_hooks.append(blocks[-1].register_forward_hook(
+                session._after_last_block, with_kwargs=True))
     except Exception:
-        for attn, original in session._originals:
-            attn.set_processor(original)
+        _unhook(session)
         _uninstall(model)
         raise
     _sessions[id(transformer)] = session
@@ -450,10 +557,16 @@ def disable(transformer: Any) -> None:
     session = _sessions.pop(id(transformer), None)
     if session is None:
         return
+    _unhook(session)
+    _uninstall(session.model)
+
+
+def _unhook(session: Session) -> None:
     for attn, original in session._originals:
         attn.set_processor(original)
-    session._hook.remove()
-    _uninstall(session.model)
+    for h in [session._hook, *session._block_hooks]:
+        if h is not None:
+            h.remove()
 
 
 def session_of(transformer: Any) -> Session | None:

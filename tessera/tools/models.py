@@ -123,6 +123,17 @@ def inputs(name: str, model: Any, *, tiny: bool = False, batch: int = 1, seed: i
     args = dict(hidden_states=randn(*shape), encoder_hidden_states=randn(batch, n_text, width),
                 timestep=torch.full((batch,), 500, device=p.device, dtype=torch.long),
                 return_dict=False)
+    if spec.cls == "CogVideoXTransformer3DModel" and model.config.use_rotary_positional_embeddings:
+        # what CogVideoX's pipeline computes and passes (CogVideoX 1.0: patch_size_t None);
+        # the latent has the model's sample size, so the crop region is the whole grid
+        from diffusers.models.embeddings import get_3d_rotary_pos_embed
+
+        c = model.config
+        grid = (h // c.patch_size, w // c.patch_size)
+        crops = ((0, 0), grid)
+        cos, sin = get_3d_rotary_pos_embed(embed_dim=c.attention_head_dim, crops_coords=crops,
+                                           grid_size=grid, temporal_size=f, device=p.device)
+        args["image_rotary_emb"] = (cos, sin)
     if spec.cls == "HunyuanVideoTransformer3DModel":
         valid = n_text if text_valid is None else text_valid
         mask = torch.zeros(batch, n_text, device=p.device, dtype=torch.long)

@@ -35,8 +35,9 @@ def _rel(a, b) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm())
 
 
+@pytest.mark.parametrize("keep_order", [False, True])
 @pytest.mark.parametrize("name", NAMES)
-def test_all_ones_masks_equal_the_models_own_attention(name):
+def test_all_ones_masks_equal_the_models_own_attention(name, keep_order):
     """A window over the whole tile grid (every pair, tokens reordered into tiles and back):
     the transformer's output equals its own dense attention's to bf16 rounding; disable gives
     the model's own output bit for bit."""
@@ -44,13 +45,28 @@ def test_all_ones_masks_equal_the_models_own_attention(name):
     x = models.inputs(name, model, tiny=True, text_valid=10)
     with torch.no_grad():
         own = model(**x)[0]
-        s = td.enable(model, M.SlidingTile(tile=(2, 4, 4), window=(9, 9, 9)))
+        s = td.enable(model, M.SlidingTile(tile=(2, 4, 4), window=(9, 9, 9)),
+                      keep_order=keep_order)
         got = model(**x)[0]
         td.disable(model)
         again = model(**x)[0]
     assert s.stats.sparse_calls > 0 and not torch.isnan(got).any()
     assert _rel(got, own) < 2e-2, _rel(got, own)
     assert torch.equal(again, own)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_tokens_kept_in_order_equal_the_per_call_reordering(name):
+    """keep_order with top-k cubes on the GPU (pooling tokens already in cube order): the
+    forward equals the per-call reordering's to bf16 rounding."""
+    model = models.build(name, tiny=True)
+    x = models.inputs(name, model, tiny=True, text_valid=10)
+    with torch.no_grad():
+        td.enable(model, M.TopKCubes(topk=4))
+        per_call = model(**x)[0]
+        td.enable(model, M.TopKCubes(topk=4), keep_order=True)
+        kept = model(**x)[0]
+    assert _rel(kept, per_call) < 2e-2, _rel(kept, per_call)
 
 
 METHODS = [M.SlidingTile(tile=(2, 4, 4), window=(1, 3, 3)),

@@ -151,4 +151,42 @@ def test_bad_arguments_are_refused_by_name():
         td.enable(model, M.Radial(), forwards_per_step=0)
     with pytest.raises(TypeError, match="schedule must be a tessera.integrations.methods"):
         td.enable(model, M.Radial(), schedule=3)
+    with pytest.raises(TypeError, match="keep_order must be True or False"):
+        td.enable(model, M.Radial(), keep_order="yes")
     assert td.session_of(model) is None  # nothing left half-enabled
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("method", [M.SlidingTile(tile=(2, 4, 4), window=(1, 3, 3)),
+                                    M.TopKCubes(topk=3)], ids=lambda m: m.name)
+def test_tokens_kept_in_the_method_order_for_the_whole_forward(name, method):
+    """keep_order: the tokens are reordered once (first block in, last block out) and every
+    attention call sees them already in the method's order -- no per-call reordering -- and
+    the output equals the per-call reordering's (float32 rounding)."""
+    model, x = _model(name, text_valid=10)
+    seen = []
+    with torch.no_grad():
+        td.enable(model, method)
+        per_call = model(**x)[0]
+        s = td.enable(model, method, keep_order=True)
+        attend = s._attend
+        s._attend = lambda *a: seen.append(s._ordered) or attend(*a)
+        kept = model(**x)[0]
+    assert seen == [True] * _layers(model)
+    assert not s._ordered  # back in the model's order after the last block
+    assert torch.allclose(kept, per_call, atol=2e-5, rtol=1e-4), (kept - per_call).abs().max()
+
+
+def test_per_token_timesteps_follow_the_order():
+    """Wan 2.2's per-token time embedding (a timestep per token) is reordered with the tokens:
+    the output equals the per-call reordering's."""
+    model, x = _model("wan-1.3b")
+    f, h, w = models.MODELS["wan-1.3b"].tiny_latent
+    n = f * (h // 2) * (w // 2)
+    x["timestep"] = torch.linspace(0, 999, n).round().long()[None]
+    with torch.no_grad():
+        td.enable(model, M.SlidingTile(tile=(2, 4, 4), window=(1, 3, 3)))
+        per_call = model(**x)[0]
+        td.enable(model, M.SlidingTile(tile=(2, 4, 4), window=(1, 3, 3)), keep_order=True)
+        kept = model(**x)[0]
+    assert torch.allclose(kept, per_call, atol=2e-5, rtol=1e-4)
