@@ -29,16 +29,17 @@ __all__ = ["main", "flex_attention_runner", "run"]
 FLEX_TILE = 128  # FlexAttention's block size here: its best on these shapes (WORKLOADS.md)
 
 
-def flex_attention_runner() -> Any:
+def flex_attention_runner(compiled: bool = True) -> Any:
     """A ``Session.attention`` that runs each call's Tessera mask with FlexAttention: the mask's
     blocks coarsened to 128-token tiles (tiles wholly inside selected blocks as full blocks, the
     rest as partial ones with a token-exact mask_mod), built on the GPU every call as a Flex
-    user would for a mask that changes every call."""
+    user would for a mask that changes every call. ``compiled=False``: eager Flex (its
+    reference implementation; CPU tests)."""
     import torch
     from torch.nn.attention.flex_attention import BlockMask as FlexMask
     from torch.nn.attention.flex_attention import flex_attention
 
-    flex = torch.compile(flex_attention)
+    flex = torch.compile(flex_attention) if compiled else flex_attention
 
     def overlaps(bounds: np.ndarray, device) -> Any:
         """[blocks, tiles]: tokens a block shares with each tile."""
