@@ -30,7 +30,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("tessera.api",),
     ("tessera",),
     ("tessera.integrations", "tessera.integrations.methods"),
-    ("tessera.integrations.diffusers",),
+    ("tessera.integrations.diffusers", "tessera.integrations.distributed"),
     ("tessera.tools", "tessera.__main__"),
 ]
 # Imported inside functions only: optional dependencies, loaded when a feature needs them.

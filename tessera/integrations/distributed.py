@@ -1,0 +1,389 @@
+"""Sequence-parallel block-sparse attention across the ranks of a torch.distributed group.
+
+Every rank holds a contiguous shard of the sequence (``shard_ranges``: the tokens split as evenly
+as they go, the first ranks one longer) of q, k and v, and the whole logical mask; each gets its
+shard of the output. Two ways to get there, both on torch.distributed's point-to-point
+operations (NCCL on GPUs, gloo on CPUs; no communication layer of our own):
+
+* **Ulysses** (``mode="ulysses"``): an all-to-all turns sequence shards into head shards, each
+  rank runs whole-sequence attention for its heads, and a second all-to-all turns the output
+  back. The heads go to ranks by their *useful pairs* (the mask's work per head), not their
+  count: sparse masks differ per head by an order of magnitude. Any head count works.
+* **Ring** (``mode="ring"``): queries stay; at step ``s`` rank ``r`` gets the key/value shard of
+  rank ``r - s`` and runs attention on the part of the mask between its queries and those keys,
+  merging partial outputs by their log-sum-exp. A shard that a rank's queries never select is
+  neither sent to it nor computed, and the next step's transfer is issued before the current
+  step's attention, so communication overlaps compute.
+
+``mode="auto"`` takes Ulysses when there are at least as many kv heads as ranks (every rank then
+has heads to run), else the ring. On CUDA tensors the local attention is ``tessera.attention``;
+on CPU tensors the float64 reference (tests). The schedule (head assignment, needed shards)
+comes from the mask on the host, once per mask object.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from .. import api, reference
+from ..mask import BlockMask
+
+__all__ = ["sequence_parallel_attention", "shard_ranges", "assign_heads", "crop", "RingPlan",
+           "ring_plan", "MODES"]
+
+MODES = ("auto", "ulysses", "ring")
+
+
+def shard_ranges(length: int, ranks: int) -> list[tuple[int, int]]:
+    """The token range ``[start, end)`` each rank holds: as even as it goes, the first
+    ``length % ranks`` ranks one token longer."""
+    if ranks < 1 or length < 0:
+        raise ValueError(f"need ranks >= 1 and length >= 0, got {ranks}, {length}")
+    base, extra = divmod(length, ranks)
+    ends = np.cumsum([base + (r < extra) for r in range(ranks)])
+    return [(int(e - base - (r < extra)), int(e)) for r, e in enumerate(ends)]
+
+
+def _dense_per_head(mask: BlockMask, num_q_heads: int, num_kv_heads: int) -> np.ndarray:
+    """The host block matrix ``[B_mask, Hq, nQB, nKB]``, one per query head."""
+    d = np.asarray(mask.to_host().to_dense())
+    return d[:, mask.head_index(num_q_heads, num_kv_heads)]
+
+
+def assign_heads(work: Sequence[float], ranks: int) -> list[list[int]]:
+    """Units (heads, or kv-head groups) to ranks so that the most loaded rank's work is small:
+    longest first to the least loaded rank, then single moves and pairwise swaps while they
+    lower the maximum. Returns each rank's units, sorted."""
+    work = np.asarray(work, dtype=np.float64)
+    if ranks < 1:
+        raise ValueError(f"ranks must be >= 1, got {ranks}")
+    owner = np.zeros(work.size, dtype=np.int64)
+    load = np.zeros(ranks)
+    for u in np.argsort(-work, kind="stable"):
+        r = int(np.argmin(load))
+        owner[u] = r
+        load[r] += work[u]
+    improved = True
+    while improved:
+        improved = False
+        top = int(np.argmax(load))
+        for u in np.flatnonzero(owner == top):
+            for r in range(ranks):
+                if r == top:
+                    continue
+                # move u to r, or swap it with a unit v of r
+                cands = [(None, 0.0)] + [(v, work[v]) for v in np.flatnonzero(owner == r)]
+                for v, wv in cands:
+                    new_top, new_r = load[top] - work[u] + wv, load[r] + work[u] - wv
+                    others = np.delete(load, [top, r]).max(initial=0.0)
+                    if max(new_top, new_r, others) < load.max() - 1e-9:
+                        owner[u] = r
+                        if v is not None:
+                            owner[v] = top
+                        load[top], load[r] = new_top, new_r
+                        improved = True
+                        break
+                if improved:
+                    break
+            if improved:
+                break
+    return [sorted(np.flatnonzero(owner == r).tolist()) for r in range(ranks)]
+
+
+def crop(mask: BlockMask, q_range: tuple[int, int], kv_range: tuple[int, int],
+         dense: np.ndarray | None = None) -> BlockMask | None:
+    """The part of ``mask`` between query tokens ``q_range`` and key tokens ``kv_range``, as a
+    mask of its own (blocks clipped to the ranges, empty ones dropped); None when it selects
+    nothing. ``dense``: the mask's host block matrix, when the caller has it."""
+    d = np.asarray(mask.to_host().to_dense()) if dense is None else dense
+
+    def clip(bounds: np.ndarray, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        a, b = np.clip(bounds[:-1], lo, hi), np.clip(bounds[1:], lo, hi)
+        keep = np.flatnonzero(b > a)
+        return keep, np.r_[a[keep] - lo, b[keep][-1:] - lo] if keep.size else np.zeros(1, int)
+
+    qi, qb = clip(mask.q_bounds, *q_range)
+    ki, kb = clip(mask.kv_bounds, *kv_range)
+    if not qi.size or not ki.size:
+        return None
+    part = d[..., qi, :][..., ki]
+    if not part.any():
+        return None
+    return BlockMask.from_dense(part, q_bounds=qb.astype(np.int64), kv_bounds=kb.astype(np.int64))
+
+
+@dataclass(frozen=True)
+class RingPlan:
+    """Which key/value shards each rank's queries need (``needed[r, j]``), and the steps.
+
+    Attributes:
+        needed: bool ``[P, P]``.
+        skipped_fraction: the share of the ring's ``P * P`` (rank, shard) steps that neither
+            move nor compute anything.
+    """
+
+    needed: np.ndarray
+
+    @property
+    def skipped_fraction(self) -> float:
+        return float(1.0 - self.needed.mean())
+
+
+def ring_plan(mask: BlockMask, ranges: list[tuple[int, int]], dense: np.ndarray) -> RingPlan:
+    """The shards each rank's queries select (any pair in the block matrix ``dense``)."""
+    p = len(ranges)
+    needed = np.zeros((p, p), dtype=bool)
+    qb, kb = mask.q_bounds, mask.kv_bounds
+    sel = dense.any(axis=(0, 1))  # [nQB, nKB]: selected in some batch and head
+    for r, (q0, q1) in enumerate(ranges):
+        rows = (qb[1:] > q0) & (qb[:-1] < q1)
+        for j, (k0, k1) in enumerate(ranges):
+            cols = (kb[1:] > k0) & (kb[:-1] < k1)
+            needed[r, j] = bool(sel[np.ix_(rows, cols)].any()) and q1 > q0 and k1 > k0
+    return RingPlan(needed)
+
+
+# ---- the distributed calls ---------------------------------------------------------------
+def _local(q: Any, k: Any, v: Any, mask: BlockMask, layout: str, scale: float | None):
+    """Attention with its LSE: Tessera on CUDA tensors, the float64 reference on CPU ones."""
+    import torch
+
+    if q.is_cuda:
+        return api.attention(q, k, v, mask, layout=layout, scale=scale, return_lse=True)
+    out, lse = reference.attention(q.double().numpy(), k.double().numpy(), v.double().numpy(),
+                                   mask, layout=layout, scale=scale, return_lse=True)
+    return torch.from_numpy(out).to(q.dtype), torch.from_numpy(lse).float()
+
+
+def _exchange(sends: list[Any], recv_shapes: list[tuple | None], like: Any, group: Any,
+              rank: int) -> tuple[list[Any], list[Any]]:
+    """Point-to-point: ``sends[j]`` (or None) to group rank ``j``, a tensor of
+    ``recv_shapes[j]`` (or nothing) from each; returns (received, pending work)."""
+    import torch
+    import torch.distributed as dist
+
+    recvs: list[Any] = [None] * len(recv_shapes)
+    ops = []
+    for j, shape in enumerate(recv_shapes):
+        if shape is None:
+            continue
+        if j == rank:
+            recvs[j] = sends[j]
+            continue
+        recvs[j] = torch.empty(shape, dtype=like.dtype, device=like.device)
+        ops.append(dist.P2POp(dist.irecv, recvs[j], dist.get_global_rank(group, j)
+                              if group is not None else j, group))
+    for j, t in enumerate(sends):
+        if t is not None and j != rank:
+            ops.append(dist.P2POp(dist.isend, t.contiguous(), dist.get_global_rank(group, j)
+                                  if group is not None else j, group))
+    works = dist.batch_isend_irecv(ops) if ops else []
+    return recvs, works
+
+
+def _seq_dim(layout: str) -> int:
+    return 2 if layout == "bhld" else 1
+
+
+def _head_dim(layout: str) -> int:
+    return 1 if layout == "bhld" else 2
+
+
+def _ulysses(q, k, v, mask, dense, ranges, rank, ranks, layout, scale, group):
+    import torch
+
+    sd, hd = _seq_dim(layout), _head_dim(layout)
+    hq, hkv = q.shape[hd], k.shape[hd]
+    g = hq // hkv
+    work = _pairs_per_head(mask, dense).reshape(hkv, g).sum(1)  # per kv-head group
+    units = assign_heads(work, ranks)
+    qheads = [[u * g + i for u in us for i in range(g)] for us in units]
+
+    def pick(x, heads):
+        return x.index_select(hd, torch.as_tensor(heads, dtype=torch.long, device=x.device))
+
+    def gathered(x, heads_of, rank_heads):
+        """Send my shard of each rank's heads; receive every rank's shard of mine."""
+        sends = [pick(x, heads_of[j]) if heads_of[j] else None for j in range(ranks)]
+        shape = list(x.shape)
+        shape[hd] = len(rank_heads)
+        shapes = []
+        for j in range(ranks):
+            s = list(shape)
+            s[sd] = ranges[j][1] - ranges[j][0]
+            shapes.append(tuple(s) if rank_heads else None)
+        recvs, works = _exchange(sends, shapes, x, group, rank)
+        for w in works:
+            w.wait()
+        return torch.cat([r for r in recvs if r is not None], dim=sd) if rank_heads else None
+
+    mine_q, mine_kv = qheads[rank], units[rank]
+    full_q = gathered(q, qheads, mine_q)
+    full_k = gathered(k, units, mine_kv)
+    full_v = gathered(v, units, mine_kv)
+    out_mine = None
+    if mine_q:
+        sub = _head_subset(mask, dense, mine_q)
+        if sub is None:  # my heads select nothing: zero output
+            out_mine = torch.zeros_like(full_q)
+        else:
+            out_mine = _local(full_q, full_k, full_v, sub, layout, scale)[0]
+    # back: my heads' output, split by sequence shard, to each shard's owner
+    sends = [out_mine.narrow(sd, ranges[j][0], ranges[j][1] - ranges[j][0])
+             if out_mine is not None else None for j in range(ranks)]
+    shapes = []
+    for j in range(ranks):
+        s = list(q.shape)
+        s[hd] = len(qheads[j])
+        shapes.append(tuple(s) if qheads[j] else None)
+    recvs, works = _exchange(sends, shapes, q, group, rank)
+    for w in works:
+        w.wait()
+    out = torch.empty_like(q)
+    for j in range(ranks):
+        if qheads[j]:
+            idx = torch.as_tensor(qheads[j], dtype=torch.long, device=q.device)
+            out.index_copy_(hd, idx, recvs[j].to(q.dtype))
+    return out
+
+
+def _pairs_per_head(mask: BlockMask, dense: np.ndarray) -> np.ndarray:
+    """Useful (query, key) pairs per query head of the per-head block matrix ``dense``."""
+    rq, rk = np.diff(mask.q_bounds), np.diff(mask.kv_bounds)
+    return np.einsum("bhij,i,j->h", dense.astype(np.float64), rq, rk)
+
+
+def _head_subset(mask: BlockMask, dense: np.ndarray, heads: list[int]) -> BlockMask | None:
+    part = dense[:, heads]
+    if not part.any():
+        return None
+    return BlockMask.from_dense(part, q_bounds=mask.q_bounds, kv_bounds=mask.kv_bounds)
+
+
+def _ring(q, k, v, mask, dense, ranges, rank, ranks, layout, scale, group):
+    import torch
+
+    sd = _seq_dim(layout)
+    plan = ring_plan(mask, ranges, dense)
+    out_acc = lse_acc = None
+
+    mine = torch.cat([k, v], dim=0)  # one transfer for both
+
+    def post(step):
+        """Step ``step``'s transfers: my k/v to rank + step if its queries need them, rank -
+        step's to me if mine do (both sides read the same plan, so every send has its
+        receive)."""
+        frm = (rank - step) % ranks
+        if step == 0:
+            return frm, (mine if plan.needed[rank, rank] else None), []
+        to = (rank + step) % ranks
+        sends, shapes = [None] * ranks, [None] * ranks
+        if plan.needed[to, rank]:
+            sends[to] = mine
+        if plan.needed[rank, frm]:
+            s = list(mine.shape)
+            s[sd] = ranges[frm][1] - ranges[frm][0]
+            shapes[frm] = tuple(s)
+        recvs, works = _exchange(sends, shapes, k, group, rank)
+        return frm, recvs[frm], works
+
+    pending = post(0)
+    for step in range(ranks):
+        frm, kv, works = pending
+        if step + 1 < ranks:
+            pending = post(step + 1)  # the next shard moves while this one is computed
+        for w in works:
+            w.wait()
+        if kv is None:
+            continue
+        kj, vj = kv.chunk(2, dim=0)
+        sub = crop(mask, ranges[rank], ranges[frm], dense)
+        if sub is None:
+            continue
+        o, lse = _local(q, kj, vj, sub, layout, scale)
+        o = o.float() if layout == "bhld" else o.float().transpose(1, 2)  # [B, H, Lq, D]
+        if out_acc is None:
+            out_acc, lse_acc = o, lse
+            continue
+        m = torch.maximum(lse_acc, lse)
+        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+        a, b = torch.exp(lse_acc - m), torch.exp(lse - m)
+        total = a + b
+        safe = torch.where(total > 0, total, torch.ones_like(total))
+        out_acc = (out_acc * a[..., None] + o * b[..., None]) / safe[..., None]
+        lse_acc = torch.where(total > 0, m + torch.log(safe), lse_acc)
+    if out_acc is None:
+        return torch.zeros_like(q)
+    return (out_acc if layout == "bhld" else out_acc.transpose(1, 2)).to(q.dtype).contiguous()
+
+
+_joined: set[int] = set()  # groups whose ranks have met once
+
+
+def sequence_parallel_attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *,
+                                group: Any = None, mode: str = "auto", layout: str = "bhld",
+                                scale: float | None = None) -> Any:
+    """This rank's shard of block-sparse attention over the whole sequence: ``q``/``k``/``v``
+    are this rank's contiguous sequence shard (:func:`shard_ranges` of the mask's length over
+    the group), ``[B, H, L_shard, D]`` or ``[B, L_shard, H, D]``; ``block_mask`` the whole
+    sequence's, the same on every rank. Returns this rank's output shard (q's layout and
+    dtype). ``mode``: "ulysses", "ring" or "auto" (see the module docstring)."""
+    import torch
+    import torch.distributed as dist
+
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if layout not in ("bhld", "blhd"):
+        raise ValueError(f"layout must be 'bhld' or 'blhd', got {layout!r}")
+    if not isinstance(block_mask, BlockMask):
+        raise TypeError(f"block_mask must be a tessera.BlockMask, got "
+                        f"{type(block_mask).__name__}")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor) or x.ndim != 4:
+            raise TypeError(f"{name} must be a 4-D torch tensor, got {type(x).__name__}"
+                            f"{'' if not hasattr(x, 'shape') else tuple(x.shape)}")
+    if not dist.is_initialized():
+        raise RuntimeError("torch.distributed is not initialized: call "
+                           "torch.distributed.init_process_group first")
+    rank, ranks = dist.get_rank(group), dist.get_world_size(group)
+    key = id(group)
+    if key not in _joined:
+        # Once per group, every rank together: NCCL sets up a group's communicator at its
+        # first operation, which must then involve every rank (point-to-point ones may not).
+        dist.barrier(group=group)
+        _joined.add(key)
+    if block_mask.seq_len_q != block_mask.seq_len_kv:
+        raise ValueError("sequence parallelism needs self-attention (seq_len_q == seq_len_kv), "
+                         f"got {block_mask.seq_len_q} and {block_mask.seq_len_kv}")
+    ranges = shard_ranges(block_mask.seq_len_q, ranks)
+    sd, hd = _seq_dim(layout), _head_dim(layout)
+    want = ranges[rank][1] - ranges[rank][0]
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.shape[sd] != want:
+            raise ValueError(f"{name} holds {x.shape[sd]} tokens; rank {rank} of {ranks} holds "
+                             f"tokens {ranges[rank][0]}..{ranges[rank][1]} of the mask's "
+                             f"{block_mask.seq_len_q} ({want})")
+    hq, hkv = q.shape[hd], k.shape[hd]
+    if hq % hkv:
+        raise ValueError(f"q heads {hq} must be a multiple of k heads {hkv}")
+    dense = _dense_per_head(block_mask, hq, hkv)
+    if mode == "auto":
+        mode = "ulysses" if hkv >= ranks else "ring"
+    fn = _ulysses if mode == "ulysses" else _ring
+    return fn(q, k, v, block_mask, dense, ranges, rank, ranks, layout, scale, group)
+
+
+def brute_force_assignment(work: Sequence[float], ranks: int) -> float:
+    """The smallest possible maximum load (every assignment tried; small cases, for tests)."""
+    work = list(work)
+    best = float("inf")
+    for owners in itertools.product(range(ranks), repeat=len(work)):
+        load = np.zeros(ranks)
+        for w, o in zip(work, owners):
+            load[o] += w
+        best = min(best, float(load.max()))
+    return best
