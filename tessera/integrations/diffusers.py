@@ -158,6 +158,8 @@ class Session:
         schedule: when attention stays the model's own (dense).
         forwards_per_step: transformer forwards per denoising step.
         regime: an execution plan for every call (None: Tessera's own choice).
+        keep_order: tokens reordered once per forward for methods with a fixed order
+            (:func:`enable`).
         stats: counts (:class:`Stats`).
         attention: what runs a call's mask, ``(q, k, v, mask, layout, scale) -> out``, in the
             session's token orders (None: ``tessera.attention``; benchmarks put another
@@ -170,6 +172,7 @@ class Session:
     schedule: Schedule
     forwards_per_step: int = 1
     regime: Any = None
+    keep_order: bool = False
     stats: Stats = field(default_factory=Stats)
     attention: Callable | None = field(default=None, repr=False)
     _geometries: list = field(default_factory=list, repr=False)
@@ -177,7 +180,6 @@ class Session:
     _hook: Any = field(default=None, repr=False)
     _indices: dict = field(default_factory=dict, repr=False)
     _plans: dict = field(default_factory=dict, repr=False)
-    keep_order: bool = False
     _video_order: Any = field(default=None, repr=False)  # this forward's, or None
     _ordered: bool = field(default=False, repr=False)  # the blocks' tokens are in it now
     _moved: dict = field(default_factory=dict, repr=False)
@@ -231,10 +233,10 @@ class Session:
             return None
         m = self.model
         if first:
-            banned = m.no_order_arg and _arg(args, kwargs, *m.no_order_arg)
+            banned = m.no_order_arg is not None and \
+                _arg(args, kwargs, *m.no_order_arg) is not None
             hidden = _arg(args, kwargs, 0, "hidden_states")
-            if banned is not None and banned is not False or \
-                    hidden.shape[1] != self._video_order.size:
+            if banned or hidden.shape[1] != self._video_order.size:
                 self._video_order = None  # this forward keeps the model's order
                 return None
             self._ordered = True

@@ -98,7 +98,7 @@ def _method(args: argparse.Namespace) -> M.Method:
 
 def run(model_name: str, method: M.Method, steps: int = 3, schedule: M.Schedule | None = None,
         weights: str | None = None, tiny: bool = False, flex: bool = True,
-        forwards_per_step: int = 1) -> dict:
+        forwards_per_step: int = 1, keep_order: bool = False) -> dict:
     """Time one transformer's forwards per backend; returns the figures (see :func:`main`)."""
     import torch
 
@@ -112,7 +112,8 @@ def run(model_name: str, method: M.Method, steps: int = 3, schedule: M.Schedule 
     done = 0
     for backend in backends:
         sched = M.Schedule(dense_steps=10 ** 9) if backend == "dense" else schedule
-        session = td.enable(model, method, schedule=sched, forwards_per_step=forwards_per_step)
+        session = td.enable(model, method, schedule=sched, forwards_per_step=forwards_per_step,
+                            keep_order=keep_order and backend != "dense")
         if backend == "flex":
             session.attention = flex_attention_runner()
         per_layer: list[list] = []
@@ -208,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--weights", help="a local checkpoint folder (from_pretrained)")
     ap.add_argument("--tiny", action="store_true", help="the tiny configuration (a check)")
     ap.add_argument("--no-flex", action="store_true")
+    ap.add_argument("--keep-order", action="store_true",
+                    help="reorder tokens once per forward, not around every attention call")
     ap.add_argument("--png", help="per-layer attention time, dense vs sparse (matplotlib)")
     args = ap.parse_args(argv)
     if args.steps < 1:
@@ -225,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     result = run(args.model, _method(args), args.steps,
                  M.Schedule(args.dense_steps, args.dense_layers), args.weights, args.tiny,
-                 not args.no_flex)
+                 not args.no_flex, keep_order=args.keep_order)
     print(table(result))
     if args.png:
         chart(result, args.png)
