@@ -38,22 +38,21 @@ class ModelSpec:
 
 
 _TINY = dict(num_attention_heads=2, attention_head_dim=64)
+# What Wan 2.1's two sizes share; they differ in heads, FFN width and depth.
+_WAN = dict(patch_size=(1, 2, 2), attention_head_dim=128, in_channels=16, out_channels=16,
+            text_dim=4096, freq_dim=256, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
+            eps=1e-6)
+_WAN_TINY = dict(_TINY, text_dim=32, freq_dim=32, ffn_dim=64, num_layers=2)
 
 MODELS: dict[str, ModelSpec] = {
     "wan-1.3b": ModelSpec(
-        "WanTransformer3DModel",
-        dict(patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim=128, in_channels=16,
-             out_channels=16, text_dim=4096, freq_dim=256, ffn_dim=8960, num_layers=30,
-             cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6),
-        dict(_TINY, text_dim=32, freq_dim=32, ffn_dim=64, num_layers=2),
-        (21, 60, 104), (5, 12, 20), 512, "text_dim", notes="480p, 81 frames: 32,760 tokens"),
+        "WanTransformer3DModel", dict(_WAN, num_attention_heads=12, ffn_dim=8960, num_layers=30),
+        _WAN_TINY, (21, 60, 104), (5, 12, 20), 512, "text_dim",
+        notes="480p, 81 frames: 32,760 tokens"),
     "wan-14b": ModelSpec(
-        "WanTransformer3DModel",
-        dict(patch_size=(1, 2, 2), num_attention_heads=40, attention_head_dim=128, in_channels=16,
-             out_channels=16, text_dim=4096, freq_dim=256, ffn_dim=13824, num_layers=40,
-             cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6),
-        dict(_TINY, text_dim=32, freq_dim=32, ffn_dim=64, num_layers=2),
-        (21, 90, 160), (5, 12, 20), 512, "text_dim", notes="720p, 81 frames: 75,600 tokens"),
+        "WanTransformer3DModel", dict(_WAN, num_attention_heads=40, ffn_dim=13824, num_layers=40),
+        _WAN_TINY, (21, 90, 160), (5, 12, 20), 512, "text_dim",
+        notes="720p, 81 frames: 75,600 tokens"),
     "hunyuan": ModelSpec(
         "HunyuanVideoTransformer3DModel",
         dict(in_channels=16, out_channels=16, num_attention_heads=24, attention_head_dim=128,

@@ -1299,19 +1299,26 @@ def test_bf16_cupy_arrays_give_a_bf16_cupy_output():
     assert np.isfinite(got).all() and worst < 2e-2, f"worst row {worst:.2e}"
 
 
+def _splitting_plan(seed: int, dtype: str):
+    """A 2-head mask with heavy rows and a plan of it whose tasks split (partials and a
+    combine step): what per-stream workspaces protect."""
+    rng = np.random.default_rng(seed)
+    dense = rng.random((2, 10, 12)) < 0.3
+    dense[:, 3] = True  # heavy rows: split
+    mask = tessera.BlockMask.from_dense(dense, block_size=64)
+    reg = Regime(block_m=64, num_warps=4, split_ratio=1.0, min_split_chunks=1)
+    p = tessera.plan(mask, num_q_heads=2, head_dim=64, dtype=dtype, regime=reg)
+    assert p.queue.combine.shape[0] > 0
+    return mask, p
+
+
 def test_one_splitting_plan_on_two_streams_at_once():
     """A plan whose tasks split run on two streams at once, each behind a random delay (so that
     some rounds overlap the runs), on different inputs: each stream has its own partials, so
     both outputs stay exact over every round (one workspace per plan and device let the runs
     overwrite each other's partials)."""
     torch = _torch()
-    rng = np.random.default_rng(5)
-    dense = rng.random((2, 10, 12)) < 0.3
-    dense[:, 3] = True  # heavy rows: split
-    mask = tessera.BlockMask.from_dense(dense, block_size=64)
-    reg = Regime(block_m=64, num_warps=4, split_ratio=1.0, min_split_chunks=1)
-    p = tessera.plan(mask, num_q_heads=2, head_dim=64, dtype="bfloat16", regime=reg)
-    assert p.queue.combine.shape[0] > 0
+    mask, p = _splitting_plan(5, "bfloat16")
     streams = [torch.cuda.Stream(), torch.cuda.Stream()]
     inputs = []
     for seed in (1, 2):
@@ -1351,13 +1358,7 @@ def test_a_stream_at_a_destroyed_streams_address_gets_its_own_state():
 
     import cupy as cp
 
-    rng = np.random.default_rng(6)
-    dense = rng.random((2, 10, 12)) < 0.3
-    dense[:, 3] = True  # heavy rows: split
-    mask = tessera.BlockMask.from_dense(dense, block_size=64)
-    reg = Regime(block_m=64, num_warps=4, split_ratio=1.0, min_split_chunks=1)
-    p = tessera.plan(mask, num_q_heads=2, head_dim=64, dtype="float16", regime=reg)
-    assert p.queue.combine.shape[0] > 0
+    mask, p = _splitting_plan(6, "float16")
     spin = cp.RawKernel(_SPIN, "spin")
     cycles = np.int64(50_000_000)  # ~25 ms at the H200's clock
     inputs = []
