@@ -15,10 +15,15 @@ operations (NCCL on GPUs, gloo on CPUs; no communication layer of our own):
   neither sent to it nor computed, and the next step's transfer is issued before the current
   step's attention, so communication overlaps compute.
 
-``mode="auto"`` takes Ulysses when there are at least as many kv heads as ranks (every rank then
-has heads to run), else the ring. On CUDA tensors the local attention is ``tessera.attention``;
-on CPU tensors the float64 reference (tests). The schedule (head assignment, needed shards)
-comes from the mask on the host, once per mask object.
+* **Hybrid** (``mode="hybrid"``, ``ulysses_degree=U``): Ulysses inside groups of ``U``
+  consecutive ranks (one node's GPUs: the all-to-alls stay on its links), the ring across the
+  groups, each rank for its heads.
+
+``mode="auto"`` (:func:`choose_mode`) takes Ulysses when there are at least as many kv heads as
+ranks, else the hybrid with the largest Ulysses group the kv heads allow, else the ring. On
+CUDA tensors the local attention is ``tessera.attention``; on CPU tensors the float64
+reference (tests). The schedule (head assignment, needed shards) is read from the mask on the
+host at every call (a device mask is copied back for it).
 """
 
 from __future__ import annotations
@@ -33,9 +38,9 @@ from .. import api, reference
 from ..mask import BlockMask
 
 __all__ = ["sequence_parallel_attention", "shard_ranges", "assign_heads", "crop", "RingPlan",
-           "ring_plan", "MODES"]
+           "ring_plan", "choose_mode", "MODES"]
 
-MODES = ("auto", "ulysses", "ring")
+MODES = ("auto", "ulysses", "ring", "hybrid")
 
 
 def shard_ranges(length: int, ranks: int) -> list[tuple[int, int]]:
@@ -193,7 +198,10 @@ def _head_dim(layout: str) -> int:
     return 1 if layout == "bhld" else 2
 
 
-def _ulysses(q, k, v, mask, dense, ranges, rank, ranks, layout, scale, group):
+def _ulysses(q, k, v, mask, dense, ranges, rank, ranks, layout, scale, group, inner=None):
+    """Ulysses over ``group`` (whose ranks hold ``ranges``, consecutive, of one token span):
+    heads in, whole-span attention (``inner(q, k, v, heads, mask, dense)`` when given: the
+    hybrid's ring across spans), heads out."""
     import torch
 
     sd, hd = _seq_dim(layout), _head_dim(layout)
@@ -226,14 +234,17 @@ def _ulysses(q, k, v, mask, dense, ranges, rank, ranks, layout, scale, group):
     full_k = gathered(k, units, mine_kv)
     full_v = gathered(v, units, mine_kv)
     out_mine = None
-    if mine_q:
+    if inner is not None:
+        out_mine = inner(full_q, full_k, full_v, mine_q)
+    elif mine_q:
         sub = _head_subset(mask, dense, mine_q)
         if sub is None:  # my heads select nothing: zero output
             out_mine = torch.zeros_like(full_q)
         else:
             out_mine = _local(full_q, full_k, full_v, sub, layout, scale)[0]
     # back: my heads' output, split by sequence shard, to each shard's owner
-    sends = [out_mine.narrow(sd, ranges[j][0], ranges[j][1] - ranges[j][0])
+    base = ranges[0][0]
+    sends = [out_mine.narrow(sd, ranges[j][0] - base, ranges[j][1] - ranges[j][0])
              if out_mine is not None else None for j in range(ranks)]
     shapes = []
     for j in range(ranks):
@@ -324,19 +335,70 @@ def _ring(q, k, v, mask, dense, ranges, rank, ranks, layout, scale, group):
 _joined: set[int] = set()  # groups whose ranks have met once
 
 
+_hybrid_groups: dict[tuple[int, int], tuple[Any, Any]] = {}
+
+
+def _subgroups(group: Any, ulysses_degree: int) -> tuple[Any, Any]:
+    """This rank's Ulysses group (``ulysses_degree`` consecutive ranks: one node's GPUs) and
+    ring group (the ranks at the same place in every Ulysses group), made once per group.
+    Every rank makes every subgroup, in one order, as torch.distributed requires."""
+    import torch.distributed as dist
+
+    key = (id(group), ulysses_degree)
+    if key not in _hybrid_groups:
+        ranks = dist.get_world_size(group)
+        glob = [dist.get_global_rank(group, r) if group is not None else r
+                for r in range(ranks)]
+        me = dist.get_rank(group)
+        u_groups = [dist.new_group(glob[i:i + ulysses_degree])
+                    for i in range(0, ranks, ulysses_degree)]
+        r_groups = [dist.new_group(glob[u::ulysses_degree]) for u in range(ulysses_degree)]
+        _hybrid_groups[key] = (u_groups[me // ulysses_degree], r_groups[me % ulysses_degree])
+    return _hybrid_groups[key]
+
+
+def _hybrid(q, k, v, mask, dense, ranges, rank, ranks, layout, scale, group, ulysses_degree):
+    """Ulysses inside groups of ``ulysses_degree`` consecutive ranks (each group holds one
+    contiguous span of the sequence), then the ring across the groups for each rank's heads,
+    then Ulysses back."""
+    import torch
+
+    u = ulysses_degree
+    u_group, r_group = _subgroups(group, u)
+    g0 = rank // u * u
+    spans = [(ranges[i][0], ranges[i + u - 1][1]) for i in range(0, ranks, u)]
+
+    def ring_for(fq, fk, fv, heads):
+        if not heads:
+            return None
+        sub = _head_subset(mask, dense, heads)
+        if sub is None:
+            return torch.zeros_like(fq)
+        return _ring(fq, fk, fv, sub, dense[:, heads], spans, rank // u, ranks // u, layout,
+                     scale, r_group)
+
+    return _ulysses(q, k, v, mask, dense, ranges[g0:g0 + u], rank % u, u, layout, scale,
+                    u_group, inner=ring_for)
+
+
 def sequence_parallel_attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *,
                                 group: Any = None, mode: str = "auto", layout: str = "bhld",
-                                scale: float | None = None) -> Any:
+                                scale: float | None = None,
+                                ulysses_degree: int | None = None) -> Any:
     """This rank's shard of block-sparse attention over the whole sequence: ``q``/``k``/``v``
     are this rank's contiguous sequence shard (:func:`shard_ranges` of the mask's length over
     the group), ``[B, H, L_shard, D]`` or ``[B, L_shard, H, D]``; ``block_mask`` the whole
     sequence's, the same on every rank. Returns this rank's output shard (q's layout and
-    dtype). ``mode``: "ulysses", "ring" or "auto" (see the module docstring)."""
+    dtype). ``mode``: "ulysses", "ring", "hybrid" (Ulysses inside groups of
+    ``ulysses_degree`` consecutive ranks, the ring across them) or "auto" (see the module
+    docstring)."""
     import torch
     import torch.distributed as dist
 
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if mode == "hybrid" and ulysses_degree is None:
+        raise ValueError("mode='hybrid' needs ulysses_degree (the ranks of one Ulysses group)")
     if layout not in ("bhld", "blhd"):
         raise ValueError(f"layout must be 'bhld' or 'blhd', got {layout!r}")
     if not isinstance(block_mask, BlockMask):
@@ -370,11 +432,28 @@ def sequence_parallel_attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *
     hq, hkv = q.shape[hd], k.shape[hd]
     if hq % hkv:
         raise ValueError(f"q heads {hq} must be a multiple of k heads {hkv}")
+    if ulysses_degree is not None and (
+            isinstance(ulysses_degree, bool) or not isinstance(ulysses_degree, int) or
+            ulysses_degree < 1 or ranks % ulysses_degree or ulysses_degree > hkv):
+        raise ValueError(f"ulysses_degree must divide the group's {ranks} ranks and be at "
+                         f"most the {hkv} kv heads, got {ulysses_degree!r}")
     dense = _dense_per_head(block_mask, hq, hkv)
     if mode == "auto":
-        mode = "ulysses" if hkv >= ranks else "ring"
-    fn = _ulysses if mode == "ulysses" else _ring
-    return fn(q, k, v, block_mask, dense, ranges, rank, ranks, layout, scale, group)
+        mode, ulysses_degree = choose_mode(ranks, hkv)
+    args = (q, k, v, block_mask, dense, ranges, rank, ranks, layout, scale, group)
+    if mode == "hybrid":
+        return _hybrid(*args, ulysses_degree)
+    return (_ulysses if mode == "ulysses" else _ring)(*args)
+
+
+def choose_mode(ranks: int, kv_heads: int) -> tuple[str, int | None]:
+    """``mode="auto"``: Ulysses when every rank can have a kv head (no ring steps at all);
+    else the hybrid with the largest Ulysses group the heads allow (all-to-alls inside it, the
+    ring across fewer, larger spans); the ring alone when no group larger than one fits."""
+    if kv_heads >= ranks:
+        return "ulysses", None
+    u = max(d for d in range(1, ranks + 1) if ranks % d == 0 and d <= kv_heads)
+    return ("hybrid", u) if u > 1 else ("ring", None)
 
 
 def brute_force_assignment(work: Sequence[float], ranks: int) -> float:

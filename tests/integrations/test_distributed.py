@@ -74,7 +74,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank, world, port, cases, mode, results):
+def _worker(rank, world, port, cases, mode, udeg, results):
     import torch
     import torch.distributed as dist
 
@@ -85,7 +85,8 @@ def _worker(rank, world, port, cases, mode, results):
             lo, hi = D.shard_ranges(mask.seq_len_q, world)[rank]
             sd = 2 if layout == "bhld" else 1
             pieces = [torch.from_numpy(x).narrow(sd, lo, hi - lo).contiguous() for x in (q, k, v)]
-            out = D.sequence_parallel_attention(*pieces, mask, mode=mode, layout=layout)
+            out = D.sequence_parallel_attention(*pieces, mask, mode=mode, layout=layout,
+                                                ulysses_degree=udeg)
             results[(key, rank)] = out.numpy()
     finally:
         dist.destroy_process_group()
@@ -110,13 +111,14 @@ def _cases():
         yield name, mask, q, k, v
 
 
-@pytest.mark.parametrize("world", [2, 3])
-@pytest.mark.parametrize("mode", ["ulysses", "ring", "auto"])
-def test_every_mode_equals_single_process_attention(mode, world):
+@pytest.mark.parametrize("mode,world,udeg", [
+    ("ulysses", 2, None), ("ulysses", 3, None), ("ulysses", 4, None), ("ring", 2, None),
+    ("ring", 3, None), ("hybrid", 4, 2), ("auto", 3, None), ("auto", 4, None)])
+def test_every_mode_equals_single_process_attention(mode, world, udeg):
     """gloo ranks in spawned processes, each with its shard: the gathered output equals the
-    float64 reference on the whole sequence (3 heads over 2 or 3 ranks, GQA 4/2, variable
-    blocks with a key block no query selects and a query block that selects nothing; both
-    layouts)."""
+    float64 reference on the whole sequence (3 heads over 2-4 ranks -- a rank with no head --,
+    GQA 4/2, variable blocks with a key block no query selects and a query block that selects
+    nothing; both layouts; the hybrid as 2 Ulysses groups of 2 ranks)."""
     pytest.importorskip("torch")
     import torch.multiprocessing as mp
 
@@ -127,14 +129,21 @@ def test_every_mode_equals_single_process_attention(mode, world):
             cases[(name, layout)] = (mask, layout, *args)
     with mp.Manager() as manager:
         results = manager.dict()
-        mp.spawn(_worker, args=(world, _free_port(), cases, mode, results), nprocs=world,
-                 join=True)
+        mp.spawn(_worker, args=(world, _free_port(), cases, mode, udeg, results),
+                 nprocs=world, join=True)
         results = dict(results)
     for (name, layout), (mask, _, q, k, v) in cases.items():
         ref = reference.attention(q, k, v, mask, layout=layout)
         got = np.concatenate([results[((name, layout), r)] for r in range(world)],
                              axis=2 if layout == "bhld" else 1)
         assert np.abs(got - ref).max() < 1e-6, (name, layout)
+
+
+def test_auto_mode_choice():
+    assert D.choose_mode(4, 8) == ("ulysses", None)
+    assert D.choose_mode(8, 4) == ("hybrid", 4)
+    assert D.choose_mode(6, 4) == ("hybrid", 3)
+    assert D.choose_mode(3, 2) == ("ring", None)
 
 
 def test_ring_skips_the_shards_no_query_selects():
@@ -154,6 +163,8 @@ def test_bad_inputs_are_refused_by_name():
     q = torch.zeros(1, 2, 128, 16)
     with pytest.raises(ValueError, match="mode must be one of"):
         D.sequence_parallel_attention(q, q, q, mask, mode="tree")
+    with pytest.raises(ValueError, match="mode='hybrid' needs ulysses_degree"):
+        D.sequence_parallel_attention(q, q, q, mask, mode="hybrid")
     with pytest.raises(TypeError, match="block_mask must be a tessera.BlockMask"):
         D.sequence_parallel_attention(q, q, q, np.ones((2, 2)))
     with pytest.raises(TypeError, match="q must be a 4-D torch tensor"):
