@@ -53,9 +53,12 @@ def _run_ranks(rank, world, port, rounds, results):
             mask, q, k, v = _case(i)
             ref = tessera.attention(q, k, v, mask)
             lo, hi = D.shard_ranges(mask.seq_len_q, world)[rank]
-            for mode in ("ulysses", "ring"):
+            modes = [("ulysses", None), ("ring", None)] + (
+                [("hybrid", 2)] if world >= 4 and world % 2 == 0 else [])
+            for mode, udeg in modes:
                 out = D.sequence_parallel_attention(
-                    *(x[:, :, lo:hi].contiguous() for x in (q, k, v)), mask, mode=mode)
+                    *(x[:, :, lo:hi].contiguous() for x in (q, k, v)), mask, mode=mode,
+                    ulysses_degree=udeg)
                 worst = max(worst, _rel(out, ref[:, :, lo:hi]))
             if i == 0:
                 base = torch.cuda.memory_allocated()
