@@ -1,12 +1,15 @@
 """``python -m tessera bench``: Tessera against dense SDPA (cuDNN, flash) and FlexAttention with
 a per-request BlockMask, in one process, on the WORKLOADS shapes and mask families.
 
-Two kinds of masks: ``--case`` (random or banded masks on 128-token blocks, which FlexAttention's
-default 128x128 BlockMask takes as they are) and ``--family`` (the :mod:`tessera.families`
-families at their typical parameters, :func:`tessera.tools.workloads.example_mask`). A family's
-blocks need not be 128-token aligned (64-token cubes, variable clusters): FlexAttention then
-runs the mask padded to the 128x128 tiles it accepts (every tile that holds a selected pair),
-which is what users of a fixed-block kernel do today; useful FLOPs count the logical mask for both.
+Two kinds of masks: ``--case`` (random or banded masks on 128-token blocks) and ``--family``
+(the :mod:`tessera.families` families at their typical parameters,
+:func:`tessera.tools.workloads.example_mask`), whose blocks need not be 128-token aligned
+(64-token cubes, variable clusters). Every peer runs at its best on the exact mask
+(:mod:`tessera.tools.peers`): FlexAttention with the blocks as full tiles where they are 64 or
+128 tokens (64x64 kernel tiles at 64), else 128-token tiles with a token-exact mask_mod on the
+partial ones; cuDNN's block-sparse attention (when installed) on uniform 64- or 128-token
+blocks; FlashAttention-4 dense (when installed) on the dense case. Each peer's output is
+compared with Tessera's first, and one that differs is flagged, not timed.
 
 Useful FLOPs = 4 * D * selected (query, key) pairs. "kernel" = the GPU time of one run of a
 prepared plan (FlexAttention: of its compiled call with a ready BlockMask; SDPA: of one call),
@@ -35,6 +38,7 @@ import numpy as np
 import tessera
 
 from ..runtime.regime import regime_from_name
+from . import peers
 from .timing import cuda_time_ms
 from .workloads import FAMILIES, WORKLOADS, example_mask
 
@@ -75,24 +79,6 @@ def _family_blocks(shape: str, family: str, heads: int, seed: int = 0):
     return m.to_dense()[0], m.q_bounds, m.kv_bounds
 
 
-def padded_to_tiles(blocks: np.ndarray, q_bounds: np.ndarray, kv_bounds: np.ndarray,
-                    tile: int) -> np.ndarray:
-    """``blocks`` ([..., nQB, nKB] bool, any block geometry) coarsened to ``tile``-token tiles: a
-    tile is selected when it holds any selected (query, key) pair — the padding a kernel with a
-    fixed block size needs to run the mask."""
-
-    def member(bounds: np.ndarray) -> np.ndarray:  # [n_blocks, n_tiles]: block meets tile
-        bounds = np.asarray(bounds, dtype=np.int64)
-        n_tiles = -(-int(bounds[-1]) // tile)
-        first, last = bounds[:-1] // tile, (bounds[1:] - 1) // tile
-        t = np.arange(n_tiles)
-        nonempty = (bounds[1:] > bounds[:-1])[:, None]
-        return ((t >= first[:, None]) & (t <= last[:, None]) & nonempty).astype(np.float32)
-
-    mq, mk = member(q_bounds), member(kv_bounds)
-    return (mq.T @ np.asarray(blocks, dtype=np.float32) @ mk) > 0
-
-
 def run(shapes: list[str], cases: list[str], reps: int = 20, flex: bool = True,
         batch: int = 1, heads: int | None = None, regime: Any = None) -> list[dict]:
     """Time every (shape, case); returns one dict of figures per pair. A case is a name of
@@ -104,10 +90,9 @@ def run(shapes: list[str], cases: list[str], reps: int = 20, flex: bool = True,
     import torch.nn.functional as F  # noqa: PLC0415
     from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: PLC0415
 
-    flex_fn = flex_mask = None
+    flex_fn = None
     if flex:
         try:
-            from torch.nn.attention.flex_attention import BlockMask as flex_mask  # noqa: N813
             from torch.nn.attention.flex_attention import flex_attention
 
             flex_fn = torch.compile(flex_attention)
@@ -139,12 +124,9 @@ def run(shapes: list[str], cases: list[str], reps: int = 20, flex: bool = True,
             if case in CASES:
                 blocks = torch.from_numpy(CASES[case](rng, h, n)).cuda()
                 qb = kb = np.minimum(np.arange(n + 1) * BLOCK, L)
-                tiles = blocks
             else:
                 host, qb, kb = _family_blocks(shape, case, h)
                 blocks = torch.from_numpy(host).cuda()
-                tiles = torch.from_numpy(padded_to_tiles(host, qb, kb, BLOCK)).cuda()
-                tiles = tiles.expand(h, n, n).contiguous()
 
             def new_mask():
                 return tessera.BlockMask.from_dense(blocks, q_bounds=qb, kv_bounds=kb)
@@ -171,43 +153,90 @@ def run(shapes: list[str], cases: list[str], reps: int = 20, flex: bool = True,
             for label, t in sdpa.items():
                 row[f"sdpa_{label}_ms"] = t
                 row[f"sdpa_{label}_tflops"] = dense_flops / t / 1e9
-            if flex_fn is not None:
-                try:
-                    def build():
-                        knb = tiles.sum(-1, dtype=torch.int32)[None]
-                        kidx = torch.argsort(~tiles, dim=-1, stable=True).to(torch.int32)[None]
-                        return flex_mask.from_kv_blocks(knb, kidx, BLOCK_SIZE=BLOCK,
-                                                        seq_lengths=(L, L))
-                    fm = build()
-                    t_flex = cuda_time_ms(lambda: flex_fn(q, k, v, block_mask=fm), reps,
-                                          burst=BURST)
-                    t_flex_call = cuda_time_ms(lambda: flex_fn(q, k, v, block_mask=fm), reps)
-                    t_build = cuda_time_ms(build, reps)
-                    t_flex_req = cuda_time_ms(lambda: flex_fn(q, k, v, block_mask=build()), reps)
-                    t_flex_b2b = cuda_time_ms(lambda: flex_fn(q, k, v, block_mask=build()),
-                                              reps, burst=BURST)
-                    row.update(flex_ms=t_flex, flex_tflops=flops / t_flex / 1e9,
-                               flex_call_ms=t_flex_call, call_vs_flex=t_flex_call / t_call,
-                               flex_tile_density=round(float(tiles.float().mean()), 4),
-                               flex_build_ms=t_build, flex_request_ms=t_flex_req,
-                               kernel_vs_flex=t_flex / t_kernel,
-                               request_vs_flex=t_flex_req / t_req, flex_b2b_ms=t_flex_b2b,
-                               b2b_vs_flex=t_flex_b2b / t_b2b)
-                except Exception as exc:
-                    print(f"\nFlex failed on {shape}/{case}: {exc}", file=sys.stderr)
+            ours = p.run(q, k, v)
+            row.update(_peer_figures(q, k, v, ours, m, new_mask, flops, t_kernel, t_call, t_req,
+                                     t_b2b, reps, flex_fn, shape, case, dense=case == "dense"))
             rows.append(row)
     _progress(total, total, "done")
     return rows
 
 
+def _peer_figures(q, k, v, ours, m, new_mask, flops, t_kernel, t_call, t_req, t_b2b, reps,
+                  flex_fn, shape, case, dense) -> dict:
+    """Each peer at its best on mask ``m`` (:mod:`tessera.tools.peers`), its output compared
+    with Tessera's ``ours`` first: a peer more than PEER_TOLERANCE away computes something else
+    and is flagged (``<peer>_differs``), not timed."""
+    row: dict = {}
+
+    def checked(name, out) -> bool:
+        diff = peers.relative_difference(out, ours)
+        row[f"{name}_diff"] = diff
+        if diff > peers.PEER_TOLERANCE:
+            row[f"{name}_differs"] = True
+            print(f"\n{name} differs from Tessera on {shape}/{case} by {diff:.2e}: not timed",
+                  file=sys.stderr)
+            return False
+        return True
+
+    if flex_fn is not None:
+        try:
+            fm = peers.flex_block_mask(m, q.device)
+            opts = peers.flex_kernel_options(fm)
+
+            def flex_run(bm):
+                return flex_fn(q, k, v, block_mask=bm, kernel_options=opts)
+
+            def build():
+                return peers.flex_block_mask(new_mask(), q.device)
+
+            if checked("flex", flex_run(fm)):
+                t_flex = cuda_time_ms(lambda: flex_run(fm), reps, burst=BURST)
+                t_flex_call = cuda_time_ms(lambda: flex_run(fm), reps)
+                t_flex_req = cuda_time_ms(lambda: flex_run(build()), reps)
+                t_flex_b2b = cuda_time_ms(lambda: flex_run(build()), reps, burst=BURST)
+                row.update(flex_ms=t_flex, flex_tflops=flops / t_flex / 1e9,
+                           flex_call_ms=t_flex_call, call_vs_flex=t_flex_call / t_call,
+                           flex_build_ms=cuda_time_ms(build, reps), flex_request_ms=t_flex_req,
+                           kernel_vs_flex=t_flex / t_kernel, request_vs_flex=t_flex_req / t_req,
+                           flex_b2b_ms=t_flex_b2b, b2b_vs_flex=t_flex_b2b / t_b2b,
+                           flex_block=int(fm.BLOCK_SIZE[0]))
+        except Exception as exc:
+            print(f"\nFlex failed on {shape}/{case}: {exc}", file=sys.stderr)
+    if peers.cudnn_bsa_available():
+        try:
+            inputs = peers.cudnn_bsa_inputs(m, q.shape[0], q.shape[1], q.device, k.shape[1])
+            if inputs is not None and checked("cudnn_bsa",
+                                              peers.run_cudnn_bsa(q, k, v, inputs)):
+                t_c = cuda_time_ms(lambda: peers.run_cudnn_bsa(q, k, v, inputs), reps,
+                                   burst=BURST)
+                t_c_req = cuda_time_ms(lambda: peers.run_cudnn_bsa(q, k, v, peers.cudnn_bsa_inputs(
+                    new_mask(), q.shape[0], q.shape[1], q.device, k.shape[1])), reps)
+                row.update(cudnn_bsa_ms=t_c, cudnn_bsa_tflops=flops / t_c / 1e9,
+                           kernel_vs_cudnn_bsa=t_c / t_kernel, cudnn_bsa_request_ms=t_c_req,
+                           request_vs_cudnn_bsa=t_c_req / t_req, cudnn_bsa_block=inputs.block)
+        except Exception as exc:
+            print(f"\ncuDNN BSA failed on {shape}/{case}: {exc}", file=sys.stderr)
+    if dense and flex_fn is not None and peers.fa4_available():
+        try:  # FlashAttention-4 through FlexAttention's FLASH backend, no block mask: dense
+            def fa4():
+                return flex_fn(q, k, v, kernel_options={"BACKEND": "FLASH"})
+
+            if checked("fa4", fa4()):
+                t_f = cuda_time_ms(fa4, reps, burst=BURST)
+                row.update(fa4_ms=t_f, fa4_tflops=flops / t_f / 1e9, kernel_vs_fa4=t_f / t_kernel)
+        except Exception as exc:
+            print(f"\nFlashAttention-4 failed on {shape}/{case}: {exc}", file=sys.stderr)
+    return row
+
+
 def table(rows: list[dict]) -> str:
-    """The figures as a fixed-width table (ms, useful TFLOP/s, ratios to FlexAttention; rows of
-    earlier runs without the "call" figures show nan there)."""
+    """The figures as a fixed-width table (ms, useful TFLOP/s, ratios to FlexAttention and to
+    cuDNN BSA ("bsa"); peers not installed, not applicable or flagged show nan)."""
     nan = float("nan")
     out = [f"{'shape':15} {'case':17} {'dens':>5} {'kernel':>7} {'TF/s':>5} {'call':>6} "
            f"{'plan':>6} {'request':>7} {'b2b':>6} {'flex':>7} {'TF/s':>5} {'f.call':>6} "
            f"{'f.req':>7} {'f.b2b':>6} {'k x':>5} {'c x':>5} {'req x':>5} {'b2b x':>5} "
-           f"{'cudnn':>6} {'fa2':>6}"]
+           f"{'cudnn':>6} {'fa2':>6} {'bsa':>6} {'k x':>5} {'fa4':>6}"]
     for r in rows:
         out.append(
             f"{r['shape']:15} {r['case']:17} {r['density']:5.2f} {r['tessera_ms']:7.2f} "
@@ -219,7 +248,9 @@ def table(rows: list[dict]) -> str:
             f"{r.get('flex_request_ms', nan):7.2f} {r.get('flex_b2b_ms', nan):6.2f} "
             f"{r.get('kernel_vs_flex', nan):5.2f} {r.get('call_vs_flex', nan):5.2f} "
             f"{r.get('request_vs_flex', nan):5.2f} {r.get('b2b_vs_flex', nan):5.2f} "
-            f"{r.get('sdpa_cudnn_ms', nan):6.2f} {r.get('sdpa_flash_ms', nan):6.2f}")
+            f"{r.get('sdpa_cudnn_ms', nan):6.2f} {r.get('sdpa_flash_ms', nan):6.2f} "
+            f"{r.get('cudnn_bsa_ms', nan):6.2f} {r.get('kernel_vs_cudnn_bsa', nan):5.2f} "
+            f"{r.get('fa4_ms', nan):6.2f}")
     return "\n".join(out)
 
 

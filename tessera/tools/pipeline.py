@@ -23,62 +23,27 @@ from ..integrations import diffusers as td
 from ..integrations import methods as M
 from .bench import _progress
 from .models import MODELS, build, inputs
+from .peers import flex_block_mask, flex_kernel_options
 
 __all__ = ["main", "flex_attention_runner", "run"]
 
-FLEX_TILE = 128  # FlexAttention's block size here: its best on these shapes (WORKLOADS.md)
-
 
 def flex_attention_runner(compiled: bool = True) -> Any:
-    """A ``Session.attention`` that runs each call's Tessera mask with FlexAttention: the mask's
-    blocks coarsened to 128-token tiles (tiles wholly inside selected blocks as full blocks, the
-    rest as partial ones with a token-exact mask_mod), built on the GPU every call as a Flex
-    user would for a mask that changes every call. ``compiled=False``: eager Flex (its
-    reference implementation; CPU tests)."""
+    """A ``Session.attention`` that runs each call's Tessera mask with FlexAttention, its
+    BlockMask built on the GPU every call as a Flex user would for a mask that changes every
+    call (:func:`tessera.tools.peers.flex_block_mask`: token-exact, full tiles where it can).
+    ``compiled=False``: eager Flex (its reference implementation; CPU tests)."""
     import torch
-    from torch.nn.attention.flex_attention import BlockMask as FlexMask
     from torch.nn.attention.flex_attention import flex_attention
 
     flex = torch.compile(flex_attention) if compiled else flex_attention
 
-    def overlaps(bounds: np.ndarray, device) -> Any:
-        """[blocks, tiles]: tokens a block shares with each tile."""
-        n_tiles = -(-int(bounds[-1]) // FLEX_TILE)
-        t0 = np.arange(n_tiles) * FLEX_TILE
-        lo = np.maximum(bounds[:-1, None], t0[None])
-        hi = np.minimum(bounds[1:, None], t0[None] + FLEX_TILE)
-        return torch.as_tensor(np.maximum(hi - lo, 0), dtype=torch.float32, device=device)
-
-    def to_flex(mask: Any, device: Any) -> Any:
-        dense = mask.to_dense()
-        dense = (torch.from_dlpack(dense) if mask.on_device else
-                 torch.from_numpy(np.asarray(dense))).to(device)
-        oq, ok = overlaps(mask.q_bounds, device), overlaps(mask.kv_bounds, device)
-        pairs = oq.T @ dense.float() @ ok  # selected token pairs per tile pair
-        size = oq.sum(0)[:, None] * ok.sum(0)[None, :]
-        full, partial = pairs >= size, (pairs > 0) & (pairs < size)
-
-        def lists(sel):
-            return (sel.sum(-1, dtype=torch.int32),
-                    torch.argsort(~sel, dim=-1, stable=True).to(torch.int32))
-
-        qblk = torch.as_tensor(np.repeat(np.arange(mask.num_q_blocks), np.diff(mask.q_bounds)),
-                               device=device)
-        kblk = torch.as_tensor(np.repeat(np.arange(mask.num_kv_blocks),
-                                         np.diff(mask.kv_bounds)), device=device)
-        B, H = dense.shape[:2]
-
-        def mask_mod(b, h, q_idx, kv_idx):
-            return dense[b % B, h % H, qblk[q_idx], kblk[kv_idx]]
-
-        (pn, pi), (fn_, fi) = lists(partial), lists(full)
-        return FlexMask.from_kv_blocks(pn, pi, fn_, fi, BLOCK_SIZE=FLEX_TILE, mask_mod=mask_mod,
-                                       seq_lengths=(mask.seq_len_q, mask.seq_len_kv))
-
     def run(q, k, v, mask, layout, scale):
         if layout == "blhd":
             q, k, v = (x.transpose(1, 2) for x in (q, k, v))
-        out = flex(q, k, v, block_mask=to_flex(mask, q.device), scale=scale)
+        fm = flex_block_mask(mask, q.device)
+        options = flex_kernel_options(fm) if compiled else None
+        out = flex(q, k, v, block_mask=fm, scale=scale, kernel_options=options)
         return out.transpose(1, 2) if layout == "blhd" else out
 
     return run

@@ -3,7 +3,6 @@
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 import tessera
@@ -108,32 +107,6 @@ def test_plan_command_prints_and_draws(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "plan: useful" in out and png.read_bytes()[:4] == b"\x89PNG"
     assert cli(["plan", "--family", "nope"]) == 2
-
-
-def test_padded_to_tiles_matches_token_level_coarsening():
-    """FlexAttention's baseline runs a family mask padded to 128x128 tiles: the padded tile
-    matrix must select exactly the tiles holding a selected token pair (variable blocks,
-    blocks straddling tiles, empty blocks)."""
-    from tessera.tools.bench import padded_to_tiles
-
-    rng = np.random.default_rng(3)
-    qb = np.array([0, 5, 5, 13, 30, 31, 47])  # an empty block, blocks straddling tiles
-    kb = np.array([0, 16, 20, 37, 45])
-    blocks = rng.random((2, qb.size - 1, kb.size - 1)) < 0.4
-    tile = 8
-    got = padded_to_tiles(blocks, qb, kb, tile)
-    tok = np.zeros((2, qb[-1], kb[-1]), bool)
-    for h in range(2):
-        for i in range(qb.size - 1):
-            for j in range(kb.size - 1):
-                tok[h, qb[i]:qb[i + 1], kb[j]:kb[j + 1]] = blocks[h, i, j]
-    nq, nk = -(-qb[-1] // tile), -(-kb[-1] // tile)
-    want = np.zeros((2, nq, nk), bool)
-    for a in range(nq):
-        for b in range(nk):
-            want[:, a, b] = tok[:, a * tile:(a + 1) * tile, b * tile:(b + 1) * tile].any((1, 2))
-    assert got.shape == want.shape and (got == want).all()
-    assert want.any() and not want.all()
 
 
 def test_bench_rejects_unknown_family():
