@@ -35,7 +35,7 @@ LAYERS: list[tuple[str, ...]] = [
 ]
 # Imported inside functions only: optional dependencies, loaded when a feature needs them.
 OPTIONAL = {"cupy", "cupy_backends", "torch", "jax", "jaxlib", "matplotlib", "diffusers",
-            "ml_dtypes"}
+            "ml_dtypes", "cudnn", "flash_attn"}  # (the last two: peers the benchmarks time)
 
 
 def _module_name(path: Path) -> str:
