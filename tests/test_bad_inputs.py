@@ -10,6 +10,7 @@ import scipy.sparse as sp
 
 import tessera
 from tessera import BlockMask
+from tessera.integrations import methods
 
 M = BlockMask.from_dense(np.ones((2, 2), bool), block_size=64)
 X = np.zeros((1, 1, 128, 64), np.float32)
@@ -119,6 +120,22 @@ CASES = [
      AttributeError, "tessera.config has no setting 'tma'"),
     ("tessera.use_table", "a missing file", lambda: tessera.use_table("/nonexistent.json"),
      FileNotFoundError, "nonexistent"),
+    ("methods.VideoGeometry", "text_valid past text_tokens", lambda: methods.VideoGeometry(
+        (4, 4, 4), 10, 12), ValueError, "text_valid must be None or an int in"),
+    ("methods.VideoGeometry", "a 2-D latent", lambda: methods.VideoGeometry((4, 4)),
+     ValueError, "latent must be three positive ints"),
+    ("methods.TopKCubes", "density and topk", lambda: methods.TopKCubes(density=0.1, topk=3),
+     ValueError, "give one of density, topk or top_p"),
+    ("methods.TopKCubes", "density=1.5", lambda: methods.TopKCubes(density=1.5), ValueError,
+     "density must be in"),
+    ("methods.SlidingTile", "tile=(6, 8)", lambda: methods.SlidingTile(tile=(6, 8)),
+     ValueError, "tile must be three positive ints"),
+    ("methods.Schedule", "dense_steps=-1", lambda: methods.Schedule(dense_steps=-1),
+     ValueError, "dense_steps must be an int >= 0"),
+    ("methods.method_from_name", "an unknown name", lambda: methods.method_from_name("sta"),
+     ValueError, "unknown method 'sta'; choose from"),
+    ("Method.layer_mask", "top-k without q and k", lambda: methods.TopKCubes().layer_mask(
+        methods.VideoGeometry((4, 4, 4))), ValueError, "builds its mask from q and k"),
 ]
 
 
