@@ -72,31 +72,35 @@ def assign_heads(work: Sequence[float], ranks: int) -> list[list[int]]:
         r = int(np.argmin(load))
         owner[u] = r
         load[r] += work[u]
-    improved = True
-    while improved:
-        improved = False
-        top = int(np.argmax(load))
-        for u in np.flatnonzero(owner == top):
-            for r in range(ranks):
-                if r == top:
-                    continue
-                # move u to r, or swap it with a unit v of r
-                cands = [(None, 0.0)] + [(v, work[v]) for v in np.flatnonzero(owner == r)]
-                for v, wv in cands:
-                    new_top, new_r = load[top] - work[u] + wv, load[r] + work[u] - wv
-                    others = np.delete(load, [top, r]).max(initial=0.0)
-                    if max(new_top, new_r, others) < load.max() - 1e-9:
-                        owner[u] = r
-                        if v is not None:
-                            owner[v] = top
-                        load[top], load[r] = new_top, new_r
-                        improved = True
-                        break
-                if improved:
-                    break
-            if improved:
-                break
+    while (step := _better_move(work, owner, load)) is not None:
+        u, r, v = step
+        top = owner[u]
+        wv = 0.0 if v is None else work[v]
+        owner[u] = r
+        if v is not None:
+            owner[v] = top
+        load[top] += wv - work[u]
+        load[r] += work[u] - wv
     return [sorted(np.flatnonzero(owner == r).tolist()) for r in range(ranks)]
+
+
+def _better_move(work: np.ndarray, owner: np.ndarray,
+                 load: np.ndarray) -> tuple[int, int, int | None] | None:
+    """A unit ``u`` of the busiest rank to move to rank ``r`` -- in exchange for ``r``'s unit
+    ``v``, or for nothing -- that lowers the largest load; None when no such step exists (each
+    step lowers it, so repeating them ends)."""
+    top = int(np.argmax(load))
+    for u in np.flatnonzero(owner == top):
+        for r in range(load.size):
+            if r == top:
+                continue
+            others = np.delete(load, [top, r]).max(initial=0.0)
+            for v in [None, *np.flatnonzero(owner == r)]:
+                wv = 0.0 if v is None else work[v]
+                if max(load[top] - work[u] + wv, load[r] + work[u] - wv, others) < \
+                        load[top] - 1e-9:
+                    return int(u), r, None if v is None else int(v)
+    return None
 
 
 def crop(mask: BlockMask, q_range: tuple[int, int], kv_range: tuple[int, int],
