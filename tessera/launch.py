@@ -209,14 +209,14 @@ def _stream_key(cp: Any, stream: Any) -> tuple[int, int, int]:
     return (cp.cuda.Device().id, *_stream_identity(stream.ptr))
 
 
-def _workspace(p: "Plan", cp: Any, stream: Any) -> Workspace:
+def _workspace(p: "Plan", cp: Any, stream: Any, key: tuple | None = None) -> Workspace:
     """The split-KV partials of ``p``'s runs on ``stream`` of the current device (allocated at
-    its first run there)."""
+    its first run there); ``key``: the stream's :func:`_stream_key`, when the caller has it."""
     n_o, n_l = p.workspace_elements
     if not n_o:
         return _NO_WORKSPACE
     spaces = p.launch_state.workspaces
-    key = _stream_key(cp, stream)
+    key = key or _stream_key(cp, stream)
     got = spaces.get(key)
     if got is None:
         got = spaces[key] = Workspace(part_o=cp.empty(n_o, dtype=cp.float32),
@@ -224,20 +224,20 @@ def _workspace(p: "Plan", cp: Any, stream: Any) -> Workspace:
     return got
 
 
-def _wait_until_planned(p: "Plan", stream: Any) -> None:
+def _wait_until_planned(p: "Plan", stream: Any, key: tuple | None = None) -> None:
     """Order ``stream`` after the device planner's work for ``p`` (no host synchronization).
     Once per stream: its later work stays ordered after it, so repeated runs -- and a CUDA
     graph captured on a stream the plan already ran on -- make no event calls."""
     state = p.launch_state
     if state.ready is None:  # a host-built plan
         return
-    here = _stream_identity(stream.ptr)
+    here = key[1:] if key else _stream_identity(stream.ptr)
     if here not in state.ready_on:
         stream.wait_event(state.ready)
         state.ready_on.add(here)
 
 
-def _task_counter(p: "Plan", cp: Any, stream: Any) -> Any:
+def _task_counter(p: "Plan", cp: Any, stream: Any, key: tuple | None = None) -> Any:
     """The counter a persistent kernel takes ``p``'s tasks from: zeroed once when made, and left
     zero by every launch (the kernel's last ticket resets it, bsa_sm90.cu), so a reused plan's
     run enqueues no memset (a new plan's first run still makes one). One per (plan, stream of
@@ -246,7 +246,7 @@ def _task_counter(p: "Plan", cp: Any, stream: Any) -> Any:
     and a run allocates nothing after its first on a stream (CUDA-graph capture then records
     the launch alone, and each replay leaves the counter zero for the next)."""
     counters = p.launch_state.task_counters
-    key = _stream_key(cp, stream)
+    key = key or _stream_key(cp, stream)
     counter = counters.get(key)
     if counter is None:
         counter = counters[key] = cp.zeros(1, dtype=np.int32)
@@ -325,10 +325,12 @@ def run(p: "Plan", ops: Operands, scale: float | None, return_lse: bool,
                          f"dim {d}; sm_{cc} allows {limit} per block")
     stream = caller_stream(ops)
     given = given or Outputs()
+    # Which runs share per-stream state: asked of the driver once per run.
+    key = _stream_key(cp, stream)
     with stream:  # CuPy work below goes on that stream too
-        _wait_until_planned(p, stream)
+        _wait_until_planned(p, stream, key)
         queue = _device_queue(p, cp)
-        work = _workspace(p, cp, stream)
+        work = _workspace(p, cp, stream, key)
         out_shape = (b, hq, lq, d) if p.layout == "bhld" else (b, lq, hq, d)
         if given.out is not None:
             out_desc, out_obj = given.out
@@ -370,7 +372,7 @@ def run(p: "Plan", ops: Operands, scale: float | None, return_lse: bool,
                 cap = config.persistent_grid_cap
                 grid = n_tasks if cap == 0 else min(
                     n_tasks, _resident_ctas(fwd, ops.q.device_id), cap or n_tasks)
-                counter = _task_counter(p, cp, stream)
+                counter = _task_counter(p, cp, stream, key)
             args += (ptr(0 if counter is None else counter.data.ptr), maps)
             fn((grid,), (fwd.threads,), args, shared_mem=smem_bytes(fwd), stream=stream)
         n_jobs = int(launch.combine.shape[0])
