@@ -150,13 +150,8 @@ class Method:
             raise ValueError(f"method {self.name!r} builds its mask from q and k: pass both")
         if not self.dynamic:  # one LayerMask per layout: the same mask object every call,
             # which tessera.attention's kept plans recognize
-            made = self.__dict__.setdefault("_layer_masks", {})
-            key = (geo, ordered)
-            if key not in made:
-                if len(made) > 32:
-                    made.clear()
-                made[key] = self._layer_mask(geo, None, None, ordered)
-            return made[key]
+            return _memo(self, "_layer_masks", (geo, ordered),
+                         lambda: self._layer_mask(geo, None, None, ordered))
         return self._layer_mask(geo, q, k, ordered)
 
     def _layer_mask(self, geo: VideoGeometry, q: Any, k: Any, ordered: bool) -> LayerMask:
@@ -172,12 +167,8 @@ class Method:
         if self.video_order(geo) is not None or (vm.permutation is None and
                                                  vm.kv_permutation is None):
             # one order per layout: the same array every call (a caller caches its device copy)
-            orders = self.__dict__.setdefault("_orders", {})
-            if geo not in orders:
-                if len(orders) > 32:
-                    orders.clear()
-                orders[geo] = geo.sequence_order(self.video_order(geo))
-            return LayerMask(mask, orders[geo])
+            return LayerMask(mask, _memo(self, "_orders", geo, lambda: geo.sequence_order(
+                self.video_order(geo))))
         q_order = _sequence_from_family(geo, vm.permutation)
         kv_order = (None if vm.kv_permutation is None
                     else _sequence_from_family(geo, vm.kv_permutation))
@@ -204,14 +195,20 @@ def _sequence_from_family(geo: VideoGeometry, perm: np.ndarray | None) -> np.nda
     return np.concatenate([to_model[text], to_model[video]])
 
 
-def _cached(method: Method, geo: VideoGeometry, build) -> families.VideoMask:
-    cache = method.__dict__.setdefault("_masks", {})
-    got = cache.get(geo)
-    if got is None:
+def _memo(method: Method, table: str, key: Any, build) -> Any:
+    """``build()`` kept in the method's ``table`` under ``key`` (a layout, mostly): made once
+    per layout, the same object every call."""
+    cache = method.__dict__.setdefault(table, {})
+    if key not in cache:
         if len(cache) > 32:  # layouts of past videos
             cache.clear()
-        got = cache[geo] = build()
-    return got
+        cache[key] = build()
+    return cache[key]
+
+
+def _cached(method: Method, geo: VideoGeometry, build) -> families.VideoMask:
+    """The family mask of a fixed-mask method for layout ``geo``, made once."""
+    return _memo(method, "_masks", geo, build)
 
 
 @dataclass
