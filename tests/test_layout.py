@@ -29,7 +29,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("tessera.runtime.emulate",),
     ("tessera.api",),
     ("tessera",),
-    ("tessera.integrations", "tessera.integrations.methods"),
+    ("tessera.integrations", "tessera.integrations.methods",
+     "tessera.integrations.torch_attention"),
     ("tessera.integrations.diffusers", "tessera.integrations.distributed"),
     ("tessera.tools", "tessera.__main__"),
 ]

@@ -44,11 +44,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .. import api, reference
 from ..runtime.plan import plan
 from ..capture import capture_memory_if, cupy_external_stream, stream_capturing
 from ..cuda.device import device_cc
 from ..families import invert_permutation
+from . import torch_attention
 from .methods import LayerMask, Method, Schedule, VideoGeometry
 
 __all__ = ["enable", "disable", "session_of", "Session", "SUPPORTED"]
@@ -355,14 +355,9 @@ class Session:
         """Tessera's attention: a device mask (made every call) as a request, which replans a
         kept plan; a fixed host mask planned once per shapes, then only run. On CPU tensors the
         float64 reference."""
-        if not q.is_cuda:
-            import torch
-
-            out = reference.attention(q.float().numpy(), k.float().numpy(), v.float().numpy(),
-                                      mask, layout=layout, scale=scale)
-            return torch.from_numpy(out).to(q.dtype)
-        if mask.on_device:
-            return api.attention(q, k, v, mask, layout=layout, scale=scale, regime=self.regime)
+        if not q.is_cuda or mask.on_device:
+            return torch_attention.attention(q, k, v, mask, layout=layout, scale=scale,
+                                             regime=self.regime)
         key = (id(mask), tuple(q.shape), tuple(k.shape), q.dtype, layout, q.device.index)
         got = self._plans.get(key)
         if got is None or got[0] is not mask:

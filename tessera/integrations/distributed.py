@@ -34,8 +34,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .. import api, reference
 from ..mask import BlockMask
+from . import torch_attention
 
 __all__ = ["sequence_parallel_attention", "shard_ranges", "assign_heads", "crop", "RingPlan",
            "ring_plan", "choose_mode", "MODES"]
@@ -158,14 +158,9 @@ def ring_plan(mask: BlockMask, ranges: list[tuple[int, int]], dense: np.ndarray)
 
 # ---- the distributed calls ---------------------------------------------------------------
 def _local(q: Any, k: Any, v: Any, mask: BlockMask, layout: str, scale: float | None):
-    """Attention with its LSE: Tessera on CUDA tensors, the float64 reference on CPU ones."""
-    import torch
-
-    if q.is_cuda:
-        return api.attention(q, k, v, mask, layout=layout, scale=scale, return_lse=True)
-    out, lse = reference.attention(q.double().numpy(), k.double().numpy(), v.double().numpy(),
-                                   mask, layout=layout, scale=scale, return_lse=True)
-    return torch.from_numpy(out).to(q.dtype), torch.from_numpy(lse).float()
+    """Attention with its LSE (Tessera on CUDA tensors, the reference on CPU ones)."""
+    return torch_attention.attention(q, k, v, mask, layout=layout, scale=scale,
+                                     return_lse=True)
 
 
 def _exchange(sends: list[Any], recv_shapes: list[tuple | None], like: Any, group: Any,
