@@ -15,6 +15,7 @@ pytest.importorskip("diffusers")
 from tessera.integrations import diffusers as td  # noqa: E402
 from tessera.integrations import methods as M  # noqa: E402
 from tessera.tools import models  # noqa: E402
+from tessera.tools.peers import relative_difference  # noqa: E402
 from tessera.tools.pipeline import flex_attention_runner  # noqa: E402
 from tests.integrations.test_methods import _in_model_order  # noqa: E402
 
@@ -29,10 +30,6 @@ def _clean():
     yield
     for s in list(td._sessions.values()):
         s.disable()
-
-
-def _rel(a, b) -> float:
-    return float((a.float() - b.float()).norm() / b.float().norm())
 
 
 @pytest.mark.parametrize("keep_order", [False, True])
@@ -51,7 +48,7 @@ def test_all_ones_masks_equal_the_models_own_attention(name, keep_order):
         td.disable(model)
         again = model(**x)[0]
     assert s.stats.sparse_calls > 0 and not torch.isnan(got).any()
-    assert _rel(got, own) < 2e-2, _rel(got, own)
+    assert relative_difference(got, own) < 2e-2, relative_difference(got, own)
     assert torch.equal(again, own)
 
 
@@ -66,7 +63,7 @@ def test_tokens_kept_in_order_equal_the_per_call_reordering(name):
         per_call = model(**x)[0]
         td.enable(model, M.TopKCubes(topk=4), keep_order=True)
         kept = model(**x)[0]
-    assert _rel(kept, per_call) < 2e-2, _rel(kept, per_call)
+    assert relative_difference(kept, per_call) < 2e-2, relative_difference(kept, per_call)
 
 
 METHODS = [M.SlidingTile(tile=(2, 4, 4), window=(1, 3, 3)),
@@ -100,7 +97,7 @@ def test_each_method_equals_sdpa_and_flex_on_its_mask(method, geo):
     assert not torch.isnan(got[rows]).any() and float(err.max()) < 2.5e-2, float(err.max())
     session.attention = flex_attention_runner()
     flex = session._attend(0, q, k, v, None, None).float()
-    assert _rel(flex[rows], got[rows]) < 1e-2
+    assert relative_difference(flex[rows], got[rows]) < 1e-2
 
 
 def test_a_captured_forward_replays_on_new_inputs():
@@ -127,4 +124,4 @@ def test_a_captured_forward_replays_on_new_inputs():
             graph.replay()
             torch.cuda.synchronize()
             eager = model(**fresh)[0]
-            assert _rel(out, eager) < 1e-2, _rel(out, eager)
+            assert relative_difference(out, eager) < 1e-2, relative_difference(out, eager)

@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 
 import tessera  # noqa: E402
 from tessera.integrations import distributed as D  # noqa: E402
+from tessera.tools.peers import relative_difference  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -37,10 +38,6 @@ def _case(seed, heads=4, n=24, block=128, density=0.15):
     return mask, q, k, v
 
 
-def _rel(a, b):
-    return float((a.float() - b.float()).norm() / b.float().norm())
-
-
 def _run_ranks(rank, world, port, rounds, results):
     import torch.distributed as dist
 
@@ -59,7 +56,7 @@ def _run_ranks(rank, world, port, rounds, results):
                 out = D.sequence_parallel_attention(
                     *(x[:, :, lo:hi].contiguous() for x in (q, k, v)), mask, mode=mode,
                     ulysses_degree=udeg)
-                worst = max(worst, _rel(out, ref[:, :, lo:hi]))
+                worst = max(worst, relative_difference(out, ref[:, :, lo:hi]))
             if i == 0:
                 base = torch.cuda.memory_allocated()
         results[rank] = (worst, torch.cuda.memory_allocated() - base)
