@@ -29,19 +29,26 @@ __all__ = ["main", "flex_attention_runner", "run"]
 
 
 def flex_attention_runner(compiled: bool = True) -> Any:
-    """A ``Session.attention`` that runs each call's Tessera mask with FlexAttention, its
-    BlockMask built on the GPU every call as a Flex user would for a mask that changes every
-    call (:func:`tessera.tools.peers.flex_block_mask`: token-exact, full tiles where it can).
-    ``compiled=False``: eager Flex (its reference implementation; CPU tests)."""
+    """A ``Session.attention`` that runs each call's Tessera mask with FlexAttention
+    (:func:`tessera.tools.peers.flex_block_mask`: token-exact, full tiles where it can). Its
+    BlockMask is built once per mask object, as a Flex user keeps one for a fixed mask, and
+    so on the GPU every call for masks made every call. ``compiled=False``: eager Flex (its
+    reference implementation; CPU tests)."""
     import torch
     from torch.nn.attention.flex_attention import flex_attention
 
     flex = torch.compile(flex_attention) if compiled else flex_attention
+    built: dict = {}  # id(Tessera mask) -> (mask, device, Flex BlockMask)
 
     def run(q, k, v, mask, layout, scale):
         if layout == "blhd":
             q, k, v = (x.transpose(1, 2) for x in (q, k, v))
-        fm = flex_block_mask(mask, q.device)
+        got = built.get(id(mask))
+        if got is None or got[0] is not mask or got[1] != q.device:
+            if len(built) > 64:
+                built.clear()
+            got = built[id(mask)] = (mask, q.device, flex_block_mask(mask, q.device))
+        fm = got[2]
         options = flex_kernel_options(fm) if compiled else None
         out = flex(q, k, v, block_mask=fm, scale=scale, kernel_options=options)
         return out.transpose(1, 2) if layout == "blhd" else out
