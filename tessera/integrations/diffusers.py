@@ -533,7 +533,7 @@ def enable(transformer: Any, method: Method, *, schedule: Schedule | None = None
             attn.set_processor(_routed(original, session, layer))
         session._hook = transformer.register_forward_pre_hook(session._before_forward,
                                                               with_kwargs=True)
-        blocks = model.blocks(transformer) if model.blocks is not None else []
+        blocks = model.blocks(transformer) if keep_order and model.blocks is not None else []
         for i, block in enumerate(blocks):
             session._block_hooks.append(block.register_forward_pre_hook(
                 functools.partial(session._before_block, i == 0), with_kwargs=True))
