@@ -437,6 +437,61 @@ __device__ __forceinline__ void zero_v_tail(u32 vs, int valid, int wg) {
     if constexpr (WGS == 1) named_bar_sync(TAIL_BAR, 128);
   }
 }
+
+// A copy of one 16-row tile's accumulators in local memory (volatile: never promoted to the
+// registers the accumulators already fill), kept by the rows a chunk excludes across its P V.
+template <int NB>
+struct GuardedRows {
+  volatile float v[NB][4];
+  __device__ __forceinline__ void keep(const float (&acc)[NB][4]) {
+#pragma unroll
+    for (int i = 0; i < NB; ++i) {
+      v[i][0] = acc[i][0]; v[i][1] = acc[i][1];
+      v[i][2] = acc[i][2]; v[i][3] = acc[i][3];
+    }
+  }
+  // Sets the rows in `rows` to zero through the copy (a constant would have ptxas keep
+  // another set of registers for the accumulators).
+  __device__ __forceinline__ void restore_zeros(float (&acc)[NB][4], int rows) {
+#pragma unroll
+    for (int i = 0; i < NB; ++i) v[i][0] = v[i][1] = v[i][2] = v[i][3] = 0.f;
+    restore(acc, rows);
+  }
+  // Takes back the rows in `rows` (excluded_rows' bits).
+  __device__ __forceinline__ void restore(float (&acc)[NB][4], int rows) const {
+    if (rows & 1) {
+#pragma unroll
+      for (int i = 0; i < NB; ++i) { acc[i][0] = v[i][0]; acc[i][1] = v[i][1]; }
+    }
+    if (rows & 2) {
+#pragma unroll
+      for (int i = 0; i < NB; ++i) { acc[i][2] = v[i][2]; acc[i][3] = v[i][3]; }
+    }
+  }
+};
+
+// Whether V rows [0, valid) of a stage hold an Inf or NaN: one answer for the warpgroup (a
+// barrier reduction over its 128 threads, on a barrier of its own). Rows past `valid` are
+// left alone: zero_v_tail may be writing them.
+constexpr int GUARD_BAR = TAIL_BAR + 1;  // + wg
+template <int W>
+__device__ __forceinline__ bool stage_v_non_finite(u32 vs, int valid, int wg) {
+  const int t = thread_index() % 128;
+  const int n = (valid < W ? valid : W) * CPR;
+  u32 bad = 0;
+#pragma unroll 1
+  for (int i = t; i < n; i += 128) {
+    const u32 at = vs + tile_offset<KV_ROWS>(i / CPR, i % CPR);
+#pragma unroll
+    for (int w = 0; w < 4; ++w) bad |= non_finite_word(at + 4 * w);
+  }
+  u32 any;
+  asm volatile(
+      "{\n .reg .pred p, q;\n setp.ne.u32 q, %1, 0;\n bar.red.or.pred p, %2, 128, q;\n"
+      " selp.u32 %0, 1, 0, p;\n}"
+      : "=r"(any) : "r"(bad), "r"(GUARD_BAR + wg) : "memory");
+  return any != 0;
+}
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS)
@@ -657,7 +712,9 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
       // with before the barrier. The matrix operations are issued unconditionally (a row tile
       // with no part in a chunk gets P = 0): ptxas serializes wgmma issued on paths it cannot
       // prove uniform across the warpgroup. A task's first chunk has no previous P: it issues
-      // P V with P = 0 over its own V (landed, finite), which adds nothing to O. Issuing that P V
+      // P V with P = 0 over its own V (landed), which adds nothing to O -- but 0 x Inf where that
+      // V holds an Inf: rows a restricted first chunk excludes are set back to zero after it
+      // (the rows it applies to select that value). Issuing that P V
       // only from the second chunk on made ptxas close every iteration with an empty wgmma group
       // (a dummy HGMMA after the merge), so the wait for S_j also waited for P_{j-1} V_{j-1} and
       // the softmax never overlapped it.
@@ -669,6 +726,10 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
       // jt counts this task's chunks: conditions on it (not on vs_prev) are ones the compiler can
       // prove uniform, which keeps the wgmma under them from being serialized.
       int jt = 0;
+      // The rows the previous chunk excludes that keep their accumulators across its P V
+      // (excluded_rows' bits; 0 unless that chunk's V holds a non-finite value).
+      int guard_prev = 0;
+      GuardedRows<D / 8> kept;
       for (; walk.more(se); ++j, ++jt) {
         if constexpr (WS) {
           mbar_wait(full_bar + 8 * (j % STAGES), (j / STAGES) & 1);
@@ -690,6 +751,7 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
         const int lo = max(walk.row_lo(spans), q_start);
         const int hi = min(walk.row_hi(spans), q_end);
         zero_v_tail<W>(ks + KV_BYTES, walk.key_end() - walk.key0(), wg);
+        if (guard_prev) kept.keep(o);
 
         wait_issue_turn(wg);
         wgmma_hold<D / 2>(&o[0][0]);
@@ -704,6 +766,11 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
         for (int kk = 0; kk < W / 16; ++kk) Wgmma<D>::rs(&o[0][0], pa[kk], vd.at(v_step(kk)), 1);
         wgmma_commit();
         pass_issue_turn(wg);
+        // (checked while the tensor cores work; `lo`, `hi` are uniform, so is the branch)
+        int guard = 0;
+        if ((lo > q_start || hi < q_end) &&
+            stage_v_non_finite<W>(ks + KV_BYTES, walk.key_end() - walk.key0(), wg))
+          guard = excluded_rows(tok_base + thread_index() % 32 / 4, lo, hi);
 
         wgmma_wait<overlap_pv<W>() ? 1 : 0>();
         wgmma_hold<W / 2>(&s[0][0]);
@@ -724,6 +791,9 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
         wgmma_hold<D / 2>(&o[0][0]);
         wgmma_hold<W / 2>(&s[0][0]);  // P is rewritten only after the P V that read it is done
         if (WS && jt > 0) mbar_arrive(empty_bar + 8 * ((j - 1) % STAGES));  // j-1 is done
+        if (guard_prev) kept.restore(o, guard_prev);
+        if (jt == 0 && guard) kept.restore_zeros(o, guard);  // (the first chunk's P V: see above)
+        guard_prev = guard;
         if (al[0] != 1.f || al[1] != 1.f) {
 #pragma unroll
           for (int i = 0; i < D / 8; ++i) {
@@ -739,6 +809,7 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
       // Every S of this task has been waited for: the producer may reuse its Q buffer.
       if constexpr (WS) mbar_arrive(q_empty_bar + 8 * qb);
       if (jt > 0) {  // the last chunk's P V (uniform: every thread walked the same spans)
+        if (guard_prev) kept.keep(o);
         wgmma_hold<D / 2>(&o[0][0]);
         wgmma_fence();
         const SmemDesc vd = v_desc(vs_prev);
@@ -747,6 +818,7 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
         wgmma_commit();
         wgmma_wait<0>();
         wgmma_hold<D / 2>(&o[0][0]);
+        if (guard_prev) kept.restore(o, guard_prev);
         if (WS) mbar_arrive(empty_bar + 8 * ((j - 1) % STAGES));  // the task's last chunk is done
       }
     };

@@ -189,6 +189,11 @@ def compile_variant(variant: Variant, target: str, *, allow_spills: bool = False
     if not allow_spills and result.spill_bytes:
         raise BuildError(f"{variant.label} spills registers on {target} "
                          f"({spill_st} B stores, {spill_ld} B loads):\n{log}")
+    if not allow_spills and result.stack_bytes > variant.local_bytes:
+        # Local memory beyond the variant's own (an array the compiler could not keep in
+        # registers) is as slow as a spill.
+        raise BuildError(f"{variant.label} on {target}: {result.stack_bytes} B of local memory, "
+                         f"{variant.local_bytes} B by design:\n{log}")
     if "wgmma.mma_async instructions are serialized" in log:
         raise BuildError(f"{variant.label} on {target}: ptxas serialized its wgmma:\n{log}")
     launch_regs = 65536 // (variant.threads * variant.min_blocks) // 8 * 8 \

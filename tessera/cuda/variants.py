@@ -117,6 +117,15 @@ class Variant:
         once) rather than one: the warp-specialized sm90 variant."""
         return self.source == "bsa_sm90.cu" and bool(dict(self.macros).get("PRODUCER"))
 
+    @property
+    def local_bytes(self) -> int:
+        """Local memory (ptxas' stack frame) the variant uses by design: the sm90 family's copy
+        of one row tile's accumulators, which rows a restricted chunk excludes keep across its
+        product when its V holds an Inf or NaN (bsa_sm90.cu, GuardedRows); 0 elsewhere."""
+        if self.source == "bsa_sm90.cu":
+            return self.macro("D") // 8 * 4 * 4
+        return 0
+
     @classmethod
     def combine(cls, *, bf16: bool) -> "Variant":
         return cls("combine.cu", "bsa_combine", (("BF16", int(bf16)),))

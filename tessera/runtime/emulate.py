@@ -145,7 +145,10 @@ def run(plan: Plan, q: Any, k: Any, v: Any, *, scale: float | None = None) -> Em
             p = np.exp(s - m_safe[:, None])
             alpha = np.where(np.isfinite(m), np.exp(m - m_safe), 0.0)
             denom = denom * alpha + p.sum(axis=1)
-            acc = acc * alpha[:, None] + p @ v4[b, kvh, keys_c]
+            # Only the rows the span applies to take its product, over its real keys: a
+            # non-finite value elsewhere never meets P = 0 (as in the kernels).
+            acc = acc * alpha[:, None]
+            acc[row_ok] += p[np.ix_(row_ok, key_ok)] @ v4[b, kvh, keys_c[key_ok]]
             m = m_new
         empty = denom == 0
         o = np.where(empty[:, None], 0.0, acc / np.where(empty, 1.0, denom)[:, None])

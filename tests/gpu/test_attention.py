@@ -11,6 +11,7 @@ import tessera.cuda.device
 from tessera import api, launch, operands, reference
 from tessera.interop import cupy_bfloat16
 from tessera.runtime.regime import Regime, default_regime
+from tests.runtime.runtime_helpers import assert_same_non_finite, poisoned_restricted_case
 
 pytestmark = pytest.mark.gpu
 
@@ -381,6 +382,31 @@ def test_non_finite_values_stay_where_they_belong(family, block_m, wide, tma, mo
     keep[0, 1, 5] = False
     assert np.isfinite(got[keep]).all(), "a non-finite value leaked into another row"
     assert_rows_close(got[keep][None], ref[keep][None], "float16")
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("family,block_m,tma,align", [
+    ("sm90ws", 128, True, False), ("sm90ws", 128, False, False), ("sm90ws", 128, True, True),
+    ("sm90ws", 64, True, False), ("sm90", 128, False, False), ("sm80", 128, False, False),
+    ("sm80", 128, False, True)])
+def test_non_finite_values_of_keys_other_rows_select(family, block_m, tma, align, d,
+                                                     monkeypatch):
+    """Tiles whose rows select different keys (short query blocks combined onto one tile, or
+    aligned tiles straddling variable blocks): Inf, -Inf and NaN values -- and a NaN key -- in
+    key blocks that some of a tile's rows select leave its other rows exact, and give the rows
+    that select them non-finite values exactly where the float64 reference does."""
+    import cupy as cp
+
+    rng = np.random.default_rng(block_m + 2 * tma + 4 * align + d)
+    m, policy, q, k, v = poisoned_restricted_case(rng, block_m, align, d)
+    reg = _regime(family, block_m, **policy)
+    monkeypatch.setattr(tessera.config, "use_tma", tma)
+    p = tessera.plan(m, num_q_heads=2, head_dim=d, dtype="float16", regime=reg)
+    assert p.tiles.num_merged > 0, "no tile's rows select different keys: the test is void"
+    ref = reference.attention(q, k, v, m)
+    got = cp.asnumpy(p.run(cp.asarray(q), cp.asarray(k), cp.asarray(v))).astype(np.float64)
+    rows = assert_same_non_finite(got, ref)
+    assert_rows_close(got[rows][None], ref[rows][None], "float16")
 
 
 @pytest.mark.parametrize("d,bn,pack,tma", [(128, 64, False, True), (128, 64, True, False),

@@ -535,3 +535,42 @@ PLANNER_STAND_INS = {"plan_row_stats": _np_plan_row_stats,
                      "plan_write_spans": _np_plan_write_spans,
                      "plan_scan": _np_plan_scan, "plan_write_runs": _np_plan_write_runs,
                      "plan_aligned_spans": _np_plan_aligned_spans}
+
+
+def poisoned_restricted_case(rng: np.random.Generator, block_m: int, align: bool, d: int):
+    """A mask whose tiles' rows select different keys -- short query blocks a 0.9 combine
+    threshold merges onto ``block_m``-row tiles, or clusters of 40-220 tokens for aligned tiles
+    -- and float16 q, k, v with Inf, -Inf and NaN values (and a NaN key) in key blocks that some
+    query blocks of each head select and others do not. Returns (mask, policy, q, k, v)."""
+    policy = dict(combine_threshold=0.0, align_tiles=True) if align else \
+        dict(combine_threshold=0.9)
+    low, high = (40, 220) if align else (8, block_m // 2)
+    qs, ks = rng.integers(low, high, size=14), rng.integers(16, 160, size=18)
+    dense = rng.random((2, 14, 18)) < 0.35
+    dense[:, :, 0] = True
+    mask = BlockMask.from_dense(dense, q_bounds=np.r_[0, np.cumsum(qs)],
+                                kv_bounds=np.r_[0, np.cumsum(ks)])
+    lq, lk = int(mask.seq_len_q), int(mask.seq_len_kv)
+    q, k, v = (rng.standard_normal((1, 2, n, d)).astype(np.float16) for n in (lq, lk, lk))
+    kb = np.r_[0, np.cumsum(ks)]
+    for h in range(2):
+        partly = np.flatnonzero(dense[h].any(0) & ~dense[h].all(0))
+        for n, blk in enumerate(rng.choice(partly, size=3, replace=False)):
+            key = int(rng.integers(kb[blk], kb[blk + 1]))
+            cols = rng.choice(d, size=4, replace=False)
+            v[0, h, key, cols] = (np.inf, -np.inf, np.nan, np.inf) if n == 2 else \
+                (np.inf, -np.inf)[n]
+            if n == 2 and h == 0:
+                k[0, h, int(rng.integers(kb[blk], kb[blk + 1])), 0] = np.nan
+    return mask, policy, q, k, v
+
+
+def assert_same_non_finite(got: np.ndarray, ref: np.ndarray) -> np.ndarray:
+    """``got`` is non-finite exactly where ``ref`` is (and ``ref`` has both kinds of rows);
+    returns the rows ``ref`` has all finite."""
+    finite = np.isfinite(ref)
+    rows = finite.all(axis=-1)
+    assert (~finite).any() and rows.any(), "the poison reached no row, or every row"
+    wrong = int((np.isfinite(got) != finite).sum())
+    assert wrong == 0, f"{wrong} elements finite where the reference is not, or the reverse"
+    return rows

@@ -8,11 +8,14 @@ emulator poisons with NaN)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 import tessera
 from tessera import BlockMask, Regime
+from tessera.reference import attention
+from tessera.runtime import emulate
 from tessera.runtime.queue import Span, Task, records
 from tests.runtime.runtime_helpers import (
     ALIGN_REGIMES,
@@ -20,9 +23,11 @@ from tests.runtime.runtime_helpers import (
     COMBINE_REGIMES,
     EXTRA_REGIMES,
     SPLIT_REGIMES,
+    assert_same_non_finite,
     cases,
     check_emulation,
     check_queue,
+    poisoned_restricted_case,
     random_qkv,
 )
 
@@ -135,3 +140,20 @@ def test_packed_keys_plans_emulate_exactly_with_less_work():
                 for a, b in zip(t.span_begin, t.span_end)]
         assert [int(c) for c in t.cost] == [-(-n // bn) for n in keys]
         assert p.computed_pairs() < plain.computed_pairs()
+
+
+@pytest.mark.parametrize("block_m,align", [(128, False), (64, False), (128, True)])
+def test_non_finite_values_reach_only_the_rows_that_select_them(block_m, align):
+    """Tiles whose rows select different keys (combined short query blocks, aligned tiles):
+    Inf, -Inf and NaN values in keys some of a tile's rows select make exactly the reference's
+    elements non-finite, as the kernels do (tests/gpu/test_attention.py runs the same case)."""
+    rng = np.random.default_rng(block_m + align)
+    mask, policy, q, k, v = poisoned_restricted_case(rng, block_m, align, 64)
+    reg = Regime(block_m=block_m, num_warps=4, block_n=64, **policy)
+    plan = tessera.plan(mask, num_q_heads=2, head_dim=64, dtype="float16", regime=reg, arch=80)
+    assert plan.tiles.num_merged > 0, "no tile's rows select different keys: the test is void"
+    ref = attention(q, k, v, mask)
+    with np.errstate(invalid="ignore"):
+        got = emulate.run(plan, q, k, v).out
+    rows = assert_same_non_finite(got, ref)
+    assert np.abs(got[rows] - ref[rows]).max() <= 1e-9 * np.abs(ref[rows]).max()

@@ -55,4 +55,4 @@ def test_new_candidate_tiles_compile_without_spills(tmp_path, monkeypatch):
                 v = variants.Variant.bsa_sm80(block_m=bm, block_n=bn, head_dim=d, num_warps=4,
                                             stages=2, bf16=True)
                 res = loader.compile_variant(v, target)
-                assert res.spill_bytes == 0 and res.stack_bytes == 0
+                assert res.spill_bytes == 0 and res.stack_bytes <= res.variant.local_bytes
