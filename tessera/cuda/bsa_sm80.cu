@@ -15,6 +15,7 @@
 //   TESSERA_STAGES             K/V pipeline depth (>= 2)
 //   TESSERA_MIN_BLOCKS         CTAs per SM the register budget is set for
 //   TESSERA_BF16               1: bfloat16, 0: float16
+//   TESSERA_GUARD              0: no non-finite check of row-restricted chunks (common.cuh)
 //
 // Shared memory (dynamic), in elements: BM * (D + 8) for Q, then STAGES x {K, V} tiles of
 // BN x (D + 8). The +8 pad puts the 8 rows one ldmatrix reads in distinct banks. Q stays in
@@ -233,7 +234,7 @@ bsa_fwd_sm80(TESSERA_BSA_PARAMS) {
     // A span restricted to some of the tile's rows whose V holds an Inf or NaN: its product
     // runs over V with those values zeroed, then only the rows it applies to take them back
     // (guard_values). `lo`, `hi` are uniform, so are the branch and the barriers in it.
-    const bool guard = (lo > q_start || hi < q_end) && guard_values(vs, tid);
+    const bool guard = GUARD && (lo > q_start || hi < q_end) && guard_values(vs, tid);
     if (any_active) {
       // S = Q K^T (raw scores; the scale is applied inside the exponent).
       float s[MT][BN / 8][4];

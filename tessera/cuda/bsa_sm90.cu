@@ -35,6 +35,7 @@
 //   TESSERA_SMEM_ALIGNED 1: no slack reserved to align the tiles (the dynamic shared memory
 //                    starts 1024-aligned; checked): the 1 KB that lets two 64x64 producer CTAs
 //                    with one Q buffer share an SM at head dim 128
+//   TESSERA_GUARD    0: no non-finite check of row-restricted chunks (common.cuh, GuardedRows)
 //   TESSERA_WIDE_BN  (TMA producer only; 0: off) a wider key step for tasks whose few spans are
 //                    long: the producer takes a task of at most WIDE_SPANS spans at WIDE_BN
 //                    keys a step when that computes at most ~3% more padded keys than BN-key
@@ -768,7 +769,7 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
         pass_issue_turn(wg);
         // (checked while the tensor cores work; `lo`, `hi` are uniform, so is the branch)
         int guard = 0;
-        if ((lo > q_start || hi < q_end) &&
+        if (GUARD && (lo > q_start || hi < q_end) &&
             stage_v_non_finite<W>(ks + KV_BYTES, walk.key_end() - walk.key0(), wg))
           guard = excluded_rows(tok_base + thread_index() % 32 / 4, lo, hi);
 

@@ -404,6 +404,13 @@ __device__ __forceinline__ void p_fragment(u32 (&pa)[4], const float (&s)[NB][4]
 // of their accumulators taken back after it, or a product over V with those values zeroed that
 // the other rows then add back).
 
+// TESSERA_GUARD 1 (the default) builds that check; 0 leaves it out, for the variants of regimes
+// whose plans restrict no span to some of a tile's rows (Regime.restricts_rows).
+#ifndef TESSERA_GUARD
+#define TESSERA_GUARD 1
+#endif
+constexpr bool GUARD = TESSERA_GUARD;
+
 // Nonzero when either 16-bit half of x is an Inf or a NaN (every exponent bit set).
 __device__ __forceinline__ u32 non_finite_pair(u32 x) {
 #if TESSERA_BF16

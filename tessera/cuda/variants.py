@@ -33,16 +33,20 @@ class Variant:
 
     @classmethod
     def bsa_sm80(cls, *, block_m: int, block_n: int, head_dim: int, num_warps: int, stages: int,
-                 bf16: bool, min_blocks: int = 1) -> "Variant":
+                 bf16: bool, min_blocks: int = 1, guard: bool = True) -> "Variant":
+        """The portable family (mma.sync). ``guard``: the variant checks the V of chunks whose
+        span applies to some of a tile's rows for non-finite values (common.cuh); plans whose
+        regime restricts no span (Regime.restricts_rows) run without it."""
         mt = block_m // (16 * num_warps)
         return cls("bsa_sm80.cu", "bsa_fwd_sm80", (
             ("BM", block_m), ("BN", block_n), ("D", head_dim), ("WARPS", num_warps), ("MT", mt),
-            ("STAGES", stages), ("MIN_BLOCKS", min_blocks), ("BF16", int(bf16))))
+            ("STAGES", stages), ("MIN_BLOCKS", min_blocks), ("BF16", int(bf16))) + (
+            () if guard else (("GUARD", 0),)))
 
     @classmethod
     def bsa_sm90(cls, *, block_m: int, block_n: int, head_dim: int, stages: int,
                  bf16: bool, producer: bool = False, pack_keys: bool = False,
-                 tma: bool = False, wide: bool = False) -> "Variant":
+                 tma: bool = False, wide: bool = False, guard: bool = True) -> "Variant":
         """The Hopper family (sm_90a only): 64 rows per consumer warpgroup, plus a producer
         warpgroup that does all copies when ``producer`` -- then with two Q buffers where they
         fit the sm_90 shared-memory limit (all but 128-row tiles with 128-key steps at head dim
@@ -55,7 +59,7 @@ class Variant:
         (Regime.wide_steps): the TMA variant of 128x128 tiles at head dim 64 steps 192 keys at
         a time through tasks of a few long spans (``WIDE_BN``, by the rule of
         tasks.wide_step_tasks; see bsa_sm90.cu); other variants have no wide step and ignore
-        it."""
+        it. ``guard``: as for bsa_sm80."""
         if tma and (not producer or pack_keys):
             raise ValueError("TMA copies are the producer's, for the span-by-span walk")
         wide = wide and tma and (block_m, block_n, head_dim) == (128, 128, 64)
@@ -63,7 +67,7 @@ class Variant:
                   ("BF16", int(bf16))) + ((("PACK_KEYS", 1),) if pack_keys else ()) + (
                   (("TMA", 1),) if tma else ()) + (
                   (("WIDE_BN", WIDE_BN), ("WIDE_SPANS", WIDE_SPANS), ("WIDE_SLACK", WIDE_SLACK))
-                  if wide else ())
+                  if wide else ()) + (() if guard else (("GUARD", 0),))
         if not producer:
             return cls("bsa_sm90.cu", "bsa_fwd_sm90", macros)
         def ws(q_buffers: int, min_blocks: int, aligned: bool = False) -> "Variant":
@@ -122,7 +126,7 @@ class Variant:
         """Local memory (ptxas' stack frame) the variant uses by design: the sm90 family's copy
         of one row tile's accumulators, which rows a restricted chunk excludes keep across its
         product when its V holds an Inf or NaN (bsa_sm90.cu, GuardedRows); 0 elsewhere."""
-        if self.source == "bsa_sm90.cu":
+        if self.source == "bsa_sm90.cu" and dict(self.macros).get("GUARD", 1):
             return self.macro("D") // 8 * 4 * 4
         return 0
 

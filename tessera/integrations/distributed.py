@@ -38,9 +38,10 @@ from ..mask import BlockMask
 from . import torch_attention
 
 __all__ = ["sequence_parallel_attention", "shard_ranges", "assign_heads", "crop", "RingPlan",
-           "ring_plan", "choose_mode", "MODES"]
+           "ring_plan", "choose_mode", "head_units", "rank_pairs", "MODES", "BALANCES"]
 
 MODES = ("auto", "ulysses", "ring", "hybrid")
+BALANCES = ("pairs", "heads")
 
 
 def shard_ranges(length: int, ranks: int) -> list[tuple[int, int]]:
@@ -197,7 +198,23 @@ def _head_dim(layout: str) -> int:
     return 1 if layout == "bhld" else 2
 
 
-def _ulysses(q, k, v, mask, dense, ranges, rank, ranks, layout, scale, group, inner=None):
+def head_units(mask: BlockMask, dense: np.ndarray, num_kv_heads: int, ranks: int,
+               balance: str = "pairs") -> list[list[int]]:
+    """The kv heads (with their query heads) each of ``ranks`` ranks computes under Ulysses:
+    balanced by useful pairs (``balance="pairs"``, :func:`assign_heads`) or split by count in
+    consecutive runs (``"heads"``, the plain split, as dense sequence-parallel stacks do).
+    ``dense``: the per-query-head block matrix."""
+    if balance not in BALANCES:
+        raise ValueError(f"balance must be one of {BALANCES}, got {balance!r}")
+    if balance == "heads":
+        bounds = [r * num_kv_heads // ranks for r in range(ranks + 1)]
+        return [list(range(bounds[r], bounds[r + 1])) for r in range(ranks)]
+    g = dense.shape[1] // num_kv_heads
+    return assign_heads(_pairs_per_head(mask, dense).reshape(num_kv_heads, g).sum(1), ranks)
+
+
+def _ulysses(q, k, v, mask, dense, ranges, rank, ranks, layout, scale, group, inner=None,
+             balance="pairs"):
     """Ulysses over ``group`` (whose ranks hold ``ranges``, consecutive, of one token span):
     heads in, whole-span attention (``inner(q, k, v, heads, mask, dense)`` when given: the
     hybrid's ring across spans), heads out."""
@@ -206,8 +223,7 @@ def _ulysses(q, k, v, mask, dense, ranges, rank, ranks, layout, scale, group, in
     sd, hd = _seq_dim(layout), _head_dim(layout)
     hq, hkv = q.shape[hd], k.shape[hd]
     g = hq // hkv
-    work = _pairs_per_head(mask, dense).reshape(hkv, g).sum(1)  # per kv-head group
-    units = assign_heads(work, ranks)
+    units = head_units(mask, dense, hkv, ranks, balance)
     qheads = [[u * g + i for u in us for i in range(g)] for us in units]
 
     def pick(x, heads):
@@ -356,7 +372,8 @@ def _subgroups(group: Any, ulysses_degree: int) -> tuple[Any, Any]:
     return _hybrid_groups[key]
 
 
-def _hybrid(q, k, v, mask, dense, ranges, rank, ranks, layout, scale, group, ulysses_degree):
+def _hybrid(q, k, v, mask, dense, ranges, rank, ranks, layout, scale, group, ulysses_degree,
+            balance="pairs"):
     """Ulysses inside groups of ``ulysses_degree`` consecutive ranks (each group holds one
     contiguous span of the sequence), then the ring across the groups for each rank's heads,
     then Ulysses back."""
@@ -377,25 +394,29 @@ def _hybrid(q, k, v, mask, dense, ranges, rank, ranks, layout, scale, group, uly
                      scale, r_group)
 
     return _ulysses(q, k, v, mask, dense, ranges[g0:g0 + u], rank % u, u, layout, scale,
-                    u_group, inner=ring_for)
+                    u_group, inner=ring_for, balance=balance)
 
 
 def sequence_parallel_attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *,
                                 group: Any = None, mode: str = "auto", layout: str = "bhld",
                                 scale: float | None = None,
-                                ulysses_degree: int | None = None) -> Any:
+                                ulysses_degree: int | None = None,
+                                balance: str = "pairs") -> Any:
     """This rank's shard of block-sparse attention over the whole sequence: ``q``/``k``/``v``
     are this rank's contiguous sequence shard (:func:`shard_ranges` of the mask's length over
     the group), ``[B, H, L_shard, D]`` or ``[B, L_shard, H, D]``; ``block_mask`` the whole
     sequence's, the same on every rank. Returns this rank's output shard (q's layout and
     dtype). ``mode``: "ulysses", "ring", "hybrid" (Ulysses inside groups of
     ``ulysses_degree`` consecutive ranks, the ring across them) or "auto" (see the module
-    docstring)."""
+    docstring). ``balance``: how Ulysses gives heads to ranks, by useful pairs ("pairs") or
+    by count ("heads", the plain split: for comparison)."""
     import torch
     import torch.distributed as dist
 
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if balance not in BALANCES:
+        raise ValueError(f"balance must be one of {BALANCES}, got {balance!r}")
     if mode == "hybrid" and ulysses_degree is None:
         raise ValueError("mode='hybrid' needs ulysses_degree (the ranks of one Ulysses group)")
     if layout not in ("bhld", "blhd"):
@@ -441,8 +462,50 @@ def sequence_parallel_attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *
         mode, ulysses_degree = choose_mode(ranks, hkv)
     args = (q, k, v, block_mask, dense, ranges, rank, ranks, layout, scale, group)
     if mode == "hybrid":
-        return _hybrid(*args, ulysses_degree)
-    return (_ulysses if mode == "ulysses" else _ring)(*args)
+        return _hybrid(*args, ulysses_degree, balance)
+    if mode == "ulysses":
+        return _ulysses(*args, balance=balance)
+    return _ring(*args)
+
+
+def rank_pairs(block_mask: BlockMask, ranks: int, num_q_heads: int, num_kv_heads: int, *,
+               mode: str, ulysses_degree: int | None = None,
+               balance: str = "pairs") -> np.ndarray:
+    """The useful (query, key) pairs each rank computes under ``mode`` (not "auto"): the work
+    balance that :func:`sequence_parallel_attention` gets, per rank, from the mask alone."""
+    if mode not in ("ulysses", "ring", "hybrid"):
+        raise ValueError(f"mode must be 'ulysses', 'ring' or 'hybrid', got {mode!r}")
+    if mode == "hybrid" and (ulysses_degree is None or ranks % ulysses_degree):
+        raise ValueError(f"mode='hybrid' needs an ulysses_degree dividing {ranks}, got "
+                         f"{ulysses_degree!r}")
+    dense = _dense_per_head(block_mask, num_q_heads, num_kv_heads)
+    ranges = shard_ranges(block_mask.seq_len_q, ranks)
+    g = num_q_heads // num_kv_heads
+    rk = np.diff(block_mask.kv_bounds).astype(np.float64)
+    qb = block_mask.q_bounds
+
+    def rows_in(lo: int, hi: int) -> np.ndarray:  # query tokens of each block inside [lo, hi)
+        return np.clip(np.minimum(qb[1:], hi) - np.maximum(qb[:-1], lo), 0, None).astype(
+            np.float64)
+
+    def pairs(heads: list[int], lo: int, hi: int) -> float:
+        if not heads:
+            return 0.0
+        return float(np.einsum("bhij,i,j->", dense[:, heads].astype(np.float64),
+                               rows_in(lo, hi), rk))
+
+    if mode == "ring":
+        return np.array([pairs(list(range(num_q_heads)), *r) for r in ranges])
+    # Ulysses: each rank's heads over the whole sequence; the hybrid: over its group's span
+    # (the ring brings every key to it). Either way the heads are assigned by the whole mask.
+    u = ranks if mode == "ulysses" else ulysses_degree
+    units = head_units(block_mask, dense, num_kv_heads, u, balance)
+    out = np.zeros(ranks)
+    for g0 in range(0, ranks, u):
+        span = (ranges[g0][0], ranges[g0 + u - 1][1])
+        for i, us in enumerate(units):
+            out[g0 + i] = pairs([x * g + j for x in us for j in range(g)], *span)
+    return out
 
 
 def choose_mode(ranks: int, kv_heads: int) -> tuple[str, int | None]:

@@ -1,7 +1,8 @@
 """``python -m tessera bench``: Tessera against dense SDPA (cuDNN, flash) and FlexAttention with
 a per-request BlockMask, in one process, on the WORKLOADS shapes and mask families.
 
-Two kinds of masks: ``--case`` (random or banded masks on 128-token blocks) and ``--family``
+Two kinds of masks: ``--case`` (random, top-k or banded masks on uniform 128- or 64-token
+blocks, :data:`CASES`) and ``--family``
 (the :mod:`tessera.families` families at their typical parameters,
 :func:`tessera.tools.workloads.example_mask`), whose blocks need not be 128-token aligned
 (64-token cubes, variable clusters). Every peer runs at its best on the exact mask
@@ -31,6 +32,7 @@ import json
 import math
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -38,12 +40,10 @@ import numpy as np
 import tessera
 
 from ..runtime.regime import regime_from_name
-from . import peers
+from . import bench_distributed, peers
 from .timing import cuda_time_ms
 from .workloads import FAMILIES, WORKLOADS, example_mask
 
-# Mask cases on 128-token blocks that FlexAttention's default 128x128 BlockMask also accepts.
-BLOCK = 128
 # Calls per pair of events in the kernel and back-to-back timings.
 BURST = 10
 
@@ -53,11 +53,34 @@ def _band(n: int, heads: int, width: int) -> np.ndarray:
     return np.broadcast_to(np.abs(i[:, None] - i[None, :]) <= width, (heads, n, n)).copy()
 
 
-CASES: dict[str, Callable[[np.random.Generator, int, int], np.ndarray]] = {
-    "random-10": lambda rng, h, n: rng.random((h, n, n)) < 0.10,
-    "random-30": lambda rng, h, n: rng.random((h, n, n)) < 0.30,
-    "band-16": lambda rng, h, n: _band(n, h, int(0.08 * n)),
-    "dense": lambda rng, h, n: np.ones((h, n, n), bool),
+def _top_k(rng: np.random.Generator, heads: int, n: int, density: float) -> np.ndarray:
+    """The same number of key blocks for every query block, at random (a top-k selection's
+    shape, whatever scored the blocks)."""
+    k = max(1, round(density * n))
+    order = np.argsort(rng.random((heads, n, n)), axis=-1)[..., :k]
+    out = np.zeros((heads, n, n), bool)
+    np.put_along_axis(out, order, True, axis=-1)
+    return out
+
+
+@dataclass(frozen=True)
+class Case:
+    """A mask case on uniform blocks: ``block`` tokens a block, ``make(rng, heads, blocks)``
+    its block matrix. 128 is FlexAttention's default tile; 64 the block of VSA-style top-k
+    methods, where the length is padded to whole blocks as those methods' users pad it (cuDNN's
+    64-token kernels need it)."""
+
+    block: int
+    make: Callable[[np.random.Generator, int, int], np.ndarray]
+
+
+CASES: dict[str, Case] = {
+    "random-10": Case(128, lambda rng, h, n: rng.random((h, n, n)) < 0.10),
+    "random-30": Case(128, lambda rng, h, n: rng.random((h, n, n)) < 0.30),
+    "band-16": Case(128, lambda rng, h, n: _band(n, h, int(0.08 * n))),
+    "dense": Case(128, lambda rng, h, n: np.ones((h, n, n), bool)),
+    "topk64-10": Case(64, lambda rng, h, n: _top_k(rng, h, n, 0.10)),
+    "random64-30": Case(64, lambda rng, h, n: rng.random((h, n, n)) < 0.30),
 }
 
 
@@ -105,8 +128,9 @@ def run(shapes: list[str], cases: list[str], reps: int = 20, flex: bool = True,
     for shape in shapes:
         w = WORKLOADS[shape]
         h, d, L = (heads or w.heads), w.head_dim, w.seq_len
-        q, k, v = (torch.randn(batch, h, L, d, device="cuda", dtype=torch.bfloat16)
-                   for _ in range(3))
+        qkv = tuple(torch.randn(batch, h, L, d, device="cuda", dtype=torch.bfloat16)
+                    for _ in range(3))
+        q, k, v = qkv
         dense_flops = 4 * d * L * L * batch * h
         sdpa = {}
         for backend, label in ((SDPBackend.CUDNN_ATTENTION, "cudnn"),
@@ -117,13 +141,24 @@ def run(shapes: list[str], cases: list[str], reps: int = 20, flex: bool = True,
                                                reps, burst=BURST)
             except Exception as exc:
                 print(f"\nSDPA {label} failed: {exc}", file=sys.stderr)
-        n = math.ceil(L / BLOCK)
+        padded = {}  # q, k, v at a length padded to whole 64-token blocks
         for case in cases:
             _progress(step, total, f"{shape} {case}")
             step += 1
+            q, k, v = qkv
             if case in CASES:
-                blocks = torch.from_numpy(CASES[case](rng, h, n)).cuda()
-                qb = kb = np.minimum(np.arange(n + 1) * BLOCK, L)
+                c = CASES[case]
+                n = math.ceil(L / c.block)
+                length = L
+                if c.block < 128 and L % c.block:
+                    length = n * c.block
+                    if length not in padded:
+                        padded[length] = tuple(torch.randn(batch, h, length, d, device="cuda",
+                                                           dtype=torch.bfloat16)
+                                               for _ in range(3))
+                    q, k, v = padded[length]
+                blocks = torch.from_numpy(c.make(rng, h, n)).cuda()
+                qb = kb = np.minimum(np.arange(n + 1) * c.block, length)
             else:
                 host, qb, kb = _family_blocks(shape, case, h)
                 blocks = torch.from_numpy(host).cuda()
@@ -276,8 +311,9 @@ def chart(rows: list[dict], path: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tessera bench")
-    ap.add_argument("--shape", default="wan-1.3b-480p,cogvideox-5b",
-                    help=f"comma list of {', '.join(WORKLOADS)}")
+    ap.add_argument("--shape", default=None,
+                    help=f"comma list of {', '.join(WORKLOADS)} (default: wan-1.3b-480p,"
+                         "cogvideox-5b; with --distributed: hunyuan-720p)")
     ap.add_argument("--case", default=None,
                     help=f"comma list of {', '.join(CASES)} (default: all, unless --family)")
     ap.add_argument("--family", default=None,
@@ -292,14 +328,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--json", help="write the figures as JSON here")
     ap.add_argument("--png", help="write a bar chart here (needs matplotlib)")
+    ap.add_argument("--distributed", action="store_true",
+                    help="sequence-parallel attention over the GPUs of a torchrun launch "
+                         "(cases: random-10, mixed-heads; see tessera.tools.bench_distributed)")
     args = ap.parse_args(argv)
-    shapes = args.shape.split(",")
-    cases = args.case.split(",") if args.case else ([] if args.family else list(CASES))
-    families = (list(FAMILIES) if args.family == "all" else args.family.split(",")) \
-        if args.family else []
+    shapes = (args.shape or ("hunyuan-720p" if args.distributed else
+                             "wan-1.3b-480p,cogvideox-5b")).split(",")
     for s in shapes:
         if s not in WORKLOADS:
             ap.error(f"unknown shape {s!r}; choose from {', '.join(WORKLOADS)}")
+    if args.distributed:
+        if args.family or args.regime or args.png:
+            ap.error("--distributed takes --shape, --case, --reps and --json only")
+        cases = args.case.split(",") if args.case else list(bench_distributed.DIST_CASES)
+        return bench_distributed.main(shapes, cases, args.reps, args.json)
+    cases = args.case.split(",") if args.case else ([] if args.family else list(CASES))
+    families = (list(FAMILIES) if args.family == "all" else args.family.split(",")) \
+        if args.family else []
     for c in cases:
         if c not in CASES:
             ap.error(f"unknown case {c!r}; choose from {', '.join(CASES)}")

@@ -47,6 +47,38 @@ def test_head_assignment_beats_a_plain_split_on_mixed_densities():
     assert balanced <= 0.62 and plain / balanced >= 1.25
 
 
+def test_plain_split_gives_consecutive_heads_by_count():
+    mask = tessera.BlockMask.from_dense(np.ones((5, 2, 2), bool), block_size=64)
+    dense = np.asarray(mask.to_dense())
+    assert D.head_units(mask, dense, 5, 2, "heads") == [[0, 1], [2, 3, 4]]
+    assert D.head_units(mask, dense, 3, 4, "heads") == [[], [0], [1], [2]]
+    with pytest.raises(ValueError, match="balance must be one of"):
+        D.head_units(mask, dense, 5, 2, "even")
+
+
+@pytest.mark.parametrize("mode,ranks,udeg", [("ulysses", 3, None), ("ring", 4, None),
+                                             ("hybrid", 4, 2)])
+def test_rank_pairs_count_each_ranks_work(mode, ranks, udeg):
+    """Per-rank useful pairs add up to the mask's (every pair computed once); the ring's are
+    the pairs of each rank's query rows, counted token by token; Ulysses balanced by pairs
+    has its largest rank no busier than the plain split's."""
+    rng = np.random.default_rng(3)
+    bounds = np.r_[0, np.cumsum(rng.integers(20, 90, size=9))]
+    dense = rng.random((6, 9, 9)) < np.linspace(0.05, 0.9, 6)[:, None, None]
+    mask = tessera.BlockMask.from_dense(dense, q_bounds=bounds, kv_bounds=bounds)
+    total = float(mask.selected_pairs(1, 6).sum())
+    got = D.rank_pairs(mask, ranks, 6, 6, mode=mode, ulysses_degree=udeg)
+    assert got.shape == (ranks,) and got.sum() == pytest.approx(total)
+    tok = np.repeat(np.repeat(dense, np.diff(bounds), 1), np.diff(bounds), 2)  # [H, L, L]
+    if mode == "ring":
+        want = [tok[:, lo:hi].sum() for lo, hi in D.shard_ranges(int(bounds[-1]), ranks)]
+        assert np.allclose(got, want)
+    plain = D.rank_pairs(mask, ranks, 6, 6, mode=mode, ulysses_degree=udeg, balance="heads")
+    assert plain.sum() == pytest.approx(total) and got.max() <= plain.max() + 1e-9
+    with pytest.raises(ValueError, match="mode must be"):
+        D.rank_pairs(mask, ranks, 6, 6, mode="auto")
+
+
 def test_crop_keeps_exactly_the_pairs_in_range():
     rng = np.random.default_rng(2)
     bounds = np.r_[0, np.cumsum(rng.integers(5, 40, size=8))]
@@ -74,7 +106,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank, world, port, cases, mode, udeg, results):
+def _worker(rank, world, port, cases, mode, udeg, balance, results):
     import torch
     import torch.distributed as dist
 
@@ -86,7 +118,7 @@ def _worker(rank, world, port, cases, mode, udeg, results):
             sd = 2 if layout == "bhld" else 1
             pieces = [torch.from_numpy(x).narrow(sd, lo, hi - lo).contiguous() for x in (q, k, v)]
             out = D.sequence_parallel_attention(*pieces, mask, mode=mode, layout=layout,
-                                                ulysses_degree=udeg)
+                                                ulysses_degree=udeg, balance=balance)
             results[(key, rank)] = out.numpy()
     finally:
         dist.destroy_process_group()
@@ -111,14 +143,17 @@ def _cases():
         yield name, mask, q, k, v
 
 
-@pytest.mark.parametrize("mode,world,udeg", [
-    ("ulysses", 2, None), ("ulysses", 3, None), ("ulysses", 4, None), ("ring", 2, None),
-    ("ring", 3, None), ("hybrid", 4, 2), ("auto", 3, None), ("auto", 4, None)])
-def test_every_mode_equals_single_process_attention(mode, world, udeg):
+@pytest.mark.parametrize("mode,world,udeg,balance", [
+    ("ulysses", 2, None, "pairs"), ("ulysses", 3, None, "pairs"), ("ulysses", 4, None, "pairs"),
+    ("ulysses", 3, None, "heads"), ("ring", 2, None, "pairs"), ("ring", 3, None, "pairs"),
+    ("hybrid", 4, 2, "pairs"), ("hybrid", 4, 2, "heads"), ("auto", 3, None, "pairs"),
+    ("auto", 4, None, "pairs")])
+def test_every_mode_equals_single_process_attention(mode, world, udeg, balance):
     """gloo ranks in spawned processes, each with its shard: the gathered output equals the
     float64 reference on the whole sequence (3 heads over 2-4 ranks -- a rank with no head --,
     GQA 4/2, variable blocks with a key block no query selects and a query block that selects
-    nothing; both layouts; the hybrid as 2 Ulysses groups of 2 ranks)."""
+    nothing; both layouts; the hybrid as 2 Ulysses groups of 2 ranks; heads balanced by pairs
+    or split by count)."""
     pytest.importorskip("torch")
     import torch.multiprocessing as mp
 
@@ -129,7 +164,7 @@ def test_every_mode_equals_single_process_attention(mode, world, udeg):
             cases[(name, layout)] = (mask, layout, *args)
     with mp.Manager() as manager:
         results = manager.dict()
-        mp.spawn(_worker, args=(world, _free_port(), cases, mode, udeg, results),
+        mp.spawn(_worker, args=(world, _free_port(), cases, mode, udeg, balance, results),
                  nprocs=world, join=True)
         results = dict(results)
     for (name, layout), (mask, _, q, k, v) in cases.items():

@@ -3,6 +3,7 @@
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 import tessera
@@ -61,6 +62,30 @@ def test_cuda_time_ms_rejects_an_empty_burst():
 
     with pytest.raises(ValueError, match="burst"):
         cuda_time_ms(lambda: None, burst=0)
+
+
+def test_bench_cases():
+    """Every --case makes a block matrix of its block size at the density its name says; the
+    top-k case keeps the same number of key blocks in every row; a 64-token case padded to
+    whole blocks is one the peers run as it is (uniform blocks for Flex's 64x64 tiles and
+    cuDNN's blk64)."""
+    from tessera.tools import bench
+
+    rng = np.random.default_rng(0)
+    for name, case in bench.CASES.items():
+        n = 300
+        blocks = case.make(rng, 3, n)
+        assert blocks.shape == (3, n, n) and blocks.dtype == bool
+        want = 1.0 if name == "dense" else int(name.rsplit("-", 1)[1]) / 100
+        if name.startswith("band"):
+            want = 2 * int(0.08 * n) / n
+        assert abs(blocks.mean() - want) < 0.02, name
+        assert case.block in (64, 128)
+    top = bench.CASES["topk64-10"].make(rng, 2, 512)
+    assert (top.sum(-1) == 51).all()
+    bounds = np.arange(513) * 64
+    m = tessera.BlockMask.from_dense(top, q_bounds=bounds, kv_bounds=bounds)
+    assert m.uniform_block_size() == (64, 64) and m.seq_len_q % 64 == 0
 
 
 def test_bench_without_gpu_says_why(capsys):

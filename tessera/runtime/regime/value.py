@@ -125,9 +125,17 @@ class Regime:
             return Variant.bsa_sm90(block_m=self.block_m, block_n=self.block_n,
                                     head_dim=head_dim, stages=self.stages, bf16=bf16,
                                     producer=self.producer, pack_keys=self.pack_keys, tma=tma,
-                                    wide=self.wide_steps)
+                                    wide=self.wide_steps, guard=self.restricts_rows)
         return Variant.bsa_sm80(block_m=self.block_m, block_n=self.block_n, head_dim=head_dim,
-                                num_warps=self.num_warps, stages=self.stages, bf16=bf16)
+                                num_warps=self.num_warps, stages=self.stages, bf16=bf16,
+                                guard=self.restricts_rows)
+
+    @property
+    def restricts_rows(self) -> bool:
+        """Whether plans of this regime can hold spans that apply to some of a tile's rows only
+        (combined short query blocks, aligned tiles): their kernels check such chunks for
+        non-finite values (docs/errors.md), a cost the others do not pay."""
+        return self.combine_threshold > 0 or self.align_tiles
 
     @property
     def tma_capable(self) -> bool:
