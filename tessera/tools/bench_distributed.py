@@ -95,9 +95,11 @@ def run(shapes: list[str], cases: list[str], reps: int) -> list[dict]:
             mine = [x[:, :, lo:hi].contiguous() for x in (q, k, v)]
             n = -(-L // BLOCK)
             for case in cases:
-                blocks = case_blocks(case, np.random.default_rng(0), h, n)
+                # A device mask, as a model makes it: the one-GPU request plans on the GPU.
+                blocks = torch.from_numpy(case_blocks(case, np.random.default_rng(0), h, n))
                 bounds = np.minimum(np.arange(n + 1) * BLOCK, L)
-                mask = tessera.BlockMask.from_dense(blocks, q_bounds=bounds, kv_bounds=bounds)
+                mask = tessera.BlockMask.from_dense(blocks.to(device), q_bounds=bounds,
+                                                    kv_bounds=bounds)
                 one_ms = cuda_time_ms(lambda: tessera.attention(q, k, v, mask), reps)
                 ref = tessera.attention(q, k, v, mask)[:, :, lo:hi].float()
                 for mode, udeg, balance in modes_for(ranks, h):
@@ -118,7 +120,7 @@ def run(shapes: list[str], cases: list[str], reps: int) -> list[dict]:
                                           balance=balance)
                     skipped = 0.0
                     if mode == "ring":
-                        dense = np.asarray(mask.to_dense())
+                        dense = np.asarray(mask.to_host().to_dense())
                         skipped = sp.ring_plan(mask, sp.shard_ranges(L, ranks),
                                                dense).skipped_fraction
                     rows.append(dict(

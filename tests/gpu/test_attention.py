@@ -1418,6 +1418,69 @@ def test_a_stream_at_a_destroyed_streams_address_gets_its_own_state():
         assert err < 5e-3, f"relative error {err:.2e}"
 
 
+def test_one_cupy_graphs_memory_given_back_while_another_replays():
+    """Two requests captured into two CuPy graphs, each inside its own tessera.CapturedMemory:
+    releasing the first gives back its bytes (the pool's free memory grows by them) and leaves
+    the second's, whose replays -- after the freed memory is taken and filled -- still match
+    the float64 reference with new masks and inputs written into the captured arrays."""
+    import cupy as cp
+
+    rng = np.random.default_rng(31)
+    H, D = 2, 64
+    tessera.release_captured_memory()
+    graphs = []
+    for L, n in ((1100, 9), (1400, 11)):
+        q, k, v = (cp.asarray(rng.standard_normal((1, H, L, D)).astype(np.float16))
+                   for _ in range(3))
+        mask_t = cp.asarray(rng.random((H, n, n)) < 0.4)
+        stream = cp.cuda.Stream(non_blocking=True)
+
+        def request(q=q, k=k, v=v, mask_t=mask_t, L=L):
+            m = tessera.BlockMask.from_dense(mask_t, block_size=128, seq_len_q=L, seq_len_kv=L)
+            return tessera.attention(q, k, v, m)
+
+        with stream:
+            request()  # the warm-up
+        stream.synchronize()
+        kept = tessera.CapturedMemory()
+        with kept, stream:
+            stream.begin_capture()
+            try:
+                out = request()
+            finally:
+                graph = stream.end_capture()
+        assert kept.nbytes > 0, "the capture kept no memory for its graph"
+        graphs.append((kept, graph, stream, out, (q, k, v, mask_t), L))
+    pool = cp.get_default_memory_pool()
+    first = graphs[0][0]
+    del graphs[0], request, out, graph  # the first graph and its output: nothing else holds it
+    (second, graph, stream, out, (q, k, v, mask_t), L), = graphs
+    kept_second = second.nbytes
+    free_before = pool.free_bytes()
+    released = first.release()
+    assert released > 0 and first.nbytes == 0 and second.nbytes == kept_second
+    assert pool.free_bytes() >= free_before + released
+    fills = _fill_free_memory(cp)
+    for _ in range(2):
+        with stream:  # the replays' stream orders these writes before them
+            mask_t[...] = cp.asarray(rng.random(mask_t.shape) < 0.4)
+            for t in (q, k, v):
+                t[...] = cp.asarray(rng.standard_normal(t.shape).astype(np.float16))
+            out.fill(cp.nan)
+        graph.launch(stream)
+        stream.synchronize()
+        host = tessera.BlockMask.from_dense(mask_t.get(), block_size=128, seq_len_q=L,
+                                            seq_len_kv=L)
+        ref = reference.attention(*(t.get().astype(np.float64) for t in (q, k, v)), host)
+        got = out.get().astype(np.float64)
+        assert not np.isnan(got).any()
+        assert_rows_close(got, ref, "float16")
+    assert _still_filled(fills)
+    del fills
+    assert second.release() == kept_second
+    assert tessera.release_captured_memory() == 0
+
+
 def test_captured_request_survives_the_constant_cache_emptying():
     """A captured request reads its geometry's constant arrays by address; after 140 other
     geometries empty the cache of such arrays, garbage is collected and CuPy's pool is taken
