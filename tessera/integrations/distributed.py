@@ -22,8 +22,9 @@ operations (NCCL on GPUs, gloo on CPUs; no communication layer of our own):
 ``mode="auto"`` (:func:`choose_mode`) takes Ulysses when there are at least as many kv heads as
 ranks, else the hybrid with the largest Ulysses group the kv heads allow, else the ring. On
 CUDA tensors the local attention is ``tessera.attention``; on CPU tensors the float64
-reference (tests). The schedule (head assignment, needed shards) is read from the mask on the
-host at every call (a device mask is copied back for it).
+reference (tests). The schedule is made at every call from the mask where it is: a device
+mask's parts (heads, shard pairs) are cut and planned on its GPU; only per-head work and which
+shards are needed come back to the host (a few small reads).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .._array import to_numpy
 from ..mask import BlockMask
 from . import torch_attention
 
@@ -54,10 +56,16 @@ def shard_ranges(length: int, ranks: int) -> list[tuple[int, int]]:
     return [(int(e - base - (r < extra)), int(e)) for r, e in enumerate(ends)]
 
 
-def _dense_per_head(mask: BlockMask, num_q_heads: int, num_kv_heads: int) -> np.ndarray:
-    """The host block matrix ``[B_mask, Hq, nQB, nKB]``, one per query head."""
-    d = np.asarray(mask.to_host().to_dense())
-    return d[:, mask.head_index(num_q_heads, num_kv_heads)]
+def _dense_per_head(mask: BlockMask, num_q_heads: int, num_kv_heads: int) -> Any:
+    """The block matrix ``[B_mask, Hq, nQB, nKB]``, one per query head, where the mask is (a
+    device mask's stays on its GPU: the parts cut from it are planned there)."""
+    xp = mask.xp
+    return mask.to_dense()[:, xp.asarray(mask.head_index(num_q_heads, num_kv_heads))]
+
+
+def _any(x: Any) -> bool:
+    """Whether a (host or device) boolean array holds a True: one small read back."""
+    return bool(x.any())
 
 
 def assign_heads(work: Sequence[float], ranks: int) -> list[list[int]]:
@@ -109,7 +117,8 @@ def crop(mask: BlockMask, q_range: tuple[int, int], kv_range: tuple[int, int],
     """The part of ``mask`` between query tokens ``q_range`` and key tokens ``kv_range``, as a
     mask of its own (blocks clipped to the ranges, empty ones dropped); None when it selects
     nothing. ``dense``: the mask's host block matrix, when the caller has it."""
-    d = np.asarray(mask.to_host().to_dense()) if dense is None else dense
+    d = mask.to_dense() if dense is None else dense
+    xp = mask.xp
 
     def clip(bounds: np.ndarray, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
         a, b = np.clip(bounds[:-1], lo, hi), np.clip(bounds[1:], lo, hi)
@@ -120,8 +129,8 @@ def crop(mask: BlockMask, q_range: tuple[int, int], kv_range: tuple[int, int],
     ki, kb = clip(mask.kv_bounds, *kv_range)
     if not qi.size or not ki.size:
         return None
-    part = d[..., qi, :][..., ki]
-    if not part.any():
+    part = d[..., xp.asarray(qi), :][..., xp.asarray(ki)]
+    if not _any(part):
         return None
     return BlockMask.from_dense(part, q_bounds=qb.astype(np.int64), kv_bounds=kb.astype(np.int64))
 
@@ -143,12 +152,13 @@ class RingPlan:
         return float(1.0 - self.needed.mean())
 
 
-def ring_plan(mask: BlockMask, ranges: list[tuple[int, int]], dense: np.ndarray) -> RingPlan:
-    """The shards each rank's queries select (any pair in the block matrix ``dense``)."""
+def ring_plan(mask: BlockMask, ranges: list[tuple[int, int]], dense: Any) -> RingPlan:
+    """The shards each rank's queries select (any pair in the block matrix ``dense``, host or
+    device)."""
     p = len(ranges)
     needed = np.zeros((p, p), dtype=bool)
     qb, kb = mask.q_bounds, mask.kv_bounds
-    sel = dense.any(axis=(0, 1))  # [nQB, nKB]: selected in some batch and head
+    sel = to_numpy(dense.any(axis=(0, 1)))  # [nQB, nKB]: selected in some batch and head
     for r, (q0, q1) in enumerate(ranges):
         rows = (qb[1:] > q0) & (qb[:-1] < q1)
         for j, (k0, k1) in enumerate(ranges):
@@ -277,15 +287,18 @@ def _ulysses(q, k, v, mask, dense, ranges, rank, ranks, layout, scale, group, in
     return out
 
 
-def _pairs_per_head(mask: BlockMask, dense: np.ndarray) -> np.ndarray:
-    """Useful (query, key) pairs per query head of the per-head block matrix ``dense``."""
-    rq, rk = np.diff(mask.q_bounds), np.diff(mask.kv_bounds)
-    return np.einsum("bhij,i,j->h", dense.astype(np.float64), rq, rk)
+def _pairs_per_head(mask: BlockMask, dense: Any) -> np.ndarray:
+    """Useful (query, key) pairs per query head of the per-head block matrix ``dense`` (host
+    or device; the answer on the host)."""
+    xp = mask.xp
+    rq = xp.asarray(np.diff(mask.q_bounds), dtype=xp.float64)
+    rk = xp.asarray(np.diff(mask.kv_bounds), dtype=xp.float64)
+    return to_numpy((dense.astype(xp.float64) @ rk) @ rq).sum(axis=0)
 
 
-def _head_subset(mask: BlockMask, dense: np.ndarray, heads: list[int]) -> BlockMask | None:
-    part = dense[:, heads]
-    if not part.any():
+def _head_subset(mask: BlockMask, dense: Any, heads: list[int]) -> BlockMask | None:
+    part = dense[:, mask.xp.asarray(heads, dtype=np.int64)]
+    if not _any(part):
         return None
     return BlockMask.from_dense(part, q_bounds=mask.q_bounds, kv_bounds=mask.kv_bounds)
 
@@ -390,8 +403,8 @@ def _hybrid(q, k, v, mask, dense, ranges, rank, ranks, layout, scale, group, uly
         sub = _head_subset(mask, dense, heads)
         if sub is None:
             return torch.zeros_like(fq)
-        return _ring(fq, fk, fv, sub, dense[:, heads], spans, rank // u, ranks // u, layout,
-                     scale, r_group)
+        mine = dense[:, mask.xp.asarray(heads, dtype=np.int64)]
+        return _ring(fq, fk, fv, sub, mine, spans, rank // u, ranks // u, layout, scale, r_group)
 
     return _ulysses(q, k, v, mask, dense, ranges[g0:g0 + u], rank % u, u, layout, scale,
                     u_group, inner=ring_for, balance=balance)
@@ -481,8 +494,10 @@ def rank_pairs(block_mask: BlockMask, ranks: int, num_q_heads: int, num_kv_heads
     dense = _dense_per_head(block_mask, num_q_heads, num_kv_heads)
     ranges = shard_ranges(block_mask.seq_len_q, ranks)
     g = num_q_heads // num_kv_heads
-    rk = np.diff(block_mask.kv_bounds).astype(np.float64)
     qb = block_mask.q_bounds
+    # [Hq, nQB]: each head's pairs per query block, on the host (one small read back)
+    rk = block_mask.xp.asarray(np.diff(block_mask.kv_bounds), dtype=np.float64)
+    per_row = to_numpy(dense.astype(np.float64) @ rk).sum(axis=0)
 
     def rows_in(lo: int, hi: int) -> np.ndarray:  # query tokens of each block inside [lo, hi)
         return np.clip(np.minimum(qb[1:], hi) - np.maximum(qb[:-1], lo), 0, None).astype(
@@ -491,8 +506,7 @@ def rank_pairs(block_mask: BlockMask, ranks: int, num_q_heads: int, num_kv_heads
     def pairs(heads: list[int], lo: int, hi: int) -> float:
         if not heads:
             return 0.0
-        return float(np.einsum("bhij,i,j->", dense[:, heads].astype(np.float64),
-                               rows_in(lo, hi), rk))
+        return float(per_row[heads].sum(axis=0) @ rows_in(lo, hi))
 
     if mode == "ring":
         return np.array([pairs(list(range(num_q_heads)), *r) for r in ranges])

@@ -32,6 +32,8 @@ def _case(seed, heads=4, n=24, block=128, density=0.15):
     blocks[:, :, 0] = True
     L = n * block - 37  # a ragged end
     mask = tessera.BlockMask.from_dense(blocks, block_size=block, seq_len_q=L, seq_len_kv=L)
+    if seed % 2:  # every other case a device mask: its parts are cut and planned on the GPU
+        mask = mask.to_device()
     g = torch.Generator(device="cuda").manual_seed(seed)
     q, k, v = (torch.randn(1, heads, L, 64, generator=g, device="cuda", dtype=torch.bfloat16)
                for _ in range(3))
@@ -50,12 +52,13 @@ def _run_ranks(rank, world, port, rounds, results):
             mask, q, k, v = _case(i)
             ref = tessera.attention(q, k, v, mask)
             lo, hi = D.shard_ranges(mask.seq_len_q, world)[rank]
-            modes = [("ulysses", None), ("ring", None)] + (
-                [("hybrid", 2)] if world >= 4 and world % 2 == 0 else [])
-            for mode, udeg in modes:
+            modes = [("ulysses", None, "pairs"), ("ulysses", None, "heads"),
+                     ("ring", None, "pairs")] + (
+                [("hybrid", 2, "pairs")] if world >= 4 and world % 2 == 0 else [])
+            for mode, udeg, balance in modes:
                 out = D.sequence_parallel_attention(
                     *(x[:, :, lo:hi].contiguous() for x in (q, k, v)), mask, mode=mode,
-                    ulysses_degree=udeg)
+                    ulysses_degree=udeg, balance=balance)
                 worst = max(worst, relative_difference(out, ref[:, :, lo:hi]))
             if i == 0:
                 base = torch.cuda.memory_allocated()
