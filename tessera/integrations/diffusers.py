@@ -30,6 +30,13 @@ with its prompt mask's padding; CogVideoX's 226 before it). Steps are counted in
 forwards (``forwards_per_step``: 2 where a pipeline calls the transformer twice per step for
 classifier-free guidance); :meth:`Session.reset` starts a new video.
 
+Context parallelism. Where diffusers splits the sequence over GPUs itself
+(``transformer.enable_parallelism(config=ContextParallelConfig(ulysses_degree=U,
+ring_degree=R))``, Wan in diffusers 0.42), each rank's self-attention gets its shard, and
+Tessera runs it as :func:`tessera.integrations.distributed.sequence_parallel_attention` over
+diffusers' context-parallel group: Ulysses (R = 1), the ring (U = 1) or the hybrid, with
+fixed masks in the model's token order (:func:`check_context_parallel`).
+
 On CPU tensors the float64 reference runs instead of the GPU kernels (for tests: slow).
 """
 
@@ -48,10 +55,11 @@ from ..runtime.plan import plan
 from ..capture import capture_memory_if, cupy_external_stream, stream_capturing
 from ..cuda.device import device_cc
 from ..families import invert_permutation
-from . import torch_attention
+from . import distributed, torch_attention
 from .methods import LayerMask, Method, Schedule, VideoGeometry
 
-__all__ = ["enable", "disable", "session_of", "Session", "SUPPORTED"]
+__all__ = ["enable", "disable", "session_of", "Session", "SUPPORTED",
+           "check_context_parallel"]
 
 
 @dataclass(frozen=True)
@@ -298,6 +306,61 @@ class Session:
         return torch.cat([self._sparse(q[b:b + 1], k[b:b + 1], v[b:b + 1], g, layout, scale)
                           for b, g in enumerate(geos)], dim=0)
 
+    def _attend_parallel(self, layer: int, q: Any, k: Any, v: Any, scale: float | None,
+                         dense: Callable[[], Any], cp: Any) -> Any:
+        """One self-attention call under diffusers' context parallelism (``cp``: the model's
+        ``ContextParallelConfig``, set up by ``enable_parallelism``): ``q``/``k``/``v`` are
+        this rank's sequence shard, and Tessera's sequence-parallel attention runs the
+        method's mask over the whole sequence -- Ulysses, the ring, or the hybrid (Ulysses
+        inside the ``ulysses_degree`` ranks of one ring position) as ``cp``'s degrees say,
+        over the same ranks in the same order as diffusers' own."""
+        if self.schedule.dense(self.step, layer):
+            self.stats.dense_calls += 1
+            return dense()
+        layout = self.model.layout
+        seq = 1 if layout == "blhd" else 2
+        geos = self._geometries
+        if not geos or any(g != geos[0] for g in geos):
+            raise RuntimeError("context parallelism needs the transformer's forward (its "
+                               "inputs set the token layout) and one layout for the batch")
+        geo = geos[0]
+        check_context_parallel(self.method, self.keep_order, geo)
+        import torch.distributed as dist
+
+        group = cp._flattened_mesh.get_group()
+        rank, ranks = dist.get_rank(group), dist.get_world_size(group)
+        lo, hi = distributed.shard_ranges(geo.tokens, ranks)[rank]
+        if q.shape[seq] != hi - lo or k.shape[seq] != hi - lo:
+            raise RuntimeError(
+                f"rank {rank} of {ranks} got {q.shape[seq]} queries and {k.shape[seq]} keys; "
+                f"the transformer's {geo.tokens} tokens split over the context-parallel group "
+                f"give it tokens {lo}..{hi}: this diffusers version shards differently from "
+                "what Tessera supports")
+        lm = self.method.layer_mask(geo)
+        mask = self._device_mask(lm.mask)
+        self.stats.sparse_calls += 1
+        if cp.ring_degree == 1:
+            mode, udeg = "ulysses", None
+        elif cp.ulysses_degree == 1:
+            mode, udeg = "ring", None
+        else:
+            mode, udeg = "hybrid", cp.ulysses_degree
+        return distributed.sequence_parallel_attention(q, k, v, mask, group=group, mode=mode,
+                                                       layout=layout, scale=scale,
+                                                       ulysses_degree=udeg)
+
+    def _device_mask(self, mask: Any) -> Any:
+        """A fixed host mask's device copy, made once (the sequence-parallel schedule cuts and
+        plans its parts on the GPU); a device mask, or any mask off the GPU path, as it is."""
+        import torch
+
+        if mask.on_device or not torch.cuda.is_available():
+            return mask
+        got = self._plans.get(("device", id(mask)))
+        if got is None or got[0] is not mask:
+            got = self._plans[("device", id(mask))] = (mask, mask.to_device())
+        return got[1]
+
     def _index(self, order: np.ndarray, device: Any) -> Any:
         """``order`` and its inverse as index tensors on ``device`` (made once per order)."""
         import torch
@@ -371,6 +434,22 @@ class Session:
         return got[1].run(q, k, v, scale=scale)
 
 
+def check_context_parallel(method: Method, keep_order: bool,
+                           geo: VideoGeometry | None = None) -> None:
+    """Refuse, by name, what diffusers' context parallelism cannot run with Tessera: a rank
+    holds a contiguous shard of the model's token order, so the method's mask must be in that
+    order (no per-call or kept reordering; checked for layout ``geo`` when given) and made
+    without q and k (which no rank holds whole)."""
+    if method.dynamic:
+        raise ValueError(f"method {method.name!r} makes its mask from the whole sequence's q "
+                         "and k, which no rank holds under context parallelism; use a fixed "
+                         "mask in the model's token order (radial, spatial_temporal)")
+    if keep_order or (geo is not None and method.layer_mask(geo).q_order is not None):
+        raise ValueError(f"method {method.name!r} reorders the tokens, which the sequence "
+                         "shards of context parallelism do not allow; use a method in the "
+                         "model's token order (radial, spatial_temporal)")
+
+
 # ---- the call marking and the routers ---------------------------------------------------
 @dataclass(frozen=True)
 class _Call:
@@ -431,8 +510,13 @@ def _dispatch_router(original: Callable) -> Callable:
                             parallel_config=parallel_config)
 
         call = _active.get()
-        if call is None or dropout_p or is_causal or parallel_config is not None:
+        if call is None or dropout_p or is_causal:
             return own()
+        if parallel_config is not None:
+            cp = getattr(parallel_config, "context_parallel_config", None)
+            if cp is None:  # tensor parallelism alone: each rank's heads, the model's own
+                return own()
+            return call.session._attend_parallel(call.layer, query, key, value, scale, own, cp)
         # (attn_mask: HunyuanVideo's prompt padding, which the mask's text blocks encode)
         return call.session._attend(call.layer, query, key, value, scale, own)
 
@@ -503,8 +587,8 @@ def enable(transformer: Any, method: Method, *, schedule: Schedule | None = None
     :class:`Session` (counts, :meth:`Session.reset`, :meth:`Session.disable`). Enabling again
     replaces the method and schedule. ``keep_order``: for methods with a fixed token order
     (sliding tiles, cubes), reorder the tokens once per forward -- before the first block,
-    back after the last -- instead of around every attention call (off by default until its
-    GPU speed is measured: docs/integrations.md)."""
+    back after the last -- instead of around every attention call (1.5% of a Wan-1.3B
+    forward on the H200; off by default: docs/integrations.md)."""
     name = type(transformer).__name__
     if name not in SUPPORTED:
         raise TypeError(f"transformer must be one of {', '.join(SUPPORTED)}, got {name}")
@@ -520,6 +604,9 @@ def enable(transformer: Any, method: Method, *, schedule: Schedule | None = None
         raise ValueError(f"forwards_per_step must be an int >= 1, got {forwards_per_step!r}")
     if not isinstance(keep_order, bool):
         raise TypeError(f"keep_order must be True or False, got {keep_order!r}")
+    parallel = getattr(transformer, "_parallel_config", None)
+    if getattr(parallel, "context_parallel_config", None) is not None:
+        check_context_parallel(method, keep_order)  # (the token order: at the first call)
     if id(transformer) in _sessions:
         disable(transformer)
     model = SUPPORTED[name]

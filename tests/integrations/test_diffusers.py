@@ -190,3 +190,99 @@ def test_per_token_timesteps_follow_the_order():
         td.enable(model, M.SlidingTile(tile=(2, 4, 4), window=(1, 3, 3)), keep_order=True)
         kept = model(**x)[0]
     assert torch.allclose(kept, per_call, atol=2e-5, rtol=1e-4)
+
+
+def _cp_worker(rank, world, port, ring, ulysses, results):
+    """One rank of diffusers' context parallelism, as its hooks hand the attention this rank's
+    shard: the router gets q/k/v shards and a ParallelConfig whose context-parallel group is
+    the gloo world (diffusers' own mesh set-up needs GPUs)."""
+    import importlib
+    import types
+
+    import torch.distributed as dist
+
+    from tessera.integrations import distributed as D
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    try:
+        model, x = _model("wan-1.3b")
+        session = td.enable(model, M.Radial(block=16))
+        session._before_forward(model, (), x)  # the transformer's inputs set the layout
+        geo = session._geometries[0]
+        g = torch.Generator().manual_seed(1)
+        q, k, v = (torch.randn(1, geo.tokens, 4, 16, generator=g, dtype=torch.float64)
+                   for _ in range(3))
+        lo, hi = D.shard_ranges(geo.tokens, world)[rank]
+        cp = types.SimpleNamespace(ring_degree=ring, ulysses_degree=ulysses,
+                                   _flattened_mesh=types.SimpleNamespace(get_group=lambda: None))
+        config = types.SimpleNamespace(context_parallel_config=cp)
+        mod = importlib.import_module(td.SUPPORTED["WanTransformer3DModel"].module)
+        token = td._active.set(td._Call(session, 1))
+        try:
+            out = mod.dispatch_attention_fn(q[:, lo:hi], k[:, lo:hi], v[:, lo:hi],
+                                            parallel_config=config)
+            whole = session._attend(1, q, k, v, None, lambda: None)
+        finally:
+            td._active.reset(token)
+        results[rank] = (out.numpy(), whole[:, lo:hi].numpy(), session.stats.sparse_calls)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("ring,ulysses", [(1, 2), (2, 1), (1, 3)])
+def test_context_parallel_shards_equal_the_whole_sequence(ring, ulysses):
+    """diffusers' context parallelism (Wan's): each rank's routed call with its sequence shard
+    gives that shard of the whole sequence's output -- Ulysses (ring_degree 1) and the ring
+    (ulysses_degree 1) over gloo ranks, the method's fixed mask over the whole sequence."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    world = ring * ulysses
+    with mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(_cp_worker, args=(world, port, ring, ulysses, results), nprocs=world,
+                 join=True)
+        results = dict(results)
+    for r in range(world):
+        got, want, calls = results[r]
+        assert got.shape == want.shape and calls == 2
+        assert np.abs(got - want).max() < 1e-6, r  # (the ring merges in float32)
+
+
+def test_context_parallel_refuses_what_shards_cannot_run():
+    """Under context parallelism a rank holds a contiguous shard in the model's order: a mask
+    made from q and k, or one in another token order, is refused by name (also by the router,
+    before anything moves); tensor parallelism alone leaves the model's own attention in
+    place."""
+    import types
+
+    geo = M.VideoGeometry((4, 6, 8))
+    td.check_context_parallel(M.Radial(block=16), False, geo)  # in the model's order: fine
+    with pytest.raises(ValueError, match="makes its mask from the whole sequence"):
+        td.check_context_parallel(M.TopKCubes(density=0.2), False, geo)
+    with pytest.raises(ValueError, match="reorders the tokens"):
+        td.check_context_parallel(M.SlidingTile(tile=(2, 2, 2), window=(1, 1, 1)), False, geo)
+    with pytest.raises(ValueError, match="reorders the tokens"):
+        td.check_context_parallel(M.Radial(block=16), True, geo)
+    model, x = _model("wan-1.3b")
+    session = td.enable(model, M.Radial(block=16))
+    session._before_forward(model, (), x)
+    router = td._dispatch_router(lambda *a, **kw: "the model's own")
+    q = torch.randn(1, session._geometries[0].tokens, 4, 16)
+    token = td._active.set(td._Call(session, 1))
+    try:
+        tp_only = types.SimpleNamespace(context_parallel_config=None)
+        assert router(q, q, q, parallel_config=tp_only) == "the model's own"
+        cp = types.SimpleNamespace(context_parallel_config=types.SimpleNamespace(
+            ring_degree=1, ulysses_degree=2, _flattened_mesh=None))
+        session.method = M.SlidingTile(tile=(2, 2, 2), window=(1, 1, 1))
+        with pytest.raises(ValueError, match="reorders the tokens"):
+            router(q, q, q, parallel_config=cp)
+    finally:
+        td._active.reset(token)
+    assert session.stats.sparse_calls == 0
