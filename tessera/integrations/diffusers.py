@@ -279,16 +279,25 @@ class Session:
             return (self._reorder(out[0], 1, inverse=True), *out[1:])
         return self._reorder(out, 1, inverse=True)
 
+    def _scheduled_dense(self, layer: int) -> bool:
+        """Whether layer ``layer``'s call of this step stays the model's own (counted)."""
+        if self.schedule.dense(self.step, layer):
+            self.stats.dense_calls += 1
+            return True
+        return False
+
+    def _layout(self) -> tuple[str, int, list]:
+        """The model's q/k/v layout, its sequence dimension, this forward's geometries."""
+        layout = self.model.layout
+        return layout, 1 if layout == "blhd" else 2, self._geometries
+
     def _attend(self, layer: int, q: Any, k: Any, v: Any, scale: float | None,
                 dense: Callable[[], Any]) -> Any:
         """One self-attention call of layer ``layer``: the model's own (``dense``) where the
         schedule says so, else Tessera with the method's mask."""
-        if self.schedule.dense(self.step, layer):
-            self.stats.dense_calls += 1
+        if self._scheduled_dense(layer):
             return dense()
-        layout = self.model.layout
-        seq = 1 if layout == "blhd" else 2
-        geos = self._geometries
+        layout, seq, geos = self._layout()
         if not geos:
             raise RuntimeError("Tessera saw an attention call outside the transformer's "
                                "forward: call the transformer itself (its forward sets the "
@@ -314,12 +323,9 @@ class Session:
         method's mask over the whole sequence -- Ulysses, the ring, or the hybrid (Ulysses
         inside the ``ulysses_degree`` ranks of one ring position) as ``cp``'s degrees say,
         over the same ranks in the same order as diffusers' own."""
-        if self.schedule.dense(self.step, layer):
-            self.stats.dense_calls += 1
+        if self._scheduled_dense(layer):
             return dense()
-        layout = self.model.layout
-        seq = 1 if layout == "blhd" else 2
-        geos = self._geometries
+        layout, seq, geos = self._layout()
         if not geos or any(g != geos[0] for g in geos):
             raise RuntimeError("context parallelism needs the transformer's forward (its "
                                "inputs set the token layout) and one layout for the batch")
