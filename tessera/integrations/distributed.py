@@ -113,10 +113,10 @@ def _better_move(work: np.ndarray, owner: np.ndarray,
 
 
 def crop(mask: BlockMask, q_range: tuple[int, int], kv_range: tuple[int, int],
-         dense: np.ndarray | None = None) -> BlockMask | None:
+         dense: Any = None) -> BlockMask | None:
     """The part of ``mask`` between query tokens ``q_range`` and key tokens ``kv_range``, as a
     mask of its own (blocks clipped to the ranges, empty ones dropped); None when it selects
-    nothing. ``dense``: the mask's host block matrix, when the caller has it."""
+    nothing. ``dense``: the mask's block matrix (where the mask is), when the caller has it."""
     d = mask.to_dense() if dense is None else dense
     xp = mask.xp
 
@@ -208,12 +208,12 @@ def _head_dim(layout: str) -> int:
     return 1 if layout == "bhld" else 2
 
 
-def head_units(mask: BlockMask, dense: np.ndarray, num_kv_heads: int, ranks: int,
+def head_units(mask: BlockMask, dense: Any, num_kv_heads: int, ranks: int,
                balance: str = "pairs") -> list[list[int]]:
     """The kv heads (with their query heads) each of ``ranks`` ranks computes under Ulysses:
     balanced by useful pairs (``balance="pairs"``, :func:`assign_heads`) or split by count in
     consecutive runs (``"heads"``, the plain split, as dense sequence-parallel stacks do).
-    ``dense``: the per-query-head block matrix."""
+    ``dense``: the per-query-head block matrix (host or device)."""
     if balance not in BALANCES:
         raise ValueError(f"balance must be one of {BALANCES}, got {balance!r}")
     if balance == "heads":
