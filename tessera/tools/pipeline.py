@@ -1,7 +1,8 @@
 """``python -m tessera pipeline``: a diffusers video transformer at its published size, its
 denoising steps' forwards run with the model's own dense attention, with Tessera and with
-FlexAttention on the same method's masks; per-step time, attention share, speed-ups and how far
-the outputs are from each other.
+FlexAttention on the same method's masks; per-step time, attention share, the integration's
+overhead (the attention time outside the attention kernels' calls), speed-ups and how far the
+outputs are from each other.
 
 Random weights unless ``--weights`` names a local checkpoint folder (nothing is downloaded).
 Times are CUDA-event medians over ``--steps`` forwards after one warm-up forward per backend
@@ -88,22 +89,18 @@ def run(model_name: str, method: M.Method, steps: int = 3, schedule: M.Schedule 
                             keep_order=keep_order and backend != "dense")
         if backend == "flex":
             session.attention = flex_attention_runner()
-        per_layer: list[list] = []
-        attend = session._attend
-
-        def timed(layer, *a, _attend=attend, _per_layer=per_layer):
-            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-            start.record()
-            out = _attend(layer, *a)
-            end.record()
-            _per_layer[-1].append((start, end))
-            return out
-
-        session._attend = timed
+        per_layer: list[list] = []  # per forward: (start, end) events of each attention call
+        runs: list[list] = []  # per forward: the same around the attention kernels' call
+        session._attend = _timed(session._attend, per_layer)
+        if backend == "flex":
+            session.attention = _timed(session.attention, runs)
+        elif backend == "tessera":
+            session._run = _timed(session._run, runs)
         step_ms = []
         with torch.no_grad():
             for i in range(steps + 1):  # the first: warm-up (compiles, loads kernels)
                 per_layer.append([])
+                runs.append([])
                 a, b = (torch.cuda.Event(enable_timing=True) for _ in range(2))
                 a.record()
                 out = model(**x)[0]
@@ -114,15 +111,24 @@ def run(model_name: str, method: M.Method, steps: int = 3, schedule: M.Schedule 
                 done += 1
                 _progress(done, total, f"{model_name} {backend} forward {i}")
         layers_ms = np.array([[s.elapsed_time(e) for s, e in calls] for calls in per_layer[1:]])
+        run_ms = [sum(s.elapsed_time(e) for s, e in calls) for calls in runs[1:]]
         td.disable(model)
         outputs[backend] = out.float()
         result[backend] = dict(step_ms=statistics.median(step_ms),
                                attention_ms=float(np.median(layers_ms.sum(1))),
                                per_layer_ms=np.median(layers_ms, axis=0).tolist())
+        if backend != "dense":
+            # What the integration adds around the attention's own call (mask making,
+            # reordering, bookkeeping): the attention time less the kernels' call.
+            result[backend]["run_ms"] = float(np.median(run_ms))
+            result[backend]["overhead_ms"] = result[backend]["attention_ms"] - float(
+                np.median(run_ms))
     ref = outputs["dense"]
     for backend in backends:
         r = result[backend]
         r["share"] = r["attention_ms"] / r["step_ms"]
+        if "overhead_ms" in r:
+            r["overhead_share"] = r["overhead_ms"] / r["step_ms"]
         r["vs_dense"] = result["dense"]["step_ms"] / r["step_ms"]
         r["diff_vs_dense"] = float((outputs[backend] - ref).norm() / ref.norm())
         if flex:
@@ -132,18 +138,40 @@ def run(model_name: str, method: M.Method, steps: int = 3, schedule: M.Schedule 
     return result
 
 
+def _timed(fn: Any, calls: list[list]) -> Any:
+    """``fn`` with CUDA events recorded around each call, appended to ``calls[-1]``."""
+    import torch
+
+    def timed(*a, **kw):
+        start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+        start.record()
+        out = fn(*a, **kw)
+        end.record()
+        calls[-1].append((start, end))
+        return out
+
+    return timed
+
+
 def table(result: dict) -> str:
+    """The figures of :func:`run` as a text table: per backend the step, its attention (and of
+    that the attention kernels' calls, "run", and the rest, the integration's "overhead", with
+    its share of the step), the speed-ups and the differences."""
+    nan = float("nan")
     head = (f"{result['model']} ({result['layers']} self-attention layers), method "
             f"{result['method']}, {result['steps']} forwards per backend, {result['gpu']}")
-    lines = [head, f"{'backend':8} {'step ms':>8} {'attn ms':>8} {'share':>6} {'x dense':>8} "
-                   f"{'x flex':>7} {'diff/dense':>10} {'diff/flex':>9}"]
+    lines = [head, f"{'backend':8} {'step ms':>8} {'attn ms':>8} {'share':>6} {'run ms':>7} "
+                   f"{'overhead':>8} {'x dense':>8} {'x flex':>7} {'diff/dense':>10} "
+                   f"{'diff/flex':>9}"]
     for backend in ("dense", "tessera", "flex"):
         r = result.get(backend)
         if r is None:
             continue
+        over = f"{r['overhead_share']:8.1%}" if "overhead_share" in r else f"{'':8}"
         lines.append(f"{backend:8} {r['step_ms']:8.1f} {r['attention_ms']:8.1f} "
-                     f"{r['share']:6.0%} {r['vs_dense']:8.2f} {r.get('vs_flex', float('nan')):7.2f}"
-                     f" {r['diff_vs_dense']:10.2e} {r.get('diff_vs_flex', float('nan')):9.2e}")
+                     f"{r['share']:6.0%} {r.get('run_ms', nan):7.1f} {over} "
+                     f"{r['vs_dense']:8.2f} {r.get('vs_flex', nan):7.2f}"
+                     f" {r['diff_vs_dense']:10.2e} {r.get('diff_vs_flex', nan):9.2e}")
     return "\n".join(lines)
 
 

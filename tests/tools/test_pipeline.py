@@ -41,8 +41,10 @@ def test_table_and_chart(tmp_path):
         r[name] = dict(step_ms=ms, attention_ms=ms / 2, per_layer_ms=[ms / 60] * 30,
                        share=0.5, vs_dense=600.0 / ms, vs_flex=450.0 / ms,
                        diff_vs_dense=0.01, diff_vs_flex=0.005)
+    r["tessera"].update(run_ms=120.0, overhead_ms=30.0, overhead_share=0.1)
     text = pipeline.table(r)
-    assert "tessera     300.0    150.0    50%     2.00    1.50" in text
+    assert "tessera     300.0    150.0    50%   120.0    10.0%     2.00    1.50" in text
+    assert "dense       600.0    300.0    50%     nan              1.00" in text
     pipeline.chart(r, str(tmp_path / "layers.png"))
     assert (tmp_path / "layers.png").stat().st_size > 1000
 
