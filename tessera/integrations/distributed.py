@@ -63,6 +63,11 @@ def _dense_per_head(mask: BlockMask, num_q_heads: int, num_kv_heads: int) -> Any
     return mask.to_dense()[:, xp.asarray(mask.head_index(num_q_heads, num_kv_heads))]
 
 
+def _positive_int(name: str, x: Any) -> None:
+    if isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {x!r}")
+
+
 def _any(x: Any) -> bool:
     """Whether a (host or device) boolean array holds a True: one small read back."""
     return bool(x.any())
@@ -216,6 +221,8 @@ def head_units(mask: BlockMask, dense: Any, num_kv_heads: int, ranks: int,
     ``dense``: the per-query-head block matrix (host or device)."""
     if balance not in BALANCES:
         raise ValueError(f"balance must be one of {BALANCES}, got {balance!r}")
+    _positive_int("num_kv_heads", num_kv_heads)
+    _positive_int("ranks", ranks)
     if balance == "heads":
         bounds = [r * num_kv_heads // ranks for r in range(ranks + 1)]
         return [list(range(bounds[r], bounds[r + 1])) for r in range(ranks)]
@@ -486,8 +493,14 @@ def rank_pairs(block_mask: BlockMask, ranks: int, num_q_heads: int, num_kv_heads
                balance: str = "pairs") -> np.ndarray:
     """The useful (query, key) pairs each rank computes under ``mode`` (not "auto"): the work
     balance that :func:`sequence_parallel_attention` gets, per rank, from the mask alone."""
+    if not isinstance(block_mask, BlockMask):
+        raise TypeError(f"block_mask must be a tessera.BlockMask, got "
+                        f"{type(block_mask).__name__}")
     if mode not in ("ulysses", "ring", "hybrid"):
         raise ValueError(f"mode must be 'ulysses', 'ring' or 'hybrid', got {mode!r}")
+    for name, x in (("ranks", ranks), ("num_q_heads", num_q_heads),
+                    ("num_kv_heads", num_kv_heads)):
+        _positive_int(name, x)
     if mode == "hybrid" and (ulysses_degree is None or ranks % ulysses_degree):
         raise ValueError(f"mode='hybrid' needs an ulysses_degree dividing {ranks}, got "
                          f"{ulysses_degree!r}")

@@ -77,6 +77,16 @@ def test_rank_pairs_count_each_ranks_work(mode, ranks, udeg):
     assert plain.sum() == pytest.approx(total) and got.max() <= plain.max() + 1e-9
     with pytest.raises(ValueError, match="mode must be"):
         D.rank_pairs(mask, ranks, 6, 6, mode="auto")
+    with pytest.raises(ValueError, match="ranks must be an int >= 1, got 0"):
+        D.rank_pairs(mask, 0, 6, 6, mode="ring")
+    with pytest.raises(ValueError, match="num_kv_heads must be an int >= 1"):
+        D.rank_pairs(mask, ranks, 6, 0, mode="ring")
+    with pytest.raises(ValueError, match="needs an ulysses_degree dividing"):
+        D.rank_pairs(mask, 4, 6, 6, mode="hybrid", ulysses_degree=3)
+    with pytest.raises(TypeError, match="block_mask must be a tessera.BlockMask"):
+        D.rank_pairs(dense, ranks, 6, 6, mode="ring")
+    with pytest.raises(ValueError, match="ranks must be an int >= 1"):
+        D.head_units(mask, np.asarray(mask.to_dense()), 6, 0)
 
 
 def test_crop_keeps_exactly_the_pairs_in_range():
