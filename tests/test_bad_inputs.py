@@ -10,7 +10,7 @@ import scipy.sparse as sp
 
 import tessera
 from tessera import BlockMask
-from tessera.integrations import methods
+from tessera.integrations import distributed, methods
 
 M = BlockMask.from_dense(np.ones((2, 2), bool), block_size=64)
 X = np.zeros((1, 1, 128, 64), np.float32)
@@ -136,6 +136,16 @@ CASES = [
      ValueError, "unknown method 'sta'; choose from"),
     ("Method.layer_mask", "top-k without q and k", lambda: methods.TopKCubes().layer_mask(
         methods.VideoGeometry((4, 4, 4))), ValueError, "builds its mask from q and k"),
+    ("distributed.rank_pairs", "mode='auto'", lambda: distributed.rank_pairs(
+        M, 2, 1, 1, mode="auto"), ValueError, "mode must be 'ulysses', 'ring' or 'hybrid'"),
+    ("distributed.rank_pairs", "ranks=0", lambda: distributed.rank_pairs(
+        M, 0, 1, 1, mode="ring"), ValueError, "ranks must be an int >= 1, got 0"),
+    ("distributed.rank_pairs", "hybrid, 3 of 4 ranks", lambda: distributed.rank_pairs(
+        M, 4, 1, 1, mode="hybrid", ulysses_degree=3), ValueError,
+     "mode='hybrid' needs an ulysses_degree dividing 4, got 3"),
+    ("distributed.head_units", "balance='even'", lambda: distributed.head_units(
+        M, M.to_dense(), 1, 2, "even"), ValueError,
+     r"balance must be one of \('pairs', 'heads'\), got 'even'"),
 ]
 
 
