@@ -188,6 +188,7 @@ class Session:
     _hook: Any = field(default=None, repr=False)
     _indices: dict = field(default_factory=dict, repr=False)
     _plans: dict = field(default_factory=dict, repr=False)
+    _device_masks: dict = field(default_factory=dict, repr=False)  # host mask id -> its copy
     _video_order: Any = field(default=None, repr=False)  # this forward's, or None
     _ordered: bool = field(default=False, repr=False)  # the blocks' tokens are in it now
     _moved: dict = field(default_factory=dict, repr=False)
@@ -362,9 +363,11 @@ class Session:
 
         if mask.on_device or not torch.cuda.is_available():
             return mask
-        got = self._plans.get(("device", id(mask)))
+        got = self._device_masks.get(id(mask))
         if got is None or got[0] is not mask:
-            got = self._plans[("device", id(mask))] = (mask, mask.to_device())
+            if len(self._device_masks) > 64:
+                self._device_masks.clear()
+            got = self._device_masks[id(mask)] = (mask, mask.to_device())
         return got[1]
 
     def _index(self, order: np.ndarray, device: Any) -> Any:

@@ -120,9 +120,8 @@ def run(shapes: list[str], cases: list[str], reps: int) -> list[dict]:
                                           balance=balance)
                     skipped = 0.0
                     if mode == "ring":
-                        dense = np.asarray(mask.to_host().to_dense())
                         skipped = sp.ring_plan(mask, sp.shard_ranges(L, ranks),
-                                               dense).skipped_fraction
+                                               mask.to_dense()).skipped_fraction
                     rows.append(dict(
                         shape=shape, case=case, ranks=ranks,
                         mode=mode + (f"/u{udeg}" if udeg else "") +

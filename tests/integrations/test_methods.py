@@ -21,33 +21,30 @@ def _tokens(mask, b=0, h=0) -> np.ndarray:
     return np.repeat(np.repeat(d, rq, axis=0), rk, axis=1)
 
 
+def _placed(t: np.ndarray, rows, cols) -> np.ndarray:
+    """Token matrix ``t`` with its row ``i`` moved to ``rows[i]`` and column ``j`` to
+    ``cols[j]`` (None: where it is)."""
+    n = t.shape[0]
+    out = np.zeros_like(t)
+    out[np.ix_(np.arange(n) if rows is None else rows,
+               np.arange(n) if cols is None else cols)] = t
+    return out
+
+
 def _in_model_order(lm: M.LayerMask, h=0) -> np.ndarray:
     """The LayerMask's token matrix with rows and columns back in the model's sequence order."""
-    t = _tokens(lm.mask, h=h)
-    n = t.shape[0]
-    qo = np.arange(n) if lm.q_order is None else lm.q_order
-    ko = np.arange(n) if lm.key_order is None else lm.key_order
-    out = np.zeros_like(t)
-    out[np.ix_(qo, ko)] = t
-    return out
+    return _placed(_tokens(lm.mask, h=h), lm.q_order, lm.key_order)
 
 
 def _family_in_model_order(vm: families.VideoMask, geo: M.VideoGeometry, h=0) -> np.ndarray:
     """The family's mask (text last) as a token matrix of the model's order, built directly:
     undo the family's permutations, then move the text where the model has it."""
-    t = _tokens(vm.mask, h=h)
-    n = t.shape[0]
-    qp = np.arange(n) if vm.permutation is None else vm.permutation
-    kp = np.arange(n) if vm.key_permutation is None else vm.key_permutation
-    orig = np.zeros_like(t)
-    orig[np.ix_(qp, kp)] = t
+    orig = _placed(_tokens(vm.mask, h=h), vm.permutation, vm.key_permutation)
     if geo.text_first and geo.text_tokens:
         nv = geo.video_tokens
         to_model = np.r_[np.arange(geo.text_tokens, geo.text_tokens + nv),
                          np.arange(geo.text_tokens)]
-        out = np.zeros_like(orig)
-        out[np.ix_(to_model, to_model)] = orig
-        return out
+        return _placed(orig, to_model, to_model)
     return orig
 
 
