@@ -25,22 +25,13 @@
 //                    while the current task computes, so the consumers start it without waiting
 //                    for Q (a tile read once, from DRAM); 1: it loads after the current task's
 //                    last S
-//   TESSERA_TMA      1 (unpacked walk only): one thread copies each Q tile and K/V chunk with
-//                    bulk tensor copies (TMA) described by the tensor maps in the tma_maps
-//                    parameter (tessera/cuda/tma.py), completing on mbarriers by byte count;
-//                    0: 128 threads of cp.async. With the producer its thread 0 copies; without
-//                    it (the lean variant: one warpgroup, 64-row tiles, no row-restricted
-//                    chunks) thread 0 of the consumers does, and K and V take rings of their
-//                    own: STAGES - 2 K slots and two V slots. S_j reads K_j and frees its slot
-//                    for K_{j+STAGES-2} as soon as S_j is done; P_{j-1} V_{j-1} frees V_{j-1}'s
-//                    slot for V_{j+1}, which is read an iteration later again. The tiles of
-//                    three CTAs an SM then fit at head dim 128 (STAGES 3: 64 KB), each CTA's
-//                    copies hidden behind the other CTAs' matrix work, with every register a
-//                    third of the file allows (168; no producer to hand registers to).
-//   TESSERA_MIN_BLOCKS CTAs per SM the registers are split for (default 1): 2 lets two
-//                    64-row producer CTAs share an SM, each with one consumer warpgroup,
-//                    instead of one CTA holding the whole register file; the lean variant
-//                    takes as many as its shared memory allows, up to 4
+//   TESSERA_TMA      1 (producer, unpacked walk only): one producer thread copies each Q tile
+//                    and K/V chunk with bulk tensor copies (TMA) described by the tensor maps in
+//                    the tma_maps parameter (tessera/cuda/tma.py), completing on the full
+//                    barriers by byte count; 0: 128 threads of cp.async
+//   TESSERA_MIN_BLOCKS CTAs per SM the producer variant's registers are split for (default 1):
+//                    2 lets two 64-row CTAs share an SM, each with one consumer warpgroup,
+//                    instead of one CTA holding the whole register file
 //   TESSERA_SMEM_ALIGNED 1: no slack reserved to align the tiles (the dynamic shared memory
 //                    starts 1024-aligned; checked): the 1 KB that lets two 64x64 producer CTAs
 //                    with one Q buffer share an SM at head dim 128
@@ -59,7 +50,7 @@
 //                    is the default's) -- hence opt-in (Regime.wide_steps).
 //
 // Shared memory: Q_BUFFERS x Q (BM x D), then STAGES x {K, V} (KV_ROWS x D each: BN keys, or
-// WIDE_BN with the wide step; the lean variant: STAGES - 2 K tiles, then 2 V tiles), every tile in the layout wgmma reads: rows cut into SW-byte
+// WIDE_BN with the wide step), every tile in the layout wgmma reads: rows cut into SW-byte
 // column chunks (SW = 128 when D is a multiple of 64, else 64), chunk-major ([chunk][row][SW
 // bytes]), 16-byte pieces XOR-swizzled by the row within each 8-row group, each tile starting
 // on a 1024-byte boundary. loader.smem_bytes mirrors the size.
@@ -108,11 +99,6 @@ constexpr int KV_ROWS = WIDE ? WIDE_BN : BN;
 constexpr int Q_BYTES = BM * D * 2;
 constexpr int KV_BYTES = KV_ROWS * D * 2;
 constexpr int STAGE_BYTES = 2 * KV_BYTES;
-// The lean variant (TESSERA_TMA without the producer): K and V in rings of their own.
-constexpr bool LEAN = TESSERA_TMA != 0 && !WS;
-constexpr int K_SLOTS = LEAN ? STAGES - 2 : STAGES;
-constexpr int V_SLOTS = LEAN ? 2 : STAGES;
-constexpr int TILES_BYTES = LEAN ? (K_SLOTS + V_SLOTS) * KV_BYTES : STAGES * STAGE_BYTES;
 constexpr int Q_BUFS = TESSERA_Q_BUFFERS;
 static_assert(Q_BUFS == 1 || (Q_BUFS == 2 && WS), "two Q buffers need the producer");
 static_assert(BM % 64 == 0 && BM >= 64, "64 rows per warpgroup");
@@ -134,10 +120,8 @@ constexpr bool PACKED = TESSERA_PACK_KEYS != 0;
 // span's end read the keys that follow, or zeros past the sequence: masked, their V rows zeroed
 // by zero_v_tail), which the packed walk's chunks are not.
 constexpr bool TMA = TESSERA_TMA != 0;
-static_assert(!TMA || !TESSERA_PACK_KEYS, "TMA copies are for the span-by-span walk");
-// The lean variant checks no chunk's V for non-finite values (regimes that restrict rows take
-// the cp.async form: Regime.tma_capable), and its one warpgroup copies for itself.
-static_assert(!LEAN || (WGS == 1 && !GUARD), "the lean variant: 64-row tiles, unguarded");
+static_assert(!TMA || (TESSERA_PRODUCER && !TESSERA_PACK_KEYS),
+              "TMA copies are the producer's, for the span-by-span walk");
 static_assert(!WIDE || (TMA && WIDE_BN > BN && WIDE_BN % 64 == 0 && BN % 64 == 0),
               "the wide step is the TMA producer's, copied in boxes of 64 keys");
 // K/V rows one TMA box holds: a step's copies are STEP / KV_BOX of them, one map for both widths.
@@ -376,26 +360,6 @@ __device__ __forceinline__ void tma_load_kv(u32 ks, const TmaMaps& maps, int key
       tma_load_4d(ks + KV_BYTES + off, maps.v, p * SW / 2, key0 + r * KV_BOX, kvh, b, bar);
     }
 }
-// One K or V tile (the lean variant's rings), as tma_load_kv copies each: W keys from `key0`.
-template <int W>
-__device__ __forceinline__ void tma_load_tile(u32 dst, const void* map, int key0, int kvh, int b,
-                                              u32 bar) {
-  mbar_arrive_expect_tx(bar, W * D * 2);
-#pragma unroll
-  for (int p = 0; p < D * 2 / SW; ++p)
-#pragma unroll
-    for (int r = 0; r < W / KV_BOX; ++r)
-      tma_load_4d(dst + (u32)(p * KV_ROWS * SW + r * KV_BOX * SW), map, p * SW / 2,
-                  key0 + r * KV_BOX, kvh, b, bar);
-}
-// Where chunk c's K and V sit: stage c % STAGES holding both, or (lean) K slot c % K_SLOTS and V
-// slot c % V_SLOTS of their own rings.
-__device__ __forceinline__ u32 k_tile(u32 tiles, int c) {
-  return LEAN ? tiles + (u32)((c % K_SLOTS) * KV_BYTES) : tiles + (u32)((c % STAGES) * STAGE_BYTES);
-}
-__device__ __forceinline__ u32 v_tile(u32 tiles, int c) {
-  return LEAN ? tiles + (u32)((K_SLOTS + c % V_SLOTS) * KV_BYTES) : k_tile(tiles, c) + KV_BYTES;
-}
 // Whether a task takes the wide step (TESSERA_WIDE_BN): at most WIDE_SPANS spans, whose keys
 // rounded up to WIDE_BN-key steps exceed those rounded to BN-key steps by at most 1/WIDE_SLACK.
 __device__ __forceinline__ bool wide_task(const int* spans, int sb, int se) {
@@ -554,13 +518,10 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
   const u32 stage_base = q_base + Q_BUFS * Q_BYTES;
   // mbarriers after the stages (producer variant): full[STAGES], empty[STAGES], Q full[Q_BUFS],
   // Q empty[Q_BUFS], then four task-index words. Task n's Q sits in buffer n % Q_BUFS.
-  // The lean variant's: K full/empty[K_SLOTS], V full/empty[V_SLOTS], Q full.
-  const u32 full_bar = stage_base + TILES_BYTES;
-  const u32 empty_bar = full_bar + 8 * K_SLOTS;
-  const u32 q_full_bar = empty_bar + 8 * K_SLOTS;
+  const u32 full_bar = stage_base + STAGES * STAGE_BYTES;
+  const u32 empty_bar = full_bar + 8 * STAGES;
+  const u32 q_full_bar = empty_bar + 8 * STAGES;
   const u32 q_empty_bar = q_full_bar + 8 * Q_BUFS;
-  const u32 v_full_bar = empty_bar + 8 * K_SLOTS, v_empty_bar = v_full_bar + 8 * V_SLOTS;
-  const u32 lean_q_bar = v_empty_bar + 8 * V_SLOTS;
 
   // The producer variant is persistent: CTA blockIdx.x starts with task blockIdx.x and then
   // takes the next untaken task of the queue from a global counter (gridDim.x + the count), so
@@ -577,21 +538,6 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
       smem_raw + (q_empty_bar + 8 * Q_BUFS - smem_addr(smem_raw)));
   volatile int* next_slot = task_slot + 2;
 
-  if constexpr (LEAN) {
-    if (tid == 0) {
-      // full: the one expecting arrive of thread 0's copies; empty: one arrive per warp
-      for (int st = 0; st < K_SLOTS; ++st) {
-        mbar_init(full_bar + 8 * st, 1);
-        mbar_init(empty_bar + 8 * st, 4);
-      }
-      for (int st = 0; st < V_SLOTS; ++st) {
-        mbar_init(v_full_bar + 8 * st, 1);
-        mbar_init(v_empty_bar + 8 * st, 4);
-      }
-      mbar_init(lean_q_bar, 1);
-    }
-    __syncthreads();
-  }
   if constexpr (WS) {
     if (tid == 0) {
       for (int st = 0; st < STAGES; ++st) {
@@ -741,32 +687,7 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
       ComputeWalkOf<W> walk;
       if constexpr (!WS && !PACKED) walk = load_walk;  // the same walk: no second read
       else walk.open(spans, task.span_begin, se);
-      // The lean variant's: load_walk is K's (STAGES - 2 chunks ahead), v_walk V's (two ahead);
-      // thread 0 alone moves them.
-      WalkOf<W> v_walk = load_walk;
-      const int kvh = task.h0 / group;
-      if constexpr (LEAN) {
-        if (tid == 0) {
-          tma_load_q(q_base, tma_maps, q_start, task.h0, task.b, lean_q_bar);
-#pragma unroll
-          for (int c = 0; c < K_SLOTS; ++c) {
-            if (load_walk.more(se)) {
-              tma_load_tile<W>(k_tile(stage_base, c), tma_maps.k, load_walk.key0(), kvh, task.b,
-                               full_bar + 8 * c);
-              load_walk.next(spans, se);
-            }
-          }
-#pragma unroll
-          for (int c = 0; c < V_SLOTS; ++c) {
-            if (v_walk.more(se)) {
-              tma_load_tile<W>(v_tile(stage_base, c), tma_maps.v, v_walk.key0(), kvh, task.b,
-                               v_full_bar + 8 * c);
-              v_walk.next(spans, se);
-            }
-          }
-        }
-        mbar_wait(lean_q_bar, 0);
-      } else if constexpr (!WS) {
+      if constexpr (!WS) {
         // Prologue: the Q tile and chunks 0 .. PREFETCH-1, one commit group per chunk (Q rides
         // with the first); every iteration then commits one chunk (PREFETCH ahead), so "all but
         // the newest PREFETCH-1 groups have landed" means the current chunk has.
@@ -810,17 +731,10 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
       // (excluded_rows' bits; 0 unless that chunk's V holds a non-finite value).
       int guard_prev = 0;
       GuardedRows<D / 8> kept;
-      int valid_prev = 0;  // keys of the previous chunk (the lean variant zeroes its V tail)
       for (; walk.more(se); ++j, ++jt) {
         if constexpr (WS) {
           mbar_wait(full_bar + 8 * (j % STAGES), (j / STAGES) & 1);
           fence_async_smem();
-        } else if constexpr (LEAN) {
-          // K_j for S_j; the V this iteration's P V reads: V_{j-1}, or the first chunk's own
-          // for its P = 0 product (a CTA runs one task: j counts its chunks)
-          mbar_wait(full_bar + 8 * (j % K_SLOTS), (j / K_SLOTS) & 1);
-          const int vc = jt > 0 ? j - 1 : j;
-          mbar_wait(v_full_bar + 8 * (vc % V_SLOTS), (vc / V_SLOTS) & 1);
         } else {
           cp_async_wait<PREFETCH - 1>();
           fence_async_smem();
@@ -833,20 +747,17 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
           cp_async_commit();
         }
 
-        const u32 ks = k_tile(stage_base, j), vs = v_tile(stage_base, j);
+        const u32 ks = stage_base + (u32)((j % STAGES) * STAGE_BYTES);
         // Rows this span applies to, clipped to the tile's real rows.
         const int lo = max(walk.row_lo(spans), q_start);
         const int hi = min(walk.row_hi(spans), q_end);
-        const int valid = walk.key_end() - walk.key0();
-        // (lean: V_j may still be landing; the tail zeroed is that of the V read next)
-        if (LEAN && jt > 0) zero_v_tail<W>(vs_prev, valid_prev, wg);
-        else zero_v_tail<W>(vs, valid, wg);
+        zero_v_tail<W>(ks + KV_BYTES, walk.key_end() - walk.key0(), wg);
         if (guard_prev) kept.keep(o);
 
         wait_issue_turn(wg);
         wgmma_hold<D / 2>(&o[0][0]);
         wgmma_fence();
-        const SmemDesc k_desc = k_major_desc(ks), vd = v_desc(jt > 0 ? vs_prev : vs);
+        const SmemDesc k_desc = k_major_desc(ks), vd = v_desc(jt > 0 ? vs_prev : ks + KV_BYTES);
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk)
           Wgmma<W>::ss(&s[0][0], q_desc.at(k_major_step<BM>(kk)),
@@ -858,21 +769,12 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
         pass_issue_turn(wg);
         // (checked while the tensor cores work; `lo`, `hi` are uniform, so is the branch)
         int guard = 0;
-        if (GUARD && (lo > q_start || hi < q_end) && stage_v_non_finite<W>(vs, valid, wg))
+        if (GUARD && (lo > q_start || hi < q_end) &&
+            stage_v_non_finite<W>(ks + KV_BYTES, walk.key_end() - walk.key0(), wg))
           guard = excluded_rows(tok_base + thread_index() % 32 / 4, lo, hi);
 
         wgmma_wait<overlap_pv<W>() ? 1 : 0>();
         wgmma_hold<W / 2>(&s[0][0]);
-        if constexpr (LEAN) {
-          // S_j is done with K_j: its slot takes chunk j + K_SLOTS (once every warp is done)
-          if (thread_index() % 32 == 0) mbar_arrive(empty_bar + 8 * (j % K_SLOTS));
-          if (tid == 0 && load_walk.more(se)) {
-            mbar_wait(empty_bar + 8 * (j % K_SLOTS), (j / K_SLOTS) & 1);
-            tma_load_tile<W>(ks, tma_maps.k, load_walk.key0(), kvh, task.b,
-                             full_bar + 8 * (j % K_SLOTS));
-            load_walk.next(spans, se);
-          }
-        }
         // Mask: keys past the span end, rows outside the span's restriction or the tile. A warp
         // with no row in the chunk runs it too, every score masked (P = 0, m and l unchanged):
         // a branch around the softmax had every iteration zero S's registers in advance (32
@@ -890,16 +792,6 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
         wgmma_hold<D / 2>(&o[0][0]);
         wgmma_hold<W / 2>(&s[0][0]);  // P is rewritten only after the P V that read it is done
         if (WS && jt > 0) mbar_arrive(empty_bar + 8 * ((j - 1) % STAGES));  // j-1 is done
-        if (LEAN && jt > 0) {
-          // P_{j-1} V_{j-1} is done: V_{j-1}'s slot takes chunk j + 1
-          if (thread_index() % 32 == 0) mbar_arrive(v_empty_bar + 8 * ((j - 1) % V_SLOTS));
-          if (tid == 0 && v_walk.more(se)) {
-            mbar_wait(v_empty_bar + 8 * ((j - 1) % V_SLOTS), ((j - 1) / V_SLOTS) & 1);
-            tma_load_tile<W>(vs_prev, tma_maps.v, v_walk.key0(), kvh, task.b,
-                             v_full_bar + 8 * ((j - 1) % V_SLOTS));
-            v_walk.next(spans, se);
-          }
-        }
         if (guard_prev) kept.restore(o, guard_prev);
         if (jt == 0 && guard) kept.restore_zeros(o, guard);  // (the first chunk's P V: see above)
         guard_prev = guard;
@@ -912,17 +804,12 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
         }
 #pragma unroll
         for (int kk = 0; kk < W / 16; ++kk) p_fragment(pa[kk], s, kk);
-        vs_prev = vs;
-        valid_prev = valid;
+        vs_prev = ks + KV_BYTES;
         walk.next(spans, se);
       }
       // Every S of this task has been waited for: the producer may reuse its Q buffer.
       if constexpr (WS) mbar_arrive(q_empty_bar + 8 * qb);
       if (jt > 0) {  // the last chunk's P V (uniform: every thread walked the same spans)
-        if constexpr (LEAN) {  // its V, not waited for yet
-          mbar_wait(v_full_bar + 8 * ((j - 1) % V_SLOTS), ((j - 1) / V_SLOTS) & 1);
-          zero_v_tail<W>(vs_prev, valid_prev, wg);
-        }
         if (guard_prev) kept.keep(o);
         wgmma_hold<D / 2>(&o[0][0]);
         wgmma_fence();

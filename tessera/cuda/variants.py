@@ -54,33 +54,22 @@ class Variant:
         variants split their registers for two CTAs an SM where their shared memory fits (64x64
         at every head dim, 64x128 at head dim 64): one CTA would hold the whole register file
         for a single consumer warpgroup. ``pack_keys``: the packed key walk
-        (Regime.pack_keys). ``tma``: K/V chunks copied by TMA (the span-by-span walk only; the
-        launch passes tensor maps) -- by the producer, or, without one, in the lean variant of
-        64-row tiles without the guard: thread 0 copies into rings of ``stages - 2`` K tiles and
-        two V tiles, and as many CTAs as its shared memory allows share an SM. ``wide``
+        (Regime.pack_keys). ``tma``: the producer copies K/V chunks by TMA (producer variants of
+        the span-by-span walk only; the launch passes tensor maps). ``wide``
         (Regime.wide_steps): the TMA variant of 128x128 tiles at head dim 64 steps 192 keys at
         a time through tasks of a few long spans (``WIDE_BN``, by the rule of
         tasks.wide_step_tasks; see bsa_sm90.cu); other variants have no wide step and ignore
         it. ``guard``: as for bsa_sm80."""
-        if tma and (pack_keys or (not producer and (block_m != 64 or guard))):
-            raise ValueError("TMA copies are for the span-by-span walk: the producer's, or the "
-                             "lean variant's (64-row tiles without the non-finite check)")
-        wide = wide and tma and producer and (block_m, block_n, head_dim) == (128, 128, 64)
+        if tma and (not producer or pack_keys):
+            raise ValueError("TMA copies are the producer's, for the span-by-span walk")
+        wide = wide and tma and (block_m, block_n, head_dim) == (128, 128, 64)
         macros = (("BM", block_m), ("BN", block_n), ("D", head_dim), ("STAGES", stages),
                   ("BF16", int(bf16))) + ((("PACK_KEYS", 1),) if pack_keys else ()) + (
                   (("TMA", 1),) if tma else ()) + (
                   (("WIDE_BN", WIDE_BN), ("WIDE_SPANS", WIDE_SPANS), ("WIDE_SLACK", WIDE_SLACK))
                   if wide else ()) + (() if guard else (("GUARD", 0),))
         if not producer:
-            plain = cls("bsa_sm90.cu", "bsa_fwd_sm90", macros)
-            if not tma:
-                return plain
-            # The lean variant: as many CTAs an SM as its shared memory holds, up to four at
-            # head dim 64 and three above (128 and 168 registers a thread: what its loop needs
-            # without spilling; head dim 96 spills at 128).
-            fit = SM90_SMEM_PER_SM // (smem_bytes(plain) + SM90_SMEM_RESERVED)
-            return cls("bsa_sm90.cu", "bsa_fwd_sm90", macros + (
-                ("MIN_BLOCKS", max(1, min(4 if head_dim == 64 else 3, fit))),))
+            return cls("bsa_sm90.cu", "bsa_fwd_sm90", macros)
         def ws(q_buffers: int, min_blocks: int, aligned: bool = False) -> "Variant":
             return cls("bsa_sm90.cu", "bsa_fwd_sm90", macros + (("PRODUCER", 1),) + (
                 (("Q_BUFFERS", 2),) if q_buffers == 2 else ()) + (
@@ -166,12 +155,9 @@ def smem_bytes(v: Variant) -> int:
         d, stages = v.macro("D"), v.macro("STAGES")
         macros = dict(v.macros)
         q_bufs = macros.get("Q_BUFFERS", 1)
-        align = 0 if macros.get("SMEM_ALIGNED") else 1024
-        if macros.get("TMA") and not macros.get("PRODUCER"):
-            # lean: stages - 2 K tiles and 2 V tiles; full/empty per tile, Q full
-            return align + 2 * d * (v.macro("BM") + stages * v.kv_rows) + 8 * (2 * stages + 1)
         # producer: full/empty per stage and per Q buffer, four task-index words
         barriers = 8 * (2 * stages + 2 * q_bufs + 2) if macros.get("PRODUCER") else 0
+        align = 0 if macros.get("SMEM_ALIGNED") else 1024
         return align + 2 * d * (q_bufs * v.macro("BM") + stages * 2 * v.kv_rows) + barriers
     return 0
 

@@ -139,13 +139,8 @@ class Regime:
 
     @property
     def tma_capable(self) -> bool:
-        """Whether this regime's kernel has a TMA-copying form (variant(..., tma=True)): the
-        producer's of the span-by-span walk, and the lean one-warpgroup variant of plain
-        64-row tiles (three or four CTAs an SM, bsa_sm90.cu), which checks no row-restricted
-        chunk for non-finite values -- regimes that restrict rows keep cp.async there."""
-        if self.family != "sm90" or self.pack_keys:
-            return False
-        return self.producer or (self.block_m == 64 and not self.restricts_rows)
+        """Whether this regime's kernel has a TMA-copying form (variant(..., tma=True))."""
+        return self.producer and not self.pack_keys
 
     @property
     def producer(self) -> bool:
