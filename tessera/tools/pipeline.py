@@ -1,8 +1,8 @@
 """``python -m tessera pipeline``: a diffusers video transformer at its published size, its
 denoising steps' forwards run with the model's own dense attention, with Tessera and with
 FlexAttention on the same method's masks; per-step time, attention share, the integration's
-overhead (the attention time outside the attention kernels' calls), speed-ups and how far the
-outputs are from each other.
+overhead (the attention time outside the attention kernels' calls, and the reorders of
+``--keep-order``), speed-ups and how far the outputs are from each other.
 
 Random weights unless ``--weights`` names a local checkpoint folder (nothing is downloaded).
 Times are CUDA-event medians over ``--steps`` forwards after one warm-up forward per backend
@@ -91,7 +91,11 @@ def run(model_name: str, method: M.Method, steps: int = 3, schedule: M.Schedule 
             session.attention = flex_attention_runner()
         per_layer: list[list] = []  # per forward: (start, end) events of each attention call
         runs: list[list] = []  # per forward: the same around the attention kernels' call
+        # per forward: the same around the token reorders of keep_order (block hooks, outside
+        # the attention calls)
+        reorders: list[list] = []
         session._attend = _timed(session._attend, per_layer)
+        session._reorder = _timed(session._reorder, reorders)
         if backend == "flex":
             session.attention = _timed(session.attention, runs)
         elif backend == "tessera":
@@ -101,6 +105,7 @@ def run(model_name: str, method: M.Method, steps: int = 3, schedule: M.Schedule 
             for i in range(steps + 1):  # the first: warm-up (compiles, loads kernels)
                 per_layer.append([])
                 runs.append([])
+                reorders.append([])
                 a, b = (torch.cuda.Event(enable_timing=True) for _ in range(2))
                 a.record()
                 out = model(**x)[0]
@@ -112,6 +117,7 @@ def run(model_name: str, method: M.Method, steps: int = 3, schedule: M.Schedule 
                 _progress(done, total, f"{model_name} {backend} forward {i}")
         layers_ms = np.array([[s.elapsed_time(e) for s, e in calls] for calls in per_layer[1:]])
         run_ms = [sum(s.elapsed_time(e) for s, e in calls) for calls in runs[1:]]
+        reorder_ms = [sum(s.elapsed_time(e) for s, e in calls) for calls in reorders[1:]]
         td.disable(model)
         outputs[backend] = out.float()
         result[backend] = dict(step_ms=statistics.median(step_ms),
@@ -119,10 +125,12 @@ def run(model_name: str, method: M.Method, steps: int = 3, schedule: M.Schedule 
                                per_layer_ms=np.median(layers_ms, axis=0).tolist())
         if backend != "dense":
             # What the integration adds around the attention's own call (mask making,
-            # reordering, bookkeeping): the attention time less the kernels' call.
+            # reordering, bookkeeping): the attention time less the kernels' call, plus the
+            # once-a-forward reorders of keep_order outside the attention calls.
             result[backend]["run_ms"] = float(np.median(run_ms))
+            result[backend]["reorder_ms"] = float(np.median(reorder_ms))
             result[backend]["overhead_ms"] = result[backend]["attention_ms"] - float(
-                np.median(run_ms))
+                np.median(run_ms)) + float(np.median(reorder_ms))
     ref = outputs["dense"]
     for backend in backends:
         r = result[backend]
