@@ -131,6 +131,20 @@ class Variant:
         return 0
 
     @classmethod
+    def pooled_topk(cls, kernel: str, element: str = "float32") -> "Variant":
+        """A kernel of pooled_topk.cu (the device's pooled top-k masks): ``cube_pool`` for
+        inputs of ``element`` ("bfloat16", "float16" or "float32"); ``cube_scores`` and
+        ``topk_rows`` read float32 whatever the inputs were."""
+        if kernel not in ("cube_pool", "cube_scores", "topk_rows"):
+            raise ValueError(f"pooled_topk.cu has cube_pool, cube_scores and topk_rows, "
+                             f"got {kernel!r}")
+        if kernel != "cube_pool" or element == "float32":
+            return cls("pooled_topk.cu", kernel, (("F32", 1),) if kernel == "cube_pool" else ())
+        if element not in ("bfloat16", "float16"):
+            raise ValueError(f"cube_pool reads bfloat16, float16 or float32, got {element!r}")
+        return cls("pooled_topk.cu", kernel, (("BF16", int(element == "bfloat16")),))
+
+    @classmethod
     def combine(cls, *, bf16: bool) -> "Variant":
         return cls("combine.cu", "bsa_combine", (("BF16", int(bf16)),))
 

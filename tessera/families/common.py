@@ -151,7 +151,11 @@ def as_bhld(x: Any, name: str) -> Any:
     return a
 
 
-def check_qk(q: Any, k: Any, n_tokens: int | None) -> tuple[Any, Any, Any]:
+def check_qk(q: Any, k: Any, n_tokens: int | None,
+             repeat_kv: bool = True) -> tuple[Any, Any, Any]:
+    """q and k as ``[B, H, L, D]`` arrays of one array module (and that module), checked
+    against each other and ``n_tokens``; k repeated to q's heads (GQA) unless ``repeat_kv`` is
+    False (the caller then maps heads itself)."""
     q, k = as_bhld(q, "q"), as_bhld(k, "k")
     xp = array_module(q, k)
     if xp is not np:
@@ -165,7 +169,7 @@ def check_qk(q: Any, k: Any, n_tokens: int | None) -> tuple[Any, Any, Any]:
         raise ValueError(f"q heads {Hq} must be a multiple of k heads {Hk}")
     if n_tokens is not None and L != n_tokens:
         raise ValueError(f"q/k have {L} tokens; expected {n_tokens} (video + text)")
-    if Hk != Hq:
+    if Hk != Hq and repeat_kv:
         k = xp.repeat(k, Hq // Hk, axis=1)
     return q, k, xp
 

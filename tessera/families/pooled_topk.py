@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Sequence
 
 import numpy as np
 
+from ..cuda import loader
+from ..cuda.variants import Variant
 from ..mask import BlockMask
 from .common import (
     Latent,
@@ -25,6 +28,8 @@ from .common import (
 )
 from .video import VideoMask, tile_permutation
 
+__all__ = ["topk_pooled"]
+
 
 def _cube_pool(x: Any, lat: Latent, cube: tuple[int, int, int], xp) -> Any:
     """Mean of ``x [B, H, T*H*W, D]`` (frame-major video tokens) over each cube, in cube order."""
@@ -39,6 +44,66 @@ def _cube_pool(x: Any, lat: Latent, cube: tuple[int, int, int], xp) -> Any:
     s = v.reshape(B, H, gt, ct, gh, ch, gw, cw, D).sum(axis=(3, 5, 7))
     _, sizes = tile_permutation(lat, cube)
     return s.reshape(B, H, gt * gh * gw, D) / device_copy(sizes, xp).astype(np.float32)[:, None]
+
+
+@functools.lru_cache(maxsize=64)  # every layer of every step asks again: made once, read-only
+def _cube_bounds(latent: Latent, cube: tuple[int, int, int]) -> np.ndarray:
+    """Token offsets of the cubes in the cube order (int64, cubes + 1)."""
+    b = bounds_from_sizes(tile_permutation(latent, cube)[1])
+    b.flags.writeable = False
+    return b
+
+
+def _pool_kernel(x: Any) -> tuple[Any, Any]:
+    """The cube_pool kernel for ``x``'s element type, and ``x`` as it reads it (a float32 copy
+    of other float types; a copy where the head dim is not contiguous)."""
+    name = x.dtype.name
+    if name not in ("bfloat16", "float16", "float32"):
+        x = x.astype(np.float32)
+        name = "float32"
+    if x.shape[-1] > 1 and x.strides[-1] != x.itemsize:
+        x = x.copy()
+    return loader.load_kernel(Variant.pooled_topk("cube_pool", name)), x
+
+
+def _device_pool(x: Any, tokens: Any, bounds: Any, cubes: int, xp) -> Any:
+    """Mean of ``x [B, H, L, D]`` (CuPy) over each cube's tokens (``tokens``: their indices in
+    the cube order, or None where ``x`` already is in it), float32 ``[B, H, cubes, D]``."""
+    fn, x = _pool_kernel(x)
+    B, H, _, D = x.shape
+    if D > 256:
+        raise ValueError(f"pooled top-k on the device takes head dims up to 256, got {D}")
+    out = xp.empty((B, H, cubes, D), dtype=np.float32)
+    sb, sh, sl, _ = (st // x.itemsize for st in x.strides)
+    fn((cubes, B * H), (D,), (x, np.int64(sb), np.int64(sh), np.int64(sl), np.int32(H),
+                              np.int32(D), tokens if tokens is not None else np.uint64(0),
+                              bounds, np.int32(cubes), out))
+    return out
+
+
+def _device_scores(pq: Any, pk: Any, scale: float, xp) -> Any:
+    """``scale * pq @ pk^T`` per (batch, q head) on the device, k's heads shared by ``H / Hk``
+    query heads each (GQA), float32 ``[B, H, n_q, n_k]``: one kernel, no library call."""
+    B, H, nq, D = pq.shape
+    Hk, nk = pk.shape[1], pk.shape[2]
+    out = xp.empty((B, H, nq, nk), dtype=np.float32)
+    fn = loader.load_kernel(Variant.pooled_topk("cube_scores"))
+    fn((-(-nk // 64), -(-nq // 64), B * H), (256,),
+       (pq, pk, np.int32(H), np.int32(H // Hk), np.int32(nq), np.int32(nk), np.int32(D),
+        np.float32(scale), out))
+    return out
+
+
+def _device_topk(scores: Any, keep: int, xp) -> Any:
+    """Per row of ``scores [..., n_q, n_k]`` its ``keep`` highest entries (ties at the threshold
+    in column order, NaN last) as a bool mask of the same shape: one kernel."""
+    *lead, nq, nk = scores.shape
+    out = xp.empty(scores.shape, dtype=bool)
+    rows = int(np.prod(lead)) * nq
+    fn = loader.load_kernel(Variant.pooled_topk("topk_rows"))
+    fn((rows,), (256,), (scores, np.int32(nk), np.int32(keep), np.int32(nq),
+                         np.int64(nq * nk), np.int64(nk), out))
+    return out
 
 
 def topk_pooled(q: Any, k: Any, latent: Sequence[int], cube: Sequence[int] = (4, 4, 4),
@@ -73,14 +138,32 @@ def topk_pooled(q: Any, k: Any, latent: Sequence[int], cube: Sequence[int] = (4,
     cb = check_triple(cube, "cube")
     n_video = int(np.prod(lat))
     text_counts(text_tokens, text_valid)
-    q, k, xp = check_qk(q, k, n_video + text_tokens)
+    q, k, xp = check_qk(q, k, n_video + text_tokens, repeat_kv=False)
     if topk is not None and top_p is not None:
         raise ValueError("give topk or top_p, not both")
+    if topk is not None and (not is_int(topk) or topk <= 0):
+        raise ValueError(f"topk must be a positive int, got {topk!r}")
+    if top_p is not None and (isinstance(top_p, bool) or not isinstance(
+            top_p, (int, float, np.integer, np.floating)) or not 0.0 < top_p <= 1.0):
+        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
     perm, sizes = tile_permutation(lat, cb)
     n = sizes.size
     if top_p is None and topk is None:
         topk = max(1, round(0.1 * n))
     D = q.shape[-1]
+    if xp is not np:
+        # On the device: three kernels (pool, score, select), no library call and no float32
+        # copy of q or k -- a mask made inside a CUDA graph capture.
+        bounds = device_copy(_cube_bounds(lat, cb), xp)
+        tokens = None if ordered else device_copy(perm, xp)
+        pq, pk = (_device_pool(x[:, :, :n_video], tokens, bounds, n, xp) for x in (q, k))
+        scores = _device_scores(pq, pk, 1.0 / math.sqrt(D), xp)
+        video = (_device_topk(scores, min(int(topk), n), xp) if topk is not None
+                 else top_p_rows(scores, top_p, 1, xp))
+        return _video_mask(video, perm, sizes, lat, cb, topk, top_p, text_tokens, text_valid,
+                           q.shape, ordered)
+    if k.shape[1] != q.shape[1]:
+        k = np.repeat(k, q.shape[1] // k.shape[1], axis=1)
     if ordered:
         dev_sizes = device_copy(sizes, xp)
         bounds = xp.concatenate([xp.zeros(1, dtype=dev_sizes.dtype), xp.cumsum(dev_sizes)])
@@ -92,19 +175,24 @@ def topk_pooled(q: Any, k: Any, latent: Sequence[int], cube: Sequence[int] = (4,
         pk = _cube_pool(k[:, :, :n_video], lat, cb, xp)
     scores = pq @ pk.swapaxes(-1, -2) / np.float32(math.sqrt(D))
     if topk is not None:
-        if not is_int(topk) or topk <= 0:
-            raise ValueError(f"topk must be a positive int, got {topk!r}")
         kk = min(int(topk), n)
         idx = xp.argpartition(-scores, kk - 1, axis=-1)[..., :kk]
         video = sorted_keep(idx, xp.ones(idx.shape, dtype=bool), scores.shape, xp)
     else:
-        if not 0.0 < top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
         video = top_p_rows(scores, top_p, 1, xp)
+    return _video_mask(video, perm, sizes, lat, cb, topk, top_p, text_tokens, text_valid,
+                       q.shape, ordered)
+
+
+def _video_mask(video: Any, perm: np.ndarray, sizes: np.ndarray, lat: Latent,
+                cb: tuple[int, int, int], topk: int | None, top_p: float | None,
+                text_tokens: int, text_valid: int | None, q_shape: tuple,
+                ordered: bool) -> VideoMask:
+    """The selected cubes ``video [B, H, n, n]`` with the text blocks, as topk_pooled's result."""
     bounds = bounds_from_sizes(sizes)
     dense, qb, kb = with_text(video, bounds, bounds, text_tokens, text_valid)
     mask = BlockMask.from_dense(dense, q_bounds=qb, kv_bounds=kb)
     params = dict(latent=lat, cube=cb, topk=topk, top_p=top_p, text_tokens=text_tokens,
-                  text_valid=text_valid, batch=int(q.shape[0]), heads=int(q.shape[1]),
+                  text_valid=text_valid, batch=int(q_shape[0]), heads=int(q_shape[1]),
                   ordered=ordered)
     return VideoMask(mask, with_text_identity(perm, text_tokens), "topk_pooled", params)

@@ -312,6 +312,21 @@ def test_planner_kernels_compile(kernel, target, tmp_path, monkeypatch):
     assert res.spill_bytes == 0 and f"'{kernel}'" in res.log
 
 
+@pytest.mark.parametrize("kernel,element", [("cube_pool", "bfloat16"), ("cube_pool", "float16"),
+                                            ("cube_pool", "float32"), ("cube_scores", "float32"),
+                                            ("topk_rows", "float32")])
+@pytest.mark.parametrize("target", loader.CI_TARGETS)
+def test_pooled_topk_kernels_compile(kernel, element, target, tmp_path, monkeypatch):
+    """The device's pooled top-k mask kernels build spill-free for every target."""
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    res = loader.compile_variant(variants.Variant.pooled_topk(kernel, element), target)
+    assert res.spill_bytes == 0 and res.stack_bytes == 0 and f"'{kernel}'" in res.log
+    with pytest.raises(ValueError, match="cube_pool"):
+        variants.Variant.pooled_topk("topk")
+    with pytest.raises(ValueError, match="float64"):
+        variants.Variant.pooled_topk("cube_pool", "float64")
+
+
 def test_one_module_two_kernels_reports_each(tmp_path, monkeypatch):
     monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
     a = loader.compile_variant(variants.Variant("plan.cu", "plan_row_stats"), "sm_80")

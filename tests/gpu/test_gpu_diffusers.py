@@ -100,14 +100,18 @@ def test_each_method_equals_sdpa_and_flex_on_its_mask(method, geo):
     assert relative_difference(flex[rows], got[rows]) < 1e-2
 
 
-def test_a_captured_forward_replays_on_new_inputs():
-    """A whole transformer forward with sliding tiles (a fixed mask, planned once) captured
-    into a CUDA graph after a warm-up forward, replayed on new inputs: each replay equals an
-    eager forward on those inputs. (Top-k cubes are not capturable: CuPy refuses the pooled
-    scores' cuBLAS product inside a capture.)"""
+@pytest.mark.parametrize("method", [M.SlidingTile(tile=(2, 4, 4), window=(1, 3, 3)),
+                                    M.TopKCubes(cube=(1, 2, 2), density=0.1)],
+                         ids=["sliding_tile", "topk_cubes"])
+def test_a_captured_forward_replays_on_new_inputs(method):
+    """A whole transformer forward captured into a CUDA graph after a warm-up forward, replayed
+    on new inputs: each replay equals an eager forward on those inputs -- with sliding tiles (a
+    fixed mask, planned once), and with top-k cubes, whose masks the replay makes anew from
+    the new q and k in every layer (the pooled top-k kernels: no library call) and plans on
+    the GPU."""
     model = models.build("wan-1.3b", tiny=True)
     x = models.inputs("wan-1.3b", model, tiny=True)
-    td.enable(model, M.SlidingTile(tile=(2, 4, 4), window=(1, 3, 3)))
+    session = td.enable(model, method)
     static = {k: v for k, v in x.items() if torch.is_tensor(v)}
     stream = torch.cuda.Stream()
     with torch.no_grad():
@@ -125,6 +129,7 @@ def test_a_captured_forward_replays_on_new_inputs():
             torch.cuda.synchronize()
             eager = model(**fresh)[0]
             assert relative_difference(out, eager) < 1e-2, relative_difference(out, eager)
+    assert session.stats.sparse_calls > 0
 
 
 def _cp_ranks(rank, world, port, ring, ulysses, results):
