@@ -9,7 +9,7 @@ import pytest
 import scipy.sparse as sp
 
 import tessera
-from tessera import BlockMask
+from tessera import BlockMask, families
 from tessera.integrations import distributed, methods
 
 M = BlockMask.from_dense(np.ones((2, 2), bool), block_size=64)
@@ -143,6 +143,12 @@ CASES = [
     ("distributed.rank_pairs", "hybrid, 3 of 4 ranks", lambda: distributed.rank_pairs(
         M, 4, 1, 1, mode="hybrid", ulysses_degree=3), ValueError,
      "mode='hybrid' needs an ulysses_degree dividing 4, got 3"),
+    ("families.topk_pooled", "text_first='yes'", lambda: families.topk_pooled(
+        X, X, (1, 8, 16), text_first="yes"), TypeError, "text_first must be True or False"),
+    ("families.topk_pooled", "topk=0", lambda: families.topk_pooled(
+        X, X, (1, 8, 16), topk=0), ValueError, "topk must be a positive int, got 0"),
+    ("families.topk_pooled", "top_p=True", lambda: families.topk_pooled(
+        X, X, (1, 8, 16), top_p=True), ValueError, r"top_p must be in \(0, 1\], got True"),
     ("distributed.head_units", "balance='even'", lambda: distributed.head_units(
         M, M.to_dense(), 1, 2, "even"), ValueError,
      r"balance must be one of \('pairs', 'heads'\), got 'even'"),

@@ -94,8 +94,11 @@ def text_counts(text_tokens: int, text_valid: int | None) -> tuple[int, int]:
 
 
 def with_text(video: Any, q_bounds: np.ndarray, kv_bounds: np.ndarray, text_tokens: int,
-               text_valid: int | None) -> tuple[Any, np.ndarray, np.ndarray]:
-    """Append the text blocks (see the module docstring) to a video block mask ``[..., nQ, nK]``.
+               text_valid: int | None,
+               text_first: bool = False) -> tuple[Any, np.ndarray, np.ndarray]:
+    """Append the text blocks (see the module docstring) to a video block mask ``[..., nQ, nK]``
+    -- or, with ``text_first``, put them before it (valid text, then padding), for sequences
+    whose text precedes the video.
 
     Returns ``(mask, q_bounds, kv_bounds)`` over the whole sequence; ``mask`` stays in the
     array module of ``video``.
@@ -108,14 +111,23 @@ def with_text(video: Any, q_bounds: np.ndarray, kv_bounds: np.ndarray, text_toke
     n_t = len(sizes)
     nq, nk = video.shape[-2], video.shape[-1]
     out = xp.zeros((*video.shape[:-2], nq + n_t, nk + n_t), dtype=bool)
-    out[..., :nq, :nk] = video
+    # where the video's blocks and the valid and padding text blocks sit
+    v0, t_valid, t_pad = (n_t, 0, n_t - 1) if text_first else (0, nq, nq + n_t - 1)
+    k_valid, k_pad = (0, n_t - 1) if text_first else (nk, nk + n_t - 1)
+    out[..., v0:v0 + nq, v0:v0 + nk] = video
     if valid:
-        out[..., :nq, nk] = True        # every video row sees the valid text block
-        out[..., nq, :nk + 1] = True    # valid text rows: all video + valid text
+        out[..., v0:v0 + nq, k_valid] = True    # every video row sees the valid text block
+        out[..., t_valid, v0:v0 + nk] = True    # valid text rows: all video + valid text
+        out[..., t_valid, k_valid] = True
     if pad:
-        out[..., nq + n_t - 1, nk + n_t - 1] = True  # padding sees only padding
-    qb = np.concatenate([q_bounds, q_bounds[-1] + np.cumsum(sizes)]).astype(np.int64)
-    kb = np.concatenate([kv_bounds, kv_bounds[-1] + np.cumsum(sizes)]).astype(np.int64)
+        out[..., t_pad, k_pad] = True  # padding sees only padding
+    text = np.cumsum(sizes).astype(np.int64)
+    if text_first:
+        qb = np.concatenate([[0], text, text[-1] + q_bounds[1:]]).astype(np.int64)
+        kb = np.concatenate([[0], text, text[-1] + kv_bounds[1:]]).astype(np.int64)
+    else:
+        qb = np.concatenate([q_bounds, q_bounds[-1] + text]).astype(np.int64)
+        kb = np.concatenate([kv_bounds, kv_bounds[-1] + text]).astype(np.int64)
     return out, qb, kb
 
 

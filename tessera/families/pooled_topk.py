@@ -108,7 +108,8 @@ def _device_topk(scores: Any, keep: int, xp) -> Any:
 
 def topk_pooled(q: Any, k: Any, latent: Sequence[int], cube: Sequence[int] = (4, 4, 4),
                 topk: int | None = None, top_p: float | None = None, text_tokens: int = 0,
-                text_valid: int | None = None, ordered: bool = False) -> VideoMask:
+                text_valid: int | None = None, ordered: bool = False,
+                text_first: bool = False) -> VideoMask:
     """Top-k (or top-p) key cubes per query cube from mean-pooled q and k (VSA, SpargeAttn).
 
     Tokens are regrouped by :func:`tile_permutation` into ``cube`` (default 4x4x4 = 64 tokens;
@@ -131,6 +132,9 @@ def topk_pooled(q: Any, k: Any, latent: Sequence[int], cube: Sequence[int] = (4,
         latent: ``(t, h, w)``.
         ordered: q and k are already in the cube order (``permutation`` applied, as when a
             pipeline keeps its tokens in that order): each cube is a contiguous run of tokens.
+        text_first: the text tokens come first (``L = text_tokens + t*h*w``, as CogVideoX
+            orders them), and so do the text blocks of the mask and the permutation's text
+            identity: the video is read where it is, with no reordered copy of q and k.
     Returns:
         A VideoMask whose mask has ``batch_heads = (B, H)`` (q heads).
     """
@@ -139,6 +143,8 @@ def topk_pooled(q: Any, k: Any, latent: Sequence[int], cube: Sequence[int] = (4,
     n_video = int(np.prod(lat))
     text_counts(text_tokens, text_valid)
     q, k, xp = check_qk(q, k, n_video + text_tokens, repeat_kv=False)
+    if not isinstance(text_first, bool):
+        raise TypeError(f"text_first must be True or False, got {text_first!r}")
     if topk is not None and top_p is not None:
         raise ValueError("give topk or top_p, not both")
     if topk is not None and (not is_int(topk) or topk <= 0):
@@ -151,48 +157,54 @@ def topk_pooled(q: Any, k: Any, latent: Sequence[int], cube: Sequence[int] = (4,
     if top_p is None and topk is None:
         topk = max(1, round(0.1 * n))
     D = q.shape[-1]
+    video = slice(text_tokens, text_tokens + n_video) if text_first else slice(0, n_video)
     if xp is not np:
         # On the device: three kernels (pool, score, select), no library call and no float32
         # copy of q or k -- a mask made inside a CUDA graph capture.
         bounds = device_copy(_cube_bounds(lat, cb), xp)
         tokens = None if ordered else device_copy(perm, xp)
-        pq, pk = (_device_pool(x[:, :, :n_video], tokens, bounds, n, xp) for x in (q, k))
+        pq, pk = (_device_pool(x[:, :, video], tokens, bounds, n, xp) for x in (q, k))
         scores = _device_scores(pq, pk, 1.0 / math.sqrt(D), xp)
-        video = (_device_topk(scores, min(int(topk), n), xp) if topk is not None
-                 else top_p_rows(scores, top_p, 1, xp))
-        return _video_mask(video, perm, sizes, lat, cb, topk, top_p, text_tokens, text_valid,
-                           q.shape, ordered)
+        chosen = (_device_topk(scores, min(int(topk), n), xp) if topk is not None
+                  else top_p_rows(scores, top_p, 1, xp))
+        return _video_mask(chosen, perm, sizes, lat, cb, topk, top_p, text_tokens, text_valid,
+                           q.shape, ordered, text_first)
     if k.shape[1] != q.shape[1]:
         k = np.repeat(k, q.shape[1] // k.shape[1], axis=1)
     if ordered:
         dev_sizes = device_copy(sizes, xp)
         bounds = xp.concatenate([xp.zeros(1, dtype=dev_sizes.dtype), xp.cumsum(dev_sizes)])
         inv = (1.0 / dev_sizes)[:, None]
-        pq, pk = ((segment_sums(x[:, :, :n_video], bounds, xp) * inv).astype(np.float32)
+        pq, pk = ((segment_sums(x[:, :, video], bounds, xp) * inv).astype(np.float32)
                   for x in (q, k))
     else:
-        pq = _cube_pool(q[:, :, :n_video], lat, cb, xp)
-        pk = _cube_pool(k[:, :, :n_video], lat, cb, xp)
+        pq = _cube_pool(q[:, :, video], lat, cb, xp)
+        pk = _cube_pool(k[:, :, video], lat, cb, xp)
     scores = pq @ pk.swapaxes(-1, -2) / np.float32(math.sqrt(D))
     if topk is not None:
         kk = min(int(topk), n)
         idx = xp.argpartition(-scores, kk - 1, axis=-1)[..., :kk]
-        video = sorted_keep(idx, xp.ones(idx.shape, dtype=bool), scores.shape, xp)
+        chosen = sorted_keep(idx, xp.ones(idx.shape, dtype=bool), scores.shape, xp)
     else:
-        video = top_p_rows(scores, top_p, 1, xp)
-    return _video_mask(video, perm, sizes, lat, cb, topk, top_p, text_tokens, text_valid,
-                       q.shape, ordered)
+        chosen = top_p_rows(scores, top_p, 1, xp)
+    return _video_mask(chosen, perm, sizes, lat, cb, topk, top_p, text_tokens, text_valid,
+                       q.shape, ordered, text_first)
 
 
-def _video_mask(video: Any, perm: np.ndarray, sizes: np.ndarray, lat: Latent,
+def _video_mask(chosen: Any, perm: np.ndarray, sizes: np.ndarray, lat: Latent,
                 cb: tuple[int, int, int], topk: int | None, top_p: float | None,
                 text_tokens: int, text_valid: int | None, q_shape: tuple,
-                ordered: bool) -> VideoMask:
-    """The selected cubes ``video [B, H, n, n]`` with the text blocks, as topk_pooled's result."""
+                ordered: bool, text_first: bool) -> VideoMask:
+    """The selected cubes ``chosen [B, H, n, n]`` with the text blocks, as topk_pooled's
+    result."""
     bounds = bounds_from_sizes(sizes)
-    dense, qb, kb = with_text(video, bounds, bounds, text_tokens, text_valid)
+    dense, qb, kb = with_text(chosen, bounds, bounds, text_tokens, text_valid, text_first)
     mask = BlockMask.from_dense(dense, q_bounds=qb, kv_bounds=kb)
     params = dict(latent=lat, cube=cb, topk=topk, top_p=top_p, text_tokens=text_tokens,
                   text_valid=text_valid, batch=int(q_shape[0]), heads=int(q_shape[1]),
-                  ordered=ordered)
-    return VideoMask(mask, with_text_identity(perm, text_tokens), "topk_pooled", params)
+                  ordered=ordered, text_first=text_first)
+    if text_first and text_tokens:
+        order = np.concatenate([np.arange(text_tokens, dtype=np.int64), perm + text_tokens])
+    else:
+        order = with_text_identity(perm, text_tokens)
+    return VideoMask(mask, order, "topk_pooled", params)

@@ -127,6 +127,9 @@ class Method:
 
     name: ClassVar[str] = ""
     dynamic: ClassVar[bool] = False
+    # Whether the family reads q and k with the text first and puts the text blocks first
+    # itself (else the method hands it a copy with the text last and moves the blocks after).
+    text_first_family: ClassVar[bool] = False
 
     def video_order(self, geo: VideoGeometry) -> np.ndarray | None:
         """The order of the video tokens that the method's masks are expressed in, fixed per
@@ -155,13 +158,14 @@ class Method:
         return self._layer_mask(geo, q, k, ordered)
 
     def _layer_mask(self, geo: VideoGeometry, q: Any, k: Any, ordered: bool) -> LayerMask:
-        if geo.text_first and self.dynamic and geo.text_tokens:
-            # the families read text after the video: a reordered copy for them (the
-            # attention reads the caller's own q and k)
+        moved = geo.text_first and not self.text_first_family
+        if moved and self.dynamic and geo.text_tokens:
+            # the family reads text after the video: a reordered copy for it (the attention
+            # reads the caller's own q and k)
             order = _text_last_order(geo)
             q, k = q[:, :, order], k[:, :, order]
         vm = self._family_mask(geo, q, k, ordered)
-        mask = _text_first(vm.mask, _text_blocks(geo)) if geo.text_first else vm.mask
+        mask = _text_first(vm.mask, _text_blocks(geo)) if moved else vm.mask
         if ordered:
             return LayerMask(mask)
         if self.video_order(geo) is not None or (vm.permutation is None and
@@ -285,6 +289,7 @@ class TopKCubes(Method):
     top_p: float | None = None
     name: ClassVar[str] = "topk_cubes"
     dynamic: ClassVar[bool] = True
+    text_first_family: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         self.cube = check_triple(self.cube, "cube")
@@ -306,7 +311,8 @@ class TopKCubes(Method):
             cubes = math.prod(-(-n // c) for n, c in zip(geo.latent, self.cube))
             topk = max(1, round(self.density * cubes))
         return families.topk_pooled(q, k, geo.latent, self.cube, topk, self.top_p,
-                                    geo.text_tokens, geo.text_valid, ordered=ordered)
+                                    geo.text_tokens, geo.text_valid, ordered=ordered,
+                                    text_first=geo.text_first)
 
 
 @dataclass

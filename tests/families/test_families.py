@@ -411,6 +411,40 @@ def test_topk_pooled_on_tokens_already_in_cube_order():
         assert np.array_equal(ordered.mask.q_bounds, base.mask.q_bounds)
 
 
+def _token_pairs(vm: M.VideoMask, h: int = 0) -> np.ndarray:
+    """The (query, key) token pairs ``vm`` selects for head ``h``, in the tokens' own order."""
+    blocks = dense(vm)[0, h]
+    tok = np.repeat(np.repeat(blocks, np.diff(vm.mask.q_bounds), axis=0),
+                    np.diff(vm.mask.kv_bounds), axis=1)
+    out = np.zeros_like(tok)
+    perm = np.arange(tok.shape[0]) if vm.permutation is None else vm.permutation
+    out[np.ix_(perm, perm)] = tok
+    return out
+
+
+@pytest.mark.parametrize("valid", [None, 4, 0])
+@pytest.mark.parametrize("kw", [dict(topk=3), dict(top_p=0.7)], ids=["topk", "top_p"])
+def test_topk_pooled_reads_text_first_in_place(kw, valid):
+    """``text_first=True`` on a sequence whose text precedes the video selects the token pairs
+    the text-last call selects on the same tokens: the video read where it is, the text blocks
+    (valid text, padding) put first, the permutation's text identity first."""
+    lat, cube, t = (3, 5, 6), (2, 2, 4), 6
+    nv = int(np.prod(lat))
+    rng = np.random.default_rng(8)
+    q, k = (rng.standard_normal((1, 2, t + nv, 8)).astype(np.float32) for _ in range(2))
+    last = np.r_[t:t + nv, 0:t]  # the text-last sequence's tokens, as positions of q
+    first = M.topk_pooled(q, k, lat, cube=cube, text_tokens=t, text_valid=valid,
+                          text_first=True, **kw)
+    ref = M.topk_pooled(q[:, :, last], k[:, :, last], lat, cube=cube, text_tokens=t,
+                        text_valid=valid, **kw)
+    assert is_permutation(first.permutation, t + nv)
+    assert np.array_equal(first.permutation[:t], np.arange(t))
+    for h in range(2):
+        want = np.zeros((t + nv, t + nv), dtype=bool)
+        want[np.ix_(last, last)] = _token_pairs(ref, h)
+        assert np.array_equal(_token_pairs(first, h), want)
+
+
 def test_topk_pooled_top_p_rule():
     lat, cube = (5, 6, 7), (4, 4, 4)
     rng = np.random.default_rng(1)

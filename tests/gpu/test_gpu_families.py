@@ -25,6 +25,12 @@ def test_device_paths_match_host():
         assert np.array_equal(cp.asnumpy(d.mask.to_dense()), dense(h)), kw
         assert np.array_equal(d.permutation, h.permutation)
         assert np.array_equal(d.mask.q_bounds, h.mask.q_bounds)
+        h = M.topk_pooled(q, k, lat, cube=cube, text_tokens=5, text_valid=3, text_first=True,
+                          **kw)
+        d = M.topk_pooled(cp.asarray(q), cp.asarray(k), lat, cube=cube, text_tokens=5,
+                          text_valid=3, text_first=True, **kw)
+        assert np.array_equal(cp.asnumpy(d.mask.to_dense()), dense(h)), kw
+        assert np.array_equal(d.permutation, h.permutation)
     qs, ks, _, _ = separated_qk(np.random.default_rng(3))
     h = M.semantic_clusters(qs, ks, 3, 4, top_p=0.9, min_fraction=0.25)
     d = M.semantic_clusters(cp.asarray(qs), cp.asarray(ks), 3, 4, top_p=0.9, min_fraction=0.25)

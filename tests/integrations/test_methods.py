@@ -37,10 +37,11 @@ def _in_model_order(lm: M.LayerMask, h=0) -> np.ndarray:
 
 
 def _family_in_model_order(vm: families.VideoMask, geo: M.VideoGeometry, h=0) -> np.ndarray:
-    """The family's mask (text last) as a token matrix of the model's order, built directly:
-    undo the family's permutations, then move the text where the model has it."""
+    """The family's mask as a token matrix of the model's order, built directly: undo the
+    family's permutations, then move the text where the model has it (where the family put it
+    last)."""
     orig = _placed(_tokens(vm.mask, h=h), vm.permutation, vm.key_permutation)
-    if geo.text_first and geo.text_tokens:
+    if geo.text_first and geo.text_tokens and not vm.params.get("text_first"):
         nv = geo.video_tokens
         to_model = np.r_[np.arange(geo.text_tokens, geo.text_tokens + nv),
                          np.arange(geo.text_tokens)]
@@ -79,8 +80,9 @@ def _qk(geo, heads=2, seed=0):
 
 
 def _family(method, geo, q, k):
-    """The family call a method stands for, on the text-last sequence."""
-    if geo.text_first and geo.text_tokens:
+    """The family call a method stands for: on the text-last sequence, unless the family reads
+    the text first itself (``text_first_family``)."""
+    if geo.text_first and geo.text_tokens and not method.text_first_family:
         order = np.r_[np.arange(geo.text_tokens, geo.tokens), np.arange(geo.text_tokens)]
         q, k = q[:, :, order], k[:, :, order]
     return method._family_mask(geo, q, k, False)
