@@ -8,7 +8,6 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..capture import capture_memory_for
 from ..cuda import loader
 from ..cuda.variants import Variant
 from ..mask import BlockMask
@@ -143,7 +142,6 @@ def topk_pooled(q: Any, k: Any, latent: Sequence[int], cube: Sequence[int] = (4,
     cb = check_triple(cube, "cube")
     n_video = int(np.prod(lat))
     text_counts(text_tokens, text_valid)
-    given_q = q
     q, k, xp = check_qk(q, k, n_video + text_tokens, repeat_kv=False)
     if not isinstance(text_first, bool):
         raise TypeError(f"text_first must be True or False, got {text_first!r}")
@@ -162,17 +160,15 @@ def topk_pooled(q: Any, k: Any, latent: Sequence[int], cube: Sequence[int] = (4,
     video = slice(text_tokens, text_tokens + n_video) if text_first else slice(0, n_video)
     if xp is not np:
         # On the device: three kernels (pool, score, select), no library call and no float32
-        # copy of q or k -- so the top-k mask is made inside a CUDA graph being captured too,
-        # on the captured stream and in memory kept for the graph (capture_memory_for).
-        with capture_memory_for(given_q):
-            bounds = device_copy(_cube_bounds(lat, cb), xp)
-            tokens = None if ordered else device_copy(perm, xp)
-            pq, pk = (_device_pool(x[:, :, video], tokens, bounds, n, xp) for x in (q, k))
-            scores = _device_scores(pq, pk, 1.0 / math.sqrt(D), xp)
-            chosen = (_device_topk(scores, min(int(topk), n), xp) if topk is not None
-                      else top_p_rows(scores, top_p, 1, xp))
-            return _video_mask(chosen, perm, sizes, lat, cb, topk, top_p, text_tokens,
-                               text_valid, q.shape, ordered, text_first)
+        # copy of q or k -- a mask made inside a CUDA graph capture.
+        bounds = device_copy(_cube_bounds(lat, cb), xp)
+        tokens = None if ordered else device_copy(perm, xp)
+        pq, pk = (_device_pool(x[:, :, video], tokens, bounds, n, xp) for x in (q, k))
+        scores = _device_scores(pq, pk, 1.0 / math.sqrt(D), xp)
+        chosen = (_device_topk(scores, min(int(topk), n), xp) if topk is not None
+                  else top_p_rows(scores, top_p, 1, xp))
+        return _video_mask(chosen, perm, sizes, lat, cb, topk, top_p, text_tokens, text_valid,
+                           q.shape, ordered, text_first)
     if k.shape[1] != q.shape[1]:
         k = np.repeat(k, q.shape[1] // k.shape[1], axis=1)
     if ordered:

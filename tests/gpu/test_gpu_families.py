@@ -128,22 +128,23 @@ def test_device_topk_selection_ties_and_nan():
 
 @pytest.mark.gpu
 def test_pooled_topk_request_captured_in_a_cuda_graph():
-    """A top-k request -- its mask made from torch q and k by the device kernels (on torch's
-    captured stream, in the graph's memory: the family sees to both), planned and run --
+    """A top-k request -- its mask made from q and k by the device kernels, planned and run --
     captured into a CUDA graph after a warm-up, replayed on new q, k, v written into the
     captured tensors: each replay's output is the float64 attention of the mask the new
     inputs select (which differs from the captured inputs' mask), within bf16 tolerance."""
     torch = pytest.importorskip("torch")
     import tessera
     from tessera import reference
+    from tessera.capture import capture_memory_for
 
     lat, cube, H, D = (4, 16, 16), (2, 4, 4), 4, 64
     L = int(np.prod(lat))
     q, k, v = (torch.randn(1, H, L, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
 
     def request():
-        # (tokens taken as already in the cube order: the mask's blocks are theirs)
-        vm = M.topk_pooled(q, k, lat, cube=cube, topk=5, ordered=True)
+        with capture_memory_for(q):
+            # (tokens taken as already in the cube order: the mask's blocks are theirs)
+            vm = M.topk_pooled(q, k, lat, cube=cube, topk=5, ordered=True)
         return tessera.attention(q, k, v, vm.mask, layout="bhld"), vm
 
     stream = torch.cuda.Stream()
