@@ -54,6 +54,20 @@ def _cube_bounds(latent: Latent, cube: tuple[int, int, int]) -> np.ndarray:
     return b
 
 
+@functools.lru_cache(maxsize=64)  # (the same array every call of a layout)
+def _sequence_permutation(latent: Latent, cube: tuple[int, int, int], text_tokens: int,
+                          text_first: bool) -> np.ndarray:
+    """The whole sequence's permutation of a cube-ordered mask: the cube order of the video
+    with the text's identity after it, or before it (``text_first``)."""
+    perm = tile_permutation(latent, cube)[0]
+    if text_first and text_tokens:
+        out = np.concatenate([np.arange(text_tokens, dtype=np.int64), perm + text_tokens])
+    else:
+        out = with_text_identity(perm, text_tokens)
+    out.flags.writeable = False
+    return out
+
+
 def _pool_kernel(x: Any) -> tuple[Any, Any]:
     """The cube_pool kernel for ``x``'s element type, and ``x`` as it reads it (a float32 copy
     of other float types; a copy where the head dim is not contiguous)."""
@@ -69,10 +83,10 @@ def _pool_kernel(x: Any) -> tuple[Any, Any]:
 def _device_pool(x: Any, tokens: Any, bounds: Any, cubes: int, xp) -> Any:
     """Mean of ``x [B, H, L, D]`` (CuPy) over each cube's tokens (``tokens``: their indices in
     the cube order, or None where ``x`` already is in it), float32 ``[B, H, cubes, D]``."""
-    fn, x = _pool_kernel(x)
     B, H, _, D = x.shape
     if D > 256:
         raise ValueError(f"pooled top-k on the device takes head dims up to 256, got {D}")
+    fn, x = _pool_kernel(x)
     out = xp.empty((B, H, cubes, D), dtype=np.float32)
     sb, sh, sl, _ = (st // x.itemsize for st in x.strides)
     fn((cubes, B * H), (D,), (x, np.int64(sb), np.int64(sh), np.int64(sl), np.int32(H),
@@ -167,7 +181,7 @@ def topk_pooled(q: Any, k: Any, latent: Sequence[int], cube: Sequence[int] = (4,
         scores = _device_scores(pq, pk, 1.0 / math.sqrt(D), xp)
         chosen = (_device_topk(scores, min(int(topk), n), xp) if topk is not None
                   else top_p_rows(scores, top_p, 1, xp))
-        return _video_mask(chosen, perm, sizes, lat, cb, topk, top_p, text_tokens, text_valid,
+        return _video_mask(chosen, sizes, lat, cb, topk, top_p, text_tokens, text_valid,
                            q.shape, ordered, text_first)
     if k.shape[1] != q.shape[1]:
         k = np.repeat(k, q.shape[1] // k.shape[1], axis=1)
@@ -187,11 +201,11 @@ def topk_pooled(q: Any, k: Any, latent: Sequence[int], cube: Sequence[int] = (4,
         chosen = sorted_keep(idx, xp.ones(idx.shape, dtype=bool), scores.shape, xp)
     else:
         chosen = top_p_rows(scores, top_p, 1, xp)
-    return _video_mask(chosen, perm, sizes, lat, cb, topk, top_p, text_tokens, text_valid,
+    return _video_mask(chosen, sizes, lat, cb, topk, top_p, text_tokens, text_valid,
                        q.shape, ordered, text_first)
 
 
-def _video_mask(chosen: Any, perm: np.ndarray, sizes: np.ndarray, lat: Latent,
+def _video_mask(chosen: Any, sizes: np.ndarray, lat: Latent,
                 cb: tuple[int, int, int], topk: int | None, top_p: float | None,
                 text_tokens: int, text_valid: int | None, q_shape: tuple,
                 ordered: bool, text_first: bool) -> VideoMask:
@@ -203,8 +217,5 @@ def _video_mask(chosen: Any, perm: np.ndarray, sizes: np.ndarray, lat: Latent,
     params = dict(latent=lat, cube=cb, topk=topk, top_p=top_p, text_tokens=text_tokens,
                   text_valid=text_valid, batch=int(q_shape[0]), heads=int(q_shape[1]),
                   ordered=ordered, text_first=text_first)
-    if text_first and text_tokens:
-        order = np.concatenate([np.arange(text_tokens, dtype=np.int64), perm + text_tokens])
-    else:
-        order = with_text_identity(perm, text_tokens)
-    return VideoMask(mask, order, "topk_pooled", params)
+    return VideoMask(mask, _sequence_permutation(lat, cb, text_tokens, text_first),
+                     "topk_pooled", params)

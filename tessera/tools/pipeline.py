@@ -127,10 +127,9 @@ def run(model_name: str, method: M.Method, steps: int = 3, schedule: M.Schedule 
             # What the integration adds around the attention's own call (mask making,
             # reordering, bookkeeping): the attention time less the kernels' call, plus the
             # once-a-forward reorders of keep_order outside the attention calls.
-            result[backend]["run_ms"] = float(np.median(run_ms))
-            result[backend]["reorder_ms"] = float(np.median(reorder_ms))
-            result[backend]["overhead_ms"] = result[backend]["attention_ms"] - float(
-                np.median(run_ms)) + float(np.median(reorder_ms))
+            r = result[backend]
+            r["run_ms"], r["reorder_ms"] = float(np.median(run_ms)), float(np.median(reorder_ms))
+            r["overhead_ms"] = r["attention_ms"] - r["run_ms"] + r["reorder_ms"]
     ref = outputs["dense"]
     for backend in backends:
         r = result[backend]
