@@ -42,7 +42,6 @@ On CPU tensors the float64 reference runs instead of the GPU kernels (for tests:
 
 from __future__ import annotations
 
-import contextvars
 import functools
 import importlib
 import inspect
@@ -58,7 +57,7 @@ from ..families import invert_permutation
 from . import distributed, torch_attention
 from .methods import LayerMask, Method, Schedule, VideoGeometry
 
-__all__ = ["enable", "disable", "session_of", "Session", "SUPPORTED",
+__all__ = ["enable", "disable", "session_of", "compile_blocks", "Session", "SUPPORTED",
            "check_context_parallel"]
 
 
@@ -227,7 +226,14 @@ class Session:
 
     def _moved_once(self, x: Any, dim: int) -> Any:
         """``x`` (a per-token input every block gets: rotary tables, Wan 2.2's per-token time
-        embedding) in the method's order, reordered once per forward."""
+        embedding) in the method's order, reordered once per forward -- or, in a compiled block,
+        at every block: a cache keyed by the tensor would make the compiled block's guards
+        depend on each forward's tensors (a recompile per forward), while the compiled gather
+        fuses into the block's use of the tables."""
+        import torch
+
+        if torch.compiler.is_compiling():
+            return self._reorder(x, dim)
         got = self._moved.get(id(x))
         if got is None or got[0] is not x:
             got = self._moved[id(x)] = (x, self._reorder(x, dim))
@@ -293,9 +299,10 @@ class Session:
         return layout, 1 if layout == "blhd" else 2, self._geometries
 
     def _attend(self, layer: int, q: Any, k: Any, v: Any, scale: float | None,
-                dense: Callable[[], Any]) -> Any:
+                dense: Callable[[], Any], ordered: bool | None = None) -> Any:
         """One self-attention call of layer ``layer``: the model's own (``dense``) where the
-        schedule says so, else Tessera with the method's mask."""
+        schedule says so, else Tessera with the method's mask. ``ordered``: whether the tokens
+        are in the method's order already (None: as the block hooks left them)."""
         if self._scheduled_dense(layer):
             return dense()
         layout, seq, geos = self._layout()
@@ -310,10 +317,11 @@ class Session:
                 "version lays tokens out differently from what Tessera supports")
         self.stats.sparse_calls += 1
         if len(geos) == 1:
-            return self._sparse(q, k, v, geos[0], layout, scale)
+            return self._sparse(q, k, v, geos[0], layout, scale, ordered)
         import torch
 
-        return torch.cat([self._sparse(q[b:b + 1], k[b:b + 1], v[b:b + 1], g, layout, scale)
+        return torch.cat([self._sparse(q[b:b + 1], k[b:b + 1], v[b:b + 1], g, layout, scale,
+                                       ordered)
                           for b, g in enumerate(geos)], dim=0)
 
     def _attend_parallel(self, layer: int, q: Any, k: Any, v: Any, scale: float | None,
@@ -385,9 +393,9 @@ class Session:
         return got[1], got[2]
 
     def _sparse(self, q: Any, k: Any, v: Any, geo: VideoGeometry, layout: str,
-                scale: float | None) -> Any:
+                scale: float | None, ordered: bool | None = None) -> Any:
         seq = 1 if layout == "blhd" else 2
-        lm = self._layer_mask(geo, q, k, layout, self._ordered)
+        lm = self._layer_mask(geo, q, k, layout, self._ordered if ordered is None else ordered)
         if lm.q_order is not None:
             iq, inv = self._index(lm.q_order, q.device)
             ik, _ = self._index(lm.key_order, q.device)
@@ -460,22 +468,30 @@ def check_context_parallel(method: Method, keep_order: bool,
 
 
 # ---- the call marking and the routers ---------------------------------------------------
+# How a self-attention call reaches Tessera, eagerly and under torch.compile alike: the wrapped
+# processor pushes its mark on `_calls` around the model's own processor; the router (the
+# function that processor calls) sees the mark and calls the custom op ``tessera::routed_attention``
+# with it, which runs the session's attention (or the model's own where the schedule keeps the
+# layer dense). A plain list and an op are what dynamo traces: it follows the push and pop as
+# side effects and keeps the op opaque in the graph, so ``compile_repeated_blocks(fullgraph=
+# True)`` holds one graph for every block. The mark carries the layer as a CPU tensor (a graph
+# input, not a constant: one compiled block serves every layer) and the session as an int key.
 @dataclass(frozen=True)
-class _Call:
-    session: Session
-    layer: int
+class _Mark:
+    session: int  # the key of the session in `_live`
+    layer: Any  # int64 CPU tensor of one element
 
 
-_active: contextvars.ContextVar[_Call | None] = contextvars.ContextVar("tessera_call",
-                                                                      default=None)
+_calls: list[_Mark] = []  # the marks of the self-attention calls being run, innermost last
+_live: dict[int, Session] = {}  # session key -> enabled session
 
 
 class _Routed:
     """A self-attention processor wrapped: marks its calls as Tessera's and runs the model's
     own. Attributes diffusers reads or sets on a processor reach the wrapped one."""
 
-    def __init__(self, original: Any, session: Session, layer: int) -> None:
-        object.__setattr__(self, "_tessera", (original, session, layer))
+    def __init__(self, original: Any, mark: _Mark) -> None:
+        object.__setattr__(self, "_tessera", (original, mark))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(object.__getattribute__(self, "_tessera")[0], name)
@@ -487,7 +503,7 @@ class _Routed:
 _ROUTED: dict[type, type] = {}
 
 
-def _routed(original: Any, session: Session, layer: int) -> _Routed:
+def _routed(original: Any, mark: _Mark) -> _Routed:
     """The wrapper of ``original``: a class per processor class, whose ``__call__`` has the
     original's signature (diffusers' ``Attention.forward`` passes only the keyword arguments
     the processor's signature names)."""
@@ -495,17 +511,79 @@ def _routed(original: Any, session: Session, layer: int) -> _Routed:
     wrapper = _ROUTED.get(cls)
     if wrapper is None:
         def __call__(self, attn, *args, **kwargs):
-            original, session, layer = self._tessera
-            token = _active.set(_Call(session, layer))
+            original, mark = self._tessera
+            _calls.append(mark)
             try:
                 return original(attn, *args, **kwargs)
             finally:
-                _active.reset(token)
+                _calls.pop()
 
         __call__.__signature__ = inspect.signature(cls.__call__)
         wrapper = _ROUTED[cls] = type(f"Tessera{cls.__name__}", (_Routed,),
                                       {"__call__": __call__})
-    return wrapper(original, session, layer)
+    return wrapper(original, mark)
+
+
+def _routed_call(session_key: int, layer: int, q: Any, k: Any, v: Any, attn_mask: Any,
+                 scale: float | None, enable_gqa: bool, backend: str | None,
+                 ordered: bool) -> Any:
+    """The routed call as the op runs it: the session's attention for ``layer``, with the
+    model's own attention function (what the router replaced) for scheduled-dense layers.
+    ``ordered``: whether the tokens are in the method's order, as the router saw it -- under
+    torch.compile the block hooks' state when the block was traced (their writes to the
+    session land after the graph has run, so the op cannot read them then)."""
+    session = _live.get(session_key)
+    if session is None:
+        raise RuntimeError("a routed self-attention call of a transformer Tessera is no longer "
+                           "enabled on (compiled while enabled: compile it again after "
+                           "tessera.integrations.diffusers.disable)")
+    original = _original_function(session.model)
+    if session.model.hook == "dispatch":
+        def own():
+            kw = {} if backend is None else {"backend": _backend_name(backend)}
+            return original(q, k, v, attn_mask=attn_mask, scale=scale, enable_gqa=enable_gqa,
+                            **kw)
+    else:
+        def own():
+            return original.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
+                                                         scale=scale, enable_gqa=enable_gqa)
+    # (attn_mask: HunyuanVideo's prompt padding, which the mask's text blocks encode)
+    return session._attend(layer, q, k, v, scale, own, ordered).contiguous()
+
+
+def _backend_name(value: str) -> Any:
+    from diffusers.models.attention_dispatch import AttentionBackendName
+
+    return AttentionBackendName(value)
+
+
+_op: Any = None  # torch.ops.tessera.routed_attention once registered (_register_op)
+
+
+def _register_op() -> None:
+    """Registers ``tessera::routed_attention`` (once; at :func:`enable`, outside any trace:
+    torch is optional, and the routers only read `_op`)."""
+    global _op
+    if _op is not None:
+        return
+    import torch
+
+    # (the schema spelled out: this module's annotations are strings, which torch cannot read)
+    @torch.library.custom_op(
+        "tessera::routed_attention", mutates_args=(),
+        schema="(Tensor q, Tensor k, Tensor v, Tensor? attn_mask, Tensor layer, int session, "
+               "float? scale, bool enable_gqa, str? backend, bool ordered) -> Tensor")
+    def routed_attention(q, k, v, attn_mask, layer, session, scale, enable_gqa, backend,
+                         ordered):
+        return _routed_call(session, int(layer), q, k, v, attn_mask, scale, enable_gqa,
+                            backend, ordered)
+
+    @routed_attention.register_fake
+    def _(q, k, v, attn_mask, layer, session, scale, enable_gqa, backend, ordered):
+        # the output: q's shape with v's head dim, contiguous (the real op returns it so)
+        return q.new_empty((*q.shape[:-1], v.shape[-1]))
+
+    _op = torch.ops.tessera.routed_attention
 
 
 def _dispatch_router(original: Callable) -> Callable:
@@ -518,16 +596,18 @@ def _dispatch_router(original: Callable) -> Callable:
                             attention_kwargs=attention_kwargs, backend=backend,
                             parallel_config=parallel_config)
 
-        call = _active.get()
-        if call is None or dropout_p or is_causal:
+        if not _calls or dropout_p or is_causal:
             return own()
+        mark = _calls[-1]
         if parallel_config is not None:
             cp = getattr(parallel_config, "context_parallel_config", None)
             if cp is None:  # tensor parallelism alone: each rank's heads, the model's own
                 return own()
-            return call.session._attend_parallel(call.layer, query, key, value, scale, own, cp)
-        # (attn_mask: HunyuanVideo's prompt padding, which the mask's text blocks encode)
-        return call.session._attend(call.layer, query, key, value, scale, own)
+            return _live[mark.session]._attend_parallel(int(mark.layer), query, key, value,
+                                                        scale, own, cp)
+        name = None if backend is None else getattr(backend, "value", backend)
+        return _op(query, key, value, attn_mask, mark.layer, mark.session, scale, enable_gqa,
+                   name, _live[mark.session]._ordered)
 
     dispatch_attention_fn._tessera_original = original
     return dispatch_attention_fn
@@ -545,15 +625,21 @@ class _RoutedFunctional:
 
     def scaled_dot_product_attention(self, query, key, value, attn_mask=None, dropout_p=0.0,
                                      is_causal=False, scale=None, enable_gqa=False):
-        def own():
+        if not _calls or attn_mask is not None or dropout_p or is_causal:
             return self._tessera_original.scaled_dot_product_attention(
                 query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
                 is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+        mark = _calls[-1]
+        return _op(query, key, value, None, mark.layer, mark.session, scale, enable_gqa, None,
+                   _live[mark.session]._ordered)
 
-        call = _active.get()
-        if call is None or attn_mask is not None or dropout_p or is_causal:
-            return own()
-        return call.session._attend(call.layer, query, key, value, scale, own)
+
+def _original_function(model: _Model) -> Any:
+    """What the router replaced in ``model``'s module: ``dispatch_attention_fn``, or ``F``."""
+    mod = importlib.import_module(model.module)
+    if model.hook == "dispatch":
+        return mod.dispatch_attention_fn._tessera_original
+    return mod.F._tessera_original
 
 
 _installed: dict[str, int] = {}  # module -> sessions using its router
@@ -622,13 +708,19 @@ def enable(transformer: Any, method: Method, *, schedule: Schedule | None = None
     _install(model)
     session = Session(transformer, model, method, schedule, forwards_per_step, regime,
                       keep_order=keep_order)
+    import torch
+
+    _register_op()
     try:
         for layer, attn in enumerate(model.self_attention(transformer)):
             original = attn.processor
             session._originals.append((attn, original))
-            attn.set_processor(_routed(original, session, layer))
-        session._hook = transformer.register_forward_pre_hook(session._before_forward,
-                                                              with_kwargs=True)
+            mark = _Mark(id(session), torch.tensor(layer, dtype=torch.int64))
+            attn.set_processor(_routed(original, mark))
+        # (run eagerly where the whole transformer is compiled: it reads the inputs' layout on
+        # the host -- a graph break there, its blocks compiled whole)
+        session._hook = transformer.register_forward_pre_hook(
+            torch.compiler.disable(session._before_forward), with_kwargs=True)
         blocks = model.blocks(transformer) if keep_order and model.blocks is not None else []
         for i, block in enumerate(blocks):
             session._block_hooks.append(block.register_forward_pre_hook(
@@ -641,6 +733,7 @@ def enable(transformer: Any, method: Method, *, schedule: Schedule | None = None
         _uninstall(model)
         raise
     _sessions[id(transformer)] = session
+    _live[id(session)] = session
     return session
 
 
@@ -650,6 +743,7 @@ def disable(transformer: Any) -> None:
     session = _sessions.pop(id(transformer), None)
     if session is None:
         return
+    _live.pop(id(session), None)
     _unhook(session)
     _uninstall(session.model)
 
@@ -665,3 +759,16 @@ def _unhook(session: Session) -> None:
 def session_of(transformer: Any) -> Session | None:
     """The session enabled on ``transformer``, or None."""
     return _sessions.get(id(transformer))
+
+
+def compile_blocks(transformer: Any, **compile_kwargs: Any) -> None:
+    """``torch.compile`` each of ``transformer``'s blocks (regional compilation, as diffusers'
+    ``compile_repeated_blocks`` does for the models that declare their blocks; CogVideoX's
+    too), with ``compile_kwargs`` (e.g. ``fullgraph=True``). With Tessera enabled, before or
+    after, a routed self-attention is one opaque op in each block's graph: one compiled block
+    serves every layer, and the block compiles whole."""
+    name = type(transformer).__name__
+    if name not in SUPPORTED:
+        raise TypeError(f"transformer must be one of {', '.join(SUPPORTED)}, got {name}")
+    for block in SUPPORTED[name].blocks(transformer):
+        block.compile(**compile_kwargs)

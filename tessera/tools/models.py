@@ -77,9 +77,10 @@ MODELS: dict[str, ModelSpec] = {
 
 
 def build(name: str, *, tiny: bool = False, device: str = "cuda", dtype: Any = None,
-          weights: str | None = None, seed: int = 0) -> Any:
+          weights: str | None = None, seed: int = 0, overrides: dict | None = None) -> Any:
     """The transformer ``name`` of :data:`MODELS`: random weights (seeded), or those of the
-    local checkpoint folder ``weights`` (``from_pretrained``; nothing is downloaded)."""
+    local checkpoint folder ``weights`` (``from_pretrained``; nothing is downloaded).
+    ``overrides``: config entries replacing the configuration's (e.g. more layers)."""
     import diffusers
     import torch
 
@@ -90,7 +91,7 @@ def build(name: str, *, tiny: bool = False, device: str = "cuda", dtype: Any = N
     dtype = dtype or torch.bfloat16
     if weights is not None:
         return cls.from_pretrained(weights, torch_dtype=dtype, local_files_only=True).to(device)
-    config = {**spec.config, **(spec.tiny if tiny else {})}
+    config = {**spec.config, **(spec.tiny if tiny else {}), **(overrides or {})}
     torch.manual_seed(seed)
     with torch.device(device):  # initialized where it runs: no host copy of the weights
         model = cls(**config)

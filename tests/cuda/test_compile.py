@@ -58,7 +58,8 @@ def test_sm90_variants_compile_without_spills(bm, bn, d, stages, tmp_path, monke
     for bf16 in (True, False):
         v = variants.Variant.bsa_sm90(block_m=bm, block_n=bn, head_dim=d, stages=stages, bf16=bf16)
         res = loader.compile_variant(v, "sm_90a")
-        assert res.spill_bytes == 0 and res.stack_bytes <= res.variant.local_bytes and res.registers <= 255
+        assert res.spill_bytes == 0 and res.stack_bytes <= res.variant.local_bytes
+        assert res.registers <= 255
 
 
 @pytest.mark.parametrize("bm,bn,d", [(128, 128, 128), (128, 64, 128), (128, 128, 96),
@@ -203,7 +204,8 @@ def test_sm90_three_warpgroup_variants_compile(d, pack, tmp_path, monkeypatch):
                  combine_threshold=0.0, pack_keys=pack)
     assert regime_fits(reg, d, 90)
     res = loader.compile_variant(reg.variant(d, bf16=True), "sm_90a")
-    assert res.spill_bytes == 0 and res.stack_bytes <= res.variant.local_bytes and res.registers == 128
+    assert res.spill_bytes == 0 and res.stack_bytes <= res.variant.local_bytes
+    assert res.registers == 128
 
 
 @pytest.mark.parametrize("bm,bn,d,producer", [(64, 64, 64, False), (64, 128, 128, False),
