@@ -7,6 +7,9 @@ overhead (the attention time outside the attention kernels' calls, and the reord
 Random weights unless ``--weights`` names a local checkpoint folder (nothing is downloaded).
 Times are CUDA-event medians over ``--steps`` forwards after one warm-up forward per backend
 (which also compiles FlexAttention); every backend's time includes its mask making.
+``--compile``: every backend with the transformer's blocks compiled (``torch.compile``,
+``fullgraph=True``, as diffusers' regional compilation does) -- dense as the model's own
+compiled forward, with no Tessera in its path, so its attention time is not split out.
 """
 
 from __future__ import annotations
@@ -71,7 +74,7 @@ def _method(args: argparse.Namespace) -> M.Method:
 
 def run(model_name: str, method: M.Method, steps: int = 3, schedule: M.Schedule | None = None,
         weights: str | None = None, tiny: bool = False, flex: bool = True,
-        forwards_per_step: int = 1, keep_order: bool = False) -> dict:
+        forwards_per_step: int = 1, keep_order: bool = False, compile: bool = False) -> dict:
     """Time one transformer's forwards per backend; returns the figures (see :func:`main`)."""
     import torch
 
@@ -79,27 +82,38 @@ def run(model_name: str, method: M.Method, steps: int = 3, schedule: M.Schedule 
     x = inputs(model_name, model, tiny=tiny)
     backends = ["dense", "tessera"] + (["flex"] if flex else [])
     result: dict = dict(model=model_name, method=method.name, steps=steps, gpu=current_gpu_name(),
-                        layers=len(td.SUPPORTED[type(model).__name__].self_attention(model)))
+                        layers=len(td.SUPPORTED[type(model).__name__].self_attention(model)),
+                        compiled=compile)
+    if compile:
+        td.compile_blocks(model, fullgraph=True)
     outputs = {}
     total = len(backends) * (steps + 1)
     done = 0
     for backend in backends:
-        sched = M.Schedule(dense_steps=10 ** 9) if backend == "dense" else schedule
-        session = td.enable(model, method, schedule=sched, forwards_per_step=forwards_per_step,
-                            keep_order=keep_order and backend != "dense")
-        if backend == "flex":
-            session.attention = flex_attention_runner()
+        if compile:
+            torch._dynamo.reset()  # each backend compiles afresh (no recompile limit shared)
         per_layer: list[list] = []  # per forward: (start, end) events of each attention call
         runs: list[list] = []  # per forward: the same around the attention kernels' call
         # per forward: the same around the token reorders of keep_order (block hooks, outside
         # the attention calls)
         reorders: list[list] = []
-        session._attend = _timed(session._attend, per_layer)
-        session._reorder = _timed(session._reorder, reorders)
-        if backend == "flex":
-            session.attention = _timed(session.attention, runs)
-        elif backend == "tessera":
-            session._run = _timed(session._run, runs)
+        session = None
+        if not (compile and backend == "dense"):
+            sched = M.Schedule(dense_steps=10 ** 9) if backend == "dense" else schedule
+            session = td.enable(model, method, schedule=sched,
+                                forwards_per_step=forwards_per_step,
+                                keep_order=keep_order and backend != "dense")
+            if backend == "flex":
+                session.attention = flex_attention_runner()
+            # (the calls run inside the routed op, eagerly even in a compiled block; the
+            # reorders are traced into the blocks there: not timed alone)
+            session._attend = _timed(session._attend, per_layer)
+            if not compile:
+                session._reorder = _timed(session._reorder, reorders)
+            if backend == "flex":
+                session.attention = _timed(session.attention, runs)
+            elif backend == "tessera":
+                session._run = _timed(session._run, runs)
         step_ms = []
         with torch.no_grad():
             for i in range(steps + 1):  # the first: warm-up (compiles, loads kernels)
@@ -115,13 +129,16 @@ def run(model_name: str, method: M.Method, steps: int = 3, schedule: M.Schedule 
                     step_ms.append(a.elapsed_time(b))
                 done += 1
                 _progress(done, total, f"{model_name} {backend} forward {i}")
+        td.disable(model)
+        outputs[backend] = out.float()
+        result[backend] = dict(step_ms=statistics.median(step_ms))
+        if session is None:  # (dense compiled: the model's own attention, not split out)
+            result[backend].update(attention_ms=float("nan"), per_layer_ms=[])
+            continue
         layers_ms = np.array([[s.elapsed_time(e) for s, e in calls] for calls in per_layer[1:]])
         run_ms = [sum(s.elapsed_time(e) for s, e in calls) for calls in runs[1:]]
         reorder_ms = [sum(s.elapsed_time(e) for s, e in calls) for calls in reorders[1:]]
-        td.disable(model)
-        outputs[backend] = out.float()
-        result[backend] = dict(step_ms=statistics.median(step_ms),
-                               attention_ms=float(np.median(layers_ms.sum(1))),
+        result[backend].update(attention_ms=float(np.median(layers_ms.sum(1))),
                                per_layer_ms=np.median(layers_ms, axis=0).tolist())
         if backend != "dense":
             # What the integration adds around the attention's own call (mask making,
@@ -166,7 +183,8 @@ def table(result: dict) -> str:
     its share of the step), the speed-ups and the differences."""
     nan = float("nan")
     head = (f"{result['model']} ({result['layers']} self-attention layers), method "
-            f"{result['method']}, {result['steps']} forwards per backend, {result['gpu']}")
+            f"{result['method']}, {result['steps']} forwards per backend, {result['gpu']}"
+            + (", blocks compiled" if result.get("compiled") else ""))
     lines = [head, f"{'backend':8} {'step ms':>8} {'attn ms':>8} {'share':>6} {'run ms':>7} "
                    f"{'overhead':>8} {'x dense':>8} {'x flex':>7} {'diff/dense':>10} "
                    f"{'diff/flex':>9}"]
@@ -218,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--keep-order", action="store_true",
                     help="reorder tokens once per forward, not around every attention call")
+    ap.add_argument("--compile", action="store_true",
+                    help="every backend with the transformer's blocks torch.compile'd")
     ap.add_argument("--png", help="per-layer attention time, dense vs sparse (matplotlib)")
     args = ap.parse_args(argv)
     if args.steps < 1:
@@ -235,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     result = run(args.model, _method(args), args.steps,
                  M.Schedule(args.dense_steps, args.dense_layers), args.weights, args.tiny,
-                 not args.no_flex, keep_order=args.keep_order)
+                 not args.no_flex, keep_order=args.keep_order, compile=args.compile)
     print(table(result))
     if args.png:
         chart(result, args.png)
