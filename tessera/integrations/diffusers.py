@@ -217,6 +217,8 @@ class Session:
                         for layer in range(len(self._originals)))
         if self.keep_order and self.model.blocks is not None and not all_dense:
             order = self.method.video_order(self._geometries[0])
+            # its index tensors made here, eagerly: the block hooks that use them may be traced
+            self._index(order, _arg(args, kwargs, 0, "hidden_states").device)
         self._video_order = order
 
     # -- the method's token order kept from the first block to the last ---------------------

@@ -141,17 +141,18 @@ def test_compiled_blocks_equal_the_eager_forward(name, method, keep_order):
     block's graph) on the GPU kernels: over three new inputs, with the first step dense, each
     forward equals the eager one to bf16 rounding (inductor fuses the model's own elementwise
     work differently) and every sparse call ran."""
-    model = models.build(name, tiny=True)
+    model, twin = (models.build(name, tiny=True) for _ in range(2))  # (the same weights)
     xs = [models.inputs(name, model, tiny=True, seed=i, text_valid=10) for i in range(3)]
     torch._dynamo.reset()
     with torch.no_grad():
+        # compiled first, on a fresh session: nothing made eagerly before the trace
         s = td.enable(model, method, schedule=M.Schedule(dense_steps=1), keep_order=keep_order)
-        eager = [model(**x)[0] for x in xs]
-        s.reset()
         td.compile_blocks(model, fullgraph=True)
         got = [model(**x)[0] for x in xs]
+        td.enable(twin, method, schedule=M.Schedule(dense_steps=1), keep_order=keep_order)
+        eager = [twin(**x)[0] for x in xs]
     n = len(td.SUPPORTED[type(model).__name__].self_attention(model))
-    assert (s.stats.sparse_calls, s.stats.dense_calls) == (4 * n, 2 * n)
+    assert (s.stats.sparse_calls, s.stats.dense_calls) == (2 * n, n)
     for g, e in zip(got, eager):
         assert not torch.isnan(g).any()
         assert relative_difference(g, e) < 2e-2, relative_difference(g, e)
