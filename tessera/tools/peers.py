@@ -53,7 +53,9 @@ def flex_block_mask(mask: BlockMask, device: Any) -> Any:
     are Flex's tiles as they are, all full (no mask_mod, Flex's fastest path: the compiled
     kernel visits only those tiles -- eager Flex, which ignores the block structure, would not
     compute the mask); any other geometry is coarsened to 128-token tiles, those wholly inside
-    selected blocks full, the rest partial with a token-exact mask_mod."""
+    selected blocks full, the rest partial with a token-exact mask_mod. Forward only: no
+    query-major lists (``compute_q_blocks=False``: only Flex's backward reads them, and they
+    take a vmap, which a custom op's body under torch.compile cannot run)."""
     import torch
     from torch.nn.attention.flex_attention import BlockMask as FlexMask
 
@@ -65,7 +67,8 @@ def flex_block_mask(mask: BlockMask, device: Any) -> Any:
     if uniform is not None and uniform[0] == uniform[1] and uniform[0] in (64, 128):
         n, idx = lists(dense)
         return FlexMask.from_kv_blocks(torch.zeros_like(n), torch.zeros_like(idx), n, idx,
-                                       BLOCK_SIZE=uniform[0], seq_lengths=seq)
+                                       BLOCK_SIZE=uniform[0], seq_lengths=seq,
+                                       compute_q_blocks=False)
     oq = _tile_overlaps(mask.q_bounds, 128, device)
     ok = _tile_overlaps(mask.kv_bounds, 128, device)
     pairs = oq.T @ dense.float() @ ok  # selected token pairs per tile pair
@@ -82,7 +85,7 @@ def flex_block_mask(mask: BlockMask, device: Any) -> Any:
 
     (pn, pi), (fn_, fi) = lists(partial), lists(full)
     return FlexMask.from_kv_blocks(pn, pi, fn_, fi, BLOCK_SIZE=128, mask_mod=mask_mod,
-                                   seq_lengths=seq)
+                                   seq_lengths=seq, compute_q_blocks=False)
 
 
 def flex_kernel_options(block_mask: Any) -> dict | None:
