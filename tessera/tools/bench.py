@@ -65,13 +65,23 @@ def _top_k(rng: np.random.Generator, heads: int, n: int, density: float) -> np.n
 
 @dataclass(frozen=True)
 class Case:
-    """A mask case on uniform blocks: ``block`` tokens a block, ``make(rng, heads, blocks)``
-    its block matrix. 128 is FlexAttention's default tile; 64 the block of VSA-style top-k
-    methods, where the length is padded to whole blocks as those methods' users pad it (cuDNN's
-    64-token kernels need it)."""
+    """A mask case: ``block`` tokens a block, ``make(rng, heads, blocks)`` its block matrix.
+    128 is FlexAttention's default tile; 64 the block of VSA-style top-k methods, where the
+    length is padded to whole blocks as those methods' users pad it (cuDNN's 64-token kernels
+    need it). ``sizes``: variable blocks instead, each of a size drawn uniformly from that
+    range (the same blocks for queries and keys, as clusters give), ``block`` their mean."""
 
     block: int
     make: Callable[[np.random.Generator, int, int], np.ndarray]
+    sizes: tuple[int, int] | None = None
+
+
+def _variable_bounds(rng: np.random.Generator, length: int, lo: int, hi: int) -> np.ndarray:
+    """Block bounds over ``length`` tokens, the sizes uniform in [lo, hi] (the last cut short)."""
+    sizes = rng.integers(lo, hi + 1, size=length // lo + 1)
+    bounds = np.r_[0, np.cumsum(sizes)]
+    n = int(np.searchsorted(bounds, length))
+    return np.r_[bounds[:n], length].astype(np.int64)
 
 
 CASES: dict[str, Case] = {
@@ -81,6 +91,7 @@ CASES: dict[str, Case] = {
     "dense": Case(128, lambda rng, h, n: np.ones((h, n, n), bool)),
     "topk64-10": Case(64, lambda rng, h, n: _top_k(rng, h, n, 0.10)),
     "random64-30": Case(64, lambda rng, h, n: rng.random((h, n, n)) < 0.30),
+    "variable-10": Case(144, lambda rng, h, n: rng.random((h, n, n)) < 0.10, sizes=(32, 256)),
 }
 
 
@@ -146,7 +157,11 @@ def run(shapes: list[str], cases: list[str], reps: int = 20, flex: bool = True,
             _progress(step, total, f"{shape} {case}")
             step += 1
             q, k, v = qkv
-            if case in CASES:
+            if case in CASES and CASES[case].sizes is not None:
+                c = CASES[case]
+                qb = kb = _variable_bounds(rng, L, *c.sizes)
+                blocks = torch.from_numpy(c.make(rng, h, qb.size - 1)).cuda()
+            elif case in CASES:
                 c = CASES[case]
                 n = math.ceil(L / c.block)
                 length = L
