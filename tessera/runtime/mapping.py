@@ -42,7 +42,8 @@ from ..mask import BlockMask
 from .queue import Span
 
 __all__ = ["PhysicalTiles", "map_to_tiles", "row_stats_on_device", "launch_row_stats",
-           "device_bounds", "tiling_pairs", "aligned_tile_blocks", "aligned_geometry",
+           "device_bounds", "tiling_pairs", "key_walk_chunks", "aligned_tile_blocks",
+           "aligned_geometry",
            "AlignedGeometry", "straddling_tiles"]
 
 
@@ -465,6 +466,45 @@ def tiling_pairs(mask: BlockMask, tile_rows: int) -> tuple[int, int] | None:
     tile_tokens = np.diff(geo.bounds).astype(np.float64)
     aligned = (union.astype(np.float64) @ kv_tokens * tile_tokens).sum()
     return round(float(plain)), round(float(aligned))
+
+
+def key_walk_chunks(mask: BlockMask, block_n: int, tile_rows: int) -> tuple[int, int] | None:
+    """BN-key chunks the plain tiling of ``mask`` walks span by span and with its keys packed
+    end to end (``Regime.pack_keys``), each mask row weighted by its ``tile_rows``-row tiles:
+    how much of the key walk packing saves (a span of a few short blocks costs whole chunks
+    span by span). A device mask's rows go through plan_row_stats twice and one scalar pair
+    comes back (a synchronization). None when the dense rows are too large to materialize."""
+    xp = mask.xp
+    n_q, n_kv = mask.num_q_blocks, mask.num_kv_blocks
+    if n_q == 0 or n_kv == 0:
+        return None
+    qb = np.asarray(mask.q_bounds, dtype=np.int64)
+    tiles = -(-np.diff(qb) // tile_rows)  # per query block
+    if xp is not np:
+        dense = device_dense_rows(mask)
+        if dense is None:
+            return None
+        counts = []
+        for pack in (False, True):
+            _, _, _, chunks = row_stats_on_device(mask, dense, block_n, pack)
+            w = xp.asarray(np.tile(tiles, chunks.size // n_q))
+            counts.append((chunks.astype(xp.int64) * w).sum())
+        span, packed = (int(c) for c in to_numpy(xp.stack(counts)))
+        return span, packed
+    dense = mask.to_dense().reshape(-1, n_kv)
+    kv = np.diff(np.asarray(mask.kv_bounds, dtype=np.int64))
+    tok = dense * kv  # key tokens per selected block
+    c = np.cumsum(tok, axis=1)
+    before = np.zeros_like(dense)
+    before[:, 1:] = dense[:, :-1]
+    after = np.zeros_like(dense)
+    after[:, :-1] = dense[:, 1:]
+    # each span's first key token: the running prefix where a span starts, carried to its end
+    start = np.maximum.accumulate(np.where(dense & ~before, c - tok, 0), axis=1)
+    span = np.where(dense & ~after, -(-(c - start) // block_n), 0).sum(1)
+    packed = -(-c[:, -1] // block_n)
+    w = np.tile(tiles, dense.shape[0] // n_q)
+    return int((span * w).sum()), int((packed * w).sum())
 
 
 def _tiling_pairs_on_device(mask: BlockMask, dense_rows: Any, geo: AlignedGeometry,

@@ -263,6 +263,48 @@ def test_tiling_pairs_estimate(seed, monkeypatch):
     assert abs(aligned / plain - planned[1] / planned[0]) < 0.1
 
 
+def _key_walk_chunks_by_loops(dense, qb, kb, block_n, tile_rows):
+    """key_walk_chunks read the slow way: per mask row, its spans (maximal runs of selected key
+    blocks) in BN-chunks one by one, and its keys end to end, times the row's tiles."""
+    span = packed = 0
+    rows = dense.reshape(-1, dense.shape[-1])
+    n_q = qb.size - 1
+    for r, row in enumerate(rows):
+        tiles = -(-(qb[r % n_q + 1] - qb[r % n_q]) // tile_rows)
+        keys, c = 0, 0
+        while c < row.size:
+            if row[c]:
+                e = c
+                while e + 1 < row.size and row[e + 1]:
+                    e += 1
+                length = kb[e + 1] - kb[c]
+                span += tiles * -(-length // block_n)
+                keys += length
+                c = e + 1
+            else:
+                c += 1
+        packed += tiles * -(-keys // block_n)
+    return int(span), int(packed)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_key_walk_chunks_count_spans_and_packed_keys(seed):
+    """The span-by-span and packed key walks' chunks as key_walk_chunks counts them equal the
+    loop reading on random variable blocks (batch and heads, an empty row)."""
+    from tessera.runtime.mapping import key_walk_chunks
+
+    rng = np.random.default_rng(seed)
+    n_q, n_kv = int(rng.integers(3, 14)), int(rng.integers(2, 14))
+    qb = np.r_[0, np.cumsum(rng.integers(20, 300, n_q))]
+    kb = np.r_[0, np.cumsum(rng.integers(20, 300, n_kv))]
+    dense = rng.random((2, 3, n_q, n_kv)) < rng.uniform(0.1, 0.9)
+    dense[0, 1, n_q // 2] = False
+    mask = BlockMask.from_dense(dense, q_bounds=qb, kv_bounds=kb)
+    for block_n, rows in ((64, 64), (128, 128)):
+        assert key_walk_chunks(mask, block_n, rows) == _key_walk_chunks_by_loops(
+            dense, qb, kb, block_n, rows)
+
+
 def test_tiling_pairs_declines_tiny_blocks():
     """Blocks far smaller than a tile (more than ALIGNED_ESTIMATE_MAX_BLOCKS in one tile): no
     estimate, the plain tiling combines such blocks."""

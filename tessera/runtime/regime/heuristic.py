@@ -12,7 +12,7 @@ import numpy as np
 from .. import mapping
 from .value import ROW_GROUP, Regime
 
-__all__ = ["default_regime", "align_pays", "blocks_ragged", "typical_q_block",
+__all__ = ["default_regime", "align_pays", "pack_pays", "blocks_ragged", "typical_q_block",
            "SM90_ROWS128", "SM90_ROWS64_D64", "ALIGN_MAX_PAIR_RATIO"]
 
 
@@ -111,6 +111,26 @@ def align_pays(mask: Any, tile_rows: int) -> bool:
         return False
     pairs = mapping.tiling_pairs(mask, tile_rows)
     return pairs is not None and pairs[0] > 0 and pairs[1] <= ALIGN_MAX_PAIR_RATIO * pairs[0]
+
+
+# pack_pays answers yes when the span-by-span key walk takes at least this many times the
+# chunks of the packed one. Measured on the H200 with 128-key steps (docs/decisions.md): random
+# variable blocks of 32-256 tokens at 10%, 1.30x more chunks span by span, ran 1.30x (Wan,
+# 128-row tiles) / 1.18x (CogVideoX, 64-row) faster packed; the semantic clusters, 1.11-1.14x,
+# ran 1.16-1.23x faster span by span (whose chunks the TMA producer copies).
+PACK_MIN_CHUNK_RATIO = 1.25
+
+
+def pack_pays(mask: Any, block_n: int, tile_rows: int) -> bool:
+    """Whether the packed key walk (``Regime.pack_keys``) pays for the sm90 regime of
+    ``tile_rows``-row tiles and ``block_n``-key steps: key blocks ragged against the step
+    (:func:`blocks_ragged`, host bounds alone) and the span-by-span walk taking at least
+    :data:`PACK_MIN_CHUNK_RATIO` times the packed walk's chunks (mapping.key_walk_chunks;
+    a synchronization for a device mask, paid only by ragged key geometries)."""
+    if not blocks_ragged(mask.kv_bounds, block_n):
+        return False
+    chunks = mapping.key_walk_chunks(mask, block_n, tile_rows)
+    return chunks is not None and chunks[1] > 0 and chunks[0] >= PACK_MIN_CHUNK_RATIO * chunks[1]
 
 
 def sm90_producer(block_m: int, block_n: int, head_dim: int) -> bool:

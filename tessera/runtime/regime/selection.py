@@ -37,7 +37,7 @@ from ...cuda import device
 from ...dtypes import dtype_name
 from . import features
 from .heuristic import (SM90_ROWS64_D64, SM90_ROWS128, align_pays, blocks_ragged, default_regime,
-                        typical_q_block)
+                        pack_pays, typical_q_block)
 from .slots import plan_may_split, plan_tasks_in_flight
 from .table import TABLES_DIR, RegimeTable, gpu_slug
 from .value import Regime
@@ -265,12 +265,16 @@ def _select_regime(mask: Any, arch: int | None, head_dim: int, dtype: str, num_q
     else:
         by_geometry = True
     if heuristic in (SM90_ROWS128, SM90_ROWS64_D64):
-        # align_pays reads the selection only when the query blocks are ragged against the tile.
-        by_geometry = by_geometry and not blocks_ragged(mask.q_bounds, 128)
+        # align_pays reads the selection only when the query blocks are ragged against the tile,
+        # pack_pays when the key blocks are ragged against the step.
+        by_geometry = by_geometry and not blocks_ragged(mask.q_bounds, 128) and \
+            not blocks_ragged(mask.kv_bounds, heuristic.block_n)
         if align_pays(mask, 128):
             # Aligned tiles are measured with 128 rows (clusters 1.3-1.4x faster), at every
             # head dim.
             return SM90_ROWS128.with_(align_tiles=True), by_geometry
+        if pack_pays(mask, heuristic.block_n, heuristic.block_m):
+            return heuristic.with_(pack_keys=True), by_geometry
     return heuristic, by_geometry
 
 

@@ -111,3 +111,32 @@ def test_aligned_tiles_chosen_where_they_pay(monkeypatch):
     # Small query blocks take the 64-row heuristic, which never asks.
     m = example_mask(WORKLOADS["wan-1.3b-480p"], "topk_pooled", heads=2, head_dim=64).mask
     assert pick(m).block_m == 64 and not pick(m).align_tiles
+
+
+def test_packed_keys_chosen_where_spans_are_short_and_ragged():
+    """sm_90's 128-row (D=128) and 64x128 (D=64) regimes walk packed keys on random variable
+    blocks of 32-256 tokens at 10% (span by span ~1.3x the chunks), not on 128-token blocks
+    (never ragged: nothing read) nor where the walk would save little (dense rows of the same
+    blocks: spans run over many blocks)."""
+    from tessera.tools import bench
+
+    rng = np.random.default_rng(0)
+    b = bench._variable_bounds(rng, 32_760, 32, 256)
+    n = b.size - 1
+    sparse = tessera.BlockMask.from_dense(rng.random((4, n, n)) < 0.1, q_bounds=b, kv_bounds=b)
+    full = tessera.BlockMask.from_dense(np.ones((4, n, n), bool), q_bounds=b, kv_bounds=b)
+    uniform = tessera.BlockMask.from_dense(rng.random((4, 64, 64)) < 0.1,
+                                           q_bounds=np.arange(0, 64 * 128 + 1, 128),
+                                           kv_bounds=np.arange(0, 64 * 128 + 1, 128))
+    for d in (64, 128):
+        def pick(m):
+            return R.select_regime(m, arch=90, head_dim=d, dtype=np.dtype("float16"),
+                                   num_q_heads=4, batch=1)
+
+        span, packed = tessera.runtime.mapping.key_walk_chunks(sparse, 128, pick(sparse).block_m)
+        assert span >= R.PACK_MIN_CHUNK_RATIO * packed
+        assert pick(sparse).pack_keys and not pick(sparse).align_tiles
+        assert pick(sparse) == default_regime(90, d).with_(pack_keys=True)
+        assert not pick(full).pack_keys and not pick(uniform).pack_keys
+        assert not R.select_regime(sparse, arch=80, head_dim=d, dtype=np.dtype("float16"),
+                                   num_q_heads=4, batch=1).pack_keys
