@@ -484,12 +484,15 @@ def key_walk_chunks(mask: BlockMask, block_n: int, tile_rows: int) -> tuple[int,
         dense = device_dense_rows(mask)
         if dense is None:
             return None
-        counts = []
-        for pack in (False, True):
-            _, _, _, chunks = row_stats_on_device(mask, dense, block_n, pack)
-            w = xp.asarray(np.tile(tiles, chunks.size // n_q))
-            counts.append((chunks.astype(xp.int64) * w).sum())
-        span, packed = (int(c) for c in to_numpy(xp.stack(counts)))
+        # One launch: the span-by-span chunks and the key tokens, whose BN-rounding is the
+        # packed walk's chunks.
+        _, stats, _, chunks = row_stats_on_device(mask, dense, block_n)
+        n_rows = chunks.size
+        w = device_copy(("row tiles", qb.tobytes(), tile_rows, n_rows),
+                        lambda: xp.asarray(np.tile(tiles, n_rows // n_q)), xp)
+        packed_rows = (stats.key_tokens + (block_n - 1)) // block_n
+        both = xp.stack([(chunks.astype(xp.int64) * w).sum(), (packed_rows * w).sum()])
+        span, packed = (int(c) for c in to_numpy(both))
         return span, packed
     dense = mask.to_dense().reshape(-1, n_kv)
     kv = np.diff(np.asarray(mask.kv_bounds, dtype=np.int64))

@@ -184,27 +184,6 @@ def test_every_candidate_regime(d, index):
 
 @pytest.mark.parametrize("group", [1, 2, 4, 8])
 @pytest.mark.parametrize("mask_heads", ["one", "kv", "q"])
-def test_key_walk_chunks_of_a_device_mask():
-    """The key walks' chunk counts read a device mask's selection (plan_row_stats, span by span
-    and packed) as the host's arrays do; the packed regime it selects runs correctly."""
-    import cupy as cp
-
-    from tessera.runtime.mapping import key_walk_chunks
-    from tessera.runtime.regime import pack_pays
-
-    rng = np.random.default_rng(12)
-    n = 40
-    b = np.r_[0, np.cumsum(rng.integers(32, 257, n))]
-    sel = rng.random((2, n, n)) < 0.1
-    host = tessera.BlockMask.from_dense(sel, q_bounds=b, kv_bounds=b)
-    dev = tessera.BlockMask.from_dense(cp.asarray(sel), q_bounds=b, kv_bounds=b)
-    for bn, rows in ((128, 128), (64, 64)):
-        assert key_walk_chunks(dev, bn, rows) == key_walk_chunks(host, bn, rows)
-    assert pack_pays(dev, 128, 128) and pack_pays(host, 128, 128)
-    assert tessera.plan(dev, num_q_heads=2, head_dim=128).regime.pack_keys
-    _check(dev, hq=2, d=128)
-
-
 @pytest.mark.parametrize("family", FAMILIES)
 def test_gqa(group, mask_heads, family):
     rng = np.random.default_rng(group)
@@ -536,6 +515,27 @@ def test_tiling_pairs_of_a_device_mask():
     dev = tessera.BlockMask.from_dense(cp.asarray(near), q_bounds=qb, kv_bounds=qb)
     assert tiling_pairs(dev, 128) == tiling_pairs(host, 128)
     assert align_pays(dev, 128) and align_pays(host, 128)
+
+
+def test_key_walk_chunks_of_a_device_mask():
+    """The key walks' chunk counts read a device mask's selection (plan_row_stats, span by span
+    and packed) as the host's arrays do; the packed regime it selects runs correctly."""
+    import cupy as cp
+
+    from tessera.runtime.mapping import key_walk_chunks
+    from tessera.runtime.regime import pack_pays
+
+    rng = np.random.default_rng(12)
+    n = 40
+    b = np.r_[0, np.cumsum(rng.integers(32, 257, n))]
+    sel = rng.random((2, n, n)) < 0.1
+    host = tessera.BlockMask.from_dense(sel, q_bounds=b, kv_bounds=b)
+    dev = tessera.BlockMask.from_dense(cp.asarray(sel), q_bounds=b, kv_bounds=b)
+    for bn, rows in ((128, 128), (64, 64)):
+        assert key_walk_chunks(dev, bn, rows) == key_walk_chunks(host, bn, rows)
+    assert pack_pays(dev, 128, 128) and pack_pays(host, 128, 128)
+    assert tessera.plan(dev, num_q_heads=2, head_dim=128).regime.pack_keys
+    _check(dev, hq=2, d=128)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
