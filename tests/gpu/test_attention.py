@@ -526,7 +526,7 @@ def test_key_walk_chunks_of_a_device_mask():
     from tessera.runtime.regime import pack_pays
 
     rng = np.random.default_rng(12)
-    n = 40
+    n = 120  # (enough blocks for the 10% mask's spans to cost the packing's ~1.27x)
     b = np.r_[0, np.cumsum(rng.integers(32, 257, n))]
     sel = rng.random((2, n, n)) < 0.1
     host = tessera.BlockMask.from_dense(sel, q_bounds=b, kv_bounds=b)
