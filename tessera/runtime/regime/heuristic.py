@@ -44,8 +44,10 @@ def default_regime(arch: int | None = None, head_dim: int = 128,
       head dims 64 and 96 keep the plain variant (the producer form was within noise at 64).
       Key geometries ragged against the step (:func:`blocks_ragged`: pooled top-k cubes with
       their edge cubes) take the packed key walk (``pack_keys``): walked span by span, each
-      short span would cost a whole step. The 128-row regime never packs: its span-by-span walk
-      copies K/V by TMA, which a packed walk cannot (variable clusters 1.16-1.23x faster).
+      short span would cost a whole step. The 128-row regime (and the D=64 one) packs only
+      where :func:`pack_pays` says so (:func:`select_regime` reads the mask): its span-by-span
+      walk copies K/V by TMA, which a packed walk cannot (variable clusters 1.16-1.23x faster
+      unpacked; random 32-256-token blocks at 10% 1.18-1.30x faster packed).
     - Elsewhere the portable family: 128-row tiles over 4 warps, 64 keys a step, double
       buffered, at every head dim (1.14-1.22x faster than 64-row tiles at head dim 64); sm_86
       and sm_89 allow 99 KB of shared memory per CTA, too little for 128 rows at head dim 128,

@@ -42,8 +42,9 @@ def test_defaults_per_architecture():
 
 def test_packed_keys_default_on_ragged_key_geometry():
     """sm_90 takes the packed key walk with 64-row tiles where key blocks end mid-step (top-k
-    cubes with edge cubes), not on aligned or long blocks, never with 128-row tiles (their walk
-    copies by TMA: variable clusters ran faster unpacked) and never off sm_90."""
+    cubes with edge cubes), not on aligned or long blocks, and never off sm_90; the 128-row
+    heuristic alone does not (its walk copies by TMA: only select_regime's reading of the mask,
+    pack_pays, packs it)."""
     from tessera.tools.workloads import WORKLOADS, example_mask
 
     aligned = np.arange(0, 4097, 128)
@@ -56,7 +57,7 @@ def test_packed_keys_default_on_ragged_key_geometry():
     assert not R.blocks_ragged(np.array([0]), 64)  # no key blocks
     assert default_regime(90, 128, 64.0, cubes).pack_keys
     assert not default_regime(90, 128, 64.0, aligned).pack_keys
-    assert not default_regime(90, 128, 150.0, cubes).pack_keys  # 128-row tiles: TMA instead
+    assert not default_regime(90, 128, 150.0, cubes).pack_keys  # 128-row tiles: pack_pays decides
     assert default_regime(90, 128, 64.0, cubes) == default_regime(90, 128, 64.0).with_(
         pack_keys=True)
     for arch in (80, 89, 100, None):
