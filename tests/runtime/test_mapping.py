@@ -225,6 +225,18 @@ def _np_tiling_pairs(grid, block, args):
             rows * kv_tokens[dense[first:last + 1].any(axis=0)].sum())
 
 
+def _random_variable_mask(seed: int):
+    """Random variable blocks of 20-300 tokens over batch 2 and 3 heads, one block row empty:
+    (the generator after it, the dense matrix, q and kv bounds, the mask)."""
+    rng = np.random.default_rng(seed)
+    n_q, n_kv = int(rng.integers(3, 14)), int(rng.integers(2, 14))
+    qb = np.r_[0, np.cumsum(rng.integers(20, 300, n_q))]
+    kb = np.r_[0, np.cumsum(rng.integers(20, 300, n_kv))]
+    dense = rng.random((2, 3, n_q, n_kv)) < rng.uniform(0.1, 0.9)
+    dense[0, 1, n_q // 2] = False
+    return rng, dense, qb, kb, BlockMask.from_dense(dense, q_bounds=qb, kv_bounds=kb)
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_tiling_pairs_estimate(seed, monkeypatch):
     """The plain and aligned tilings' pairs as tiling_pairs estimates them equal the loop
@@ -232,13 +244,7 @@ def test_tiling_pairs_estimate(seed, monkeypatch):
     neighbours share keys the estimate is within 0.1 of the planned ratio."""
     from tessera.runtime.mapping import tiling_pairs
 
-    rng = np.random.default_rng(seed)
-    n_q, n_kv = int(rng.integers(3, 14)), int(rng.integers(2, 14))
-    qb = np.r_[0, np.cumsum(rng.integers(20, 300, n_q))]
-    kb = np.r_[0, np.cumsum(rng.integers(20, 300, n_kv))]
-    dense = rng.random((2, 3, n_q, n_kv)) < rng.uniform(0.1, 0.9)
-    dense[0, 1, n_q // 2] = False
-    mask = BlockMask.from_dense(dense, q_bounds=qb, kv_bounds=kb)
+    rng, dense, qb, kb, mask = _random_variable_mask(seed)
     from tessera.cuda import loader
     from tessera.runtime.mapping import _tiling_pairs_on_device, aligned_geometry
 
@@ -293,13 +299,7 @@ def test_key_walk_chunks_count_spans_and_packed_keys(seed):
     loop reading on random variable blocks (batch and heads, an empty row)."""
     from tessera.runtime.mapping import key_walk_chunks
 
-    rng = np.random.default_rng(seed)
-    n_q, n_kv = int(rng.integers(3, 14)), int(rng.integers(2, 14))
-    qb = np.r_[0, np.cumsum(rng.integers(20, 300, n_q))]
-    kb = np.r_[0, np.cumsum(rng.integers(20, 300, n_kv))]
-    dense = rng.random((2, 3, n_q, n_kv)) < rng.uniform(0.1, 0.9)
-    dense[0, 1, n_q // 2] = False
-    mask = BlockMask.from_dense(dense, q_bounds=qb, kv_bounds=kb)
+    rng, dense, qb, kb, mask = _random_variable_mask(seed)
     for block_n, rows in ((64, 64), (128, 128)):
         assert key_walk_chunks(mask, block_n, rows) == _key_walk_chunks_by_loops(
             dense, qb, kb, block_n, rows)
