@@ -484,7 +484,9 @@ class _Mark:
     layer: Any  # int64 CPU tensor of one element
 
 
-_calls: list[_Mark] = []  # the marks of the self-attention calls being run, innermost last
+# The marks of the self-attention calls being run, innermost last: one list for the process
+# (dynamo traces no thread-local state), so transformers run Tessera from one thread at a time.
+_calls: list[_Mark] = []
 _live: dict[int, Session] = {}  # session key -> enabled session
 
 

@@ -80,7 +80,7 @@ def test_bench_cases():
         if name.startswith("band"):
             want = 2 * int(0.08 * n) / n
         assert abs(blocks.mean() - want) < 0.02, name
-        assert case.block in (64, 128)
+        assert case.block in (64, 128) or case.sizes is not None  # (variable: their mean)
     top = bench.CASES["topk64-10"].make(rng, 2, 512)
     assert (top.sum(-1) == 51).all()
     bounds = np.arange(513) * 64
