@@ -74,8 +74,9 @@ def _method(args: argparse.Namespace) -> M.Method:
 
 def run(model_name: str, method: M.Method, steps: int = 3, schedule: M.Schedule | None = None,
         weights: str | None = None, tiny: bool = False, flex: bool = True,
-        forwards_per_step: int = 1, keep_order: bool = False, compile: bool = False) -> dict:
-    """Time one transformer's forwards per backend; returns the figures (see :func:`main`)."""
+        forwards_per_step: int = 1, keep_order: bool = False, compiled: bool = False) -> dict:
+    """Time one transformer's forwards per backend; returns the figures (see :func:`main`).
+    ``compiled``: the transformer's blocks torch.compile'd for every backend (``--compile``)."""
     import torch
 
     model = build(model_name, tiny=tiny, weights=weights)
@@ -83,14 +84,14 @@ def run(model_name: str, method: M.Method, steps: int = 3, schedule: M.Schedule 
     backends = ["dense", "tessera"] + (["flex"] if flex else [])
     result: dict = dict(model=model_name, method=method.name, steps=steps, gpu=current_gpu_name(),
                         layers=len(td.SUPPORTED[type(model).__name__].self_attention(model)),
-                        compiled=compile)
-    if compile:
+                        compiled=compiled)
+    if compiled:
         td.compile_blocks(model, fullgraph=True)
     outputs = {}
     total = len(backends) * (steps + 1)
     done = 0
     for backend in backends:
-        if compile:
+        if compiled:
             torch._dynamo.reset()  # each backend compiles afresh (no recompile limit shared)
         per_layer: list[list] = []  # per forward: (start, end) events of each attention call
         runs: list[list] = []  # per forward: the same around the attention kernels' call
@@ -98,7 +99,7 @@ def run(model_name: str, method: M.Method, steps: int = 3, schedule: M.Schedule 
         # the attention calls)
         reorders: list[list] = []
         session = None
-        if not (compile and backend == "dense"):
+        if not (compiled and backend == "dense"):
             sched = M.Schedule(dense_steps=10 ** 9) if backend == "dense" else schedule
             session = td.enable(model, method, schedule=sched,
                                 forwards_per_step=forwards_per_step,
@@ -108,7 +109,7 @@ def run(model_name: str, method: M.Method, steps: int = 3, schedule: M.Schedule 
             # (the calls run inside the routed op, eagerly even in a compiled block; the
             # reorders are traced into the blocks there: not timed alone)
             session._attend = _timed(session._attend, per_layer)
-            if not compile:
+            if not compiled:
                 session._reorder = _timed(session._reorder, reorders)
             if backend == "flex":
                 session.attention = _timed(session.attention, runs)
@@ -255,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     result = run(args.model, _method(args), args.steps,
                  M.Schedule(args.dense_steps, args.dense_layers), args.weights, args.tiny,
-                 not args.no_flex, keep_order=args.keep_order, compile=args.compile)
+                 not args.no_flex, keep_order=args.keep_order, compiled=args.compile)
     print(table(result))
     if args.png:
         chart(result, args.png)
