@@ -181,8 +181,8 @@ def topk_pooled(q: Any, k: Any, latent: Sequence[int], cube: Sequence[int] = (4,
         scores = _device_scores(pq, pk, 1.0 / math.sqrt(D), xp)
         chosen = (_device_topk(scores, min(int(topk), n), xp) if topk is not None
                   else top_p_rows(scores, top_p, 1, xp))
-        return _video_mask(chosen, sizes, lat, cb, topk, top_p, text_tokens, text_valid,
-                           q.shape, ordered, text_first)
+        return _video_mask(chosen, lat, cb, topk, top_p, text_tokens, text_valid, q.shape,
+                           ordered, text_first)
     if k.shape[1] != q.shape[1]:
         k = np.repeat(k, q.shape[1] // k.shape[1], axis=1)
     if ordered:
@@ -201,17 +201,16 @@ def topk_pooled(q: Any, k: Any, latent: Sequence[int], cube: Sequence[int] = (4,
         chosen = sorted_keep(idx, xp.ones(idx.shape, dtype=bool), scores.shape, xp)
     else:
         chosen = top_p_rows(scores, top_p, 1, xp)
-    return _video_mask(chosen, sizes, lat, cb, topk, top_p, text_tokens, text_valid,
-                       q.shape, ordered, text_first)
+    return _video_mask(chosen, lat, cb, topk, top_p, text_tokens, text_valid, q.shape,
+                       ordered, text_first)
 
 
-def _video_mask(chosen: Any, sizes: np.ndarray, lat: Latent,
-                cb: tuple[int, int, int], topk: int | None, top_p: float | None,
-                text_tokens: int, text_valid: int | None, q_shape: tuple,
+def _video_mask(chosen: Any, lat: Latent, cb: tuple[int, int, int], topk: int | None,
+                top_p: float | None, text_tokens: int, text_valid: int | None, q_shape: tuple,
                 ordered: bool, text_first: bool) -> VideoMask:
     """The selected cubes ``chosen [B, H, n, n]`` with the text blocks, as topk_pooled's
     result."""
-    bounds = bounds_from_sizes(sizes)
+    bounds = _cube_bounds(lat, cb)
     dense, qb, kb = with_text(chosen, bounds, bounds, text_tokens, text_valid, text_first)
     mask = BlockMask.from_dense(dense, q_bounds=qb, kv_bounds=kb)
     params = dict(latent=lat, cube=cb, topk=topk, top_p=top_p, text_tokens=text_tokens,

@@ -477,17 +477,17 @@ def check_context_parallel(method: Method, keep_order: bool,
 # layer dense). A plain list and an op are what dynamo traces: it follows the push and pop as
 # side effects and keeps the op opaque in the graph, so ``compile_repeated_blocks(fullgraph=
 # True)`` holds one graph for every block. The mark carries the layer as a CPU tensor (a graph
-# input, not a constant: one compiled block serves every layer) and the session as an int key.
+# input, not a constant: one compiled block serves every layer) and the transformer as the int
+# key of its session in `_sessions`.
 @dataclass(frozen=True)
 class _Mark:
-    session: int  # the key of the session in `_live`
+    transformer: int  # id of the transformer: its session is _sessions[transformer]
     layer: Any  # int64 CPU tensor of one element
 
 
 # The marks of the self-attention calls being run, innermost last: one list for the process
 # (dynamo traces no thread-local state), so transformers run Tessera from one thread at a time.
 _calls: list[_Mark] = []
-_live: dict[int, Session] = {}  # session key -> enabled session
 
 
 class _Routed:
@@ -528,7 +528,7 @@ def _routed(original: Any, mark: _Mark) -> _Routed:
     return wrapper(original, mark)
 
 
-def _routed_call(session_key: int, layer: int, q: Any, k: Any, v: Any, attn_mask: Any,
+def _routed_call(transformer: int, layer: int, q: Any, k: Any, v: Any, attn_mask: Any,
                  scale: float | None, enable_gqa: bool, backend: str | None,
                  ordered: bool) -> Any:
     """The routed call as the op runs it: the session's attention for ``layer``, with the
@@ -536,7 +536,7 @@ def _routed_call(session_key: int, layer: int, q: Any, k: Any, v: Any, attn_mask
     ``ordered``: whether the tokens are in the method's order, as the router saw it -- under
     torch.compile the block hooks' state when the block was traced (their writes to the
     session land after the graph has run, so the op cannot read them then)."""
-    session = _live.get(session_key)
+    session = _sessions.get(transformer)
     if session is None:
         raise RuntimeError("a routed self-attention call of a transformer Tessera is no longer "
                            "enabled on (compiled while enabled: compile it again after "
@@ -575,15 +575,16 @@ def _register_op() -> None:
     # (the schema spelled out: this module's annotations are strings, which torch cannot read)
     @torch.library.custom_op(
         "tessera::routed_attention", mutates_args=(),
-        schema="(Tensor q, Tensor k, Tensor v, Tensor? attn_mask, Tensor layer, int session, "
-               "float? scale, bool enable_gqa, str? backend, bool ordered) -> Tensor")
-    def routed_attention(q, k, v, attn_mask, layer, session, scale, enable_gqa, backend,
+        schema="(Tensor q, Tensor k, Tensor v, Tensor? attn_mask, Tensor layer, "
+               "int transformer, float? scale, bool enable_gqa, str? backend, bool ordered) "
+               "-> Tensor")
+    def routed_attention(q, k, v, attn_mask, layer, transformer, scale, enable_gqa, backend,
                          ordered):
-        return _routed_call(session, int(layer), q, k, v, attn_mask, scale, enable_gqa,
+        return _routed_call(transformer, int(layer), q, k, v, attn_mask, scale, enable_gqa,
                             backend, ordered)
 
     @routed_attention.register_fake
-    def _(q, k, v, attn_mask, layer, session, scale, enable_gqa, backend, ordered):
+    def _(q, k, v, attn_mask, layer, transformer, scale, enable_gqa, backend, ordered):
         # the output: q's shape with v's head dim, contiguous (the real op returns it so)
         return q.new_empty((*q.shape[:-1], v.shape[-1]))
 
@@ -607,11 +608,11 @@ def _dispatch_router(original: Callable) -> Callable:
             cp = getattr(parallel_config, "context_parallel_config", None)
             if cp is None:  # tensor parallelism alone: each rank's heads, the model's own
                 return own()
-            return _live[mark.session]._attend_parallel(int(mark.layer), query, key, value,
-                                                        scale, own, cp)
+            return _sessions[mark.transformer]._attend_parallel(int(mark.layer), query, key,
+                                                                value, scale, own, cp)
         name = None if backend is None else getattr(backend, "value", backend)
-        return _op(query, key, value, attn_mask, mark.layer, mark.session, scale, enable_gqa,
-                   name, _live[mark.session]._ordered)
+        return _op(query, key, value, attn_mask, mark.layer, mark.transformer, scale,
+                   enable_gqa, name, _sessions[mark.transformer]._ordered)
 
     dispatch_attention_fn._tessera_original = original
     return dispatch_attention_fn
@@ -634,8 +635,8 @@ class _RoutedFunctional:
                 query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
                 is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
         mark = _calls[-1]
-        return _op(query, key, value, None, mark.layer, mark.session, scale, enable_gqa, None,
-                   _live[mark.session]._ordered)
+        return _op(query, key, value, None, mark.layer, mark.transformer, scale, enable_gqa,
+                   None, _sessions[mark.transformer]._ordered)
 
 
 def _original_function(model: _Model) -> Any:
@@ -671,9 +672,8 @@ def _uninstall(model: _Model) -> None:
     n = _installed.get(model.module, 0) - 1
     _installed[model.module] = max(n, 0)
     if n == 0:
-        mod = importlib.import_module(model.module)
         name = "dispatch_attention_fn" if model.hook == "dispatch" else "F"
-        setattr(mod, name, getattr(mod, name)._tessera_original)
+        setattr(importlib.import_module(model.module), name, _original_function(model))
 
 
 # ---- the public calls -------------------------------------------------------------------
@@ -719,7 +719,7 @@ def enable(transformer: Any, method: Method, *, schedule: Schedule | None = None
         for layer, attn in enumerate(model.self_attention(transformer)):
             original = attn.processor
             session._originals.append((attn, original))
-            mark = _Mark(id(session), torch.tensor(layer, dtype=torch.int64))
+            mark = _Mark(id(transformer), torch.tensor(layer, dtype=torch.int64))
             attn.set_processor(_routed(original, mark))
         # (run eagerly where the whole transformer is compiled: it reads the inputs' layout on
         # the host -- a graph break there, its blocks compiled whole)
@@ -737,7 +737,6 @@ def enable(transformer: Any, method: Method, *, schedule: Schedule | None = None
         _uninstall(model)
         raise
     _sessions[id(transformer)] = session
-    _live[id(session)] = session
     return session
 
 
@@ -747,7 +746,6 @@ def disable(transformer: Any) -> None:
     session = _sessions.pop(id(transformer), None)
     if session is None:
         return
-    _live.pop(id(session), None)
     _unhook(session)
     _uninstall(session.model)
 

@@ -269,7 +269,7 @@ def _ulysses(q, k, v, mask, dense, ranges, rank, ranks, layout, scale, group, in
     if inner is not None:
         out_mine = inner(full_q, full_k, full_v, mine_q)
     elif mine_q:
-        sub = _head_subset(mask, dense, mine_q)
+        sub = _subset(mask, _head_part(mask, dense, mine_q))
         if sub is None:  # my heads select nothing: zero output
             out_mine = torch.zeros_like(full_q)
         else:
@@ -303,8 +303,13 @@ def _pairs_per_head(mask: BlockMask, dense: Any) -> np.ndarray:
     return to_numpy((dense.astype(xp.float64) @ rk) @ rq).sum(axis=0)
 
 
-def _head_subset(mask: BlockMask, dense: Any, heads: list[int]) -> BlockMask | None:
-    part = dense[:, mask.xp.asarray(heads, dtype=np.int64)]
+def _head_part(mask: BlockMask, dense: Any, heads: list[int]) -> Any:
+    """The query heads ``heads`` of the per-head block matrix ``dense`` (where it is)."""
+    return dense[:, mask.xp.asarray(heads, dtype=np.int64)]
+
+
+def _subset(mask: BlockMask, part: Any) -> BlockMask | None:
+    """``mask``'s geometry over the block matrix ``part``; None when it selects nothing."""
     if not _any(part):
         return None
     return BlockMask.from_dense(part, q_bounds=mask.q_bounds, kv_bounds=mask.kv_bounds)
@@ -407,10 +412,10 @@ def _hybrid(q, k, v, mask, dense, ranges, rank, ranks, layout, scale, group, uly
     def ring_for(fq, fk, fv, heads):
         if not heads:
             return None
-        sub = _head_subset(mask, dense, heads)
+        mine = _head_part(mask, dense, heads)
+        sub = _subset(mask, mine)
         if sub is None:
             return torch.zeros_like(fq)
-        mine = dense[:, mask.xp.asarray(heads, dtype=np.int64)]
         return _ring(fq, fk, fv, sub, mine, spans, rank // u, ranks // u, layout, scale, r_group)
 
     return _ulysses(q, k, v, mask, dense, ranges[g0:g0 + u], rank % u, u, layout, scale,

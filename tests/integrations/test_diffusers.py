@@ -218,7 +218,7 @@ def _cp_worker(rank, world, port, ring, ulysses, results):
                                    _flattened_mesh=types.SimpleNamespace(get_group=lambda: None))
         config = types.SimpleNamespace(context_parallel_config=cp)
         mod = importlib.import_module(td.SUPPORTED["WanTransformer3DModel"].module)
-        td._calls.append(td._Mark(id(session), torch.tensor(1)))
+        td._calls.append(td._Mark(id(model), torch.tensor(1)))
         try:
             out = mod.dispatch_attention_fn(q[:, lo:hi], k[:, lo:hi], v[:, lo:hi],
                                             parallel_config=config)
@@ -274,7 +274,7 @@ def test_context_parallel_refuses_what_shards_cannot_run():
     session._before_forward(model, (), x)
     router = td._dispatch_router(lambda *a, **kw: "the model's own")
     q = torch.randn(1, session._geometries[0].tokens, 4, 16)
-    td._calls.append(td._Mark(id(session), torch.tensor(1)))
+    td._calls.append(td._Mark(id(model), torch.tensor(1)))
     try:
         tp_only = types.SimpleNamespace(context_parallel_config=None)
         assert router(q, q, q, parallel_config=tp_only) == "the model's own"
