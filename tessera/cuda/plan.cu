@@ -36,12 +36,17 @@ __device__ __forceinline__ T warp_sum(T x) {
 // Per row: selected blocks, key spans, selected key tokens, key tokens shared with the previous
 // row of the same head, BN-chunks of its spans (pack != 0: of its keys end to end, the packed
 // walk's cost), and whether it equals the previous row. count, key_tokens and overlap_tokens may
-// be null (the device planner needs none of them).
+// be null (the device planner needs none of them). walk_chunks, unless null: both walks' chunks
+// times the row's tiles (its query block's tokens over tile_rows, rounded up) added into
+// walk_chunks[0] (span by span) and [1] (packed), which the caller zeroes
+// (mapping.key_walk_chunks).
 extern "C" __global__ void plan_row_stats(const unsigned char* __restrict__ dense, int n_rows,
                                           int n_kv, int n_q, const i64* __restrict__ kv_bounds,
                                           int block_n, int* count, int* nspans, i64* key_tokens,
                                           i64* overlap_tokens, int* chunks,
-                                          unsigned char* identical, int pack) {
+                                          unsigned char* identical, int pack,
+                                          const i64* __restrict__ q_bounds, int tile_rows,
+                                          unsigned long long* walk_chunks) {
   const int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
   if (warp >= n_rows) return;
   const int r = warp;
@@ -79,6 +84,12 @@ extern "C" __global__ void plan_row_stats(const unsigned char* __restrict__ dens
     if (overlap_tokens != nullptr) overlap_tokens[r] = w.prev ? otok : 0;
     chunks[r] = pack ? (int)((ktok + block_n - 1) / block_n) : (int)chk;
     identical[r] = w.prev != nullptr && cnt == prev_cnt && ov_cnt == cnt;
+    if (walk_chunks != nullptr) {
+      const int qi = r % n_q;
+      const i64 tiles = (q_bounds[qi + 1] - q_bounds[qi] + tile_rows - 1) / tile_rows;
+      atomicAdd(walk_chunks, (unsigned long long)(chk * tiles));
+      atomicAdd(walk_chunks + 1, (unsigned long long)((ktok + block_n - 1) / block_n * tiles));
+    }
   }
 }
 

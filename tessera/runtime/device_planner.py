@@ -308,7 +308,7 @@ def plan_on_device(mask: BlockMask, *, tile_rows: int, block_n: int, heads_per_t
         first = [_Launch("plan_row_stats", grid_rows,
                          (DENSE, i32(n_rows), i32(n_kv), i32(n_q), kb, i32(block_n), null,
                           arg("nspans"), null, null, arg("chunks"), arg("identical"),
-                          i32(pack_keys)))]
+                          i32(pack_keys), null, i32(0), null))]
         scan_blocks, scan_bounds = n_q, qb
     else:
         def tile_spans(span_off: Any, spans: Any) -> _Launch:

@@ -360,8 +360,10 @@ def random_qkv(rng, batch, hq, hkv, lq, lk, d=64):
 
 def _np_plan_row_stats(grid, block, args):
     """numpy stand-in for plan.cu's plan_row_stats (same outputs, row by row; a null pointer,
-    np.uint64(0), for count or the token sums leaves them unwritten, as the kernel does)."""
-    dense, n_rows, n_kv, n_q, kb, block_n, count, nspans, ktok, otok, chunks, ident, pack = args
+    np.uint64(0), for count, the token sums or walk_chunks leaves them unwritten, as the kernel
+    does)."""
+    (dense, n_rows, n_kv, n_q, kb, block_n, count, nspans, ktok, otok, chunks, ident, pack, qb,
+     tile_rows, walk) = args
     scratch = np.zeros(int(n_rows), dtype=np.int64)
     count, ktok, otok = (scratch if isinstance(a, np.uint64) else a for a in (count, ktok, otok))
     klen = np.diff(kb)
@@ -375,6 +377,12 @@ def _np_plan_row_stats(grid, block, args):
         chunks[r] = (-(-klen[sel].sum() // int(block_n)) if pack else
                      sum(-(-(kb[e + 1] - kb[s0]) // int(block_n)) for s0, e in zip(starts, ends)))
         ident[r] = prev is not None and sel.sum() == prev.sum() == (sel & prev).sum()
+        if not isinstance(walk, np.uint64):
+            qi = r % int(n_q)
+            tiles = -(-(qb[qi + 1] - qb[qi]) // int(tile_rows))
+            walk[0] += np.uint64(tiles * sum(-(-(kb[e + 1] - kb[s0]) // int(block_n))
+                                             for s0, e in zip(starts, ends)))
+            walk[1] += np.uint64(tiles * -(-klen[sel].sum() // int(block_n)))
 
 
 def _np_plan_write_spans(grid, block, args):

@@ -14,6 +14,7 @@ from tessera import BlockMask, Regime
 from tests.runtime.runtime_helpers import (
     BASE_REGIMES,
     TILE_128x64,
+    _np_plan_row_stats,
     cases,
     check_emulation,
     check_queue,
@@ -294,15 +295,23 @@ def _key_walk_chunks_by_loops(dense, qb, kb, block_n, tile_rows):
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_key_walk_chunks_count_spans_and_packed_keys(seed):
-    """The span-by-span and packed key walks' chunks as key_walk_chunks counts them equal the
-    loop reading on random variable blocks (batch and heads, an empty row)."""
+def test_key_walk_chunks_count_spans_and_packed_keys(seed, monkeypatch):
+    """The span-by-span and packed key walks' chunks as key_walk_chunks counts them, on the host
+    and through plan_row_stats' launch, equal the loop reading on random variable blocks (batch
+    and heads, an empty row)."""
     from tessera.runtime.mapping import key_walk_chunks
 
     rng, dense, qb, kb, mask = _random_variable_mask(seed)
+    from tessera.cuda import loader
+    from tessera.runtime.mapping import _key_walk_chunks_on_device
+
+    monkeypatch.setattr(loader, "load_kernel",
+                        lambda v: {"plan_row_stats": _np_plan_row_stats}[v.kernel])
     for block_n, rows in ((64, 64), (128, 128)):
-        assert key_walk_chunks(mask, block_n, rows) == _key_walk_chunks_by_loops(
-            dense, qb, kb, block_n, rows)
+        expected = _key_walk_chunks_by_loops(dense, qb, kb, block_n, rows)
+        assert key_walk_chunks(mask, block_n, rows) == expected
+        # The device path's launch (the kernel replaced by its numpy stand-in).
+        assert _key_walk_chunks_on_device(mask, mask.to_dense(), block_n, rows) == expected
 
 
 def test_tiling_pairs_declines_tiny_blocks():
