@@ -18,10 +18,10 @@ from ._array import cupy_or_none
 from .capture import capture_memory_if, stream_capturing
 from .cuda import device
 from .launch import caller_stream, run
-from .mask import BlockMask
+from .mask import BlockMask, bounds_key
 from .operands import Operands, check_mask, check_scale, describe
-from .runtime.plan import Plan, plan
-from .runtime.regime import ENV_TABLE, selection_generation
+from .runtime.plan import Plan, plan, plan_selected
+from .runtime.regime import ENV_TABLE, selected_regime, selection_generation
 from .settings import config
 
 __all__ = ["attention"]
@@ -70,6 +70,9 @@ def attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *, scale: float | N
 # Plans tessera.attention keeps for the next request of the same geometry, shapes and stream
 # (least recently used first; how many: config.request_plans_kept).
 _request_plans: OrderedDict[tuple, Plan] = OrderedDict()
+# Per geometry, shapes and stream whose regime selection reads the mask: requests since it last
+# read one (config.request_selection_refresh).
+_selection_reads: dict[tuple, int] = {}
 _request_lock = threading.Lock()
 
 
@@ -89,27 +92,51 @@ def _request_plan(mask: BlockMask, ops: Operands, layout: str, regime: Any,
     so that the graph never shares buffers with later requests."""
     b, hq, lq, d = ops.shape_q
     hkv = ops.shape_kv[1]
-    key = kept = None
+    key = kept = selection = None
     keep = config.request_plans_kept
     if not keep and _request_plans:  # keeping was turned off: let the kept plans go
         with _request_lock:
             _request_plans.clear()
+            _selection_reads.clear()
     if keep and mask.on_device and not capturing:
         # Everything a new plan would read besides the selection (the regime selection's
         # inputs: the device, its table, the shapes, the geometry).
-        key = (ops.q.device_id, ops.stream_ptr, regime, selection_generation(),
-               os.environ.get(ENV_TABLE), b, hq, hkv, d, ops.q.dtype, layout,
-               mask.batch_heads, mask.q_bounds.tobytes(), mask.kv_bounds.tobytes())
+        base = key = (ops.q.device_id, ops.stream_ptr, regime, selection_generation(),
+                      os.environ.get(ENV_TABLE), b, hq, hkv, d, ops.q.dtype, layout,
+                      mask.batch_heads, bounds_key(mask.q_bounds), bounds_key(mask.kv_bounds))
+        with _request_lock:
+            since = _selection_reads.get(base)
+        if since is not None:
+            # The selection reads the mask here: on every request_selection_refresh-th request;
+            # the others take the last answer read (no synchronization). Plans are kept per
+            # regime the selection gave.
+            read = since + 1 >= config.request_selection_refresh
+            selection = _selected(mask, ops, read)
+            with _request_lock:
+                _selection_reads[base] = 0 if read else since + 1
+            key = base + (selection[0],)
         with _request_lock:
             kept = _request_plans.pop(key, None)
     if kept is not None:
         p = kept.replan(mask)
     else:
-        p = plan(mask, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, batch=b,
-                 dtype=ops.q.dtype, layout=layout, regime=regime, arch=device.device_cc(),
-                 sync_free=capturing, split_tasks=False)
-        if not (p.replannable and p.regime_by_geometry):
+        if selection is not None:
+            p = plan_selected(mask, selection, num_q_heads=hq, num_kv_heads=hkv, head_dim=d,
+                              batch=b, dtype=ops.q.dtype, layout=layout,
+                              arch=device.device_cc())
+        else:
+            p = plan(mask, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, batch=b,
+                     dtype=ops.q.dtype, layout=layout, regime=regime, arch=device.device_cc(),
+                     sync_free=capturing, split_tasks=False)
+        if not p.replannable or (regime is not None and not p.regime_by_geometry):
             key = None
+        elif key is not None and selection is None and not p.regime_by_geometry:
+            # This geometry's selection read the mask: from now on it does so on every
+            # request_selection_refresh-th request, and plans are kept per regime (the one
+            # just read, which the selection remembers for the geometry).
+            with _request_lock:
+                _selection_reads[key] = 0
+            key = key + (_selected(mask, ops, False)[0],)
     try:
         yield p
     finally:
@@ -119,6 +146,17 @@ def _request_plan(mask: BlockMask, ops: Operands, layout: str, regime: Any,
                 _request_plans.move_to_end(key)
                 while len(_request_plans) > config.request_plans_kept:
                     _request_plans.popitem(last=False)
+                if len(_selection_reads) > 4 * config.request_plans_kept:
+                    _selection_reads.clear()  # geometries long gone (a bound, not an LRU)
+
+
+def _selected(mask: BlockMask, ops: Operands, read_mask: bool) -> tuple[Any, bool]:
+    """The regime selection of a request's plan (plan(split_tasks=False)'s): with
+    ``read_mask=False`` the last answer read for this geometry and shapes, without reading."""
+    b, hq, _, d = ops.shape_q
+    return selected_regime(mask, arch=device.device_cc(), head_dim=d, dtype=ops.q.dtype,
+                           num_q_heads=hq, batch=b, num_kv_heads=ops.shape_kv[1],
+                           read_mask=read_mask)
 
 
 def kept_plans() -> int:

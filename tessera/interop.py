@@ -374,10 +374,15 @@ def _numpy_dtype_on_cupy_stream(a: Any, cp: Any) -> np.dtype | None:
     torch's), else None. Called with the tensor's device current (CuPy's current stream is per
     device)."""
 
-    try:
-        dtype = np.dtype(str(a.dtype).removeprefix("torch."))
-    except TypeError:  # bfloat16 and other types numpy lacks
-        return None
-    if torch_stream_ptr(a.device.index) != cp.cuda.get_current_stream().ptr:
+    dtype = _numpy_dtype_of_torch(a.dtype)
+    if dtype is None or torch_stream_ptr(a.device.index) != cp.cuda.get_current_stream().ptr:
         return None
     return dtype
+
+
+@functools.lru_cache(maxsize=64)  # a request's mask dtype, every request
+def _numpy_dtype_of_torch(torch_dtype: Any) -> np.dtype | None:
+    try:
+        return np.dtype(str(torch_dtype).removeprefix("torch."))
+    except TypeError:  # bfloat16 and other types numpy lacks
+        return None

@@ -108,6 +108,9 @@ class LaunchState:
         task_counters: per the same key, the counter a persistent kernel takes tasks from (the
             legacy default stream is 0 on every device).
         kernel_args: per scale, the attention kernel's last arguments (made once).
+        kernels: per (device id, head dim, bf16, TMA form), the attention kernel a run
+            launches there (:class:`_Kernel`, resolved once).
+        tma_box_rows: per (head dim, bf16), the TMA form's K/V box rows (its tensor maps').
     """
 
     ready: Any = None
@@ -116,6 +119,8 @@ class LaunchState:
     workspaces: dict[tuple[int, int, int], Workspace] = field(default_factory=dict)
     task_counters: dict[tuple[int, int, int], Any] = field(default_factory=dict)
     kernel_args: dict[float, tuple] = field(default_factory=dict)
+    kernels: dict[tuple[int, int, bool, bool], "_Kernel"] = field(default_factory=dict)
+    tma_box_rows: dict[tuple[int, bool], int] = field(default_factory=dict)
 
     def record_planned(self, xp: Any) -> None:
         """Note where the planner's work was enqueued (CuPy's current stream): runs on another
@@ -256,6 +261,46 @@ def _task_counter(p: "Plan", cp: Any, stream: Any, key: tuple | None = None) -> 
 _NO_MAPS = np.zeros((), dtype=tma.MAPS_DTYPE)[()]  # the kernels' TmaMaps of a cp.async launch
 
 
+@dataclass(frozen=True)
+class _Kernel:
+    """The attention kernel a run of a plan launches on one device, resolved once per plan,
+    device and form (a request's host time goes to the launch, not to finding the kernel
+    again)."""
+
+    fwd: Variant
+    fn: Any
+    smem: int
+    resident: int  # a persistent variant's largest grid on the device (0: not persistent)
+
+
+def _kernel(p: "Plan", d: int, bf16: bool, tma_form: bool, cc: int, device_id: int) -> _Kernel:
+    """The plan's kernel on the current device ``device_id`` (compute capability ``cc``, which
+    the regime runs on) at head dim ``d``, its TMA form with ``tma_form``: loaded and checked
+    against the device's shared-memory limit at the first run that needs it."""
+    key = (device_id, d, bf16, tma_form)
+    got = p.launch_state.kernels.get(key)
+    if got is not None:
+        return got
+    r = p.regime
+    fwd = r.variant(d, bf16, tma=tma_form)
+    limit = smem_limit_bytes(cc)
+    if smem_bytes(fwd) > limit:  # the launch would fail with a bare driver error
+        raise ValueError(f"regime {r.name} needs {smem_bytes(fwd)} bytes of shared memory at head "
+                         f"dim {d}; sm_{cc} allows {limit} per block")
+    resident = _resident_ctas(fwd, device_id) if fwd.persistent else 0
+    got = p.launch_state.kernels[key] = _Kernel(fwd, load_kernel(fwd), smem_bytes(fwd), resident)
+    return got
+
+
+def _tma_box_rows(p: "Plan", d: int, bf16: bool) -> int:
+    """Rows of the K/V tensor maps' boxes of the plan's TMA form at head dim ``d``."""
+    rows = p.launch_state.tma_box_rows
+    got = rows.get((d, bf16))
+    if got is None:
+        got = rows[(d, bf16)] = p.regime.variant(d, bf16, tma=True).kv_box_rows
+    return got
+
+
 def _tma_maps(p: "Plan", ops: Operands, bf16: bool):
     """The tensor maps of q, k and v for a TMA launch of ``p``, or None when TMA cannot read
     them (strides, alignment, no driver support): the launch then copies by cp.async."""
@@ -263,7 +308,7 @@ def _tma_maps(p: "Plan", ops: Operands, bf16: bool):
                          (ops.k.ptr, ops.shape_kv, tuple(ops.strides_k)),
                          (ops.v.ptr, ops.shape_kv, tuple(ops.strides_v)), bf16,
                          p.launch_queue.tile_rows, p.launch_queue.heads_per_task,
-                         p.regime.variant(ops.shape_q[3], bf16, tma=True).kv_box_rows)
+                         _tma_box_rows(p, ops.shape_q[3], bf16))
 
 
 @functools.lru_cache(maxsize=64)  # a model's layers reuse their buffers: encode once each
@@ -316,13 +361,10 @@ def run(p: "Plan", ops: Operands, scale: float | None, return_lse: bool,
     if not r.runs_on(cc):
         raise ValueError(f"regime {r.name} runs on sm_90 GPUs only; this device is sm_{cc}")
     maps = _tma_maps(p, ops, bf16) if config.use_tma and r.tma_capable else None
-    fwd = r.variant(ops.shape_q[3], bf16, tma=maps is not None)
+    kern = _kernel(p, d, bf16, maps is not None, cc, ops.q.device_id)
+    fwd, fn, smem, resident = kern.fwd, kern.fn, kern.smem, kern.resident
     if maps is None:
         maps = _NO_MAPS
-    limit = smem_limit_bytes(cc)
-    if smem_bytes(fwd) > limit:  # the launch would fail with a bare driver error
-        raise ValueError(f"regime {r.name} needs {smem_bytes(fwd)} bytes of shared memory at head "
-                         f"dim {d}; sm_{cc} allows {limit} per block")
     stream = caller_stream(ops)
     given = given or Outputs()
     # Which runs share per-stream state: asked of the driver once per run.
@@ -353,7 +395,6 @@ def run(p: "Plan", ops: Operands, scale: float | None, return_lse: bool,
                     cp.cuda.runtime.memsetAsync(desc.ptr, 0xFF, n, stream.ptr)  # NaN in all types
         lse_sb, lse_sh = (hq * lq, lq)
 
-        fn = load_kernel(fwd)
         launch = p.launch_queue
         i64, i32, ptr = np.int64, np.int32, np.uint64
         args = (queue.tasks, queue.spans,
@@ -370,11 +411,10 @@ def run(p: "Plan", ops: Operands, scale: float | None, return_lse: bool,
             grid, counter = n_tasks, None
             if fwd.persistent:  # as many CTAs as the GPU holds at once, taking tasks in turn
                 cap = config.persistent_grid_cap
-                grid = n_tasks if cap == 0 else min(
-                    n_tasks, _resident_ctas(fwd, ops.q.device_id), cap or n_tasks)
+                grid = n_tasks if cap == 0 else min(n_tasks, resident, cap or n_tasks)
                 counter = _task_counter(p, cp, stream, key)
             args += (ptr(0 if counter is None else counter.data.ptr), maps)
-            fn((grid,), (fwd.threads,), args, shared_mem=smem_bytes(fwd), stream=stream)
+            fn((grid,), (fwd.threads,), args, shared_mem=smem, stream=stream)
         n_jobs = int(launch.combine.shape[0])
         if n_jobs:
             comb = load_kernel(Variant.combine(bf16=bf16))

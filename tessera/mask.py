@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
+from collections import OrderedDict
 
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -43,18 +45,60 @@ def _is_torch_cuda(a: Any) -> bool:
 
 def _check_bounds(bounds: Any, name: str) -> np.ndarray:
     """Validate token offsets of blocks: 1-D integers, starting at 0, strictly increasing."""
-    if (isinstance(bounds, np.ndarray) and bounds.ndim == 1
-            and np.issubdtype(bounds.dtype, np.integer)):
-        # Requests bring the same few geometries again and again: validated once each.
-        return _validated_bounds(bounds.astype(np.int64, copy=False).tobytes(), name)
+    if isinstance(bounds, np.ndarray):
+        if not bounds.flags.writeable and _validated.raw_of(bounds) is not None:
+            return bounds  # one of the validated arrays masks of its geometry share
+        if bounds.ndim == 1 and np.issubdtype(bounds.dtype, np.integer):
+            # Requests bring the same few geometries again and again: validated once each.
+            return _validated.get(bounds.astype(np.int64, copy=False).tobytes(), name)
     return _validate_bounds(bounds, name)
 
 
-@functools.lru_cache(maxsize=64)
-def _validated_bounds(raw: bytes, name: str) -> np.ndarray:
-    b = _validate_bounds(np.frombuffer(raw, dtype=np.int64).copy(), name)
-    b.flags.writeable = False  # shared by every mask of this geometry
-    return b
+class _ValidatedBounds:
+    """Validated bound arrays by their bytes, and the bytes of each by the array's identity:
+    a request's mask validates its geometry by one lookup, and the kept plans and the regime
+    selection key on the bytes without converting the array again (``bounds_key``). The arrays
+    are read-only, shared by every mask of their geometry; the ``size`` most recently used are
+    kept."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._by_raw: OrderedDict[bytes, np.ndarray] = OrderedDict()
+        self._raw_of: dict[int, tuple[np.ndarray, bytes]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, raw: bytes, name: str) -> np.ndarray:
+        with self._lock:
+            b = self._by_raw.get(raw)
+            if b is not None:
+                self._by_raw.move_to_end(raw)
+                return b
+        b = _validate_bounds(np.frombuffer(raw, dtype=np.int64).copy(), name)
+        b.flags.writeable = False
+        with self._lock:
+            if raw in self._by_raw:  # another thread validated it meanwhile
+                return self._by_raw[raw]
+            self._by_raw[raw] = b
+            self._raw_of[id(b)] = (b, raw)
+            while len(self._by_raw) > self._size:
+                _, old = self._by_raw.popitem(last=False)
+                del self._raw_of[id(old)]
+        return b
+
+    def raw_of(self, b: np.ndarray) -> bytes | None:
+        """The bytes of ``b`` when it is one of the validated arrays, else None."""
+        hit = self._raw_of.get(id(b))
+        return hit[1] if hit is not None and hit[0] is b else None
+
+
+_validated = _ValidatedBounds(64)
+
+
+def bounds_key(bounds: np.ndarray) -> bytes:
+    """The int64 bytes of a geometry's bounds, for keys of caches over geometries (the stored
+    bytes of a mask's validated bounds: no conversion)."""
+    raw = _validated.raw_of(bounds)
+    return raw if raw is not None else np.asarray(bounds, dtype=np.int64).tobytes()
 
 
 def _validate_bounds(bounds: Any, name: str) -> np.ndarray:
@@ -98,11 +142,11 @@ def _uniform_bounds(n_blocks: int, block: int, seq_len: int | None, which: str) 
     return _uniform_offsets(int(n_blocks), int(block), int(seq_len))
 
 
-@functools.lru_cache(maxsize=64)  # every request of a model builds masks of the same geometry
 def _uniform_offsets(n_blocks: int, block: int, seq_len: int) -> np.ndarray:
+    """The validated, shared offsets of ``n_blocks`` blocks of ``block`` tokens ending at
+    ``seq_len``."""
     b = np.minimum(np.arange(n_blocks + 1, dtype=np.int64) * block, seq_len)
-    b.flags.writeable = False  # shared by every mask of this geometry
-    return b
+    return _validated.get(b.tobytes(), "bounds")
 
 
 def _geometry(n_q: int, n_kv: int, block_size: BlockSize | None, q_bounds: Any, kv_bounds: Any,
@@ -422,7 +466,9 @@ class BlockMask:
         """``(B, H, nQB, nKB)`` with B and H as stored (1 where broadcast)."""
         return (*self.batch_heads, self.num_q_blocks, self.num_kv_blocks)
 
-    @property
+    # xp and device_id are read a dozen times a request and never change: computed once (a
+    # cached_property writes the instance's __dict__, which a frozen dataclass allows).
+    @functools.cached_property
     def xp(self):
         """The array module (numpy or CuPy) the selection lives in."""
         if self.dense_rows is not None:
@@ -433,7 +479,7 @@ class BlockMask:
     def on_device(self) -> bool:
         return self.xp is not np
 
-    @property
+    @functools.cached_property
     def device_id(self) -> int | None:
         """The CUDA device the selection lives on (None on the host)."""
         if self.xp is np:
@@ -444,8 +490,8 @@ class BlockMask:
     def device_context(self) -> Any:
         """A context making the mask's device current (nothing for a host mask): planning
         launches its kernels and allocates its arrays where the mask lives."""
-        if self.xp is np:
-            return contextlib.nullcontext()
+        if self.xp is np or self.xp.cuda.get_device_id() == self.device_id:
+            return contextlib.nullcontext()  # (a request has made it current already)
         return self.xp.cuda.Device(self.device_id)
 
     @property

@@ -28,12 +28,19 @@ class Settings:
         request_plans_kept: sync-free plans ``tessera.attention`` keeps for the next request of
             the same geometry, shapes and stream (least recently used dropped first); 0 plans
             every request anew.
+        request_selection_refresh: a request whose regime selection reads the mask (ragged
+            geometries, whose aligned-tile and packed-walk rules count the mask's pairs and
+            chunks; a regime table's lookup) reads it -- a synchronization -- on every
+            ``request_selection_refresh``-th request of its geometry, shapes and stream; the
+            others take the last answer read and plan without waiting for the GPU. 1 reads on
+            every request. The choice of regime changes the speed, never the result.
     """
 
     poison_outputs: bool = False
     persistent_grid_cap: int | None = None
     use_tma: bool = True
     request_plans_kept: int = 8
+    request_selection_refresh: int = 16
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name not in {f.name for f in fields(self)}:
@@ -48,6 +55,10 @@ class Settings:
         if name == "request_plans_kept" and (isinstance(value, bool) or not isinstance(value, int)
                                              or value < 0):
             raise ValueError(f"config.request_plans_kept must be an int >= 0, got {value!r}")
+        if name == "request_selection_refresh" and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"config.request_selection_refresh must be an int >= 1, "
+                             f"got {value!r}")
         object.__setattr__(self, name, value)
 
     @contextlib.contextmanager

@@ -245,6 +245,77 @@ def test_requests_of_one_geometry_replan_a_kept_plan(monkeypatch):
         first.replan(mask(0.3, n=9))
 
 
+def test_requests_read_a_mask_reading_selection_every_refresh(monkeypatch):
+    """A geometry whose regime selection reads the mask (ragged blocks: align_pays, pack_pays)
+    reads it on the first request and then on every request_selection_refresh-th one; the
+    requests between take the last answer without reading, and replan the plan kept for that
+    regime; an answer that changes takes a plan of its own (made without reading again), and
+    the plan kept for the earlier answer serves it again when it comes back."""
+    from tests.runtime.runtime_helpers import PLANNER_STAND_INS, assert_same_plan
+
+    import tessera
+    from tessera import BlockMask, Regime
+    from tessera.cuda import loader
+    from tessera.interop import DeviceTensor
+    from tessera.runtime import mapping
+    from tessera.runtime import plan as plan_module
+
+    monkeypatch.setattr(loader, "load_kernel", lambda v: PLANNER_STAND_INS[v.kernel])
+    monkeypatch.setattr(mapping, "use_device_planner", lambda xp: True)
+    monkeypatch.setattr(BlockMask, "on_device", property(lambda self: True))
+    monkeypatch.setattr(tessera.cuda.device, "device_cc", lambda: 90)
+    monkeypatch.setattr(api, "_request_plans", api.OrderedDict())
+    monkeypatch.setattr(api, "_selection_reads", {})
+    monkeypatch.setattr(tessera.config, "request_selection_refresh", 4)
+    plain = Regime(family="sm90", block_m=128, num_warps=12, block_n=128, stages=3,
+                   combine_threshold=0.0, split_ratio=1e9)
+    packed = plain.with_(pack_keys=True)
+    answer = {"now": packed, "last": None}
+    reads = []
+
+    def selected(mask, *, read_mask=True, **_):  # a selection that reads the mask
+        if read_mask:
+            reads.append(mask)
+            answer["last"] = answer["now"]
+        return answer["last"] or plain, False
+
+    monkeypatch.setattr(api, "selected_regime", selected)
+    monkeypatch.setattr(plan_module, "selected_regime", selected)
+    rng = np.random.default_rng(3)
+    t = DeviceTensor(256, (1, 4, 640, 64), (4 * 640 * 64, 640 * 64, 64, 1), "bfloat16", 0,
+                     "cupy", None)
+    kv = DeviceTensor(256, (1, 2, 640, 64), t.strides, "bfloat16", 0, "cupy", None)
+    ops = operands.Operands(t, kv, kv, t.shape, kv.shape, t.strides, kv.strides, kv.strides, 7)
+    bounds = np.r_[0, np.cumsum(rng.integers(32, 96, size=9)), 640]
+
+    def request(m: BlockMask):
+        with api._request_plan(m, ops, "bhld", None, False) as p:
+            return p
+
+    def mask() -> BlockMask:
+        return BlockMask.from_dense(rng.random((2, 10, 10)) < 0.3, q_bounds=bounds,
+                                    kv_bounds=bounds)
+
+    first = request(mask())
+    assert len(reads) == 1 and first.regime == packed and first.replannable
+    for i in range(3):  # the next three take the last answer: no read, the kept plan
+        m = mask()
+        assert request(m) is first and len(reads) == 1
+        assert_same_plan(first, tessera.plan(m, num_q_heads=4, num_kv_heads=2, head_dim=64,
+                                             batch=1, regime=packed))
+    answer["now"] = plain  # the fourth reads, and its answer changed
+    other = request(mask())
+    assert len(reads) == 2 and other is not first and other.regime == plain
+    assert request(mask()) is other and len(reads) == 2
+    assert len(api._request_plans) == 2  # one per answer
+    request(mask()), request(mask())
+    answer["now"] = packed
+    assert request(mask()) is first and len(reads) == 3  # read again: the packed plan back
+    monkeypatch.setattr(tessera.config, "request_selection_refresh", 1)
+    request(mask()), request(mask())
+    assert len(reads) == 5  # 1: every request reads
+
+
 def test_kernel_arguments_made_once_per_plan_and_scale():
     """The plan's own kernel arguments are made once per (plan, scale) -- a new scale makes new
     ones, as the kernels fold it into the exponent -- and int64 argument tuples once per

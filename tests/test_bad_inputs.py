@@ -116,6 +116,9 @@ CASES = [
         _plan(), *(np.zeros((1, 1, 128, 128)),) * 3), ValueError, "differ from the plan's"),
     ("tessera.config", "use_tma='yes'", lambda: setattr(tessera.config, "use_tma", "yes"),
      TypeError, "config.use_tma must be True or False"),
+    ("tessera.config", "request_selection_refresh=0", lambda: setattr(
+        tessera.config, "request_selection_refresh", 0), ValueError,
+     "config.request_selection_refresh must be an int >= 1"),
     ("tessera.config", "an unknown setting", lambda: setattr(tessera.config, "tma", True),
      AttributeError, "tessera.config has no setting 'tma'"),
     ("tessera.use_table", "a missing file", lambda: tessera.use_table("/nonexistent.json"),

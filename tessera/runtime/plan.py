@@ -30,7 +30,7 @@ from .queue import Span, Task, TaskQueue, records
 from .regime import ROW_GROUP, Regime, plan_may_split, plan_tasks_in_flight, selected_regime
 from .tasks import NEVER_SPLIT_RATIO, build_task_queue, head_assignments, heads_per_task
 
-__all__ = ["Plan", "PlanStats", "plan"]
+__all__ = ["Plan", "PlanStats", "plan", "plan_selected"]
 
 
 @dataclass
@@ -261,6 +261,26 @@ def plan(block_mask: BlockMask, *, num_q_heads: int, num_kv_heads: int | None = 
     at all (``tasks.may_split``; docs/decisions.md). A device mask's
     plan is then sync-free.
     """
+    return _plan_on_its_device(block_mask, num_q_heads, num_kv_heads, head_dim, head_dim_v,
+                               batch, dtype, layout, regime, arch, sync_free, split_tasks, None)
+
+
+def plan_selected(block_mask: BlockMask, selection: tuple[Regime, bool], *, num_q_heads: int,
+                  num_kv_heads: int, head_dim: int, batch: int, dtype: Any, layout: str,
+                  arch: int | None) -> Plan:
+    """:func:`plan` with ``split_tasks=False`` of a request whose regime selection is made
+    already: ``selection`` is :func:`~tessera.runtime.regime.selected_regime`'s answer,
+    possibly read from an earlier mask of the geometry (``config.request_selection_refresh``),
+    so the plan reads nothing back from the GPU for it."""
+    return _plan_on_its_device(block_mask, num_q_heads, num_kv_heads, head_dim, None, batch,
+                               dtype, layout, None, arch, None, False, selection)
+
+
+def _plan_on_its_device(block_mask: BlockMask, num_q_heads: int, num_kv_heads: int | None,
+                        head_dim: int, head_dim_v: int | None, batch: int | None, dtype: Any,
+                        layout: str, regime: Regime | None, arch: int | None,
+                        sync_free: bool | None, split_tasks: bool,
+                        selection: tuple[Regime, bool] | None) -> Plan:
     if not isinstance(block_mask, BlockMask):
         raise TypeError(f"block_mask must be a tessera.BlockMask, got {type(block_mask).__name__}")
     with block_mask.device_context():
@@ -271,14 +291,16 @@ def plan(block_mask: BlockMask, *, num_q_heads: int, num_kv_heads: int | None = 
         with capture_memory_if(captured, "cupy", block_mask.device_id):
             return _plan(block_mask, num_q_heads, num_kv_heads, head_dim, head_dim_v, batch,
                          dtype, layout, regime, arch,
-                         captured if sync_free is None else bool(sync_free), split_tasks)
+                         captured if sync_free is None else bool(sync_free), split_tasks,
+                         selection)
 
 
 def _plan(block_mask: BlockMask, num_q_heads: int, num_kv_heads: int | None, head_dim: int,
           head_dim_v: int | None, batch: int | None, dtype: Any, layout: str,
           regime: Regime | None, arch: int | None, sync_free: bool = False,
-          split_tasks: bool = True) -> Plan:
-    """plan() with the mask's device current (where every array and kernel of the plan go)."""
+          split_tasks: bool = True, selection: tuple[Regime, bool] | None = None) -> Plan:
+    """plan() with the mask's device current (where every array and kernel of the plan go);
+    ``selection``: the regime selection made already (plan_selected)."""
     num_kv_heads = num_q_heads if num_kv_heads is None else num_kv_heads
     head_dim_v = head_dim if head_dim_v is None else head_dim_v
     batch = block_mask.batch_heads[0] if batch is None else batch
@@ -303,7 +325,9 @@ def _plan(block_mask: BlockMask, num_q_heads: int, num_kv_heads: int | None, hea
                          "CUDA graph is captured): a host mask is planned on the host")
     by_geometry = True  # a regime given holds for every mask of the geometry
     given = regime is not None
-    if regime is None:  # the table in force for arch, else the heuristic (runtime/regime/)
+    if regime is None and selection is not None:
+        regime, by_geometry = selection
+    elif regime is None:  # the table in force for arch, else the heuristic (runtime/regime/)
         regime, by_geometry = selected_regime(
             block_mask, arch=arch, head_dim=head_dim, dtype=dtype, num_q_heads=num_q_heads,
             batch=batch, num_kv_heads=num_kv_heads, read_mask=not sync_free)

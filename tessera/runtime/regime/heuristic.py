@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from ...mask import bounds_key
 from .. import mapping
 from .value import ROW_GROUP, Regime
 
@@ -82,7 +83,7 @@ def blocks_ragged(bounds: np.ndarray, step: int) -> bool:
     25-42% fewer, variable clusters 10-12%; sliding tiles of 288/384-token blocks ~1% (spans
     there run over several blocks), too little to be sure of. Queries: the gate of
     :func:`align_pays`."""
-    return _blocks_ragged(np.asarray(bounds, dtype=np.int64).tobytes(), int(step))
+    return _blocks_ragged(bounds_key(bounds), int(step))
 
 
 @functools.lru_cache(maxsize=64)  # asked on every request; a geometry's answer never changes
@@ -145,7 +146,7 @@ def sm90_producer(block_m: int, block_n: int, head_dim: int) -> bool:
 def typical_q_block(q_bounds: np.ndarray) -> float:
     """The median query block of a mask's geometry (cached: every request of a model asks it of
     the same few geometries, and a median costs ~30 us)."""
-    return _median_block(np.asarray(q_bounds, dtype=np.int64).tobytes())
+    return _median_block(bounds_key(q_bounds))
 
 
 @functools.lru_cache(maxsize=64)

@@ -31,10 +31,9 @@ import os
 import warnings
 from typing import Any
 
-import numpy as np
-
 from ...cuda import device
 from ...dtypes import dtype_name
+from ...mask import bounds_key
 from . import features
 from .heuristic import (SM90_ROWS64_D64, SM90_ROWS128, align_pays, blocks_ragged, default_regime,
                         pack_pays, typical_q_block)
@@ -198,8 +197,7 @@ def selected_regime(mask: Any, *, arch: int | None, head_dim: int, dtype: Any,
     key = (arch, device.device_arch(), device.device_sm_count(), id(active_table(arch)),
            int(head_dim), dtype,
            int(num_q_heads), int(batch), int(num_kv_heads), tuple(mask.batch_heads),
-           bool(mask.on_device), np.asarray(mask.q_bounds, dtype=np.int64).tobytes(),
-           np.asarray(mask.kv_bounds, dtype=np.int64).tobytes())
+           bool(mask.on_device), bounds_key(mask.q_bounds), bounds_key(mask.kv_bounds))
     found = _selections.get(key)
     if found is not None:
         return found, True
