@@ -310,6 +310,15 @@ __device__ __forceinline__ void pass_issue_turn(int wg) {
   }
 }
 
+// Whether warpgroup wg's rows of a task are all padding: its 64 rows lie within one head's
+// tile_rows and start at or past the task's `q_len` tokens. Only the producer variant's
+// consumers can sit a task out (the plain variant's copy and meet at CTA barriers).
+__device__ __forceinline__ bool idle_rows(int wg, int tile_rows, int q_len) {
+  if constexpr (!WS || WGS == 1) return false;
+  const int first = 64 * wg % tile_rows;
+  return first >= q_len && first + 64 <= tile_rows;
+}
+
 // ---- warp specialization (TESSERA_PRODUCER) -----------------------------------------------------
 __device__ __forceinline__ void mbar_init(u32 bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
@@ -678,6 +687,10 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
 #pragma unroll
     for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
     float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
+    // A warpgroup whose 64 rows are all padding (a tile of one head shorter than 64 x wg rows:
+    // the tail of a variable-size query block) computes nothing: it only keeps the issue turns
+    // and releases the stages, so the others run alone on the tensor cores.
+    const bool idle = idle_rows(wg, tile_rows, q_end - q_start);
 
     // The task's loop, for its step width W (a generic lambda: one instantiation per width).
     const auto run_task = [&](auto step) {
@@ -687,6 +700,16 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
       ComputeWalkOf<W> walk;
       if constexpr (!WS && !PACKED) walk = load_walk;  // the same walk: no second read
       else walk.open(spans, task.span_begin, se);
+      if (idle) {
+        for (; walk.more(se); ++j) {
+          wait_issue_turn(wg);
+          pass_issue_turn(wg);
+          mbar_arrive(empty_bar + 8 * (j % STAGES));  // (the turn came after chunk j landed)
+          walk.next(spans, se);
+        }
+        mbar_arrive(q_empty_bar + 8 * qb);
+        return;
+      }
       if constexpr (!WS) {
         // Prologue: the Q tile and chunks 0 .. PREFETCH-1, one commit group per chunk (Q rides
         // with the first); every iteration then commits one chunk (PREFETCH ahead), so "all but
