@@ -146,10 +146,12 @@ constexpr int WIDE_SLACK = TESSERA_WIDE_SLACK;
 // P_{j-1} V_{j-1}, and only the two warpgroups' alternation overlaps softmax and matrix work)
 // -- unless a TMA producer leaves them 240 -- nor with three warpgroups and 128-key steps.
 // A lone consumer warpgroup (64-row tiles) with a TMA producer overlapping there spills too
-// (ptxas 13.0: 4 bytes at 255 registers), so 64x128 tiles at D=128 keep the serial wait.
+// (ptxas 13.0: 4 bytes at 255 registers), so 64x128 tiles at D=128 keep the serial wait. Three
+// warpgroups with 128-key steps overlap at head dim 64 with a TMA producer only (their 160
+// registers hold it; the cp.async producer's 56 leave too few, and ptxas serializes).
 // (The wide step, TESSERA_WIDE_BN, never overlaps: see there.)
 constexpr bool OVERLAP_PV = !(D == 128 && BN == 128 && (!TMA || WGS == 1)) &&
-                            !(WGS == 3 && BN == 128);
+                            !(WGS == 3 && BN == 128 && !(TMA && D == 64));
 template <int W>
 __device__ constexpr bool overlap_pv() { return W == BN && OVERLAP_PV; }
 // WalkOf: the walk of the threads that copy K/V; ComputeWalkOf: the consumers' (which need no

@@ -7,6 +7,7 @@ import pytest
 
 from tessera.cuda import loader, variants
 from tessera.runtime.regime import Regime, default_regime, regime_fits
+from tessera.runtime.regime.heuristic import SM90_ROWS192_D64
 
 pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="NVRTC comes with the CUDA extras")
 
@@ -171,7 +172,8 @@ def _sm90_reachable():
     out = {}
     for d in HEAD_DIMS:
         regimes = list(candidate_regimes(d, 90)) + [
-            default_regime(90, d, qb, kb) for qb in (64.0, 128.0) for kb in (None, ragged)]
+            default_regime(90, d, qb, kb) for qb in (64.0, 128.0) for kb in (None, ragged)] + (
+            [SM90_ROWS192_D64] if d == 64 else [])  # (selection's pick for blocks of 192+)
         for r in regimes:
             if r.family != "sm90":
                 continue

@@ -260,6 +260,36 @@ def test_three_consumer_warpgroups(d, pack):
         _check(m, hq=hq, hkv=hkv, d=d, regime=reg)
 
 
+@pytest.mark.parametrize("tma", [True, False])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_three_consumer_warpgroups_with_128_key_steps(dtype, tma, monkeypatch):
+    """The head-dim-64 regime for query blocks that fill 192-row tiles (SM90_ROWS192_D64): its
+    TMA form steps 128 keys with the P V overlap, its cp.async form 64 keys over the same plan;
+    blocks of 192-400 tokens (tiles whose second and third warpgroups sit out), an empty row,
+    GQA, a ragged end, and the regime's own selection on a 384-token geometry."""
+    from tessera.runtime.regime import select_regime
+    from tessera.runtime.regime.heuristic import SM90_ROWS192_D64
+
+    if _device_cc() != 90:
+        pytest.skip("the sm90 family runs on Hopper only")
+    monkeypatch.setattr(tessera.config, "use_tma", tma)
+    rng = np.random.default_rng(5 + tma)
+    qs = rng.integers(192, 400, size=7)
+    qs[-1] = 37  # a short last block: warpgroups 1 and 2 sit its tile out
+    ks = rng.integers(8, 300, size=20)
+    dense = rng.random((2, 7, 20)) < 0.4
+    dense[:, 2] = False
+    m = tessera.BlockMask.from_dense(dense, q_bounds=np.r_[0, np.cumsum(qs)],
+                                     kv_bounds=np.r_[0, np.cumsum(ks)])
+    for hq, hkv in ((2, 2), (4, 2)):
+        _check(m, hq=hq, hkv=hkv, d=64, dtype=dtype, regime=SM90_ROWS192_D64)
+    big = np.arange(0, 9 * 384 + 1, 384)
+    m = tessera.BlockMask.from_dense(rng.random((2, 9, 9)) < 0.5, q_bounds=big, kv_bounds=big)
+    assert select_regime(m.to_device(), arch=90, head_dim=64, dtype=dtype, num_q_heads=2,
+                         batch=1) == SM90_ROWS192_D64
+    _check(m, hq=2, d=64, dtype=dtype)
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_wide_key_steps(dtype, monkeypatch):
     """Regime.wide_steps: the TMA variant at head dim 64 walks tasks of a few long spans 192
@@ -344,7 +374,8 @@ def test_tma_copies_equal_cp_async(d, block_m, block_n, monkeypatch):
 
 @pytest.mark.parametrize("tma", [True, False])
 @pytest.mark.parametrize("family,block_m,wide", [("sm90ws", 128, False), ("sm90ws", 128, True),
-                                                 ("sm90ws", 64, False), ("sm80", 128, False)])
+                                                 ("sm90ws", 64, False), ("sm90ws", 192, False),
+                                                 ("sm80", 128, False)])
 def test_non_finite_values_stay_where_they_belong(family, block_m, wide, tma, monkeypatch):
     """Inf and NaN in the K/V rows of key blocks no query selects -- which partial chunks copy
     past a span's end -- change nothing (0 x Inf never reaches an output); a NaN query row gives

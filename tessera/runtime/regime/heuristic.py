@@ -14,7 +14,8 @@ from .. import mapping
 from .value import ROW_GROUP, Regime
 
 __all__ = ["default_regime", "align_pays", "pack_pays", "blocks_ragged", "typical_q_block",
-           "SM90_ROWS128", "SM90_ROWS64_D64", "ALIGN_MAX_PAIR_RATIO"]
+           "SM90_ROWS128", "SM90_ROWS64_D64", "SM90_ROWS192_D64", "ALIGN_MAX_PAIR_RATIO",
+           "rows192_pay", "ROWS192_MAX_ROW_RATIO"]
 
 
 # sm_90's regimes for blocks of 128 tokens and more: 128-row tiles warp-specialized (two consumer
@@ -28,6 +29,38 @@ SM90_ROWS64_D64 = Regime(family="sm90", block_m=64, num_warps=64 // ROW_GROUP + 
                          stages=3, combine_threshold=0.0)
 
 
+# sm_90 at head dim 64 where the query blocks fill 192-row tiles (rows192_pay): three consumer
+# warpgroups taking turns and a TMA producer, 128 keys a step -- the turns hide the softmax,
+# which at head dim 64 costs as much as half the matrix work, behind the other warpgroups'
+# products. Its cp.async form steps 64 keys (Regime.variant).
+SM90_ROWS192_D64 = Regime(family="sm90", block_m=192, num_warps=192 // ROW_GROUP + 4,
+                          block_n=128, stages=3, combine_threshold=0.0)
+
+
+# rows192_pay's bounds: the query blocks' median at least 192 tokens, and their rows rounded up to
+# 192-row tiles at most this many times their rows rounded up to 64-row ones. Measured on the
+# H200 (docs/decisions.md): CogVideoX's sliding tiles (median 288 tokens, ratio 1.25) 1.17x
+# faster; 128-token blocks (ratio 1.5) 0.89-1.06x on random, banded, radial and
+# spatial-temporal masks; dense masks, whose identical rows the planner merges, 1.18x.
+ROWS192_MAX_ROW_RATIO = 1.3
+
+
+def rows192_pay(q_bounds: np.ndarray) -> bool:
+    """Whether the query blocks of this geometry fill 192-row tiles (``SM90_ROWS192_D64``):
+    their median is at least 192 tokens and 192-row tiles round their rows up by at most
+    :data:`ROWS192_MAX_ROW_RATIO` times what 64-row tiles do. Host bounds alone."""
+    return _rows192_pay(bounds_key(q_bounds))
+
+
+@functools.lru_cache(maxsize=64)  # asked on every selection; a geometry's answer never changes
+def _rows192_pay(bounds: bytes) -> bool:
+    sizes = np.diff(np.frombuffer(bounds, dtype=np.int64))
+    if sizes.size == 0 or np.median(sizes) < 192:
+        return False
+    return bool((-(-sizes // 192) * 192).sum()
+                <= ROWS192_MAX_ROW_RATIO * (-(-sizes // 64) * 64).sum())
+
+
 def default_regime(arch: int | None = None, head_dim: int = 128,
                    q_block: float | None = None, kv_bounds: np.ndarray | None = None) -> Regime:
     """The heuristic regime for a GPU with compute capability ``arch`` (e.g. 90), or None (CPU).
@@ -37,8 +70,9 @@ def default_regime(arch: int | None = None, head_dim: int = 128,
     - sm_90, blocks of 128 tokens or more: the warp-specialized wgmma variant, 128-row tiles
       (two consumer warpgroups and a producer), 128 keys a step, three K/V stages -- the fastest
       sm90 shape at head dim 128. At head dim 64, 64-row tiles with 128-key steps and a producer
-      warpgroup, two CTAs an SM: as fast or faster on every CogVideoX mask measured (the 128-row
-      ones still take aligned tiles, :func:`select_regime`).
+      warpgroup, two CTAs an SM: as fast or faster on every CogVideoX mask of 128-token blocks
+      measured (the 128-row ones still take aligned tiles, and query blocks that fill 192-row
+      tiles take ``SM90_ROWS192_D64``: :func:`select_regime`, :func:`rows192_pay`).
     - sm_90, small query blocks (``q_block``, the median query block, <= 64 tokens): 64-row
       tiles and 64 keys a step (a 128-key step would be half masked on 64-token spans); at head
       dim 128 with a producer warpgroup, two CTAs an SM (Wan's top-k cubes 1.2-1.3x faster);

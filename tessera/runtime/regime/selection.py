@@ -35,7 +35,8 @@ from ...cuda import device
 from ...dtypes import dtype_name
 from ...mask import bounds_key
 from . import features
-from .heuristic import (SM90_ROWS64_D64, SM90_ROWS128, align_pays, blocks_ragged, default_regime,
+from .heuristic import (SM90_ROWS64_D64, SM90_ROWS128, SM90_ROWS192_D64, align_pays,
+                        blocks_ragged, default_regime, rows192_pay,
                         pack_pays, typical_q_block)
 from .slots import plan_may_split, plan_tasks_in_flight
 from .table import TABLES_DIR, RegimeTable, gpu_slug
@@ -273,6 +274,8 @@ def _select_regime(mask: Any, arch: int | None, head_dim: int, dtype: str, num_q
             return SM90_ROWS128.with_(align_tiles=True), by_geometry
         if pack_pays(mask, heuristic.block_n, heuristic.block_m):
             return heuristic.with_(pack_keys=True), by_geometry
+        if heuristic == SM90_ROWS64_D64 and rows192_pay(mask.q_bounds):
+            return SM90_ROWS192_D64, by_geometry
     return heuristic, by_geometry
 
 

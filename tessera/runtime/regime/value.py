@@ -122,7 +122,11 @@ class Regime:
         launch can describe the operands: ``tma_capable``)."""
 
         if self.family == "sm90":
-            return Variant.bsa_sm90(block_m=self.block_m, block_n=self.block_n,
+            # Three consumer warpgroups step 128 keys with a TMA producer only: the cp.async
+            # producer's registers leave the consumers too few (ptxas spills), so that form
+            # steps 64 keys over the same plan (tasks and spans do not depend on the step).
+            block_n = 64 if self.block_m == 192 and not tma else self.block_n
+            return Variant.bsa_sm90(block_m=self.block_m, block_n=block_n,
                                     head_dim=head_dim, stages=self.stages, bf16=bf16,
                                     producer=self.producer, pack_keys=self.pack_keys, tma=tma,
                                     wide=self.wide_steps, guard=self.restricts_rows)

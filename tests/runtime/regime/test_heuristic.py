@@ -141,3 +141,41 @@ def test_packed_keys_chosen_where_spans_are_short_and_ragged():
         assert not pick(full).pack_keys and not pick(uniform).pack_keys
         assert not R.select_regime(sparse, arch=80, head_dim=d, dtype=np.dtype("float16"),
                                    num_q_heads=4, batch=1).pack_keys
+
+
+def test_192_row_tiles_where_query_blocks_fill_them():
+    """At head dim 64 on sm_90, query blocks that fill 192-row tiles (median at least 192
+    tokens, rows rounded up to 192 at most ROWS192_MAX_ROW_RATIO times those rounded up to 64)
+    take three consumer warpgroups: CogVideoX's sliding tiles (288-token blocks), 384-token
+    blocks; 128-token blocks, 256-token ones (1.5x the rows) and the 32-256-token variable ones
+    do not, nor head dim 128 or other GPUs. The cp.async form of that regime steps 64 keys."""
+    from tessera.runtime.regime.heuristic import (ROWS192_MAX_ROW_RATIO, SM90_ROWS192_D64,
+                                                  rows192_pay)
+    from tessera.tools import bench, workloads
+
+    def rows(b, t):
+        s = np.diff(b)
+        return (-(-s // t) * t).sum()
+
+    sta = workloads.example_mask(workloads.WORKLOADS["cogvideox-5b"], "sliding_tile",
+                                 heads=2).mask
+    rng = np.random.default_rng(0)
+    variable = bench._variable_bounds(rng, 17_776, 32, 256)
+    for bounds, fills in ((np.asarray(sta.q_bounds), True), (np.arange(0, 12 * 384 + 1, 384), True),
+                          (np.arange(0, 12 * 192 + 1, 192), True),
+                          (np.arange(0, 12 * 128 + 1, 128), False),
+                          (np.arange(0, 12 * 256 + 1, 256), False), (variable, False)):
+        ratio = rows(bounds, 192) / rows(bounds, 64)
+        assert rows192_pay(bounds) == fills == (
+            np.median(np.diff(bounds)) >= 192 and ratio <= ROWS192_MAX_ROW_RATIO), bounds
+    m = tessera.BlockMask.from_dense(rng.random((2, 12, 12)) < 0.3,
+                                     q_bounds=np.arange(0, 12 * 384 + 1, 384),
+                                     kv_bounds=np.arange(0, 12 * 384 + 1, 384))
+    for arch, d, want in ((90, 64, SM90_ROWS192_D64), (90, 128, default_regime(90, 128)),
+                          (80, 64, default_regime(80, 64))):
+        assert R.select_regime(m, arch=arch, head_dim=d, dtype=np.dtype("float16"),
+                               num_q_heads=2, batch=1) == want
+    assert R.select_regime(sta, arch=90, head_dim=64, dtype=np.dtype("float16"),
+                           num_q_heads=2, batch=1) == SM90_ROWS192_D64
+    assert SM90_ROWS192_D64.variant(64, tma=True).macro("BN") == 128
+    assert SM90_ROWS192_D64.variant(64).macro("BN") == 64
