@@ -337,6 +337,39 @@ def test_kernel_arguments_made_once_per_plan_and_scale():
     assert all(type(x) is np.int64 for x in s)
 
 
+def test_a_plans_kernel_is_resolved_once_per_device_and_form(monkeypatch):
+    """launch._kernel loads a plan's kernel once per (device, head dim, dtype, TMA form), with
+    its shared memory and persistent grid, and refuses a variant the device's shared memory
+    cannot hold before loading anything; the TMA maps' box rows are asked of the regime once."""
+    import types
+
+    import pytest
+
+    from tessera.runtime.regime import Regime
+
+    loads = []
+    monkeypatch.setattr(launch, "load_kernel", lambda v: loads.append(v) or ("fn", v))
+    monkeypatch.setattr(launch, "_resident_ctas", lambda v, dev: 132 * v.min_blocks)
+    monkeypatch.setattr(launch, "smem_limit_bytes", lambda cc: 232448)
+    reg = Regime(family="sm90", block_m=192, num_warps=16, block_n=128, stages=3,
+                 combine_threshold=0.0)
+    p = types.SimpleNamespace(regime=reg, launch_state=launch.LaunchState())
+    k = launch._kernel(p, 64, True, True, 90, 0)
+    assert launch._kernel(p, 64, True, True, 90, 0) is k and len(loads) == 1
+    assert k.fwd == reg.variant(64, True, tma=True) and k.fn == ("fn", k.fwd)
+    assert k.resident == 132 and k.smem == launch.smem_bytes(k.fwd)
+    plain = launch._kernel(p, 64, True, False, 90, 0)  # the cp.async form: 64-key steps
+    assert plain.fwd.macro("BN") == 64 and len(loads) == 2
+    launch._kernel(p, 64, True, True, 90, 1)  # another device loads its own
+    assert len(loads) == 3
+    assert launch._tma_box_rows(p, 64, True) == 128 == launch._tma_box_rows(p, 64, True)
+    monkeypatch.setattr(launch, "smem_limit_bytes", lambda cc: 48 * 1024)
+    with pytest.raises(ValueError, match="bytes of shared memory at head dim 64"):
+        launch._kernel(types.SimpleNamespace(regime=reg, launch_state=launch.LaunchState()),
+                       64, True, True, 90, 0)
+    assert len(loads) == 3
+
+
 def test_capture_memory_and_device_copies():
     """While a request is captured (capture.capture_memory), a constant array not yet on the
     device is refused with the warm-up advice -- copying it then would be a host-to-device copy

@@ -428,6 +428,32 @@ def test_numpy_bounds_are_validated_once_per_geometry_and_kept_read_only():
     assert not u.q_bounds.flags.writeable
 
 
+def test_validated_bounds_are_found_by_identity_and_keyed_by_their_bytes(monkeypatch):
+    """A mask's own (validated, read-only) bounds pass a later check by identity, and
+    bounds_key gives their stored int64 bytes without converting them; any other array --
+    the caller's, or a validated one made writable again -- is converted and looked up by its
+    contents. Beyond the cache's size the least recently used geometry goes, identity and all."""
+    from tessera import mask as mask_module
+
+    monkeypatch.setattr(mask_module, "_validated", mask_module._ValidatedBounds(2))
+    qb = np.array([0, 4, 6], dtype=np.int32)
+    m = BlockMask.from_dense(D2, q_bounds=qb, kv_bounds=np.array([0, 2, 5, 9]))
+    assert mask_module._check_bounds(m.q_bounds, "q_bounds") is m.q_bounds
+    assert mask_module.bounds_key(m.q_bounds) == np.array([0, 4, 6], np.int64).tobytes()
+    assert mask_module.bounds_key(qb) == np.array([0, 4, 6], np.int64).tobytes()
+    copy = m.q_bounds.copy()  # writable: not trusted by identity, found by its contents
+    assert mask_module._check_bounds(copy, "q_bounds") is m.q_bounds
+    for n in (7, 8):  # two more geometries evict the first
+        BlockMask.from_dense(D2, q_bounds=np.array([0, 4, n]), kv_bounds=np.array([0, 2, 5, 9]))
+    assert mask_module._validated.raw_of(m.q_bounds) is None
+    assert mask_module.bounds_key(m.q_bounds) == copy.tobytes()  # converted, same bytes
+    again = BlockMask.from_dense(D2, q_bounds=qb, kv_bounds=np.array([0, 2, 5, 9]))
+    assert again.q_bounds is not m.q_bounds  # validated anew
+    np.testing.assert_array_equal(again.q_bounds, m.q_bounds)
+    with pytest.raises(ValueError, match="strictly increasing"):
+        mask_module._check_bounds(np.array([0, 4, 4]), "q_bounds")
+
+
 def test_ragged_bounds_are_accepted():
     m = BlockMask.from_dense(D2, block_size=4, seq_len_q=5, seq_len_kv=9)
     np.testing.assert_array_equal(m.q_bounds, [0, 4, 5])

@@ -144,11 +144,11 @@ constexpr int WIDE_SLACK = TESSERA_WIDE_SLACK;
 // registers allow P, S and O to be live at once: not at head dim 128 with 128-key steps, where
 // ptxas spills even at the consumers' 224 registers (there the wait for S_j also waits for
 // P_{j-1} V_{j-1}, and only the two warpgroups' alternation overlaps softmax and matrix work)
-// -- unless a TMA producer leaves them 240 -- nor with three warpgroups and 128-key steps.
+// -- unless a TMA producer leaves them 240 -- nor with three warpgroups and 128-key steps
+// except at head dim 64 with a TMA producer (the consumers' 160 registers hold it there; the
+// cp.async producer's 56 leave too few, and ptxas serializes).
 // A lone consumer warpgroup (64-row tiles) with a TMA producer overlapping there spills too
-// (ptxas 13.0: 4 bytes at 255 registers), so 64x128 tiles at D=128 keep the serial wait. Three
-// warpgroups with 128-key steps overlap at head dim 64 with a TMA producer only (their 160
-// registers hold it; the cp.async producer's 56 leave too few, and ptxas serializes).
+// (ptxas 13.0: 4 bytes at 255 registers), so 64x128 tiles at D=128 keep the serial wait.
 // (The wide step, TESSERA_WIDE_BN, never overlaps: see there.)
 constexpr bool OVERLAP_PV = !(D == 128 && BN == 128 && (!TMA || WGS == 1)) &&
                             !(WGS == 3 && BN == 128 && !(TMA && D == 64));
