@@ -466,18 +466,28 @@ class BlockMask:
         """``(B, H, nQB, nKB)`` with B and H as stored (1 where broadcast)."""
         return (*self.batch_heads, self.num_q_blocks, self.num_kv_blocks)
 
-    # xp and device_id are read a dozen times a request and never change: computed once (a
-    # cached_property writes the instance's __dict__, which a frozen dataclass allows).
-    @functools.cached_property
+    # Where the selection lives is read a dozen times a request and never changes: computed
+    # once (a cached_property writes the instance's __dict__, which a frozen dataclass allows;
+    # __getstate__ leaves the cached values out of a pickle or a deep copy).
+    _CACHED = ("_in_cupy", "device_id")
+
+    @property
     def xp(self):
         """The array module (numpy or CuPy) the selection lives in."""
+        return cupy_or_none() if self._in_cupy else np
+
+    @functools.cached_property
+    def _in_cupy(self) -> bool:
         if self.dense_rows is not None:
-            return array_module(self.dense_rows)
-        return array_module(self._indptr, self._indices)
+            return array_module(self.dense_rows) is not np
+        return array_module(self._indptr, self._indices) is not np
 
     @property
     def on_device(self) -> bool:
         return self.xp is not np
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k not in self._CACHED}
 
     @functools.cached_property
     def device_id(self) -> int | None:

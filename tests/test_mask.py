@@ -454,6 +454,20 @@ def test_validated_bounds_are_found_by_identity_and_keyed_by_their_bytes(monkeyp
         mask_module._check_bounds(np.array([0, 4, 4]), "q_bounds")
 
 
+def test_a_mask_pickles_and_deep_copies_after_its_location_was_read():
+    """Where a mask lives is cached on it once read (requests read it a dozen times); the cache
+    stays out of pickles and deep copies, which carry the selection and geometry only."""
+    import copy
+    import pickle
+
+    m = BlockMask.from_dense(D2, q_bounds=np.array([0, 4, 6]), kv_bounds=np.array([0, 2, 5, 9]))
+    assert m.xp is np and not m.on_device and m.device_id is None
+    for other in (pickle.loads(pickle.dumps(m)), copy.deepcopy(m)):
+        assert other.xp is np and other.device_id is None
+        np.testing.assert_array_equal(other.to_dense(), m.to_dense())
+        np.testing.assert_array_equal(other.q_bounds, m.q_bounds)
+
+
 def test_ragged_bounds_are_accepted():
     m = BlockMask.from_dense(D2, block_size=4, seq_len_q=5, seq_len_kv=9)
     np.testing.assert_array_equal(m.q_bounds, [0, 4, 5])
