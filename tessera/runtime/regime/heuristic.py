@@ -39,9 +39,10 @@ SM90_ROWS192_D64 = Regime(family="sm90", block_m=192, num_warps=192 // ROW_GROUP
 
 # rows192_pay's bounds: the query blocks' median at least 192 tokens, and their rows rounded up to
 # 192-row tiles at most this many times their rows rounded up to 64-row ones. Measured on the
-# H200 (docs/decisions.md): CogVideoX's sliding tiles (median 288 tokens, ratio 1.25) 1.17x
+# H200 (docs/decisions.md): CogVideoX's sliding tiles (median 288 tokens, ratio 1.25) 1.16x
 # faster; 128-token blocks (ratio 1.5) 0.89-1.06x on random, banded, radial and
-# spatial-temporal masks; dense masks, whose identical rows the planner merges, 1.18x.
+# spatial-temporal masks -- dense ones 1.18-1.21x, their identical rows merged by the planner
+# into runs the geometry cannot show.
 ROWS192_MAX_ROW_RATIO = 1.3
 
 
