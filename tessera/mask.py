@@ -142,6 +142,7 @@ def _uniform_bounds(n_blocks: int, block: int, seq_len: int | None, which: str) 
     return _uniform_offsets(int(n_blocks), int(block), int(seq_len))
 
 
+@functools.lru_cache(maxsize=64)  # every request of a model builds masks of the same geometry
 def _uniform_offsets(n_blocks: int, block: int, seq_len: int) -> np.ndarray:
     """The validated, shared offsets of ``n_blocks`` blocks of ``block`` tokens ending at
     ``seq_len``."""
