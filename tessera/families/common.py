@@ -49,6 +49,15 @@ def uniform_bounds(n: int, block: int) -> np.ndarray:
     return np.minimum(np.arange(nb + 1, dtype=np.int64) * block, n)
 
 
+def variable_bounds(rng: np.random.Generator, n: int, lo: int, hi: int) -> np.ndarray:
+    """Block bounds over ``n`` tokens, each block's size drawn uniformly from [lo, hi] by
+    ``rng`` (the last block cut short)."""
+    sizes = rng.integers(lo, hi + 1, size=n // lo + 1)
+    bounds = np.r_[0, np.cumsum(sizes)]
+    cut = int(np.searchsorted(bounds, n))
+    return np.r_[bounds[:cut], n].astype(np.int64)
+
+
 def mark_ranges(n_rows: int, n_cols: int, rows: np.ndarray, lo: np.ndarray,
                  hi: np.ndarray) -> np.ndarray:
     """Bool ``[n_rows, n_cols]`` with ``[lo, hi]`` (inclusive) set in each listed row.

@@ -39,6 +39,7 @@ import numpy as np
 
 import tessera
 
+from ..families.common import variable_bounds
 from ..runtime.regime import regime_from_name
 from . import bench_distributed, peers
 from .timing import cuda_time_ms
@@ -74,14 +75,6 @@ class Case:
     block: int
     make: Callable[[np.random.Generator, int, int], np.ndarray]
     sizes: tuple[int, int] | None = None
-
-
-def _variable_bounds(rng: np.random.Generator, length: int, lo: int, hi: int) -> np.ndarray:
-    """Block bounds over ``length`` tokens, the sizes uniform in [lo, hi] (the last cut short)."""
-    sizes = rng.integers(lo, hi + 1, size=length // lo + 1)
-    bounds = np.r_[0, np.cumsum(sizes)]
-    n = int(np.searchsorted(bounds, length))
-    return np.r_[bounds[:n], length].astype(np.int64)
 
 
 CASES: dict[str, Case] = {
@@ -159,7 +152,7 @@ def run(shapes: list[str], cases: list[str], reps: int = 20, flex: bool = True,
             q, k, v = qkv
             if case in CASES and CASES[case].sizes is not None:
                 c = CASES[case]
-                qb = kb = _variable_bounds(rng, L, *c.sizes)
+                qb = kb = variable_bounds(rng, L, *c.sizes)
                 blocks = torch.from_numpy(c.make(rng, h, qb.size - 1)).cuda()
             elif case in CASES:
                 c = CASES[case]

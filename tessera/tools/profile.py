@@ -70,9 +70,12 @@ __all__ = ["Case", "Timing", "ProfileResult", "ProfilerUnavailable", "build_corp
            "summarize_evaluation",
            "gpu_timer", "gpu_environment", "DENSITIES", "SMALL_BLOCK_DENSITIES"]
 
-# Random masks per shape: 128-token blocks at these densities, 64-token blocks at the others.
+# Random masks per shape: 128-token blocks at these densities, 64-token blocks and variable
+# blocks (VARIABLE_SIZES: the geometry packed keys and aligned tiles are for) at the others.
 DENSITIES = (0.03, 0.10, 0.20, 0.45, 0.80)
 SMALL_BLOCK_DENSITIES = (0.10, 0.30)
+VARIABLE_DENSITIES = (0.10, 0.30)
+VARIABLE_SIZES = (32, 256)
 OBJECTIVES = ("request", "kernel")
 _ROUND = 5  # decimals kept for times in the file
 
@@ -137,11 +140,13 @@ def profile_shapes() -> dict[str, Any]:
 def build_corpus(shapes: Sequence[str] | None = None, families: Sequence[str] | None = None,
                  *, heads: int | None = 4, densities: Sequence[float] = DENSITIES,
                  small_block_densities: Sequence[float] = SMALL_BLOCK_DENSITIES,
+                 variable_densities: Sequence[float] = VARIABLE_DENSITIES,
                  seed: int = 0) -> list[Case]:
     """Corpus cases for ``shapes`` (:func:`profile_shapes` names) x ``families`` (FAMILIES
     names), all by default, shape-major. ``random_blocks`` stands for random masks at
-    ``densities`` with 128-token blocks and ``small_block_densities`` with 64-token blocks
-    (text tokens as the workload has them). Masks are built only when a case runs; ``heads``
+    ``densities`` with 128-token blocks, ``small_block_densities`` with 64-token blocks and
+    ``variable_densities`` with blocks of :data:`VARIABLE_SIZES` tokens (text tokens as the
+    workload has them). Masks are built only when a case runs; ``heads``
     query heads each (None: the model's own count, what a table for full-size requests should
     be profiled at).
     """
@@ -173,6 +178,13 @@ def build_corpus(shapes: Sequence[str] | None = None, families: Sequence[str] | 
                     f"{s}/random_blocks@{dens:g}/b{block}", s, f, w.head_dim, h,
                     lambda w=w, b=block, d=dens, text=text, h=h: mask_families.random_blocks(
                         h, w.seq_len, block=b, density=d, seed=seed, **text).mask))
+            lo, hi = VARIABLE_SIZES
+            for dens in variable_densities:
+                cases.append(Case(
+                    f"{s}/random_blocks@{dens:g}/v{lo}-{hi}", s, f, w.head_dim, h,
+                    lambda w=w, d=dens, text=text, h=h: mask_families.random_blocks(
+                        h, w.seq_len, density=d, seed=seed, sizes=VARIABLE_SIZES,
+                        **text).mask))
     return cases
 
 
@@ -246,6 +258,9 @@ def build_heldout_corpus(shapes: Sequence[str] | None = None, *, heads: int | No
                 mask_families.random_blocks(nh, seq, block=128, density=p, seed=r, **text),
             "random_blocks@0.2/b64": lambda seq=seq, text=text, r=r, nh=nh:
                 mask_families.random_blocks(nh, seq, block=64, density=0.2, seed=r, **text),
+            "random_blocks@0.2/v32-256": lambda seq=seq, text=text, r=r, nh=nh:
+                mask_families.random_blocks(nh, seq, density=0.2, seed=r, sizes=VARIABLE_SIZES,
+                                            **text),
         }
         for name, build in builders.items():
             family = name.split("@")[0]

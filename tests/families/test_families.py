@@ -557,6 +557,42 @@ def test_random_blocks_density():
     assert M.random_blocks(1, 1000, density=0.5).mask.batch_heads == (1, 1)
 
 
+@pytest.mark.parametrize("length", [1000, 32_760, 17_776])
+def test_variable_bounds_cover_the_sequence_in_sizes_of_the_range(length):
+    from tessera.families.common import variable_bounds
+
+    b = variable_bounds(np.random.default_rng(3), length, 32, 256)
+    sizes = np.diff(b)
+    assert b[0] == 0 and b[-1] == length
+    assert (sizes[:-1] >= 32).all() and (sizes <= 256).all() and sizes[-1] >= 1
+    assert abs(sizes[:-1].mean() - 144) < 40  # uniform in [32, 256]
+
+
+def test_random_variable_blocks():
+    """sizes=(lo, hi): the same variable blocks for queries and keys, text blocks after them,
+    the density as asked, reproducible by seed."""
+    vm = M.random_blocks(4, 20_000 + 226, density=0.1, seed=2, text_tokens=226,
+                         sizes=(32, 256))
+    m = vm.mask
+    assert np.array_equal(m.q_bounds, m.kv_bounds) and m.seq_len_q == 20_226
+    video = np.diff(m.q_bounds)[:-1]  # the last block is text
+    assert m.q_bounds[-2] == 20_000 and (video[:-1] >= 32).all() and (video <= 256).all()
+    assert len(set(video.tolist())) > 20
+    again = M.random_blocks(4, 20_226, density=0.1, seed=2, text_tokens=226, sizes=(32, 256))
+    assert np.array_equal(dense(vm), dense(again))
+    other = M.random_blocks(4, 20_226, density=0.1, seed=3, text_tokens=226, sizes=(32, 256))
+    assert not np.array_equal(other.mask.q_bounds, m.q_bounds)
+    n = m.q_bounds.size - 2
+    assert abs(dense(vm)[:, :n, :n].mean() - 0.1) < 0.02
+    for bad in ((0, 256), (64, 32), (32,), (32.0, 64), 128):
+        with pytest.raises(ValueError, match="sizes must be"):
+            M.random_blocks(2, 4000, sizes=bad)
+    with pytest.raises(ValueError, match="num_heads must be a positive int"):
+        M.random_blocks(True, 4000)
+    with pytest.raises(ValueError, match="density must be in"):
+        M.random_blocks(2, 4000, density="0.1")
+
+
 def masked_attention_original(q, k, v, tok):
     s = q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])
     s = np.where(tok, s, -np.inf)

@@ -171,7 +171,7 @@ def _regime_stress_mask():
 
 
 @pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("index", range(48))
+@pytest.mark.parametrize("index", range(66))
 def test_every_candidate_regime(d, index):
     """Every regime the profiler may put in a table computes the exact attention."""
     from tessera.runtime.regime import candidate_regimes

@@ -11,7 +11,8 @@ from .value import ROW_GROUP, Regime
 __all__ = ["candidate_regimes"]
 
 
-# The space the profiler measures: 2 x 2 x 3 x 2 = 24 sm80 regimes, as many sm90 ones on sm_90.
+# The space the profiler measures: 2 x 2 x 3 x 2 = 24 sm80 regimes; on sm_90 the sm90 family's
+# tile shapes in the same policies, and their packed-key and aligned-tile forms.
 CANDIDATE_BLOCK_M = (64, 128)
 
 
@@ -30,6 +31,17 @@ CANDIDATE_WARPS = 4
 CANDIDATE_SM90_BLOCK_N = (64, 128)
 
 
+# sm_90 tile rows: 64 and 128 at every head dim; 192 (three consumer warpgroups, 128 keys a step)
+# at head dim 64, the only one whose accumulators leave the producer its registers.
+CANDIDATE_SM90_BLOCK_M = {64: (64, 128, 192)}
+
+
+def _sm90_shapes(head_dim: int) -> list[tuple[int, int]]:
+    rows = CANDIDATE_SM90_BLOCK_M.get(head_dim, CANDIDATE_BLOCK_M)
+    return [(bm, bn) for bm in rows for bn in CANDIDATE_SM90_BLOCK_N
+            if bm != 192 or bn == 128]
+
+
 def candidate_regimes(head_dim: int, arch: int | None,
                       kernel_families: Sequence[str] | None = None,
                       combine_thresholds: Sequence[float] | None = None) -> list[Regime]:
@@ -40,30 +52,42 @@ def candidate_regimes(head_dim: int, arch: int | None,
     The sm80 family with 4 warps: 64- or 128-row tiles (16 or 32 rows a warp, the two shapes the
     kernel supports at 4 warps), 32 or 64 keys a step, double buffered; on sm_90 also the sm90
     family, 64-row tiles on one warpgroup (with a producer warpgroup at head dim 128, and for
-    128-key steps at 64) or 128-row tiles warp-specialized, 64 or 128 keys a step, three
-    stages; split policy 2x or 4x the mean task, or never (1e9); combine threshold 0 (merge
-    only identical key sets) or 0.3. Variants whose shared memory exceeds ``arch``'s per-CTA
-    limit are left out. The order is stable (tile shape, then split, then combine), so names
-    index the list reproducibly.
+    128-key steps at 64), 128-row tiles warp-specialized and, at head dim 64, 192-row tiles
+    with 128-key steps, 64 or 128 keys a step, three stages. Each tile shape with split policy
+    2x or 4x the mean task, or never (1e9), and combine threshold 0 (merge only identical key
+    sets) or 0.3. The sm90 shapes also in the two forms the heuristic's selection takes for
+    ragged geometries (combine threshold 0): the packed key walk (``pack_keys``; its plans never
+    split, so one split policy, the default) and, for 128-row tiles, aligned tiles
+    (``align_tiles``, each split policy). Variants whose shared memory exceeds ``arch``'s
+    per-CTA limit are left out. The order is stable (tile shape, then form, then split, then
+    combine), so names index the list reproducibly.
     """
     shapes = [dict(block_m=bm, block_n=bn, num_warps=CANDIDATE_WARPS)
               for bm in CANDIDATE_BLOCK_M for bn in CANDIDATE_BLOCK_N]
     if arch == 90:
         # 64-row tiles plain (one warpgroup) -- with a producer warpgroup, two CTAs an SM, as
-        # default_regime takes them at head dim 128 and for 128-key steps at 64 --, 128-row
-        # tiles warp-specialized (the plain 128-row variant was slower on every swept mask:
-        # docs/decisions.md).
+        # default_regime takes them at head dim 128 and for 128-key steps at 64 --, 128- and
+        # 192-row tiles warp-specialized (the plain 128-row variant was slower on every swept
+        # mask: docs/decisions.md).
         shapes += [dict(family="sm90", block_m=bm, block_n=bn,
                         num_warps=bm // ROW_GROUP + (4 if sm90_producer(bm, bn, head_dim) else 0))
-                   for bm in CANDIDATE_BLOCK_M for bn in CANDIDATE_SM90_BLOCK_N]
+                   for bm, bn in _sm90_shapes(head_dim)]
     out = []
     for shape in shapes:
-        for split in CANDIDATE_SPLIT_RATIO:
-            for comb in CANDIDATE_COMBINE:
-                stages = 3 if shape.get("family") == "sm90" else 2
-                r = Regime(**shape, stages=stages, split_ratio=split, combine_threshold=comb)
-                if (regime_fits(r, head_dim, arch)
-                        and (kernel_families is None or r.family in kernel_families)
-                        and (combine_thresholds is None or comb in combine_thresholds)):
-                    out.append(r)
+        sm90 = shape.get("family") == "sm90"
+        stages = 3 if sm90 else 2
+        forms = [dict(split_ratio=split, combine_threshold=comb)
+                 for split in CANDIDATE_SPLIT_RATIO for comb in CANDIDATE_COMBINE]
+        if sm90:
+            forms.append(dict(combine_threshold=0.0, pack_keys=True))
+            if shape["block_m"] == 128:
+                forms += [dict(split_ratio=split, combine_threshold=0.0, align_tiles=True)
+                          for split in CANDIDATE_SPLIT_RATIO]
+        for form in forms:
+            r = Regime(**shape, stages=stages, **form)
+            if (regime_fits(r, head_dim, arch)
+                    and (kernel_families is None or r.family in kernel_families)
+                    and (combine_thresholds is None
+                         or r.combine_threshold in combine_thresholds)):
+                out.append(r)
     return out

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from tessera.runtime import regime as R
 from tessera.runtime.regime import Regime, candidate_regimes, default_regime
+from tessera.runtime.regime.heuristic import SM90_ROWS128, SM90_ROWS192_D64
 from tests.runtime.regime.regime_helpers import clean_selection  # noqa: F401 (autouse fixture)
 
 
@@ -13,23 +15,45 @@ def test_candidates_small_valid_and_fitting():
     for d in (64, 96, 128):
         for arch in (80, 86, 89, 90, 100, None):
             cands = candidate_regimes(d, arch)
-            assert 0 < len(cands) <= (48 if arch == 90 else 24)
+            assert 0 < len(cands) <= (65 if arch == 90 else 24)
             assert len({r.name for r in cands}) == len(cands)
             assert all(R.regime_fits(r, d, arch) for r in cands)
             assert all(r.num_warps == 4 and r.block_m in (64, 128) and r.block_n in (32, 64)
                        for r in cands if r.family == "sm80")
             # 64-row sm90 tiles plain (with a producer warpgroup at head dim 128, and for
-            # 128-key steps at 64), 128-row ones warp-specialized.
-            assert all(r.producer == (r.block_m == 128 or d == 128
+            # 128-key steps at 64), 128- and 192-row ones warp-specialized; 192 rows only at
+            # head dim 64 with 128-key steps.
+            sm90 = [r for r in cands if r.family == "sm90"]
+            assert all(r.producer == (r.block_m >= 128 or d == 128
                                       or (d, r.block_n) == (64, 128))
-                       and r.block_n in (64, 128) for r in cands if r.family == "sm90")
+                       and r.block_n in (64, 128) for r in sm90)
+            assert {(r.block_m, r.block_n) for r in sm90 if r.block_m == 192} == (
+                {(192, 128)} if (d, arch) == (64, 90) else set())
+            # The ragged-geometry forms: packed keys per sm90 shape (one split policy: packed
+            # plans never split), aligned tiles on 128 rows per split policy.
+            packed = [r for r in sm90 if r.pack_keys]
+            aligned = [r for r in sm90 if r.align_tiles]
+            assert len(packed) == len({(r.block_m, r.block_n) for r in sm90})
+            assert all(r.combine_threshold == 0 and r.split_ratio == Regime.split_ratio
+                       for r in packed)
+            assert all(r.block_m == 128 and r.combine_threshold == 0 for r in aligned)
+            assert len(aligned) == (6 if arch == 90 else 0)
             assert {r.family for r in cands} == ({"sm80", "sm90"} if arch == 90 else {"sm80"})
-    assert len(candidate_regimes(128, 90)) == 48
-    # The heuristic's choices are measured too.
+    # sm80's 24, and sm90's four shapes x 6 policies + 4 packed + 6 aligned (a fifth shape, 192
+    # rows, at head dim 64).
+    assert len(candidate_regimes(128, 90)) == 58
+    assert len(candidate_regimes(64, 90)) == 65
+    # The heuristic's and the selection's choices are measured too.
     assert Regime() in candidate_regimes(128, 90)
+    ragged = np.array([0, 64, 128, 144, 208, 272, 288])
     for d in (64, 96, 128):
+        cands = candidate_regimes(d, 90)
         for q_block in (64, 128):
-            assert default_regime(90, d, q_block) in candidate_regimes(d, 90)
+            for kv in (None, ragged):
+                reg = default_regime(90, d, q_block, kv)
+                assert reg in cands and reg.with_(pack_keys=True) in cands
+        assert SM90_ROWS128.with_(align_tiles=True) in cands
+    assert SM90_ROWS192_D64 in candidate_regimes(64, 90)
     # sm_86/89 (99 KB) cannot hold the 128x64 tile at head dim 128; unknown arch is as strict.
     small = candidate_regimes(128, 86)
     assert len(small) == 18 and all((r.block_m, r.block_n) != (128, 64) for r in small)

@@ -6,6 +6,7 @@ import numpy as np
 
 import tessera
 import tessera.runtime.mapping
+from tessera.families.common import variable_bounds
 from tessera.runtime import regime as R
 from tessera.runtime.regime import default_regime
 from tests.runtime.regime.regime_helpers import clean_selection  # noqa: F401 (autouse fixture)
@@ -119,10 +120,8 @@ def test_packed_keys_chosen_where_spans_are_short_and_ragged():
     blocks of 32-256 tokens at 10% (span by span ~1.3x the chunks), not on 128-token blocks
     (never ragged: nothing read) nor where the walk would save little (dense rows of the same
     blocks: spans run over many blocks)."""
-    from tessera.tools import bench
-
     rng = np.random.default_rng(0)
-    b = bench._variable_bounds(rng, 32_760, 32, 256)
+    b = variable_bounds(rng, 32_760, 32, 256)
     n = b.size - 1
     sparse = tessera.BlockMask.from_dense(rng.random((4, n, n)) < 0.1, q_bounds=b, kv_bounds=b)
     full = tessera.BlockMask.from_dense(np.ones((4, n, n), bool), q_bounds=b, kv_bounds=b)
@@ -151,7 +150,7 @@ def test_192_row_tiles_where_query_blocks_fill_them():
     do not, nor head dim 128 or other GPUs. The cp.async form of that regime steps 64 keys."""
     from tessera.runtime.regime.heuristic import (ROWS192_MAX_ROW_RATIO, SM90_ROWS192_D64,
                                                   rows192_pay)
-    from tessera.tools import bench, workloads
+    from tessera.tools import workloads
 
     def rows(b, t):
         s = np.diff(b)
@@ -160,7 +159,7 @@ def test_192_row_tiles_where_query_blocks_fill_them():
     sta = workloads.example_mask(workloads.WORKLOADS["cogvideox-5b"], "sliding_tile",
                                  heads=2).mask
     rng = np.random.default_rng(0)
-    variable = bench._variable_bounds(rng, 17_776, 32, 256)
+    variable = variable_bounds(rng, 17_776, 32, 256)
     for bounds, fills in ((np.asarray(sta.q_bounds), True), (np.arange(0, 12 * 384 + 1, 384), True),
                           (np.arange(0, 12 * 192 + 1, 192), True),
                           (np.arange(0, 12 * 128 + 1, 128), False),
