@@ -384,12 +384,20 @@ def plan_on_device(mask: BlockMask, *, tile_rows: int, block_n: int, heads_per_t
     pt = _physical_tiles(tiles, spans, tile_rows, block_n, n_runs, num_merged)
     if split:
         # Heavy tiles are cut into parts by the general task organization (array operations on
-        # these tiles, which equal the general mapping's).
-        return pt, build_task_queue(pt, batch=batch, num_q_heads=num_q_heads,
-                                    num_kv_heads=num_kv_heads, heads_per_task=heads_per_task,
-                                    batch_of=batch_of, head_of=head_of,
-                                    mask_batch_heads=mask.batch_heads, split_ratio=split_ratio,
-                                    min_split_chunks=min_split_chunks, in_flight=in_flight)
+        # these tiles, which equal the general mapping's), on the host: the plan has waited for
+        # the GPU once already, the tiles and spans come back in two copies, and its hundred
+        # small operations take a fraction of a millisecond in numpy where as CuPy launches,
+        # with their own synchronizations, they took milliseconds (docs/decisions.md).
+        host = _physical_tiles(to_numpy(tiles), to_numpy(spans), tile_rows, block_n, n_runs,
+                               num_merged)
+        q = build_task_queue(host, batch=batch, num_q_heads=num_q_heads,
+                             num_kv_heads=num_kv_heads, heads_per_task=heads_per_task,
+                             batch_of=batch_of, head_of=head_of,
+                             mask_batch_heads=mask.batch_heads, split_ratio=split_ratio,
+                             min_split_chunks=min_split_chunks, in_flight=in_flight)
+        return pt, TaskQueue(tasks=xp.asarray(q.tasks), spans=xp.asarray(q.spans),
+                             combine=xp.asarray(q.combine), num_slots=q.num_slots,
+                             heads_per_task=q.heads_per_task, tile_rows=q.tile_rows)
     queue = TaskQueue(tasks=tasks, spans=spans, combine=_no_combine(xp),
                       num_slots=0, heads_per_task=heads_per_task, tile_rows=tile_rows)
     return pt, queue
