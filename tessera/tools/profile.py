@@ -15,8 +15,9 @@ with a fake one.
 Entry fields written beside the required ``features``/``regime``/``ms``/``oracle_ms``:
 ``key``; ``name`` (the regime's); ``objective`` (``request``: kernel + planning time, or
 ``kernel``); ``kernel_ms``/``plan_ms`` of the chosen regime; ``default``/``default_ms``: the
-heuristic regime (for the latest mask merged) and its mean time; ``masks``: labels of the
-corpus masks merged into the entry (``measures``: their raw density, imbalance, ...);
+regime plans take without a table (the heuristic and its mask-reading rules, for the latest
+mask merged) and its mean time; ``masks``: labels of the corpus masks merged into the entry
+(``measures``: their raw density, imbalance, ...);
 ``candidates``: per regime name, mean ``ms``, ``kernel_ms``, ``plan_ms`` and ``rel`` (time /
 the mask's best time) over those masks.
 
@@ -52,9 +53,12 @@ from ..runtime.regime import (
     MaskMeasures,
     Regime,
     RegimeTable,
+    align_pays,
+    aligned_pick,
     candidate_regimes,
     default_regime,
     features_from_measures,
+    heuristic_choice,
     gpu_slug,
     mask_measures,
     plan_may_split,
@@ -368,14 +372,17 @@ class _Measured(NamedTuple):
 def _measure_case(case: Case, prepare: Callable[[Any], Any] | None, *, dtype: str, arch: int,
                   batch: int) -> _Measured:
     """Build a case's mask (``prepare``d, e.g. moved to the device), its features and the
-    heuristic regime for it."""
+    regime a plan of it takes without a table (``selection.heuristic_choice``)."""
     mask = case.build()
     if prepare is not None:
         mask = prepare(mask)
     meas = mask_measures(mask)
     feats = features_from_measures(meas, head_dim=case.head_dim, dtype=dtype, arch=arch,
                                    num_q_heads=case.heads, batch=batch)
-    heuristic = default_regime(arch, case.head_dim, meas.q_block, mask.kv_bounds)
+    # The regime plans take without a table: the heuristic with its rules that read the mask.
+    heuristic = heuristic_choice(mask, arch, case.head_dim,
+                                 default_regime(arch, case.head_dim, meas.q_block,
+                                                mask.kv_bounds))[0]
     return _Measured(mask, meas, feats, heuristic)
 
 
@@ -614,7 +621,10 @@ def evaluate(cases: Sequence[Case], *, table: RegimeTable, out: str | Path, arch
         _status(progress, f"{head}: building the mask")
         mask, meas, feats, heuristic = _measure_case(case, prepare, dtype=dtype, arch=arch,
                                                      batch=batch)
-        chosen = table.lookup(feats) or heuristic
+        # What a plan takes (the table's pick, aligned where the mask's estimate says so).
+        aligns = bool(align_pays(mask, 128))
+        found = table.lookup(feats)
+        chosen = heuristic if found is None else aligned_pick(found, aligns)
         regimes = candidate_regimes(case.head_dim, arch, kernel_families, combine_thresholds)
         for extra in (heuristic, chosen):
             if extra not in regimes:
@@ -628,7 +638,7 @@ def evaluate(cases: Sequence[Case], *, table: RegimeTable, out: str | Path, arch
             continue
         records.append(dict(label=case.label, shape=case.shape, family=case.family,
                             key=feats.key(), exact=table.lookup_exact(feats) is not None,
-                            measures=meas.to_dict(), chosen=chosen.name,
+                            measures=meas.to_dict(), aligns=aligns, chosen=chosen.name,
                             default=heuristic.name, times=times))
         write()
         obj = {n: _objective(k, p, objective) for n, (k, p) in times.items()}
@@ -639,12 +649,16 @@ def evaluate(cases: Sequence[Case], *, table: RegimeTable, out: str | Path, arch
 
 def rescore_evaluation(doc: dict, table: RegimeTable) -> dict:
     """An evaluation's records with the regime ``table`` picks now (from the recorded feature
-    keys; the heuristic where it has nothing) and their summary. Every candidate was timed on
-    every held-out mask, so a changed lookup rule is judged on the same measurements."""
+    keys and, where recorded, whether the mask's estimate said aligned tiles pay:
+    :func:`~tessera.runtime.regime.aligned_pick`; the heuristic where the table has nothing)
+    and their summary. Every candidate was timed on every held-out mask, so a changed lookup
+    rule is judged on the same measurements."""
     records = []
     for r in doc["records"]:
         feats = MaskFeatures.from_key(r["key"])
         found = table.lookup(feats)
+        if found is not None:
+            found = aligned_pick(found, bool(r.get("aligns", False)))
         name = found.name if found is not None else r["default"]
         if name not in r["times"]:
             raise ValueError(f"{r['label']}: the table picks {name}, which was not timed")

@@ -406,6 +406,7 @@ def test_evaluate_with_fake_timer_resume_and_budget(tmp_path):
     doc = prof.evaluate(held, table=table, out=out, arch=90, timer=t1, clock=t1.clock,
                         budget_s=100, progress=None)
     assert [r["label"] for r in doc["records"]] == ["h1", "h2"]  # budget: 65 calls a mask
+    assert all(isinstance(r["aligns"], bool) for r in doc["records"])
     r1, r2 = doc["records"]
     assert r1["chosen"] == fav.name and r1["exact"] and r2["chosen"] == fav.name
     assert r1["default"] == default_regime(90, 64, 128.0).name
@@ -451,3 +452,17 @@ def test_rescore_evaluation_uses_the_tables_lookup():
     assert [r["chosen"] for r in new["records"]] == [a.name, b.name]  # y: heuristic
     assert new["records"][0]["exact"] and not new["records"][1]["exact"]
     assert new["summary"]["kernel"]["within_5pct"] == 0.5
+    # A plain 128-row sm90 pick on a mask whose estimate said aligned tiles pay is rescored as
+    # the plan takes it (aligned); records without the flag keep the pick.
+    plain = Regime(family="sm90", block_m=128, block_n=128, num_warps=12, stages=3,
+                   combine_threshold=0.0)
+    aligned = plain.with_(align_tiles=True)
+    t = RegimeTable([_profiled_entry(f, {plain: 1.0, aligned: 1.1})], {})
+    times = {plain.name: [1.5, 0.0], aligned.name: [1.0, 0.0]}
+    doc = {"objective": "kernel", "records": [
+        dict(label="c", key=f.key(), chosen=plain.name, default=plain.name, exact=True,
+             aligns=True, times=times),
+        dict(label="r", key=f.key(), chosen=plain.name, default=plain.name, exact=True,
+             times=times)]}
+    assert [r["chosen"] for r in prof.rescore_evaluation(doc, t)["records"]] == [
+        aligned.name, plain.name]

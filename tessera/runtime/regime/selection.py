@@ -35,15 +35,16 @@ from ...cuda import device
 from ...dtypes import dtype_name
 from ...mask import bounds_key
 from . import features
-from .heuristic import (SM90_ROWS64_D64, SM90_ROWS128, SM90_ROWS192_D64, align_pays,
-                        blocks_ragged, default_regime, rows192_pay,
+from .heuristic import (SM90_ROWS64_D64, SM90_ROWS128, SM90_ROWS192_D64, align_may_pay,
+                        align_pays, blocks_ragged, default_regime, rows192_pay,
                         pack_pays, typical_q_block)
 from .slots import plan_may_split, plan_tasks_in_flight
 from .table import TABLES_DIR, RegimeTable, gpu_slug
 from .value import Regime
 
-__all__ = ["use_table", "active_table", "select_regime", "selected_regime",
-           "selection_generation", "describe_table_in_use", "ENV_TABLE"]
+__all__ = ["use_table", "active_table", "select_regime", "selected_regime", "table_pick",
+           "heuristic_choice",
+           "aligned_pick", "selection_generation", "describe_table_in_use", "ENV_TABLE"]
 
 
 ENV_TABLE = "TESSERA_REGIME_TABLE"
@@ -251,9 +252,9 @@ def _select_regime(mask: Any, arch: int | None, head_dim: int, dtype: str, num_q
                                in_flight=plan_tasks_in_flight(heuristic, mask, head_dim, arch,
                                                               dtype == "bfloat16"))):
         try:
-            found = table.lookup(features.mask_features(mask, head_dim=head_dim, dtype=dtype,
-                                                        arch=arch,
-                                               num_q_heads=num_q_heads, batch=batch))
+            found = table_pick(table, features.mask_features(
+                mask, head_dim=head_dim, dtype=dtype, arch=arch, num_q_heads=num_q_heads,
+                batch=batch), mask)
         except Exception as exc:  # a table must never break planning
             _warn_once(f"regime table lookup failed ({type(exc).__name__}: {exc}); "
                        "using the heuristic default regime")
@@ -263,20 +264,56 @@ def _select_regime(mask: Any, arch: int | None, head_dim: int, dtype: str, num_q
         by_geometry = False
     else:
         by_geometry = True
-    if heuristic in (SM90_ROWS128, SM90_ROWS64_D64):
-        # align_pays reads the selection only when the query blocks are ragged against the tile,
-        # pack_pays when the key blocks are ragged against the step.
-        by_geometry = by_geometry and not blocks_ragged(mask.q_bounds, 128) and \
-            not blocks_ragged(mask.kv_bounds, heuristic.block_n)
-        if align_pays(mask, 128):
-            # Aligned tiles are measured with 128 rows (clusters 1.3-1.4x faster), at every
-            # head dim.
-            return SM90_ROWS128.with_(align_tiles=True), by_geometry
-        if pack_pays(mask, heuristic.block_n, heuristic.block_m):
-            return heuristic.with_(pack_keys=True), by_geometry
-        if heuristic == SM90_ROWS64_D64 and rows192_pay(mask.q_bounds):
-            return SM90_ROWS192_D64, by_geometry
-    return heuristic, by_geometry
+    regime, read = heuristic_choice(mask, arch, head_dim, heuristic)
+    return regime, by_geometry and not read
+
+
+def heuristic_choice(mask: Any, arch: int | None, head_dim: int,
+                     heuristic: Regime | None = None) -> tuple[Regime, bool]:
+    """The regime a plan of ``mask`` takes where no table answers, and whether deciding it
+    read the mask: :func:`default_regime` (``heuristic``, when the caller has it), whose sm90
+    regimes for large blocks take aligned tiles where :func:`align_pays`, else packed keys
+    where :func:`pack_pays`, else (head dim 64) 192-row tiles where :func:`rows192_pay`."""
+    if heuristic is None:
+        heuristic = default_regime(arch, head_dim, typical_q_block(mask.q_bounds),
+                                   mask.kv_bounds)
+    if heuristic not in (SM90_ROWS128, SM90_ROWS64_D64):
+        return heuristic, False
+    # align_pays reads the selection only when 128-row tiles pad the query blocks, pack_pays
+    # when the key blocks are ragged against the step.
+    read = align_may_pay(mask.q_bounds, 128) or blocks_ragged(mask.kv_bounds,
+                                                              heuristic.block_n)
+    if align_pays(mask, 128):
+        # Aligned tiles are measured with 128 rows (clusters 1.3-1.4x faster), at every head
+        # dim.
+        return SM90_ROWS128.with_(align_tiles=True), read
+    if pack_pays(mask, heuristic.block_n, heuristic.block_m):
+        return heuristic.with_(pack_keys=True), read
+    if heuristic == SM90_ROWS64_D64 and rows192_pay(mask.q_bounds):
+        return SM90_ROWS192_D64, read
+    return heuristic, read
+
+
+def aligned_pick(found: Regime, aligns: bool) -> Regime:
+    """A table's pick as a plan takes it, given whether the mask's own estimate says aligned
+    tiles pay (``aligns``: :func:`align_pays` at 128 rows): a plain 128-row sm90 pick then
+    takes aligned tiles, as the heuristic's does. The features cannot tell semantic clusters
+    (neighbours sharing keys) from random variable blocks; the estimate can (held-out clusters
+    1.05-1.13x faster aligned on the H200, docs/decisions.md)."""
+    if (aligns and found.family == "sm90" and found.block_m == 128 and not found.pack_keys
+            and not found.align_tiles):
+        return found.with_(align_tiles=True)
+    return found
+
+
+def table_pick(table: RegimeTable, mask_features: features.MaskFeatures,
+               mask: Any) -> Regime | None:
+    """What ``table`` answers for a mask with these features, as a plan takes it
+    (:func:`aligned_pick`; the estimate is read only for picks it could change), or None."""
+    found = table.lookup(mask_features)
+    if found is None or aligned_pick(found, True) == found:
+        return found
+    return aligned_pick(found, align_pays(mask, 128))
 
 
 def describe_table_in_use(arch: int | None) -> str:

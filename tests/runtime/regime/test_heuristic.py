@@ -115,6 +115,26 @@ def test_aligned_tiles_chosen_where_they_pay(monkeypatch):
     assert pick(m).block_m == 64 and not pick(m).align_tiles
 
 
+def test_the_align_gate_is_how_much_plain_tiles_pad():
+    """align_may_pay (host bounds alone) lets the estimate run where 128-row tiles cut from each
+    block pad its rows by 1.2x or more: the held-out corpus's clusters (median 257-289 tokens,
+    which the two-tile median of blocks_ragged refuses) pass and align; 128- and 384-token
+    blocks and the held-out sliding tiles (padded ~1.1x) are not read."""
+    from tessera.tools import profile as prof
+
+    held = {c.label: c for c in prof.build_heldout_corpus(["wan-1.3b-720p-13f"], heads=2)}
+    m = held["wan-1.3b-720p-13f/semantic_clusters"].build()
+    assert np.median(np.diff(m.q_bounds)) > 256 and not R.blocks_ragged(m.q_bounds, 128)
+    assert R.align_may_pay(m.q_bounds, 128) and R.align_pays(m, 128)
+    sta = held["wan-1.3b-720p-13f/sliding_tile"].build()
+    assert not R.align_may_pay(sta.q_bounds, 128) and not R.align_pays(sta, 128)
+    assert not R.align_may_pay(np.arange(0, 10 * 128 + 1, 128), 128)
+    assert not R.align_may_pay(np.arange(0, 10 * 384 + 1, 384), 128)
+    assert R.align_may_pay(np.arange(0, 10 * 150 + 1, 150), 128)  # 256 rows for 150
+    assert not R.align_may_pay(np.arange(0, 10 * 120 + 1, 120), 128)  # 128 rows for 120
+    assert not R.align_may_pay(np.array([0]), 128)
+
+
 def test_packed_keys_chosen_where_spans_are_short_and_ragged():
     """sm_90's 128-row (D=128) and 64x128 (D=64) regimes walk packed keys on random variable
     blocks of 32-256 tokens at 10% (span by span ~1.3x the chunks), not on 128-token blocks

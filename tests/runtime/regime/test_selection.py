@@ -256,3 +256,47 @@ def test_table_still_answers_masks_the_heuristic_would_pack():
     finally:
         R.use_table(None)
     assert plan90(m).regime == heuristic(m)
+
+
+def test_a_tables_plain_128_row_pick_takes_aligned_tiles_where_they_pay(monkeypatch):
+    """The features cannot tell semantic clusters from random variable blocks: a table's plain
+    128-row sm90 pick takes aligned tiles where align_pays says so of the mask; other picks
+    (64-row, packed, aligned already) are kept without the estimate being read."""
+    rng = np.random.default_rng(1)
+    qb = np.r_[0, np.cumsum(rng.integers(100, 200, 60))]
+    clustered = BlockMask.from_dense(rng.random((2, 60, 60)) < 0.95, q_bounds=qb, kv_bounds=qb)
+    scattered = BlockMask.from_dense(rng.random((2, 60, 60)) < 0.3, q_bounds=qb, kv_bounds=qb)
+    assert R.align_pays(clustered, 128) and not R.align_pays(scattered, 128)
+    plain = R.heuristic.SM90_ROWS128.with_(split_ratio=2.0)
+    assert S.aligned_pick(plain, True) == plain.with_(align_tiles=True)
+    assert S.aligned_pick(plain, False) == plain
+    for m, aligned in ((clustered, True), (scattered, False)):
+        R.use_table(table_for(m, regime=plain))
+        assert plan90(m).regime == plain.with_(align_tiles=aligned)
+    estimated = []
+    monkeypatch.setattr(S, "align_pays", lambda *a: estimated.append(1) or True)
+    for pick in (PICK, plain.with_(pack_keys=True, split_ratio=4.0),
+                 plain.with_(align_tiles=True)):
+        R.use_table(table_for(clustered, regime=pick))
+        assert plan90(clustered).regime == pick
+    assert estimated == []
+    R.use_table(None)
+
+
+def test_heuristic_choice_is_the_selection_without_a_table():
+    """heuristic_choice (what the profiler calls the default) is what plans take with no table:
+    the heuristic with aligned tiles, packed keys or 192-row tiles where those pay, and says
+    whether it read the mask for it."""
+    rng = np.random.default_rng(2)
+    qb = np.r_[0, np.cumsum(rng.integers(100, 200, 60))]
+    clustered = BlockMask.from_dense(rng.random((2, 60, 60)) < 0.95, q_bounds=qb, kv_bounds=qb)
+    uniform = wan_like_mask()
+    big = np.arange(0, 9 * 384 + 1, 384)
+    sta = BlockMask.from_dense(rng.random((2, 9, 9)) < 0.5, q_bounds=big, kv_bounds=big)
+    for m, d, want, read in ((clustered, 128, R.heuristic.SM90_ROWS128.with_(align_tiles=True),
+                              True),
+                             (uniform, 128, heuristic(uniform), False),
+                             (sta, 64, R.heuristic.SM90_ROWS192_D64, False)):
+        assert S.heuristic_choice(m, 90, d) == (want, read)
+        assert plan90(m, head_dim=d).regime == want
+    assert S.heuristic_choice(clustered, 80, 128) == (default_regime(80, 128, 150.0), False)
