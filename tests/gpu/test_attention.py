@@ -170,16 +170,19 @@ def _regime_stress_mask():
     return tessera.BlockMask.from_dense(dense, q_bounds=qb, kv_bounds=kb)
 
 
-@pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("index", range(66))
-def test_every_candidate_regime(d, index):
-    """Every regime the profiler may put in a table computes the exact attention."""
+def _candidates():
     from tessera.runtime.regime import candidate_regimes
 
-    regimes = candidate_regimes(d, 90)
-    if index >= len(regimes):
-        pytest.skip("fewer candidates at this head dim")
-    _check(_regime_stress_mask(), d=d, hq=2, regime=regimes[index], seed=index)
+    return [(d, i, r) for d in (64, 128) for i, r in enumerate(candidate_regimes(d, 90))]
+
+
+@pytest.mark.parametrize("d,index,regime", _candidates(),
+                         ids=[f"d{d}-{r.name}" for d, _, r in _candidates()])
+def test_every_candidate_regime(d, index, regime):
+    """Every regime the profiler may put in a table computes the exact attention."""
+    if regime.family == "sm90" and _device_cc() != 90:
+        pytest.skip("the sm90 family runs on Hopper only")
+    _check(_regime_stress_mask(), d=d, hq=2, regime=regime, seed=index)
 
 
 @pytest.mark.parametrize("group", [1, 2, 4, 8])
