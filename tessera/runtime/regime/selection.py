@@ -11,15 +11,17 @@ Selection (``tessera.plan(..., regime=None)``, :func:`select_regime`):
    The table is consulted where its choice matters: when the heuristic regime's plan may split
    tasks (``tasks.may_split``: shapes with fewer than 16 tasks per slot of the GPU -- few heads,
    short clips -- whose plans synchronize once anyway). There the mask's :class:`MaskFeatures`
-   (one kernel and a 16-byte copy on the device) are looked up (:meth:`RegimeTable.lookup`);
-   the H200 table picks within 5% of the oracle on 91% of held-out 4-head masks, 1.09x faster
-   than the heuristic. At the models' full head counts no task may split, the plan needs no
+   (one kernel and a 16-byte copy on the device) are looked up (:func:`table_pick`: a plain
+   128-row pick takes aligned tiles where :func:`align_pays`); the H200 table picks within 5%
+   of the oracle on 89% of held-out 4-head masks, 1.03x faster than the selection without it.
+   At the models' full head counts no task may split, the plan needs no
    synchronization, and the heuristic is kept: profiled at those head counts the table's
    picks equal the heuristic's (x1.000 over 32 held-out masks, 97% within 5% of the oracle,
    docs/decisions.md), so measuring the mask there would only cost a
    synchronization.
 2. Otherwise, or when the table has no entry for the head dim / dtype / geometry, the
-   documented heuristic :func:`default_regime`. Plans without an architecture (``arch=None``
+   documented heuristic :func:`default_regime` with its mask-reading rules
+   (:func:`heuristic_choice`). Plans without an architecture (``arch=None``
    with a host mask: a CPU-only machine) always take the heuristic. A table that is corrupt or
    was profiled on another GPU warns once and is ignored: planning never fails because of one.
 """
