@@ -152,6 +152,11 @@ CASES = [
         X, X, (1, 8, 16), topk=0), ValueError, "topk must be a positive int, got 0"),
     ("families.topk_pooled", "top_p=True", lambda: families.topk_pooled(
         X, X, (1, 8, 16), top_p=True), ValueError, r"top_p must be in \(0, 1\], got True"),
+    ("families.random_blocks", "sizes=(64, 32)", lambda: families.random_blocks(
+        2, 4000, sizes=(64, 32)), ValueError,
+     r"sizes must be \(lo, hi\) ints with 0 < lo <= hi, or None, got \(64, 32\)"),
+    ("families.random_blocks", "density=1.5", lambda: families.random_blocks(
+        2, 4000, density=1.5), ValueError, r"density must be in \[0, 1\], got 1.5"),
     ("distributed.head_units", "balance='even'", lambda: distributed.head_units(
         M, M.to_dense(), 1, 2, "even"), ValueError,
      r"balance must be one of \('pairs', 'heads'\), got 'even'"),

@@ -141,6 +141,9 @@ def align_may_pay(q_bounds: np.ndarray, tile_rows: int) -> bool:
     """Whether aligned tiles could pay for this query geometry, from the host bounds alone: a
     tiling cut from each block rounds the rows up by at least :data:`ALIGN_MIN_PADDING`
     (the gate of :func:`align_pays`, which then reads the mask)."""
+    if isinstance(tile_rows, bool) or not isinstance(tile_rows, (int, np.integer)) \
+            or tile_rows <= 0:
+        raise ValueError(f"tile_rows must be a positive int, got {tile_rows!r}")
     return _tile_padding(bounds_key(q_bounds), int(tile_rows)) >= ALIGN_MIN_PADDING
 
 

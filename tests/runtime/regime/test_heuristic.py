@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import tessera
 import tessera.runtime.mapping
@@ -133,6 +134,9 @@ def test_the_align_gate_is_how_much_plain_tiles_pad():
     assert R.align_may_pay(np.arange(0, 10 * 150 + 1, 150), 128)  # 256 rows for 150
     assert not R.align_may_pay(np.arange(0, 10 * 120 + 1, 120), 128)  # 128 rows for 120
     assert not R.align_may_pay(np.array([0]), 128)
+    for bad in (0, True, 128.0):
+        with pytest.raises(ValueError, match="tile_rows must be a positive int"):
+            R.align_may_pay(np.arange(0, 10 * 150 + 1, 150), bad)
 
 
 def test_packed_keys_chosen_where_spans_are_short_and_ragged():
