@@ -386,7 +386,7 @@ def plan_on_device(mask: BlockMask, *, tile_rows: int, block_n: int, heads_per_t
         # Heavy tiles are cut into parts by the general task organization (array operations on
         # these tiles, which equal the general mapping's), on the host: the plan has waited for
         # the GPU once already, the tiles and spans come back in two copies, and its hundred
-        # small operations take a fraction of a millisecond in numpy where as CuPy launches,
+        # small operations take a fraction of a millisecond in numpy, whereas as CuPy launches,
         # with their own synchronizations, they took milliseconds (docs/decisions.md).
         host = _physical_tiles(to_numpy(tiles), to_numpy(spans), tile_rows, block_n, n_runs,
                                num_merged)
