@@ -59,8 +59,12 @@ def _rows192_pay(bounds: bytes) -> bool:
     sizes = np.diff(np.frombuffer(bounds, dtype=np.int64))
     if sizes.size == 0 or np.median(sizes) < 192:
         return False
-    return bool((-(-sizes // 192) * 192).sum()
-                <= ROWS192_MAX_ROW_RATIO * (-(-sizes // 64) * 64).sum())
+    return bool(_tiled_rows(sizes, 192) <= ROWS192_MAX_ROW_RATIO * _tiled_rows(sizes, 64))
+
+
+def _tiled_rows(sizes: np.ndarray, tile_rows: int) -> int:
+    """Rows that tiles of ``tile_rows`` cut from each block of ``sizes`` tokens cover."""
+    return int((-(-sizes // tile_rows) * tile_rows).sum())
 
 
 def default_regime(arch: int | None = None, head_dim: int = 128,
@@ -152,7 +156,7 @@ def _tile_padding(bounds: bytes, tile_rows: int) -> float:
     sizes = np.diff(np.frombuffer(bounds, dtype=np.int64))
     if sizes.size == 0 or sizes.sum() == 0:
         return 1.0
-    return float((-(-sizes // tile_rows) * tile_rows).sum() / sizes.sum())
+    return _tiled_rows(sizes, tile_rows) / float(sizes.sum())
 
 
 # align_pays answers yes when the aligned tiling's estimated computed pairs are at most this
