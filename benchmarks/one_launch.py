@@ -1,6 +1,10 @@
-"""One plan of a ``bench`` mask case, run a few times: a program for Nsight Compute to profile
-(``ncu --kernel-name bsa_fwd_sm90 --launch-skip 2 --launch-count 1 python3
-benchmarks/one_launch.py --shape S --case C``), which prints the regime and the plan's stats.
+"""One plan of a ``bench`` mask case, or a peer's call on it, run a few times: a program for
+Nsight Compute to profile (``ncu --kernel-name bsa_fwd_sm90 --launch-skip 2 --launch-count 1
+python3 benchmarks/one_launch.py --shape S --case C``), which prints the regime and the plan's
+stats. The last run sits in an NVTX range named ``profiled``, so ``ncu --nvtx --nvtx-include
+profiled/`` profiles every kernel of exactly one call, a peer's too (``--peer``: cuDNN's
+block-sparse attention as ``bench`` configures it, FlashAttention-4 dense through
+FlexAttention's FLASH backend, cuDNN's dense SDPA).
 
 The masks are drawn as ``python -m tessera bench`` draws them (its generator seeded 0, the
 case first in its list), bf16 ``[1, H, L, D]`` inputs; the regime is what a plan takes on this
@@ -31,6 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--case", required=True, choices=sorted(CASES))
     ap.add_argument("--regime", help="a Regime name (default: the plan's own selection)")
     ap.add_argument("--runs", type=int, default=3, help="launches (profile the last)")
+    ap.add_argument("--peer", choices=("cudnn-bsa", "fa4", "sdpa-cudnn"),
+                    help="run this peer on the mask instead of Tessera's plan (it must be "
+                         "installed; fa4 and sdpa-cudnn compute dense attention)")
     args = ap.parse_args(argv)
     regime = None
     if args.regime:
@@ -50,13 +57,53 @@ def main(argv: list[str] | None = None) -> int:
     mask = tessera.BlockMask.from_dense(blocks, q_bounds=qb, kv_bounds=qb)
     q, k, v = (torch.randn(1, w.heads, L, w.head_dim, device="cuda", dtype=torch.bfloat16)
                for _ in range(3))
-    plan = tessera.plan(mask, num_q_heads=w.heads, head_dim=w.head_dim, dtype="bfloat16",
-                        regime=regime)
-    for _ in range(args.runs):
-        plan.run(q, k, v)
+    if args.peer:
+        call, what = _peer_call(args.peer, mask, q, k, v)
+    else:
+        plan = tessera.plan(mask, num_q_heads=w.heads, head_dim=w.head_dim, dtype="bfloat16",
+                            regime=regime)
+        call, what = (lambda: plan.run(q, k, v)), f"{plan.regime.name}; {plan.stats()}"
+    for i in range(args.runs):
+        if i == args.runs - 1:
+            torch.cuda.synchronize()
+            torch.cuda.nvtx.range_push("profiled")
+        call()
     torch.cuda.synchronize()
-    print(f"{args.shape} {args.case}: {plan.regime.name}; {plan.stats()}")
+    torch.cuda.nvtx.range_pop()
+    print(f"{args.shape} {args.case}: {what}")
     return 0
+
+
+def _peer_call(peer: str, mask, q, k, v):
+    """The peer's call on ``mask`` (or dense, for the dense peers) and a line naming it."""
+    import torch
+    import torch.nn.functional as F
+
+    from tessera.tools import peers
+
+    if peer == "cudnn-bsa":
+        if not peers.cudnn_bsa_available():
+            raise SystemExit("--peer cudnn-bsa: nvidia-cudnn-frontend is not installed")
+        inputs = peers.cudnn_bsa_inputs(mask, q.shape[0], q.shape[1], q.device)
+        if inputs is None:
+            raise SystemExit("--peer cudnn-bsa: the mask is not of uniform 64- or 128-token "
+                             "blocks")
+        return (lambda: peers.run_cudnn_bsa(q, k, v, inputs)), \
+            f"cuDNN BSA, sparse block {inputs.block}, kv_splits={inputs.kv_splits!r}"
+    if peer == "fa4":
+        if not peers.fa4_available():
+            raise SystemExit("--peer fa4: flash-attn-4 is not installed")
+        from torch.nn.attention.flex_attention import flex_attention
+
+        flex = torch.compile(flex_attention)
+        return (lambda: flex(q, k, v, kernel_options={"BACKEND": "FLASH"})), \
+            "FlashAttention-4 dense (FlexAttention's FLASH backend)"
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def sdpa():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return F.scaled_dot_product_attention(q, k, v)
+    return sdpa, "cuDNN SDPA dense"
 
 
 if __name__ == "__main__":

@@ -77,12 +77,16 @@ class Variant:
                 (("SMEM_ALIGNED", 1),) if aligned else ()))
 
         if block_m == 64:
-            # Two CTAs an SM: with two Q buffers where they fit (64-key steps at head dims 64,
-            # 96; 128-key steps at head dim 64 without the alignment slack), else with one and
-            # no slack (64-key steps at head dim 128, 160 bytes over with the slack). CI's
-            # compile test keeps every such variant spill-free under that register budget.
-            for v in (ws(2, 2), ws(2, 2, aligned=True), ws(1, 2, aligned=True)):
-                if 2 * (smem_bytes(v) + SM90_SMEM_RESERVED) <= SM90_SMEM_PER_SM:
+            # Three CTAs an SM where a TMA producer leaves the consumers enough registers (64x64
+            # tiles at head dim 64: 136 each) and three fit: as many consumer warps an SM as
+            # the plain variant, none of them copying. Else two: with two Q buffers where they
+            # fit (64-key steps at head dims 64, 96; 128-key steps at head dim 64 without the
+            # alignment slack), else with one and no slack (64-key steps at head dim 128, 160
+            # bytes over with the slack). CI's compile test keeps every such variant
+            # spill-free under that register budget.
+            three = (ws(2, 3),) if tma and head_dim == 64 and block_n == 64 else ()
+            for v in three + (ws(2, 2), ws(2, 2, aligned=True), ws(1, 2, aligned=True)):
+                if v.min_blocks * (smem_bytes(v) + SM90_SMEM_RESERVED) <= SM90_SMEM_PER_SM:
                     return v
         two = ws(2, 1)
         return two if smem_bytes(two) <= smem_limit_bytes(90) else ws(1, 1)

@@ -118,7 +118,8 @@ def test_sm90_tma_variants_compile(bm, bn, d, tmp_path, monkeypatch):
     warpgroup keeps 24 registers): spill-free, wgmma not serialized -- at head dim 128 with
     128-key steps too, where the consumers' 240 registers now hold P, S and O at once. 64-row
     tiles split the registers for two CTAs an SM wherever their shared memory fits: 64x128 at
-    head dim 64 with two Q buffers and no alignment slack."""
+    head dim 64 with two Q buffers and no alignment slack; 64x64 at head dim 64 for three CTAs
+    an SM (80 registers at launch, the consumers raised to 136)."""
     monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
     reg = Regime(family="sm90", block_m=bm, num_warps=bm // 16 + 4, block_n=bn, stages=3,
                  combine_threshold=0.0)
@@ -127,8 +128,12 @@ def test_sm90_tma_variants_compile(bm, bn, d, tmp_path, monkeypatch):
     assert v.tma and not reg.variant(d).tma and v.persistent
     res = loader.compile_variant(v, "sm_90a")
     assert res.spill_bytes == 0 and res.stack_bytes <= res.variant.local_bytes
-    two_ctas = bm == 64 and (bn == 64 or d == 64)
-    assert v.min_blocks == (2 if two_ctas else 1)
+    three_ctas = (bm, bn, d) == (64, 64, 64)
+    two_ctas = bm == 64 and (bn == 64 or d == 64) and not three_ctas
+    assert v.min_blocks == (3 if three_ctas else 2 if two_ctas else 1)
+    if three_ctas:
+        assert res.registers <= 80 and 3 * (variants.smem_bytes(v) + 1024) <= 228 * 1024
+        assert reg.variant(d, bf16=True).min_blocks == 2  # cp.async: too few registers left
     if two_ctas:
         assert res.registers <= 128 and 2 * (variants.smem_bytes(v) + 1024) <= 228 * 1024
         assert dict(v.macros).get("SMEM_ALIGNED", 0) == ((bm, bn) == (64, 128) or d == 128)

@@ -51,8 +51,8 @@ def candidate_regimes(head_dim: int, arch: int | None,
 
     The sm80 family with 4 warps: 64- or 128-row tiles (16 or 32 rows a warp, the two shapes the
     kernel supports at 4 warps), 32 or 64 keys a step, double buffered; on sm_90 also the sm90
-    family, 64-row tiles on one warpgroup (with a producer warpgroup at head dim 128, and for
-    128-key steps at 64), 128-row tiles warp-specialized and, at head dim 64, 192-row tiles
+    family, 64-row tiles on one warpgroup (with a producer warpgroup at head dims 64 and 128),
+    128-row tiles warp-specialized and, at head dim 64, 192-row tiles
     with 128-key steps, 64 or 128 keys a step, three stages. Each tile shape with split policy
     2x or 4x the mean task, or never (1e9), and combine threshold 0 (merge only identical key
     sets) or 0.3. The sm90 shapes also in the two forms the heuristic's selection takes for
@@ -65,9 +65,9 @@ def candidate_regimes(head_dim: int, arch: int | None,
     shapes = [dict(block_m=bm, block_n=bn, num_warps=CANDIDATE_WARPS)
               for bm in CANDIDATE_BLOCK_M for bn in CANDIDATE_BLOCK_N]
     if arch == 90:
-        # 64-row tiles plain (one warpgroup) -- with a producer warpgroup, two CTAs an SM, as
-        # default_regime takes them at head dim 128 and for 128-key steps at 64 --, 128- and
-        # 192-row tiles warp-specialized (the plain 128-row variant was slower on every swept
+        # 64-row tiles plain (one warpgroup) -- with a producer warpgroup, two or three CTAs an
+        # SM, as default_regime takes them at head dims 64 and 128 --, 128- and 192-row tiles
+        # warp-specialized (the plain 128-row variant was slower on every swept
         # mask: docs/decisions.md).
         shapes += [dict(family="sm90", block_m=bm, block_n=bn,
                         num_warps=bm // ROW_GROUP + (4 if sm90_producer(bm, bn, head_dim) else 0))

@@ -80,9 +80,11 @@ def default_regime(arch: int | None = None, head_dim: int = 128,
       measured (the 128-row ones still take aligned tiles, and query blocks that fill 192-row
       tiles take ``SM90_ROWS192_D64``: :func:`select_regime`, :func:`rows192_pay`).
     - sm_90, small query blocks (``q_block``, the median query block, <= 64 tokens): 64-row
-      tiles and 64 keys a step (a 128-key step would be half masked on 64-token spans); at head
-      dim 128 with a producer warpgroup, two CTAs an SM (Wan's top-k cubes 1.2-1.3x faster);
-      head dims 64 and 96 keep the plain variant (the producer form was within noise at 64).
+      tiles and 64 keys a step (a 128-key step would be half masked on 64-token spans), with a
+      producer warpgroup: at head dim 128 two CTAs an SM (Wan's top-k cubes 1.2-1.3x faster),
+      at 64 three where its copies are TMA's (CogVideoX's 64-token blocks 1.12-1.14x faster;
+      the cp.async form, two CTAs an SM, is within noise of the plain variant on the cubes);
+      head dim 96 keeps the plain variant (not measured).
       Key geometries ragged against the step (:func:`blocks_ragged`: pooled top-k cubes with
       their edge cubes) take the packed key walk (``pack_keys``): walked span by span, each
       short span would cost a whole step. The 128-row regime (and the D=64 one) packs only
@@ -101,7 +103,8 @@ def default_regime(arch: int | None = None, head_dim: int = 128,
     if arch == 90:
         if small_blocks:
             pack = kv_bounds is not None and blocks_ragged(kv_bounds, 64)
-            # At head dim 128 a producer warpgroup per 64-row CTA, two CTAs an SM.
+            # A producer warpgroup per 64-row CTA at head dims 64 and 128 (variants.py: two or
+            # three CTAs an SM).
             producer = sm90_producer(64, 64, head_dim)
             return Regime(family="sm90", block_m=64, num_warps=4 + 4 * producer, block_n=64,
                           stages=3, combine_threshold=0.0, pack_keys=pack)
@@ -205,9 +208,9 @@ def pack_pays(mask: Any, block_n: int, tile_rows: int) -> bool:
 
 def sm90_producer(block_m: int, block_n: int, head_dim: int) -> bool:
     """Whether the sm90 regime of this tile shape takes a producer warpgroup, as
-    :func:`default_regime` and the profiled candidates do (64-row tiles: where two CTAs an SM
-    were measured faster with one)."""
-    return block_m == 128 or head_dim == 128 or (head_dim == 64 and block_n == 128)
+    :func:`default_regime` and the profiled candidates do (64-row tiles: at head dims 64 and
+    128, where two or three CTAs an SM were measured faster with one)."""
+    return block_m == 128 or head_dim in (64, 128)
 
 
 def typical_q_block(q_bounds: np.ndarray) -> float:

@@ -20,12 +20,11 @@ def test_candidates_small_valid_and_fitting():
             assert all(R.regime_fits(r, d, arch) for r in cands)
             assert all(r.num_warps == 4 and r.block_m in (64, 128) and r.block_n in (32, 64)
                        for r in cands if r.family == "sm80")
-            # 64-row sm90 tiles plain (with a producer warpgroup at head dim 128, and for
-            # 128-key steps at 64), 128- and 192-row ones warp-specialized; 192 rows only at
-            # head dim 64 with 128-key steps.
+            # 64-row sm90 tiles plain at head dim 96 (with a producer warpgroup at 64 and 128),
+            # 128- and 192-row ones warp-specialized; 192 rows only at head dim 64 with 128-key
+            # steps.
             sm90 = [r for r in cands if r.family == "sm90"]
-            assert all(r.producer == (r.block_m >= 128 or d == 128
-                                      or (d, r.block_n) == (64, 128))
+            assert all(r.producer == (r.block_m >= 128 or d in (64, 128))
                        and r.block_n in (64, 128) for r in sm90)
             assert {(r.block_m, r.block_n) for r in sm90 if r.block_m == 192} == (
                 {(192, 128)} if (d, arch) == (64, 90) else set())

@@ -22,12 +22,14 @@ def test_defaults_per_architecture():
     assert default_regime(90, 64).variant(64).min_blocks == 2
     assert default_regime(90, 64).variant(64, tma=True).min_blocks == 2
     assert default_regime(90, 96).producer
-    # Small query blocks: 64-row tiles, with a producer warpgroup (two CTAs an SM) at head dim
-    # 128 only.
-    assert default_regime(90, 128, q_block=64).name == "sm90_64x64_w8_s3[combine_threshold=0.0]"
-    assert default_regime(90, 128, q_block=64).variant(128).min_blocks == 2
-    for d in (64, 96):
-        assert default_regime(90, d, q_block=64).name == "sm90_64x64_w4_s3[combine_threshold=0.0]"
+    # Small query blocks: 64-row tiles, with a producer warpgroup at head dims 64 and 128 (two
+    # CTAs an SM; three at head dim 64 with TMA copies), the plain variant at 96.
+    for d in (64, 128):
+        assert default_regime(90, d, q_block=64).name == "sm90_64x64_w8_s3[combine_threshold=0.0]"
+        assert default_regime(90, d, q_block=64).variant(d).min_blocks == 2
+    assert default_regime(90, 64, q_block=64).variant(64, tma=True).min_blocks == 3
+    assert default_regime(90, 128, q_block=64).variant(128, tma=True).min_blocks == 2
+    assert default_regime(90, 96, q_block=64).name == "sm90_64x64_w4_s3[combine_threshold=0.0]"
     for arch in (80, 86, 89, 100, None):
         assert default_regime(arch, 128).family == "sm80"
     # The portable family: 128-row tiles at every head dim (two row tiles a warp), 64-row ones
