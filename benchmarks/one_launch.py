@@ -16,8 +16,12 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import tessera
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="run this peer on the mask instead of Tessera's plan (it must be "
                          "installed; fa4 and sdpa-cudnn compute dense attention)")
     args = ap.parse_args(argv)
+    if args.runs < 1:
+        ap.error(f"--runs must be at least 1, got {args.runs}")
     regime = None
     if args.regime:
         regime = regime_from_name(args.regime)
@@ -74,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _peer_call(peer: str, mask, q, k, v):
+def _peer_call(peer: str, mask: "tessera.BlockMask", q, k, v) -> tuple[Callable[[], object], str]:
     """The peer's call on ``mask`` (or dense, for the dense peers) and a line naming it."""
     import torch
     import torch.nn.functional as F
