@@ -30,8 +30,9 @@
 //                    the tma_maps parameter (tessera/cuda/tma.py), completing on the full
 //                    barriers by byte count; 0: 128 threads of cp.async
 //   TESSERA_MIN_BLOCKS CTAs per SM the producer variant's registers are split for (default 1):
-//                    2 lets two 64-row CTAs share an SM, each with one consumer warpgroup,
-//                    instead of one CTA holding the whole register file
+//                    2 (or 3, 64x64 tiles at head dim 64 with TMA) lets 64-row CTAs share an
+//                    SM, each with one consumer warpgroup, instead of one CTA holding the whole
+//                    register file
 //   TESSERA_SMEM_ALIGNED 1: no slack reserved to align the tiles (the dynamic shared memory
 //                    starts 1024-aligned; checked): the 1 KB that lets two 64x64 producer CTAs
 //                    with one Q buffer share an SM at head dim 128

@@ -52,8 +52,9 @@ class Variant:
         fit the sm_90 shared-memory limit (all but 128-row tiles with 128-key steps at head dim
         128), so the next task's Q loads while the current task computes. 64-row producer
         variants split their registers for two CTAs an SM where their shared memory fits (64x64
-        at every head dim, 64x128 at head dim 64): one CTA would hold the whole register file
-        for a single consumer warpgroup. ``pack_keys``: the packed key walk
+        at every head dim, 64x128 at head dim 64), for three with TMA copies at 64x64 and head
+        dim 64: one CTA would hold the whole register file for a single consumer warpgroup.
+        ``pack_keys``: the packed key walk
         (Regime.pack_keys). ``tma``: the producer copies K/V chunks by TMA (producer variants of
         the span-by-span walk only; the launch passes tensor maps). ``wide``
         (Regime.wide_steps): the TMA variant of 128x128 tiles at head dim 64 steps 192 keys at
