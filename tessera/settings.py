@@ -13,6 +13,11 @@ from typing import Any, Iterator
 __all__ = ["Settings", "config"]
 
 
+# The integer switches and their least values; those that also take None.
+_INT_MINIMA = {"persistent_grid_cap": 0, "request_plans_kept": 0, "request_selection_refresh": 1}
+_NONE_ALLOWED = {"persistent_grid_cap"}
+
+
 @dataclass
 class Settings:
     """Switches of the launch path.
@@ -48,16 +53,11 @@ class Settings:
                                  f"{', '.join(f.name for f in fields(self))})")
         if name in ("poison_outputs", "use_tma") and not isinstance(value, bool):
             raise TypeError(f"config.{name} must be True or False, got {value!r}")
-        if name == "persistent_grid_cap" and value is not None and (
-                isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise ValueError(f"config.persistent_grid_cap must be None or an int >= 0, "
-                             f"got {value!r}")
-        if name == "request_plans_kept" and (isinstance(value, bool) or not isinstance(value, int)
-                                             or value < 0):
-            raise ValueError(f"config.request_plans_kept must be an int >= 0, got {value!r}")
-        if name == "request_selection_refresh" and (
-                isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ValueError(f"config.request_selection_refresh must be an int >= 1, "
+        if name in _INT_MINIMA and not (name in _NONE_ALLOWED and value is None) and (
+                isinstance(value, bool) or not isinstance(value, int)
+                or value < _INT_MINIMA[name]):
+            none = "None or " if name in _NONE_ALLOWED else ""
+            raise ValueError(f"config.{name} must be {none}an int >= {_INT_MINIMA[name]}, "
                              f"got {value!r}")
         object.__setattr__(self, name, value)
 

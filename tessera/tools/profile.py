@@ -56,7 +56,6 @@ from ..runtime.regime import (
     align_pays,
     aligned_pick,
     candidate_regimes,
-    default_regime,
     features_from_measures,
     gpu_slug,
     heuristic_choice,
@@ -381,9 +380,7 @@ def _measure_case(case: Case, prepare: Callable[[Any], Any] | None, *, dtype: st
     feats = features_from_measures(meas, head_dim=case.head_dim, dtype=dtype, arch=arch,
                                    num_q_heads=case.heads, batch=batch)
     # The regime plans take without a table: the heuristic with its rules that read the mask.
-    heuristic = heuristic_choice(mask, arch, case.head_dim,
-                                 default_regime(arch, case.head_dim, meas.q_block,
-                                                mask.kv_bounds))[0]
+    heuristic = heuristic_choice(mask, arch, case.head_dim)[0]
     return _Measured(mask, meas, feats, heuristic)
 
 

@@ -56,10 +56,16 @@ def rows192_pay(q_bounds: np.ndarray) -> bool:
 
 @functools.lru_cache(maxsize=64)  # asked on every selection; a geometry's answer never changes
 def _rows192_pay(bounds: bytes) -> bool:
-    sizes = np.diff(np.frombuffer(bounds, dtype=np.int64))
+    sizes = _block_sizes(bounds)
     if sizes.size == 0 or np.median(sizes) < 192:
         return False
     return bool(_tiled_rows(sizes, 192) <= ROWS192_MAX_ROW_RATIO * _tiled_rows(sizes, 64))
+
+
+def _block_sizes(bounds: bytes) -> np.ndarray:
+    """Block sizes of a geometry from its bounds' int64 bytes (``bounds_key``), the form the
+    per-geometry caches below are keyed by."""
+    return np.diff(np.frombuffer(bounds, dtype=np.int64))
 
 
 def _tiled_rows(sizes: np.ndarray, tile_rows: int) -> int:
@@ -130,7 +136,7 @@ def blocks_ragged(bounds: np.ndarray, step: int) -> bool:
 
 @functools.lru_cache(maxsize=64)  # asked on every request; a geometry's answer never changes
 def _blocks_ragged(bounds: bytes, step: int) -> bool:
-    sizes = np.diff(np.frombuffer(bounds, dtype=np.int64))
+    sizes = _block_sizes(bounds)
     if sizes.size == 0:
         return False
     return bool(np.mean(sizes % step != 0) >= 0.1 and np.median(sizes) < 2 * step)
@@ -156,7 +162,7 @@ def align_may_pay(q_bounds: np.ndarray, tile_rows: int) -> bool:
 
 @functools.lru_cache(maxsize=64)  # asked on every request; a geometry's answer never changes
 def _tile_padding(bounds: bytes, tile_rows: int) -> float:
-    sizes = np.diff(np.frombuffer(bounds, dtype=np.int64))
+    sizes = _block_sizes(bounds)
     if sizes.size == 0 or sizes.sum() == 0:
         return 1.0
     return _tiled_rows(sizes, tile_rows) / float(sizes.sum())
@@ -221,4 +227,4 @@ def typical_q_block(q_bounds: np.ndarray) -> float:
 
 @functools.lru_cache(maxsize=64)
 def _median_block(bounds: bytes) -> float:
-    return float(np.median(np.diff(np.frombuffer(bounds, dtype=np.int64))))
+    return float(np.median(_block_sizes(bounds)))
