@@ -8,7 +8,7 @@ from .heuristic import sm90_producer
 from .slots import regime_fits
 from .value import ROW_GROUP, Regime
 
-__all__ = ["candidate_regimes"]
+__all__ = ["candidate_regimes", "wide_candidate"]
 
 
 # The space the profiler measures: 2 x 2 x 3 x 2 = 24 sm80 regimes; on sm_90 the sm90 family's
@@ -42,6 +42,14 @@ def _sm90_shapes(head_dim: int) -> list[tuple[int, int]]:
             if bm != 192 or bn == 128]
 
 
+def wide_candidate(shape: dict, head_dim: int) -> bool:
+    """Whether an sm90 tile shape also gets the 192-key-step form (``Regime.wide_steps``): the
+    128x128 producer tiles at head dim 64, the one variant that has it (dense masks ~3% faster,
+    random ones slower: a table learns where it pays)."""
+    return (shape["block_m"], shape["block_n"], head_dim) == (128, 128, 64) and sm90_producer(
+        128, 128, head_dim)
+
+
 def candidate_regimes(head_dim: int, arch: int | None,
                       kernel_families: Sequence[str] | None = None,
                       combine_thresholds: Sequence[float] | None = None) -> list[Regime]:
@@ -58,8 +66,9 @@ def candidate_regimes(head_dim: int, arch: int | None,
     sets) or 0.3. The sm90 shapes also in the two forms the heuristic's selection takes for
     ragged geometries (combine threshold 0): the packed key walk (``pack_keys``; its plans never
     split, so one split policy, the default) and, for 128-row tiles, aligned tiles
-    (``align_tiles``, each split policy). Variants whose shared memory exceeds ``arch``'s
-    per-CTA limit are left out. The order is stable (tile shape, then form, then split, then
+    (``align_tiles``, each split policy); at head dim 64 the 128x128 tiles also with 192-key
+    steps (``wide_steps``, combine threshold 0, each split policy). Variants whose shared
+    memory exceeds ``arch``'s per-CTA limit are left out. The order is stable (tile shape, then form, then split, then
     combine), so names index the list reproducibly.
     """
     shapes = [dict(block_m=bm, block_n=bn, num_warps=CANDIDATE_WARPS)
@@ -82,6 +91,9 @@ def candidate_regimes(head_dim: int, arch: int | None,
             forms.append(dict(combine_threshold=0.0, pack_keys=True))
             if shape["block_m"] == 128:
                 forms += [dict(split_ratio=split, combine_threshold=0.0, align_tiles=True)
+                          for split in CANDIDATE_SPLIT_RATIO]
+            if wide_candidate(shape, head_dim):
+                forms += [dict(split_ratio=split, combine_threshold=0.0, wide_steps=True)
                           for split in CANDIDATE_SPLIT_RATIO]
         for form in forms:
             r = Regime(**shape, stages=stages, **form)
