@@ -103,31 +103,6 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
-// 2^x on the FMA and integer pipes instead of the MUFU unit, whose 16 results a clock per SM
-// equal the tensor cores' rate in pairs at head dim 64: a share of a chunk's exponentials moved
-// here keeps the MUFU off the softmax's critical path. floor(x) by rounding down against 1.5 *
-// 2^23 (the integer lands in the low mantissa bits), 2^frac by a cubic fitted for relative
-// error (8.6e-5, exact at 0), 2^floor(x) built in the exponent field. x <= -127 (a masked score,
-// -inf) gives exactly 0, as a masked key's P must be; NaN stays NaN (max.NaN).
-__device__ __forceinline__ float fma_exp2(float x) {
-  constexpr float ROUND = 12582912.f;  // 1.5 * 2^23
-  float xc;
-  asm("max.NaN.f32 %0, %1, %2;" : "=f"(xc) : "f"(x), "f"(-127.f));
-  const float t = __fadd_rd(xc, ROUND);
-  const float f = xc - (t - ROUND);  // [0, 1)
-  const float p = fmaf(fmaf(fmaf(0.07706724f, f, 0.22764498f), f, 0.69511664f), f, 1.f);
-  const float two_j =
-      __int_as_float((__float_as_int(t) - __float_as_int(ROUND) + 127) << 23);  // j = -127: 0
-  return p * two_j;
-}
-
-// TESSERA_EXP2_EMU_EVERY = k > 0: every k-th key octet of a chunk takes fma_exp2 (1/k of the
-// exponentials); 0 (the default): all on the MUFU.
-#ifndef TESSERA_EXP2_EMU_EVERY
-#define TESSERA_EXP2_EMU_EVERY 0
-#endif
-constexpr int EXP2_EMU_EVERY = TESSERA_EXP2_EMU_EVERY;
-
 // ---- strided [B, H, L, D] operand -------------------------------------------------------------
 // Strides are in elements and 64-bit, so [B,H,L,D] and [B,L,H,D] views both pass without copies
 // and offsets past 2^31 elements are safe. The last dimension is contiguous (checked in Python).
@@ -398,12 +373,10 @@ __device__ __forceinline__ bool softmax_chunk(float (&s)[NB][4], float (&m)[2], 
   float r0[NB], r1[NB];
 #pragma unroll
   for (int nt = 0; nt < NB; ++nt) {
-    const bool emu = EXP2_EMU_EVERY > 0 && nt % EXP2_EMU_EVERY == EXP2_EMU_EVERY - 1;
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float x = fmaf(s[nt][e], scale_log2, -(e < 2 ? base0 : base1));
-      s[nt][e] = emu ? fma_exp2(x) : fast_exp2(x);
-    }
+    s[nt][0] = fast_exp2(fmaf(s[nt][0], scale_log2, -base0));
+    s[nt][1] = fast_exp2(fmaf(s[nt][1], scale_log2, -base0));
+    s[nt][2] = fast_exp2(fmaf(s[nt][2], scale_log2, -base1));
+    s[nt][3] = fast_exp2(fmaf(s[nt][3], scale_log2, -base1));
     r0[nt] = s[nt][0] + s[nt][1];
     r1[nt] = s[nt][2] + s[nt][3];
   }
