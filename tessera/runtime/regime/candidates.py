@@ -68,8 +68,8 @@ def candidate_regimes(head_dim: int, arch: int | None,
     split, so one split policy, the default) and, for 128-row tiles, aligned tiles
     (``align_tiles``, each split policy); at head dim 64 the 128x128 tiles also with 192-key
     steps (``wide_steps``, combine threshold 0, each split policy). Variants whose shared
-    memory exceeds ``arch``'s per-CTA limit are left out. The order is stable (tile shape, then form, then split, then
-    combine), so names index the list reproducibly.
+    memory exceeds ``arch``'s per-CTA limit are left out. The order is stable (tile shape, then
+    form, then split, then combine), so names index the list reproducibly.
     """
     shapes = [dict(block_m=bm, block_n=bn, num_warps=CANDIDATE_WARPS)
               for bm in CANDIDATE_BLOCK_M for bn in CANDIDATE_BLOCK_N]
