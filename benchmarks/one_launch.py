@@ -8,7 +8,10 @@ FlexAttention's FLASH backend, cuDNN's dense SDPA).
 
 The masks are drawn as ``python -m tessera bench`` draws them (its generator seeded 0, the
 case first in its list), bf16 ``[1, H, L, D]`` inputs; the regime is what a plan takes on this
-GPU unless ``--regime`` names one.
+GPU unless ``--regime`` names one. ``--heads`` below the model's makes a shorter launch, for
+Nsight Compute's instruction-level sections (SourceCounters replays a full-size launch for
+minutes); such a plan may take another regime (few heads consult the regime table), so name the
+model's with ``--regime`` to profile its kernel.
 """
 
 from __future__ import annotations
@@ -39,18 +42,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--case", required=True, choices=sorted(CASES))
     ap.add_argument("--regime", help="a Regime name (default: the plan's own selection)")
     ap.add_argument("--runs", type=int, default=3, help="launches (profile the last)")
+    ap.add_argument("--heads", type=int, help="query heads (default: the model's); fewer make a "
+                    "shorter launch, for Nsight Compute's instruction-level sections")
     ap.add_argument("--peer", choices=("cudnn-bsa", "fa4", "sdpa-cudnn"),
                     help="run this peer on the mask instead of Tessera's plan (it must be "
                          "installed; fa4 and sdpa-cudnn compute dense attention)")
     args = ap.parse_args(argv)
     if args.runs < 1:
         ap.error(f"--runs must be at least 1, got {args.runs}")
+    if args.heads is not None and args.heads < 1:
+        ap.error(f"--heads must be at least 1, got {args.heads}")
     regime = None
     if args.regime:
         regime = regime_from_name(args.regime)
         if regime is None:
             ap.error(f"--regime: {args.regime!r} is not a regime name")
     w, c = WORKLOADS[args.shape], CASES[args.case]
+    heads = args.heads or w.heads
     L = w.seq_len
     rng = np.random.default_rng(0)
     if c.sizes is not None:
@@ -59,14 +67,14 @@ def main(argv: list[str] | None = None) -> int:
         n = math.ceil(L / c.block)
         L = n * c.block if c.block < 128 else L  # bench pads 64-token cases to whole blocks
         qb = np.minimum(np.arange(n + 1) * c.block, L)
-    blocks = cp.asarray(c.make(rng, w.heads, qb.size - 1))
+    blocks = cp.asarray(c.make(rng, heads, qb.size - 1))
     mask = tessera.BlockMask.from_dense(blocks, q_bounds=qb, kv_bounds=qb)
-    q, k, v = (torch.randn(1, w.heads, L, w.head_dim, device="cuda", dtype=torch.bfloat16)
+    q, k, v = (torch.randn(1, heads, L, w.head_dim, device="cuda", dtype=torch.bfloat16)
                for _ in range(3))
     if args.peer:
         call, what = _peer_call(args.peer, mask, q, k, v)
     else:
-        plan = tessera.plan(mask, num_q_heads=w.heads, head_dim=w.head_dim, dtype="bfloat16",
+        plan = tessera.plan(mask, num_q_heads=heads, head_dim=w.head_dim, dtype="bfloat16",
                             regime=regime)
         call, what = (lambda: plan.run(q, k, v)), f"{plan.regime.name}; {plan.stats()}"
     for i in range(args.runs):
