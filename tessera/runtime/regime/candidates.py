@@ -42,12 +42,12 @@ def _sm90_shapes(head_dim: int) -> list[tuple[int, int]]:
             if bm != 192 or bn == 128]
 
 
-def wide_candidate(shape: dict, head_dim: int) -> bool:
+def wide_candidate(block_m: int, block_n: int, head_dim: int) -> bool:
     """Whether an sm90 tile shape also gets the 192-key-step form (``Regime.wide_steps``): the
     128x128 producer tiles at head dim 64, the one variant that has it (dense masks ~3% faster,
     random ones slower: a table learns where it pays)."""
-    return (shape["block_m"], shape["block_n"], head_dim) == (128, 128, 64) and sm90_producer(
-        128, 128, head_dim)
+    return (block_m, block_n, head_dim) == (128, 128, 64) and sm90_producer(
+        block_m, block_n, head_dim)
 
 
 def candidate_regimes(head_dim: int, arch: int | None,
@@ -92,7 +92,7 @@ def candidate_regimes(head_dim: int, arch: int | None,
             if shape["block_m"] == 128:
                 forms += [dict(split_ratio=split, combine_threshold=0.0, align_tiles=True)
                           for split in CANDIDATE_SPLIT_RATIO]
-            if wide_candidate(shape, head_dim):
+            if wide_candidate(shape["block_m"], shape["block_n"], head_dim):
                 forms += [dict(split_ratio=split, combine_threshold=0.0, wide_steps=True)
                           for split in CANDIDATE_SPLIT_RATIO]
         for form in forms:

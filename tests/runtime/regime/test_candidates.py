@@ -7,6 +7,7 @@ import pytest
 
 from tessera.runtime import regime as R
 from tessera.runtime.regime import Regime, candidate_regimes, default_regime
+from tessera.runtime.regime.candidates import CANDIDATE_SPLIT_RATIO
 from tessera.runtime.regime.heuristic import SM90_ROWS128, SM90_ROWS192_D64
 from tests.runtime.regime.regime_helpers import clean_selection  # noqa: F401 (autouse fixture)
 
@@ -53,6 +54,12 @@ def test_candidates_small_valid_and_fitting():
                 assert reg in cands and reg.with_(pack_keys=True) in cands
         assert SM90_ROWS128.with_(align_tiles=True) in cands
     assert SM90_ROWS192_D64 in candidate_regimes(64, 90)
+    # 192-key steps: the 128x128 producer tiles at head dim 64 only, in each split policy.
+    wide = [r for d in (64, 96, 128) for r in candidate_regimes(d, 90) if r.wide_steps]
+    assert {(r.block_m, r.block_n, r.producer, r.combine_threshold) for r in wide} == {
+        (128, 128, True, 0.0)}
+    assert sorted(r.split_ratio for r in wide) == sorted(CANDIDATE_SPLIT_RATIO)
+    assert all(r in candidate_regimes(64, 90) for r in wide)
     # sm_86/89 (99 KB) cannot hold the 128x64 tile at head dim 128; unknown arch is as strict.
     small = candidate_regimes(128, 86)
     assert len(small) == 18 and all((r.block_m, r.block_n) != (128, 64) for r in small)
