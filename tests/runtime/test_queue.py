@@ -99,3 +99,46 @@ def test_host_queue_covers_exactly_the_mask(seed):
     assert len(jobs) > 0 and hp == 2  # the split and GQA packing paths are exercised
     assert int(split.sum()) == int(jobs.parts.sum())
     assert sorted(tasks.slot[split]) == list(range(p.queue.num_slots))
+
+
+def _rows_left_out(p: "tessera.Plan") -> int:
+    """Spans of ``p``'s queue that apply to fewer rows than their task has."""
+    tasks, spans = records(p.queue.tasks, Task), records(p.queue.spans, Span)
+    return sum(int(((s.r_start > t.q_start) | (s.r_end < t.q_end)).sum())
+               for t in tasks for s in [spans[t.span_begin:t.span_end]])
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_regimes_that_restrict_no_rows_plan_no_restricted_span(seed):
+    """A regime whose ``restricts_rows`` is False (combine threshold 0, no aligned tiles) plans
+    no span that leaves out any of its task's rows -- what the kernels built without the
+    non-finite check (TESSERA_GUARD 0) rest on -- on variable blocks (query blocks ending inside
+    tiles, neighbours with the same keys) and on a band of 64-token blocks. Aligned tiles on the
+    first and restricted merges on the second do leave rows out."""
+    rng = np.random.default_rng(seed)
+    qb = np.concatenate([[0], np.cumsum(rng.integers(16, 300, 24))])
+    dense = rng.random((4, 24, 24)) < 0.3
+    dense[:, 1::2] = dense[:, ::2]  # neighbours with the same keys: merged runs
+    variable = tessera.BlockMask.from_dense(dense, q_bounds=qb, kv_bounds=qb)
+    i, j = np.arange(16)[:, None], np.arange(16)[None, :]
+    band = tessera.BlockMask.from_dense(
+        np.broadcast_to((j >= i - 2) & (j <= i + 1), (4, 16, 16)), block_size=64)
+    plain = [tessera.Regime(block_m=bm, num_warps=4, combine_threshold=0.0, split_ratio=sr,
+                            min_split_chunks=1) for bm in (64, 128) for sr in (1.0, 1e9)]
+    plain += [tessera.Regime(family="sm90", block_m=bm, block_n=bn, num_warps=bm // 16 + 4,
+                             stages=3, combine_threshold=0.0, **form)
+              for bm, bn in ((64, 64), (128, 128)) for form in ({}, {"pack_keys": True})]
+
+    def left_out(mask, regime, hq=8):  # 8 query heads on 4 kv heads: GQA-packed tasks
+        p = tessera.plan(mask, num_q_heads=hq, num_kv_heads=4, head_dim=64, regime=regime)
+        return _rows_left_out(p)
+
+    for regime in plain:
+        assert not regime.restricts_rows
+        for mask in (variable, band):
+            assert left_out(mask, regime) == 0 and left_out(mask, regime, 4) == 0, regime.name
+    aligned = tessera.Regime(block_m=128, num_warps=4, combine_threshold=0.0, align_tiles=True)
+    merged = tessera.Regime(block_m=128, num_warps=4, combine_threshold=0.3)
+    assert aligned.restricts_rows and merged.restricts_rows
+    # (one query head a kv head: tiles of 128 tokens, which 64-token blocks merge to fill)
+    assert left_out(variable, aligned) > 0 and left_out(band, merged, 4) > 0
