@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             run(), request()
         torch.cuda.synchronize()
         print(f"{shape} {args.case} ({p.regime.name}), ms:")
-        print(f"  kernel, {10} calls back to back: {cuda_time_ms(run, 10, burst=10):.3f}; "
+        print(f"  kernel, 10 calls back to back: {cuda_time_ms(run, 10, burst=10):.3f}; "
               f"lone call {cuda_time_ms(run, 10):.3f}; lone request "
               f"{cuda_time_ms(request, 10):.3f}")
         for label, fn in (("call", run), ("request", request)):
