@@ -40,7 +40,7 @@ def test_candidates_small_valid_and_fitting():
             assert len(aligned) == (6 if arch == 90 else 0)
             assert {r.family for r in cands} == ({"sm80", "sm90"} if arch == 90 else {"sm80"})
     # sm80's 24, and sm90's four shapes x 6 policies + 4 packed + 6 aligned (a fifth shape, 192
-    # rows, at head dim 64).
+    # rows, and the 128x128 tiles' three wide-step forms at head dim 64).
     assert len(candidate_regimes(128, 90)) == 58
     assert len(candidate_regimes(64, 90)) == 68
     # The heuristic's and the selection's choices are measured too.
