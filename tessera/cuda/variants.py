@@ -13,10 +13,18 @@ from pathlib import Path
 
 from .device import SM90_SMEM_PER_SM, SM90_SMEM_RESERVED, smem_limit_bytes
 
-__all__ = ["Variant", "smem_bytes", "ROW_GROUP", "WIDE_BN", "WIDE_SPANS", "WIDE_SLACK"]
+__all__ = ["Variant", "smem_bytes", "ROW_GROUP", "WIDE_BN", "WIDE_SPANS", "WIDE_SLACK",
+           "has_wide_step"]
 
 # The wide key step of the sm90 TMA variants that have one (bsa_sm90.cu TESSERA_WIDE_BN).
 WIDE_BN = 192
+
+
+def has_wide_step(block_m: int, block_n: int, head_dim: int) -> bool:
+    """Whether the sm90 TMA variant of this tile shape and head dim has the wide key step
+    (``WIDE_BN``): 128x128 tiles at head dim 64, whose stages hold 192 keys beside the two
+    consumer warpgroups' accumulators."""
+    return (block_m, block_n, head_dim) == (128, 128, 64)
 
 
 @dataclass(frozen=True)
@@ -63,7 +71,7 @@ class Variant:
         it. ``guard``: as for bsa_sm80."""
         if tma and (not producer or pack_keys):
             raise ValueError("TMA copies are the producer's, for the span-by-span walk")
-        wide = wide and tma and (block_m, block_n, head_dim) == (128, 128, 64)
+        wide = wide and tma and has_wide_step(block_m, block_n, head_dim)
         macros = (("BM", block_m), ("BN", block_n), ("D", head_dim), ("STAGES", stages),
                   ("BF16", int(bf16))) + ((("PACK_KEYS", 1),) if pack_keys else ()) + (
                   (("TMA", 1),) if tma else ()) + (

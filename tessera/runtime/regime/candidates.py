@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from ...cuda.variants import has_wide_step
 from .heuristic import sm90_producer
 from .slots import regime_fits
 from .value import ROW_GROUP, Regime
@@ -44,10 +45,9 @@ def _sm90_shapes(head_dim: int) -> list[tuple[int, int]]:
 
 def wide_candidate(block_m: int, block_n: int, head_dim: int) -> bool:
     """Whether an sm90 tile shape also gets the 192-key-step form (``Regime.wide_steps``): the
-    128x128 producer tiles at head dim 64, the one variant that has it (dense masks ~3% faster,
-    random ones slower: a table learns where it pays)."""
-    return (block_m, block_n, head_dim) == (128, 128, 64) and sm90_producer(
-        block_m, block_n, head_dim)
+    variant that has the step (``variants.has_wide_step``: 128x128 producer tiles at head dim
+    64; dense masks ~3% faster, random ones slower: a table learns where it pays)."""
+    return has_wide_step(block_m, block_n, head_dim)
 
 
 def candidate_regimes(head_dim: int, arch: int | None,
