@@ -60,6 +60,8 @@ from ..runtime.regime import (
     gpu_slug,
     heuristic_choice,
     mask_measures,
+    pack_pays,
+    packed_pick,
     plan_may_split,
     tasks_in_flight,
     write_json_atomic,
@@ -619,11 +621,14 @@ def evaluate(cases: Sequence[Case], *, table: RegimeTable, out: str | Path, arch
         _status(progress, f"{head}: building the mask")
         mask, meas, feats, heuristic = _measure_case(case, prepare, dtype=dtype, arch=arch,
                                                      batch=batch)
-        # What a plan takes (the table's pick, aligned where the mask's estimate says so).
-        aligns = bool(align_pays(mask, 128))
-        found = table.lookup(feats)
-        chosen = heuristic if found is None else aligned_pick(found, aligns)
+        # What a plan takes: the table's pick with the walk and tiling the mask's own estimates
+        # say pay (kept per tile shape, so that a rescore with another table can apply them).
         regimes = candidate_regimes(case.head_dim, arch, kernel_families, combine_thresholds)
+        aligns = bool(align_pays(mask, 128))
+        shapes = sorted({(r.block_m, r.block_n) for r in regimes if r.family == "sm90"})
+        packs = {f"{bm}x{bn}": bool(pack_pays(mask, bn, bm)) for bm, bn in shapes}
+        found = table.lookup(feats)
+        chosen = heuristic if found is None else _planned_pick(found, aligns, packs)
         for extra in (heuristic, chosen):
             if extra not in regimes:
                 regimes.append(extra)
@@ -636,7 +641,8 @@ def evaluate(cases: Sequence[Case], *, table: RegimeTable, out: str | Path, arch
             continue
         records.append(dict(label=case.label, shape=case.shape, family=case.family,
                             key=feats.key(), exact=table.lookup_exact(feats) is not None,
-                            measures=meas.to_dict(), aligns=aligns, chosen=chosen.name,
+                            measures=meas.to_dict(), aligns=aligns, packs=packs,
+                            chosen=chosen.name,
                             default=heuristic.name, times=times))
         write()
         obj = {n: _objective(k, p, objective) for n, (k, p) in times.items()}
@@ -645,10 +651,22 @@ def evaluate(cases: Sequence[Case], *, table: RegimeTable, out: str | Path, arch
     return write()
 
 
+def _planned_pick(found: Regime, aligns: bool, packs: dict[str, bool]) -> Regime:
+    """A table's pick as a plan takes it (selection.table_pick) from the recorded estimates:
+    ``aligns`` (align_pays at 128 rows) and ``packs`` (pack_pays by tile shape; a shape not
+    recorded keeps the pick's walk)."""
+    aligned = aligned_pick(found, aligns)
+    if aligned != found:
+        return aligned
+    return packed_pick(found, bool(packs.get(f"{found.block_m}x{found.block_n}", found.pack_keys)))
+
+
 def rescore_evaluation(doc: dict, table: RegimeTable) -> dict:
     """An evaluation's records with the regime ``table`` picks now (from the recorded feature
     keys and, where recorded, whether the mask's estimate said aligned tiles pay:
-    :func:`~tessera.runtime.regime.aligned_pick`; the heuristic where the table has nothing)
+    :func:`~tessera.runtime.regime.aligned_pick`, and whether the packed key walk pays for
+    each tile shape: :func:`~tessera.runtime.regime.packed_pick`; the heuristic where the
+    table has nothing)
     and their summary. Every candidate was timed on every held-out mask, so a changed lookup
     rule is judged on the same measurements."""
     records = []
@@ -656,7 +674,7 @@ def rescore_evaluation(doc: dict, table: RegimeTable) -> dict:
         feats = MaskFeatures.from_key(r["key"])
         found = table.lookup(feats)
         if found is not None:
-            found = aligned_pick(found, bool(r.get("aligns", False)))
+            found = _planned_pick(found, bool(r.get("aligns", False)), r.get("packs", {}))
         name = found.name if found is not None else r["default"]
         if name not in r["times"]:
             raise ValueError(f"{r['label']}: the table picks {name}, which was not timed")

@@ -408,6 +408,10 @@ def test_evaluate_with_fake_timer_resume_and_budget(tmp_path):
                         budget_s=100, progress=None)
     assert [r["label"] for r in doc["records"]] == ["h1", "h2"]  # budget: 68 calls a mask
     assert all(isinstance(r["aligns"], bool) for r in doc["records"])
+    # Whether the packed walk pays, for each sm90 tile shape among the candidates.
+    assert all(set(r["packs"]) == {"64x64", "64x128", "128x64", "128x128", "192x128"}
+               and all(isinstance(p, bool) for p in r["packs"].values())
+               for r in doc["records"])
     r1, r2 = doc["records"]
     assert r1["chosen"] == fav.name and r1["exact"] and r2["chosen"] == fav.name
     assert r1["default"] == default_regime(90, 64, 128.0).name
@@ -467,3 +471,18 @@ def test_rescore_evaluation_uses_the_tables_lookup():
              times=times)]}
     assert [r["chosen"] for r in prof.rescore_evaluation(doc, t)["records"]] == [
         aligned.name, plain.name]
+    # Where the estimate said the packed walk pays for the pick's tile shape, the pick is
+    # rescored packed (the default split policy, as profiled), and a packed pick where it does
+    # not pays walks span by span; shapes not recorded keep the pick's walk.
+    packed = plain.with_(pack_keys=True)
+    t = RegimeTable([_profiled_entry(f, {plain.with_(split_ratio=2.0): 1.0})], {})
+    times = {plain.with_(split_ratio=2.0).name: [1.5, 0.0], packed.name: [1.0, 0.0]}
+    doc = {"objective": "kernel", "records": [
+        dict(label=k, key=f.key(), chosen=packed.name, default=packed.name, exact=True,
+             aligns=False, packs=p, times=times)
+        for k, p in (("p", {"128x128": True}), ("s", {"128x128": False}), ("o", {"64x64": True}))]}
+    assert [r["chosen"] for r in prof.rescore_evaluation(doc, t)["records"]] == [
+        packed.name, plain.with_(split_ratio=2.0).name, plain.with_(split_ratio=2.0).name]
+    t = RegimeTable([_profiled_entry(f, {packed: 1.0})], {})
+    doc["records"][1]["times"] = {**times, plain.name: [1.2, 0.0]}
+    assert prof.rescore_evaluation(doc, t)["records"][1]["chosen"] == plain.name

@@ -12,7 +12,8 @@ Selection (``tessera.plan(..., regime=None)``, :func:`select_regime`):
    tasks (``tasks.may_split``: shapes with fewer than 16 tasks per slot of the GPU -- few heads,
    short clips -- whose plans synchronize once anyway). There the mask's :class:`MaskFeatures`
    (one kernel and a 16-byte copy on the device) are looked up (:func:`table_pick`: a plain
-   128-row pick takes aligned tiles where :func:`align_pays`); the H200 table picks within 5%
+   128-row pick takes aligned tiles where :func:`align_pays`, an sm90 pick the key walk
+   :func:`pack_pays` says pays); the H200 table picks within 5%
    of the oracle on 83% of held-out 4-head masks, 1.02x faster than the selection without it.
    At the models' full head counts no task may split, the plan needs no
    synchronization, and the heuristic is kept: profiled at those head counts the table's
@@ -45,7 +46,7 @@ from .table import TABLES_DIR, RegimeTable, gpu_slug
 from .value import Regime
 
 __all__ = ["use_table", "active_table", "select_regime", "selected_regime", "table_pick",
-           "heuristic_choice", "aligned_pick", "selection_generation", "describe_table_in_use",
+           "heuristic_choice", "aligned_pick", "packed_pick", "selection_generation", "describe_table_in_use",
            "ENV_TABLE"]
 
 
@@ -308,14 +309,36 @@ def aligned_pick(found: Regime, aligns: bool) -> Regime:
     return found
 
 
+def packed_pick(found: Regime, packs: bool) -> Regime:
+    """A table's sm90 pick with the key walk the mask's own estimate says pays (``packs``:
+    :func:`pack_pays` for the pick's tile shape), as the heuristic's takes it: packed where it
+    pays, span by span where it does not. The features cannot see how many chunks a span-by-span
+    walk wastes on short ragged key blocks (docs/decisions.md). Aligned tiles, merged rows
+    (combine threshold > 0) and 192-key steps keep their walk."""
+    if (found.family != "sm90" or found.align_tiles or found.wide_steps
+            or found.combine_threshold != 0 or found.pack_keys == packs):
+        return found
+    if not packs:
+        return found.with_(pack_keys=False)
+    # A packed plan never splits its tasks: the profiled packed candidates carry the default
+    # split policy, and the pick takes their name.
+    return found.with_(pack_keys=True, split_ratio=Regime.split_ratio)
+
+
 def table_pick(table: RegimeTable, mask_features: features.MaskFeatures,
                mask: Any) -> Regime | None:
-    """What ``table`` answers for a mask with these features, as a plan takes it
-    (:func:`aligned_pick`; the estimate is read only for picks it could change), or None."""
+    """What ``table`` answers for a mask with these features, as a plan takes it: a plain
+    128-row pick with aligned tiles where :func:`align_pays` (:func:`aligned_pick`), else the
+    key walk :func:`pack_pays` says pays (:func:`packed_pick`). Each estimate is read only for
+    picks it could change, and :func:`pack_pays` reads the mask only for ragged key blocks."""
     found = table.lookup(mask_features)
-    if found is None or aligned_pick(found, True) == found:
+    if found is None:
+        return None
+    if aligned_pick(found, True) != found and align_pays(mask, 128):
+        return aligned_pick(found, True)
+    if packed_pick(found, not found.pack_keys) == found:
         return found
-    return aligned_pick(found, align_pays(mask, 128))
+    return packed_pick(found, pack_pays(mask, found.block_n, found.block_m))
 
 
 def describe_table_in_use(arch: int | None) -> str:

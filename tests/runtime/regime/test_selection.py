@@ -252,7 +252,9 @@ def test_table_still_answers_masks_the_heuristic_would_pack():
     assert heuristic(m).pack_keys  # 64-token query blocks, keys ragged against 64-key steps
     try:
         assert R.use_table(table_for(m)) is not None
-        assert plan90(m).regime == PICK
+        # The table's pick, with the key walk the mask's estimate says pays (packed_pick).
+        assert R.pack_pays(m, 64, 64)
+        assert plan90(m).regime == PICK.with_(pack_keys=True, split_ratio=4.0) != heuristic(m)
     finally:
         R.use_table(None)
     assert plan90(m).regime == heuristic(m)
@@ -270,16 +272,61 @@ def test_a_tables_plain_128_row_pick_takes_aligned_tiles_where_they_pay(monkeypa
     plain = R.heuristic.SM90_ROWS128.with_(split_ratio=2.0)
     assert S.aligned_pick(plain, True) == plain.with_(align_tiles=True)
     assert S.aligned_pick(plain, False) == plain
-    for m, aligned in ((clustered, True), (scattered, False)):
+    # The scattered blocks' keys are ragged against 128-key steps: that pick packs them
+    # (packed_pick), the clusters' aligned tiles keep theirs.
+    assert R.pack_pays(scattered, 128, 128)
+    for m, want in ((clustered, plain.with_(align_tiles=True)),
+                    (scattered, plain.with_(pack_keys=True, split_ratio=4.0))):
         R.use_table(table_for(m, regime=plain))
-        assert plan90(m).regime == plain.with_(align_tiles=aligned)
+        assert plan90(m).regime == want
     estimated = []
     monkeypatch.setattr(S, "align_pays", lambda *a: estimated.append(1) or True)
     for pick in (PICK, plain.with_(pack_keys=True, split_ratio=4.0),
                  plain.with_(align_tiles=True)):
+        # pack_pays keeps each pick's walk here: only whether align_pays is read is asked.
+        monkeypatch.setattr(S, "pack_pays", lambda *a, keep=pick.pack_keys: keep)
         R.use_table(table_for(clustered, regime=pick))
         assert plan90(clustered).regime == pick
     assert estimated == []
+    R.use_table(None)
+
+
+def test_a_tables_sm90_pick_takes_the_key_walk_pack_pays_says_pays(monkeypatch):
+    """The features cannot see how many chunks a span-by-span walk wastes on short ragged key
+    blocks: a table's sm90 pick packs its keys where pack_pays says so of the mask (taking the
+    default split policy, the packed candidates' name) and walks span by span where it does not;
+    the estimate is read only for ragged key blocks, and aligned, merging and 192-key-step picks
+    keep their walk."""
+    rng = np.random.default_rng(4)
+    kb = np.r_[0, np.cumsum(rng.integers(16, 96, 40))]
+    qb = np.arange(0, 48 * 64 + 1, 64)
+    ragged = BlockMask.from_dense(rng.random((2, 48, 40)) < 0.15, q_bounds=qb, kv_bounds=kb)
+    uniform = wan_like_mask()
+    assert R.pack_pays(ragged, 128, 64) and not R.pack_pays(uniform, 128, 128)
+    plain = R.heuristic.SM90_ROWS64_D64.with_(split_ratio=2.0)
+    packed = plain.with_(pack_keys=True, split_ratio=4.0)
+    assert S.packed_pick(plain, True) == packed and S.packed_pick(plain, False) == plain
+    assert S.packed_pick(packed, False) == packed.with_(pack_keys=False)
+    for kept in (PICK80, plain.with_(combine_threshold=0.3),
+                 R.heuristic.SM90_ROWS128.with_(align_tiles=True),
+                 R.heuristic.SM90_ROWS128.with_(block_n=128, wide_steps=True)):
+        assert S.packed_pick(kept, True) == kept == S.packed_pick(kept, False)
+    R.use_table(table_for(ragged, regime=plain))
+    assert plan90(ragged).regime == packed
+    R.use_table(table_for(ragged, regime=packed))
+    assert plan90(ragged).regime == packed
+    # A uniform geometry: pack_pays answers no from the bounds alone, and a packed pick walks
+    # span by span.
+    reads = []
+    real = R.heuristic.mapping.key_walk_chunks
+    monkeypatch.setattr(R.heuristic.mapping, "key_walk_chunks",
+                        lambda *a: reads.append(1) or real(*a))
+    upick = R.heuristic.SM90_ROWS128.with_(pack_keys=True)
+    R.use_table(table_for(uniform, regime=upick))
+    assert plan90(uniform).regime == upick.with_(pack_keys=False)
+    assert reads == []
+    R.use_table(table_for(ragged, regime=plain))
+    assert plan90(ragged).regime == packed and reads == [1]
     R.use_table(None)
 
 
