@@ -9,9 +9,11 @@ FlexAttention's FLASH backend, cuDNN's dense SDPA).
 The masks are drawn as ``python -m tessera bench`` draws them (its generator seeded 0, the
 case first in its list), bf16 ``[1, H, L, D]`` inputs; the regime is what a plan takes on this
 GPU unless ``--regime`` names one. ``--heads`` below the model's makes a shorter launch, for
-Nsight Compute's instruction-level sections (SourceCounters replays a full-size launch for
-minutes); such a plan may take another regime (few heads consult the regime table), so name the
-model's with ``--regime`` to profile its kernel.
+Nsight Compute's instruction-level data (SourceCounters replays even an 8-head launch for
+minutes; PC sampling alone, ``--metrics group:smsp__pcsamp_warp_stall_reasons``, takes seconds
+and ``--page source`` lists its samples by instruction); such a plan may take another regime
+(few heads consult the regime table), so name the model's with ``--regime`` to profile its
+kernel.
 """
 
 from __future__ import annotations
