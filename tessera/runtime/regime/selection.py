@@ -46,8 +46,8 @@ from .table import TABLES_DIR, RegimeTable, gpu_slug
 from .value import Regime
 
 __all__ = ["use_table", "active_table", "select_regime", "selected_regime", "table_pick",
-           "heuristic_choice", "aligned_pick", "packed_pick", "selection_generation", "describe_table_in_use",
-           "ENV_TABLE"]
+           "heuristic_choice", "aligned_pick", "packed_pick", "selection_generation",
+           "describe_table_in_use", "ENV_TABLE"]
 
 
 ENV_TABLE = "TESSERA_REGIME_TABLE"
