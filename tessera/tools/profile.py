@@ -662,13 +662,12 @@ def _planned_pick(found: Regime, aligns: bool, packs: dict[str, bool]) -> Regime
 
 
 def rescore_evaluation(doc: dict, table: RegimeTable) -> dict:
-    """An evaluation's records with the regime ``table`` picks now (from the recorded feature
-    keys and, where recorded, whether the mask's estimate said aligned tiles pay:
-    :func:`~tessera.runtime.regime.aligned_pick`, and whether the packed key walk pays for
-    each tile shape: :func:`~tessera.runtime.regime.packed_pick`; the heuristic where the
-    table has nothing)
-    and their summary. Every candidate was timed on every held-out mask, so a changed lookup
-    rule is judged on the same measurements."""
+    """An evaluation's records with the regime ``table`` picks now, and their summary: from the
+    recorded feature keys and, where recorded, the mask's estimates (aligned tiles pay:
+    :func:`~tessera.runtime.regime.aligned_pick`; the packed key walk pays, by tile shape:
+    :func:`~tessera.runtime.regime.packed_pick`); the heuristic where the table has nothing.
+    Every candidate was timed on every held-out mask, so a changed lookup rule is judged on the
+    same measurements."""
     records = []
     for r in doc["records"]:
         feats = MaskFeatures.from_key(r["key"])
