@@ -1,0 +1,157 @@
+"""Nsight Compute's PC samples of a kernel, by role and instruction class: where its warps are
+when sampled. The tables "Where the 64-token head-dim-64 kernel's warps wait" and "Dense
+against FlashAttention-4" of benchmarks/RESULTS.md are read this way.
+
+Input: ``ncu --import R --page source --csv --print-source sass`` of a report taken with
+``--metrics group:smsp__pcsamp_warp_stall_reasons,smsp__pcsamp_sample_count`` (PC sampling
+alone takes seconds where the SourceCounters section replays a long kernel for minutes): per
+kernel a ``"Kernel Name"`` line, a header naming ``"Source"`` and the sample columns, then one
+row per SASS instruction. A warp-specialized kernel's producer is the code from a register
+release (``USETMAXREG.DEALLOC``) to the next register claim (``USETMAXREG.TRY_ALLOC``) or the
+end; the rest is the consumers'. A kernel without either is all consumers.
+
+    python3 -m tessera.tools.pc_samples src.csv [--top 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import re
+import sys
+from dataclasses import dataclass, field
+from typing import TextIO
+
+__all__ = ["KernelSamples", "CLASSES", "read_source_csv", "opcode", "instruction_class", "main"]
+
+# Instruction classes by opcode prefix (the first that matches), in report order. A branch right
+# after a barrier wait is that wait's poll loop and counts with it.
+CLASSES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("exponentials", ("MUFU.EX2",)),
+    ("row maxima", ("FMNMX", "SHFL")),
+    ("arithmetic", ("FADD", "FMUL", "FFMA", "F2FP", "FSETP")),
+    ("wgmma issue", ("HGMMA",)),
+    ("wgmma waits", ("WARPGROUP.DEPBAR",)),
+    ("barrier waits", ("SYNCS.PHASECHK", "NANOSLEEP")),
+)
+
+_REST = "rest"
+
+_PREDICATE = re.compile(r"^@!?U?P[T0-9]+\s+")
+
+# The sample columns, the first one present: every sample, else the stall-reason group's sum.
+_SAMPLE_COLUMNS = ("smsp__pcsamp_sample_count", "group:smsp__pcsamp_warp_stall_reasons")
+
+
+def opcode(source: str) -> str:
+    """The opcode of a SASS line (``"@!P0 BRA 0x..."`` -> ``"BRA"``)."""
+    words = _PREDICATE.sub("", source.strip()).split()
+    return words[0] if words else ""
+
+
+def instruction_class(source: str, previous: str = "") -> str:
+    """The class of :data:`CLASSES` a SASS line belongs to (``previous``: the line before it,
+    for the branch of a barrier wait's poll loop), else ``"rest"``."""
+    op = opcode(source)
+    if op.startswith("BRA") and previous and instruction_class(previous) == "barrier waits":
+        return "barrier waits"
+    for name, prefixes in CLASSES:
+        if op.startswith(prefixes):
+            return name
+    return _REST
+
+
+@dataclass
+class KernelSamples:
+    """One kernel's SASS lines and the samples at each, in program order."""
+
+    name: str
+    sources: list[str] = field(default_factory=list)
+    samples: list[int] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return sum(self.samples)
+
+    def producer_lines(self) -> list[bool]:
+        """Per line, whether it is the producer's (between a register release and the next
+        register claim)."""
+        out, inside = [], False
+        for src in self.sources:
+            op = opcode(src)
+            if op.startswith("USETMAXREG"):
+                inside = "DEALLOC" in op
+            out.append(inside)
+        return out
+
+    def shares(self) -> tuple[float, dict[str, float]]:
+        """The producer's share of all samples, and each class's share of the consumers'."""
+        producer = self.producer_lines()
+        total = self.total
+        by_class = {name: 0 for name, _ in CLASSES} | {_REST: 0}
+        previous = ""
+        for src, n, prod in zip(self.sources, self.samples, producer):
+            if not prod:
+                by_class[instruction_class(src, previous)] += n
+            previous = src
+        consumers = sum(by_class.values())
+        return ((total - consumers) / total if total else 0.0,
+                {k: v / consumers if consumers else 0.0 for k, v in by_class.items()})
+
+    def top(self, n: int) -> list[tuple[int, int, str]]:
+        """The ``n`` lines with the most samples: (line index, samples, source)."""
+        order = sorted(range(len(self.samples)), key=lambda i: -self.samples[i])
+        return [(i, self.samples[i], self.sources[i].strip()) for i in order[:n]]
+
+
+def read_source_csv(stream: TextIO) -> list[KernelSamples]:
+    """Every kernel of an ncu source-page CSV export, with its samples per SASS line."""
+    kernels: list[KernelSamples] = []
+    source_col = sample_col = None
+    for row in csv.reader(stream):
+        if len(row) >= 2 and row[0] == "Kernel Name":
+            kernels.append(KernelSamples(row[1]))
+            source_col = sample_col = None
+            continue
+        if not kernels:
+            continue
+        if "Source" in row:
+            source_col = row.index("Source")
+            sample_col = next((row.index(c) for c in _SAMPLE_COLUMNS if c in row), None)
+            if sample_col is None:
+                raise ValueError("the source page has no PC-sample column (take the report "
+                                 f"with --metrics {_SAMPLE_COLUMNS[1]}); columns: {row}")
+            continue
+        if source_col is None or len(row) <= max(source_col, sample_col):
+            continue
+        value = row[sample_col].replace(",", "")
+        if not value.isdigit():
+            continue
+        kernels[-1].sources.append(row[source_col])
+        kernels[-1].samples.append(int(value))
+    return [k for k in kernels if k.sources]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("csv", help="ncu --page source --csv --print-source sass output")
+    ap.add_argument("--top", type=int, default=8, help="lines with the most samples to list")
+    args = ap.parse_args(argv)
+    if args.top < 0:
+        ap.error(f"--top must be at least 0, got {args.top}")
+    with open(args.csv, newline="") as f:
+        kernels = read_source_csv(f)
+    if not kernels:
+        print(f"{args.csv}: no kernel with PC samples", file=sys.stderr)
+        return 1
+    for k in kernels:
+        producer, classes = k.shares()
+        print(f"{k.name[:80]}: {k.total:,} samples, producer {100 * producer:.1f}%")
+        print("  consumers: " + ", ".join(f"{name} {100 * v:.1f}%" for name, v in classes.items()))
+        for i, n, src in k.top(args.top):
+            print(f"  line {i:5d} {100 * n / k.total:5.1f}%  {src[:90]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
