@@ -54,15 +54,14 @@ from ..runtime.regime import (
     Regime,
     RegimeTable,
     align_pays,
-    aligned_pick,
     candidate_regimes,
     features_from_measures,
     gpu_slug,
     heuristic_choice,
     mask_measures,
     pack_pays,
-    packed_pick,
     plan_may_split,
+    planned_pick,
     tasks_in_flight,
     write_json_atomic,
 )
@@ -628,7 +627,7 @@ def evaluate(cases: Sequence[Case], *, table: RegimeTable, out: str | Path, arch
         shapes = sorted({(r.block_m, r.block_n) for r in regimes if r.family == "sm90"})
         packs = {f"{bm}x{bn}": bool(pack_pays(mask, bn, bm)) for bm, bn in shapes}
         found = table.lookup(feats)
-        chosen = heuristic if found is None else _planned_pick(found, aligns, packs)
+        chosen = heuristic if found is None else _as_recorded(found, aligns, packs)
         for extra in (heuristic, chosen):
             if extra not in regimes:
                 regimes.append(extra)
@@ -651,14 +650,12 @@ def evaluate(cases: Sequence[Case], *, table: RegimeTable, out: str | Path, arch
     return write()
 
 
-def _planned_pick(found: Regime, aligns: bool, packs: dict[str, bool]) -> Regime:
-    """A table's pick as a plan takes it (selection.table_pick) from the recorded estimates:
-    ``aligns`` (align_pays at 128 rows) and ``packs`` (pack_pays by tile shape; a shape not
-    recorded keeps the pick's walk)."""
-    aligned = aligned_pick(found, aligns)
-    if aligned != found:
-        return aligned
-    return packed_pick(found, bool(packs.get(f"{found.block_m}x{found.block_n}", found.pack_keys)))
+def _as_recorded(found: Regime, aligns: bool, packs: dict[str, bool]) -> Regime:
+    """A table's pick as a plan takes it (:func:`~tessera.runtime.regime.planned_pick`) from an
+    evaluation's recorded estimates: ``aligns`` (align_pays at 128 rows) and ``packs``
+    (pack_pays by tile shape; a shape not recorded keeps the pick's walk)."""
+    return planned_pick(found, lambda: aligns,
+                        lambda r: bool(packs.get(f"{r.block_m}x{r.block_n}", r.pack_keys)))
 
 
 def rescore_evaluation(doc: dict, table: RegimeTable) -> dict:
@@ -673,7 +670,7 @@ def rescore_evaluation(doc: dict, table: RegimeTable) -> dict:
         feats = MaskFeatures.from_key(r["key"])
         found = table.lookup(feats)
         if found is not None:
-            found = _planned_pick(found, bool(r.get("aligns", False)), r.get("packs", {}))
+            found = _as_recorded(found, bool(r.get("aligns", False)), r.get("packs", {}))
         name = found.name if found is not None else r["default"]
         if name not in r["times"]:
             raise ValueError(f"{r['label']}: the table picks {name}, which was not timed")

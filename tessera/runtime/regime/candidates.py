@@ -9,7 +9,7 @@ from .heuristic import sm90_producer
 from .slots import regime_fits
 from .value import ROW_GROUP, Regime
 
-__all__ = ["candidate_regimes", "wide_candidate"]
+__all__ = ["candidate_regimes"]
 
 
 # The space the profiler measures: 2 x 2 x 3 x 2 = 24 sm80 regimes; on sm_90 the sm90 family's
@@ -41,13 +41,6 @@ def _sm90_shapes(head_dim: int) -> list[tuple[int, int]]:
     rows = CANDIDATE_SM90_BLOCK_M.get(head_dim, CANDIDATE_BLOCK_M)
     return [(bm, bn) for bm in rows for bn in CANDIDATE_SM90_BLOCK_N
             if bm != 192 or bn == 128]
-
-
-def wide_candidate(block_m: int, block_n: int, head_dim: int) -> bool:
-    """Whether an sm90 tile shape also gets the 192-key-step form (``Regime.wide_steps``): the
-    variant that has the step (``variants.has_wide_step``: 128x128 producer tiles at head dim
-    64; dense masks ~3% faster, random ones slower: a table learns where it pays)."""
-    return has_wide_step(block_m, block_n, head_dim)
 
 
 def candidate_regimes(head_dim: int, arch: int | None,
@@ -92,7 +85,9 @@ def candidate_regimes(head_dim: int, arch: int | None,
             if shape["block_m"] == 128:
                 forms += [dict(split_ratio=split, combine_threshold=0.0, align_tiles=True)
                           for split in CANDIDATE_SPLIT_RATIO]
-            if wide_candidate(shape["block_m"], shape["block_n"], head_dim):
+            # The variants with the 192-key step (128x128 producer tiles at head dim 64): dense
+            # masks ~3% faster, random ones slower, so a table learns where it pays.
+            if has_wide_step(shape["block_m"], shape["block_n"], head_dim):
                 forms += [dict(split_ratio=split, combine_threshold=0.0, wide_steps=True)
                           for split in CANDIDATE_SPLIT_RATIO]
         for form in forms:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import functools
 import os
 import warnings
-from typing import Any
+from typing import Any, Callable
 
 from ...cuda import device
 from ...dtypes import dtype_name
@@ -46,8 +46,8 @@ from .table import TABLES_DIR, RegimeTable, gpu_slug
 from .value import Regime
 
 __all__ = ["use_table", "active_table", "select_regime", "selected_regime", "table_pick",
-           "heuristic_choice", "aligned_pick", "packed_pick", "selection_generation",
-           "describe_table_in_use", "ENV_TABLE"]
+           "heuristic_choice", "aligned_pick", "packed_pick", "planned_pick",
+           "selection_generation", "describe_table_in_use", "ENV_TABLE"]
 
 
 ENV_TABLE = "TESSERA_REGIME_TABLE"
@@ -325,20 +325,30 @@ def packed_pick(found: Regime, packs: bool) -> Regime:
     return found.with_(pack_keys=True, split_ratio=Regime.split_ratio)
 
 
+def planned_pick(found: Regime, aligns: Callable[[], bool],
+                 packs: Callable[[Regime], bool]) -> Regime:
+    """A table's pick as a plan takes it, given the mask's estimates (each asked only for picks
+    it could change): a plain 128-row pick with aligned tiles where ``aligns()``
+    (:func:`aligned_pick`), else the key walk ``packs(pick)`` says pays (:func:`packed_pick`).
+    :func:`table_pick` asks the mask; the profiler's rescoring asks an evaluation's records."""
+    aligned = aligned_pick(found, True)
+    if aligned != found and aligns():
+        return aligned
+    if packed_pick(found, not found.pack_keys) == found:
+        return found
+    return packed_pick(found, packs(found))
+
+
 def table_pick(table: RegimeTable, mask_features: features.MaskFeatures,
                mask: Any) -> Regime | None:
-    """What ``table`` answers for a mask with these features, as a plan takes it: a plain
-    128-row pick with aligned tiles where :func:`align_pays` (:func:`aligned_pick`), else the
-    key walk :func:`pack_pays` says pays (:func:`packed_pick`). Each estimate is read only for
-    picks it could change, and :func:`pack_pays` reads the mask only for ragged key blocks."""
+    """What ``table`` answers for a mask with these features, as a plan takes it
+    (:func:`planned_pick` with :func:`align_pays` and :func:`pack_pays` of ``mask``; the latter
+    reads the mask only for ragged key blocks), or None."""
     found = table.lookup(mask_features)
     if found is None:
         return None
-    if aligned_pick(found, True) != found and align_pays(mask, 128):
-        return aligned_pick(found, True)
-    if packed_pick(found, not found.pack_keys) == found:
-        return found
-    return packed_pick(found, pack_pays(mask, found.block_n, found.block_m))
+    return planned_pick(found, lambda: align_pays(mask, 128),
+                        lambda r: pack_pays(mask, r.block_n, r.block_m))
 
 
 def describe_table_in_use(arch: int | None) -> str:
