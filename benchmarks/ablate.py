@@ -1,0 +1,206 @@
+"""Where an sm90 kernel's time goes: a ``bench`` case's plan timed in one process against plans
+of the same regime whose kernel is built from a changed source (``--patch``): one part of the
+consumer loop taken out (the softmax, its exponentials, the P·V products, the warpgroups' issue
+turns), or a schedule to try. An ablated kernel computes something else by design and is only
+timed; each plan's largest difference from the unchanged kernel's output is printed.
+
+    python3 benchmarks/ablate.py --shape wan-1.3b-480p --case dense --patch softmax,exp,pv,turns
+
+The configurations are timed in rounds, each its ``BURST``-call timings, the order rotated and
+reversed every other round (no configuration always runs first, on a GPU that has just idled
+through a compile), after two seconds of warm-up; the median of the rounds is reported, and the
+ratio of the unchanged kernel's time to each. A patch that no longer applies (its text not
+found exactly once in the current sources) stops the program before anything runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+from typing import Iterator
+
+import numpy as np
+
+_SOFTMAX_CALL = """        {
+          const int lane_now = thread_index() % 32;
+          const int t0 = tok_base + lane_now / 4, t1 = t0 + 8;
+          softmax_chunk(s, m, l, al, walk.key0(), walk.key_end(),
+                        t0 >= lo && t0 < hi, t1 >= lo && t1 < hi,
+                        lane_now % 4, scale_log2);
+        }"""
+_PV_ISSUE = ("        for (int kk = 0; kk < W / 16; ++kk) "
+             "Wgmma<D>::rs(&o[0][0], pa[kk], vd.at(v_step(kk)), 1);\n"
+             "        wgmma_commit();\n"
+             "        pass_issue_turn(wg);")
+_PV_WAIT = """        wgmma_wait<0>();
+        wgmma_hold<D / 2>(&o[0][0]);
+        wgmma_hold<W / 2>(&s[0][0]);  // P is rewritten only after the P V that read it is done"""
+
+# name -> (what it shows, ((source file, text, replacement), ...))
+PATCHES: dict[str, tuple[str, tuple[tuple[str, str, str], ...]]] = {
+    "softmax": ("no softmax: P is the raw scores (the matrix work and its feed alone)",
+                (("bsa_sm90.cu", _SOFTMAX_CALL, "        al[0] = al[1] = 1.f;"),)),
+    "exp": ("exponentials replaced by their arguments (the MUFU's work gone, the rest kept)",
+            (("common.cuh", 'asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));',
+              "y = x;"),)),
+    "pv": ("no P V products (S and the softmax: half the matrix work)",
+           (("bsa_sm90.cu", _PV_ISSUE, _PV_ISSUE.replace("Wgmma<D>::rs", "if (0) Wgmma<D>::rs")),)),
+    "turns": ("consumer warpgroups issue their wgmma without taking turns",
+              (("bsa_sm90.cu", "    if (WS) named_bar_sync(1 + wg, 256);\n"
+                "    else if (wg == 1) named_bar_sync(1, 256);",
+                "    if (!WS && wg == 1) named_bar_sync(1, 256);"),
+               ("bsa_sm90.cu", "    if (WS) named_bar_arrive(1 + (wg + 1) % WGS, 256);\n"
+                "    else if (wg == 0) named_bar_arrive(1, 256);",
+                "    if (!WS && wg == 0) named_bar_arrive(1, 256);"))),
+    # ptxas places the P V wait ahead of the exponentials (SASS of every sm90 variant): a
+    # shared store that never executes (its predicate, a negative row sum, is never true) but
+    # takes the row sums is an instruction ptxas orders the wait after, so the exponentials
+    # run while P V does.
+    "anchor": ("the P V wait kept after the exponentials (a predicated-off shared store)",
+               (("bsa_sm90.cu", _PV_WAIT,
+                 '        asm volatile("{\\n.reg .pred p;\\nsetp.lt.f32 p, %1, 0f00000000;\\n'
+                 '@p st.shared.f32 [%0], %1;\\n}" :: "r"(q_base), "f"(l[0] + l[1]) : "memory");\n'
+                 + _PV_WAIT),)),
+}
+
+
+def patched_sources(names: list[str]) -> dict[str, str]:
+    """The kernel sources with the patches ``names`` applied: {file: text} of the files they
+    change. Raises ValueError naming a patch whose text is not found exactly once."""
+    from tessera.cuda import loader
+
+    out: dict[str, str] = {}
+    for name in names:
+        if name not in PATCHES:
+            raise ValueError(f"--patch: unknown patch {name!r} (known: {', '.join(PATCHES)})")
+        for path, old, new in PATCHES[name][1]:
+            text = out.get(path) or loader._read_source(path)
+            if text.count(old) != 1:
+                raise ValueError(f"patch {name!r} no longer applies: its text occurs "
+                                 f"{text.count(old)} times in {path}, not once")
+            out[path] = text.replace(old, new)
+    return out
+
+
+class _SourceOverride:
+    """While active, the kernel loader reads the given sources instead of the files, and
+    forgets the block-sparse kernels it has built (the planner's stay)."""
+
+    def __init__(self, sources: dict[str, str]) -> None:
+        self.sources = sources
+
+    def __enter__(self) -> "_SourceOverride":
+        from tessera.cuda import loader
+
+        self._read = loader._read_source
+        loader._read_source = lambda name: self.sources.get(name) or self._read(name)
+        self._forget()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        from tessera.cuda import loader
+
+        loader._read_source = self._read
+        self._forget()
+
+    @staticmethod
+    def _forget() -> None:
+        from tessera.cuda import loader
+
+        for key in [k for k in loader._loaded if k[0].source.startswith("bsa_")]:
+            del loader._loaded[key]
+        for key in [k for k in loader._modules if k[0].startswith("bsa_")]:
+            del loader._modules[key]
+
+
+def _rounds(n: int, configs: list[str]) -> Iterator[list[str]]:
+    """The order of each round: rotated by one each round, reversed every other."""
+    for r in range(n):
+        order = configs[r % len(configs):] + configs[:r % len(configs)]
+        yield order[::-1] if r % 2 else order
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    import tessera
+    from tessera.runtime.regime import regime_from_name
+    from tessera.tools.bench import BURST, CASES
+    from tessera.tools.timing import cuda_time_ms
+    from tessera.tools.workloads import WORKLOADS
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shape", required=True, choices=sorted(WORKLOADS))
+    ap.add_argument("--case", required=True,
+                    help=f"bench cases on uniform blocks, comma-separated ({', '.join(CASES)})")
+    ap.add_argument("--patch", required=True,
+                    help=f"patches, comma-separated ({', '.join(PATCHES)}); 'a+b' applies "
+                         "two together")
+    ap.add_argument("--regime", help="a Regime name (default: the plan's own selection)")
+    ap.add_argument("--rounds", type=int, default=8, help="timing rounds (default 8)")
+    args = ap.parse_args(argv)
+    cases = args.case.split(",")
+    for c in cases:
+        if c not in CASES or CASES[c].sizes is not None:
+            ap.error(f"--case: {c!r} is not a bench case on uniform blocks")
+    if args.rounds < 1:
+        ap.error(f"--rounds must be at least 1, got {args.rounds}")
+    patches = args.patch.split(",")
+    try:
+        sources = {p: patched_sources(p.split("+")) for p in patches}
+    except ValueError as exc:
+        ap.error(str(exc))
+    regime = None
+    if args.regime:
+        regime = regime_from_name(args.regime)
+        if regime is None:
+            ap.error(f"--regime: {args.regime!r} is not a regime name")
+    for p in patches:
+        for name in p.split("+"):
+            print(f"{name}: {PATCHES[name][0]}")
+
+    w = WORKLOADS[args.shape]
+    rng = np.random.default_rng(0)
+    for case in cases:
+        c = CASES[case]
+        n = math.ceil(w.seq_len / c.block)
+        length = n * c.block if c.block < 128 else w.seq_len  # as bench pads 64-token cases
+        qb = np.minimum(np.arange(n + 1) * c.block, length)
+        mask = tessera.BlockMask.from_dense(torch.from_numpy(c.make(rng, w.heads, n)).cuda(),
+                                            q_bounds=qb, kv_bounds=qb)
+        q, k, v = (torch.randn(1, w.heads, length, w.head_dim, device="cuda",
+                               dtype=torch.bfloat16) for _ in range(3))
+        flops = 4 * w.head_dim * int(mask.selected_pairs(1, w.heads).sum())
+        plans, outs = {}, {}
+        for name in ["kernel", *patches]:
+            with _SourceOverride(sources.get(name, {})):
+                plans[name] = tessera.plan(mask, num_q_heads=w.heads, head_dim=w.head_dim,
+                                           dtype="bfloat16", regime=regime)
+                outs[name] = plans[name].run(q, k, v).float()
+                torch.cuda.synchronize()
+        until = time.monotonic() + 2.0
+        while time.monotonic() < until:  # steady clocks before the first timing
+            plans["kernel"].run(q, k, v)
+            torch.cuda.synchronize()
+        times: dict[str, list[float]] = {name: [] for name in plans}
+        for order in _rounds(args.rounds, list(plans)):
+            for name in order:
+                times[name].append(cuda_time_ms(lambda: plans[name].run(q, k, v), 3,
+                                                burst=BURST))
+        base = statistics.median(times["kernel"])
+        print(f"\n{args.shape} {case}: {plans['kernel'].regime.name}, median of "
+              f"{args.rounds} rounds")
+        print(f"{'kernel':24s} {'ms':>8s} {'TF/s':>6s} {'speed':>6s} {'max diff':>9s}  rounds")
+        for name, p in plans.items():
+            t = statistics.median(times[name])
+            diff = (outs[name] - outs["kernel"]).abs().max().item()
+            print(f"{name:24s} {t:8.3f} {flops / t / 1e9:6.0f} {base / t:6.3f} {diff:9.1e}  "
+                  + " ".join(f"{x:.3f}" for x in times[name]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

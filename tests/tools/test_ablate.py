@@ -1,0 +1,60 @@
+"""benchmarks/ablate.py (CPU): every source patch still applies to the kernels as they are and
+the patched TMA kernel builds for sm_90a without spills or serialized wgmma; the timing order
+gives no configuration a fixed place."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from tessera.cuda import loader
+
+_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "ablate.py"
+_spec = importlib.util.spec_from_file_location("ablate", _PATH)
+ablate = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(ablate)
+
+
+@pytest.mark.parametrize("name", sorted(ablate.PATCHES))
+def test_every_patch_applies_once_and_changes_its_files(name):
+    out = ablate.patched_sources([name])
+    assert out, name
+    for path, text in out.items():
+        assert text != loader._read_source(path)
+
+
+def test_patches_combine_and_unknown_or_stale_ones_are_refused(monkeypatch):
+    both = ablate.patched_sources(["softmax", "exp"])
+    assert set(both) == {"bsa_sm90.cu", "common.cuh"}
+    with pytest.raises(ValueError, match="unknown patch 'nope'"):
+        ablate.patched_sources(["nope"])
+    monkeypatch.setitem(ablate.PATCHES, "stale",
+                        ("gone", (("bsa_sm90.cu", "text that is not in the kernel", ""),)))
+    with pytest.raises(ValueError, match="'stale' no longer applies"):
+        ablate.patched_sources(["stale"])
+
+
+def test_rounds_rotate_and_reverse():
+    configs = ["kernel", "a", "b"]
+    rounds = list(ablate._rounds(6, configs))
+    assert all(sorted(r) == sorted(configs) for r in rounds)
+    firsts = [r[0] for r in rounds]
+    assert all(firsts.count(c) == 2 for c in configs)
+    assert rounds[1] == (configs[1:] + configs[:1])[::-1]
+
+
+pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="NVRTC comes with the CUDA extras")
+
+
+@pytest.mark.parametrize("name", ["anchor", "softmax+exp+pv+turns"])
+def test_patched_kernel_builds(name, tmp_path, monkeypatch):
+    from tessera.runtime.regime.heuristic import SM90_ROWS128
+
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    sources = ablate.patched_sources(name.split("+"))
+    v = SM90_ROWS128.variant(128, True, tma=True)
+    with ablate._SourceOverride(sources):
+        res = loader.compile_variant(v, "sm_90a", use_cache=False)
+    assert res.spill_bytes == 0
