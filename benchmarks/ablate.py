@@ -1,8 +1,9 @@
 """Where an sm90 kernel's time goes: a ``bench`` case's plan timed in one process against plans
 of the same regime whose kernel is built from a changed source (``--patch``): one part of the
 consumer loop taken out (the softmax, its exponentials, the P·V products, the warpgroups' issue
-turns), or a schedule to try. An ablated kernel computes something else by design and is only
-timed; each plan's largest difference from the unchanged kernel's output is printed.
+turns), or the order of its exponentials against the P·V wait flipped. An ablated kernel
+computes something else by design and is only timed; each plan's largest difference from the
+unchanged kernel's output is printed.
 
     python3 benchmarks/ablate.py --shape wan-1.3b-480p --case dense --patch softmax,exp,pv,turns
 
@@ -35,9 +36,6 @@ _PV_ISSUE = ("        for (int kk = 0; kk < W / 16; ++kk) "
              "Wgmma<D>::rs(&o[0][0], pa[kk], vd.at(v_step(kk)), 1);\n"
              "        wgmma_commit();\n"
              "        pass_issue_turn(wg);")
-_PV_WAIT = """        wgmma_wait<0>();
-        wgmma_hold<D / 2>(&o[0][0]);
-        wgmma_hold<W / 2>(&s[0][0]);  // P is rewritten only after the P V that read it is done"""
 
 # name -> (what it shows, ((source file, text, replacement), ...))
 PATCHES: dict[str, tuple[str, tuple[tuple[str, str, str], ...]]] = {
@@ -55,15 +53,11 @@ PATCHES: dict[str, tuple[str, tuple[tuple[str, str, str], ...]]] = {
                ("bsa_sm90.cu", "    if (WS) named_bar_arrive(1 + (wg + 1) % WGS, 256);\n"
                 "    else if (wg == 0) named_bar_arrive(1, 256);",
                 "    if (!WS && wg == 0) named_bar_arrive(1, 256);"))),
-    # ptxas places the P V wait ahead of the exponentials (SASS of every sm90 variant): a
-    # shared store that never executes (its predicate, a negative row sum, is never true) but
-    # takes the row sums is an instruction ptxas orders the wait after, so the exponentials
-    # run while P V does.
-    "anchor": ("the P V wait kept after the exponentials (a predicated-off shared store)",
-               (("bsa_sm90.cu", _PV_WAIT,
-                 '        asm volatile("{\\n.reg .pred p;\\nsetp.lt.f32 p, %1, 0f00000000;\\n'
-                 '@p st.shared.f32 [%0], %1;\\n}" :: "r"(q_base), "f"(l[0] + l[1]) : "memory");\n'
-                 + _PV_WAIT),)),
+    # The variants set it where it pays (variants.pv_wait_anchored); this flips it everywhere.
+    "anchor": ("the exponentials' order against the P V wait flipped (order_wait_after on "
+               "where the variant has it off, off where on)",
+               (("bsa_sm90.cu", "constexpr bool PV_WAIT_ANCHOR = TESSERA_PV_WAIT_ANCHOR != 0;",
+                 "constexpr bool PV_WAIT_ANCHOR = TESSERA_PV_WAIT_ANCHOR == 0;"),)),
 }
 
 

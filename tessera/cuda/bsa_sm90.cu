@@ -37,6 +37,9 @@
 //                    starts 1024-aligned; checked): the 1 KB that lets two 64x64 producer CTAs
 //                    with one Q buffer share an SM at head dim 128
 //   TESSERA_GUARD    0: no non-finite check of row-restricted chunks (common.cuh, GuardedRows)
+//   TESSERA_PV_WAIT_ANCHOR 1: the softmax's exponentials issued before the wait for the
+//                    previous chunk's P V (order_wait_after), where ptxas otherwise moves the
+//                    wait ahead of them (variants.py says where it pays)
 //   TESSERA_WIDE_BN  (TMA producer only; 0: off) a wider key step for tasks whose few spans are
 //                    long: the producer takes a task of at most WIDE_SPANS spans at WIDE_BN
 //                    keys a step when that computes at most ~3% more padded keys than BN-key
@@ -75,6 +78,9 @@
 #endif
 #ifndef TESSERA_SMEM_ALIGNED
 #define TESSERA_SMEM_ALIGNED 0
+#endif
+#ifndef TESSERA_PV_WAIT_ANCHOR
+#define TESSERA_PV_WAIT_ANCHOR 0
 #endif
 
 namespace {
@@ -155,6 +161,17 @@ constexpr bool OVERLAP_PV = !(D == 128 && BN == 128 && (!TMA || WGS == 1)) &&
                             !(WGS == 3 && BN == 128 && !(TMA && D == 64));
 template <int W>
 __device__ constexpr bool overlap_pv() { return W == BN && OVERLAP_PV; }
+// ptxas places the wait for P_{j-1} V_{j-1} ahead of the softmax's exponentials whatever the
+// source order (the SASS of every variant: the wait lands within the row-max reduction), so
+// they run only once P V is done. It keeps the wait behind a shared-memory store, so one that
+// takes the row sums -- which depend on every exponential -- holds the exponentials ahead of
+// it. The store never executes: its predicate, a negative row sum, is never true (sums of
+// exponentials are >= 0 or NaN), so `addr` is never written.
+constexpr bool PV_WAIT_ANCHOR = TESSERA_PV_WAIT_ANCHOR != 0;
+__device__ __forceinline__ void order_wait_after(u32 addr, float x) {
+  asm volatile("{\n.reg .pred p;\nsetp.lt.f32 p, %1, 0f00000000;\n@p st.shared.f32 [%0], %1;\n}"
+               ::"r"(addr), "f"(x) : "memory");
+}
 // WalkOf: the walk of the threads that copy K/V; ComputeWalkOf: the consumers' (which need no
 // key positions: with packed keys, only each chunk's key count).
 #if TESSERA_PACK_KEYS
@@ -814,6 +831,7 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
                         t0 >= lo && t0 < hi, t1 >= lo && t1 < hi,
                         lane_now % 4, scale_log2);
         }
+        if constexpr (PV_WAIT_ANCHOR && overlap_pv<W>()) order_wait_after(q_base, l[0] + l[1]);
         wgmma_wait<0>();
         wgmma_hold<D / 2>(&o[0][0]);
         wgmma_hold<W / 2>(&s[0][0]);  // P is rewritten only after the P V that read it is done

@@ -27,6 +27,15 @@ def has_wide_step(block_m: int, block_n: int, head_dim: int) -> bool:
     return (block_m, block_n, head_dim) == (128, 128, 64)
 
 
+def pv_wait_anchored(block_m: int, block_n: int, head_dim: int, tma: bool) -> bool:
+    """Whether the sm90 variant keeps its softmax's exponentials ahead of the wait for the
+    previous P V (``TESSERA_PV_WAIT_ANCHOR``, bsa_sm90.cu): the TMA form of 64x64 tiles at head
+    dim 128, a lone consumer warpgroup a CTA, whose exponentials then overlap its own P V (Wan's
+    64-token top-k 1.055x faster, H200). Elsewhere it measured within -2..+2%: the other
+    warpgroups' products already fill the tensor cores (docs/decisions.md)."""
+    return tma and (block_m, block_n, head_dim) == (64, 64, 128)
+
+
 @dataclass(frozen=True)
 class Variant:
     """One compiled configuration of a kernel source.
@@ -76,7 +85,9 @@ class Variant:
                   ("BF16", int(bf16))) + ((("PACK_KEYS", 1),) if pack_keys else ()) + (
                   (("TMA", 1),) if tma else ()) + (
                   (("WIDE_BN", WIDE_BN), ("WIDE_SPANS", WIDE_SPANS), ("WIDE_SLACK", WIDE_SLACK))
-                  if wide else ()) + (() if guard else (("GUARD", 0),))
+                  if wide else ()) + (() if guard else (("GUARD", 0),)) + (
+                  (("PV_WAIT_ANCHOR", 1),) if pv_wait_anchored(block_m, block_n, head_dim, tma)
+                  else ())
         if not producer:
             return cls("bsa_sm90.cu", "bsa_fwd_sm90", macros)
         def ws(q_buffers: int, min_blocks: int, aligned: bool = False) -> "Variant":
