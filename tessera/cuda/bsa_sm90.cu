@@ -8,8 +8,8 @@
 // rows 64w .. 64w+63 (warp i of the CTA owns rows 16i .. 16i+15, as in the portable family),
 // walking the task's key spans BN keys at a time: S = Q K^T (wgmma, both operands K-major in
 // shared memory), softmax on the S accumulators, O += P V (wgmma, P from registers, V N-major in
-// shared memory). The softmax of one chunk runs while the tensor cores multiply the previous
-// chunk's P by its V.
+// shared memory). The softmax of one chunk starts while the tensor cores multiply the previous
+// chunk's P by its V (how much of it runs beside that product: order_wait_after).
 //
 // Variant parameters (macros, set by tessera/cuda/loader.py):
 //   TESSERA_BM       rows per task, 64 per warpgroup (192, three warpgroups: producer only)
@@ -147,7 +147,7 @@ constexpr int KV_BOX = WIDE ? 64 : BN;
 #endif
 constexpr int WIDE_SPANS = TESSERA_WIDE_SPANS;
 constexpr int WIDE_SLACK = TESSERA_WIDE_SLACK;
-// The softmax of chunk j runs while the tensor cores multiply P_{j-1} by V_{j-1} where the
+// The softmax of chunk j starts while the tensor cores multiply P_{j-1} by V_{j-1} where the
 // registers allow P, S and O to be live at once: not at head dim 128 with 128-key steps, where
 // ptxas spills even at the consumers' 224 registers (there the wait for S_j also waits for
 // P_{j-1} V_{j-1}, and only the two warpgroups' alternation overlaps softmax and matrix work)
@@ -750,8 +750,9 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
       }
 
       // Software pipeline, per warpgroup: iteration j issues S_j = Q K_j^T and then O += P_{j-1}
-      // V_{j-1}, waits for S_j only, runs the softmax of chunk j while the tensor cores still work
-      // on P V, then waits for that, rescales O and turns S_j into P_j. The stage being refilled
+      // V_{j-1}, waits for S_j only, starts the softmax of chunk j while the tensor cores still
+      // work on P V (its exponentials too where order_wait_after keeps them there), then waits
+      // for that, rescales O and turns S_j into P_j. The stage being refilled
       // in iteration j (with chunk j + PREFETCH) held chunk j-2, which every warpgroup finished
       // with before the barrier. The matrix operations are issued unconditionally (a row tile
       // with no part in a chunk gets P = 0): ptxas serializes wgmma issued on paths it cannot
