@@ -10,8 +10,10 @@ unchanged kernel's output is printed.
 The configurations are timed in rounds, each its ``BURST``-call timings, the order rotated and
 reversed every other round (no configuration always runs first, on a GPU that has just idled
 through a compile), after two seconds of warm-up; the median of the rounds is reported, and the
-ratio of the unchanged kernel's time to each. A patch that no longer applies (its text not
-found exactly once in the current sources) stops the program before anything runs.
+ratio of the unchanged kernel's time to each. ``--peer cudnn-bsa`` times cuDNN's block-sparse
+attention in the same rounds, once its output agrees with the kernel's. A patch that no longer
+applies (its text not found exactly once in the current sources) stops the program before
+anything runs.
 """
 
 from __future__ import annotations
@@ -122,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import tessera
     from tessera.runtime.regime import regime_from_name
+    from tessera.tools import peers
     from tessera.tools.bench import BURST, CASES
     from tessera.tools.timing import cuda_time_ms
     from tessera.tools.workloads import WORKLOADS
@@ -135,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
                          "two together")
     ap.add_argument("--regime", help="a Regime name (default: the plan's own selection)")
     ap.add_argument("--rounds", type=int, default=8, help="timing rounds (default 8)")
+    ap.add_argument("--peer", choices=("cudnn-bsa",),
+                    help="time cuDNN's block-sparse attention in the same rounds (as bench "
+                         "configures it; it must be installed), its output checked first")
     args = ap.parse_args(argv)
     cases = args.case.split(",")
     for c in cases:
@@ -147,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
         sources = {p: patched_sources(p.split("+")) for p in patches}
     except ValueError as exc:
         ap.error(str(exc))
+    if args.peer and not peers.cudnn_bsa_available():
+        ap.error("--peer cudnn-bsa: nvidia-cudnn-frontend is not installed")
     regime = None
     if args.regime:
         regime = regime_from_name(args.regime)
@@ -168,27 +176,40 @@ def main(argv: list[str] | None = None) -> int:
         q, k, v = (torch.randn(1, w.heads, length, w.head_dim, device="cuda",
                                dtype=torch.bfloat16) for _ in range(3))
         flops = 4 * w.head_dim * int(mask.selected_pairs(1, w.heads).sum())
-        plans, outs = {}, {}
+        calls, outs = {}, {}
         for name in ["kernel", *patches]:
             with _SourceOverride(sources.get(name, {})):
-                plans[name] = tessera.plan(mask, num_q_heads=w.heads, head_dim=w.head_dim,
-                                           dtype="bfloat16", regime=regime)
-                outs[name] = plans[name].run(q, k, v).float()
+                plan = tessera.plan(mask, num_q_heads=w.heads, head_dim=w.head_dim,
+                                    dtype="bfloat16", regime=regime)
+                calls[name] = (lambda p=plan: p.run(q, k, v))
+                outs[name] = calls[name]().float()
                 torch.cuda.synchronize()
+                if name == "kernel":
+                    regime_name = plan.regime.name
+        if args.peer:
+            inputs = peers.cudnn_bsa_inputs(mask, 1, w.heads, q.device)
+            if inputs is None:
+                print(f"{case}: not a mask cuDNN BSA runs exactly; not timed")
+            else:
+                out = peers.run_cudnn_bsa(q, k, v, inputs)
+                diff = peers.relative_difference(out, outs["kernel"])
+                if diff > peers.PEER_TOLERANCE:
+                    print(f"{case}: cuDNN BSA differs by {diff:.2e}; not timed")
+                else:
+                    calls[args.peer] = (lambda: peers.run_cudnn_bsa(q, k, v, inputs))
+                    outs[args.peer] = out.float()
         until = time.monotonic() + 2.0
         while time.monotonic() < until:  # steady clocks before the first timing
-            plans["kernel"].run(q, k, v)
+            calls["kernel"]()
             torch.cuda.synchronize()
-        times: dict[str, list[float]] = {name: [] for name in plans}
-        for order in _rounds(args.rounds, list(plans)):
+        times: dict[str, list[float]] = {name: [] for name in calls}
+        for order in _rounds(args.rounds, list(calls)):
             for name in order:
-                times[name].append(cuda_time_ms(lambda: plans[name].run(q, k, v), 3,
-                                                burst=BURST))
+                times[name].append(cuda_time_ms(calls[name], 3, burst=BURST))
         base = statistics.median(times["kernel"])
-        print(f"\n{args.shape} {case}: {plans['kernel'].regime.name}, median of "
-              f"{args.rounds} rounds")
+        print(f"\n{args.shape} {case}: {regime_name}, median of {args.rounds} rounds")
         print(f"{'kernel':24s} {'ms':>8s} {'TF/s':>6s} {'speed':>6s} {'max diff':>9s}  rounds")
-        for name, p in plans.items():
+        for name in calls:
             t = statistics.median(times[name])
             diff = (outs[name] - outs["kernel"]).abs().max().item()
             print(f"{name:24s} {t:8.3f} {flops / t / 1e9:6.0f} {base / t:6.3f} {diff:9.1e}  "
