@@ -400,3 +400,20 @@ def test_cache_files_are_written_whole_or_not_at_all(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="disk full"):
         loader._write_atomic(target, b"third, cut short")
     assert target.read_bytes() == b"second" and [p.name for p in tmp_path.iterdir()] == ["k.cubin"]
+
+
+def test_pv_wait_anchor_only_where_it_pays(tmp_path, monkeypatch):
+    """The TMA form of 64x64 tiles at head dim 128 builds with its exponentials kept ahead of
+    the P V wait (variants.pv_wait_anchored), spill-free and unserialized; its cp.async form
+    and other shapes build without it."""
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    reg = Regime(family="sm90", block_m=64, block_n=64, num_warps=8, stages=3,
+                 combine_threshold=0.0)
+    anchored = reg.variant(128, True, tma=True)
+    assert dict(anchored.macros).get("PV_WAIT_ANCHOR") == 1
+    assert "PV_WAIT_ANCHOR" not in dict(reg.variant(128, True, tma=False).macros)
+    assert "PV_WAIT_ANCHOR" not in dict(reg.variant(64, True, tma=True).macros)
+    rows128 = Regime(family="sm90", block_m=128, num_warps=12, block_n=128, stages=3)
+    assert "PV_WAIT_ANCHOR" not in dict(rows128.variant(128, True, tma=True).macros)
+    res = loader.compile_variant(anchored, "sm_90a")
+    assert res.spill_bytes == 0
