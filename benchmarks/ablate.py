@@ -19,7 +19,6 @@ anything runs.
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import sys
 import time
@@ -168,11 +167,10 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(0)
     for case in cases:
         c = CASES[case]
-        n = math.ceil(w.seq_len / c.block)
-        length = n * c.block if c.block < 128 else w.seq_len  # as bench pads 64-token cases
-        qb = np.minimum(np.arange(n + 1) * c.block, length)
-        mask = tessera.BlockMask.from_dense(torch.from_numpy(c.make(rng, w.heads, n)).cuda(),
-                                            q_bounds=qb, kv_bounds=qb)
+        qb = c.bounds(w.seq_len)  # as bench pads 64-token cases
+        length = int(qb[-1])
+        blocks = torch.from_numpy(c.make(rng, w.heads, qb.size - 1)).cuda()
+        mask = tessera.BlockMask.from_dense(blocks, q_bounds=qb, kv_bounds=qb)
         q, k, v = (torch.randn(1, w.heads, length, w.head_dim, device="cuda",
                                dtype=torch.bfloat16) for _ in range(3))
         flops = 4 * w.head_dim * int(mask.selected_pairs(1, w.heads).sum())

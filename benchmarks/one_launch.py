@@ -19,7 +19,6 @@ kernel.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from typing import TYPE_CHECKING, Callable
 
@@ -66,9 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     if c.sizes is not None:
         qb = variable_bounds(rng, L, *c.sizes)
     else:
-        n = math.ceil(L / c.block)
-        L = n * c.block if c.block < 128 else L  # bench pads 64-token cases to whole blocks
-        qb = np.minimum(np.arange(n + 1) * c.block, L)
+        qb = c.bounds(L)  # as bench pads 64-token cases to whole blocks
+        L = int(qb[-1])
     blocks = cp.asarray(c.make(rng, heads, qb.size - 1))
     mask = tessera.BlockMask.from_dense(blocks, q_bounds=qb, kv_bounds=qb)
     q, k, v = (torch.randn(1, heads, L, w.head_dim, device="cuda", dtype=torch.bfloat16)

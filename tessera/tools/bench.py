@@ -76,6 +76,13 @@ class Case:
     make: Callable[[np.random.Generator, int, int], np.ndarray]
     sizes: tuple[int, int] | None = None
 
+    def bounds(self, seq_len: int) -> np.ndarray:
+        """Token bounds of a uniform case's blocks over ``seq_len`` tokens (its last one the
+        length it runs at): blocks under 128 tokens pad the length to whole blocks."""
+        n = math.ceil(seq_len / self.block)
+        length = n * self.block if self.block < 128 else seq_len
+        return np.minimum(np.arange(n + 1) * self.block, length)
+
 
 CASES: dict[str, Case] = {
     "random-10": Case(128, lambda rng, h, n: rng.random((h, n, n)) < 0.10),
@@ -156,17 +163,15 @@ def run(shapes: list[str], cases: list[str], reps: int = 20, flex: bool = True,
                 blocks = torch.from_numpy(c.make(rng, h, qb.size - 1)).cuda()
             elif case in CASES:
                 c = CASES[case]
-                n = math.ceil(L / c.block)
-                length = L
-                if c.block < 128 and L % c.block:
-                    length = n * c.block
+                qb = kb = c.bounds(L)
+                length = int(qb[-1])
+                if length != L:
                     if length not in padded:
                         padded[length] = tuple(torch.randn(batch, h, length, d, device="cuda",
                                                            dtype=torch.bfloat16)
                                                for _ in range(3))
                     q, k, v = padded[length]
-                blocks = torch.from_numpy(c.make(rng, h, n)).cuda()
-                qb = kb = np.minimum(np.arange(n + 1) * c.block, length)
+                blocks = torch.from_numpy(c.make(rng, h, qb.size - 1)).cuda()
             else:
                 host, qb, kb = _family_blocks(shape, case, h)
                 blocks = torch.from_numpy(host).cuda()

@@ -23,3 +23,14 @@ def test_every_case_makes_its_density(name):
     assert abs(a.mean() - want) < 0.02, (name, a.mean())
     if name == "topk64-10":  # top-k: the same count in every row
         assert (a.sum(-1) == round(0.1 * n)).all()
+
+
+def test_uniform_case_bounds_pad_only_small_blocks():
+    """64-token cases run at the length padded to whole blocks, 128-token ones unpadded."""
+    CASES = bench.CASES
+    b64 = CASES["topk64-10"].bounds(17550)
+    assert b64[-1] == 17600 and b64.size == 276 and (np.diff(b64) == 64).all()
+    b128 = CASES["random-10"].bounds(17550)
+    assert b128[-1] == 17550 and b128.size == 139 and (np.diff(b128)[:-1] == 128).all()
+    assert np.diff(b128)[-1] == 17550 - 137 * 128
+    assert CASES["random64-30"].bounds(128)[-1] == 128
