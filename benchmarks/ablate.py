@@ -36,6 +36,7 @@ _SOFTMAX_CALL = """        {
 _PV_ISSUE = ("        for (int kk = 0; kk < W / 16; ++kk) "
              "Wgmma<D>::rs(&o[0][0], pa[kk], vd.at(v_step(kk)), 1);\n"
              "        wgmma_commit();\n"
+             "        if (!prepare_first) prepare();\n"
              "        pass_issue_turn(wg);")
 
 # name -> (what it shows, ((source file, text, replacement), ...))
@@ -59,6 +60,19 @@ PATCHES: dict[str, tuple[str, tuple[tuple[str, str, str], ...]]] = {
                "where the variant has it off, off where on)",
                (("bsa_sm90.cu", "constexpr bool PV_WAIT_ANCHOR = TESSERA_PV_WAIT_ANCHOR != 0;",
                  "constexpr bool PV_WAIT_ANCHOR = TESSERA_PV_WAIT_ANCHOR == 0;"),)),
+    "unstaged": ("TMA consumers read each chunk's span fields from global memory instead of "
+                 "the producer's word beside the stage (STAGED_SPANS off)",
+                 (("bsa_sm90.cu", "constexpr bool STAGED_SPANS = TMA;",
+                   "constexpr bool STAGED_SPANS = false;"),)),
+    "prepare-first": ("each chunk's word read and V tail zeroed before its products are "
+                      "issued where the variant does it after, and after where before "
+                      "(PREPARE_FIRST flipped)",
+                      (("bsa_sm90.cu", "constexpr bool PREPARE_FIRST = PV_WAIT_ANCHOR;",
+                        "constexpr bool PREPARE_FIRST = !PV_WAIT_ANCHOR;"),)),
+    "producer-warps": ("all four producer warps run the TMA producer's loop, not one",
+                       (("bsa_sm90.cu",
+                         "constexpr int PRODUCER_THREADS = TESSERA_TMA ? 32 : LOADERS;",
+                         "constexpr int PRODUCER_THREADS = LOADERS;"),)),
 }
 
 

@@ -95,6 +95,10 @@ constexpr bool WS = TESSERA_PRODUCER != 0;
 constexpr int CONSUMERS = WGS * 128;
 constexpr int NT = CONSUMERS + (WS ? 128 : 0);
 constexpr int LOADERS = WS ? 128 : NT;  // threads that issue the copies
+// The producer warpgroup's threads that run its task loop. With TMA one thread issues every
+// copy and arrive, so only its warp stays: the other three would only poll the same barriers,
+// taking issue slots from the consumer warps of their SM sub-partitions.
+constexpr int PRODUCER_THREADS = TESSERA_TMA ? 32 : LOADERS;
 constexpr int SW = D % 64 == 0 ? 128 : 64;  // swizzle span and chunk width, bytes
 constexpr int PPC = SW / 16;                // 16-byte pieces per chunk row
 constexpr int CPR = D / 8;                  // 16-byte pieces per row
@@ -416,6 +420,48 @@ __device__ __forceinline__ void tma_load_q(u32 qs, const TmaMaps& maps, int q_st
   for (int p = 0; p < D * 2 / SW; ++p)
     tma_load_4d(qs + (u32)(p * BM * SW), maps.q, p * SW / 2, q_start, h0, b, bar);
 }
+
+// ---- each chunk's span fields, staged by the TMA producer ---------------------------------------
+// With TMA copies the producer writes each chunk's key range and its span's row restriction
+// into a 16-byte word beside the chunk's stage (before the arrive that completes the stage's
+// full barrier with the copies: the barrier's release and the consumers' acquiring wait order
+// it), so the consumers never read the spans from global memory. Read there, the row
+// restriction's loads sat between a chunk's wgmma issues (ptxas placed its compares there)
+// and the next span's key range in the loop's back edge (moved into a uniform register): a
+// global load's latency per span on the consumers' path, every chunk at 64-token blocks.
+// The task's last chunk has key0's sign bit set (keys stay below 2^31).
+constexpr bool STAGED_SPANS = TMA;
+constexpr int LAST_CHUNK = (int)0x80000000u;
+__device__ __forceinline__ void stage_chunk_info(u32 at, int key0, int key_end, int row_lo,
+                                                 int row_hi, bool last) {
+  asm volatile("st.shared.v4.s32 [%0], {%1, %2, %3, %4};" ::"r"(at),
+               "r"(last ? key0 | LAST_CHUNK : key0), "r"(key_end), "r"(row_lo), "r"(row_hi)
+               : "memory");
+}
+// The consumers' walk with STAGED_SPANS (ChunkWalk's interface): `read` takes a landed
+// chunk's word; whether a chunk is left comes from the last word read (a task with no span
+// has none).
+struct StagedWalk {
+  int k0, k1, lo, hi;
+  bool left;
+  __device__ __forceinline__ void open(const int*, int s, int se) { left = s < se; }
+  __device__ __forceinline__ bool more(int) const { return left; }
+  __device__ __forceinline__ void read(u32 at) {
+    asm volatile("ld.shared.v4.s32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(k0), "=r"(k1), "=r"(lo), "=r"(hi) : "r"(at) : "memory");
+    left = k0 >= 0;
+    k0 &= ~LAST_CHUNK;
+  }
+  __device__ __forceinline__ void next(const int*, int) {}
+  __device__ __forceinline__ int key0() const { return k0; }
+  __device__ __forceinline__ int key_end() const { return k1; }
+  __device__ __forceinline__ int row_lo(const int*) const { return lo; }
+  __device__ __forceinline__ int row_hi(const int*) const { return hi; }
+};
+// The walk the consumers compute a task's chunks by, for step width W.
+template <bool STAGED, int W> struct ConsumerWalkSel { using type = ComputeWalkOf<W>; };
+template <int W> struct ConsumerWalkSel<true, W> { using type = StagedWalk; };
+template <int W> using ConsumerWalkOf = typename ConsumerWalkSel<STAGED_SPANS, W>::type;
 template <int REGS>
 __device__ __forceinline__ void regs_decrease() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(REGS));
@@ -451,6 +497,11 @@ constexpr int TAIL_BAR = PRODUCER_BAR + 1;
 // P V reads the stage (cp.async copies repeat the span's last key there instead, a selected
 // one). The issue turns order the other warpgroups' wgmma after warpgroup 0's (a barrier chain);
 // a lone warpgroup syncs its own threads. Only partial chunks pay (`valid` is uniform).
+// PREPARE_FIRST: every chunk's word read and V tail zeroed before its products are issued,
+// not only a task's first chunk's (see the consumer loop). After the issue is faster on every
+// kernel measured but the lone consumer warpgroup at head dim 128 (64x64 tiles, the variant
+// built with PV_WAIT_ANCHOR), which runs 1.03-1.08x faster with them first (docs/decisions.md).
+constexpr bool PREPARE_FIRST = PV_WAIT_ANCHOR;
 template <int W>
 __device__ __forceinline__ void zero_v_tail(u32 vs, int valid, int wg) {
   if constexpr (TMA) {
@@ -546,7 +597,8 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
   const u32 q_base = (smem_base + 1023u) & ~1023u;
   const u32 stage_base = q_base + Q_BUFS * Q_BYTES;
   // mbarriers after the stages (producer variant): full[STAGES], empty[STAGES], Q full[Q_BUFS],
-  // Q empty[Q_BUFS], then four task-index words. Task n's Q sits in buffer n % Q_BUFS.
+  // Q empty[Q_BUFS], then four task-index words (and with STAGED_SPANS a chunk word a stage).
+  // Task n's Q sits in buffer n % Q_BUFS.
   const u32 full_bar = stage_base + STAGES * STAGE_BYTES;
   const u32 empty_bar = full_bar + 8 * STAGES;
   const u32 q_full_bar = empty_bar + 8 * STAGES;
@@ -566,6 +618,8 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
   volatile int* task_slot = reinterpret_cast<volatile int*>(
       smem_raw + (q_empty_bar + 8 * Q_BUFS - smem_addr(smem_raw)));
   volatile int* next_slot = task_slot + 2;
+  // STAGED_SPANS: one 16-byte word a stage after them, the chunk it holds (stage_chunk_info).
+  const u32 chunk_info = q_empty_bar + 8 * Q_BUFS + 16;
 
   if constexpr (WS) {
     if (tid == 0) {
@@ -586,6 +640,7 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
       // c - STAGES. Its copies arrive on the Q / stage full barriers.
       regs_decrease<PRODUCER_REGS>();
       const int ptid = tid - CONSUMERS;
+      if (ptid >= PRODUCER_THREADS) return;
       int c = 0;  // chunks loaded, over all of this CTA's tasks
       int ti = blockIdx.x;  // the first task; later ones are taken from the shared counter
       for (int n = 0;; ++n) {
@@ -647,9 +702,13 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
             }
             if (c >= STAGES) mbar_wait(empty_bar + 8 * st, (c / STAGES - 1) & 1);
 #if TESSERA_TMA
-            if (ptid == 0)
+            if (ptid == 0) {
+              if constexpr (STAGED_SPANS)
+                stage_chunk_info(chunk_info + 16 * st, w.key0(), w.key_end(), w.row_lo(spans),
+                                 w.row_hi(spans), w.last(task.span_end));
               tma_load_kv<W>(stage_base + (u32)(st * STAGE_BYTES), tma_maps, w.key0(),
                              task.h0 / group, task.b, full_bar + 8 * st);
+            }
 #else
             load_kv(stage_base + (u32)(st * STAGE_BYTES), task.k_head, k_sl, task.v_head, v_sl,
                     w, spans, task.span_end, ptid);
@@ -670,7 +729,7 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
           if (ticket == num_tasks() - 1) *task_counter = 0;
           next_slot[(n + 1) & 1] = ticket + (int)gridDim.x;
         }
-        named_bar_sync(PRODUCER_BAR, LOADERS);  // the producer's own: the index is written
+        named_bar_sync(PRODUCER_BAR, PRODUCER_THREADS);  // the producer's own: index written
         ti = next_slot[(n + 1) & 1];
       }
       cp_async_wait<0>();
@@ -717,11 +776,15 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
       constexpr int W = decltype(step)::keys;
       WalkOf<W> load_walk;  // (the plain variant's: with a producer the consumers copy nothing)
       if constexpr (!WS) load_walk.open(spans, task.span_begin, se);
-      ComputeWalkOf<W> walk;
+      ConsumerWalkOf<W> walk;
       if constexpr (!WS && !PACKED) walk = load_walk;  // the same walk: no second read
       else walk.open(spans, task.span_begin, se);
       if (idle) {
         for (; walk.more(se); ++j) {
+          if constexpr (STAGED_SPANS) {  // (the chunk's word says whether another follows)
+            mbar_wait(full_bar + 8 * (j % STAGES), (j / STAGES) & 1);
+            walk.read(chunk_info + 16 * (j % STAGES));
+          }
           wait_issue_turn(wg);
           pass_issue_turn(wg);
           mbar_arrive(empty_bar + 8 * (j % STAGES));  // (the turn came after chunk j landed)
@@ -792,10 +855,17 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
         }
 
         const u32 ks = stage_base + (u32)((j % STAGES) * STAGE_BYTES);
-        // Rows this span applies to, clipped to the tile's real rows.
-        const int lo = max(walk.row_lo(spans), q_start);
-        const int hi = min(walk.row_hi(spans), q_end);
-        zero_v_tail<W>(ks + KV_BYTES, walk.key_end() - walk.key0(), wg);
+        // The chunk's word (STAGED_SPANS) is read and a partial chunk's V tail zeroed once this
+        // iteration's products are issued -- they read K_j and V_{j-1} only, so the issue never
+        // waits for the chunk's fields -- but before the turn passes, which orders the other
+        // warpgroups' products after the zeros. A task's first chunk does both first: its P V
+        // (P = 0) reads its own V.
+        const bool prepare_first = PREPARE_FIRST || jt == 0;
+        const auto prepare = [&] {
+          if constexpr (STAGED_SPANS) walk.read(chunk_info + 16 * (j % STAGES));
+          zero_v_tail<W>(ks + KV_BYTES, walk.key_end() - walk.key0(), wg);
+        };
+        if (prepare_first) prepare();
         if (guard_prev) kept.keep(o);
 
         wait_issue_turn(wg);
@@ -810,11 +880,16 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
 #pragma unroll
         for (int kk = 0; kk < W / 16; ++kk) Wgmma<D>::rs(&o[0][0], pa[kk], vd.at(v_step(kk)), 1);
         wgmma_commit();
+        if (!prepare_first) prepare();
         pass_issue_turn(wg);
+        // Rows this span applies to, clipped to the tile's real rows.
+        const int lo = max(walk.row_lo(spans), q_start);
+        const int hi = min(walk.row_hi(spans), q_end);
+        const int valid = walk.key_end() - walk.key0();
         // (checked while the tensor cores work; `lo`, `hi` are uniform, so is the branch)
         int guard = 0;
         if (GUARD && (lo > q_start || hi < q_end) &&
-            stage_v_non_finite<W>(ks + KV_BYTES, walk.key_end() - walk.key0(), wg))
+            stage_v_non_finite<W>(ks + KV_BYTES, valid, wg))
           guard = excluded_rows(tok_base + thread_index() % 32 / 4, lo, hi);
 
         wgmma_wait<overlap_pv<W>() ? 1 : 0>();

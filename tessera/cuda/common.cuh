@@ -207,6 +207,8 @@ struct ChunkWalk : SpanPosition {
     kpos += BN_;
     if (kpos >= k1) open(spans, si + 1, se);
   }
+  // Whether the current chunk is the task's last (next would leave no span).
+  __device__ __forceinline__ bool last(int se) const { return kpos + BN_ >= k1 && si + 1 >= se; }
   // The key row r of the current chunk is copied from: rows past the span end repeat its last
   // key (finite data; their scores are masked), so no read leaves the span.
   __device__ __forceinline__ i64 row_key(int r) const { return min(kpos + r, k1 - 1); }

@@ -193,8 +193,11 @@ def smem_bytes(v: Variant) -> int:
         d, stages = v.macro("D"), v.macro("STAGES")
         macros = dict(v.macros)
         q_bufs = macros.get("Q_BUFFERS", 1)
-        # producer: full/empty per stage and per Q buffer, four task-index words
+        # producer: full/empty per stage and per Q buffer, four task-index words; with TMA a
+        # 16-byte chunk word per stage (STAGED_SPANS)
         barriers = 8 * (2 * stages + 2 * q_bufs + 2) if macros.get("PRODUCER") else 0
+        if macros.get("TMA"):
+            barriers += 16 * stages
         align = 0 if macros.get("SMEM_ALIGNED") else 1024
         return align + 2 * d * (q_bufs * v.macro("BM") + stages * 2 * v.kv_rows) + barriers
     return 0

@@ -48,7 +48,7 @@ def test_rounds_rotate_and_reverse():
 pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="NVRTC comes with the CUDA extras")
 
 
-@pytest.mark.parametrize("name", ["anchor", "softmax+exp+pv+turns"])
+@pytest.mark.parametrize("name", ["anchor", "softmax+exp+pv+turns", "unstaged+producer-warps"])
 def test_patched_kernel_builds(name, tmp_path, monkeypatch):
     from tessera.runtime.regime.heuristic import SM90_ROWS128
 
