@@ -1,9 +1,11 @@
 """Where an sm90 kernel's time goes: a ``bench`` case's plan timed in one process against plans
 of the same regime whose kernel is built from a changed source (``--patch``): one part of the
 consumer loop taken out (the softmax, its exponentials, the P·V products, the warpgroups' issue
-turns), or the order of its exponentials against the P·V wait flipped. An ablated kernel
-computes something else by design and is only timed; each plan's largest difference from the
-unchanged kernel's output is printed.
+turns), the order of its exponentials against the P·V wait flipped, or one of the TMA
+producer's choices taken back (staged span fields, one producer warp, the chunk's fields read
+after the issue). An ablated kernel may compute something else by design and is only timed;
+each plan's largest difference from the unchanged kernel's output is printed (0 for the
+choices, which change no result).
 
     python3 benchmarks/ablate.py --shape wan-1.3b-480p --case dense --patch softmax,exp,pv,turns
 

@@ -28,7 +28,8 @@
 //   TESSERA_TMA      1 (producer, unpacked walk only): one producer thread copies each Q tile
 //                    and K/V chunk with bulk tensor copies (TMA) described by the tensor maps in
 //                    the tma_maps parameter (tessera/cuda/tma.py), completing on the full
-//                    barriers by byte count; 0: 128 threads of cp.async
+//                    barriers by byte count, and stages each chunk's span fields beside it
+//                    (STAGED_SPANS); 0: 128 threads of cp.async
 //   TESSERA_MIN_BLOCKS CTAs per SM the producer variant's registers are split for (default 1):
 //                    2 (or 3, 64x64 tiles at head dim 64 with TMA) lets 64-row CTAs share an
 //                    SM, each with one consumer warpgroup, instead of one CTA holding the whole
