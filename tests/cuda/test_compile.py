@@ -143,6 +143,25 @@ def test_sm90_tma_variants_compile(bm, bn, d, tmp_path, monkeypatch):
                                 producer=True, pack_keys=True, tma=True)
 
 
+@pytest.mark.parametrize("d", [64, 128])
+def test_sm90_tma_variants_count_a_chunk_word_a_stage(d):
+    """A TMA producer stages each chunk's span fields in a 16-byte word a stage after the
+    barriers (bsa_sm90.cu, STAGED_SPANS): its shared memory is the cp.async form's plus those
+    words, and the 64-row forms still fit their CTAs an SM with them."""
+    from tessera.cuda.device import SM90_SMEM_PER_SM, SM90_SMEM_RESERVED
+
+    for bm, bn in ((128, 128), (64, 64), (64, 128)):
+        reg = Regime(family="sm90", block_m=bm, num_warps=bm // 16 + 4, block_n=bn, stages=3,
+                     combine_threshold=0.0)
+        tma, cp = reg.variant(d, bf16=True, tma=True), reg.variant(d, bf16=True)
+        assert tma.tma and not cp.tma
+        fits = tma.min_blocks * (variants.smem_bytes(tma) + SM90_SMEM_RESERVED)
+        assert fits <= SM90_SMEM_PER_SM, (bm, bn, d)
+        rest = lambda v: {k: x for k, x in v.macros if k not in ("TMA", "PV_WAIT_ANCHOR")}
+        if rest(tma) == rest(cp):  # (the 64x64 head-dim-64 TMA form splits for three CTAs)
+            assert variants.smem_bytes(tma) == variants.smem_bytes(cp) + 16 * 3, (bm, bn, d)
+
+
 @pytest.mark.parametrize("bf16", [True, False])
 def test_sm90_wide_step_variant_compiles(bf16, tmp_path, monkeypatch):
     """Regime.wide_steps at head dim 64: the TMA variant with 192-key steps beside its 128-key
