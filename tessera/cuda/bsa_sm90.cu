@@ -58,7 +58,8 @@
 // WIDE_BN with the wide step), every tile in the layout wgmma reads: rows cut into SW-byte
 // column chunks (SW = 128 when D is a multiple of 64, else 64), chunk-major ([chunk][row][SW
 // bytes]), 16-byte pieces XOR-swizzled by the row within each 8-row group, each tile starting
-// on a 1024-byte boundary. loader.smem_bytes mirrors the size.
+// on a 1024-byte boundary; the producer variant's barriers and task-index words after them (with
+// TMA also a 16-byte chunk word a stage). variants.smem_bytes mirrors the size.
 #include "common.cuh"
 #include "wgmma.cuh"
 
