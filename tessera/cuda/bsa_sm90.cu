@@ -179,7 +179,8 @@ __device__ __forceinline__ void order_wait_after(u32 addr, float x) {
                ::"r"(addr), "f"(x) : "memory");
 }
 // WalkOf: the walk of the threads that copy K/V; ComputeWalkOf: the consumers' (which need no
-// key positions: with packed keys, only each chunk's key count).
+// key positions: with packed keys, only each chunk's key count) unless a TMA producer stages
+// the chunks' fields for them (StagedWalk, ConsumerWalkOf).
 #if TESSERA_PACK_KEYS
 template <int W> using WalkOf = PackedWalk<W>;
 template <int W> using ComputeWalkOf = PackedCount<W>;
@@ -491,6 +492,11 @@ __device__ __forceinline__ void fence_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
+// PREPARE_FIRST: every chunk's word read and V tail zeroed before its products are issued,
+// not only a task's first chunk's (see the consumer loop). After the issue is faster on every
+// kernel measured but the lone consumer warpgroup at head dim 128 (64x64 tiles, the variant
+// built with PV_WAIT_ANCHOR), which runs 1.03-1.08x faster with them first (docs/decisions.md).
+constexpr bool PREPARE_FIRST = PV_WAIT_ANCHOR;
 // A lone consumer warpgroup's own barrier (zero_v_tail), after the producer's.
 constexpr int TAIL_BAR = PRODUCER_BAR + 1;
 // A TMA chunk copies W consecutive keys: rows past the span's end hold keys that follow it,
@@ -499,11 +505,6 @@ constexpr int TAIL_BAR = PRODUCER_BAR + 1;
 // P V reads the stage (cp.async copies repeat the span's last key there instead, a selected
 // one). The issue turns order the other warpgroups' wgmma after warpgroup 0's (a barrier chain);
 // a lone warpgroup syncs its own threads. Only partial chunks pay (`valid` is uniform).
-// PREPARE_FIRST: every chunk's word read and V tail zeroed before its products are issued,
-// not only a task's first chunk's (see the consumer loop). After the issue is faster on every
-// kernel measured but the lone consumer warpgroup at head dim 128 (64x64 tiles, the variant
-// built with PV_WAIT_ANCHOR), which runs 1.03-1.08x faster with them first (docs/decisions.md).
-constexpr bool PREPARE_FIRST = PV_WAIT_ANCHOR;
 template <int W>
 __device__ __forceinline__ void zero_v_tail(u32 vs, int valid, int wg) {
   if constexpr (TMA) {
