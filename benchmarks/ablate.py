@@ -5,9 +5,12 @@ turns), the order of its exponentials against the P·V wait flipped, or one of t
 producer's choices taken back (staged span fields, one producer warp, the chunk's fields read
 after the issue). An ablated kernel may compute something else by design and is only timed;
 each plan's largest difference from the unchanged kernel's output is printed (0 for the
-choices, which change no result).
+choices, which change no result). ``--against`` times plans of other regimes of the same mask
+in the same rounds (e.g. a CTA of four rings against three CTAs an SM of the same tiles).
 
     python3 benchmarks/ablate.py --shape wan-1.3b-480p --case dense --patch softmax,exp,pv,turns
+    python3 benchmarks/ablate.py --shape cogvideox-5b --case topk64-10 \
+        --against "sm90_64x64_w20_s3[combine_threshold=0.0]"
 
 The configurations are timed in rounds, each its ``BURST``-call timings, the order rotated and
 reversed every other round (no configuration always runs first, on a GPU that has just idled
@@ -27,6 +30,8 @@ import time
 from typing import Iterator
 
 import numpy as np
+
+from tessera.runtime.regime import regime_from_name
 
 _SOFTMAX_CALL = """        {
           const int lane_now = thread_index() % 32;
@@ -127,6 +132,19 @@ class _SourceOverride:
             del loader._modules[key]
 
 
+def _regime_names(text: str) -> list[str]:
+    """Comma-separated regime names, commas inside a name's brackets kept."""
+    names, depth, cur = [], 0, ""
+    for ch in text:
+        depth += (ch == "[") - (ch == "]")
+        if ch == "," and depth == 0:
+            names.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    return [n for n in names + [cur] if n]
+
+
 def _rounds(n: int, configs: list[str]) -> Iterator[list[str]]:
     """The order of each round: rotated by one each round, reversed every other."""
     for r in range(n):
@@ -138,7 +156,6 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     import tessera
-    from tessera.runtime.regime import regime_from_name
     from tessera.tools import peers
     from tessera.tools.bench import BURST, CASES
     from tessera.tools.timing import cuda_time_ms
@@ -148,10 +165,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shape", required=True, choices=sorted(WORKLOADS))
     ap.add_argument("--case", required=True,
                     help=f"bench cases on uniform blocks, comma-separated ({', '.join(CASES)})")
-    ap.add_argument("--patch", required=True,
+    ap.add_argument("--patch", default="",
                     help=f"patches, comma-separated ({', '.join(PATCHES)}); 'a+b' applies "
                          "two together")
     ap.add_argument("--regime", help="a Regime name (default: the plan's own selection)")
+    ap.add_argument("--against", default="",
+                    help="Regime names, comma-separated outside brackets: their plans of the "
+                         "same mask, timed in the same rounds")
     ap.add_argument("--rounds", type=int, default=8, help="timing rounds (default 8)")
     ap.add_argument("--peer", choices=("cudnn-bsa",),
                     help="time cuDNN's block-sparse attention in the same rounds (as bench "
@@ -163,7 +183,15 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--case: {c!r} is not a bench case on uniform blocks")
     if args.rounds < 1:
         ap.error(f"--rounds must be at least 1, got {args.rounds}")
-    patches = args.patch.split(",")
+    patches = [p for p in args.patch.split(",") if p]
+    against = {}
+    for name in _regime_names(args.against):
+        r = regime_from_name(name)
+        if r is None:
+            ap.error(f"--against: {name!r} is not a regime name")
+        against[name] = r
+    if not patches and not against:
+        ap.error("nothing to compare: give --patch or --against")
     try:
         sources = {p: patched_sources(p.split("+")) for p in patches}
     except ValueError as exc:
@@ -191,10 +219,10 @@ def main(argv: list[str] | None = None) -> int:
                                dtype=torch.bfloat16) for _ in range(3))
         flops = 4 * w.head_dim * int(mask.selected_pairs(1, w.heads).sum())
         calls, outs = {}, {}
-        for name in ["kernel", *patches]:
+        for name in ["kernel", *patches, *against]:
             with _SourceOverride(sources.get(name, {})):
                 plan = tessera.plan(mask, num_q_heads=w.heads, head_dim=w.head_dim,
-                                    dtype="bfloat16", regime=regime)
+                                    dtype="bfloat16", regime=against.get(name, regime))
                 calls[name] = (lambda p=plan: p.run(q, k, v))
                 outs[name] = calls[name]().float()
                 torch.cuda.synchronize()

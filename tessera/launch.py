@@ -411,7 +411,8 @@ def run(p: "Plan", ops: Operands, scale: float | None, return_lse: bool,
             grid, counter = n_tasks, None
             if fwd.persistent:  # as many CTAs as the GPU holds at once, taking tasks in turn
                 cap = config.persistent_grid_cap
-                grid = n_tasks if cap == 0 else min(n_tasks, resident, cap or n_tasks)
+                ctas = -(-n_tasks // fwd.rings)  # (a ringed CTA starts `rings` tasks)
+                grid = ctas if cap == 0 else min(ctas, resident, cap or ctas)
                 counter = _task_counter(p, cp, stream, key)
             args += (ptr(0 if counter is None else counter.data.ptr), maps)
             fn((grid,), (fwd.threads,), args, shared_mem=smem, stream=stream)

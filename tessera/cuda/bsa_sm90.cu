@@ -30,6 +30,12 @@
 //                    the tma_maps parameter (tessera/cuda/tma.py), completing on the full
 //                    barriers by byte count, and stages each chunk's span fields beside it
 //                    (STAGED_SPANS); 0: 128 threads of cp.async
+//   TESSERA_RINGS    (TMA producer, 64-row tiles only; default 1) lone consumer warpgroups a CTA,
+//                    each with its own tasks, Q buffer and K/V stage ring, each ring fed by its
+//                    own warp of the one producer warpgroup: a ring is what a 64-row CTA is
+//                    otherwise, but the rings share one producer warpgroup's registers, which
+//                    leaves four rings' consumers the registers three CTAs' consumers have
+//                    fewer warps for
 //   TESSERA_MIN_BLOCKS CTAs per SM the producer variant's registers are split for (default 1):
 //                    2 (or 3, 64x64 tiles at head dim 64 with TMA) lets 64-row CTAs share an
 //                    SM, each with one consumer warpgroup, instead of one CTA holding the whole
@@ -90,12 +96,16 @@ constexpr int BM = TESSERA_BM;
 constexpr int BN = TESSERA_BN;
 constexpr int D = TESSERA_D;
 constexpr int STAGES = TESSERA_STAGES;
-constexpr int WGS = BM / 64;  // consumer warpgroups (they own the rows)
+constexpr int WGS = BM / 64;  // consumer warpgroups of a task (they own the rows)
 // TESSERA_PRODUCER = 1 adds a producer warpgroup that alone copies Q and K/V, handing stages
 // over on mbarriers; the consumers then never wait for one another at a CTA-wide barrier.
 constexpr bool WS = TESSERA_PRODUCER != 0;
-constexpr int CONSUMERS = WGS * 128;
-constexpr int NT = CONSUMERS + (WS ? 128 : 0);
+#ifndef TESSERA_RINGS
+#define TESSERA_RINGS 1
+#endif
+constexpr int RINGS = TESSERA_RINGS;  // independent task streams a CTA (see the macro)
+constexpr int CONSUMERS = WGS * 128;  // a ring's consumer threads: the threads of one task
+constexpr int NT = RINGS * CONSUMERS + (WS ? 128 : 0);
 constexpr int LOADERS = WS ? 128 : NT;  // threads that issue the copies
 // The producer warpgroup's threads that run its task loop. With TMA one thread issues every
 // copy and arrive, so only its warp stays: the other three would only poll the same barriers,
@@ -113,6 +123,8 @@ constexpr int Q_BYTES = BM * D * 2;
 constexpr int KV_BYTES = KV_ROWS * D * 2;
 constexpr int STAGE_BYTES = 2 * KV_BYTES;
 constexpr int Q_BUFS = TESSERA_Q_BUFFERS;
+// A ring's tiles: its Q buffers, then its stages (ring r's start RING_BYTES x r in).
+constexpr int RING_BYTES = Q_BUFS * Q_BYTES + STAGES * STAGE_BYTES;
 static_assert(Q_BUFS == 1 || (Q_BUFS == 2 && WS), "two Q buffers need the producer");
 static_assert(BM % 64 == 0 && BM >= 64, "64 rows per warpgroup");
 static_assert(BN % 64 == 0, "BN must be a multiple of 64");
@@ -135,6 +147,9 @@ constexpr bool PACKED = TESSERA_PACK_KEYS != 0;
 constexpr bool TMA = TESSERA_TMA != 0;
 static_assert(!TMA || (TESSERA_PRODUCER && !TESSERA_PACK_KEYS),
               "TMA copies are the producer's, for the span-by-span walk");
+// One warp of the producer warpgroup a ring: one thread of it issues the ring's copies.
+static_assert(RINGS == 1 || (TMA && WGS == 1 && RINGS <= 4),
+              "rings are lone consumer warpgroups, up to four, each fed by a TMA producer warp");
 static_assert(!WIDE || (TMA && WIDE_BN > BN && WIDE_BN % 64 == 0 && BN % 64 == 0),
               "the wide step is the TMA producer's, copied in boxes of 64 keys");
 // K/V rows one TMA box holds: a step's copies are STEP / KV_BOX of them, one map for both widths.
@@ -315,8 +330,8 @@ __device__ __forceinline__ void load_kv(u32 ks, const u16* k_head, i64 k_sl, con
 // cores run one warpgroup's products while the others compute their softmax. With a CTA
 // barrier every key step (no producer, two warpgroups) one barrier suffices; without it the
 // turns go round strictly on WGS barriers (barrier 1 + w: warpgroup w's turn, passed on by
-// w - 1), so none runs a step ahead. The producer's own barrier comes after them.
-constexpr int PRODUCER_BAR = 1 + WGS;
+// w - 1), so none runs a step ahead. The producer's own barriers (one a ring) come after them.
+constexpr int PRODUCER_BAR = 1 + WGS;  // + ring
 static_assert(WS || WGS <= 2, "three consumer warpgroups need the producer variant's turns");
 __device__ __forceinline__ void named_bar_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
@@ -480,10 +495,12 @@ __device__ __forceinline__ void regs_increase() {
 // producer needs few (56 hold its task loop, the packed walk's too, without spills); the
 // consumers take the rest of the pool (multiples of 8), up to setmaxnreg's 256 (one consumer
 // warpgroup at head dim 128 needs it).
-constexpr int PRODUCER_REGS = TMA ? 24 : 56;
+// (A ring's producer warp keeps its ring's addresses: 32, which four rings' consumers' 112 leave.)
+constexpr int PRODUCER_REGS = TMA ? (RINGS > 1 ? 32 : 24) : 56;
 constexpr int MIN_BLOCKS = TESSERA_MIN_BLOCKS;
 constexpr int LAUNCH_REGS = 65536 / (NT * MIN_BLOCKS) / 8 * 8;
-constexpr int CONSUMER_REGS_FIT = (LAUNCH_REGS * NT - 128 * PRODUCER_REGS) / CONSUMERS / 8 * 8;
+constexpr int CONSUMER_REGS_FIT =
+    (LAUNCH_REGS * NT - 128 * PRODUCER_REGS) / (RINGS * CONSUMERS) / 8 * 8;
 constexpr int CONSUMER_REGS = CONSUMER_REGS_FIT < 256 ? CONSUMER_REGS_FIT : 256;
 
 // Makes this thread's completed cp.async writes visible to the tensor cores' (async proxy)
@@ -497,8 +514,8 @@ __device__ __forceinline__ void fence_async_smem() {
 // kernel measured but the lone consumer warpgroup at head dim 128 (64x64 tiles, the variant
 // built with PV_WAIT_ANCHOR), which runs 1.03-1.08x faster with them first (docs/decisions.md).
 constexpr bool PREPARE_FIRST = PV_WAIT_ANCHOR;
-// A lone consumer warpgroup's own barrier (zero_v_tail), after the producer's.
-constexpr int TAIL_BAR = PRODUCER_BAR + 1;
+// A lone consumer warpgroup's own barrier (zero_v_tail), one a ring, after the producer's.
+constexpr int TAIL_BAR = PRODUCER_BAR + RINGS;  // + ring
 // A TMA chunk copies W consecutive keys: rows past the span's end hold keys that follow it,
 // which no row of the task selects. Their P is 0, but 0 x Inf is NaN, so an Inf in such a V row
 // would reach rows whose reference output is finite: warpgroup 0 zeroes those rows before any
@@ -506,7 +523,7 @@ constexpr int TAIL_BAR = PRODUCER_BAR + 1;
 // one). The issue turns order the other warpgroups' wgmma after warpgroup 0's (a barrier chain);
 // a lone warpgroup syncs its own threads. Only partial chunks pay (`valid` is uniform).
 template <int W>
-__device__ __forceinline__ void zero_v_tail(u32 vs, int valid, int wg) {
+__device__ __forceinline__ void zero_v_tail(u32 vs, int valid, int wg, int ring) {
   if constexpr (TMA) {
     if (valid >= W) return;
     if (wg == 0) {
@@ -518,7 +535,7 @@ __device__ __forceinline__ void zero_v_tail(u32 vs, int valid, int wg) {
       }
       fence_async_smem();  // the zeros, for the tensor cores' reads
     }
-    if constexpr (WGS == 1) named_bar_sync(TAIL_BAR, 128);
+    if constexpr (WGS == 1) named_bar_sync(TAIL_BAR + ring, 128);
   }
 }
 
@@ -557,9 +574,10 @@ struct GuardedRows {
 // Whether V rows [0, valid) of a stage hold an Inf or NaN: one answer for the warpgroup (a
 // barrier reduction over its 128 threads, on a barrier of its own). Rows past `valid` are
 // left alone: zero_v_tail may be writing them.
-constexpr int GUARD_BAR = TAIL_BAR + 1;  // + wg
+constexpr int GUARD_BAR = TAIL_BAR + RINGS;  // + ring x WGS + wg
+static_assert(GUARD_BAR + RINGS * WGS <= 16, "16 named barriers a CTA");
 template <int W>
-__device__ __forceinline__ bool stage_v_non_finite(u32 vs, int valid, int wg) {
+__device__ __forceinline__ bool stage_v_non_finite(u32 vs, int valid, int bar) {
   const int t = thread_index() % 128;
   const int n = (valid < W ? valid : W) * CPR;
   u32 bad = 0;
@@ -573,7 +591,7 @@ __device__ __forceinline__ bool stage_v_non_finite(u32 vs, int valid, int wg) {
   asm volatile(
       "{\n .reg .pred p, q;\n setp.ne.u32 q, %1, 0;\n bar.red.or.pred p, %2, 128, q;\n"
       " selp.u32 %0, 1, 0, p;\n}"
-      : "=r"(any) : "r"(bad), "r"(GUARD_BAR + wg) : "memory");
+      : "=r"(any) : "r"(bad), "r"(bar) : "memory");
   return any != 0;
 }
 }  // namespace
@@ -584,12 +602,20 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
   // Read again where it is used (a cached load) rather than kept live across the register
   // reallocation, where ptxas would spill it.
   const auto num_tasks = [&] { TESSERA_NUM_TASKS; return num_tasks; };
-  if ((int)blockIdx.x >= num_tasks()) return;  // a grid sized by a bound (sync-free plan)
+  // (a grid sized by a bound: sync-free plan)
+  if ((int)blockIdx.x * RINGS >= num_tasks()) return;
   const Operand q{q_ptr, q_sb, q_sh, q_sl};
   const int tid = threadIdx.x, warp = tid / 32;
   // Broadcast from lane 0: the compiler then knows it is warp-uniform and keeps what derives
   // from it (the Q descriptor) in uniform registers, next to the wgmma that read them.
-  const int wg = __shfl_sync(0xffffffffu, warp / 4, 0);
+  const int cwg = __shfl_sync(0xffffffffu, warp / 4, 0);  // the CTA's warpgroup
+  const bool producer = WS && cwg == RINGS * WGS;
+  // The ring a thread works for (TMA producer: its warp's; the cp.async producer's 128 threads
+  // feed the one ring), and its warpgroup within the ring's task (WGS: the producer).
+  const int pwarp = __shfl_sync(0xffffffffu, warp % 4, 0);  // (a TMA producer warp's ring)
+  const int ring = RINGS == 1 ? 0 : producer ? pwarp : cwg;
+  const int wg = producer ? WGS : cwg % WGS;
+  const int twarp = warp - 4 * WGS * ring;  // a consumer's warp within its task
 
   // wgmma's swizzle alignment. TESSERA_SMEM_ALIGNED: the launch reserved no slack for it
   // (loader.smem_bytes), which holds where the dynamic shared memory starts 1024-aligned -- as it
@@ -597,12 +623,14 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
   // not stops at once rather than overrun.
   const u32 smem_base = smem_addr(smem_raw);
   if (TESSERA_SMEM_ALIGNED && (smem_base & 1023u)) __trap();
-  const u32 q_base = (smem_base + 1023u) & ~1023u;
+  const u32 tiles_base = (smem_base + 1023u) & ~1023u;
+  const u32 q_base = tiles_base + (u32)(ring * RING_BYTES);
   const u32 stage_base = q_base + Q_BUFS * Q_BYTES;
-  // mbarriers after the stages (producer variant): full[STAGES], empty[STAGES], Q full[Q_BUFS],
-  // Q empty[Q_BUFS], then four task-index words (and with STAGED_SPANS a chunk word a stage).
-  // Task n's Q sits in buffer n % Q_BUFS.
-  const u32 full_bar = stage_base + STAGES * STAGE_BYTES;
+  // mbarriers after every ring's tiles (producer variant), a block a ring: full[STAGES],
+  // empty[STAGES], Q full[Q_BUFS], Q empty[Q_BUFS], then four task-index words (and with
+  // STAGED_SPANS a chunk word a stage). Task n's Q sits in buffer n % Q_BUFS.
+  constexpr u32 RING_BAR_BYTES = 16 * (STAGES + Q_BUFS) + 16 + (TMA ? 16 * STAGES : 0);
+  const u32 full_bar = tiles_base + RINGS * RING_BYTES + (u32)ring * RING_BAR_BYTES;
   const u32 empty_bar = full_bar + 8 * STAGES;
   const u32 q_full_bar = empty_bar + 8 * STAGES;
   const u32 q_empty_bar = q_full_bar + 8 * Q_BUFS;
@@ -625,7 +653,7 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
   const u32 chunk_info = q_empty_bar + 8 * Q_BUFS + 16;
 
   if constexpr (WS) {
-    if (tid == 0) {
+    if (tid % (4 * 32 * WGS) == 0 && !producer) {  // the first thread of each ring's task
       for (int st = 0; st < STAGES; ++st) {
         mbar_init(full_bar + 8 * st, TMA ? 1 : LOADERS);  // TMA: one expecting arrive
         mbar_init(empty_bar + 8 * st, CONSUMERS);
@@ -637,15 +665,17 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
       }
     }
     __syncthreads();
-    if (wg == WGS) {
+    if (producer) {
       // The producer: per task its Q (once the consumers are done with the previous task's),
       // then every chunk c into stage c % STAGES once the consumers have released chunk
       // c - STAGES. Its copies arrive on the Q / stage full barriers.
       regs_decrease<PRODUCER_REGS>();
-      const int ptid = tid - CONSUMERS;
-      if (ptid >= PRODUCER_THREADS) return;
-      int c = 0;  // chunks loaded, over all of this CTA's tasks
-      int ti = blockIdx.x;  // the first task; later ones are taken from the shared counter
+      if (TMA && pwarp >= RINGS) return;  // a warp a ring
+      const int ptid = tid - RINGS * CONSUMERS - (TMA ? 32 * ring : 0);
+      int c = 0;  // chunks loaded, over all of this ring's tasks
+      // The first task; later ones are taken from the shared counter (each ring a CTA of the
+      // grid's RINGS x gridDim.x).
+      int ti = (int)blockIdx.x * RINGS + ring;
       for (int n = 0;; ++n) {
         bool wide = false;  // the task's step: WIDE_BN keys, else BN
         // Task n's Q, into buffer n % Q_BUFS once the consumers are done with the task that
@@ -730,9 +760,9 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
         if (ptid == 0) {
           const int ticket = atomicAdd(task_counter, 1);
           if (ticket == num_tasks() - 1) *task_counter = 0;
-          next_slot[(n + 1) & 1] = ticket + (int)gridDim.x;
+          next_slot[(n + 1) & 1] = ticket + (int)gridDim.x * RINGS;
         }
-        named_bar_sync(PRODUCER_BAR, PRODUCER_THREADS);  // the producer's own: index written
+        named_bar_sync(PRODUCER_BAR + ring, PRODUCER_THREADS);  // the producer's: index written
         ti = next_slot[(n + 1) & 1];
       }
       cp_async_wait<0>();
@@ -763,7 +793,7 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
     // 16).
     // (Padding rows of the tile, tok_base >= q_end, fall outside every span's clipped
     // restriction below, so the softmax needs no separate flag for them.)
-    const int tok_base = q_start + warp * 16 % tile_rows;
+    const int tok_base = q_start + twarp * 16 % tile_rows;
 
     float o[D / 8][4];
 #pragma unroll
@@ -866,7 +896,7 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
         const bool prepare_first = PREPARE_FIRST || jt == 0;
         const auto prepare = [&] {
           if constexpr (STAGED_SPANS) walk.read(chunk_info + 16 * (j % STAGES));
-          zero_v_tail<W>(ks + KV_BYTES, walk.key_end() - walk.key0(), wg);
+          zero_v_tail<W>(ks + KV_BYTES, walk.key_end() - walk.key0(), wg, ring);
         };
         if (prepare_first) prepare();
         if (guard_prev) kept.keep(o);
@@ -892,7 +922,7 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
         // (checked while the tensor cores work; `lo`, `hi` are uniform, so is the branch)
         int guard = 0;
         if (GUARD && (lo > q_start || hi < q_end) &&
-            stage_v_non_finite<W>(ks + KV_BYTES, valid, wg))
+            stage_v_non_finite<W>(ks + KV_BYTES, valid, GUARD_BAR + ring * WGS + wg))
           guard = excluded_rows(tok_base + thread_index() % 32 / 4, lo, hi);
 
         wgmma_wait<overlap_pv<W>() ? 1 : 0>();
@@ -955,7 +985,8 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
     // task's wgmma, which ptxas answers by serializing them (C7520).
     // The thread's row coordinates are derived again from a fresh read of its index: kept
     // live across the task's loop, ptxas spilled them in the variant with two step widths.
-    const int e_tid = thread_index(), e_warp = e_tid / 32, e_g = e_tid % 32 / 4;
+    // (% CONSUMERS: the thread's place in its ring's task)
+    const int e_tid = thread_index() % CONSUMERS, e_warp = e_tid / 32, e_g = e_tid % 32 / 4;
     const int e_row = e_warp * 16 % tile_rows + e_g;
     const Output out{o_ptr, o_sb, o_sh, o_sl, lse_ptr, lse_sb, lse_sh, part_o, part_lse};
     store_rows<D>(out, o, m, l, task.b, task.h0 + e_warp * 16 / tile_rows, q_start + e_row,

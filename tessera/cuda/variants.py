@@ -63,7 +63,8 @@ class Variant:
     @classmethod
     def bsa_sm90(cls, *, block_m: int, block_n: int, head_dim: int, stages: int,
                  bf16: bool, producer: bool = False, pack_keys: bool = False,
-                 tma: bool = False, wide: bool = False, guard: bool = True) -> "Variant":
+                 tma: bool = False, wide: bool = False, guard: bool = True,
+                 rings: int = 1) -> "Variant":
         """The Hopper family (sm_90a only): 64 rows per consumer warpgroup, plus a producer
         warpgroup that does all copies when ``producer`` -- then with two Q buffers where they
         fit the sm_90 shared-memory limit (all but 128-row tiles with 128-key steps at head dim
@@ -77,9 +78,14 @@ class Variant:
         (Regime.wide_steps): the TMA variant of 128x128 tiles at head dim 64 steps 192 keys at
         a time through tasks of a few long spans (``WIDE_BN``, by the rule of
         tasks.wide_step_tasks; see bsa_sm90.cu); other variants have no wide step and ignore
-        it. ``guard``: as for bsa_sm80."""
+        it. ``guard``: as for bsa_sm80. ``rings`` (TMA producer, 64-row tiles): lone consumer
+        warpgroups a CTA, each on its own tasks and stage ring fed by its own producer warp
+        (``TESSERA_RINGS``), one CTA an SM; two Q buffers each where they fit."""
         if tma and (not producer or pack_keys):
             raise ValueError("TMA copies are the producer's, for the span-by-span walk")
+        if rings not in (1, 2, 3, 4) or (rings > 1 and not (tma and block_m == 64)):
+            raise ValueError(f"rings must be 1, or 2-4 for the TMA producer's 64-row tiles, got "
+                             f"{rings} ({block_m} rows, tma={tma})")
         wide = wide and tma and has_wide_step(block_m, block_n, head_dim)
         macros = (("BM", block_m), ("BN", block_n), ("D", head_dim), ("STAGES", stages),
                   ("BF16", int(bf16))) + ((("PACK_KEYS", 1),) if pack_keys else ()) + (
@@ -96,6 +102,10 @@ class Variant:
                 (("MIN_BLOCKS", min_blocks),) if min_blocks > 1 else ()) + (
                 (("SMEM_ALIGNED", 1),) if aligned else ()))
 
+        if rings > 1:
+            ringed = [cls(v.source, v.kernel, v.macros + (("RINGS", rings),))
+                      for v in (ws(2, 1), ws(1, 1))]
+            return next((v for v in ringed if smem_bytes(v) <= smem_limit_bytes(90)), ringed[-1])
         if block_m == 64:
             # Three CTAs an SM where a TMA producer leaves the consumers enough registers (64x64
             # tiles at head dim 64: 136 each) and three fit: as many consumer warps an SM as
@@ -128,6 +138,11 @@ class Variant:
         return 64 if dict(self.macros).get("WIDE_BN") else self.macro("BN")
 
     @property
+    def rings(self) -> int:
+        """Task streams a CTA runs side by side (``TESSERA_RINGS``; 1 but in ringed variants)."""
+        return dict(self.macros).get("RINGS", 1)
+
+    @property
     def min_blocks(self) -> int:
         """CTAs per SM the variant's register budget is set for (``__launch_bounds__``)."""
         return dict(self.macros).get("MIN_BLOCKS", 1)
@@ -136,7 +151,8 @@ class Variant:
     def threads(self) -> int:
         """Threads per CTA of a block-sparse attention variant."""
         if self.source == "bsa_sm90.cu":
-            return (self.macro("BM") // 64 + dict(self.macros).get("PRODUCER", 0)) * 128
+            return (self.macro("BM") // 64 * self.rings
+                    + dict(self.macros).get("PRODUCER", 0)) * 128
         return self.macro("WARPS") * 32
 
     @property
@@ -199,7 +215,8 @@ def smem_bytes(v: Variant) -> int:
         if macros.get("TMA"):
             barriers += 16 * stages
         align = 0 if macros.get("SMEM_ALIGNED") else 1024
-        return align + 2 * d * (q_bufs * v.macro("BM") + stages * 2 * v.kv_rows) + barriers
+        ring = 2 * d * (q_bufs * v.macro("BM") + stages * 2 * v.kv_rows) + barriers
+        return align + v.rings * ring
     return 0
 
 

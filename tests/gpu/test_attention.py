@@ -471,6 +471,45 @@ def test_two_64_row_producer_ctas_an_sm(d, bn, pack, tma, monkeypatch):
     _check(m, hq=8, hkv=4, d=d, regime=reg, dtype="float16", seed=1)
 
 
+@pytest.mark.parametrize("cap", [None, 1, 2, 0])
+@pytest.mark.parametrize("rings,d,bn,combine", [(4, 64, 64, 0.0), (4, 64, 64, 0.3),
+                                                (3, 64, 64, 0.0), (2, 64, 128, 0.0),
+                                                (2, 128, 64, 0.3)])
+def test_rings_of_64_row_tasks(rings, d, bn, combine, cap, monkeypatch):
+    """A CTA of 2-4 rings (64-row tiles, TMA): each consumer warpgroup on its own tasks, Q
+    buffers and stage ring, fed by its own producer warp, all rings taking tasks from one
+    counter. Against the one-ring variant of the same plan bit for bit, and against the
+    reference: ragged 64-token blocks, an empty row, GQA, combined rows (0.3), grids of one CTA
+    (its rings taking every task), two, one a ring's first task (cap 0) and the GPU's."""
+    import cupy as cp
+
+    if _device_cc() != 90:
+        pytest.skip("the sm90 family runs on Hopper only")
+    reg = Regime(family="sm90", block_m=64, block_n=bn, num_warps=4 * rings + 4, stages=3,
+                 combine_threshold=combine)
+    v = reg.variant(d, bf16=True, tma=True)
+    assert v.rings == rings and v.threads == 128 * (rings + 1)
+    assert reg.variant(d, bf16=True).rings == 1  # (cp.async: one ring)
+    monkeypatch.setattr(tessera.config, "persistent_grid_cap", cap)
+    rng = np.random.default_rng(rings + d + bn + int(10 * combine) + (cap or 0))
+    sizes = np.r_[rng.integers(20, 65, size=13), 64, 17]
+    bounds = np.r_[0, np.cumsum(sizes)]
+    dense = rng.random((4, sizes.size, sizes.size)) < 0.3
+    dense[:, 2, :] = False  # an empty row
+    m = tessera.BlockMask.from_dense(dense, q_bounds=bounds, kv_bounds=bounds)
+    p = tessera.plan(m, num_q_heads=8, num_kv_heads=4, head_dim=d, dtype="float16",
+                     regime=reg)
+    assert p.queue.num_tasks > 2 * rings
+    one = tessera.plan(m, num_q_heads=8, num_kv_heads=4, head_dim=d, dtype="float16",
+                       regime=reg.with_(num_warps=8))
+    q = cp.asarray(rng.standard_normal((1, 8, bounds[-1], d)), dtype=cp.float16)
+    k, v_ = (cp.asarray(rng.standard_normal((1, 4, bounds[-1], d)), dtype=cp.float16)
+             for _ in range(2))
+    assert cp.array_equal(p.run(q, k, v_), one.run(q, k, v_))
+    _check(m, hq=8, hkv=4, d=d, regime=reg)
+    _check(m, hq=8, hkv=4, d=d, regime=reg, dtype="float16", seed=1)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_restricted_merge_rows(family):
     d = np.zeros((1, 8, 8), bool)

@@ -34,8 +34,9 @@ def tasks_in_flight(regime: Regime, head_dim: int, arch: int | None, sm_count: i
     v = regime.variant(head_dim)
     per_sm_smem = smem_limit_bytes(arch) + 1024
     by_smem = per_sm_smem // (smem_bytes(v) + 1024)
-    by_regs = v.min_blocks if v.persistent else by_smem
-    return int(sm_count * max(1, min(by_smem, by_regs, 2048 // v.threads)))
+    by_regs = v.min_blocks * v.rings if v.persistent else by_smem
+    by_threads = 2048 // v.threads * v.rings
+    return int(sm_count * max(1, min(by_smem * v.rings, by_regs, by_threads)))
 
 
 def plan_tasks_in_flight(regime: Regime, mask: Any, head_dim: int, arch: int | None,

@@ -26,7 +26,9 @@ class Regime:
     Attributes:
         family: kernel family ("sm80": mma.sync, runs on sm_80 and newer; "sm90": wgmma,
             sm_90 only, 64 rows per warpgroup of 4 warps, 64 or 128 keys a step; four more
-            warps than the rows need select its warp-specialized variant).
+            warps than the rows need select its warp-specialized variant; 64-row tiles with
+            12, 16 or 20 warps: 2-4 rings, a CTA running that many tasks side by side, each on
+            one consumer warpgroup fed by a warp of the one producer warpgroup).
         block_m: physical tile rows (BM) per task; with GQA packing, shared by the packed heads.
         block_n: keys consumed per inner step (BN); key spans are walked BN keys at a time.
         num_warps: warps per CTA; each owns ``block_m / num_warps`` rows, 16 or 32 (two row
@@ -79,14 +81,17 @@ class Regime:
             raise ValueError("combine_threshold >= 0, split_ratio >= 1 and min_split_chunks >= 1")
         if self.family not in KNOWN_FAMILIES:
             raise ValueError(f"family must be one of {list(KNOWN_FAMILIES)}, got {self.family!r}")
+        ringed = self.block_m == 64 and self.num_warps in (12, 16, 20)
         if self.family == "sm90" and (self.block_m not in (64, 128, 192)
-                                      or self.num_warps not in (self.block_m // ROW_GROUP,
-                                                                self.block_m // ROW_GROUP + 4)
+                                      or (self.num_warps not in (self.block_m // ROW_GROUP,
+                                                                 self.block_m // ROW_GROUP + 4)
+                                          and not ringed)
                                       or self.block_n not in (64, 128)
                                       or (self.block_m == 192 and not self.producer)):
             raise ValueError(f"the sm90 family takes block_m 64 or 128 (192: with the producer "
                              f"warpgroup) with one warp per 16 rows (plus 4 for a producer "
-                             f"warpgroup) and block_n 64 or 128, got "
+                             f"warpgroup; 64 rows also 12, 16 or 20 warps: 2-4 rings) and "
+                             f"block_n 64 or 128, got "
                              f"{self.block_m}x{self.block_n} with {self.num_warps} warps")
         if self.family == "sm90" and self.stages < 3:
             raise ValueError(f"the sm90 family needs stages >= 3, got {self.stages}")
@@ -126,10 +131,13 @@ class Regime:
             # producer's registers leave the consumers too few (ptxas spills), so that form
             # steps 64 keys over the same plan (tasks and spans do not depend on the step).
             block_n = 64 if self.block_m == 192 and not tma else self.block_n
+            # Rings are the TMA producer's: the cp.async form runs the same plan (tasks do not
+            # depend on how a CTA takes them) one task a CTA.
             return Variant.bsa_sm90(block_m=self.block_m, block_n=block_n,
                                     head_dim=head_dim, stages=self.stages, bf16=bf16,
                                     producer=self.producer, pack_keys=self.pack_keys, tma=tma,
-                                    wide=self.wide_steps, guard=self.restricts_rows)
+                                    wide=self.wide_steps, guard=self.restricts_rows,
+                                    rings=self.rings if tma else 1)
         return Variant.bsa_sm80(block_m=self.block_m, block_n=self.block_n, head_dim=head_dim,
                                 num_warps=self.num_warps, stages=self.stages, bf16=bf16,
                                 guard=self.restricts_rows)
@@ -149,7 +157,15 @@ class Regime:
     @property
     def producer(self) -> bool:
         """sm90 only: a producer warpgroup does the copies (four warps beyond the rows' own)."""
-        return self.family == "sm90" and self.num_warps == self.block_m // ROW_GROUP + 4
+        return self.family == "sm90" and self.num_warps > self.block_m // ROW_GROUP
+
+    @property
+    def rings(self) -> int:
+        """sm90 producer regimes: the tasks a CTA runs side by side (1 but for 64-row tiles with
+        12, 16 or 20 warps)."""
+        if not self.producer:
+            return 1
+        return (self.num_warps - 4) // (self.block_m // ROW_GROUP)
 
     def runs_on(self, arch: int | None) -> bool:
         """Whether this regime's family runs on compute capability ``arch`` (None: any GPU)."""
