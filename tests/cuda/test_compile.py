@@ -162,6 +162,39 @@ def test_sm90_tma_variants_count_a_chunk_word_a_stage(d):
             assert variants.smem_bytes(tma) == variants.smem_bytes(cp) + 16 * 3, (bm, bn, d)
 
 
+@pytest.mark.parametrize("rings,bn,d,q_buffers", [(4, 64, 64, 1), (3, 64, 64, 2),
+                                                (2, 64, 128, 1), (2, 128, 64, 2)])
+def test_sm90_ring_variants_compile(rings, bn, d, q_buffers, tmp_path, monkeypatch):
+    """Rings (64-row TMA producer tiles, 12-20 warps): one CTA an SM whose shared memory holds
+    every ring's Q buffers (two where they fit), stages and barriers, spill-free under the
+    register split of 128 x (rings + 1) threads; the cp.async form of the same regime runs one
+    ring; rings where a CTA cannot hold them are refused."""
+    from tessera.cuda.device import SM90_SMEM_PER_SM, SM90_SMEM_RESERVED
+
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    reg = Regime(family="sm90", block_m=64, num_warps=4 * rings + 4, block_n=bn, stages=3,
+                 combine_threshold=0.0)
+    assert reg.producer and reg.rings == rings
+    v = reg.variant(d, bf16=True, tma=True)
+    assert (v.rings, v.threads, v.min_blocks) == (rings, 128 * (rings + 1), 1)
+    assert dict(v.macros).get("Q_BUFFERS", 1) == q_buffers
+    one = reg.with_(num_warps=8).variant(d, bf16=True, tma=True)
+    per_ring = variants.smem_bytes(one) - (0 if dict(one.macros).get("SMEM_ALIGNED") else 1024)
+    if dict(one.macros).get("Q_BUFFERS", 1) == q_buffers:
+        assert variants.smem_bytes(v) == 1024 + rings * per_ring
+    assert variants.smem_bytes(v) + SM90_SMEM_RESERVED <= SM90_SMEM_PER_SM
+    assert reg.variant(d, bf16=True).rings == 1
+    res = loader.compile_variant(v, "sm_90a")
+    assert res.spill_bytes == 0 and res.stack_bytes <= res.variant.local_bytes
+    assert res.registers <= 65536 // v.threads
+    assert not regime_fits(reg.with_(num_warps=16), 96, 90)  # three rings at head dim 96
+    with pytest.raises(ValueError, match="rings"):
+        variants.Variant.bsa_sm90(block_m=128, block_n=bn, head_dim=d, stages=3, bf16=True,
+                                  producer=True, tma=True, rings=2)
+    with pytest.raises(ValueError, match="block_m"):
+        Regime(family="sm90", block_m=128, num_warps=20, block_n=bn, stages=3)
+
+
 @pytest.mark.parametrize("bf16", [True, False])
 def test_sm90_wide_step_variant_compiles(bf16, tmp_path, monkeypatch):
     """Regime.wide_steps at head dim 64: the TMA variant with 192-key steps beside its 128-key

@@ -68,7 +68,7 @@ def test_profile_limited_to_kernel_families(tmp_path):
     assert len(candidate_regimes(64, 90, ("sm90",))) == 44
     assert {r.family for r in candidate_regimes(64, 90, ("sm90",))} == {"sm90"}
     assert candidate_regimes(128, 80, ("sm90",)) == []
-    fav = Regime(family="sm90", block_m=64, block_n=64, num_warps=8, stages=3,
+    fav = Regime(family="sm90", block_m=64, block_n=64, num_warps=20, stages=3,
                  combine_threshold=0.0)
     cases = [small_case("a", density=0.2, seed=0), small_case("b", density=0.6, seed=1)]
     timer = FakeTimer({"a": fav})

@@ -43,6 +43,14 @@ def _sm90_shapes(head_dim: int) -> list[tuple[int, int]]:
             if bm != 192 or bn == 128]
 
 
+def _sm90_warps(block_m: int, block_n: int, head_dim: int) -> int:
+    """Warps of the sm90 candidate of this tile shape: a producer warpgroup where
+    default_regime takes one, and 64x64 tiles at head dim 64 in four rings, as it takes them
+    (their three-CTA form measured 1.06-1.08x slower on CogVideoX: docs/decisions.md)."""
+    rings = 4 if (block_m, block_n, head_dim) == (64, 64, 64) else 1
+    return block_m // ROW_GROUP * rings + (4 if sm90_producer(block_m, block_n, head_dim) else 0)
+
+
 def candidate_regimes(head_dim: int, arch: int | None,
                       kernel_families: Sequence[str] | None = None,
                       combine_thresholds: Sequence[float] | None = None) -> list[Regime]:
@@ -67,12 +75,13 @@ def candidate_regimes(head_dim: int, arch: int | None,
     shapes = [dict(block_m=bm, block_n=bn, num_warps=CANDIDATE_WARPS)
               for bm in CANDIDATE_BLOCK_M for bn in CANDIDATE_BLOCK_N]
     if arch == 90:
-        # 64-row tiles plain (one warpgroup) -- with a producer warpgroup, two or three CTAs an
-        # SM, as default_regime takes them at head dims 64 and 128 --, 128- and 192-row tiles
+        # 64-row tiles plain (one warpgroup) -- with a producer warpgroup, two CTAs an SM or (64x64
+        # at head dim 64) four rings a CTA, as default_regime takes them at head dims 64 and
+        # 128 --, 128- and 192-row tiles
         # warp-specialized (the plain 128-row variant was slower on every swept
         # mask: docs/decisions.md).
         shapes += [dict(family="sm90", block_m=bm, block_n=bn,
-                        num_warps=bm // ROW_GROUP + (4 if sm90_producer(bm, bn, head_dim) else 0))
+                        num_warps=_sm90_warps(bm, bn, head_dim))
                    for bm, bn in _sm90_shapes(head_dim)]
     out = []
     for shape in shapes:

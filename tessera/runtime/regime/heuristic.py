@@ -89,8 +89,11 @@ def default_regime(arch: int | None = None, head_dim: int = 128,
       tiles and 64 keys a step (a 128-key step would be half masked on 64-token spans), with a
       producer warpgroup: at head dim 128 two CTAs an SM (Wan's top-k cubes 1.2-1.3x faster),
       at 64 three where its copies are TMA's (CogVideoX's 64-token blocks 1.12-1.14x faster;
-      the cp.async form, two CTAs an SM, is within noise of the plain variant on the cubes);
-      head dim 96 keeps the plain variant (not measured).
+      the cp.async form, two CTAs an SM, is within noise of the plain variant on the cubes),
+      and there one CTA of four rings rather than three CTAs (``num_warps`` 20; TMA copies
+      only, so not for a packed walk: four consumer warps an SM sub-partition instead of three;
+      CogVideoX's 64-token top-k 1.08x, random 30% 1.06x faster); head dim 96 keeps the
+      plain variant (not measured).
       Key geometries ragged against the step (:func:`blocks_ragged`: pooled top-k cubes with
       their edge cubes) take the packed key walk (``pack_keys``): walked span by span, each
       short span would cost a whole step. The 128-row regime (and the D=64 one) packs only
@@ -112,8 +115,11 @@ def default_regime(arch: int | None = None, head_dim: int = 128,
             # A producer warpgroup per 64-row CTA at head dims 64 and 128 (variants.py: two or
             # three CTAs an SM).
             producer = sm90_producer(64, 64, head_dim)
-            return Regime(family="sm90", block_m=64, num_warps=4 + 4 * producer, block_n=64,
-                          stages=3, combine_threshold=0.0, pack_keys=pack)
+            # Four rings at head dim 64 (bsa_sm90.cu TESSERA_RINGS): the TMA form's; a packed
+            # walk, copied by cp.async, runs one ring a CTA (Regime.variant).
+            rings = 4 if head_dim == 64 else 1
+            return Regime(family="sm90", block_m=64, num_warps=4 * rings + 4 * producer,
+                          block_n=64, stages=3, combine_threshold=0.0, pack_keys=pack)
         if head_dim == 64:
             return SM90_ROWS64_D64
         return SM90_ROWS128

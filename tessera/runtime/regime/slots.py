@@ -16,9 +16,11 @@ __all__ = ["regime_fits", "tasks_in_flight", "plan_tasks_in_flight", "plan_may_s
 
 
 def regime_fits(regime: Regime, head_dim: int, arch: int | None) -> bool:
-    """Whether ``regime``'s kernel variant needs no more shared memory than ``arch`` allows."""
-
-    return smem_bytes(regime.variant(head_dim)) <= smem_limit_bytes(arch)
+    """Whether ``regime``'s kernel variants (its TMA form too, where it has one: rings hold more
+    than one CTA's tiles) need no more shared memory than ``arch`` allows."""
+    forms = (False, True) if regime.tma_capable else (False,)
+    return all(smem_bytes(regime.variant(head_dim, tma=tma)) <= smem_limit_bytes(arch)
+               for tma in forms)
 
 
 @functools.lru_cache(maxsize=256)  # on every plan for the current GPU: cache the arithmetic

@@ -23,12 +23,21 @@ def test_defaults_per_architecture():
     assert default_regime(90, 64).variant(64, tma=True).min_blocks == 2
     assert default_regime(90, 96).producer
     # Small query blocks: 64-row tiles, with a producer warpgroup at head dims 64 and 128 (two
-    # CTAs an SM; three at head dim 64 with TMA copies), the plain variant at 96.
+    # CTAs an SM; at head dim 64 with TMA copies one CTA of four rings, its cp.async form two
+    # CTAs of one), the plain variant at 96.
+    assert default_regime(90, 128, q_block=64).name == "sm90_64x64_w8_s3[combine_threshold=0.0]"
+    assert default_regime(90, 64, q_block=64).name == "sm90_64x64_w20_s3[combine_threshold=0.0]"
     for d in (64, 128):
-        assert default_regime(90, d, q_block=64).name == "sm90_64x64_w8_s3[combine_threshold=0.0]"
         assert default_regime(90, d, q_block=64).variant(d).min_blocks == 2
-    assert default_regime(90, 64, q_block=64).variant(64, tma=True).min_blocks == 3
+        assert default_regime(90, d, q_block=64).variant(d).rings == 1
+    rings = default_regime(90, 64, q_block=64).variant(64, tma=True)
+    assert (rings.rings, rings.min_blocks, rings.threads) == (4, 1, 640)
     assert default_regime(90, 128, q_block=64).variant(128, tma=True).min_blocks == 2
+    # A packed key walk (ragged keys) is cp.async's: one ring, two CTAs an SM.
+    ragged = np.array([0, 64, 128, 144, 208, 272, 288, 300, 364])
+    packed = default_regime(90, 64, 64.0, ragged)
+    assert packed.pack_keys and not packed.tma_capable
+    assert (packed.variant(64).rings, packed.variant(64).min_blocks) == (1, 2)
     assert default_regime(90, 96, q_block=64).name == "sm90_64x64_w4_s3[combine_threshold=0.0]"
     for arch in (80, 86, 89, 100, None):
         assert default_regime(arch, 128).family == "sm80"
