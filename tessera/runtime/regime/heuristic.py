@@ -15,19 +15,28 @@ from .value import ROW_GROUP, Regime
 
 __all__ = ["default_regime", "align_pays", "align_may_pay", "pack_pays", "blocks_ragged",
            "typical_q_block", "ALIGN_MIN_PADDING",
-           "SM90_ROWS128", "SM90_ROWS64_D64", "SM90_ROWS192_D64", "ALIGN_MAX_PAIR_RATIO",
+           "SM90_ROWS128", "SM90_ROWS64_D64", "SM90_PACKED_D64", "SM90_ROWS192_D64",
+           "ALIGN_MAX_PAIR_RATIO",
            "rows192_pay", "ROWS192_MAX_ROW_RATIO"]
 
 
 # sm_90's regimes for blocks of 128 tokens and more: 128-row tiles warp-specialized (two consumer
-# warpgroups and a producer), 128 keys a step, three stages; at head dim 64 64-row tiles with a
-# producer, two CTAs an SM, each on its own tasks (default_regime says why).
+# warpgroups and a producer), 128 keys a step, three stages; at head dim 64 64x64 tiles in four
+# rings, one CTA an SM, each ring's consumer warpgroup on its own tasks (default_regime says
+# why).
 SM90_ROWS128 = Regime(family="sm90", block_m=128, num_warps=128 // ROW_GROUP + 4, block_n=128,
                       stages=3, combine_threshold=0.0)
 
 
-SM90_ROWS64_D64 = Regime(family="sm90", block_m=64, num_warps=64 // ROW_GROUP + 4, block_n=128,
-                         stages=3, combine_threshold=0.0)
+SM90_ROWS64_D64 = Regime(family="sm90", block_m=64, num_warps=4 * (64 // ROW_GROUP) + 4,
+                         block_n=64, stages=3, combine_threshold=0.0)
+
+
+# Its packed-key form where pack_pays: 64x128 tiles, two CTAs an SM (a packed walk is cp.async's,
+# which rings are not), whose 128-key steps the packed walk was measured on (random 32-256-token
+# blocks at 10% 1.18-1.30x faster packed than span by span).
+SM90_PACKED_D64 = Regime(family="sm90", block_m=64, num_warps=64 // ROW_GROUP + 4, block_n=128,
+                         stages=3, combine_threshold=0.0, pack_keys=True)
 
 
 # sm_90 at head dim 64 where the query blocks fill 192-row tiles (rows192_pay): three consumer
@@ -81,10 +90,12 @@ def default_regime(arch: int | None = None, head_dim: int = 128,
 
     - sm_90, blocks of 128 tokens or more: the warp-specialized wgmma variant, 128-row tiles
       (two consumer warpgroups and a producer), 128 keys a step, three K/V stages -- the fastest
-      sm90 shape at head dim 128. At head dim 64, 64-row tiles with 128-key steps and a producer
-      warpgroup, two CTAs an SM: as fast or faster on every CogVideoX mask of 128-token blocks
-      measured (the 128-row ones still take aligned tiles, and query blocks that fill 192-row
-      tiles take ``SM90_ROWS192_D64``: :func:`select_regime`, :func:`rows192_pay`).
+      sm90 shape at head dim 128. At head dim 64, 64x64 tiles in four rings (one CTA an SM
+      of four consumer warpgroups, each on its own tasks, and a producer warpgroup; TMA copies,
+      else one ring, two CTAs an SM): 1.02-1.07x the 64x128 two-CTA tiles on CogVideoX's
+      random and banded 128-token masks, 0.99x dense (the 128-row ones still take aligned
+      tiles, and query blocks that fill 192-row tiles take ``SM90_ROWS192_D64``:
+      :func:`select_regime`, :func:`rows192_pay`).
     - sm_90, small query blocks (``q_block``, the median query block, <= 64 tokens): 64-row
       tiles and 64 keys a step (a 128-key step would be half masked on 64-token spans), with a
       producer warpgroup: at head dim 128 two CTAs an SM (Wan's top-k cubes 1.2-1.3x faster),

@@ -38,8 +38,8 @@ from ...cuda import device
 from ...dtypes import dtype_name
 from ...mask import bounds_key
 from . import features
-from .heuristic import (SM90_ROWS64_D64, SM90_ROWS128, SM90_ROWS192_D64, align_may_pay,
-                        align_pays, blocks_ragged, default_regime, rows192_pay,
+from .heuristic import (SM90_PACKED_D64, SM90_ROWS64_D64, SM90_ROWS128, SM90_ROWS192_D64,
+                        align_may_pay, align_pays, blocks_ragged, default_regime, rows192_pay,
                         pack_pays, typical_q_block)
 from .slots import plan_may_split, plan_tasks_in_flight
 from .table import TABLES_DIR, RegimeTable, gpu_slug
@@ -280,18 +280,21 @@ def heuristic_choice(mask: Any, arch: int | None, head_dim: int,
     if heuristic is None:
         heuristic = default_regime(arch, head_dim, typical_q_block(mask.q_bounds),
                                    mask.kv_bounds)
-    if heuristic not in (SM90_ROWS128, SM90_ROWS64_D64):
+    # (Small query blocks at head dim 64 take SM90_ROWS64_D64's tiles too, by their own rule:
+    # the large-block rules below are not theirs.)
+    if heuristic not in (SM90_ROWS128, SM90_ROWS64_D64) or typical_q_block(mask.q_bounds) <= 64:
         return heuristic, False
+    # The packed form: at head dim 64 on 64x128 tiles (SM90_PACKED_D64 says why).
+    packed = SM90_PACKED_D64 if heuristic == SM90_ROWS64_D64 else heuristic.with_(pack_keys=True)
     # align_pays reads the selection only when 128-row tiles pad the query blocks, pack_pays
     # when the key blocks are ragged against the step.
-    read = align_may_pay(mask.q_bounds, 128) or blocks_ragged(mask.kv_bounds,
-                                                              heuristic.block_n)
+    read = align_may_pay(mask.q_bounds, 128) or blocks_ragged(mask.kv_bounds, packed.block_n)
     if align_pays(mask, 128):
         # Aligned tiles are measured with 128 rows (clusters 1.3-1.4x faster), at every head
         # dim.
         return SM90_ROWS128.with_(align_tiles=True), read
-    if pack_pays(mask, heuristic.block_n, heuristic.block_m):
-        return heuristic.with_(pack_keys=True), read
+    if pack_pays(mask, packed.block_n, packed.block_m):
+        return packed, read
     if heuristic == SM90_ROWS64_D64 and rows192_pay(mask.q_bounds):
         return SM90_ROWS192_D64, read
     return heuristic, read

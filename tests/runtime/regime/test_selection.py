@@ -303,7 +303,7 @@ def test_a_tables_sm90_pick_takes_the_key_walk_pack_pays_says_pays(monkeypatch):
     ragged = BlockMask.from_dense(rng.random((2, 48, 40)) < 0.15, q_bounds=qb, kv_bounds=kb)
     uniform = wan_like_mask()
     assert R.pack_pays(ragged, 128, 64) and not R.pack_pays(uniform, 128, 128)
-    plain = R.heuristic.SM90_ROWS64_D64.with_(split_ratio=2.0)
+    plain = R.heuristic.SM90_PACKED_D64.with_(pack_keys=False, split_ratio=2.0)
     packed = plain.with_(pack_keys=True, split_ratio=4.0)
     assert S.packed_pick(plain, True) == packed and S.packed_pick(plain, False) == plain
     assert S.packed_pick(packed, False) == packed.with_(pack_keys=False)
