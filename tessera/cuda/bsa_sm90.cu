@@ -4,8 +4,9 @@
 // (common.cuh). Same task queue and kernel arguments as bsa_sm80.cu.
 //
 // A CTA runs one task at a time (the plain variant one task; the producer variant is persistent,
-// taking tasks from a counter, see the kernel): BM = 64 x WGS physical rows, warpgroup w owning
-// rows 64w .. 64w+63 (warp i of the CTA owns rows 16i .. 16i+15, as in the portable family),
+// taking tasks from a counter, see the kernel; with rings, TESSERA_RINGS, one task a ring):
+// BM = 64 x WGS physical rows, warpgroup w owning rows 64w .. 64w+63 (warp i of the task's
+// warpgroups owns rows 16i .. 16i+15, as in the portable family),
 // walking the task's key spans BN keys at a time: S = Q K^T (wgmma, both operands K-major in
 // shared memory), softmax on the S accumulators, O += P V (wgmma, P from registers, V N-major in
 // shared memory). The softmax of one chunk starts while the tensor cores multiply the previous
@@ -34,8 +35,9 @@
 //                    each with its own tasks, Q buffer and K/V stage ring, each ring fed by its
 //                    own warp of the one producer warpgroup: a ring is what a 64-row CTA is
 //                    otherwise, but the rings share one producer warpgroup's registers, which
-//                    leaves four rings' consumers the registers three CTAs' consumers have
-//                    fewer warps for
+//                    leaves four rings' consumers 112 each (four CTAs an SM would leave 104,
+//                    where ptxas serializes their wgmma): a fourth consumer warp an SM
+//                    sub-partition at head dim 64 (docs/decisions.md)
 //   TESSERA_MIN_BLOCKS CTAs per SM the producer variant's registers are split for (default 1):
 //                    2 (or 3, 64x64 tiles at head dim 64 with TMA) lets 64-row CTAs share an
 //                    SM, each with one consumer warpgroup, instead of one CTA holding the whole
@@ -61,11 +63,13 @@
 //                    is the default's) -- hence opt-in (Regime.wide_steps).
 //
 // Shared memory: Q_BUFFERS x Q (BM x D), then STAGES x {K, V} (KV_ROWS x D each: BN keys, or
-// WIDE_BN with the wide step), every tile in the layout wgmma reads: rows cut into SW-byte
+// WIDE_BN with the wide step) -- with rings that for each ring in turn --, every tile in the
+// layout wgmma reads: rows cut into SW-byte
 // column chunks (SW = 128 when D is a multiple of 64, else 64), chunk-major ([chunk][row][SW
 // bytes]), 16-byte pieces XOR-swizzled by the row within each 8-row group, each tile starting
-// on a 1024-byte boundary; the producer variant's barriers and task-index words after them (with
-// TMA also a 16-byte chunk word a stage). variants.smem_bytes mirrors the size.
+// on a 1024-byte boundary; the producer variant's barriers and task-index words after them, a
+// block a ring (with TMA also a 16-byte chunk word a stage). variants.smem_bytes mirrors the
+// size.
 #include "common.cuh"
 #include "wgmma.cuh"
 

@@ -36,6 +36,16 @@ def test_patches_combine_and_unknown_or_stale_ones_are_refused(monkeypatch):
         ablate.patched_sources(["stale"])
 
 
+def test_against_names_split_outside_brackets():
+    """--against takes regime names whose policy lists hold commas themselves."""
+    names = ablate._regime_names("sm90_64x64_w20_s3[combine_threshold=0.0,split_ratio=2.0],"
+                                 "sm90_64x64_w8_s3,,sm90_128x128_w12_s3[combine_threshold=0.0]")
+    assert names == ["sm90_64x64_w20_s3[combine_threshold=0.0,split_ratio=2.0]",
+                     "sm90_64x64_w8_s3", "sm90_128x128_w12_s3[combine_threshold=0.0]"]
+    assert all(ablate.regime_from_name(n) is not None for n in names)
+    assert ablate._regime_names("") == []
+
+
 def test_rounds_rotate_and_reverse():
     configs = ["kernel", "a", "b"]
     rounds = list(ablate._rounds(6, configs))

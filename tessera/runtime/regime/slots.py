@@ -29,16 +29,15 @@ def tasks_in_flight(regime: Regime, head_dim: int, arch: int | None, sm_count: i
 
     An estimate from shared memory (each resident CTA also takes 1 KiB the driver reserves),
     threads (2048 per SM) and, for the persistent sm90 variant, the register file (split for
-    ``min_blocks`` CTAs); the split rule (``tasks.split_limit``) only needs the right order
-    of magnitude.
+    ``min_blocks`` CTAs), of the regime's cp.async form (a TMA form's third CTA or rings are
+    left out); the split rule (``tasks.split_limit``) only needs the right order of magnitude.
     """
 
     v = regime.variant(head_dim)
     per_sm_smem = smem_limit_bytes(arch) + 1024
     by_smem = per_sm_smem // (smem_bytes(v) + 1024)
-    by_regs = v.min_blocks * v.rings if v.persistent else by_smem
-    by_threads = 2048 // v.threads * v.rings
-    return int(sm_count * max(1, min(by_smem * v.rings, by_regs, by_threads)))
+    by_regs = v.min_blocks if v.persistent else by_smem
+    return int(sm_count * max(1, min(by_smem, by_regs, 2048 // v.threads)))
 
 
 def plan_tasks_in_flight(regime: Regime, mask: Any, head_dim: int, arch: int | None,
