@@ -92,8 +92,8 @@ def default_regime(arch: int | None = None, head_dim: int = 128,
       (two consumer warpgroups and a producer), 128 keys a step, three K/V stages -- the fastest
       sm90 shape at head dim 128. At head dim 64, 64x64 tiles in four rings (one CTA an SM
       of four consumer warpgroups, each on its own tasks, and a producer warpgroup; TMA copies,
-      else one ring, two CTAs an SM): 1.02-1.07x the 64x128 two-CTA tiles on CogVideoX's
-      random and banded 128-token masks, 0.99x dense (the 128-row ones still take aligned
+      else one ring, two CTAs an SM): 0.99-1.07x the 64x128 two-CTA tiles on CogVideoX's
+      random and banded 128-token masks by run, 0.99x dense (the 128-row ones still take aligned
       tiles, and query blocks that fill 192-row tiles take ``SM90_ROWS192_D64``:
       :func:`select_regime`, :func:`rows192_pay`).
     - sm_90, small query blocks (``q_block``, the median query block, <= 64 tokens): 64-row
