@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Sequence
 
 from ...cuda.variants import has_wide_step
-from .heuristic import sm90_producer
+from .heuristic import sm90_warps
 from .slots import regime_fits
-from .value import ROW_GROUP, Regime
+from .value import Regime
 
 __all__ = ["candidate_regimes"]
 
@@ -43,14 +43,6 @@ def _sm90_shapes(head_dim: int) -> list[tuple[int, int]]:
             if bm != 192 or bn == 128]
 
 
-def _sm90_warps(block_m: int, block_n: int, head_dim: int) -> int:
-    """Warps of the sm90 candidate of this tile shape: a producer warpgroup where
-    default_regime takes one, and 64x64 tiles at head dim 64 in four rings, as it takes them
-    (their three-CTA form measured 1.06-1.08x slower on CogVideoX: docs/decisions.md)."""
-    rings = 4 if (block_m, block_n, head_dim) == (64, 64, 64) else 1
-    return block_m // ROW_GROUP * rings + (4 if sm90_producer(block_m, block_n, head_dim) else 0)
-
-
 def candidate_regimes(head_dim: int, arch: int | None,
                       kernel_families: Sequence[str] | None = None,
                       combine_thresholds: Sequence[float] | None = None) -> list[Regime]:
@@ -81,7 +73,7 @@ def candidate_regimes(head_dim: int, arch: int | None,
         # warp-specialized (the plain 128-row variant was slower on every swept
         # mask: docs/decisions.md).
         shapes += [dict(family="sm90", block_m=bm, block_n=bn,
-                        num_warps=_sm90_warps(bm, bn, head_dim))
+                        num_warps=sm90_warps(bm, bn, head_dim))
                    for bm, bn in _sm90_shapes(head_dim)]
     out = []
     for shape in shapes:

@@ -123,13 +123,7 @@ def default_regime(arch: int | None = None, head_dim: int = 128,
     if arch == 90:
         if small_blocks:
             pack = kv_bounds is not None and blocks_ragged(kv_bounds, 64)
-            # A producer warpgroup per 64-row CTA at head dims 64 and 128 (variants.py: two or
-            # three CTAs an SM).
-            producer = sm90_producer(64, 64, head_dim)
-            # Four rings at head dim 64 (bsa_sm90.cu TESSERA_RINGS): the TMA form's; a packed
-            # walk, copied by cp.async, runs one ring a CTA (Regime.variant).
-            rings = 4 if head_dim == 64 else 1
-            return Regime(family="sm90", block_m=64, num_warps=4 * rings + 4 * producer,
+            return Regime(family="sm90", block_m=64, num_warps=sm90_warps(64, 64, head_dim),
                           block_n=64, stages=3, combine_threshold=0.0, pack_keys=pack)
         if head_dim == 64:
             return SM90_ROWS64_D64
@@ -234,6 +228,16 @@ def sm90_producer(block_m: int, block_n: int, head_dim: int) -> bool:
     :func:`default_regime` and the profiled candidates do (64-row tiles: at head dims 64 and
     128, where two or three CTAs an SM were measured faster with one)."""
     return block_m == 128 or head_dim in (64, 128)
+
+
+def sm90_warps(block_m: int, block_n: int, head_dim: int) -> int:
+    """Warps of the sm90 regime of this tile shape, as :func:`default_regime` and the profiled
+    candidates take it: the rows' warps, in four rings for 64x64 tiles at head dim 64
+    (bsa_sm90.cu TESSERA_RINGS: the TMA form's; a packed walk, copied by cp.async, runs one ring
+    a CTA, Regime.variant), plus a producer warpgroup where :func:`sm90_producer` says (the
+    three-CTA form of those tiles measured 1.06-1.08x slower on CogVideoX: docs/decisions.md)."""
+    rings = 4 if (block_m, block_n, head_dim) == (64, 64, 64) else 1
+    return block_m // ROW_GROUP * rings + (4 if sm90_producer(block_m, block_n, head_dim) else 0)
 
 
 def typical_q_block(q_bounds: np.ndarray) -> float:
