@@ -26,8 +26,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
-from typing import Iterator
 
 import numpy as np
 
@@ -145,20 +143,13 @@ def _regime_names(text: str) -> list[str]:
     return [n for n in names + [cur] if n]
 
 
-def _rounds(n: int, configs: list[str]) -> Iterator[list[str]]:
-    """The order of each round: rotated by one each round, reversed every other."""
-    for r in range(n):
-        order = configs[r % len(configs):] + configs[:r % len(configs)]
-        yield order[::-1] if r % 2 else order
-
-
 def main(argv: list[str] | None = None) -> int:
     import torch
 
     import tessera
     from tessera.tools import peers
     from tessera.tools.bench import BURST, CASES
-    from tessera.tools.timing import cuda_time_ms
+    from tessera.tools.timing import interleaved_ms
     from tessera.tools.workloads import WORKLOADS
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -240,14 +231,7 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     calls[args.peer] = (lambda: peers.run_cudnn_bsa(q, k, v, inputs))
                     outs[args.peer] = out.float()
-        until = time.monotonic() + 2.0
-        while time.monotonic() < until:  # steady clocks before the first timing
-            calls["kernel"]()
-            torch.cuda.synchronize()
-        times: dict[str, list[float]] = {name: [] for name in calls}
-        for order in _rounds(args.rounds, list(calls)):
-            for name in order:
-                times[name].append(cuda_time_ms(calls[name], 3, burst=BURST))
+        times = interleaved_ms(calls, rounds=args.rounds, reps=3, burst=BURST)
         base = statistics.median(times["kernel"])
         print(f"\n{args.shape} {case}: {regime_name}, median of {args.rounds} rounds")
         print(f"{'kernel':24s} {'ms':>8s} {'TF/s':>6s} {'speed':>6s} {'max diff':>9s}  rounds")

@@ -15,8 +15,10 @@ compared with Tessera's first, and one that differs is flagged, not timed.
 Useful FLOPs = 4 * D * selected (query, key) pairs. "kernel" = the GPU time of one run of a
 prepared plan (FlexAttention: of its compiled call with a ready BlockMask; SDPA: of one call),
 measured over :data:`BURST` calls between two events so that the host's launch work hides
-behind the GPU's as it does in a model; "call" = one such call timed alone, the host's launch
-work included.
+behind the GPU's as it does in a model, Tessera's and every peer's kernel in the same
+interleaved rounds (``--rounds``; the median of each reported): timed one after the other, the
+later ones would run on a warmer, slower-clocked GPU. "call" = one such call timed alone, the
+host's launch work included.
 "request" = everything a dynamic-mask call costs: building the mask object from a device bool
 block matrix, planning and running (FlexAttention: building its BlockMask and running), timed
 alone (the host's work and the GPU's add up) and back to back ("b2b": :data:`BURST` requests
@@ -30,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -42,7 +45,7 @@ import tessera
 from ..families.common import variable_bounds
 from ..runtime.regime import regime_from_name
 from . import bench_distributed, peers
-from .timing import cuda_time_ms
+from .timing import cuda_time_ms, interleaved_ms
 from .workloads import FAMILIES, WORKLOADS, example_mask
 
 # Calls per pair of events in the kernel and back-to-back timings.
@@ -114,12 +117,18 @@ def _family_blocks(shape: str, family: str, heads: int, seed: int = 0):
 
 
 def run(shapes: list[str], cases: list[str], reps: int = 20, flex: bool = True,
-        batch: int = 1, heads: int | None = None, regime: Any = None) -> list[dict]:
+        batch: int = 1, heads: int | None = None, regime: Any = None,
+        rounds: int = 8) -> list[dict]:
     """Time every (shape, case); returns one dict of figures per pair. A case is a name of
     :data:`CASES` or of a mask family (:data:`tessera.tools.workloads.FAMILIES`). ``heads``
-    (default:
-    the model's) slices the model's query heads, e.g. to keep host-built family masks quick.
-    ``regime`` (a ``tessera.Regime``) replaces the one Tessera would pick, for every case."""
+    (default: the model's) slices the model's query heads, e.g. to keep host-built family
+    masks quick. ``regime`` (a ``tessera.Regime``) replaces the one Tessera would pick, for
+    every case. The kernels (Tessera's and the peers') are timed in ``rounds`` interleaved
+    rounds (:func:`~tessera.tools.timing.interleaved_ms`; a row's ``rounds_ms`` lists them),
+    the host-inclusive figures over ``reps`` timings each."""
+    if reps < 1 or rounds < 1:
+        raise ValueError(f"reps and rounds must be at least 1, got reps={reps}, "
+                         f"rounds={rounds}")
     import torch  # noqa: PLC0415
     import torch.nn.functional as F  # noqa: PLC0415
     from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: PLC0415
@@ -182,7 +191,24 @@ def run(shapes: list[str], cases: list[str], reps: int = 20, flex: bool = True,
             m = new_mask()
             flops = 4 * d * int(m.selected_pairs(batch, h).sum())
             p = tessera.plan(m, num_q_heads=h, head_dim=d, batch=batch, regime=regime)
-            t_kernel = cuda_time_ms(lambda: p.run(q, k, v), reps, burst=BURST)
+            ours = p.run(q, k, v)
+            row = dict(shape=shape, case=case, density=round(m.density, 4),
+                       useful_tflop=flops / 1e12, regime=p.regime.name, stats=str(p.stats()))
+            found = _peers(q, k, v, ours, m, new_mask, flex_fn, shape, case, row,
+                           dense=case == "dense")
+            # The kernels, Tessera's and each peer's, in the same interleaved rounds: timed one
+            # after the other, the later ones would run on a warmer GPU.
+            kernels = {"tessera": lambda: p.run(q, k, v), **{x.name: x.run for x in found}}
+            rounds_ms = interleaved_ms(kernels, rounds=rounds, reps=3, burst=BURST)
+            kernel_ms = {name: statistics.median(t) for name, t in rounds_ms.items()}
+            t_kernel = kernel_ms["tessera"]
+            row.update(tessera_ms=t_kernel, tessera_tflops=flops / t_kernel / 1e9,
+                       rounds_ms=rounds_ms)
+            for x in found:
+                t = kernel_ms[x.name]
+                row.update({f"{x.name}_ms": t, f"{x.name}_tflops": flops / t / 1e9,
+                            f"kernel_vs_{x.name}": t / t_kernel})
+            # The host-inclusive figures: one call alone, planning, requests.
             t_call = cuda_time_ms(lambda: p.run(q, k, v), reps)
             t_plan = cuda_time_ms(lambda: tessera.plan(new_mask(), num_q_heads=h, head_dim=d,
                                                        batch=batch, regime=regime), reps)
@@ -192,29 +218,48 @@ def run(shapes: list[str], cases: list[str], reps: int = 20, flex: bool = True,
             # issues them (the host runs ahead unless something waits for the GPU).
             t_b2b = cuda_time_ms(lambda: tessera.attention(q, k, v, new_mask(), regime=regime),
                                  reps, burst=BURST)
-            row = dict(shape=shape, case=case, density=round(m.density, 4),
-                       useful_tflop=flops / 1e12, tessera_ms=t_kernel,
-                       tessera_tflops=flops / t_kernel / 1e9, tessera_call_ms=t_call,
-                       tessera_plan_ms=t_plan,
-                       tessera_request_ms=t_req, tessera_b2b_ms=t_b2b, regime=p.regime.name,
-                       stats=str(p.stats()))
+            row.update(tessera_call_ms=t_call, tessera_plan_ms=t_plan,
+                       tessera_request_ms=t_req, tessera_b2b_ms=t_b2b)
             for label, t in sdpa.items():
                 row[f"sdpa_{label}_ms"] = t
                 row[f"sdpa_{label}_tflops"] = dense_flops / t / 1e9
-            ours = p.run(q, k, v)
-            row.update(_peer_figures(q, k, v, ours, m, new_mask, flops, t_kernel, t_call, t_req,
-                                     t_b2b, reps, flex_fn, shape, case, dense=case == "dense"))
+            for x in found:
+                if x.request is None:
+                    continue
+                t_x_req = cuda_time_ms(x.request, reps)
+                row.update({f"{x.name}_request_ms": t_x_req,
+                            f"request_vs_{x.name}": t_x_req / t_req})
+                if x.name == "flex":
+                    t_flex_call = cuda_time_ms(x.run, reps)
+                    t_flex_b2b = cuda_time_ms(x.request, reps, burst=BURST)
+                    row.update(flex_call_ms=t_flex_call, call_vs_flex=t_flex_call / t_call,
+                               flex_build_ms=cuda_time_ms(x.build, reps),
+                               flex_b2b_ms=t_flex_b2b, b2b_vs_flex=t_flex_b2b / t_b2b)
             rows.append(row)
     _progress(total, total, "done")
     return rows
 
 
-def _peer_figures(q, k, v, ours, m, new_mask, flops, t_kernel, t_call, t_req, t_b2b, reps,
-                  flex_fn, shape, case, dense) -> dict:
-    """Each peer at its best on mask ``m`` (:mod:`tessera.tools.peers`), its output compared
-    with Tessera's ``ours`` first: a peer more than PEER_TOLERANCE away computes something else
-    and is flagged (``<peer>_differs``), not timed."""
-    row: dict = {}
+@dataclass
+class _Peer:
+    """A peer's prepared kernel call on one mask (``run``), checked against Tessera's output,
+    and where the peer has one its dynamic-mask request (``request``: its mask object built
+    from the BlockMask, then run) and that build alone (``build``). ``name`` prefixes the
+    peer's figures in a row (``flex_ms``, ``kernel_vs_flex``, ...)."""
+
+    name: str
+    run: Callable[[], Any]
+    request: Callable[[], Any] | None = None
+    build: Callable[[], Any] | None = None
+
+
+def _peers(q, k, v, ours, m, new_mask, flex_fn, shape, case, row: dict,
+           dense: bool) -> list[_Peer]:
+    """Each installed peer at its best on mask ``m`` (:mod:`tessera.tools.peers`), its output
+    compared with Tessera's ``ours`` first: a peer more than PEER_TOLERANCE away computes
+    something else and is flagged in ``row`` (``<peer>_differs``), not returned (not timed).
+    Every peer's difference goes into ``row`` (``<peer>_diff``), with its block size."""
+    found: list[_Peer] = []
 
     def checked(name, out) -> bool:
         diff = peers.relative_difference(out, ours)
@@ -238,16 +283,9 @@ def _peer_figures(q, k, v, ours, m, new_mask, flops, t_kernel, t_call, t_req, t_
                 return peers.flex_block_mask(new_mask(), q.device)
 
             if checked("flex", flex_run(fm)):
-                t_flex = cuda_time_ms(lambda: flex_run(fm), reps, burst=BURST)
-                t_flex_call = cuda_time_ms(lambda: flex_run(fm), reps)
-                t_flex_req = cuda_time_ms(lambda: flex_run(build()), reps)
-                t_flex_b2b = cuda_time_ms(lambda: flex_run(build()), reps, burst=BURST)
-                row.update(flex_ms=t_flex, flex_tflops=flops / t_flex / 1e9,
-                           flex_call_ms=t_flex_call, call_vs_flex=t_flex_call / t_call,
-                           flex_build_ms=cuda_time_ms(build, reps), flex_request_ms=t_flex_req,
-                           kernel_vs_flex=t_flex / t_kernel, request_vs_flex=t_flex_req / t_req,
-                           flex_b2b_ms=t_flex_b2b, b2b_vs_flex=t_flex_b2b / t_b2b,
-                           flex_block=int(fm.BLOCK_SIZE[0]))
+                found.append(_Peer("flex", lambda: flex_run(fm), lambda: flex_run(build()),
+                                   build))
+                row["flex_block"] = int(fm.BLOCK_SIZE[0])
         except Exception as exc:
             print(f"\nFlex failed on {shape}/{case}: {exc}", file=sys.stderr)
     if peers.cudnn_bsa_available():
@@ -255,13 +293,11 @@ def _peer_figures(q, k, v, ours, m, new_mask, flops, t_kernel, t_call, t_req, t_
             inputs = peers.cudnn_bsa_inputs(m, q.shape[0], q.shape[1], q.device, k.shape[1])
             if inputs is not None and checked("cudnn_bsa",
                                               peers.run_cudnn_bsa(q, k, v, inputs)):
-                t_c = cuda_time_ms(lambda: peers.run_cudnn_bsa(q, k, v, inputs), reps,
-                                   burst=BURST)
-                t_c_req = cuda_time_ms(lambda: peers.run_cudnn_bsa(q, k, v, peers.cudnn_bsa_inputs(
-                    new_mask(), q.shape[0], q.shape[1], q.device, k.shape[1])), reps)
-                row.update(cudnn_bsa_ms=t_c, cudnn_bsa_tflops=flops / t_c / 1e9,
-                           kernel_vs_cudnn_bsa=t_c / t_kernel, cudnn_bsa_request_ms=t_c_req,
-                           request_vs_cudnn_bsa=t_c_req / t_req, cudnn_bsa_block=inputs.block)
+                found.append(_Peer(
+                    "cudnn_bsa", lambda: peers.run_cudnn_bsa(q, k, v, inputs),
+                    lambda: peers.run_cudnn_bsa(q, k, v, peers.cudnn_bsa_inputs(
+                        new_mask(), q.shape[0], q.shape[1], q.device, k.shape[1]))))
+                row["cudnn_bsa_block"] = inputs.block
         except Exception as exc:
             print(f"\ncuDNN BSA failed on {shape}/{case}: {exc}", file=sys.stderr)
     if dense and flex_fn is not None and peers.fa4_available():
@@ -270,11 +306,10 @@ def _peer_figures(q, k, v, ours, m, new_mask, flops, t_kernel, t_call, t_req, t_
                 return flex_fn(q, k, v, kernel_options={"BACKEND": "FLASH"})
 
             if checked("fa4", fa4()):
-                t_f = cuda_time_ms(fa4, reps, burst=BURST)
-                row.update(fa4_ms=t_f, fa4_tflops=flops / t_f / 1e9, kernel_vs_fa4=t_f / t_kernel)
+                found.append(_Peer("fa4", fa4))
         except Exception as exc:
             print(f"\nFlashAttention-4 failed on {shape}/{case}: {exc}", file=sys.stderr)
-    return row
+    return found
 
 
 def table(rows: list[dict]) -> str:
@@ -337,7 +372,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--regime", default=None,
                     help="a regime name (as plan.regime.name prints it) to use for every case "
                          "instead of the table's or the heuristic's")
-    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--reps", type=int, default=20,
+                    help="timings of each host-inclusive figure (call, plan, request)")
+    ap.add_argument("--rounds", type=int, default=8,
+                    help="interleaved rounds timing the kernels, Tessera's and the peers' "
+                         "(default 8)")
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--json", help="write the figures as JSON here")
     ap.add_argument("--png", help="write a bar chart here (needs matplotlib)")
@@ -366,6 +405,8 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"unknown family {f!r}; choose from {', '.join(FAMILIES)}")
     if args.heads is not None and args.heads <= 0:
         ap.error(f"--heads must be positive, got {args.heads}")
+    if args.reps < 1 or args.rounds < 1:
+        ap.error(f"--reps and --rounds must be at least 1, got {args.reps} and {args.rounds}")
     regime = None
     if args.regime is not None:
         regime = regime_from_name(args.regime)
@@ -384,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
               "CPU emulator instead.")
         return 1
     rows = run(shapes, cases + families, args.reps, flex=not args.no_flex, heads=args.heads,
-               regime=regime)
+               regime=regime, rounds=args.rounds)
     print(table(rows))
     print("regimes: " + "; ".join(f"{r['shape']} {r['case']}: {r['regime']}" for r in rows))
     if args.json:

@@ -1,6 +1,9 @@
-"""CPU tests of ``python -m tessera bench``'s mask cases (the timing needs a GPU)."""
+"""``python -m tessera bench``: its mask cases and argument checks (CPU), and one small run
+timing the kernels in interleaved rounds (GPU)."""
 
 from __future__ import annotations
+
+import statistics
 
 import numpy as np
 import pytest
@@ -34,3 +37,27 @@ def test_uniform_case_bounds_pad_only_small_blocks():
     assert b128[-1] == 17550 and b128.size == 139 and (np.diff(b128)[:-1] == 128).all()
     assert np.diff(b128)[-1] == 17550 - 137 * 128
     assert CASES["random64-30"].bounds(128)[-1] == 128
+
+
+def test_run_refuses_bad_counts():
+    with pytest.raises(ValueError, match="rounds"):
+        bench.run(["cogvideox-5b"], ["random-10"], rounds=0)
+    with pytest.raises(ValueError, match="reps"):
+        bench.run(["cogvideox-5b"], ["random-10"], reps=0)
+
+
+@pytest.mark.gpu
+def test_run_times_the_kernels_in_interleaved_rounds():
+    """Tessera's kernel and every peer found are timed in the same rounds: each has one time a
+    round, its figure is their median and its ratio is taken against Tessera's."""
+    pytest.importorskip("torch")
+    (row,) = bench.run(["cogvideox-5b"], ["random-10"], reps=2, flex=False, heads=2, rounds=3)
+    times = row["rounds_ms"]
+    assert next(iter(times)) == "tessera"
+    assert all(len(t) == 3 and min(t) > 0 for t in times.values())
+    assert row["tessera_ms"] == statistics.median(times["tessera"])
+    for name in times:
+        if name != "tessera":
+            assert row[f"{name}_ms"] == statistics.median(times[name])
+            assert row[f"kernel_vs_{name}"] == pytest.approx(row[f"{name}_ms"] / row["tessera_ms"])
+    assert min(row["tessera_call_ms"], row["tessera_request_ms"], row["tessera_b2b_ms"]) > 0

@@ -55,15 +55,6 @@ def test_bench_table_and_chart(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_cuda_time_ms_rejects_an_empty_burst():
-    import pytest
-
-    from tessera.tools.timing import cuda_time_ms
-
-    with pytest.raises(ValueError, match="burst"):
-        cuda_time_ms(lambda: None, burst=0)
-
-
 def test_bench_cases():
     """Every --case makes a block matrix of its block size at the density its name says; the
     top-k case keeps the same number of key blocks in every row; a 64-token case padded to
