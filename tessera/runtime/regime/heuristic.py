@@ -17,7 +17,7 @@ __all__ = ["default_regime", "align_pays", "align_may_pay", "pack_pays", "blocks
            "typical_q_block", "ALIGN_MIN_PADDING",
            "SM90_ROWS128", "SM90_ROWS64_D64", "SM90_PACKED_D64", "SM90_ROWS192_D64",
            "ALIGN_MAX_PAIR_RATIO",
-           "rows192_pay", "ROWS192_MAX_ROW_RATIO"]
+           "rows192_pay", "ROWS192_MAX_ROW_RATIO", "selects_every_block"]
 
 
 # sm_90's regimes for blocks of 128 tokens and more: 128-row tiles warp-specialized (two consumer
@@ -64,6 +64,16 @@ def rows192_pay(q_bounds: np.ndarray) -> bool:
 
 
 @functools.lru_cache(maxsize=64)  # asked on every selection; a geometry's answer never changes
+def selects_every_block(mask: Any) -> bool:
+    """Whether ``mask`` selects every (query block, key block) pair of every stored head: a
+    dense layer (as sparse video methods run their first steps). Its rows are one run of
+    identical rows a head, which the mapping keeps as one group, so tiles of any height fill
+    whatever the block size (``SM90_ROWS192_D64`` at head dim 64). Reads one count: a scalar
+    back from the GPU for a device mask."""
+    total = int(np.prod(mask.shape, dtype=np.int64))
+    return total > 0 and mask.nnz == total
+
+
 def _rows192_pay(bounds: bytes) -> bool:
     sizes = _block_sizes(bounds)
     if sizes.size == 0 or np.median(sizes) < 192:

@@ -40,7 +40,7 @@ from ...mask import bounds_key
 from . import features
 from .heuristic import (SM90_PACKED_D64, SM90_ROWS64_D64, SM90_ROWS128, SM90_ROWS192_D64,
                         align_may_pay, align_pays, blocks_ragged, default_regime, rows192_pay,
-                        pack_pays, typical_q_block)
+                        pack_pays, selects_every_block, typical_q_block)
 from .slots import plan_may_split, plan_tasks_in_flight
 from .table import TABLES_DIR, RegimeTable, gpu_slug
 from .value import Regime
@@ -276,7 +276,8 @@ def heuristic_choice(mask: Any, arch: int | None, head_dim: int,
     """The regime a plan of ``mask`` takes where no table answers, and whether deciding it
     read the mask: :func:`default_regime` (``heuristic``, when the caller has it), whose sm90
     regimes for large blocks take aligned tiles where :func:`align_pays`, else packed keys
-    where :func:`pack_pays`, else (head dim 64) 192-row tiles where :func:`rows192_pay`."""
+    where :func:`pack_pays`, else (head dim 64) 192-row tiles where :func:`rows192_pay` or
+    the mask :func:`selects_every_block`."""
     if heuristic is None:
         heuristic = default_regime(arch, head_dim, typical_q_block(mask.q_bounds),
                                    mask.kv_bounds)
@@ -295,8 +296,12 @@ def heuristic_choice(mask: Any, arch: int | None, head_dim: int,
         return SM90_ROWS128.with_(align_tiles=True), read
     if pack_pays(mask, packed.block_n, packed.block_m):
         return packed, read
-    if heuristic == SM90_ROWS64_D64 and rows192_pay(mask.q_bounds):
-        return SM90_ROWS192_D64, read
+    if heuristic == SM90_ROWS64_D64:
+        if rows192_pay(mask.q_bounds):
+            return SM90_ROWS192_D64, read
+        # A dense layer fills 192-row tiles whatever its blocks (one run of rows a head); the
+        # count read makes this a selection that reads the mask.
+        return (SM90_ROWS192_D64 if selects_every_block(mask) else heuristic), True
     return heuristic, read
 
 

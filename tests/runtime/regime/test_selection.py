@@ -347,3 +347,26 @@ def test_heuristic_choice_is_the_selection_without_a_table():
         assert S.heuristic_choice(m, 90, d) == (want, read)
         assert plan90(m, head_dim=d).regime == want
     assert S.heuristic_choice(clustered, 80, 128) == (default_regime(80, 128, 150.0), False)
+
+
+def test_a_dense_layer_at_head_dim_64_takes_192_row_tiles():
+    """A mask selecting every block (a dense layer) fills 192-row tiles at head dim 64 on
+    sm_90 whatever its block size; one block short of that keeps the 64-row tiles. Deciding it
+    reads the mask's count, so the answer is not one for the geometry. Head dim 128 and other
+    GPUs are unchanged."""
+    qb = np.arange(0, 20 * 128 + 1, 128)
+    full = np.ones((2, 20, 20), bool)
+    dense = BlockMask.from_dense(full, q_bounds=qb, kv_bounds=qb)
+    holed = full.copy()
+    holed[1, 7, 3] = False
+    nearly = BlockMask.from_dense(holed, q_bounds=qb, kv_bounds=qb)
+    assert R.heuristic.selects_every_block(dense) and not R.heuristic.selects_every_block(nearly)
+    assert S.heuristic_choice(dense, 90, 64) == (R.heuristic.SM90_ROWS192_D64, True)
+    assert S.heuristic_choice(nearly, 90, 64) == (R.heuristic.SM90_ROWS64_D64, True)
+    assert plan90(dense, head_dim=64).regime == R.heuristic.SM90_ROWS192_D64
+    assert S.heuristic_choice(dense, 90, 128) == (R.heuristic.SM90_ROWS128, False)
+    assert S.heuristic_choice(dense, 80, 64)[0] == default_regime(80, 64, 128.0)
+    # The 64-token blocks of a dense layer keep their own rule (four rings).
+    small = np.arange(0, 40 * 64 + 1, 64)
+    dense64 = BlockMask.from_dense(np.ones((2, 40, 40), bool), q_bounds=small, kv_bounds=small)
+    assert S.heuristic_choice(dense64, 90, 64)[0].rings == 4
