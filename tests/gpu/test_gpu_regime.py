@@ -49,3 +49,22 @@ def test_device_measures_on_the_gpu():
     for dense, geo in cases:
         want = mask_measures(BlockMask.from_dense(dense, **geo))
         assert mask_measures(BlockMask.from_dense(cp.asarray(dense), **geo)) == want
+
+
+@pytest.mark.gpu
+def test_a_dense_device_mask_is_chosen_for_without_a_readback(monkeypatch):
+    """At head dim 64 a dense host mask takes 192-row tiles, but the same mask on the device
+    keeps the 64-row tiles, decided by its geometry: counting its blocks would be a readback,
+    which a request at a model's shape never waits for."""
+    import cupy as cp
+
+    from tessera.runtime.regime import heuristic as H
+    from tessera.runtime.regime import selection as S
+
+    full = np.ones((2, 20, 20), bool)
+    host = BlockMask.from_dense(full, block_size=128)
+    dev = BlockMask.from_dense(cp.asarray(full), block_size=128)
+    assert S.heuristic_choice(host, 90, 64) == (H.SM90_ROWS192_D64, True)
+    monkeypatch.setattr(H, "selects_every_block", lambda m: pytest.fail("read the mask"))
+    monkeypatch.setattr(S, "selects_every_block", lambda m: pytest.fail("read the mask"))
+    assert S.heuristic_choice(dev, 90, 64) == (H.SM90_ROWS64_D64, False)

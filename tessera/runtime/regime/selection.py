@@ -277,7 +277,7 @@ def heuristic_choice(mask: Any, arch: int | None, head_dim: int,
     read the mask: :func:`default_regime` (``heuristic``, when the caller has it), whose sm90
     regimes for large blocks take aligned tiles where :func:`align_pays`, else packed keys
     where :func:`pack_pays`, else (head dim 64) 192-row tiles where :func:`rows192_pay` or
-    the mask :func:`selects_every_block`."""
+    a host mask :func:`selects_every_block`."""
     if heuristic is None:
         heuristic = default_regime(arch, head_dim, typical_q_block(mask.q_bounds),
                                    mask.kv_bounds)
@@ -299,9 +299,11 @@ def heuristic_choice(mask: Any, arch: int | None, head_dim: int,
     if heuristic == SM90_ROWS64_D64:
         if rows192_pay(mask.q_bounds):
             return SM90_ROWS192_D64, read
-        # A dense layer fills 192-row tiles whatever its blocks (one run of rows a head); the
-        # count read makes this a selection that reads the mask.
-        return (SM90_ROWS192_D64 if selects_every_block(mask) else heuristic), True
+        if not mask.on_device:
+            # A dense layer fills 192-row tiles whatever its blocks (one run of rows a head).
+            # Counted on the host only: on the device the count is a readback, which a
+            # request at a model's shape never waits for (device masks keep 64-row tiles).
+            return (SM90_ROWS192_D64 if selects_every_block(mask) else heuristic), True
     return heuristic, read
 
 

@@ -350,10 +350,11 @@ def test_heuristic_choice_is_the_selection_without_a_table():
 
 
 def test_a_dense_layer_at_head_dim_64_takes_192_row_tiles():
-    """A mask selecting every block (a dense layer) fills 192-row tiles at head dim 64 on
+    """A host mask selecting every block (a dense layer) fills 192-row tiles at head dim 64 on
     sm_90 whatever its block size; one block short of that keeps the 64-row tiles. Deciding it
     reads the mask's count, so the answer is not one for the geometry. Head dim 128 and other
-    GPUs are unchanged."""
+    GPUs are unchanged. (Device masks keep the 64-row tiles without reading anything back:
+    tests/gpu/test_attention.py's sync-free requests.)"""
     qb = np.arange(0, 20 * 128 + 1, 128)
     full = np.ones((2, 20, 20), bool)
     dense = BlockMask.from_dense(full, q_bounds=qb, kv_bounds=qb)
