@@ -118,14 +118,15 @@ def _family_blocks(shape: str, family: str, heads: int, seed: int = 0):
 
 def run(shapes: list[str], cases: list[str], reps: int = 20, flex: bool = True,
         batch: int = 1, heads: int | None = None, regime: Any = None,
-        rounds: int = 8) -> list[dict]:
+        rounds: int = 8, sdpa: bool = True) -> list[dict]:
     """Time every (shape, case); returns one dict of figures per pair. A case is a name of
     :data:`CASES` or of a mask family (:data:`tessera.tools.workloads.FAMILIES`). ``heads``
     (default: the model's) slices the model's query heads, e.g. to keep host-built family
     masks quick. ``regime`` (a ``tessera.Regime``) replaces the one Tessera would pick, for
     every case. The kernels (Tessera's and the peers') are timed in ``rounds`` interleaved
     rounds (:func:`~tessera.tools.timing.interleaved_ms`; a row's ``rounds_ms`` lists them),
-    the host-inclusive figures over ``reps`` timings each."""
+    the host-inclusive figures over ``reps`` timings each. ``sdpa=False`` leaves out the dense
+    SDPA baselines (each a hundred dense calls: the longest part of a run at 100k+ tokens)."""
     if reps < 1 or rounds < 1:
         raise ValueError(f"reps and rounds must be at least 1, got reps={reps}, "
                          f"rounds={rounds}")
@@ -152,13 +153,13 @@ def run(shapes: list[str], cases: list[str], reps: int = 20, flex: bool = True,
                     for _ in range(3))
         q, k, v = qkv
         dense_flops = 4 * d * L * L * batch * h
-        sdpa = {}
+        dense_ms = {}
         for backend, label in ((SDPBackend.CUDNN_ATTENTION, "cudnn"),
-                               (SDPBackend.FLASH_ATTENTION, "flash")):
+                               (SDPBackend.FLASH_ATTENTION, "flash")) if sdpa else ():
             try:
                 with sdpa_kernel(backend):
-                    sdpa[label] = cuda_time_ms(lambda: F.scaled_dot_product_attention(q, k, v),
-                                               reps, burst=BURST)
+                    dense_ms[label] = cuda_time_ms(
+                        lambda: F.scaled_dot_product_attention(q, k, v), reps, burst=BURST)
             except Exception as exc:
                 print(f"\nSDPA {label} failed: {exc}", file=sys.stderr)
         padded = {}  # q, k, v at a length padded to whole 64-token blocks
@@ -220,7 +221,7 @@ def run(shapes: list[str], cases: list[str], reps: int = 20, flex: bool = True,
                                  reps, burst=BURST)
             row.update(tessera_call_ms=t_call, tessera_plan_ms=t_plan,
                        tessera_request_ms=t_req, tessera_b2b_ms=t_b2b)
-            for label, t in sdpa.items():
+            for label, t in dense_ms.items():
                 row[f"sdpa_{label}_ms"] = t
                 row[f"sdpa_{label}_tflops"] = dense_flops / t / 1e9
             for x in found:
@@ -378,6 +379,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="interleaved rounds timing the kernels, Tessera's and the peers' "
                          "(default 8)")
     ap.add_argument("--no-flex", action="store_true")
+    ap.add_argument("--no-sdpa", action="store_true",
+                    help="leave out the dense SDPA baselines (slow at 100k+ tokens)")
     ap.add_argument("--json", help="write the figures as JSON here")
     ap.add_argument("--png", help="write a bar chart here (needs matplotlib)")
     ap.add_argument("--distributed", action="store_true",
@@ -425,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
               "CPU emulator instead.")
         return 1
     rows = run(shapes, cases + families, args.reps, flex=not args.no_flex, heads=args.heads,
-               regime=regime, rounds=args.rounds)
+               regime=regime, rounds=args.rounds, sdpa=not args.no_sdpa)
     print(table(rows))
     print("regimes: " + "; ".join(f"{r['shape']} {r['case']}: {r['regime']}" for r in rows))
     if args.json:

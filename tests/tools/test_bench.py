@@ -61,3 +61,7 @@ def test_run_times_the_kernels_in_interleaved_rounds():
             assert row[f"{name}_ms"] == statistics.median(times[name])
             assert row[f"kernel_vs_{name}"] == pytest.approx(row[f"{name}_ms"] / row["tessera_ms"])
     assert min(row["tessera_call_ms"], row["tessera_request_ms"], row["tessera_b2b_ms"]) > 0
+    assert row.get("sdpa_cudnn_ms", 0) > 0 or row.get("sdpa_flash_ms", 0) > 0
+    (bare,) = bench.run(["cogvideox-5b"], ["random-10"], reps=1, flex=False, heads=2,
+                        rounds=1, sdpa=False)
+    assert not any(key.startswith("sdpa_") for key in bare)
