@@ -16,8 +16,8 @@ Useful FLOPs = 4 * D * selected (query, key) pairs. "kernel" = the GPU time of o
 prepared plan (FlexAttention: of its compiled call with a ready BlockMask; SDPA: of one call),
 measured over :data:`BURST` calls between two events so that the host's launch work hides
 behind the GPU's as it does in a model, Tessera's and every peer's kernel in the same
-interleaved rounds (``--rounds``; the median of each reported): timed one after the other, the
-later ones would run on a warmer, slower-clocked GPU. "call" = one such call timed alone, the
+interleaved rounds (``--rounds``; the median of each reported): timed one after the other, each
+would read what ran before it (docs/benchmarking.md). "call" = one such call timed alone, the
 host's launch work included.
 "request" = everything a dynamic-mask call costs: building the mask object from a device bool
 block matrix, planning and running (FlexAttention: building its BlockMask and running), timed
@@ -198,7 +198,7 @@ def run(shapes: list[str], cases: list[str], reps: int = 20, flex: bool = True,
             found = _peers(q, k, v, ours, m, new_mask, flex_fn, shape, case, row,
                            dense=case == "dense")
             # The kernels, Tessera's and each peer's, in the same interleaved rounds: timed one
-            # after the other, the later ones would run on a warmer GPU.
+            # after the other, each would read what ran before it (docs/benchmarking.md).
             kernels = {"tessera": lambda: p.run(q, k, v), **{x.name: x.run for x in found}}
             rounds_ms = interleaved_ms(kernels, rounds=rounds, reps=3, burst=BURST)
             kernel_ms = {name: statistics.median(t) for name, t in rounds_ms.items()}

@@ -39,9 +39,9 @@ def cuda_time_ms(fn: Callable[[], Any], reps: int = 20, warmup: int = 3,
 
 def round_orders(rounds: int, names: list[str]) -> Iterator[list[str]]:
     """The order of each of ``rounds`` rounds over ``names``: rotated by one each round and
-    reversed every other, so that no call always runs first or right after the same one (after
-    an idle spell or a compile the GPU runs cooler and clocks higher for whichever comes first:
-    5-8% on the H200, docs/benchmarking.md)."""
+    reversed every other, so that no call always runs first or right after the same one (on
+    the H200 a configuration timed first after a compile read 5-8% faster in the ablations'
+    A/Bs: benchmarks/ablate.py)."""
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, got {rounds}")
     if not names:
@@ -58,7 +58,7 @@ def interleaved_ms(calls: dict[str, Callable[[], Any]], rounds: int = 8, reps: i
     the orders of :func:`round_orders`, after ``settle_s`` seconds of the first call so that
     the clocks are steady. Figures that are compared with each other (a kernel against a peer,
     a variant against another) come from one such set of rounds: timed one after the other,
-    the later ones run on a warmer GPU."""
+    each would read what ran before it (docs/benchmarking.md)."""
     if not calls:
         raise ValueError("calls: at least one call to time")
     if reps < 1:
