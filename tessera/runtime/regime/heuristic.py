@@ -63,7 +63,6 @@ def rows192_pay(q_bounds: np.ndarray) -> bool:
     return _rows192_pay(bounds_key(q_bounds))
 
 
-@functools.lru_cache(maxsize=64)  # asked on every selection; a geometry's answer never changes
 def selects_every_block(mask: Any) -> bool:
     """Whether ``mask`` selects every (query block, key block) pair of every stored head: a
     dense layer (as sparse video methods run their first steps). Its rows are one run of
@@ -74,6 +73,7 @@ def selects_every_block(mask: Any) -> bool:
     return total > 0 and mask.nnz == total
 
 
+@functools.lru_cache(maxsize=64)  # asked on every selection; a geometry's answer never changes
 def _rows192_pay(bounds: bytes) -> bool:
     sizes = _block_sizes(bounds)
     if sizes.size == 0 or np.median(sizes) < 192:
