@@ -1,12 +1,14 @@
-"""Where an sm90 kernel's time goes: a ``bench`` case's plan timed in one process against plans
-of the same regime whose kernel is built from a changed source (``--patch``): one part of the
+"""Where an sm90 kernel's time goes: a ``bench`` case's plan timed in one process against plans of
+the same regime whose kernel is built from a changed source (``--patch``): one part of the
 consumer loop taken out (the softmax, its exponentials, the P·V products, the warpgroups' issue
-turns), the order of its exponentials against the P·V wait flipped, or one of the TMA
-producer's choices taken back (staged span fields, one producer warp, the chunk's fields read
-after the issue). An ablated kernel may compute something else by design and is only timed;
-each plan's largest difference from the unchanged kernel's output is printed (0 for the
-choices, which change no result). ``--against`` times plans of other regimes of the same mask
-in the same rounds (e.g. a CTA of four rings against three CTAs an SM of the same tiles).
+turns), the order of its exponentials against the P·V wait flipped, or one of the TMA producer's
+choices taken back (staged span fields, one producer warp, the chunk's fields read after the
+issue), or a shortcut measured and not kept (the thread index declared non-negative, no proxy
+fence after a stage lands, part of the exponentials on the FMA pipe). An ablated kernel may
+compute something else by design and is only timed; each plan's largest difference from the
+unchanged kernel's output is printed (0 for the choices, which change no result). ``--against``
+times plans of other regimes of the same mask in the same rounds (e.g. a CTA of four rings
+against three CTAs an SM of the same tiles).
 
     python3 benchmarks/ablate.py --shape wan-1.3b-480p --case dense --patch softmax,exp,pv,turns
     python3 benchmarks/ablate.py --shape cogvideox-5b --case topk64-10 \
@@ -44,6 +46,32 @@ _PV_ISSUE = ("        for (int kk = 0; kk < W / 16; ++kk) "
              "        if (!prepare_first) prepare();\n"
              "        pass_issue_turn(wg);")
 
+_TID_READ = """  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
+  return t;"""
+_FULL_WAIT = """          mbar_wait(full_bar + 8 * (j % STAGES), (j / STAGES) & 1);
+          fence_async_smem();"""
+_FAST_EXP2 = """__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+"""
+# 2^x = 2^floor(x) * p(frac): the floor rounded into the low bits of 1.5 * 2^23, p a least
+# squares fit of 2^f on [0, 1) with p(0) = 1 (max relative error 8.6e-5), so -inf (clamped to
+# -127) gives 0 exactly; max.NaN keeps a NaN score NaN.
+_POLY_EXP2 = """__device__ __forceinline__ float poly_exp2(float x) {
+  float c, r;
+  asm("max.NaN.f32 %0, %1, 0fC2FE0000;" : "=f"(c) : "f"(x));
+  asm("add.rm.f32 %0, %1, 0f4B400000;" : "=f"(r) : "f"(c));
+  const float f = c - (r - 12582912.f);
+  const float p = fmaf(fmaf(fmaf(0.0770652f, f, 0.227647f), f, 0.69511634f), f, 1.f);
+  return __int_as_float(__float_as_int(p) + (__float_as_int(r) << 23));
+}
+__device__ __forceinline__ float mixed_exp2(int nt, float x) {
+  return (0x88u >> nt) & 1u ? poly_exp2(x) : fast_exp2(x);
+}
+"""
+
 # name -> (what it shows, ((source file, text, replacement), ...))
 PATCHES: dict[str, tuple[str, tuple[tuple[str, str, str], ...]]] = {
     "softmax": ("no softmax: P is the raw scores (the matrix work and its feed alone)",
@@ -78,6 +106,20 @@ PATCHES: dict[str, tuple[str, tuple[tuple[str, str, str], ...]]] = {
                        (("bsa_sm90.cu",
                          "constexpr int PRODUCER_THREADS = TESSERA_TMA ? 32 : LOADERS;",
                          "constexpr int PRODUCER_THREADS = LOADERS;"),)),
+    # Shortcuts that were measured and not kept (docs/decisions.md, "Tried and not kept").
+    "assume-tid": ("the thread index declared non-negative and below 1024 (__builtin_assume): "
+                   "its modulos and quotients as masks and shifts",
+                   (("bsa_sm90.cu", _TID_READ, _TID_READ.replace(
+                       "  return t;", "  __builtin_assume(t >= 0 && t < 1024);\n  return t;")),)),
+    "no-fence": ("the TMA consumers skip the proxy fence after a stage's full barrier",
+                 (("bsa_sm90.cu", _FULL_WAIT, _FULL_WAIT.replace(
+                     "          fence_async_smem();",
+                     "          if constexpr (!TMA) fence_async_smem();")),)),
+    "exp-poly": ("a quarter of the exponentials (score octets 3 and 7 of each thread's 8 at "
+                 "64-key steps) as a degree-3 polynomial on the FMA pipe instead of the MUFU",
+                 (("common.cuh", _FAST_EXP2, _FAST_EXP2 + _POLY_EXP2),
+                  *(("common.cuh", f"s[nt][{e}] = fast_exp2(", f"s[nt][{e}] = mixed_exp2(nt, ")
+                    for e in range(4)))),
 }
 
 

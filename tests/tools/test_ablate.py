@@ -48,7 +48,8 @@ def test_against_names_split_outside_brackets():
 pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="NVRTC comes with the CUDA extras")
 
 
-@pytest.mark.parametrize("name", ["anchor", "softmax+exp+pv+turns", "unstaged+producer-warps"])
+@pytest.mark.parametrize("name", ["anchor", "softmax+exp+pv+turns", "unstaged+producer-warps",
+                                  "assume-tid+no-fence+exp-poly"])
 def test_patched_kernel_builds(name, tmp_path, monkeypatch):
     from tessera.runtime.regime.heuristic import SM90_ROWS128
 
