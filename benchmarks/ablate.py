@@ -1,14 +1,14 @@
 """Where an sm90 kernel's time goes: a ``bench`` case's plan timed in one process against plans of
-the same regime whose kernel is built from a changed source (``--patch``): one part of the
-consumer loop taken out (the softmax, its exponentials, the P·V products, the warpgroups' issue
-turns), the order of its exponentials against the P·V wait flipped, or one of the TMA producer's
-choices taken back (staged span fields, one producer warp, the chunk's fields read after the
-issue), or a shortcut measured and not kept (the thread index declared non-negative, no proxy
-fence after a stage lands, part of the exponentials on the FMA pipe). An ablated kernel may
-compute something else by design and is only timed; each plan's largest difference from the
-unchanged kernel's output is printed (0 for the choices, which change no result). ``--against``
-times plans of other regimes of the same mask in the same rounds (e.g. a CTA of four rings
-against three CTAs an SM of the same tiles).
+the same regime whose kernel is built from a changed source (``--patch``): one part of the consumer
+loop taken out (the softmax, its exponentials, the P·V products, the warpgroups' issue turns), the
+order of its exponentials against the P·V wait flipped, or one of the TMA producer's choices taken
+back (staged span fields, one producer warp, the chunk's fields read after the issue) or the
+softmax's (the warp's vote ahead of the row maxima's shuffles), or a shortcut measured and not kept
+(the thread index declared non-negative, no proxy fence after a stage lands, part of the
+exponentials on the FMA pipe). An ablated kernel may compute something else by design and is only
+timed; each plan's largest difference from the unchanged kernel's output is printed (0 for the
+choices, which change no result). ``--against`` times plans of other regimes of the same mask in the
+same rounds (e.g. a CTA of four rings against three CTAs an SM of the same tiles).
 
     python3 benchmarks/ablate.py --shape wan-1.3b-480p --case dense --patch softmax,exp,pv,turns
     python3 benchmarks/ablate.py --shape cogvideox-5b --case topk64-10 \
@@ -50,6 +50,8 @@ _TID_READ = """  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
   return t;"""
 _FULL_WAIT = """          mbar_wait(full_bar + 8 * (j % STAGES), (j / STAGES) & 1);
           fence_async_smem();"""
+_MAX_VOTE = ("  if (__any_sync(0xffffffffu, mx0 * scale_log2 > lim0 || "
+             "mx1 * scale_log2 > lim1)) {")
 _FAST_EXP2 = """__device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
@@ -115,6 +117,10 @@ PATCHES: dict[str, tuple[str, tuple[tuple[str, str, str], ...]]] = {
                  (("bsa_sm90.cu", _FULL_WAIT, _FULL_WAIT.replace(
                      "          fence_async_smem();",
                      "          if constexpr (!TMA) fence_async_smem();")),)),
+    # The softmax's choices (common.cuh), taken back.
+    "shuffle-max": ("every chunk's row maxima through the quad shuffles, without the warp's "
+                    "vote on its threads' own maxima first",
+                    (("common.cuh", _MAX_VOTE, "  {"),)),
     "exp-poly": ("a quarter of the exponentials (score octets 3 and 7 of each thread's 8 at "
                  "64-key steps) as a degree-3 polynomial on the FMA pipe instead of the MUFU",
                  (("common.cuh", _FAST_EXP2, _FAST_EXP2 + _POLY_EXP2),
@@ -205,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--against", default="",
                     help="Regime names, comma-separated outside brackets: their plans of the "
                          "same mask, timed in the same rounds")
+    ap.add_argument("--heads", type=int,
+                    help="query heads (default: the model's; fewer give each SM fewer tasks)")
     ap.add_argument("--rounds", type=int, default=8, help="timing rounds (default 8)")
     ap.add_argument("--peer", choices=("cudnn-bsa",),
                     help="time cuDNN's block-sparse attention in the same rounds (as bench "
@@ -216,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--case: {c!r} is not a bench case on uniform blocks")
     if args.rounds < 1:
         ap.error(f"--rounds must be at least 1, got {args.rounds}")
+    if args.heads is not None and args.heads < 1:
+        ap.error(f"--heads must be at least 1, got {args.heads}")
     patches = [p for p in args.patch.split(",") if p]
     against = {}
     for name in _regime_names(args.against):
@@ -241,20 +251,21 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: {PATCHES[name][0]}")
 
     w = WORKLOADS[args.shape]
+    heads = args.heads or w.heads
     rng = np.random.default_rng(0)
     for case in cases:
         c = CASES[case]
         qb = c.bounds(w.seq_len)  # as bench pads 64-token cases
         length = int(qb[-1])
-        blocks = torch.from_numpy(c.make(rng, w.heads, qb.size - 1)).cuda()
+        blocks = torch.from_numpy(c.make(rng, heads, qb.size - 1)).cuda()
         mask = tessera.BlockMask.from_dense(blocks, q_bounds=qb, kv_bounds=qb)
-        q, k, v = (torch.randn(1, w.heads, length, w.head_dim, device="cuda",
+        q, k, v = (torch.randn(1, heads, length, w.head_dim, device="cuda",
                                dtype=torch.bfloat16) for _ in range(3))
-        flops = 4 * w.head_dim * int(mask.selected_pairs(1, w.heads).sum())
+        flops = 4 * w.head_dim * int(mask.selected_pairs(1, heads).sum())
         calls, outs = {}, {}
         for name in ["kernel", *patches, *against]:
             with _SourceOverride(sources.get(name, {})):
-                plan = tessera.plan(mask, num_q_heads=w.heads, head_dim=w.head_dim,
+                plan = tessera.plan(mask, num_q_heads=heads, head_dim=w.head_dim,
                                     dtype="bfloat16", regime=against.get(name, regime))
                 calls[name] = (lambda p=plan: p.run(q, k, v))
                 outs[name] = calls[name]().float()
@@ -262,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
                 if name == "kernel":
                     regime_name = plan.regime.name
         if args.peer:
-            inputs = peers.cudnn_bsa_inputs(mask, 1, w.heads, q.device)
+            inputs = peers.cudnn_bsa_inputs(mask, 1, heads, q.device)
             if inputs is None:
                 print(f"{case}: not a mask cuDNN BSA runs exactly; not timed")
             else:
@@ -275,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
                     outs[args.peer] = out.float()
         times = interleaved_ms(calls, rounds=args.rounds, reps=3, burst=BURST)
         base = statistics.median(times["kernel"])
-        print(f"\n{args.shape} {case}: {regime_name}, median of {args.rounds} rounds")
+        print(f"\n{args.shape} ({heads} heads) {case}: {regime_name}, "
+              f"median of {args.rounds} rounds")
         print(f"{'kernel':24s} {'ms':>8s} {'TF/s':>6s} {'speed':>6s} {'max diff':>9s}  rounds")
         for name in calls:
             t = statistics.median(times[name])

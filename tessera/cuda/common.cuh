@@ -357,17 +357,25 @@ __device__ __forceinline__ bool softmax_chunk(float (&s)[NB][4], float (&m)[2], 
   }
   // The running max moves only when a score exceeds it by more than RESCALE_SLACK (the softmax
   // is invariant to the shift; p stays <= 2^RESCALE_SLACK), so most chunks skip rescaling.
-  const float mn0 = warp_quad_max(mx0) * scale_log2, mn1 = warp_quad_max(mx1) * scale_log2;
+  // A row's max exceeds the limit exactly when one of its quad's four threads' own maxima does
+  // (scaling by the positive scale_log2 keeps the order), so a vote of the warp on its own
+  // maxima decides whether any of its rows moves: most chunks then skip the quad shuffles,
+  // which sit on the chunk's dependent chain between S and the exponentials. The result is the
+  // same either way.
+  const float lim0 = m[0] + RESCALE_SLACK, lim1 = m[1] + RESCALE_SLACK;
   bool rescale = false;
-  if (mn0 > m[0] + RESCALE_SLACK) {
-    al[0] = fast_exp2(m[0] - mn0);
-    m[0] = mn0;
-    rescale = true;
-  }
-  if (mn1 > m[1] + RESCALE_SLACK) {
-    al[1] = fast_exp2(m[1] - mn1);
-    m[1] = mn1;
-    rescale = true;
+  if (__any_sync(0xffffffffu, mx0 * scale_log2 > lim0 || mx1 * scale_log2 > lim1)) {
+    const float mn0 = warp_quad_max(mx0) * scale_log2, mn1 = warp_quad_max(mx1) * scale_log2;
+    if (mn0 > lim0) {
+      al[0] = fast_exp2(m[0] - mn0);
+      m[0] = mn0;
+      rescale = true;
+    }
+    if (mn1 > lim1) {
+      al[1] = fast_exp2(m[1] - mn1);
+      m[1] = mn1;
+      rescale = true;
+    }
   }
   // A row with nothing unmasked yet keeps m = -inf; subtract 0 so exp2 gives 0, not NaN.
   const float base0 = m[0] == NEG_INF ? 0.f : m[0];
