@@ -44,7 +44,7 @@ import numpy as np
 from .. import __version__
 from .. import families as mask_families
 from .._array import cupy_or_none
-from ..cuda.device import current_gpu_name, device_cc, device_sm_count
+from ..cuda.device import current_gpu_name, device_arch, device_cc, device_sm_count
 from ..cuda.loader import nvrtc_version
 from ..runtime.plan import plan as make_plan
 from ..runtime.regime import (
@@ -381,7 +381,8 @@ def _measure_case(case: Case, prepare: Callable[[Any], Any] | None, *, dtype: st
     feats = features_from_measures(meas, head_dim=case.head_dim, dtype=dtype, arch=arch,
                                    num_q_heads=case.heads, batch=batch)
     # The regime plans take without a table: the heuristic with its rules that read the mask.
-    heuristic = heuristic_choice(mask, arch, case.head_dim)[0]
+    heuristic = heuristic_choice(mask, arch, case.head_dim, num_q_heads=case.heads, batch=batch,
+                                 sm_count=device_sm_count() if arch == device_arch() else 0)[0]
     return _Measured(mask, meas, feats, heuristic)
 
 

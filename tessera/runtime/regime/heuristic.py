@@ -17,7 +17,8 @@ __all__ = ["default_regime", "align_pays", "align_may_pay", "pack_pays", "blocks
            "typical_q_block", "ALIGN_MIN_PADDING",
            "SM90_ROWS128", "SM90_ROWS64_D64", "SM90_PACKED_D64", "SM90_ROWS192_D64",
            "ALIGN_MAX_PAIR_RATIO",
-           "rows192_pay", "ROWS192_MAX_ROW_RATIO", "selects_every_block"]
+           "rows192_pay", "ROWS192_MAX_ROW_RATIO", "selects_every_block",
+           "RINGS_MIN_TASKS", "one_ring_where_few_tasks"]
 
 
 # sm_90's regimes for blocks of 128 tokens and more: 128-row tiles warp-specialized (two consumer
@@ -141,6 +142,28 @@ def default_regime(arch: int | None = None, head_dim: int = 128,
     if small_blocks or (arch in (86, 87, 89) and head_dim > 96):
         return Regime(block_m=64, num_warps=4, combine_threshold=0.0)
     return Regime(combine_threshold=0.0)
+
+
+# one_ring_where_few_tasks' bound: rings keep their lead with at least this many tasks a ring
+# (each ring a consumer warpgroup on its own tasks; with ~2 a ring the last ones run alone on
+# their SMs). Measured on the H200 at CogVideoX-5B's shape, requests (no task splitting), 4-48
+# of its 48 heads (docs/decisions.md): at 4 heads (~2 tasks a ring) the one-ring tiles ran
+# 1.04-1.12x faster; at 8 heads (~4 a ring) the rings 0.96-1.04x, at 12 and more 1.03-1.11x.
+RINGS_MIN_TASKS = 3
+
+
+def one_ring_where_few_tasks(regime: Regime, tasks: int, sm_count: int,
+                             q_block: float) -> Regime:
+    """``regime``, or its one-ring tiles where its rings would get fewer than
+    :data:`RINGS_MIN_TASKS` tasks each (``tasks`` on ``sm_count`` SMs, one CTA an SM): 64x64
+    tiles three CTAs an SM for 64-token query blocks, else 64x128 tiles two an SM (the
+    shapes the rings were measured against). ``sm_count`` 0 (no GPU) keeps ``regime``."""
+    # A packed walk is cp.async's, which runs one task a CTA whatever the warps.
+    rings = 1 if regime.pack_keys or not regime.tma_capable else regime.rings
+    if rings == 1 or sm_count <= 0 or tasks >= RINGS_MIN_TASKS * rings * sm_count:
+        return regime
+    block_n = 64 if q_block <= 64 else 128
+    return regime.with_(block_n=block_n, num_warps=regime.block_m // ROW_GROUP + 4)
 
 
 def blocks_ragged(bounds: np.ndarray, step: int) -> bool:

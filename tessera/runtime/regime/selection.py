@@ -39,8 +39,10 @@ from ...dtypes import dtype_name
 from ...mask import bounds_key
 from . import features
 from .heuristic import (SM90_PACKED_D64, SM90_ROWS64_D64, SM90_ROWS128, SM90_ROWS192_D64,
-                        align_may_pay, align_pays, blocks_ragged, default_regime, rows192_pay,
-                        pack_pays, selects_every_block, typical_q_block)
+                        align_may_pay, align_pays, blocks_ragged, default_regime,
+                        one_ring_where_few_tasks, rows192_pay, pack_pays, selects_every_block,
+                        typical_q_block)
+from ..tasks import heads_per_task, tasks_lower_bound
 from .slots import plan_may_split, plan_tasks_in_flight
 from .table import TABLES_DIR, RegimeTable, gpu_slug
 from .value import Regime
@@ -212,8 +214,10 @@ def selected_regime(mask: Any, *, arch: int | None, head_dim: int, dtype: Any,
         seen = _read_selections.get(key)
         if seen is not None:
             return seen, False
-        return default_regime(arch, head_dim, typical_q_block(mask.q_bounds),
-                              mask.kv_bounds), True
+        fallback = default_regime(arch, head_dim, typical_q_block(mask.q_bounds),
+                                  mask.kv_bounds)
+        return _ring_rule(fallback, mask, num_q_heads, batch, num_kv_heads,
+                          _sm_count(arch)), True
     regime, by_geometry = _select_regime(mask, arch, head_dim, dtype, num_q_heads, batch,
                                          num_kv_heads)
     kept = _selections if by_geometry else _read_selections
@@ -267,17 +271,49 @@ def _select_regime(mask: Any, arch: int | None, head_dim: int, dtype: str, num_q
         by_geometry = False
     else:
         by_geometry = True
-    regime, read = heuristic_choice(mask, arch, head_dim, heuristic)
+    regime, read = heuristic_choice(mask, arch, head_dim, heuristic, num_q_heads=num_q_heads,
+                                    batch=batch, num_kv_heads=num_kv_heads,
+                                    sm_count=_sm_count(arch))
     return regime, by_geometry and not read
 
 
+def _sm_count(arch: int | None) -> int:
+    """The SMs the ring rule counts: the current GPU's when the plan is for its architecture,
+    else 0 (a portable plan, or no GPU: the rule is off)."""
+    return device.device_sm_count() if arch is not None and arch == device.device_arch() else 0
+
+
 def heuristic_choice(mask: Any, arch: int | None, head_dim: int,
-                     heuristic: Regime | None = None) -> tuple[Regime, bool]:
+                     heuristic: Regime | None = None, *, num_q_heads: int | None = None,
+                     batch: int = 1, num_kv_heads: int | None = None,
+                     sm_count: int = 0) -> tuple[Regime, bool]:
     """The regime a plan of ``mask`` takes where no table answers, and whether deciding it
     read the mask: :func:`default_regime` (``heuristic``, when the caller has it), whose sm90
     regimes for large blocks take aligned tiles where :func:`align_pays`, else packed keys
     where :func:`pack_pays`, else (head dim 64) 192-row tiles where :func:`rows192_pay` or
-    a host mask :func:`selects_every_block`."""
+    a host mask :func:`selects_every_block`. Given the shape (``num_q_heads``, ``batch``) and
+    the GPU's ``sm_count``, rings that would get too few tasks take one-ring tiles
+    (:func:`one_ring_where_few_tasks`)."""
+    regime, read = _mask_rules(mask, arch, head_dim, heuristic)
+    if num_q_heads is None:
+        return regime, read
+    return _ring_rule(regime, mask, num_q_heads, batch, num_kv_heads or num_q_heads,
+                      sm_count), read
+
+
+def _ring_rule(regime: Regime, mask: Any, num_q_heads: int, batch: int, num_kv_heads: int,
+               sm_count: int) -> Regime:
+    """:func:`one_ring_where_few_tasks` for this shape: its fewest tasks (tasks_lower_bound)."""
+    if regime.rings == 1 or sm_count <= 0:
+        return regime
+    hp = heads_per_task(regime, mask.batch_heads[1], num_q_heads, num_kv_heads)
+    tasks = tasks_lower_bound(batch, num_q_heads, hp, mask.seq_len_q, regime.block_m // hp)
+    return one_ring_where_few_tasks(regime, tasks, sm_count, typical_q_block(mask.q_bounds))
+
+
+def _mask_rules(mask: Any, arch: int | None, head_dim: int,
+                heuristic: Regime | None) -> tuple[Regime, bool]:
+    """heuristic_choice's rules that read the mask (or its geometry)."""
     if heuristic is None:
         heuristic = default_regime(arch, head_dim, typical_q_block(mask.q_bounds),
                                    mask.kv_bounds)

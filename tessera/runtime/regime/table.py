@@ -42,8 +42,10 @@ def gpu_slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
 
-# Smoothed lookup: one step of geometry (uniform vs variable, or one block-size bucket) counts
-# as this many bucket steps of the other features (leave-one-out on the H200 table).
+# Smoothed lookup: one block-size bucket of geometry counts as this many bucket steps of the
+# other features (leave-one-out on the H200 table). Uniform and variable geometries never vote
+# for each other: a table profiled on variable blocks at head dim 64 picked 64x128 packed tiles
+# for uniform 64-token masks that ran 0.71-0.89x the heuristic's (docs/decisions.md).
 GEOMETRY_STEP = 3
 
 
@@ -81,7 +83,8 @@ class RegimeTable:
     :meth:`lookup`, for tables whose entries carry every candidate's measurements (what the
     profiler writes): a smoothed vote. Each entry of the same arch, head dim and dtype weighs
     ``masks x 0.5**distance`` (distance: bucket steps of density, sequence length, imbalance
-    and batch x heads, plus :data:`GEOMETRY_STEP` per step of geometry), and the regime with
+    and batch x heads, plus :data:`GEOMETRY_STEP` per step of block size; only entries of the
+    same kind of geometry, uniform or variable blocks, vote), and the regime with
     the lowest weighted mean relative time (time / that entry's oracle) wins. One profiled
     mask per key is a noisy vote; pooling the neighbours' evidence picked better regimes in
     leave-one-out tests on the H200 table (docs/decisions.md). Tables without candidate
@@ -190,9 +193,13 @@ class RegimeTable:
                                                range(len(BATCH_HEADS_BUCKETS)))),
                         dtype=np.float64)
         for (arch, hd, dt), members in groups.items():
-            m = np.array(members)
             for geometry in ALL_GEOMETRIES:
                 g = np.array(_geometry_position(geometry), dtype=np.float64)
+                # Only evidence of the same kind (uniform or variable blocks) answers: which
+                # key walk and tiling pays differs between them (docs/decisions.md).
+                m = np.array([i for i in members if geo[i][0] == g[0]], dtype=np.int64)
+                if m.size == 0:
+                    continue
                 dist = (np.abs(grid[:, None, :] - pos[m][None, :, :]).sum(-1)
                         + GEOMETRY_STEP * np.abs(geo[m] - g).sum(-1)[None, :])
                 w = weight0[m][None, :] * 0.5 ** dist  # [grid, members]

@@ -215,3 +215,38 @@ def test_192_row_tiles_where_query_blocks_fill_them():
                            num_q_heads=2, batch=1) == SM90_ROWS192_D64
     assert SM90_ROWS192_D64.variant(64, tma=True).macro("BN") == 128
     assert SM90_ROWS192_D64.variant(64).macro("BN") == 64
+
+
+def test_rings_give_way_to_one_ring_tiles_where_tasks_are_few():
+    from tessera.runtime.regime.heuristic import (RINGS_MIN_TASKS, SM90_PACKED_D64,
+                                                  SM90_ROWS64_D64, SM90_ROWS128,
+                                                  one_ring_where_few_tasks)
+    rings = SM90_ROWS64_D64
+    assert rings.rings == 4
+    edge = RINGS_MIN_TASKS * 4 * 132
+    one = one_ring_where_few_tasks(rings, edge - 1, 132, 128.0)
+    assert (one.block_m, one.block_n, one.num_warps, one.rings) == (64, 128, 8, 1)
+    assert one.split_ratio == rings.split_ratio and one.stages == rings.stages
+    assert one_ring_where_few_tasks(rings, edge, 132, 128.0) == rings
+    small = default_regime(90, 64, q_block=64)
+    assert small.rings == 4
+    one = one_ring_where_few_tasks(small, 100, 132, 64.0)
+    assert (one.block_m, one.block_n, one.num_warps) == (64, 64, 8)
+    # One ring already, a packed walk (cp.async: one task a CTA), or no GPU: unchanged.
+    for r, sms in ((SM90_ROWS128, 132), (SM90_PACKED_D64, 132),
+                   (rings.with_(pack_keys=True), 132), (rings, 0)):
+        assert one_ring_where_few_tasks(r, 1, sms, 128.0) == r
+
+
+def test_heuristic_choice_counts_the_shapes_tasks_for_the_rings():
+    # CogVideoX-5B's length, 128-token blocks: 275 64-row tiles a head.
+    qb = np.minimum(np.arange(0, 17550 + 128, 128), 17550)
+    rng = np.random.default_rng(1)
+    for heads, ring in ((4, 1), (8, 4), (48, 4)):
+        blocks = rng.random((1, heads, qb.size - 1, qb.size - 1)) < 0.1
+        mask = tessera.BlockMask.from_dense(blocks, q_bounds=qb, kv_bounds=qb)
+        got, _ = R.heuristic_choice(mask, 90, 64, num_q_heads=heads, batch=1, sm_count=132)
+        assert got.rings == ring, (heads, got.name)
+        # Without the shape or the GPU the rings stay.
+        assert R.heuristic_choice(mask, 90, 64)[0].rings == 4
+        assert R.heuristic_choice(mask, 90, 64, num_q_heads=heads, sm_count=0)[0].rings == 4

@@ -149,8 +149,10 @@ def test_smoothed_lookup_pools_neighbours():
         _profiled_entry(feats(density="5-15%"), {a: 1.0, b: 1.3, c: 1.5}),
     ], {})
     assert t2.lookup(here) == b
-    # Another geometry answers too (from the nearest evidence), another head dim does not.
-    assert t.lookup(feats(geometry="variable-128")) == a
+    # Another block size of the same kind answers too (from the nearest evidence); the other
+    # kind of geometry (variable blocks) and another head dim do not.
+    assert t.lookup(feats(geometry="uniform-64x64")) == a
+    assert t.lookup(feats(geometry="variable-128")) is None
     assert t.lookup(feats(head_dim=64)) is None
     # A regime some weighted entry never measured is not eligible.
     t3 = RegimeTable([
