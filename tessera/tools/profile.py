@@ -44,7 +44,7 @@ import numpy as np
 from .. import __version__
 from .. import families as mask_families
 from .._array import cupy_or_none
-from ..cuda.device import current_gpu_name, device_arch, device_cc, device_sm_count
+from ..cuda.device import current_gpu_name, device_cc, device_sm_count
 from ..cuda.loader import nvrtc_version
 from ..runtime.plan import plan as make_plan
 from ..runtime.regime import (
@@ -62,6 +62,7 @@ from ..runtime.regime import (
     pack_pays,
     plan_may_split,
     planned_pick,
+    ring_rule_sm_count,
     tasks_in_flight,
     write_json_atomic,
 )
@@ -382,7 +383,7 @@ def _measure_case(case: Case, prepare: Callable[[Any], Any] | None, *, dtype: st
                                    num_q_heads=case.heads, batch=batch)
     # The regime plans take without a table: the heuristic with its rules that read the mask.
     heuristic = heuristic_choice(mask, arch, case.head_dim, num_q_heads=case.heads, batch=batch,
-                                 sm_count=device_sm_count() if arch == device_arch() else 0)[0]
+                                 sm_count=ring_rule_sm_count(arch))[0]
     return _Measured(mask, meas, feats, heuristic)
 
 

@@ -49,7 +49,7 @@ from .value import Regime
 
 __all__ = ["use_table", "active_table", "select_regime", "selected_regime", "table_pick",
            "heuristic_choice", "aligned_pick", "packed_pick", "planned_pick",
-           "selection_generation", "describe_table_in_use", "ENV_TABLE"]
+           "selection_generation", "describe_table_in_use", "ring_rule_sm_count", "ENV_TABLE"]
 
 
 ENV_TABLE = "TESSERA_REGIME_TABLE"
@@ -217,7 +217,7 @@ def selected_regime(mask: Any, *, arch: int | None, head_dim: int, dtype: Any,
         fallback = default_regime(arch, head_dim, typical_q_block(mask.q_bounds),
                                   mask.kv_bounds)
         return _ring_rule(fallback, mask, num_q_heads, batch, num_kv_heads,
-                          _sm_count(arch)), True
+                          ring_rule_sm_count(arch)), True
     regime, by_geometry = _select_regime(mask, arch, head_dim, dtype, num_q_heads, batch,
                                          num_kv_heads)
     kept = _selections if by_geometry else _read_selections
@@ -273,11 +273,11 @@ def _select_regime(mask: Any, arch: int | None, head_dim: int, dtype: str, num_q
         by_geometry = True
     regime, read = heuristic_choice(mask, arch, head_dim, heuristic, num_q_heads=num_q_heads,
                                     batch=batch, num_kv_heads=num_kv_heads,
-                                    sm_count=_sm_count(arch))
+                                    sm_count=ring_rule_sm_count(arch))
     return regime, by_geometry and not read
 
 
-def _sm_count(arch: int | None) -> int:
+def ring_rule_sm_count(arch: int | None) -> int:
     """The SMs the ring rule counts: the current GPU's when the plan is for its architecture,
     else 0 (a portable plan, or no GPU: the rule is off)."""
     return device.device_sm_count() if arch is not None and arch == device.device_arch() else 0
