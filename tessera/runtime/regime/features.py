@@ -211,15 +211,24 @@ def _measures(mask: Any, total: int, heaviest: int) -> MaskMeasures:
                         q_block=float(np.median(qlen)), uniform=mask.uniform_block_size())
 
 
+def _geometry(uniform: tuple[int, int] | None, q_block: float) -> str:
+    if uniform is not None:
+        return f"uniform-{block_bucket(uniform[0])}x{block_bucket(uniform[1])}"
+    return f"variable-{block_bucket(q_block)}"
+
+
+def mask_geometry(mask: Any) -> str:
+    """The geometry feature of ``mask`` (``uniform-<q>x<kv>`` or ``variable-<q>``), from its
+    block bounds alone: no read of the mask, so a plan can ask a table before measuring."""
+    return _geometry(mask.uniform_block_size(), float(np.median(np.diff(mask.q_bounds))))
+
+
 def features_from_measures(m: MaskMeasures, *, head_dim: int, dtype: str, arch: int,
                            num_q_heads: int, batch: int) -> MaskFeatures:
     """Bucket :class:`MaskMeasures` (plus the attention shape) into :class:`MaskFeatures`."""
-    if m.uniform is not None:
-        geometry = f"uniform-{block_bucket(m.uniform[0])}x{block_bucket(m.uniform[1])}"
-    else:
-        geometry = f"variable-{block_bucket(m.q_block)}"
     return MaskFeatures(
-        arch=int(arch), head_dim=int(head_dim), dtype=dtype, geometry=geometry,
+        arch=int(arch), head_dim=int(head_dim), dtype=dtype,
+        geometry=_geometry(m.uniform, m.q_block),
         seq_len=_bucket(m.seq_len, _SEQ_EDGES, SEQ_BUCKETS, True),
         density=_bucket(m.density, _DENSITY_EDGES, DENSITY_BUCKETS, False),
         imbalance=_bucket(m.imbalance, _IMBALANCE_EDGES, IMBALANCE_BUCKETS, False),

@@ -145,11 +145,11 @@ def default_regime(arch: int | None = None, head_dim: int = 128,
 
 
 # one_ring_where_few_tasks' bound: rings keep their lead with at least this many tasks a ring
-# (each ring a consumer warpgroup on its own tasks; with ~2 a ring the last ones run alone on
+# (each ring a consumer warpgroup on its own tasks; with few a ring the last ones run alone on
 # their SMs). Measured on the H200 at CogVideoX-5B's shape, requests (no task splitting), 4-48
-# of its 48 heads (docs/decisions.md): at 4 heads (~2 tasks a ring) the one-ring tiles ran
-# 1.04-1.12x faster; at 8 heads (~4 a ring) the rings 0.96-1.04x, at 12 and more 1.03-1.11x.
-RINGS_MIN_TASKS = 3
+# of its 48 heads (docs/decisions.md): the one-ring tiles ran 1.04-1.12x faster at 4 heads (~2
+# tasks a ring), 1.00-1.08x at 6 (~3.2); the rings 0.94-1.03x at 8 (~4.2), 1.04-1.11x at 12+.
+RINGS_MIN_TASKS = 4
 
 
 def one_ring_where_few_tasks(regime: Regime, tasks: int, sm_count: int,

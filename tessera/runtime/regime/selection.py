@@ -253,7 +253,8 @@ def _select_regime(mask: Any, arch: int | None, head_dim: int, dtype: str, num_q
     # never splits, which must not keep the table from masks it was profiled for. (The slots
     # are the heuristic's own: the variant that would run, compiled once for its occupancy.)
     unpacked = heuristic.with_(pack_keys=False)
-    if (table is not None and table.covers(int(arch), int(head_dim), dtype)
+    if (table is not None
+            and table.covers(int(arch), int(head_dim), dtype, features.mask_geometry(mask))
             and plan_may_split(unpacked, mask, num_q_heads=num_q_heads,
                                num_kv_heads=num_kv_heads, batch=batch,
                                in_flight=plan_tasks_in_flight(heuristic, mask, head_dim, arch,

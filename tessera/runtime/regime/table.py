@@ -151,7 +151,11 @@ class RegimeTable:
                              f"{sorted(archs, key=str)}; a table is for one GPU")
         self.arch: int | None = archs.pop() if archs else None
         self._index = self._precompute()
-        self._groups = {(f.arch, f.head_dim, f.dtype) for f in self._features.values()}
+        # The (arch, head dim, dtype, geometry) groups some lookup answers: with the smoothed
+        # rule a geometry without evidence of its kind has none.
+        # (One key parsed a group: a key's last four parts are its buckets.)
+        one_key = {k.rsplit("/", 4)[0]: k for k in self._index}
+        self._answered = {MaskFeatures.from_key(k).group for k in one_key.values()}
 
     # ------------------------------------------------------------------ lookup
     def _precompute(self) -> dict[str, Regime]:
@@ -236,10 +240,13 @@ class RegimeTable:
                             index[k] = self._regimes[best[1]]
         return index
 
-    def covers(self, arch: int, head_dim: int, dtype: str) -> bool:
-        """Whether any lookup for this architecture, head dim and dtype can answer (so a plan
-        need not measure its mask's features when none can)."""
-        return (arch, head_dim, dtype) in self._groups
+    def covers(self, arch: int, head_dim: int, dtype: str, geometry: str | None = None) -> bool:
+        """Whether any lookup for this architecture, head dim and dtype (and ``geometry``, as
+        :func:`~tessera.runtime.regime.features.mask_geometry` names it) can answer, so a plan
+        need not measure its mask's features when none can."""
+        if geometry is None:
+            return any(g[:3] == (arch, head_dim, dtype) for g in self._answered)
+        return (arch, head_dim, dtype, geometry) in self._answered
 
     def lookup(self, features: MaskFeatures) -> Regime | None:
         """The regime for ``features`` by the table's rule (class docstring), or None."""

@@ -242,7 +242,7 @@ def test_heuristic_choice_counts_the_shapes_tasks_for_the_rings():
     # CogVideoX-5B's length, 128-token blocks: 275 64-row tiles a head.
     qb = np.minimum(np.arange(0, 17550 + 128, 128), 17550)
     rng = np.random.default_rng(1)
-    for heads, ring in ((4, 1), (8, 4), (48, 4)):
+    for heads, ring in ((4, 1), (6, 1), (8, 4), (48, 4)):
         blocks = rng.random((1, heads, qb.size - 1, qb.size - 1)) < 0.1
         mask = tessera.BlockMask.from_dense(blocks, q_bounds=qb, kv_bounds=qb)
         got, _ = R.heuristic_choice(mask, 90, 64, num_q_heads=heads, batch=1, sm_count=132)

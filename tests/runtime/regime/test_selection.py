@@ -59,8 +59,9 @@ def plan90(mask, **kw):
 
 
 def heuristic(mask, arch=90, head_dim=128):
-    return default_regime(arch, head_dim, float(np.median(np.diff(mask.q_bounds))),
-                          mask.kv_bounds)
+    """What plan90's shape gets without a table: the rules, the ring rule on this machine's GPU."""
+    return S.heuristic_choice(mask, arch, head_dim, num_q_heads=2,
+                              sm_count=S.ring_rule_sm_count(arch))[0]
 
 
 def test_plan_uses_table_and_falls_back():
@@ -87,6 +88,11 @@ def test_features_measured_only_when_the_table_could_answer(monkeypatch):
     assert plan90(m, dtype="float16").regime == heuristic(m)
     assert plan90(m, head_dim=64).regime == heuristic(m, head_dim=64)
     assert calls == []
+    # Nor a geometry the table has no evidence for (variable blocks against uniform entries).
+    qb = np.r_[0, np.cumsum(np.random.default_rng(5).integers(60, 200, 16))]
+    variable = BlockMask.from_dense(np.random.default_rng(6).random((2, 16, 16)) < 0.2,
+                                    q_bounds=qb, kv_bounds=qb)
+    assert plan90(variable).regime == heuristic(variable) and calls == []
     assert plan90(m).regime == PICK and calls == [1]
     assert R.active_table(90).covers(90, 128, "bfloat16")
     assert not R.active_table(90).covers(90, 128, "float16")

@@ -70,6 +70,11 @@ def test_lookup_exact_nearest_and_none():
     assert t.lookup(feats(geometry="uniform-64x64")) is None
     assert t.lookup(feats(head_dim=64, geometry="variable-64", density="60-100%")) == small
     assert RegimeTable([], {}).lookup(feats()) is None
+    # The nearest rule answers exactly the groups it has entries of.
+    assert t.covers(90, 64, "bfloat16", "variable-64")
+    assert not t.covers(90, 64, "bfloat16", "variable-128")
+    assert not t.covers(90, 128, "bfloat16", "uniform-64x64") and not t.covers(80, 128, "bfloat16")
+    assert not RegimeTable([], {}).covers(90, 128, "bfloat16")
 
 
 def good_json() -> dict:
@@ -154,6 +159,12 @@ def test_smoothed_lookup_pools_neighbours():
     assert t.lookup(feats(geometry="uniform-64x64")) == a
     assert t.lookup(feats(geometry="variable-128")) is None
     assert t.lookup(feats(head_dim=64)) is None
+    # covers says the same of whole groups, so a plan skips measuring a mask none answers.
+    g = feats().geometry
+    assert g.startswith("uniform-") and t.covers(90, 128, "bfloat16", g)
+    assert t.covers(90, 128, "bfloat16", "uniform-64x64")
+    assert not t.covers(90, 128, "bfloat16", "variable-128")
+    assert t.covers(90, 128, "bfloat16") and not t.covers(90, 64, "bfloat16")
     # A regime some weighted entry never measured is not eligible.
     t3 = RegimeTable([
         _profiled_entry(here, {a: 1.1, c: 1.0}),
