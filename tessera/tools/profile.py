@@ -74,13 +74,17 @@ __all__ = ["Case", "Timing", "ProfileResult", "ProfilerUnavailable", "build_corp
            "build_heldout_corpus", "merge_entry", "profile", "evaluate", "rescore_evaluation",
            "summarize_evaluation",
            "gpu_timer", "gpu_environment", "DENSITIES", "SMALL_BLOCK_DENSITIES",
-           "VARIABLE_DENSITIES", "VARIABLE_SIZES"]
+           "VARIABLE_DENSITIES", "VARIABLE_SIZES", "TEXTLESS_DENSITIES"]
 
 # Random masks per shape: 128-token blocks at these densities, 64-token blocks and variable
 # blocks (VARIABLE_SIZES: the geometry packed keys and aligned tiles are for) at the others.
 DENSITIES = (0.03, 0.10, 0.20, 0.45, 0.80)
 SMALL_BLOCK_DENSITIES = (0.10, 0.30)
 VARIABLE_DENSITIES = (0.10, 0.30)
+# Shapes with text tokens make their masks' geometry variable (a text block of its own); their
+# random masks at 128- and 64-token blocks come text-free too at these densities, the uniform
+# geometry a caller who cuts the whole sequence into equal blocks gives (as `bench` does).
+TEXTLESS_DENSITIES = (0.10, 0.30)
 VARIABLE_SIZES = (32, 256)
 OBJECTIVES = ("request", "kernel")
 _ROUND = 5  # decimals kept for times in the file
@@ -147,12 +151,15 @@ def build_corpus(shapes: Sequence[str] | None = None, families: Sequence[str] | 
                  *, heads: int | None = 4, densities: Sequence[float] = DENSITIES,
                  small_block_densities: Sequence[float] = SMALL_BLOCK_DENSITIES,
                  variable_densities: Sequence[float] = VARIABLE_DENSITIES,
+                 textless_densities: Sequence[float] = TEXTLESS_DENSITIES,
                  seed: int = 0) -> list[Case]:
     """Corpus cases for ``shapes`` (:func:`profile_shapes` names) x ``families`` (FAMILIES
     names), all by default, shape-major. ``random_blocks`` stands for random masks at
     ``densities`` with 128-token blocks, ``small_block_densities`` with 64-token blocks and
     ``variable_densities`` with blocks of :data:`VARIABLE_SIZES` tokens (text tokens as the
-    workload has them). Masks are built only when a case runs; ``heads``
+    workload has them), and for a shape with text tokens also masks without them at
+    ``textless_densities`` with 128- and 64-token blocks (labels ending ``-textless``: uniform
+    geometries). Masks are built only when a case runs; ``heads``
     query heads each (None: the model's own count, what a table for full-size requests should
     be profiled at).
     """
@@ -184,6 +191,12 @@ def build_corpus(shapes: Sequence[str] | None = None, families: Sequence[str] | 
                     f"{s}/random_blocks@{dens:g}/b{block}", s, f, w.head_dim, h,
                     lambda w=w, b=block, d=dens, text=text, h=h: mask_families.random_blocks(
                         h, w.seq_len, block=b, density=d, seed=seed, **text).mask))
+            if w.text_tokens:
+                for block, dens in [(b, d) for b in (128, 64) for d in textless_densities]:
+                    cases.append(Case(
+                        f"{s}/random_blocks@{dens:g}/b{block}-textless", s, f, w.head_dim, h,
+                        lambda w=w, b=block, d=dens, h=h: mask_families.random_blocks(
+                            h, w.seq_len, block=b, density=d, seed=seed).mask))
             lo, hi = VARIABLE_SIZES
             for dens in variable_densities:
                 cases.append(Case(
@@ -268,6 +281,12 @@ def build_heldout_corpus(shapes: Sequence[str] | None = None, *, heads: int | No
                 mask_families.random_blocks(nh, seq, density=0.2, seed=r, sizes=VARIABLE_SIZES,
                                             **text),
         }
+        if text["text_tokens"]:  # the uniform geometry of such a shape (build_corpus says why)
+            builders.update({
+                f"random_blocks@{dens[0]:g}/b128-textless": lambda seq=seq, r=r, p=dens[0], nh=nh:
+                    mask_families.random_blocks(nh, seq, block=128, density=p, seed=r),
+                "random_blocks@0.2/b64-textless": lambda seq=seq, r=r, nh=nh:
+                    mask_families.random_blocks(nh, seq, block=64, density=0.2, seed=r)})
         for name, build in builders.items():
             family = name.split("@")[0]
             cases.append(Case(f"{s}/{name}", s, family, d, nh,

@@ -61,11 +61,11 @@ class FakeTimer:
 
 
 def test_profile_limited_to_kernel_families(tmp_path):
-    """--kernel-families sm90 times only that family (44 candidates instead of 68 on sm_90),
+    """--kernel-families sm90 times only that family (50 candidates instead of 74 on sm_90),
     records the limit, refuses to resume a table made with another, and refuses a limit that
     leaves no candidate; the evaluation's oracle is limited the same way."""
     assert len(candidate_regimes(128, 90, ("sm90",))) == 34
-    assert len(candidate_regimes(64, 90, ("sm90",))) == 44
+    assert len(candidate_regimes(64, 90, ("sm90",))) == 50
     assert {r.family for r in candidate_regimes(64, 90, ("sm90",))} == {"sm90"}
     assert candidate_regimes(128, 80, ("sm90",)) == []
     fav = Regime(family="sm90", block_m=64, block_n=64, num_warps=20, stages=3,
@@ -75,7 +75,7 @@ def test_profile_limited_to_kernel_families(tmp_path):
     out = tmp_path / "t.json"
     res = prof.profile(cases[:1], out=out, arch=90, timer=timer, clock=timer.clock,
                        progress=None, kernel_families=("sm90",))
-    assert res.stopped == "done" and timer.calls == {"a": 44}
+    assert res.stopped == "done" and timer.calls == {"a": 50}
     t = RegimeTable.load(out)
     assert t.provenance["corpus"]["kernel_families"] == ["sm90"]
     assert Regime.from_dict(t.entries[0]["regime"]) == fav
@@ -84,7 +84,7 @@ def test_profile_limited_to_kernel_families(tmp_path):
         prof.profile(cases, out=out, arch=90, timer=timer, progress=None, resume=True)
     res = prof.profile(cases, out=out, arch=90, timer=timer, clock=timer.clock, progress=None,
                        resume=True, kernel_families=["sm90"])
-    assert res.profiled == ["b"] and timer.calls["b"] == 44
+    assert res.profiled == ["b"] and timer.calls["b"] == 50
     with pytest.raises(ValueError, match="no candidate regimes"):
         prof.profile(cases, out=tmp_path / "u.json", arch=80, timer=timer, progress=None,
                      kernel_families=("sm90",))
@@ -92,15 +92,15 @@ def test_profile_limited_to_kernel_families(tmp_path):
     doc = prof.evaluate([small_case("h", density=0.2, seed=5)], table=RegimeTable.load(out),
                         out=tmp_path / "e.json", arch=90, timer=t2, clock=t2.clock,
                         progress=None, kernel_families=("sm90",))
-    assert t2.calls == {"h": 44} and doc["kernel_families"] == ["sm90"]
+    assert t2.calls == {"h": 50} and doc["kernel_families"] == ["sm90"]
 
 
 def test_profile_limited_to_combine_thresholds(tmp_path):
-    """--combine-thresholds 0 times only the one-sync mapping policy (29 sm90 candidates on
+    """--combine-thresholds 0 times only the one-sync mapping policy (32 sm90 candidates on
     sm_90), records it, refuses to resume a table profiled with every policy (or with none
     recorded), and limits the evaluation's oracle the same way."""
     assert len(candidate_regimes(128, 90, ("sm90",), (0.0,))) == 22
-    assert len(candidate_regimes(64, 90, ("sm90",), (0.0,))) == 29
+    assert len(candidate_regimes(64, 90, ("sm90",), (0.0,))) == 32
     assert {r.combine_threshold for r in candidate_regimes(64, 90, None, (0.0,))} == {0.0}
     assert candidate_regimes(64, 90, None, (0.5,)) == []
     fav = Regime(family="sm90", block_m=64, block_n=64, num_warps=4, stages=3,
@@ -110,7 +110,7 @@ def test_profile_limited_to_combine_thresholds(tmp_path):
     out = tmp_path / "t.json"
     kw = dict(arch=90, timer=timer, clock=timer.clock, progress=None, kernel_families=("sm90",))
     prof.profile(cases[:1], out=out, combine_thresholds=(0.0,), **kw)
-    assert timer.calls == {"a": 29}
+    assert timer.calls == {"a": 32}
     corpus = RegimeTable.load(out).provenance["corpus"]
     assert corpus["combine_thresholds"] == [0.0] and corpus["kernel_families"] == ["sm90"]
     with pytest.raises(ValueError, match="combine_thresholds"):
@@ -127,7 +127,7 @@ def test_profile_limited_to_combine_thresholds(tmp_path):
     doc = prof.evaluate([small_case("h", density=0.2, seed=5)], table=RegimeTable.load(out),
                         out=tmp_path / "e.json", arch=90, timer=t2, clock=t2.clock,
                         progress=None, kernel_families=("sm90",), combine_thresholds=(0.0,))
-    assert t2.calls == {"h": 29} and doc["combine_thresholds"] == [0.0]
+    assert t2.calls == {"h": 32} and doc["combine_thresholds"] == [0.0]
 
 
 def test_regimes_that_plan_alike_are_timed_once(tmp_path):
@@ -152,27 +152,28 @@ def test_regimes_that_plan_alike_are_timed_once(tmp_path):
     timer = FakeTimer({"a": fav})
     out = tmp_path / "t.json"
     prof.profile([case], out=out, timer=timer, clock=timer.clock, provenance=dict(sms=1), **kw)
-    # 29 candidates: 5 tile shapes plain, packed and (128 rows) aligned, each in 1-3 policies,
-    # and the 128x128 tiles with wide steps: 13 distinct plans at 16+ tasks a slot.
-    assert timer.calls == {"a": 13}
+    # 32 candidates: 5 tile shapes plain, packed and (128 rows) aligned, each in 1-3 policies,
+    # the 128x128 tiles with wide steps and the rings' one-ring form: 14 distinct plans at 16+
+    # tasks a slot.
+    assert timer.calls == {"a": 14}
     entry = RegimeTable.load(out).entries[0]
     times = {n: c["ms"] if isinstance(c, dict) else c for n, c in entry["candidates"].items()}
-    assert len(times) == 29
+    assert len(times) == 32
     by_shape: dict[str, set] = {}
     for name, t in times.items():
         r = regime_from_name(name)
         by_shape.setdefault(r.with_(split_ratio=1e9).name, set()).add(str(t))
-    assert len(by_shape) == 13
+    assert len(by_shape) == 14
     assert all(len(v) == 1 for v in by_shape.values())  # twins share their timing
     many = FakeTimer({"a": fav})
     prof.profile([case], out=tmp_path / "u.json", timer=many, clock=many.clock,
                  provenance=dict(sms=1000), **kw)
-    assert many.calls == {"a": 29}
+    assert many.calls == {"a": 32}
     t2 = FakeTimer({"h": fav})
     prof.evaluate([eight_heads("h", 5)], table=RegimeTable.load(out),
                   out=tmp_path / "e.json", timer=t2, clock=t2.clock, provenance=dict(sms=1),
                   **kw)
-    assert t2.calls == {"h": 13}
+    assert t2.calls == {"h": 14}
 
 
 def test_corpora_at_the_models_head_counts():
@@ -202,7 +203,7 @@ def test_profile_command_options(capsys):
                  "0"]) == 0
     out = capsys.readouterr().out
     assert "cogvideox-5b/radial (head dim 64, 48 heads)" in out
-    assert "sm_90 head dim 64: 29 candidate regimes" in out
+    assert "sm_90 head dim 64: 32 candidate regimes" in out
     assert main(["profile", "--list", "--combine-thresholds", "zero"]) == 2
     assert "--combine-thresholds" in capsys.readouterr().out
     with pytest.raises(SystemExit):
@@ -218,7 +219,7 @@ def test_profiler_picks_fastest_and_writes_valid_table(tmp_path):
     res = prof.profile(cases, out=out, arch=90, timer=timer, clock=timer.clock, progress=log,
                        provenance={"gpu": "NVIDIA H200", "driver": "x"})
     assert res.stopped == "done" and res.profiled == ["a", "b"] and not res.failed
-    assert res.timings == 136 and timer.calls == {"a": 68, "b": 68}  # 24 sm80 + 44 sm90
+    assert res.timings == 148 and timer.calls == {"a": 74, "b": 74}  # 24 sm80 + 50 sm90
     t = RegimeTable.load(out)
     assert len(t) == 2 and t.arch == 90 and t.gpu == "NVIDIA H200"
     assert t.provenance["corpus"]["masks"] == 2 and t.provenance["driver"] == "x"
@@ -229,7 +230,7 @@ def test_profiler_picks_fastest_and_writes_valid_table(tmp_path):
     assert a["ms"] == pytest.approx(a["oracle_ms"]) == pytest.approx((1.0 + 0.128 + 0.0032)
                                                                       * 0.8 + 0.05, abs=1e-4)
     assert a["default"] == default_regime(90, 64, 128.0).name and a["default_ms"] > a["ms"]
-    assert len(a["candidates"]) == 68 and a["candidates"][fav.name]["rel"] == 1.0
+    assert len(a["candidates"]) == 74 and a["candidates"][fav.name]["rel"] == 1.0
     # Without a favourite the cheapest by construction: 64-row tiles, 32 keys, split 2.
     assert (b["regime"]["block_m"], b["regime"]["block_n"], b["regime"]["split_ratio"]) == \
         (64, 32, 2.0)
@@ -275,7 +276,7 @@ def test_profiler_budget_and_resume(tmp_path):
     t1 = FakeTimer({})
     res = prof.profile(cases, out=out, arch=90, timer=t1, clock=t1.clock, budget_s=10,
                        progress=None, provenance={"gpu": "NVIDIA H200"})
-    assert res.stopped == "budget" and res.profiled == ["a"] and t1.calls == {"a": 68}
+    assert res.stopped == "budget" and res.profiled == ["a"] and t1.calls == {"a": 74}
     assert len(RegimeTable.load(out)) == 1
     with pytest.raises(FileExistsError, match="--resume"):
         prof.profile(cases, out=out, arch=90, timer=t1, progress=None)
@@ -313,7 +314,7 @@ def test_profiler_survives_failing_regimes(tmp_path):
                        progress=log)
     assert res.profiled == ["a"] and res.failed == ["dead"]
     (e,) = res.table.entries
-    assert bad.name not in e["candidates"] and len(e["candidates"]) == 67
+    assert bad.name not in e["candidates"] and len(e["candidates"]) == 73
     assert "variant failed to build" in log.getvalue()
 
 
@@ -337,7 +338,31 @@ def test_corpus_from_workloads():
     assert sizes.min() >= 1 and sizes.max() <= 256 and np.median(sizes) > 100
     assert mask_features(v, head_dim=128, dtype="bfloat16", arch=90, num_q_heads=4,
                          batch=1).geometry.startswith("variable-")
-    assert len(prof.build_corpus()) == 8 * 14  # six models and two short clips
+    # Six models and two short clips, and text-free masks for the five shapes with text.
+    assert len(prof.build_corpus()) == 8 * 14 + 5 * 4
+    assert not any(c.label.endswith("-textless") for c in cases)  # Wan has no text tokens
+
+
+def test_corpus_has_uniform_masks_for_shapes_with_text():
+    """A shape with text tokens gives variable geometries; its text-free masks give the uniform
+    ones the tables answer for callers who cut the whole sequence into equal blocks."""
+    cases = prof.build_corpus(["cogvideox-5b"], ["random_blocks"], heads=4)
+    textless = [c for c in cases if c.label.endswith("-textless")]
+    assert [c.label for c in textless] == [
+        f"cogvideox-5b/random_blocks@{d:g}/b{b}-textless"
+        for b in (128, 64) for d in prof.TEXTLESS_DENSITIES]
+    for c in textless:
+        m = c.build()
+        geometry = mask_features(m, head_dim=64, dtype="bfloat16", arch=90, num_q_heads=4,
+                                 batch=1).geometry
+        block = int(c.label.split("/b")[1].split("-")[0])
+        assert geometry == f"uniform-{block}x{block}", c.label
+        assert m.seq_len_q == 17776 and m.batch_heads == (1, 4)
+    texted = next(c for c in cases if c.label == "cogvideox-5b/random_blocks@0.1/b128").build()
+    assert texted.uniform_block_size() is None  # the text block: a variable geometry
+    held = [c.label for c in prof.build_heldout_corpus(heads=4) if c.label.endswith("-textless")]
+    assert held and all(label.split("/")[0] in ("hunyuan-540p", "cogvideox-5b-9f")
+                        for label in held)
     clip = prof.build_corpus(["cogvideox-5b-5f"], ["radial"])[0].build()
     assert clip.seq_len_q == 5 * 30 * 45 + 226
     with pytest.raises(ValueError, match="unknown shape"):
@@ -406,7 +431,7 @@ def test_evaluate_with_fake_timer_resume_and_budget(tmp_path):
     t1 = FakeTimer({"h1": fav, "h2": Regime(block_m=64, block_n=32, split_ratio=2.0)})
     doc = prof.evaluate(held, table=table, out=out, arch=90, timer=t1, clock=t1.clock,
                         budget_s=100, progress=None)
-    assert [r["label"] for r in doc["records"]] == ["h1", "h2"]  # budget: 68 calls a mask
+    assert [r["label"] for r in doc["records"]] == ["h1", "h2"]  # budget: 74 calls a mask
     assert all(isinstance(r["aligns"], bool) for r in doc["records"])
     # Whether the packed walk pays, for each sm90 tile shape among the candidates.
     assert all(set(r["packs"]) == {"64x64", "64x128", "128x64", "128x128", "192x128"}

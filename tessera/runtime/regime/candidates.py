@@ -75,14 +75,22 @@ def candidate_regimes(head_dim: int, arch: int | None,
         shapes += [dict(family="sm90", block_m=bm, block_n=bn,
                         num_warps=sm90_warps(bm, bn, head_dim))
                    for bm, bn in _sm90_shapes(head_dim)]
+        if sm90_warps(64, 64, head_dim) > 8:
+            # The rings' one-ring form too (three CTAs an SM), which the heuristic takes where
+            # tasks are too few for rings (one_ring_where_few_tasks). Not packed: a packed walk
+            # runs one ring a CTA already, the rings' packed form's kernel.
+            shapes.append(dict(family="sm90", block_m=64, block_n=64, num_warps=8,
+                               packed_form=False))
     out = []
     for shape in shapes:
+        packed_form = shape.pop("packed_form", True)
         sm90 = shape.get("family") == "sm90"
         stages = 3 if sm90 else 2
         forms = [dict(split_ratio=split, combine_threshold=comb)
                  for split in CANDIDATE_SPLIT_RATIO for comb in CANDIDATE_COMBINE]
         if sm90:
-            forms.append(dict(combine_threshold=0.0, pack_keys=True))
+            if packed_form:
+                forms.append(dict(combine_threshold=0.0, pack_keys=True))
             if shape["block_m"] == 128:
                 forms += [dict(split_ratio=split, combine_threshold=0.0, align_tiles=True)
                           for split in CANDIDATE_SPLIT_RATIO]

@@ -8,7 +8,8 @@ import pytest
 from tessera.runtime import regime as R
 from tessera.runtime.regime import Regime, candidate_regimes, default_regime
 from tessera.runtime.regime.candidates import CANDIDATE_SPLIT_RATIO
-from tessera.runtime.regime.heuristic import SM90_ROWS128, SM90_ROWS192_D64
+from tessera.runtime.regime.heuristic import (SM90_ROWS128, SM90_ROWS192_D64,
+                                              one_ring_where_few_tasks)
 from tests.runtime.regime.regime_helpers import clean_selection  # noqa: F401 (autouse fixture)
 
 
@@ -16,7 +17,7 @@ def test_candidates_small_valid_and_fitting():
     for d in (64, 96, 128):
         for arch in (80, 86, 89, 90, 100, None):
             cands = candidate_regimes(d, arch)
-            assert 0 < len(cands) <= (68 if arch == 90 else 24)
+            assert 0 < len(cands) <= (74 if arch == 90 else 24)
             assert len({r.name for r in cands}) == len(cands)
             assert all(R.regime_fits(r, d, arch) for r in cands)
             assert all(r.num_warps == 4 and r.block_m in (64, 128) and r.block_n in (32, 64)
@@ -39,10 +40,15 @@ def test_candidates_small_valid_and_fitting():
             assert all(r.block_m == 128 and r.combine_threshold == 0 for r in aligned)
             assert len(aligned) == (6 if arch == 90 else 0)
             assert {r.family for r in cands} == ({"sm80", "sm90"} if arch == 90 else {"sm80"})
-    # sm80's 24, and sm90's four shapes x 6 policies + 4 packed + 6 aligned (a fifth shape, 192
-    # rows, and the 128x128 tiles' three wide-step forms at head dim 64).
+    # sm80's 24, and sm90's four shapes x 6 policies + 4 packed + 6 aligned (at head dim 64 a
+    # fifth shape, 192 rows, the 128x128 tiles' three wide-step forms and the rings' one-ring
+    # form in its 6 policies, not packed).
     assert len(candidate_regimes(128, 90)) == 58
-    assert len(candidate_regimes(64, 90)) == 68
+    assert len(candidate_regimes(64, 90)) == 74
+    # What the ring rule takes where tasks are few is measured too.
+    for q_block in (64.0, 128.0):
+        one = one_ring_where_few_tasks(default_regime(90, 64, q_block), 1, 132, q_block)
+        assert one.rings == 1 and one in candidate_regimes(64, 90)
     # The heuristic's and the selection's choices are measured too.
     assert Regime() in candidate_regimes(128, 90)
     ragged = np.array([0, 64, 128, 144, 208, 272, 288])
