@@ -377,3 +377,21 @@ def test_a_dense_layer_at_head_dim_64_takes_192_row_tiles():
     small = np.arange(0, 40 * 64 + 1, 64)
     dense64 = BlockMask.from_dense(np.ones((2, 40, 40), bool), q_bounds=small, kv_bounds=small)
     assert S.heuristic_choice(dense64, 90, 64)[0].rings == 4
+
+
+def test_a_tables_one_ring_pick_runs_in_rings_where_tasks_suffice(monkeypatch):
+    """A table profiled at few heads answering one-ring tiles for a head-dim-64 shape with
+    enough tasks (128, ~5 a ring on a 6-SM GPU, which may still split them) plans in rings, with
+    the pick's split policy; with few tasks (16 SMs: 2 a ring) the pick stands."""
+    from tessera.runtime.regime.heuristic import SM90_ROWS64_D64
+
+    m = BlockMask.from_dense(np.random.default_rng(2).random((2, 64, 64)) < 0.2, block_size=64)
+    f = mask_features(m, head_dim=64, dtype="bfloat16", arch=90, num_q_heads=2, batch=1)
+    one = SM90_ROWS64_D64.with_(num_warps=8, split_ratio=2.0)
+    R.use_table(RegimeTable([entry(f, one)], {"gpu": "NVIDIA H200", "arch": 90}))
+    monkeypatch.setattr(D, "device_arch", lambda: 90)
+    for sms, want in ((6, SM90_ROWS64_D64.with_(split_ratio=2.0)), (16, one)):
+        monkeypatch.setattr(D, "device_sm_count", lambda sms=sms: sms)
+        got = R.select_regime(m, arch=90, head_dim=64, dtype="bfloat16", num_q_heads=2,
+                              batch=1)
+        assert got == want, (sms, got.name)
