@@ -18,7 +18,7 @@ __all__ = ["default_regime", "align_pays", "align_may_pay", "pack_pays", "blocks
            "SM90_ROWS128", "SM90_ROWS64_D64", "SM90_PACKED_D64", "SM90_ROWS192_D64",
            "ALIGN_MAX_PAIR_RATIO",
            "rows192_pay", "ROWS192_MAX_ROW_RATIO", "selects_every_block",
-           "RINGS_MIN_TASKS", "one_ring_where_few_tasks", "rings_by_tasks"]
+           "RINGS_MIN_TASKS", "one_ring_where_few_tasks"]
 
 
 # sm_90's regimes for blocks of 128 tokens and more: 128-row tiles warp-specialized (two consumer
@@ -164,23 +164,6 @@ def one_ring_where_few_tasks(regime: Regime, tasks: int, sm_count: int,
         return regime
     block_n = 64 if q_block <= 64 else 128
     return regime.with_(block_n=block_n, num_warps=regime.block_m // ROW_GROUP + 4)
-
-
-def rings_by_tasks(regime: Regime, rings: Regime, tasks: int, sm_count: int,
-                   q_block: float) -> Regime:
-    """``regime`` in the form its task count says, given the heuristic's ringed ``rings``: its
-    one-ring tiles under :data:`RINGS_MIN_TASKS` tasks a ring (:func:`one_ring_where_few_tasks`),
-    and the one-ring tiles of ``rings`` back in rings at that many and more (a regime table's
-    pick, profiled at few heads, for a shape of more: same tiles, the count decides). Other
-    regimes, and ``sm_count`` 0, are kept."""
-    regime = one_ring_where_few_tasks(regime, tasks, sm_count, q_block)
-    one = one_ring_where_few_tasks(rings, 0, sm_count, q_block)
-    if one == rings or tasks < RINGS_MIN_TASKS * rings.rings * sm_count:
-        return regime
-    # The same tiles whatever the split policy: the pick keeps its own.
-    if regime.with_(split_ratio=one.split_ratio, min_split_chunks=one.min_split_chunks) != one:
-        return regime
-    return regime.with_(block_n=rings.block_n, num_warps=rings.num_warps)
 
 
 def blocks_ragged(bounds: np.ndarray, step: int) -> bool:

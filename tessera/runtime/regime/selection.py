@@ -40,7 +40,7 @@ from ...mask import bounds_key
 from . import features
 from .heuristic import (SM90_PACKED_D64, SM90_ROWS64_D64, SM90_ROWS128, SM90_ROWS192_D64,
                         align_may_pay, align_pays, blocks_ragged, default_regime,
-                        pack_pays, rings_by_tasks, rows192_pay, selects_every_block,
+                        one_ring_where_few_tasks, pack_pays, rows192_pay, selects_every_block,
                         typical_q_block)
 from ..tasks import heads_per_task, tasks_lower_bound
 from .slots import plan_may_split, plan_tasks_in_flight
@@ -253,7 +253,14 @@ def _select_regime(mask: Any, arch: int | None, head_dim: int, dtype: str, num_q
     # never splits, which must not keep the table from masks it was profiled for. (The slots
     # are the heuristic's own: the variant that would run, compiled once for its occupancy.)
     unpacked = heuristic.with_(pack_keys=False)
-    if (table is not None
+    sm_count = ring_rule_sm_count(arch)
+    # Rings with enough tasks stand: the table has no evidence there (its head-dim-64 entries
+    # come from 4-head masks of at most ~18k tokens, under RINGS_MIN_TASKS tasks a ring, and its
+    # head-count bucket spans up to 16, where its picks ran up to 1.09x slower than the rings:
+    # docs/decisions.md).
+    rings_stand = (heuristic.rings > 1 and sm_count > 0 and _ring_rule(
+        heuristic, mask, num_q_heads, batch, num_kv_heads, sm_count) == heuristic)
+    if (table is not None and not rings_stand
             and table.covers(int(arch), int(head_dim), dtype, features.mask_geometry(mask))
             and plan_may_split(unpacked, mask, num_q_heads=num_q_heads,
                                num_kv_heads=num_kv_heads, batch=batch,
@@ -268,16 +275,12 @@ def _select_regime(mask: Any, arch: int | None, head_dim: int, dtype: str, num_q
                        "using the heuristic default regime")
             found = None
         if found is not None:
-            # The table's profile ran few heads; between one-ring tiles and rings the shape's
-            # tasks decide.
-            return _ring_rule(found, mask, num_q_heads, batch, num_kv_heads,
-                              ring_rule_sm_count(arch), rings=heuristic), False
+            return found, False
         by_geometry = False
     else:
         by_geometry = True
     regime, read = heuristic_choice(mask, arch, head_dim, heuristic, num_q_heads=num_q_heads,
-                                    batch=batch, num_kv_heads=num_kv_heads,
-                                    sm_count=ring_rule_sm_count(arch))
+                                    batch=batch, num_kv_heads=num_kv_heads, sm_count=sm_count)
     return regime, by_geometry and not read
 
 
@@ -306,15 +309,13 @@ def heuristic_choice(mask: Any, arch: int | None, head_dim: int,
 
 
 def _ring_rule(regime: Regime, mask: Any, num_q_heads: int, batch: int, num_kv_heads: int,
-               sm_count: int, rings: Regime | None = None) -> Regime:
-    """:func:`one_ring_where_few_tasks` for this shape: its fewest tasks (tasks_lower_bound);
-    given the heuristic's ``rings``, :func:`rings_by_tasks` (a table's pick)."""
-    rings = regime if rings is None else rings
-    if (regime.rings == 1 and rings.rings == 1) or sm_count <= 0:
+               sm_count: int) -> Regime:
+    """:func:`one_ring_where_few_tasks` for this shape: its fewest tasks (tasks_lower_bound)."""
+    if regime.rings == 1 or sm_count <= 0:
         return regime
-    hp = heads_per_task(rings, mask.batch_heads[1], num_q_heads, num_kv_heads)
-    tasks = tasks_lower_bound(batch, num_q_heads, hp, mask.seq_len_q, rings.block_m // hp)
-    return rings_by_tasks(regime, rings, tasks, sm_count, typical_q_block(mask.q_bounds))
+    hp = heads_per_task(regime, mask.batch_heads[1], num_q_heads, num_kv_heads)
+    tasks = tasks_lower_bound(batch, num_q_heads, hp, mask.seq_len_q, regime.block_m // hp)
+    return one_ring_where_few_tasks(regime, tasks, sm_count, typical_q_block(mask.q_bounds))
 
 
 def _mask_rules(mask: Any, arch: int | None, head_dim: int,

@@ -251,30 +251,3 @@ def test_heuristic_choice_counts_the_shapes_tasks_for_the_rings():
         assert R.heuristic_choice(mask, 90, 64)[0].rings == 4
         assert R.heuristic_choice(mask, 90, 64, num_q_heads=heads, sm_count=0)[0].rings == 4
 
-
-def test_one_ring_tiles_go_back_to_rings_where_tasks_suffice():
-    """A table's one-ring pick (profiled at few heads) for a shape with enough tasks runs in
-    rings, keeping its split policy; other picks and other tile shapes stay as they are."""
-    from tessera.runtime.regime.heuristic import (RINGS_MIN_TASKS, SM90_ROWS64_D64,
-                                                  SM90_ROWS128, rings_by_tasks)
-    rings = SM90_ROWS64_D64
-    edge = RINGS_MIN_TASKS * 4 * 132
-    for q_block, one_bn in ((64.0, 64), (128.0, 128)):
-        one = rings.with_(block_n=one_bn, num_warps=8, split_ratio=2.0)
-        back = rings_by_tasks(one, rings, edge, 132, q_block)
-        assert back == rings.with_(split_ratio=2.0) and back.rings == 4
-        assert rings_by_tasks(one, rings, edge - 1, 132, q_block) == one
-        assert rings_by_tasks(one, rings, edge, 0, q_block) == one  # no GPU
-        # The rings themselves follow one_ring_where_few_tasks.
-        assert rings_by_tasks(rings, rings, edge - 1, 132, q_block).rings == 1
-        assert rings_by_tasks(rings, rings, edge, 132, q_block) == rings
-    # Not the one-ring tiles of this query block, or another form: kept.
-    other = rings.with_(block_n=128, num_warps=8)
-    assert rings_by_tasks(other, rings, 10 * edge, 132, 64.0) == other
-    for r in (rings.with_(num_warps=8, pack_keys=True), SM90_ROWS128,
-              rings.with_(block_m=128, block_n=128, num_warps=12)):
-        assert rings_by_tasks(r, rings, 10 * edge, 132, 64.0) == r
-    # A heuristic without rings (head dim 128) leaves every pick alone.
-    d128 = default_regime(90, 128, q_block=64)
-    assert d128.rings == 1
-    assert rings_by_tasks(d128, d128, 10 * edge, 132, 64.0) == d128

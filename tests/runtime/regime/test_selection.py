@@ -379,19 +379,28 @@ def test_a_dense_layer_at_head_dim_64_takes_192_row_tiles():
     assert S.heuristic_choice(dense64, 90, 64)[0].rings == 4
 
 
-def test_a_tables_one_ring_pick_runs_in_rings_where_tasks_suffice(monkeypatch):
-    """A table profiled at few heads answering one-ring tiles for a head-dim-64 shape with
-    enough tasks (128, ~5 a ring on a 6-SM GPU, which may still split them) plans in rings, with
-    the pick's split policy; with few tasks (16 SMs: 2 a ring) the pick stands."""
+
+def test_rings_with_enough_tasks_stand_against_the_table(monkeypatch):
+    """Where the heuristic's four-ring tiles (head dim 64) get enough tasks (128, ~5 a ring on
+    a 6-SM GPU, which may still split them), the table is not looked up -- no features are
+    measured -- and the rings plan; with few tasks (16 SMs: 2 a ring) the table's pick stands."""
     from tessera.runtime.regime.heuristic import SM90_ROWS64_D64
 
     m = BlockMask.from_dense(np.random.default_rng(2).random((2, 64, 64)) < 0.2, block_size=64)
     f = mask_features(m, head_dim=64, dtype="bfloat16", arch=90, num_q_heads=2, batch=1)
-    one = SM90_ROWS64_D64.with_(num_warps=8, split_ratio=2.0)
-    R.use_table(RegimeTable([entry(f, one)], {"gpu": "NVIDIA H200", "arch": 90}))
+    pick = SM90_ROWS64_D64.with_(num_warps=8, split_ratio=2.0)
+    R.use_table(RegimeTable([entry(f, pick)], {"gpu": "NVIDIA H200", "arch": 90}))
+    measured = []
+    real = F.mask_features
+    monkeypatch.setattr(F, "mask_features", lambda *a, **k: measured.append(1) or real(*a, **k))
     monkeypatch.setattr(D, "device_arch", lambda: 90)
-    for sms, want in ((6, SM90_ROWS64_D64.with_(split_ratio=2.0)), (16, one)):
+    for sms, want, looked_up in ((6, SM90_ROWS64_D64, False), (16, pick, True)):
         monkeypatch.setattr(D, "device_sm_count", lambda sms=sms: sms)
+        measured.clear()
         got = R.select_regime(m, arch=90, head_dim=64, dtype="bfloat16", num_q_heads=2,
                               batch=1)
-        assert got == want, (sms, got.name)
+        assert got == want and bool(measured) == looked_up, (sms, got.name)
+    # A portable plan (no SMs to count) looks the table up.
+    monkeypatch.setattr(D, "device_arch", lambda: None)
+    assert R.select_regime(m, arch=90, head_dim=64, dtype="bfloat16", num_q_heads=2,
+                           batch=1) == pick
