@@ -155,3 +155,20 @@ def test_feature_key_is_stable_and_round_trips():
     k2 = mask_features(BlockMask.from_dense(np.eye(8, dtype=bool), block_size=128),
                        head_dim=128, dtype="bfloat16", arch=90, num_q_heads=2, batch=1).key()
     assert k1 == k2
+
+
+def test_mask_geometry_is_the_features_geometry_from_the_bounds_alone(monkeypatch):
+    """What a plan asks a table before measuring: the same geometry feature, without a read."""
+    rng = np.random.default_rng(4)
+    masks = [BlockMask.from_dense(rng.random((2, 8, 8)) < 0.3, block_size=128,
+                                  seq_len_q=1000, seq_len_kv=900),
+             BlockMask.from_dense(rng.random((1, 5, 6)) < 0.5,
+                                  q_bounds=np.array([0, 30, 80, 140, 340, 410]),
+                                  kv_bounds=np.array([0, 100, 130, 300, 310, 500, 512])),
+             BlockMask.from_dense(rng.random((1, 4, 2)) < 0.5, q_bounds=np.arange(0, 257, 64),
+                                  kv_bounds=np.array([0, 256, 512]))]
+    want = [mask_features(m, head_dim=128, dtype="bfloat16", arch=90, num_q_heads=2,
+                          batch=1).geometry for m in masks]
+    assert want == ["uniform-128x128", "variable-64", "uniform-64x256"]
+    monkeypatch.setattr(F, "mask_measures", lambda m: pytest.fail("measured the mask"))
+    assert [F.mask_geometry(m) for m in masks] == want
