@@ -13,8 +13,11 @@ Selection (``tessera.plan(..., regime=None)``, :func:`select_regime`):
    short clips -- whose plans synchronize once anyway). There the mask's :class:`MaskFeatures`
    (one kernel and a 16-byte copy on the device) are looked up (:func:`table_pick`: a plain
    128-row pick takes aligned tiles where :func:`align_pays`, an sm90 pick the key walk
-   :func:`pack_pays` says pays); the H200 table picks within 5% of the oracle on 81-86% of
-   held-out 4-head masks, 1.03-1.04x faster than the selection without it.
+   :func:`pack_pays` says pays) -- unless the table cannot answer the mask's geometry
+   (:meth:`RegimeTable.covers`), or the heuristic's four-ring tiles (head dim 64) get enough
+   tasks a ring (``RINGS_MIN_TASKS``), which no head-dim-64 entry of the 4-head profile had.
+   The H200 table picks within 5% of the oracle on 92% of held-out 4-head masks, 1.035x
+   faster than the selection without it.
    At the models' full head counts no task may split, the plan needs no
    synchronization, and the heuristic is kept: profiled at those head counts the table's
    picks equal the heuristic's (x1.000 over 32 held-out masks, 97% within 5% of the oracle,
