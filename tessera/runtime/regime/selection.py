@@ -260,10 +260,10 @@ def _select_regime(mask: Any, arch: int | None, head_dim: int, dtype: str, num_q
     # Rings with enough tasks stand: the table has no evidence there (its head-dim-64 entries
     # come from 4-head masks of at most ~18k tokens, under RINGS_MIN_TASKS tasks a ring, and its
     # head-count bucket spans up to 16, where its picks ran up to 1.09x slower than the rings:
-    # docs/decisions.md).
-    rings_stand = (heuristic.rings > 1 and sm_count > 0 and _ring_rule(
-        heuristic, mask, num_q_heads, batch, num_kv_heads, sm_count) == heuristic)
-    if (table is not None and not rings_stand
+    # docs/decisions.md). Asked only where a table is in force.
+    if (table is not None
+            and not (heuristic.rings > 1 and sm_count > 0 and _ring_rule(
+                heuristic, mask, num_q_heads, batch, num_kv_heads, sm_count) == heuristic)
             and table.covers(int(arch), int(head_dim), dtype, features.mask_geometry(mask))
             and plan_may_split(unpacked, mask, num_q_heads=num_q_heads,
                                num_kv_heads=num_kv_heads, batch=batch,
