@@ -5,9 +5,9 @@ order of its exponentials against the P·V wait flipped, or one of the TMA produ
 back (staged span fields, one producer warp, the chunk's fields read after the issue) or the
 softmax's (the warp's vote ahead of the row maxima's shuffles), or a shortcut measured and not kept
 (the thread index declared non-negative, no proxy fence after a stage lands, part of the
-exponentials on the FMA pipe). An ablated kernel may compute something else by design and is only
-timed; each plan's largest difference from the unchanged kernel's output is printed (0 for the
-choices, which change no result). ``--against`` times plans of other regimes of the same mask in the
+exponentials on the FMA pipe, O's rescale between two issues). An ablated kernel may compute
+something else by design and is only timed; each plan's largest difference from the unchanged
+kernel's output is printed (0 for the choices, which change no result). ``--against`` times plans of other regimes of the same mask in the
 same rounds (e.g. a CTA of four rings against three CTAs an SM of the same tiles).
 
     python3 benchmarks/ablate.py --shape wan-1.3b-480p --case dense --patch softmax,exp,pv,turns
@@ -74,6 +74,17 @@ __device__ __forceinline__ float mixed_exp2(int nt, float x) {
 }
 """
 
+# O's rescale by the two rows' factors, unconditional: a branch between two wgmma issues is a
+# divergent path, on which ptxas serializes them.
+_RESCALE = """#pragma unroll
+          for (int i = 0; i < D / 8; ++i) {
+            o[i][0] *= al[0]; o[i][1] *= al[0];
+            o[i][2] *= al[1]; o[i][3] *= al[1];
+          }
+"""
+_LAST_PV = ("      if (jt > 0) {  // the last chunk's P V (uniform: every thread walked the same "
+            "spans)\n")
+
 # name -> (what it shows, ((source file, text, replacement), ...))
 PATCHES: dict[str, tuple[str, tuple[tuple[str, str, str], ...]]] = {
     "softmax": ("no softmax: P is the raw scores (the matrix work and its feed alone)",
@@ -117,6 +128,24 @@ PATCHES: dict[str, tuple[str, tuple[tuple[str, str, str], ...]]] = {
                  (("bsa_sm90.cu", _FULL_WAIT, _FULL_WAIT.replace(
                      "          fence_async_smem();",
                      "          if constexpr (!TMA) fence_async_smem();")),)),
+    "early-rescale": ("O takes the previous chunk's rescale between the issues of S_j and "
+                      "P_{j-1} V_{j-1}, as FlashAttention-3 orders it, instead of after the "
+                      "wait for that product",
+                      (("bsa_sm90.cu", "      GuardedRows<D / 8> kept;\n",
+                        "      GuardedRows<D / 8> kept;\n      float al[2] = {1.f, 1.f};\n"),
+                       ("bsa_sm90.cu", "        float al[2];\n        {", "        {"),
+                       ("bsa_sm90.cu", "        if (guard_prev) kept.keep(o);\n\n"
+                        "        wait_issue_turn(wg);", "        wait_issue_turn(wg);"),
+                       ("bsa_sm90.cu", "#pragma unroll\n" + _PV_ISSUE,
+                        "        {\n" + _RESCALE + "        }\n"
+                        "        if (guard_prev) kept.keep(o);\n"
+                        "        wgmma_hold<D / 2>(&o[0][0]);\n        wgmma_fence();\n"
+                        "#pragma unroll\n" + _PV_ISSUE),
+                       ("bsa_sm90.cu", "        guard_prev = guard;\n"
+                        "        if (al[0] != 1.f || al[1] != 1.f) {\n" + _RESCALE
+                        + "        }\n", "        guard_prev = guard;\n"),
+                       ("bsa_sm90.cu", _LAST_PV, _LAST_PV + "        {\n" + _RESCALE
+                        + "        }\n"))),
     # The softmax's choices (common.cuh), taken back.
     "shuffle-max": ("every chunk's row maxima through the quad shuffles, without the warp's "
                     "vote on its threads' own maxima first",
