@@ -103,6 +103,12 @@ class KernelSamples:
         order = sorted(range(len(self.samples)), key=lambda i: -self.samples[i])
         return [(i, self.samples[i], self.sources[i].strip()) for i in order[:n]]
 
+    def role_and_class(self, i: int) -> tuple[str, str]:
+        """Line ``i``'s role ("producer" or "consumers") and instruction class, so a listed
+        line reads as whose wait it is (a poll loop's branch belongs to its role's waits)."""
+        role = "producer" if self.producer_lines()[i] else "consumers"
+        return role, instruction_class(self.sources[i], self.sources[i - 1] if i else "")
+
 
 def read_source_csv(stream: TextIO) -> list[KernelSamples]:
     """Every kernel of an ncu source-page CSV export, with its samples per SASS line."""
@@ -135,7 +141,8 @@ def read_source_csv(stream: TextIO) -> list[KernelSamples]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("csv", help="ncu --page source --csv --print-source sass output")
-    ap.add_argument("--top", type=int, default=8, help="lines with the most samples to list")
+    ap.add_argument("--top", type=int, default=8,
+                    help="lines with the most samples to list, each with its role and class")
     args = ap.parse_args(argv)
     if args.top < 0:
         ap.error(f"--top must be at least 0, got {args.top}")
@@ -149,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{k.name[:80]}: {k.total:,} samples, producer {100 * producer:.1f}%")
         print("  consumers: " + ", ".join(f"{name} {100 * v:.1f}%" for name, v in classes.items()))
         for i, n, src in k.top(args.top):
-            print(f"  line {i:5d} {100 * n / k.total:5.1f}%  {src[:90]}")
+            role, cls = k.role_and_class(i)
+            print(f"  line {i:5d} {100 * n / k.total:5.1f}%  {role:9s} {cls:13s} {src[:80]}")
     return 0
 
 

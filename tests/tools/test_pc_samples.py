@@ -54,6 +54,9 @@ def test_roles_and_classes_of_a_warp_specialized_kernel():
         "rest": 160 / consumers})
     assert sum(classes.values()) == pytest.approx(1.0)
     assert [i for i, _, _ in k.top(2)] == [12, 13]
+    assert k.role_and_class(13) == ("producer", "barrier waits")  # the poll loop's branch
+    assert k.role_and_class(9) == ("consumers", "rest")
+    assert k.role_and_class(0) == ("consumers", "rest")
 
 
 def test_a_kernel_without_register_moves_is_all_consumers_and_kernels_are_apart():
@@ -87,7 +90,7 @@ def test_an_export_without_sample_columns_is_refused_and_main_reports(tmp_path, 
     assert P.main([str(path), "--top", "1"]) == 0
     out = capsys.readouterr().out
     assert "2,000 samples, producer 75.0%" in out and "exponentials 20.0%" in out
-    assert out.count("line ") == 1
+    assert out.count("line ") == 1 and "producer  barrier waits" in out
     empty = tmp_path / "empty.csv"
     empty.write_text("")
     assert P.main([str(empty)]) == 1
