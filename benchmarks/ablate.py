@@ -130,8 +130,8 @@ PATCHES: dict[str, tuple[str, tuple[tuple[str, str, str], ...]]] = {
                      "          fence_async_smem();",
                      "          if constexpr (!TMA) fence_async_smem();")),)),
     "early-rescale": ("O takes the previous chunk's rescale between the issues of S_j and "
-                      "P_{j-1} V_{j-1}, as FlashAttention-3 orders it, instead of after the "
-                      "wait for that product",
+                      "P_{j-1} V_{j-1} (FlashAttention-4's sm90 order above head dim 128), "
+                      "instead of after the wait for that product",
                       (("bsa_sm90.cu", "      GuardedRows<D / 8> kept;\n",
                         "      GuardedRows<D / 8> kept;\n      float al[2] = {1.f, 1.f};\n"),
                        ("bsa_sm90.cu", "        float al[2];\n        {", "        {"),
