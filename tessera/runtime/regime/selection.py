@@ -257,13 +257,9 @@ def _select_regime(mask: Any, arch: int | None, head_dim: int, dtype: str, num_q
     # are the heuristic's own: the variant that would run, compiled once for its occupancy.)
     unpacked = heuristic.with_(pack_keys=False)
     sm_count = ring_rule_sm_count(arch)
-    # Rings with enough tasks stand: the table has no evidence there (its head-dim-64 entries
-    # come from 4-head masks of at most ~18k tokens, under RINGS_MIN_TASKS tasks a ring, and its
-    # head-count bucket spans up to 16, where its picks ran up to 1.09x slower than the rings:
-    # docs/decisions.md). Asked only where a table is in force.
+    # Rings with enough tasks stand (_rings_stand; asked only where a table is in force).
     if (table is not None
-            and not (heuristic.rings > 1 and sm_count > 0 and _ring_rule(
-                heuristic, mask, num_q_heads, batch, num_kv_heads, sm_count) == heuristic)
+            and not _rings_stand(heuristic, mask, num_q_heads, batch, num_kv_heads, sm_count)
             and table.covers(int(arch), int(head_dim), dtype, features.mask_geometry(mask))
             and plan_may_split(unpacked, mask, num_q_heads=num_q_heads,
                                num_kv_heads=num_kv_heads, batch=batch,
@@ -319,6 +315,16 @@ def _ring_rule(regime: Regime, mask: Any, num_q_heads: int, batch: int, num_kv_h
     hp = heads_per_task(regime, mask.batch_heads[1], num_q_heads, num_kv_heads)
     tasks = tasks_lower_bound(batch, num_q_heads, hp, mask.seq_len_q, regime.block_m // hp)
     return one_ring_where_few_tasks(regime, tasks, sm_count, typical_q_block(mask.q_bounds))
+
+
+def _rings_stand(regime: Regime, mask: Any, num_q_heads: int, batch: int, num_kv_heads: int,
+                 sm_count: int) -> bool:
+    """Whether ``regime``'s rings keep their tasks a ring under the ring rule, where the table is
+    not consulted: it has no evidence there (its head-dim-64 entries come from 4-head masks of
+    at most ~18k tokens, under RINGS_MIN_TASKS tasks a ring, and its head-count bucket spans up
+    to 16, where its picks ran up to 1.09x slower than the rings: docs/decisions.md)."""
+    return (regime.rings > 1 and sm_count > 0
+            and _ring_rule(regime, mask, num_q_heads, batch, num_kv_heads, sm_count) == regime)
 
 
 def _mask_rules(mask: Any, arch: int | None, head_dim: int,
