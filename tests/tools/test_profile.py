@@ -16,16 +16,15 @@ from tessera.runtime.regime import (
     RegimeTable,
     candidate_regimes,
     default_regime,
-    heuristic_choice,
     mask_features,
     regime_from_name,
-    ring_rule_sm_count,
 )
 from tessera.tools import profile as prof
 from tests.runtime.regime.regime_helpers import (
     _profiled_entry,
     clean_selection,  # noqa: F401 (autouse fixture)
     feats,
+    planned_heuristic,
 )
 
 
@@ -39,10 +38,9 @@ def small_case(label: str, *, density: float, seed: int, head_dim: int = 64,
 
 
 def planned_default(case: prof.Case) -> str:
-    """What a plan of ``case`` takes without a table here (on a GPU the ring rule counts its
-    SMs): the profile's and the evaluation's ``default``."""
-    return heuristic_choice(case.build(), 90, case.head_dim, num_q_heads=case.heads,
-                            sm_count=ring_rule_sm_count(90))[0].name
+    """The profile's and the evaluation's ``default`` for ``case``: what its plan takes here
+    without a table."""
+    return planned_heuristic(case.build(), 90, case.head_dim, case.heads).name
 
 
 class FakeTimer:

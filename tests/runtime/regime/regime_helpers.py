@@ -24,6 +24,13 @@ def clean_selection(monkeypatch):
     R.use_table("auto")
 
 
+def planned_heuristic(mask, arch: int = 90, head_dim: int = 128, num_q_heads: int = 2) -> Regime:
+    """What a plan of ``mask`` takes without a table: the heuristic's rules, the ring rule
+    counting this machine's SMs (none without a GPU)."""
+    return R.heuristic_choice(mask, arch, head_dim, num_q_heads=num_q_heads,
+                              sm_count=R.ring_rule_sm_count(arch))[0]
+
+
 def feats(**kw) -> MaskFeatures:
     base = dict(arch=90, head_dim=128, dtype="bfloat16", geometry="uniform-128x128",
                 seq_len="<=32k", density="5-15%", imbalance="<1.5", batch_heads="<=16")

@@ -20,6 +20,7 @@ from tests.runtime.regime.regime_helpers import (
     _write,
     clean_selection,  # noqa: F401 (autouse fixture)
     entry,
+    planned_heuristic,
 )
 
 
@@ -48,8 +49,8 @@ def test_table_without_the_hopper_family_is_not_used_on_hopper():
     m = wan_like_mask()
     R.use_table(table_for(m, regime=PICK80))
     with pytest.warns(RuntimeWarning, match="no sm90 regimes"):
-        assert plan90(m).regime == heuristic(m)
-    assert heuristic(m).family == "sm90"
+        assert plan90(m).regime == planned_heuristic(m)
+    assert planned_heuristic(m).family == "sm90"
     assert table_for(m).families == {"sm90"}
 
 
@@ -58,25 +59,19 @@ def plan90(mask, **kw):
     return tessera.plan(mask, **kw)
 
 
-def heuristic(mask, arch=90, head_dim=128):
-    """What plan90's shape gets without a table: the rules, the ring rule on this machine's GPU."""
-    return S.heuristic_choice(mask, arch, head_dim, num_q_heads=2,
-                              sm_count=S.ring_rule_sm_count(arch))[0]
-
-
 def test_plan_uses_table_and_falls_back():
     m = wan_like_mask()
-    assert plan90(m).regime == heuristic(m)  # no table anywhere
+    assert plan90(m).regime == planned_heuristic(m)  # no table anywhere
     assert R.use_table(table_for(m)) is not None
     assert plan90(m).regime == PICK
     assert plan90(m, regime=Regime()).regime == Regime()  # an explicit regime wins
-    assert plan90(m, head_dim=64).regime == heuristic(m, head_dim=64)  # no d64 entries
-    assert plan90(m, dtype="float16").regime == heuristic(m)
-    assert tessera.plan(m, num_q_heads=2, head_dim=128).regime == heuristic(m, None)  # CPU
+    assert plan90(m, head_dim=64).regime == planned_heuristic(m, head_dim=64)  # no d64 entries
+    assert plan90(m, dtype="float16").regime == planned_heuristic(m)
+    assert tessera.plan(m, num_q_heads=2, head_dim=128).regime == planned_heuristic(m, None)  # CPU
     # Nearest entry: more heads are another batch x heads bucket of the same group.
     assert plan90(m, batch=20).regime == PICK
     R.use_table(None)
-    assert plan90(m).regime == heuristic(m)
+    assert plan90(m).regime == planned_heuristic(m)
 
 
 def test_features_measured_only_when_the_table_could_answer(monkeypatch):
@@ -85,14 +80,14 @@ def test_features_measured_only_when_the_table_could_answer(monkeypatch):
     calls = []
     real = F.mask_features
     monkeypatch.setattr(F, "mask_features", lambda *a, **k: calls.append(1) or real(*a, **k))
-    assert plan90(m, dtype="float16").regime == heuristic(m)
-    assert plan90(m, head_dim=64).regime == heuristic(m, head_dim=64)
+    assert plan90(m, dtype="float16").regime == planned_heuristic(m)
+    assert plan90(m, head_dim=64).regime == planned_heuristic(m, head_dim=64)
     assert calls == []
     # Nor a geometry the table has no evidence for (variable blocks against uniform entries).
     qb = np.r_[0, np.cumsum(np.random.default_rng(5).integers(60, 200, 16))]
     variable = BlockMask.from_dense(np.random.default_rng(6).random((2, 16, 16)) < 0.2,
                                     q_bounds=qb, kv_bounds=qb)
-    assert plan90(variable).regime == heuristic(variable) and calls == []
+    assert plan90(variable).regime == planned_heuristic(variable) and calls == []
     assert plan90(m).regime == PICK and calls == [1]
     assert R.active_table(90).covers(90, 128, "bfloat16")
     assert not R.active_table(90).covers(90, 128, "float16")
@@ -114,7 +109,7 @@ def test_table_looked_up_only_where_tasks_may_split(monkeypatch):
         measured.clear()
         got = R.select_regime(m, arch=90, head_dim=128, dtype="bfloat16", num_q_heads=2,
                               batch=1)
-        assert got == (PICK if looked_up else heuristic(m)) and bool(measured) == looked_up
+        assert got == (PICK if looked_up else planned_heuristic(m)) and bool(measured) == looked_up
     monkeypatch.setattr(D, "device_arch", lambda: None)  # a portable plan: the split rule
     assert R.select_regime(m, arch=90, head_dim=128, dtype="bfloat16", num_q_heads=2,
                            batch=1) == PICK
@@ -128,7 +123,7 @@ def test_env_var_and_default_location(tmp_path, monkeypatch):
     assert plan90(m).regime == PICK
     assert "mine.json" in R.describe_table_in_use(90)
     monkeypatch.delenv(R.ENV_TABLE)
-    assert plan90(m).regime == heuristic(m)  # no GPU name: no default table
+    assert plan90(m).regime == planned_heuristic(m)  # no GPU name: no default table
     # tables/<gpu-slug>.json beside the package, for the GPU this process runs on, unless
     # $TESSERA_REGIME_TABLE=none.
     monkeypatch.setattr(S, "TABLES_DIR", tmp_path)
@@ -138,13 +133,13 @@ def test_env_var_and_default_location(tmp_path, monkeypatch):
     assert plan90(m).regime == own
     assert "nvidia-h200.json" in R.describe_table_in_use(90)
     monkeypatch.setenv(R.ENV_TABLE, "none")
-    assert plan90(m).regime == heuristic(m)
+    assert plan90(m).regime == planned_heuristic(m)
     assert "TESSERA_REGIME_TABLE=none" in R.describe_table_in_use(90)
     monkeypatch.setenv(R.ENV_TABLE, "auto")
     assert plan90(m).regime == own
     assert "nvidia-h200.json" in R.describe_table_in_use(90)
     monkeypatch.setattr(D, "current_gpu_name", lambda: "NVIDIA A100-SXM4-80GB")
-    assert plan90(m).regime == heuristic(m)  # no table for that GPU: quietly the heuristic
+    assert plan90(m).regime == planned_heuristic(m)  # no table for that GPU: quietly the heuristic
     assert "no table at" in R.describe_table_in_use(90)
     # use_table overrides the environment; use_table(None) means the heuristic.
     monkeypatch.setattr(D, "current_gpu_name", lambda: "NVIDIA H200")
@@ -152,7 +147,7 @@ def test_env_var_and_default_location(tmp_path, monkeypatch):
     R.use_table(tmp_path / "nvidia-h200.json")
     assert plan90(m).regime == own
     R.use_table(None)
-    assert plan90(m).regime == heuristic(m)
+    assert plan90(m).regime == planned_heuristic(m)
     assert R.describe_table_in_use(90) == "none: heuristic (use_table(None))"
 
 
@@ -164,10 +159,10 @@ def test_corrupt_table_warns_once_and_plans_with_heuristic(tmp_path, monkeypatch
     monkeypatch.setenv(R.ENV_TABLE, str(bad))
     with pytest.warns(RuntimeWarning, match="unusable.*bad.json"):
         p = plan90(m)
-    assert p.regime == heuristic(m)
+    assert p.regime == planned_heuristic(m)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a second plan does not warn again
-        assert plan90(m).regime == heuristic(m)
+        assert plan90(m).regime == planned_heuristic(m)
     assert "none: heuristic" in R.describe_table_in_use(90)
     with pytest.raises(ValueError, match="bad.json"):
         R.use_table(bad)  # an explicit choice fails loudly
@@ -176,19 +171,19 @@ def test_corrupt_table_warns_once_and_plans_with_heuristic(tmp_path, monkeypatch
 def test_missing_env_table_warns(tmp_path, monkeypatch):
     monkeypatch.setenv(R.ENV_TABLE, str(tmp_path / "nope.json"))
     with pytest.warns(RuntimeWarning, match="does not exist"):
-        assert plan90(wan_like_mask()).regime == heuristic(wan_like_mask())
+        assert plan90(wan_like_mask()).regime == planned_heuristic(wan_like_mask())
 
 
 def test_other_gpu_table_warns_and_falls_back(monkeypatch):
     m = wan_like_mask()
     R.use_table(table_for(m, arch=80, gpu="NVIDIA A100-SXM4-80GB"))
     with pytest.warns(RuntimeWarning, match="profiled on sm_80.*sm_90"):
-        assert plan90(m).regime == heuristic(m)
+        assert plan90(m).regime == planned_heuristic(m)
     # Same architecture, another GPU model (known only where a GPU is present).
     R.use_table(table_for(m, gpu="NVIDIA H100 80GB HBM3"))
     monkeypatch.setattr(D, "current_gpu_name", lambda: "NVIDIA H200")
     with pytest.warns(RuntimeWarning, match="profiled on NVIDIA H100 80GB HBM3"):
-        assert plan90(m).regime == heuristic(m)
+        assert plan90(m).regime == planned_heuristic(m)
     monkeypatch.setattr(D, "current_gpu_name", lambda: "NVIDIA H100 80GB HBM3")
     R.use_table(table_for(m, gpu="NVIDIA H100 80GB HBM3"))
     assert plan90(m).regime == PICK
@@ -255,15 +250,16 @@ def test_table_still_answers_masks_the_heuristic_would_pack():
     kb = np.r_[0, np.cumsum(rng.integers(20, 120, 28))]
     m = BlockMask.from_dense(rng.random((2, 32, kb.size - 1)) < 0.3, block_size=None,
                              q_bounds=np.arange(0, 32 * 64 + 1, 64), kv_bounds=kb)
-    assert heuristic(m).pack_keys  # 64-token query blocks, keys ragged against 64-key steps
+    assert planned_heuristic(m).pack_keys  # 64-token query blocks, keys ragged against 64-key steps
     try:
         assert R.use_table(table_for(m)) is not None
         # The table's pick, with the key walk the mask's estimate says pays (packed_pick).
         assert R.pack_pays(m, 64, 64)
-        assert plan90(m).regime == PICK.with_(pack_keys=True, split_ratio=4.0) != heuristic(m)
+        assert (plan90(m).regime == PICK.with_(pack_keys=True, split_ratio=4.0)
+                != planned_heuristic(m))
     finally:
         R.use_table(None)
-    assert plan90(m).regime == heuristic(m)
+    assert plan90(m).regime == planned_heuristic(m)
 
 
 def test_a_tables_plain_128_row_pick_takes_aligned_tiles_where_they_pay(monkeypatch):
@@ -348,7 +344,7 @@ def test_heuristic_choice_is_the_selection_without_a_table():
     sta = BlockMask.from_dense(rng.random((2, 9, 9)) < 0.5, q_bounds=big, kv_bounds=big)
     for m, d, want, read in ((clustered, 128, R.heuristic.SM90_ROWS128.with_(align_tiles=True),
                               True),
-                             (uniform, 128, heuristic(uniform), False),
+                             (uniform, 128, planned_heuristic(uniform), False),
                              (sta, 64, R.heuristic.SM90_ROWS192_D64, False)):
         assert S.heuristic_choice(m, 90, d) == (want, read)
         assert plan90(m, head_dim=d).regime == want
