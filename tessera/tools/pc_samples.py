@@ -10,7 +10,12 @@ row per SASS instruction. A warp-specialized kernel's producer is the code from 
 release (``USETMAXREG.DEALLOC``) to the next register claim (``USETMAXREG.TRY_ALLOC``) or the
 end; the rest is the consumers'. A kernel without either is all consumers.
 
+A report with the SourceCounters section instead (``--section SourceCounters``) is read with
+``--executed``: the consumers' executed warp instructions summed by opcode, divided by
+``--per`` (e.g. the launch's consumer warp-chunks), the instruction mix of RESULTS' N7.
+
     python3 -m tessera.tools.pc_samples src.csv [--top 8]
+    python3 -m tessera.tools.pc_samples src.csv --executed --per 524288 [--top 30]
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import TextIO
 
-__all__ = ["KernelSamples", "CLASSES", "read_source_csv", "opcode", "instruction_class", "main"]
+__all__ = ["KernelSamples", "CLASSES", "read_source_csv", "opcode", "instruction_class", "main",
+           "SAMPLES", "EXECUTED"]
 
 # Instruction classes by opcode prefix (the first that matches), in report order. A branch right
 # after a barrier wait is that wait's poll loop and counts with it.
@@ -39,8 +45,10 @@ _REST = "rest"
 
 _PREDICATE = re.compile(r"^@!?U?P[T0-9]+\s+")
 
-# The sample columns, the first one present: every sample, else the stall-reason group's sum.
-_SAMPLE_COLUMNS = ("smsp__pcsamp_sample_count", "group:smsp__pcsamp_warp_stall_reasons")
+# The count columns a report may carry, the first one present: PC samples (every sample, else
+# the stall-reason group's sum), or SourceCounters' executed warp instructions.
+SAMPLES = ("smsp__pcsamp_sample_count", "group:smsp__pcsamp_warp_stall_reasons")
+EXECUTED = ("Warp Instructions Executed", "Instructions Executed", "inst_executed")
 
 
 def opcode(source: str) -> str:
@@ -98,6 +106,16 @@ class KernelSamples:
         return ((total - consumers) / total if total else 0.0,
                 {k: v / consumers if consumers else 0.0 for k, v in by_class.items()})
 
+    def consumer_opcodes(self) -> dict[str, int]:
+        """The consumers' counts summed by base opcode (``"HGMMA.64x128x16..."`` ->
+        ``"HGMMA"``), most first: their instruction mix, read from an ``EXECUTED`` column."""
+        totals: dict[str, int] = {}
+        for src, n, prod in zip(self.sources, self.samples, self.producer_lines()):
+            if not prod:
+                base = opcode(src).split(".")[0]
+                totals[base] = totals.get(base, 0) + n
+        return dict(sorted(totals.items(), key=lambda kv: -kv[1]))
+
     def top(self, n: int) -> list[tuple[int, int, str]]:
         """The ``n`` lines with the most samples: (line index, samples, source)."""
         order = sorted(range(len(self.samples)), key=lambda i: -self.samples[i])
@@ -110,8 +128,10 @@ class KernelSamples:
         return role, instruction_class(self.sources[i], self.sources[i - 1] if i else "")
 
 
-def read_source_csv(stream: TextIO) -> list[KernelSamples]:
-    """Every kernel of an ncu source-page CSV export, with its samples per SASS line."""
+def read_source_csv(stream: TextIO, columns: tuple[str, ...] = SAMPLES) -> list[KernelSamples]:
+    """Every kernel of an ncu source-page CSV export, with its count per SASS line from the first
+    of ``columns`` (``SAMPLES``: PC samples; ``EXECUTED``: executed warp instructions) the
+    export has."""
     kernels: list[KernelSamples] = []
     source_col = sample_col = None
     for row in csv.reader(stream):
@@ -123,10 +143,12 @@ def read_source_csv(stream: TextIO) -> list[KernelSamples]:
             continue
         if "Source" in row:
             source_col = row.index("Source")
-            sample_col = next((row.index(c) for c in _SAMPLE_COLUMNS if c in row), None)
+            sample_col = next((row.index(c) for c in columns if c in row), None)
             if sample_col is None:
-                raise ValueError("the source page has no PC-sample column (take the report "
-                                 f"with --metrics {_SAMPLE_COLUMNS[1]}); columns: {row}")
+                what = ("no PC-sample column (take the report with --metrics "
+                        f"{SAMPLES[1]})" if columns == SAMPLES else
+                        f"none of the columns {columns}")
+                raise ValueError(f"the source page has {what}; columns: {row}")
             continue
         if source_col is None or len(row) <= max(source_col, sample_col):
             continue
@@ -142,15 +164,34 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("csv", help="ncu --page source --csv --print-source sass output")
     ap.add_argument("--top", type=int, default=8,
-                    help="lines with the most samples to list, each with its role and class")
+                    help="lines with the most samples to list, each with its role and class "
+                         "(with --executed: opcodes to list)")
+    ap.add_argument("--executed", action="store_true",
+                    help="read executed warp instructions (a SourceCounters report) and print "
+                         "the consumers' mix by opcode")
+    ap.add_argument("--per", type=float, default=1.0,
+                    help="with --executed: divide the counts by this (e.g. consumer "
+                         "warp-chunks; default 1)")
     args = ap.parse_args(argv)
     if args.top < 0:
         ap.error(f"--top must be at least 0, got {args.top}")
+    if not args.per > 0:
+        ap.error(f"--per must be positive, got {args.per}")
     with open(args.csv, newline="") as f:
-        kernels = read_source_csv(f)
+        kernels = read_source_csv(f, EXECUTED if args.executed else SAMPLES)
     if not kernels:
-        print(f"{args.csv}: no kernel with PC samples", file=sys.stderr)
+        what = "executed instructions" if args.executed else "PC samples"
+        print(f"{args.csv}: no kernel with {what}", file=sys.stderr)
         return 1
+    if args.executed:
+        for k in kernels:
+            mix = k.consumer_opcodes()
+            print(f"{k.name[:80]}: consumers {sum(mix.values()) / args.per:,.1f} warp "
+                  f"instructions per {args.per:g}, producer "
+                  f"{(k.total - sum(mix.values())) / args.per:,.1f}")
+            print("  " + ", ".join(f"{op} {n / args.per:,.1f}"
+                                   for op, n in list(mix.items())[:args.top]))
+        return 0
     for k in kernels:
         producer, classes = k.shares()
         print(f"{k.name[:80]}: {k.total:,} samples, producer {100 * producer:.1f}%")

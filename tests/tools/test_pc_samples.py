@@ -96,3 +96,32 @@ def test_an_export_without_sample_columns_is_refused_and_main_reports(tmp_path, 
     assert P.main([str(empty)]) == 1
     with pytest.raises(SystemExit):
         P.main([str(path), "--top", "-1"])
+
+
+def test_executed_instructions_are_the_consumers_mix_by_opcode(tmp_path, capsys):
+    """A SourceCounters export is read by its executed-instructions column; the consumers'
+    lines sum by base opcode (the producer's are left out), and main divides by --per."""
+    head = '"Address","Source","Warp Instructions Executed"'
+    rows = [("USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0x88", 4), ("HGMMA.64x128x16.F32.BF16 R24", 64),
+            ("@P0 HGMMA.64x128x16.F32.BF16 R88", 64), ("MUFU.EX2 R29, R29", 512),
+            ("FFMA.FTZ R1, R2, R3, R4", 1_024), ("USETMAXREG.DEALLOC.CTAPOOL 0x18", 1),
+            ("UTMALDG.4D [UR8], [UR28]", 32)]
+    text = '"Kernel Name","k",\n' + head + "\n" + "\n".join(
+        f'"0x{i:04x}","{src}","{n:,}"' for i, (src, n) in enumerate(rows)) + "\n"
+    with pytest.raises(ValueError, match="no PC-sample column"):
+        P.read_source_csv(io.StringIO(text))
+    (k,) = P.read_source_csv(io.StringIO(text), P.EXECUTED)
+    assert k.consumer_opcodes() == {"FFMA": 1_024, "MUFU": 512, "HGMMA": 128, "USETMAXREG": 4}
+    assert list(k.consumer_opcodes()) == ["FFMA", "MUFU", "HGMMA", "USETMAXREG"]
+    path = tmp_path / "sc.csv"
+    path.write_text(text)
+    assert P.main([str(path), "--executed", "--per", "64", "--top", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "consumers 26.1 warp instructions per 64, producer 0.5" in out
+    assert "FFMA 16.0, MUFU 8.0" in out and "HGMMA" not in out
+    with pytest.raises(SystemExit):
+        P.main([str(path), "--executed", "--per", "0"])
+    samples = tmp_path / "samples.csv"
+    samples.write_text(export(("bsa_fwd_sm90", SPECIALIZED)))
+    with pytest.raises(ValueError, match="none of the columns"):
+        P.main([str(samples), "--executed"])
