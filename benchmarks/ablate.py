@@ -5,7 +5,8 @@ order of its exponentials against the P·V wait flipped, or one of the TMA produ
 back (staged span fields, one producer warp, the chunk's fields read after the issue) or the
 softmax's (the warp's vote ahead of the row maxima's shuffles), or a shortcut measured and not kept
 (the thread index declared non-negative, no proxy fence after a stage lands, part of the
-exponentials on the FMA pipe, O's rescale between two issues). An ablated kernel may compute
+exponentials on the FMA pipe, O's rescale between two issues, the issue turn passed before the
+chunk's word is read). An ablated kernel may compute
 something else by design and is only timed; each plan's largest difference from the unchanged
 kernel's output is printed (0 for the choices, which change no result). ``--against`` times
 plans of other regimes of the same mask in the same rounds (e.g. a CTA of four rings against
@@ -34,13 +35,9 @@ import numpy as np
 
 from tessera.runtime.regime import regime_from_name
 
-_SOFTMAX_CALL = """        {
-          const int lane_now = thread_index() % 32;
-          const int t0 = tok_base + lane_now / 4, t1 = t0 + 8;
-          softmax_chunk(s, m, l, al, walk.key0(), walk.key_end(),
-                        t0 >= lo && t0 < hi, t1 >= lo && t1 < hi,
-                        lane_now % 4, scale_log2);
-        }"""
+_SOFTMAX_CALL = ("        softmax_chunk(s, m, l, al, walk.key0(), walk.key_end(), "
+                 "t0 >= lo && t0 < hi,\n"
+                 "                      t0 + 8 >= lo && t0 + 8 < hi, quad, scale_log2);")
 _PV_ISSUE = ("        for (int kk = 0; kk < W / 16; ++kk) "
              "Wgmma<D>::rs(&o[0][0], pa[kk], vd.at(v_step(kk)), 1);\n"
              "        wgmma_commit();\n"
@@ -134,7 +131,8 @@ PATCHES: dict[str, tuple[str, tuple[tuple[str, str, str], ...]]] = {
                       "instead of after the wait for that product",
                       (("bsa_sm90.cu", "      GuardedRows<D / 8> kept;\n",
                         "      GuardedRows<D / 8> kept;\n      float al[2] = {1.f, 1.f};\n"),
-                       ("bsa_sm90.cu", "        float al[2];\n        {", "        {"),
+                       ("bsa_sm90.cu", "        float al[2];\n        softmax_chunk(",
+                        "        softmax_chunk("),
                        ("bsa_sm90.cu", "        if (guard_prev) kept.keep(o);\n\n"
                         "        wait_issue_turn(wg);", "        wait_issue_turn(wg);"),
                        ("bsa_sm90.cu", "#pragma unroll\n" + _PV_ISSUE,
@@ -147,6 +145,23 @@ PATCHES: dict[str, tuple[str, tuple[tuple[str, str, str], ...]]] = {
                         + "        }\n", "        guard_prev = guard;\n"),
                        ("bsa_sm90.cu", _LAST_PV, _LAST_PV + "        {\n" + _RESCALE
                         + "        }\n"))),
+    "rows-per-chunk": ("the thread's rows and quad read from its index every chunk, not once a "
+                       "task",
+                       (("bsa_sm90.cu", "        softmax_chunk(s, m, l, al, walk.key0(), "
+                         "walk.key_end(), t0 >= lo && t0 < hi,\n",
+                         "        const int lane_now = thread_index() % 32;\n"
+                         "        const int tr = tok_base + lane_now / 4;\n"
+                         "        softmax_chunk(s, m, l, al, walk.key0(), walk.key_end(), "
+                         "tr >= lo && tr < hi,\n"),
+                        ("bsa_sm90.cu", "                      t0 + 8 >= lo && t0 + 8 < hi, "
+                         "quad, scale_log2);",
+                         "                      tr + 8 >= lo && tr + 8 < hi, lane_now % 4, "
+                         "scale_log2);"))),
+    "turn-first": ("the issue turn passed right after the products' commit, before the chunk's "
+                   "word is read and its V tail zeroed (FlashAttention-4's place for it)",
+                   (("bsa_sm90.cu", "        if (!prepare_first) prepare();\n"
+                     "        pass_issue_turn(wg);",
+                     "        pass_issue_turn(wg);\n        if (!prepare_first) prepare();"),)),
     # The softmax's choices (common.cuh), taken back.
     "shuffle-max": ("every chunk's row maxima through the quad shuffles, without the warp's "
                     "vote on its threads' own maxima first",

@@ -875,6 +875,10 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
       // (excluded_rows' bits; 0 unless that chunk's V holds a non-finite value).
       int guard_prev = 0;
       GuardedRows<D / 8> kept;
+      // The thread's two rows and its place in the quad, fixed for the task: read once here,
+      // the chunk's row checks read no thread index between the issue and the softmax.
+      const int lane = thread_index() % 32;
+      const int t0 = tok_base + lane / 4, quad = lane % 4;
       for (; walk.more(se); ++j, ++jt) {
         if constexpr (WS) {
           mbar_wait(full_bar + 8 * (j % STAGES), (j / STAGES) & 1);
@@ -927,7 +931,7 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
         int guard = 0;
         if (GUARD && (lo > q_start || hi < q_end) &&
             stage_v_non_finite<W>(ks + KV_BYTES, valid, GUARD_BAR + ring * WGS + wg))
-          guard = excluded_rows(tok_base + thread_index() % 32 / 4, lo, hi);
+          guard = excluded_rows(t0, lo, hi);
 
         wgmma_wait<overlap_pv<W>() ? 1 : 0>();
         wgmma_hold<W / 2>(&s[0][0]);
@@ -935,15 +939,9 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
         // with no row in the chunk runs it too, every score masked (P = 0, m and l unchanged):
         // a branch around the softmax had every iteration zero S's registers in advance (32
         // CS2R at head dim 64), for warps that are rare (padding rows, restricted spans).
-        // (the lane's quad and position read anew: see the epilogue)
         float al[2];
-        {
-          const int lane_now = thread_index() % 32;
-          const int t0 = tok_base + lane_now / 4, t1 = t0 + 8;
-          softmax_chunk(s, m, l, al, walk.key0(), walk.key_end(),
-                        t0 >= lo && t0 < hi, t1 >= lo && t1 < hi,
-                        lane_now % 4, scale_log2);
-        }
+        softmax_chunk(s, m, l, al, walk.key0(), walk.key_end(), t0 >= lo && t0 < hi,
+                      t0 + 8 >= lo && t0 + 8 < hi, quad, scale_log2);
         if constexpr (PV_WAIT_ANCHOR && overlap_pv<W>()) order_wait_after(q_base, l[0] + l[1]);
         wgmma_wait<0>();
         wgmma_hold<D / 2>(&o[0][0]);

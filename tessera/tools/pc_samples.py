@@ -46,8 +46,10 @@ _REST = "rest"
 _PREDICATE = re.compile(r"^@!?U?P[T0-9]+\s+")
 
 # The count columns a report may carry, the first one present: PC samples (every sample, else
-# the stall-reason group's sum), or SourceCounters' executed warp instructions.
-SAMPLES = ("smsp__pcsamp_sample_count", "group:smsp__pcsamp_warp_stall_reasons")
+# the stall-reason group's sum; the SourceCounters section names them in words), or
+# SourceCounters' executed warp instructions.
+SAMPLES = ("smsp__pcsamp_sample_count", "group:smsp__pcsamp_warp_stall_reasons",
+           "Warp Stall Sampling (All Samples)")
 EXECUTED = ("Warp Instructions Executed", "Instructions Executed", "inst_executed")
 
 
