@@ -6,8 +6,8 @@ back (staged span fields, one producer warp, the chunk's fields read after the i
 softmax's (the warp's vote ahead of the row maxima's shuffles), or a shortcut measured and not kept
 (the thread index declared non-negative, no proxy fence after a stage lands, part of the
 exponentials on the FMA pipe, O's rescale between two issues, the issue turn passed before the
-chunk's word is read). An ablated kernel may compute
-something else by design and is only timed; each plan's largest difference from the unchanged
+chunk's word is read, that word read ahead of the issue). An ablated kernel may compute something
+else by design and is only timed; each plan's largest difference from the unchanged
 kernel's output is printed (0 for the choices, which change no result). ``--against`` times
 plans of other regimes of the same mask in the same rounds (e.g. a CTA of four rings against
 three CTAs an SM of the same tiles).
@@ -157,6 +157,13 @@ PATCHES: dict[str, tuple[str, tuple[tuple[str, str, str], ...]]] = {
                          "quad, scale_log2);",
                          "                      tr + 8 >= lo && tr + 8 < hi, lane_now % 4, "
                          "scale_log2);"))),
+    "read-first": ("the chunk's word read before the products are issued and used after, not "
+                   "read after them (the V tail still zeroed after the issue)",
+                   (("bsa_sm90.cu", "        const auto prepare = [&] {\n"
+                     "          if constexpr (STAGED_SPANS) walk.read(chunk_info + 16 * "
+                     "(j % STAGES));\n",
+                     "        if constexpr (STAGED_SPANS) walk.read(chunk_info + 16 * "
+                     "(j % STAGES));\n        const auto prepare = [&] {\n"),)),
     "turn-first": ("the issue turn passed right after the products' commit, before the chunk's "
                    "word is read and its V tail zeroed (FlashAttention-4's place for it)",
                    (("bsa_sm90.cu", "        if (!prepare_first) prepare();\n"
