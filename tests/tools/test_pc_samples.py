@@ -125,3 +125,14 @@ def test_executed_instructions_are_the_consumers_mix_by_opcode(tmp_path, capsys)
     samples.write_text(export(("bsa_fwd_sm90", SPECIALIZED)))
     with pytest.raises(ValueError, match="none of the columns"):
         P.main([str(samples), "--executed"])
+
+
+def test_a_source_counters_export_is_read_by_its_sample_column_too():
+    """The SourceCounters section names its PC samples in words; they are read by default."""
+    text = ('"Kernel Name","k",\n"Address","Source","Warp Stall Sampling (All Samples)",'
+            '"Instructions Executed"\n"0x0","MUFU.EX2 R1, R1","7","64"\n'
+            '"0x1","FADD R1, R2, R3","3","64"\n')
+    (k,) = P.read_source_csv(io.StringIO(text))
+    assert k.samples == [7, 3] and k.shares()[1]["exponentials"] == pytest.approx(0.7)
+    (e,) = P.read_source_csv(io.StringIO(text), P.EXECUTED)
+    assert e.consumer_opcodes() == {"MUFU": 64, "FADD": 64}
