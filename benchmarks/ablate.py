@@ -7,10 +7,10 @@ softmax's (the warp's vote ahead of the row maxima's shuffles), or a shortcut me
 (the thread index declared non-negative, no proxy fence after a stage lands, part of the
 exponentials on the FMA pipe, O's rescale between two issues, the issue turn passed before the
 chunk's word is read, that word read ahead of the issue). An ablated kernel may compute something
-else by design and is only timed; each plan's largest difference from the unchanged
-kernel's output is printed (0 for the choices, which change no result). ``--against`` times
-plans of other regimes of the same mask in the same rounds (e.g. a CTA of four rings against
-three CTAs an SM of the same tiles).
+else by design and is only timed; each plan's largest difference from the unchanged kernel's
+output is printed (0 for the choices, which change no result). ``--against`` times plans of other
+regimes of the same mask in the same rounds (e.g. a CTA of four rings against three CTAs an SM of
+the same tiles).
 
     python3 benchmarks/ablate.py --shape wan-1.3b-480p --case dense --patch softmax,exp,pv,turns
     python3 benchmarks/ablate.py --shape cogvideox-5b --case topk64-10 \
