@@ -2,15 +2,15 @@
 the same regime whose kernel is built from a changed source (``--patch``): one part of the consumer
 loop taken out (the softmax, its exponentials, the P·V products, the warpgroups' issue turns), the
 order of its exponentials against the P·V wait flipped, or one of the TMA producer's choices taken
-back (staged span fields, one producer warp, the chunk's fields read after the issue) or the
-softmax's (the warp's vote ahead of the row maxima's shuffles), or a shortcut measured and not kept
-(the thread index declared non-negative, no proxy fence after a stage lands, part of the
-exponentials on the FMA pipe, O's rescale between two issues, the issue turn passed before the
-chunk's word is read, that word read ahead of the issue). An ablated kernel may compute something
-else by design and is only timed; each plan's largest difference from the unchanged kernel's
-output is printed (0 for the choices, which change no result). ``--against`` times plans of other
-regimes of the same mask in the same rounds (e.g. a CTA of four rings against three CTAs an SM of
-the same tiles).
+back (staged span fields, one producer warp, the chunk's fields read after the issue, the
+whole-span walk) or the softmax's (the warp's vote ahead of the row maxima's shuffles), or a
+shortcut measured and not kept (the thread index declared non-negative, no proxy fence after a
+stage lands, part of the exponentials on the FMA pipe, O's rescale between two issues, the issue
+turn passed before the chunk's word is read, that word read ahead of the issue). An ablated kernel
+may compute something else by design and is only timed; each plan's largest difference from the
+unchanged kernel's output is printed (0 for the choices, which change no result). ``--against``
+times plans of other regimes of the same mask in the same rounds (e.g. a CTA of four rings against
+three CTAs an SM of the same tiles).
 
     python3 benchmarks/ablate.py --shape wan-1.3b-480p --case dense --patch softmax,exp,pv,turns
     python3 benchmarks/ablate.py --shape cogvideox-5b --case topk64-10 \
@@ -169,6 +169,10 @@ PATCHES: dict[str, tuple[str, tuple[tuple[str, str, str], ...]]] = {
                    (("bsa_sm90.cu", "        if (!prepare_first) prepare();\n"
                      "        pass_issue_turn(wg);",
                      "        pass_issue_turn(wg);\n        if (!prepare_first) prepare();"),)),
+    "no-whole-span": ("whole-span tasks read each chunk's word and clip its rows like every "
+                      "other task (no WholeSpanWalk)",
+                      (("bsa_sm90.cu", "constexpr bool WHOLE_SPANS = STAGED_SPANS;",
+                        "constexpr bool WHOLE_SPANS = false;"),)),
     # The softmax's choices (common.cuh), taken back.
     "shuffle-max": ("every chunk's row maxima through the quad shuffles, without the warp's "
                     "vote on its threads' own maxima first",

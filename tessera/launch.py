@@ -45,6 +45,9 @@ _LOG2E = 1.4426950408889634
 
 # cudaStreamPerThread: one value for every thread's own default stream.
 _PER_THREAD_STREAM = 2
+# The most task indices a launch may reach (its tasks and a persistent grid's surplus tickets):
+# the sm90 producer publishes an index with two flags in one int (bsa_sm90.cu, task_slot).
+MAX_TASKS = 1 << 29
 
 
 def _stream_identity(ptr: int) -> tuple[int, int]:
@@ -407,6 +410,10 @@ def run(p: "Plan", ops: Operands, scale: float | None, return_lse: bool,
         # The grid: the tasks, or for a sync-free plan the most there can be (the kernels read
         # the real count and surplus CTAs return at once).
         n_tasks = launch.num_tasks
+        if n_tasks + resident * fwd.rings > MAX_TASKS:
+            raise ValueError(f"the plan has {n_tasks} tasks; a launch takes at most "
+                             f"{MAX_TASKS - resident * fwd.rings} on this GPU (split the call "
+                             "by batch or heads)")
         if n_tasks:
             grid, counter = n_tasks, None
             if fwd.persistent:  # as many CTAs as the GPU holds at once, taking tasks in turn

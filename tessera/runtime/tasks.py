@@ -19,7 +19,8 @@ if TYPE_CHECKING:  # annotations only: the regime layer sits above this one
     from .regime import Regime
 
 __all__ = ["build_task_queue", "heads_per_task", "split_limit", "may_split", "tasks_lower_bound",
-           "wide_step_tasks", "launch_keys", "HEAVY_SHARE", "HEAVY_MEAN", "NEVER_SPLIT_RATIO"]
+           "wide_step_tasks", "whole_span_tasks", "launch_keys", "HEAVY_SHARE", "HEAVY_MEAN",
+           "NEVER_SPLIT_RATIO"]
 
 
 def heads_per_task(regime: Regime, mask_heads: int, num_q_heads: int, num_kv_heads: int) -> int:
@@ -142,6 +143,20 @@ def wide_step_tasks(tasks: np.ndarray, spans: np.ndarray, block_n: int, wide_bn:
     n_sum, w_sum = offsets_from_counts(narrow, np), offsets_from_counts(wide, np)
     n_task, w_task = n_sum[end] - n_sum[begin], w_sum[end] - w_sum[begin]
     return (end - begin <= WIDE_SPANS) & (w_task <= n_task + n_task // WIDE_SLACK)
+
+
+def whole_span_tasks(tasks: np.ndarray, spans: np.ndarray) -> np.ndarray:
+    """Which tasks the sm90 TMA kernels walk as whole-span tasks (bsa_sm90.cu
+    ``whole_span_task``): one span whose row restriction covers the task's query rows, so its
+    chunks need no per-chunk fields. The kernel decides this per task; this host mirror lets
+    tests and statistics see the decision (host arrays in, bool out)."""
+    tasks, spans = np.asarray(tasks), np.asarray(spans)
+    begin = tasks[:, Task.SPAN_BEGIN].astype(np.int64)
+    one = tasks[:, Task.SPAN_END].astype(np.int64) - begin == 1
+    first = spans[np.minimum(begin, max(spans.shape[0] - 1, 0))] if spans.size else \
+        np.zeros((tasks.shape[0], len(Span)), np.int32)
+    return one & (first[:, Span.R_START] <= tasks[:, Task.Q_START]) & (
+        first[:, Span.R_END] >= tasks[:, Task.Q_END])
 
 
 def build_task_queue(tiles: PhysicalTiles, *, batch: int, num_q_heads: int, num_kv_heads: int,

@@ -332,6 +332,65 @@ def test_wide_key_steps(dtype, monkeypatch):
         assert np.abs(a - b).max() <= 2e-2 * np.abs(b).max()
 
 
+@pytest.mark.parametrize("name,d,wide", [
+    ("sm90_128x128_w12_s3", 128, False), ("sm90_128x128_w12_s3", 64, True),
+    ("sm90_64x64_w20_s3", 64, False), ("sm90_192x128_w16_s3", 64, False),
+    ("sm90_64x128_w8_s3", 128, False), ("sm90_64x64_w8_s3", 128, False)])
+def test_whole_span_tasks(name, d, wide, monkeypatch):
+    """Whole-span tasks (one span over all of a tile's rows, walked without the chunks' staged
+    fields) in one persistent launch with tasks of several spans and of restricted rows: spans
+    ending inside a step, whose last chunk reads a key block no query selects that holds NaN
+    keys and Inf / NaN values (masked, its V rows zeroed), GQA, a ragged end, several tasks a
+    CTA; against the float64 reference, every output written."""
+    import cupy as cp
+
+    from tessera.runtime.queue import Task
+    from tessera.runtime.regime import regime_from_name
+    from tessera.runtime.tasks import whole_span_tasks
+
+    if _device_cc() != 90:
+        pytest.skip("the sm90 family runs on Hopper only")
+    # Aligned tiles straddle the variable blocks: their spans carry row restrictions.
+    reg = regime_from_name(name).with_(wide_steps=wide, combine_threshold=0.0, align_tiles=True)
+    monkeypatch.setattr(tessera.config, "persistent_grid_cap", 7)
+    rng = np.random.default_rng(d + reg.block_m + reg.num_warps + wide)
+    qs = np.r_[rng.integers(40, 300, size=6), 20, 24, 512, 500, 100]
+    ks = np.r_[rng.integers(30, 250, size=12), 77]
+    nq, nk = qs.size, ks.size
+    dense = rng.random((2, nq, nk)) < 0.4
+    dense[:, :, -1] = False  # the last key block: no query selects it (poisoned below)
+    dense[:, 8] = np.arange(nk) < nk - 1  # every other key: one span, ending mid-step
+    dense[:, 9] = (np.arange(nk) >= 3) & (np.arange(nk) < 7)  # a band: one span
+    dense[0, 10] = False  # a tile over the band's last rows and these: one restricted span
+    dense[1, 10] = dense[1, 8]
+    m = tessera.BlockMask.from_dense(dense, q_bounds=np.r_[0, np.cumsum(qs)],
+                                     kv_bounds=np.r_[0, np.cumsum(ks)])
+    p = tessera.plan(m, num_q_heads=4, num_kv_heads=2, head_dim=d, dtype="float16",
+                     regime=reg)
+    queue = p.launch_queue
+    tasks = cp.asnumpy(queue.tasks)
+    whole = whole_span_tasks(tasks, cp.asnumpy(queue.spans))
+    one_span = tasks[:, Task.SPAN_END] - tasks[:, Task.SPAN_BEGIN] == 1
+    assert whole.any() and (~one_span).any() and (one_span & ~whole).any(), \
+        "the launch lacks whole-span, several-span or restricted one-span tasks: test is void"
+    lq, lk = int(m.seq_len_q), int(m.seq_len_kv)
+    q = rng.standard_normal((1, 4, lq, d)).astype(np.float16)
+    k, v = (rng.standard_normal((1, 2, lk, d)).astype(np.float16) for _ in range(2))
+    ref_out, ref_lse = reference.attention(q, k, v, m, return_lse=True)
+    last = slice(lk - int(ks[-1]), lk)
+    k[:, :, last], v[:, :, last] = np.nan, np.inf
+    v[:, 1, last] = np.nan
+    monkeypatch.setattr(tessera.config, "poison_outputs", True)
+    out, lse = p.run(cp.asarray(q), cp.asarray(k), cp.asarray(v), return_lse=True)
+    got = _to_numpy(out).astype(np.float64)
+    assert not np.isnan(got).any(), "output has NaN (unwritten or broken)"
+    assert_rows_close(got, ref_out, "float16")
+    gl = _to_numpy(lse)
+    assert np.array_equal(np.isneginf(gl), np.isneginf(ref_lse))
+    fin = np.isfinite(ref_lse)
+    assert np.abs(gl[fin] - ref_lse[fin]).max(initial=0) < 2e-2
+
+
 @pytest.mark.parametrize("block_m,block_n", [(128, 128), (128, 64), (64, 64), (192, 64)])
 @pytest.mark.parametrize("d", [64, 96, 128])
 def test_tma_copies_equal_cp_async(d, block_m, block_n, monkeypatch):

@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import given, settings
 
 from tessera.runtime.queue import Combine, Task, records
-from tessera.runtime.tasks import launch_keys, wide_step_tasks
+from tessera.runtime.tasks import launch_keys, wide_step_tasks, whole_span_tasks
 from tests.runtime.runtime_helpers import (
     ALIGN_REGIMES,
     BASE_REGIMES,
@@ -76,6 +76,23 @@ def test_wide_step_tasks_are_those_of_few_long_spans():
     # 17776: 17856 against 17792 keys; 192: 192 against 256; 1024: 1152 against 1024;
     # 576 + 1152: 1728 against 1792; five spans: too many; two short spans: 384 against 256
     assert got.tolist() == [True, True, True, False, False, True, False, True, False]
+
+
+def test_whole_span_tasks_are_one_span_over_all_their_rows():
+    """The host mirror of bsa_sm90.cu's whole_span_task: exactly one span, whose row
+    restriction covers the task's query rows [q_start, q_end)."""
+    spans = np.array([[0, 512, 0, 1 << 30],      # unrestricted
+                      [0, 512, 100, 228],        # exactly the second task's rows
+                      [0, 512, 101, 228],        # one row short
+                      [512, 640, 0, 1 << 30]], np.int32)
+    tasks = np.array([[0, 0, 0, 128, 0, 1, -1, 4],      # one unrestricted span
+                      [0, 0, 100, 228, 1, 2, -1, 4],    # restricted to its own rows: whole
+                      [0, 0, 100, 228, 2, 3, -1, 4],    # a row excluded
+                      [0, 0, 0, 128, 0, 2, -1, 5],      # two spans
+                      [0, 0, 0, 128, 3, 3, -1, 0],      # none
+                      [0, 0, 0, 128, 3, 4, -1, 1]], np.int32)
+    assert whole_span_tasks(tasks, spans).tolist() == [True, True, False, False, False, True]
+    assert whole_span_tasks(tasks[4:5], spans[:0]).tolist() == [False]
 
 
 def test_launch_order_puts_heavy_tasks_first_then_one_head_at_a_time():
