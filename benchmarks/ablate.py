@@ -6,11 +6,11 @@ back (staged span fields, one producer warp, the chunk's fields read after the i
 whole-span walk) or the softmax's (the warp's vote ahead of the row maxima's shuffles), or a
 shortcut measured and not kept (the thread index declared non-negative, no proxy fence after a
 stage lands, part of the exponentials on the FMA pipe, O's rescale between two issues, the issue
-turn passed before the chunk's word is read, that word read ahead of the issue). An ablated kernel
-may compute something else by design and is only timed; each plan's largest difference from the
-unchanged kernel's output is printed (0 for the choices, which change no result). ``--against``
-times plans of other regimes of the same mask in the same rounds (e.g. a CTA of four rings against
-three CTAs an SM of the same tiles).
+turn passed before the chunk's word is read, that word read ahead of the issue, the whole-span walk
+at head dim 128). An ablated kernel may compute something else by design and is only timed; each
+plan's largest difference from the unchanged kernel's output is printed (0 for the choices, which
+change no result). ``--against`` times plans of other regimes of the same mask in the same rounds
+(e.g. a CTA of four rings against three CTAs an SM of the same tiles).
 
     python3 benchmarks/ablate.py --shape wan-1.3b-480p --case dense --patch softmax,exp,pv,turns
     python3 benchmarks/ablate.py --shape cogvideox-5b --case topk64-10 \
@@ -82,6 +82,8 @@ _RESCALE = """#pragma unroll
 """
 _LAST_PV = ("      if (jt > 0) {  // the last chunk's P V (uniform: every thread walked the same "
             "spans)\n")
+
+_WHOLE_SPANS = "constexpr bool WHOLE_SPANS = STAGED_SPANS && D == 64;"
 
 # name -> (what it shows, ((source file, text, replacement), ...))
 PATCHES: dict[str, tuple[str, tuple[tuple[str, str, str], ...]]] = {
@@ -169,10 +171,19 @@ PATCHES: dict[str, tuple[str, tuple[tuple[str, str, str], ...]]] = {
                    (("bsa_sm90.cu", "        if (!prepare_first) prepare();\n"
                      "        pass_issue_turn(wg);",
                      "        pass_issue_turn(wg);\n        if (!prepare_first) prepare();"),)),
+    "whole-span-128": ("whole-span tasks walked by arithmetic at head dim 128 too (a second "
+                       "loop in every TMA variant)",
+                       (("bsa_sm90.cu", _WHOLE_SPANS,
+                         "constexpr bool WHOLE_SPANS = STAGED_SPANS;"),)),
+    # An upper bound, correct only where every task is a whole-span one (a dense mask).
+    "dense-walk": ("every task walked as a whole-span task, one loop (correct only for a dense "
+                   "mask's plan): what the sparse walk's per-chunk work costs there",
+                   (("bsa_sm90.cu", "template <bool WHOLE, int W> struct TaskWalkSel { using "
+                     "type = ConsumerWalkOf<W>; };", "template <bool WHOLE, int W> struct "
+                     "TaskWalkSel { using type = WholeSpanWalk<W>; };"),)),
     "no-whole-span": ("whole-span tasks read each chunk's word and clip its rows like every "
                       "other task (no WholeSpanWalk)",
-                      (("bsa_sm90.cu", "constexpr bool WHOLE_SPANS = STAGED_SPANS;",
-                        "constexpr bool WHOLE_SPANS = false;"),)),
+                      (("bsa_sm90.cu", _WHOLE_SPANS, "constexpr bool WHOLE_SPANS = false;"),)),
     # The softmax's choices (common.cuh), taken back.
     "shuffle-max": ("every chunk's row maxima through the quad shuffles, without the warp's "
                     "vote on its threads' own maxima first",
