@@ -83,7 +83,7 @@ _RESCALE = """#pragma unroll
 _LAST_PV = ("      if (jt > 0) {  // the last chunk's P V (uniform: every thread walked the same "
             "spans)\n")
 
-_WHOLE_SPANS = "constexpr bool WHOLE_SPANS = STAGED_SPANS && D == 64;"
+_WHOLE_SPANS = "constexpr bool WHOLE_SPANS = STAGED_SPANS && RINGS > 1 && D == 64;"
 
 # name -> (what it shows, ((source file, text, replacement), ...))
 PATCHES: dict[str, tuple[str, tuple[tuple[str, str, str], ...]]] = {
@@ -171,8 +171,8 @@ PATCHES: dict[str, tuple[str, tuple[tuple[str, str, str], ...]]] = {
                    (("bsa_sm90.cu", "        if (!prepare_first) prepare();\n"
                      "        pass_issue_turn(wg);",
                      "        pass_issue_turn(wg);\n        if (!prepare_first) prepare();"),)),
-    "whole-span-128": ("whole-span tasks walked by arithmetic at head dim 128 too (a second "
-                       "loop in every TMA variant)",
+    "whole-span-all": ("whole-span tasks walked by arithmetic in every TMA variant, not the "
+                       "rings' at head dim 64 only (a second loop in each)",
                        (("bsa_sm90.cu", _WHOLE_SPANS,
                          "constexpr bool WHOLE_SPANS = STAGED_SPANS;"),)),
     # An upper bound, correct only where every task is a whole-span one (a dense mask).

@@ -490,10 +490,11 @@ template <int W> using ConsumerWalkOf = typename ConsumerWalkSel<STAGED_SPANS, W
 // arithmetic instead of reading each chunk's word, and its bounds (INT_MIN / INT_MAX) fold the
 // rows' clip and the non-finite guard away: per chunk one shared-memory read, its decoding and
 // the restriction's compares fewer. The producer decides it per task and publishes it with the
-// index; the stages' words it writes anyway go unread. At head dim 64 only: there the second
-// loop buys 1.6-5% on dense and band masks; at 128, whose loop is twice the code, the kernel
-// with both loops runs 1.1-1.6% slower on every mask measured (docs/decisions.md).
-constexpr bool WHOLE_SPANS = STAGED_SPANS && D == 64;
+// index; the stages' words it writes anyway go unread. Only the rings at head dim 64 take it:
+// there the second loop buys 2.6-6.5% on dense and band masks and costs nothing on random
+// ones; every other variant measured runs slower with both loops, on sparse masks by 0.3-2.5%
+// (docs/decisions.md).
+constexpr bool WHOLE_SPANS = STAGED_SPANS && RINGS > 1 && D == 64;
 __device__ __forceinline__ bool whole_span_task(const int* spans, const Task& task) {
   if (!WHOLE_SPANS || task.span_end - task.span_begin != 1) return false;
   const int* f = spans + (i64)task.span_begin * SPAN_FIELDS;

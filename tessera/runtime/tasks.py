@@ -146,7 +146,7 @@ def wide_step_tasks(tasks: np.ndarray, spans: np.ndarray, block_n: int, wide_bn:
 
 
 def whole_span_tasks(tasks: np.ndarray, spans: np.ndarray) -> np.ndarray:
-    """Which tasks the sm90 TMA kernels at head dim 64 walk as whole-span tasks (bsa_sm90.cu
+    """Which tasks the sm90 rings at head dim 64 walk as whole-span tasks (bsa_sm90.cu
     ``whole_span_task``): one span whose row restriction covers the task's query rows, so its
     chunks need no per-chunk fields. The kernel decides this per task; this host mirror lets
     tests and statistics see the decision (host arrays in, bool out)."""

@@ -338,7 +338,7 @@ def test_wide_key_steps(dtype, monkeypatch):
     ("sm90_64x128_w8_s3", 128, False), ("sm90_64x64_w8_s3", 128, False)])
 def test_whole_span_tasks(name, d, wide, monkeypatch):
     """Whole-span tasks (one span over all of a tile's rows, walked without the chunks' staged
-    fields at head dim 64; at 128 the same launch takes the general walk) in one persistent
+    fields by the rings at head dim 64; other variants take the general walk) in one persistent
     launch with tasks of several spans and of restricted rows: spans
     ending inside a step, whose last chunk reads a key block no query selects that holds NaN
     keys and Inf / NaN values (masked, its V rows zeroed), GQA, a ragged end, several tasks a
