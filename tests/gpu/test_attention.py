@@ -392,6 +392,24 @@ def test_whole_span_tasks(name, d, wide, monkeypatch):
     assert np.abs(gl[fin] - ref_lse[fin]).max(initial=0) < 2e-2
 
 
+def test_a_launch_past_the_task_index_limit_is_refused(monkeypatch):
+    """A plan whose task indices (with a persistent grid's surplus tickets) would pass
+    launch.MAX_TASKS -- the sm90 producer packs an index and two flags into one int -- is
+    refused with a ValueError before anything is launched; one within it runs."""
+    import cupy as cp
+
+    m = tessera.BlockMask.from_dense(np.ones((1, 4, 4), bool), q_bounds=np.arange(0, 513, 128),
+                                     kv_bounds=np.arange(0, 513, 128))
+    rng = np.random.default_rng(5)
+    q, k, v = (cp.asarray(rng.standard_normal((1, 2, 512, 64)), dtype=cp.float16)
+               for _ in range(3))
+    p = tessera.plan(m, num_q_heads=2, head_dim=64, dtype="float16")
+    p.run(q, k, v)
+    monkeypatch.setattr(launch, "MAX_TASKS", p.launch_queue.num_tasks - 1)
+    with pytest.raises(ValueError, match="a launch takes at most"):
+        p.run(q, k, v)
+
+
 @pytest.mark.parametrize("block_m,block_n", [(128, 128), (128, 64), (64, 64), (192, 64)])
 @pytest.mark.parametrize("d", [64, 96, 128])
 def test_tma_copies_equal_cp_async(d, block_m, block_n, monkeypatch):
