@@ -7,10 +7,11 @@ whole-span walk) or the softmax's (the warp's vote ahead of the row maxima's shu
 shortcut measured and not kept (the thread index declared non-negative, no proxy fence after a
 stage lands, part of the exponentials on the FMA pipe, O's rescale between two issues, the issue
 turn passed before the chunk's word is read, that word read ahead of the issue, the whole-span walk
-at head dim 128). An ablated kernel may compute something else by design and is only timed; each
-plan's largest difference from the unchanged kernel's output is printed (0 for the choices, which
-change no result). ``--against`` times plans of other regimes of the same mask in the same rounds
-(e.g. a CTA of four rings against three CTAs an SM of the same tiles).
+beyond the rings, or for every task of a dense mask). An ablated kernel may compute something else
+by design and is only timed; each plan's largest difference from the unchanged kernel's output is
+printed (0 for the choices, which change no result). ``--against`` times plans of other regimes of
+the same mask in the same rounds (e.g. a CTA of four rings against three CTAs an SM of the same
+tiles).
 
     python3 benchmarks/ablate.py --shape wan-1.3b-480p --case dense --patch softmax,exp,pv,turns
     python3 benchmarks/ablate.py --shape cogvideox-5b --case topk64-10 \

@@ -1026,7 +1026,7 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
       }
     };
     const auto run_walk = [&](auto step) {
-      if (WHOLE_SPANS && whole) run_task(step, Flag<WHOLE_SPANS>{});
+      if (whole) run_task(step, Flag<WHOLE_SPANS>{});  // (false where WHOLE_SPANS is)
       else run_task(step, Flag<false>{});
     };
     if (wide) run_walk(Step<KV_ROWS>{});  // (KV_ROWS is BN without the wide step)

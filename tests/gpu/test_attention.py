@@ -339,10 +339,10 @@ def test_wide_key_steps(dtype, monkeypatch):
 def test_whole_span_tasks(name, d, wide, monkeypatch):
     """Whole-span tasks (one span over all of a tile's rows, walked without the chunks' staged
     fields by the rings at head dim 64; other variants take the general walk) in one persistent
-    launch with tasks of several spans and of restricted rows: spans
-    ending inside a step, whose last chunk reads a key block no query selects that holds NaN
-    keys and Inf / NaN values (masked, its V rows zeroed), GQA, a ragged end, several tasks a
-    CTA; against the float64 reference, every output written."""
+    launch with tasks of several spans and of restricted rows: spans ending inside a step, whose
+    last chunk reads a key block no query selects that holds NaN keys and Inf / NaN values
+    (masked, its V rows zeroed), GQA, a ragged end, several tasks a CTA; against the float64
+    reference, every output written."""
     import cupy as cp
 
     from tessera.runtime.queue import Task
