@@ -7,7 +7,7 @@ whole-span walk) or the softmax's (the warp's vote ahead of the row maxima's shu
 shortcut measured and not kept (the thread index declared non-negative, no proxy fence after a
 stage lands, part of the exponentials on the FMA pipe, O's rescale between two issues, the issue
 turn passed before the chunk's word is read, that word read ahead of the issue, the whole-span walk
-beyond the rings, or for every task of a dense mask). An ablated kernel may compute something else
+beyond the rings). An ablated kernel may compute something else
 by design and is only timed; each plan's largest difference from the unchanged kernel's output is
 printed (0 for the choices, which change no result). ``--against`` times plans of other regimes of
 the same mask in the same rounds (e.g. a CTA of four rings against three CTAs an SM of the same
@@ -84,7 +84,8 @@ _RESCALE = """#pragma unroll
 _LAST_PV = ("      if (jt > 0) {  // the last chunk's P V (uniform: every thread walked the same "
             "spans)\n")
 
-_WHOLE_SPANS = "constexpr bool WHOLE_SPANS = STAGED_SPANS && RINGS > 1 && D == 64;"
+_WHOLE_SPANS = ("constexpr bool WHOLE_SPANS = !WHOLE_TASKS && STAGED_SPANS && RINGS > 1 && "
+                "D == 64;")
 
 # name -> (what it shows, ((source file, text, replacement), ...))
 PATCHES: dict[str, tuple[str, tuple[tuple[str, str, str], ...]]] = {
@@ -175,13 +176,7 @@ PATCHES: dict[str, tuple[str, tuple[tuple[str, str, str], ...]]] = {
     "whole-span-all": ("whole-span tasks walked by arithmetic in every TMA variant, not the "
                        "rings' at head dim 64 only (a second loop in each)",
                        (("bsa_sm90.cu", _WHOLE_SPANS,
-                         "constexpr bool WHOLE_SPANS = STAGED_SPANS;"),)),
-    # An upper bound, correct only where every task is a whole-span one (a dense mask).
-    "dense-walk": ("every task walked as a whole-span task, one loop (correct only for a dense "
-                   "mask's plan): what the sparse walk's per-chunk work costs there",
-                   (("bsa_sm90.cu", "template <bool WHOLE, int W> struct TaskWalkSel { using "
-                     "type = ConsumerWalkOf<W>; };", "template <bool WHOLE, int W> struct "
-                     "TaskWalkSel { using type = WholeSpanWalk<W>; };"),)),
+                         "constexpr bool WHOLE_SPANS = !WHOLE_TASKS && STAGED_SPANS;"),)),
     "no-whole-span": ("whole-span tasks read each chunk's word and clip its rows like every "
                       "other task (no WholeSpanWalk)",
                       (("bsa_sm90.cu", _WHOLE_SPANS, "constexpr bool WHOLE_SPANS = false;"),)),

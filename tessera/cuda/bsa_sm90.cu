@@ -49,6 +49,10 @@
 //   TESSERA_PV_WAIT_ANCHOR 1: the softmax's exponentials issued before the wait for the
 //                    previous chunk's P V (order_wait_after), where ptxas otherwise moves the
 //                    wait ahead of them (variants.py says where it pays)
+//   TESSERA_WHOLE_TASKS 1 (producer variants of the span-by-span walk): every task of the plan
+//                    is a whole-span task (whole_span_task) -- a mask that selects every block,
+//                    which the plan checks (Regime.whole_spans) -- so the consumers walk all of
+//                    them by arithmetic in one loop
 //   TESSERA_WIDE_BN  (TMA producer only; 0: off) a wider key step for tasks whose few spans are
 //                    long: the producer takes a task of at most WIDE_SPANS spans at WIDE_BN
 //                    keys a step when that computes at most ~3% more padded keys than BN-key
@@ -494,7 +498,16 @@ template <int W> using ConsumerWalkOf = typename ConsumerWalkSel<STAGED_SPANS, W
 // there the second loop buys 2.6-6.5% on dense and band masks and costs nothing on random
 // ones; every other variant measured runs slower with both loops, on sparse masks by 0.3-2.5%
 // (docs/decisions.md).
-constexpr bool WHOLE_SPANS = STAGED_SPANS && RINGS > 1 && D == 64;
+#ifndef TESSERA_WHOLE_TASKS
+#define TESSERA_WHOLE_TASKS 0
+#endif
+// Every task whole-span (the plan's promise, Regime.whole_spans): one loop, every task walked by
+// arithmetic -- faster on dense masks than the sparse walk, where a second loop beside it costs
+// more than the walk gains outside the rings (docs/decisions.md).
+constexpr bool WHOLE_TASKS = TESSERA_WHOLE_TASKS != 0;
+static_assert(!WHOLE_TASKS || (TESSERA_PRODUCER && !TESSERA_PACK_KEYS),
+              "whole-span plans run the producer variants of the span-by-span walk");
+constexpr bool WHOLE_SPANS = !WHOLE_TASKS && STAGED_SPANS && RINGS > 1 && D == 64;
 __device__ __forceinline__ bool whole_span_task(const int* spans, const Task& task) {
   if (!WHOLE_SPANS || task.span_end - task.span_begin != 1) return false;
   const int* f = spans + (i64)task.span_begin * SPAN_FIELDS;
@@ -824,14 +837,14 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
   for (int n = 0;; ++n) {
     int ti = blockIdx.x;
     bool wide = false;  // the task's step: WIDE_BN keys, else BN (the producer's choice)
-    bool whole = false;  // a whole-span task (the producer's choice)
+    bool whole = WHOLE_TASKS;  // a whole-span task (the plan's promise or the producer's choice)
     const int qb = n % Q_BUFS;
     if constexpr (WS) {
       mbar_wait(q_full_bar + 8 * qb, (n / Q_BUFS) & 1);  // the task's index, and its Q
       const int word = task_slot[n & 1];
       ti = word >> 2;
       wide = WIDE && (word & 1);
-      whole = WHOLE_SPANS && (word & 2);
+      whole = WHOLE_TASKS || (WHOLE_SPANS && (word & 2));
       if (ti >= num_tasks()) break;
     } else if (n > 0) {
       break;
@@ -1026,7 +1039,8 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
       }
     };
     const auto run_walk = [&](auto step) {
-      if (whole) run_task(step, Flag<WHOLE_SPANS>{});  // (false where WHOLE_SPANS is)
+      // (one loop where neither is set, or where every task is whole-span: whole is constant)
+      if (whole) run_task(step, Flag<WHOLE_SPANS || WHOLE_TASKS>{});
       else run_task(step, Flag<false>{});
     };
     if (wide) run_walk(Step<KV_ROWS>{});  // (KV_ROWS is BN without the wide step)

@@ -64,7 +64,7 @@ class Variant:
     def bsa_sm90(cls, *, block_m: int, block_n: int, head_dim: int, stages: int,
                  bf16: bool, producer: bool = False, pack_keys: bool = False,
                  tma: bool = False, wide: bool = False, guard: bool = True,
-                 rings: int = 1) -> "Variant":
+                 rings: int = 1, whole_tasks: bool = False) -> "Variant":
         """The Hopper family (sm_90a only): 64 rows per consumer warpgroup, plus a producer
         warpgroup that does all copies when ``producer`` -- then with two Q buffers where they
         fit the sm_90 shared-memory limit (all but 128-row tiles with 128-key steps at head dim
@@ -80,9 +80,14 @@ class Variant:
         tasks.wide_step_tasks; see bsa_sm90.cu); other variants have no wide step and ignore
         it. ``guard``: as for bsa_sm80. ``rings`` (TMA producer, 64-row tiles): lone consumer
         warpgroups a CTA, each on its own tasks and stage ring fed by its own producer warp
-        (``TESSERA_RINGS``), one CTA an SM; two Q buffers each where they fit."""
+        (``TESSERA_RINGS``), one CTA an SM; two Q buffers each where they fit.
+        ``whole_tasks`` (Regime.whole_spans; producer variants of the span-by-span walk): every
+        task is one span over all its rows, walked by arithmetic in one loop
+        (``TESSERA_WHOLE_TASKS``): only for plans whose mask selects every block."""
         if tma and (not producer or pack_keys):
             raise ValueError("TMA copies are the producer's, for the span-by-span walk")
+        if whole_tasks and (not producer or pack_keys):
+            raise ValueError("whole_tasks needs the producer's span-by-span walk")
         if rings not in (1, 2, 3, 4) or (rings > 1 and not (tma and block_m == 64)):
             raise ValueError(f"rings must be 1, or 2-4 for the TMA producer's 64-row tiles, got "
                              f"{rings} ({block_m} rows, tma={tma})")
@@ -93,7 +98,7 @@ class Variant:
                   (("WIDE_BN", WIDE_BN), ("WIDE_SPANS", WIDE_SPANS), ("WIDE_SLACK", WIDE_SLACK))
                   if wide else ()) + (() if guard else (("GUARD", 0),)) + (
                   (("PV_WAIT_ANCHOR", 1),) if pv_wait_anchored(block_m, block_n, head_dim, tma)
-                  else ())
+                  else ()) + ((("WHOLE_TASKS", 1),) if whole_tasks else ())
         if not producer:
             return cls("bsa_sm90.cu", "bsa_fwd_sm90", macros)
         def ws(q_buffers: int, min_blocks: int, aligned: bool = False) -> "Variant":

@@ -27,7 +27,9 @@ from . import mapping
 from .device_planner import SyncFreePlan, plan_on_device
 from .mapping import PhysicalTiles, map_to_tiles
 from .queue import Span, Task, TaskQueue, records
-from .regime import ROW_GROUP, Regime, plan_may_split, plan_tasks_in_flight, selected_regime
+from .regime import (ROW_GROUP, Regime, plan_may_split, plan_tasks_in_flight, selected_regime,
+                     whole_span_pick)
+from .regime.heuristic import selects_every_block
 from .tasks import NEVER_SPLIT_RATIO, build_task_queue, head_assignments, heads_per_task
 
 __all__ = ["Plan", "PlanStats", "plan", "plan_selected"]
@@ -98,8 +100,10 @@ class Plan:
 
     @property
     def replannable(self) -> bool:
-        """Whether :meth:`replan` can take a new mask (a sync-free device plan)."""
-        return self.device_plan is not None and self.device_plan.relaunch is not None
+        """Whether :meth:`replan` can take a new mask (a sync-free device plan whose regime
+        holds for any mask: not ``whole_spans``, which holds for masks selecting every block)."""
+        return (self.device_plan is not None and self.device_plan.relaunch is not None
+                and not self.regime.whole_spans)
 
     def replan(self, block_mask: BlockMask) -> "Plan":
         """Plan ``block_mask``, a mask of this plan's geometry, into this plan's own buffers and
@@ -118,7 +122,8 @@ class Plan:
                             f"{type(block_mask).__name__}")
         if not self.replannable:
             raise ValueError("only a sync-free device plan can be replanned (this one was "
-                             "planned on the host, or may split tasks); plan the mask anew")
+                             "planned on the host, may split tasks, or runs whole spans); plan "
+                             "the mask anew")
         old = self.mask
         if block_mask is not old:
             if block_mask.xp is not old.xp:
@@ -333,6 +338,21 @@ def _plan(block_mask: BlockMask, num_q_heads: int, num_kv_heads: int | None, hea
             batch=batch, num_kv_heads=num_kv_heads, read_mask=not sync_free)
     if not isinstance(regime, Regime):
         raise TypeError(f"regime must be a tessera Regime, got {type(regime).__name__}")
+    if not given and not sync_free:
+        # A dense host mask's tasks are whole spans, which its kernel walks by arithmetic.
+        picked = whole_span_pick(regime, block_mask)
+        if picked is not regime:
+            regime, by_geometry = picked, False
+    elif regime.whole_spans:
+        # The kernel walks every task as one span over all its rows: true of a mask that
+        # selects every block (tests/runtime/test_plan.py), and of no other in general.
+        if sync_free:
+            raise ValueError(f"regime {regime.name} needs the mask's block count, a readback a "
+                             "sync-free plan cannot make; use regime.with_(whole_spans=False)")
+        if not selects_every_block(block_mask):
+            raise ValueError(f"regime {regime.name} runs masks that select every block only; "
+                             f"this one selects {block_mask.nnz} of "
+                             f"{int(np.prod(block_mask.shape, dtype=np.int64))}")
 
     # Planning for the current GPU (a device mask, or its architecture named): the split rule
     # may count the tasks it runs at once; a portable host plan (arch None) does not.

@@ -220,17 +220,21 @@ def test_sm90_wide_step_variant_compiles(bf16, tmp_path, monkeypatch):
 def _sm90_reachable():
     """Every sm90 kernel a plan on sm_90 can choose: the profiled candidates' and the
     heuristic's regimes (64- and 128-token query blocks, aligned and ragged keys) at each head
-    dim, with their TMA variant where the regime has one -- by macros, each once."""
+    dim, and what a dense host mask makes of each (whole_span_pick), with their TMA variant
+    where the regime has one -- by macros, each once."""
     import numpy as np
 
-    from tessera.runtime.regime import candidate_regimes
+    from tessera import BlockMask
+    from tessera.runtime.regime import candidate_regimes, whole_span_pick
 
     ragged = np.array([0, 64, 128, 144, 208, 272, 288])
+    dense = BlockMask.from_dense(np.ones((2, 2), bool), block_size=64)
     out = {}
     for d in HEAD_DIMS:
         regimes = list(candidate_regimes(d, 90)) + [
             default_regime(90, d, qb, kb) for qb in (64.0, 128.0) for kb in (None, ragged)] + (
             [SM90_ROWS192_D64] if d == 64 else [])  # (selection's pick for blocks of 192+)
+        regimes += [whole_span_pick(r, dense) for r in regimes]
         for r in regimes:
             if r.family != "sm90":
                 continue

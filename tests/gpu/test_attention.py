@@ -392,6 +392,65 @@ def test_whole_span_tasks(name, d, wide, monkeypatch):
     assert np.abs(gl[fin] - ref_lse[fin]).max(initial=0) < 2e-2
 
 
+@pytest.mark.parametrize("name,d,tma", [
+    ("sm90_128x128_w12_s3", 128, True), ("sm90_128x128_w12_s3", 128, False),
+    ("sm90_192x128_w16_s3", 64, True), ("sm90_192x128_w16_s3", 64, False),
+    ("sm90_64x64_w20_s3", 64, True), ("sm90_64x128_w8_s3", 128, True),
+    ("sm90_64x64_w8_s3", 64, True), ("sm90_128x128_w12_s3[wide_steps=True]", 64, True)])
+def test_plans_of_masks_selecting_every_block(name, d, tma, monkeypatch):
+    """Regime.whole_spans: every task walked as one span over all its rows (TESSERA_WHOLE_TASKS)
+    on masks that select every block -- variable blocks ending mid-step, a ragged end, GQA, two
+    batches, several tasks a CTA -- in both copy forms; against the float64 reference, every
+    output written, LSE too. A dense host mask's own plan takes the flag; a device mask's given
+    one is not replannable, and a mask leaving one block out is refused."""
+    import cupy as cp
+
+    from tessera.runtime.regime import regime_from_name
+    from tessera.runtime.tasks import whole_span_tasks
+
+    if _device_cc() != 90:
+        pytest.skip("the sm90 family runs on Hopper only")
+    monkeypatch.setattr(tessera.config, "persistent_grid_cap", 5)
+    monkeypatch.setattr(tessera.config, "use_tma", tma)
+    reg = regime_from_name(name).with_(combine_threshold=0.0, whole_spans=True)
+    rng = np.random.default_rng(d + reg.block_m + reg.num_warps + tma)
+    qs = np.r_[rng.integers(40, 300, size=5), 512, 20]
+    ks = np.r_[rng.integers(30, 400, size=7), 77]
+    m = tessera.BlockMask.from_dense(np.ones((2, qs.size, ks.size), bool),
+                                     q_bounds=np.r_[0, np.cumsum(qs)],
+                                     kv_bounds=np.r_[0, np.cumsum(ks)])
+    lq, lk = int(m.seq_len_q), int(m.seq_len_kv)
+    p = tessera.plan(m, num_q_heads=4, num_kv_heads=2, head_dim=d, dtype="float16", batch=2,
+                     regime=reg)
+    assert whole_span_tasks(p.queue.tasks, p.queue.spans).all()
+    q = rng.standard_normal((2, 4, lq, d)).astype(np.float16)
+    k, v = (rng.standard_normal((2, 2, lk, d)).astype(np.float16) for _ in range(2))
+    ref_out, ref_lse = reference.attention(q, k, v, m, return_lse=True)
+    monkeypatch.setattr(tessera.config, "poison_outputs", True)
+    out, lse = p.run(cp.asarray(q), cp.asarray(k), cp.asarray(v), return_lse=True)
+    got = _to_numpy(out).astype(np.float64)
+    assert not np.isnan(got).any(), "output has NaN (unwritten or broken)"
+    assert_rows_close(got, ref_out, "float16")
+    assert np.abs(_to_numpy(lse) - ref_lse).max() < 2e-2
+    # The same mask's own plan (host: the flag); on the device, given: no replan.
+    own = tessera.plan(m, num_q_heads=4, num_kv_heads=2, head_dim=d, dtype="float16", batch=2,
+                       arch=90)
+    assert own.regime.whole_spans
+    dm = tessera.BlockMask.from_dense(cp.ones((2, qs.size, ks.size), bool),
+                                      q_bounds=m.q_bounds, kv_bounds=m.kv_bounds)
+    dp = tessera.plan(dm, num_q_heads=4, num_kv_heads=2, head_dim=d, dtype="float16",
+                      batch=2, regime=reg)
+    assert not dp.replannable
+    out2 = dp.run(cp.asarray(q), cp.asarray(k), cp.asarray(v))
+    assert_rows_close(_to_numpy(out2).astype(np.float64), ref_out, "float16")
+    holes = cp.ones((2, qs.size, ks.size), bool)
+    holes[1, 2, 3] = False
+    with pytest.raises(ValueError, match="select every block only"):
+        tessera.plan(tessera.BlockMask.from_dense(holes, q_bounds=m.q_bounds,
+                                                  kv_bounds=m.kv_bounds),
+                     num_q_heads=4, num_kv_heads=2, head_dim=d, dtype="float16", regime=reg)
+
+
 def test_a_launch_past_the_task_index_limit_is_refused(monkeypatch):
     """A plan whose task indices (with a persistent grid's surplus tickets) would pass
     launch.MAX_TASKS -- the sm90 producer packs an index and two flags into one int -- is

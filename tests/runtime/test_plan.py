@@ -11,14 +11,17 @@ from hypothesis import strategies as st
 import tessera
 import tessera.cuda.device
 import tessera.runtime.regime.slots
-from tessera import BlockMask
+from tessera import BlockMask, Regime
 from tessera.runtime.queue import Task, records
+from tessera.runtime.tasks import whole_span_tasks
 from tests.runtime.runtime_helpers import (
     PLANNER_STAND_INS,
     TILE_128x64,
     brute_useful_pairs,
+    build_mask,
     check_emulation,
     check_queue,
+    geometries,
     random_qkv,
 )
 
@@ -166,6 +169,67 @@ def test_plans_for_the_current_gpu_split_only_what_its_slots_need(monkeypatch, s
     else:
         assert ref.queue.num_slots == 0 and records(ref.queue.tasks, Task).cost.max() == 60
     assert seen and set(seen) == {(90, 7)}  # asked for this GPU's SMs, never for the host plan
+
+
+# ---- masks that select every block: whole-span tasks ---------------------------------------
+# sm90 producer regimes of the span-by-span walk: 64-, 128- and 192-row tiles, rings, the wide
+# step, no GQA packing. (A dense mask's tasks all cost the same: none splits.)
+WHOLE_SPAN_REGIMES = [
+    Regime(family="sm90", block_m=128, num_warps=12, block_n=128, stages=3,
+           combine_threshold=0.0, whole_spans=True),
+    Regime(family="sm90", block_m=192, num_warps=16, block_n=128, stages=3,
+           combine_threshold=0.0, whole_spans=True),
+    Regime(family="sm90", block_m=64, num_warps=20, block_n=64, stages=3,
+           combine_threshold=0.0, whole_spans=True),
+    Regime(family="sm90", block_m=64, num_warps=8, block_n=128, stages=3,
+           combine_threshold=0.0, whole_spans=True),
+    Regime(family="sm90", block_m=128, num_warps=12, block_n=128, stages=3,
+           combine_threshold=0.0, wide_steps=True, whole_spans=True, pack_gqa=False),
+]
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), regime=st.sampled_from(WHOLE_SPAN_REGIMES),
+       shape=st.sampled_from([(1, 1, 1), (1, 4, 2), (2, 2, 2), (2, 8, 1)]))
+def test_a_mask_selecting_every_block_plans_whole_span_tasks(data, regime, shape):
+    """Regime.whole_spans rests on this: a mask that selects every block -- uniform, ragged or
+    variable blocks, any constructor, per-head or broadcast, GQA packing -- plans
+    tasks that are each one span over all their rows (the kernel's whole_span_task, mirrored by
+    tasks.whole_span_tasks), and the plan computes the reference attention."""
+    geo, n_q, n_kv = data.draw(geometries())
+    batch, hq, hkv = shape
+    n_mh = data.draw(st.sampled_from(sorted({1, hkv, hq})))
+    mask = build_mask(data.draw, np.ones((batch, n_mh, n_q, n_kv), bool), geo, n_kv)
+    plan = tessera.plan(mask, num_q_heads=hq, num_kv_heads=hkv, head_dim=64, regime=regime)
+    check_queue(plan)
+    queue = plan.queue
+    assert queue.tasks.shape[0] > 0
+    assert whole_span_tasks(queue.tasks, queue.spans).all()
+    if mask.seq_len_q * mask.seq_len_kv <= 200_000:
+        rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+        check_emulation(plan, mask, *random_qkv(rng, batch, hq, hkv, mask.seq_len_q,
+                                                mask.seq_len_kv), None)
+
+
+def test_a_dense_host_mask_takes_whole_spans_and_a_sparse_one_does_not():
+    """The plan's pick (selection.whole_span_pick): a host mask that selects every block runs
+    its selected sm90 regime with whole_spans at head dims 64 and 128, and says the mask decided
+    it; one block left out, another family, or a device-bound rule keeps the regime as selected."""
+    dense = np.ones((2, 6, 5), bool)
+    mask = BlockMask.from_dense(dense, block_size=128, seq_len_kv=600)
+    for d in (64, 128):
+        p = tessera.plan(mask, num_q_heads=2, head_dim=d, arch=90)
+        assert p.regime.whole_spans and not p.regime_by_geometry
+        assert whole_span_tasks(p.queue.tasks, p.queue.spans).all()
+    dense[1, 3, 2] = False
+    sparse = BlockMask.from_dense(dense, block_size=128, seq_len_kv=600)
+    assert not tessera.plan(sparse, num_q_heads=2, head_dim=128, arch=90).regime.whole_spans
+    assert not tessera.plan(mask, num_q_heads=2, head_dim=128, arch=80).regime.whole_spans
+    given_regime = tessera.plan(mask, num_q_heads=2, head_dim=128, regime=WHOLE_SPAN_REGIMES[0])
+    assert given_regime.regime_by_geometry  # a regime given holds for the geometry's masks
+    with pytest.raises(ValueError, match="runs masks that select every block only; this one "
+                                         "selects 59 of 60"):
+        tessera.plan(sparse, num_q_heads=2, head_dim=128, regime=WHOLE_SPAN_REGIMES[0])
 
 
 # ---- arguments refused by name --------------------------------------------------------------

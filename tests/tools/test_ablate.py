@@ -50,7 +50,7 @@ pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="NVRTC comes with th
 
 @pytest.mark.parametrize("name", ["anchor", "softmax+exp+pv+turns", "unstaged+producer-warps",
                                   "assume-tid+no-fence+exp-poly", "early-rescale",
-                                  "whole-span-all", "dense-walk"])
+                                  "whole-span-all", "no-whole-span"])
 def test_patched_kernel_builds(name, tmp_path, monkeypatch):
     from tessera.runtime.regime.heuristic import SM90_ROWS128
 

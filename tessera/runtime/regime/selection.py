@@ -51,7 +51,7 @@ from .table import TABLES_DIR, RegimeTable, gpu_slug
 from .value import Regime
 
 __all__ = ["use_table", "active_table", "select_regime", "selected_regime", "table_pick",
-           "heuristic_choice", "aligned_pick", "packed_pick", "planned_pick",
+           "heuristic_choice", "aligned_pick", "packed_pick", "planned_pick", "whole_span_pick",
            "selection_generation", "describe_table_in_use", "ring_rule_sm_count", "ENV_TABLE"]
 
 
@@ -385,6 +385,18 @@ def packed_pick(found: Regime, packs: bool) -> Regime:
     # A packed plan never splits its tasks: the profiled packed candidates carry the default
     # split policy, and the pick takes their name.
     return found.with_(pack_keys=True, split_ratio=Regime.split_ratio)
+
+
+def whole_span_pick(found: Regime, mask: Any) -> Regime:
+    """A selected regime as a plan of ``mask`` takes it: with ``whole_spans`` where ``mask`` is
+    a host mask that :func:`selects_every_block` (a dense layer) and the regime's kernel can
+    walk whole spans (an sm90 producer regime of the span-by-span walk, combine threshold 0,
+    plain tiles). A device mask keeps the regime: its count is a readback, which a request at
+    a model's shape never waits for."""
+    if (mask.on_device or found.whole_spans or not found.producer or found.pack_keys
+            or found.align_tiles or found.combine_threshold != 0):
+        return found
+    return found.with_(whole_spans=True) if selects_every_block(mask) else found
 
 
 def planned_pick(found: Regime, aligns: Callable[[], bool],

@@ -52,6 +52,11 @@ class Regime:
             other variants ignore it). Off by default: on the H200 it ran dense CogVideoX ~3%
             faster than without, random and spatial-temporal masks 3-8% slower (its stages
             hold 192 keys; docs/decisions.md).
+        whole_spans: sm90 producer regimes of the span-by-span walk, combine_threshold 0, no
+            align_tiles: for a mask that selects every block (a dense layer), whose every task
+            is then one span over all its rows; the kernel walks them by arithmetic, reading
+            no per-chunk fields. A plan checks the mask (``tessera.plan`` raises ValueError for
+            one that leaves a block out). The default for dense host masks on sm_90.
     """
 
     family: str = "sm80"
@@ -66,6 +71,7 @@ class Regime:
     pack_keys: bool = False
     align_tiles: bool = False
     wide_steps: bool = False
+    whole_spans: bool = False
 
     def __post_init__(self) -> None:
         if self.block_m % ROW_GROUP or self.block_m <= 0:
@@ -104,6 +110,13 @@ class Regime:
             raise ValueError("wide_steps needs the sm90 family's 128x128 tiles with the producer "
                              f"warpgroup, got {self.family}_{self.block_m}x{self.block_n} with "
                              f"{self.num_warps} warps")
+        if self.whole_spans and (not self.producer or self.pack_keys or self.align_tiles
+                                 or self.combine_threshold != 0):
+            raise ValueError("whole_spans needs an sm90 producer regime of the span-by-span walk "
+                             "(pack_keys False) with combine_threshold 0 and no align_tiles, got "
+                             f"{self.family}_{self.block_m}x{self.block_n}_w{self.num_warps} "
+                             f"pack_keys={self.pack_keys} align_tiles={self.align_tiles} "
+                             f"combine_threshold={self.combine_threshold}")
         if self.align_tiles and (self.combine_threshold != 0 or self.pack_keys):
             raise ValueError("align_tiles needs combine_threshold 0 and pack_keys False (its "
                              "tiles carry their own row restrictions)")
@@ -137,7 +150,8 @@ class Regime:
                                     head_dim=head_dim, stages=self.stages, bf16=bf16,
                                     producer=self.producer, pack_keys=self.pack_keys, tma=tma,
                                     wide=self.wide_steps, guard=self.restricts_rows,
-                                    rings=self.rings if tma else 1)
+                                    rings=self.rings if tma else 1,
+                                    whole_tasks=self.whole_spans)
         return Variant.bsa_sm80(block_m=self.block_m, block_n=self.block_n, head_dim=head_dim,
                                 num_warps=self.num_warps, stages=self.stages, bf16=bf16,
                                 guard=self.restricts_rows)

@@ -44,6 +44,29 @@ def test_pack_keys_needs_sm90_and_no_restricted_merges():
     assert "PACK_KEYS" not in dict(r.with_(pack_keys=False).variant(64).macros)
 
 
+def test_whole_spans_needs_the_producers_span_by_span_walk_on_plain_tiles():
+    """Regime.whole_spans: sm90 producer regimes with combine threshold 0, no packed keys and
+    no aligned tiles; its variant builds TESSERA_WHOLE_TASKS, in both copy forms."""
+    base = Regime(family="sm90", block_m=128, num_warps=12, block_n=128, stages=3,
+                  combine_threshold=0.0)
+    for bad in (dict(num_warps=8), dict(combine_threshold=0.3), dict(pack_keys=True),
+                dict(align_tiles=True)):
+        with pytest.raises(ValueError, match="whole_spans needs an sm90 producer regime"):
+            base.with_(whole_spans=True, **bad)
+    with pytest.raises(ValueError, match="whole_spans needs"):
+        Regime(combine_threshold=0.0, whole_spans=True)
+    w = base.with_(whole_spans=True)
+    assert w.name == "sm90_128x128_w12_s3[combine_threshold=0.0,whole_spans=True]"
+    assert R.regime_from_name(w.name) == w
+    for tma in (True, False):
+        assert dict(w.variant(128, tma=tma).macros)["WHOLE_TASKS"] == 1
+        assert "WHOLE_TASKS" not in dict(base.variant(128, tma=tma).macros)
+    from tessera.cuda.variants import Variant
+    with pytest.raises(ValueError, match="whole_tasks needs the producer"):
+        Variant.bsa_sm90(block_m=128, block_n=128, head_dim=128, stages=3, bf16=True,
+                         whole_tasks=True)
+
+
 def test_regime_names_parse_back():
     for d in (64, 128):
         for r in candidate_regimes(d, 90):
