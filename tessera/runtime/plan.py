@@ -340,7 +340,7 @@ def _plan(block_mask: BlockMask, num_q_heads: int, num_kv_heads: int | None, hea
         raise TypeError(f"regime must be a tessera Regime, got {type(regime).__name__}")
     if not given and not sync_free:
         # A dense host mask's tasks are whole spans, which its kernel walks by arithmetic.
-        picked = whole_span_pick(regime, block_mask)
+        picked = whole_span_pick(regime, block_mask, head_dim)
         if picked is not regime:
             regime, by_geometry = picked, False
     elif regime.whole_spans:

@@ -234,7 +234,7 @@ def _sm90_reachable():
         regimes = list(candidate_regimes(d, 90)) + [
             default_regime(90, d, qb, kb) for qb in (64.0, 128.0) for kb in (None, ragged)] + (
             [SM90_ROWS192_D64] if d == 64 else [])  # (selection's pick for blocks of 192+)
-        regimes += [whole_span_pick(r, dense) for r in regimes]
+        regimes += [whole_span_pick(r, dense, d) for r in regimes]
         for r in regimes:
             if r.family != "sm90":
                 continue

@@ -432,10 +432,12 @@ def test_plans_of_masks_selecting_every_block(name, d, tma, monkeypatch):
     assert not np.isnan(got).any(), "output has NaN (unwritten or broken)"
     assert_rows_close(got, ref_out, "float16")
     assert np.abs(_to_numpy(lse) - ref_lse).max() < 2e-2
-    # The same mask's own plan (host: the flag); on the device, given: no replan.
-    own = tessera.plan(m, num_q_heads=4, num_kv_heads=2, head_dim=d, dtype="float16", batch=2,
-                       arch=90)
-    assert own.regime.whole_spans
+    # A dense host mask's own plan takes the flag at head dim 128 (uniform blocks: variable
+    # ones take aligned tiles); on the device, given: no replan.
+    uniform = tessera.BlockMask.from_dense(np.ones((2, 8, 9), bool), block_size=128,
+                                           seq_len_kv=1100)
+    own = tessera.plan(uniform, num_q_heads=4, num_kv_heads=2, head_dim=d, arch=90)
+    assert own.regime.whole_spans == (d == 128)
     dm = tessera.BlockMask.from_dense(cp.ones((2, qs.size, ks.size), bool),
                                       q_bounds=m.q_bounds, kv_bounds=m.kv_bounds)
     dp = tessera.plan(dm, num_q_heads=4, num_kv_heads=2, head_dim=d, dtype="float16",

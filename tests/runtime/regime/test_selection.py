@@ -353,8 +353,8 @@ def test_heuristic_choice_is_the_selection_without_a_table():
 
 def test_a_dense_layer_at_head_dim_64_takes_192_row_tiles():
     """A host mask selecting every block (a dense layer) fills 192-row tiles at head dim 64 on
-    sm_90 whatever its block size, and its plan walks whole spans; one block short of that
-    keeps the 64-row tiles. Deciding it
+    sm_90 whatever its block size (at head dim 128 its plan walks whole spans); one block short
+    of that keeps the 64-row tiles. Deciding it
     reads the mask's count, so the answer is not one for the geometry. Head dim 128 and other
     GPUs are unchanged. (Device masks keep the 64-row tiles without reading anything back:
     tests/gpu/test_attention.py's sync-free requests.)"""
@@ -367,9 +367,8 @@ def test_a_dense_layer_at_head_dim_64_takes_192_row_tiles():
     assert R.heuristic.selects_every_block(dense) and not R.heuristic.selects_every_block(nearly)
     assert S.heuristic_choice(dense, 90, 64) == (R.heuristic.SM90_ROWS192_D64, True)
     assert S.heuristic_choice(nearly, 90, 64) == (R.heuristic.SM90_ROWS64_D64, True)
-    # The plan then walks its tasks as whole spans (selection.whole_span_pick), at 128 too.
-    assert plan90(dense, head_dim=64).regime == R.heuristic.SM90_ROWS192_D64.with_(
-        whole_spans=True)
+    assert plan90(dense, head_dim=64).regime == R.heuristic.SM90_ROWS192_D64
+    # At head dim 128 the plan walks its tasks as whole spans (selection.whole_span_pick).
     assert S.heuristic_choice(dense, 90, 128) == (R.heuristic.SM90_ROWS128, False)
     assert plan90(dense, head_dim=128).regime == R.heuristic.SM90_ROWS128.with_(whole_spans=True)
     assert not plan90(nearly, head_dim=128).regime.whole_spans
@@ -378,7 +377,6 @@ def test_a_dense_layer_at_head_dim_64_takes_192_row_tiles():
     small = np.arange(0, 40 * 64 + 1, 64)
     dense64 = BlockMask.from_dense(np.ones((2, 40, 40), bool), q_bounds=small, kv_bounds=small)
     assert S.heuristic_choice(dense64, 90, 64)[0].rings == 4
-    assert plan90(dense64, head_dim=64).regime.whole_spans
 
 
 
