@@ -258,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     import tessera
+    from tessera.cuda.device import device_cc
     from tessera.tools import peers
     from tessera.tools.bench import BURST, CASES
     from tessera.tools.timing import interleaved_ms
@@ -274,6 +275,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--against", default="",
                     help="Regime names, comma-separated outside brackets: their plans of the "
                          "same mask, timed in the same rounds")
+    ap.add_argument("--host-mask", action="store_true",
+                    help="plan a host copy of the mask (the general planner: a dense layer's "
+                         "whole spans, equal tasks' last wave filled) instead of the device "
+                         "mask a request plans without waiting")
     ap.add_argument("--heads", type=int,
                     help="query heads (default: the model's; fewer give each SM fewer tasks)")
     ap.add_argument("--rounds", type=int, default=8, help="timing rounds (default 8)")
@@ -321,7 +326,8 @@ def main(argv: list[str] | None = None) -> int:
         qb = c.bounds(w.seq_len)  # as bench pads 64-token cases
         length = int(qb[-1])
         blocks = torch.from_numpy(c.make(rng, heads, qb.size - 1)).cuda()
-        mask = tessera.BlockMask.from_dense(blocks, q_bounds=qb, kv_bounds=qb)
+        mask = tessera.BlockMask.from_dense(blocks.cpu().numpy() if args.host_mask else blocks,
+                                            q_bounds=qb, kv_bounds=qb)
         q, k, v = (torch.randn(1, heads, length, w.head_dim, device="cuda",
                                dtype=torch.bfloat16) for _ in range(3))
         flops = 4 * w.head_dim * int(mask.selected_pairs(1, heads).sum())
@@ -329,7 +335,8 @@ def main(argv: list[str] | None = None) -> int:
         for name in ["kernel", *patches, *against]:
             with _SourceOverride(sources.get(name, {})):
                 plan = tessera.plan(mask, num_q_heads=heads, head_dim=w.head_dim,
-                                    dtype="bfloat16", regime=against.get(name, regime))
+                                    dtype="bfloat16", regime=against.get(name, regime),
+                                    arch=device_cc() if args.host_mask else None)
                 calls[name] = (lambda p=plan: p.run(q, k, v))
                 outs[name] = calls[name]().float()
                 torch.cuda.synchronize()
@@ -349,7 +356,8 @@ def main(argv: list[str] | None = None) -> int:
                     outs[args.peer] = out.float()
         times = interleaved_ms(calls, rounds=args.rounds, reps=3, burst=BURST)
         base = statistics.median(times["kernel"])
-        print(f"\n{args.shape} ({heads} heads) {case}: {regime_name}, "
+        where = "host" if args.host_mask else "device"
+        print(f"\n{args.shape} ({heads} heads) {case}, {where} mask: {regime_name}, "
               f"median of {args.rounds} rounds")
         print(f"{'kernel':24s} {'ms':>8s} {'TF/s':>6s} {'speed':>6s} {'max diff':>9s}  rounds")
         for name in calls:

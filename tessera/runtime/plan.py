@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .._array import to_numpy
 from ..capture import capture_memory_if, stream_capturing
 from ..cuda.device import check_arch
 from ..dtypes import SUPPORTED_HEAD_DIMS, checked_dtype
@@ -30,7 +31,8 @@ from .queue import Span, Task, TaskQueue, records
 from .regime import (ROW_GROUP, Regime, plan_may_split, plan_tasks_in_flight, selected_regime,
                      whole_span_pick)
 from .regime.heuristic import selects_every_block
-from .tasks import NEVER_SPLIT_RATIO, build_task_queue, head_assignments, heads_per_task
+from .tasks import (NEVER_SPLIT_RATIO, build_task_queue, fill_last_wave, heads_per_task,
+                    task_groups)
 
 __all__ = ["Plan", "PlanStats", "plan", "plan_selected"]
 
@@ -179,14 +181,10 @@ class Plan:
     def task_assignments(self) -> np.ndarray:
         """Each queued task's (batch, head) assignment: its index in head_assignments' list, the
         group tasks.launch_keys orders by (from the task's batch and first query head)."""
-        a_b, a_h0, _ = head_assignments(
-            self.batch, self.num_q_heads, self.num_kv_heads, self.heads_per_task,
-            self.mask.batch_index(self.batch),
+        return task_groups(
+            to_numpy(self.queue.tasks), self.batch, self.num_q_heads,
+            self.num_kv_heads, self.heads_per_task, self.mask.batch_index(self.batch),
             self.mask.head_index(self.num_q_heads, self.num_kv_heads), self.mask.batch_heads[1])
-        index = np.full((self.batch, self.num_q_heads), -1, dtype=np.int64)
-        index[a_b, a_h0] = np.arange(a_b.size)
-        tasks = records(self.queue.tasks, Task)
-        return index[tasks.batch, tasks.q_head0]
 
     def computed_pairs(self) -> int:
         """(query, key) pairs the kernels evaluate: per span chunk, block_n keys for every row
@@ -396,6 +394,13 @@ def _plan(block_mask: BlockMask, num_q_heads: int, num_kv_heads: int | None, hea
                                      split_ratio=regime.split_ratio,
                                      min_split_chunks=regime.min_split_chunks,
                                      in_flight=in_flight, allow_split=allow_split)
+        if not regime.pack_keys and regime.split_ratio < NEVER_SPLIT_RATIO:
+            # Equal tasks whose last wave would run part-full end sooner cut into parts.
+            if isinstance(queue.tasks, np.ndarray):
+                groups = task_groups(queue.tasks, batch, num_q_heads, num_kv_heads, hp,
+                                     batch_of, head_of, block_mask.batch_heads[1])
+                queue = fill_last_wave(queue, groups, regime.block_n, in_flight,
+                                       regime.min_split_chunks)
         launch, exact = queue, (tiles, queue)
     p = Plan(mask=block_mask, regime=regime, batch=batch, num_q_heads=num_q_heads,
              num_kv_heads=num_kv_heads, head_dim=head_dim, head_dim_v=head_dim_v,

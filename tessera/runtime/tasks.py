@@ -4,11 +4,10 @@ into parts merged by the combine step, and the launch order."""
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-
-from typing import TYPE_CHECKING
 
 from .._array import array_module, offsets_from_counts, segment_ids, to_numpy
 from ..cuda.variants import ROW_GROUP, WIDE_SLACK, WIDE_SPANS
@@ -19,7 +18,8 @@ if TYPE_CHECKING:  # annotations only: the regime layer sits above this one
     from .regime import Regime
 
 __all__ = ["build_task_queue", "heads_per_task", "split_limit", "may_split", "tasks_lower_bound",
-           "wide_step_tasks", "whole_span_tasks", "launch_keys", "HEAVY_SHARE", "HEAVY_MEAN",
+           "wide_step_tasks", "whole_span_tasks", "launch_keys", "fill_last_wave",
+           "last_wave_parts", "task_groups", "SpanArrays", "HEAVY_SHARE", "HEAVY_MEAN",
            "NEVER_SPLIT_RATIO"]
 
 
@@ -46,6 +46,19 @@ def head_assignments(batch: int, num_q_heads: int, num_kv_heads: int, heads_per_
     bh = batch_of[b] * mask_heads + head_of[h0]
     order = np.argsort(bh, kind="stable")
     return b[order], h0[order], bh[order]
+
+
+def task_groups(tasks: np.ndarray, batch: int, num_q_heads: int, num_kv_heads: int,
+                heads_per_task: int, batch_of: np.ndarray, head_of: np.ndarray,
+                mask_heads: int) -> np.ndarray:
+    """Each host task's (batch, head) assignment: its index in :func:`head_assignments`' list,
+    the group :func:`launch_keys` orders by (found from the task's batch and first query
+    head; -1 for a pair that is no assignment)."""
+    a_b, a_h0, _ = head_assignments(batch, num_q_heads, num_kv_heads, heads_per_task,
+                                    batch_of, head_of, mask_heads)
+    index = np.full((batch, num_q_heads), -1, dtype=np.int64)
+    index[a_b, a_h0] = np.arange(a_b.size)
+    return index[tasks[:, Task.BATCH], tasks[:, Task.Q_HEAD0]]
 
 
 def split_limit(split_ratio: float, min_split_chunks: int, total_tasks: int, total_chunks: int,
@@ -209,7 +222,8 @@ def build_task_queue(tiles: PhysicalTiles, *, batch: int, num_q_heads: int, num_
         part_end = tiles.span_end[part_tile].astype(np.int64)
         part_cost = chunks[part_tile]
         st = xp.nonzero(split)[0]
-        k0, k1, r0, r1, pb, pe, pc = _cut_parts(tiles, st, parts[st], xp)
+        k0, k1, r0, r1, pb, pe, pc = _cut_parts(
+            tiles.span_begin[st], tiles.span_end[st], tiles.chunks[st], tiles, parts[st], xp)
         base = tiles.num_spans
         # Split tiles' parts sit at part_off[t] .. part_off[t] + parts[t] - 1, in order.
         sp_off = offsets_from_counts(parts[st], xp)
@@ -284,26 +298,114 @@ def build_task_queue(tiles: PhysicalTiles, *, batch: int, num_q_heads: int, num_
                      tile_rows=tiles.tile_rows)
 
 
-def _cut_parts(tiles: PhysicalTiles, which: Any, parts: Any, xp):
-    """Cut the span lists of tiles ``which`` into ``parts`` near-equal pieces by key chunks.
+@dataclass(frozen=True)
+class SpanArrays:
+    """A queue's span columns as :func:`_cut_parts` reads them (the tiles' have the same
+    names): key ranges ``k0``/``k1``, row restrictions ``r0``/``r1``, walked ``block_n`` keys a
+    step."""
+
+    k0: np.ndarray
+    k1: np.ndarray
+    r0: np.ndarray
+    r1: np.ndarray
+    block_n: int
+
+
+def last_wave_parts(num_tasks: int, in_flight: int, chunks: int, min_chunks: int
+                    ) -> tuple[int, int]:
+    """How :func:`fill_last_wave` cuts a queue of ``num_tasks`` equal tasks of ``chunks`` key
+    chunks each on a GPU running ``in_flight`` at once: ``(tail, parts)``, the last ``tail``
+    tasks (those of the last, part-full wave) each into ``parts`` pieces of at least
+    ``min_chunks`` chunks, so that the pieces fill that wave; ``(0, 1)`` where no cut shortens
+    it. The queue then ends after its full waves plus one piece, not one whole task: Wan-1.3B's
+    dense layer, 3,072 tasks on 132 SMs, ends after 23 1/3 task times instead of 24."""
+    if in_flight <= 0 or num_tasks <= 0 or chunks <= 0:
+        return 0, 1
+    tail = num_tasks % in_flight
+    if tail == 0:
+        return 0, 1
+    parts = min(in_flight // tail, chunks // max(int(min_chunks), 1))
+    if parts < 2:
+        return 0, 1
+    # As many parts as a step of ceil(chunks / parts) chunks gives: none of them empty.
+    step = -(-chunks // parts)
+    return tail, -(-chunks // step)
+
+
+def fill_last_wave(queue: TaskQueue, group: np.ndarray, block_n: int, in_flight: int,
+                   min_chunks: int) -> TaskQueue:
+    """``queue`` with its last wave filled: where every task costs the same (a mask selecting
+    every block, a band away from its ends) and the last wave of ``in_flight`` task slots would
+    run part-full, the last tasks in launch order are cut by key chunks into parts that fill
+    it (:func:`last_wave_parts`), each part writing a partial that the combine step merges.
+
+    Host queues of the span-by-span walk that split nothing else only (a packed walk's chunks
+    are not cut span by span; a device queue would need a readback to see its costs): any
+    other queue is returned as it is. ``group``: each task's (batch, head) assignment, which
+    its parts keep, for the launch order (:func:`launch_keys`): the tasks before the last wave
+    keep their places, the parts follow them, longest first within an assignment."""
+    tasks = queue.tasks
+    if (not isinstance(tasks, np.ndarray) or queue.num_slots or queue.count is not None
+            or tasks.shape[0] == 0):
+        return queue
+    cost = tasks[:, Task.COST]
+    if cost.min() != cost.max():
+        return queue
+    tail, parts = last_wave_parts(tasks.shape[0], in_flight, int(cost[0]), min_chunks)
+    if tail == 0:
+        return queue
+    head, cut = tasks[:-tail], tasks[-tail:]
+    sp = queue.spans
+    spans = SpanArrays(k0=sp[:, Span.K_START], k1=sp[:, Span.K_END], r0=sp[:, Span.R_START],
+                       r1=sp[:, Span.R_END], block_n=block_n)
+    k0, k1, r0, r1, pb, pe, pc = _cut_parts(
+        cut[:, Task.SPAN_BEGIN], cut[:, Task.SPAN_END], cut[:, Task.COST], spans,
+        np.full(tail, parts, np.int64), np)
+    base = sp.shape[0]
+    # Parts task-major: task i's parts are rows i * parts .. i * parts + parts - 1 and slots.
+    parted = np.repeat(cut, parts, axis=0)
+    parted[:, Task.SPAN_BEGIN] = pb + base
+    parted[:, Task.SPAN_END] = pe + base
+    parted[:, Task.SLOT] = np.arange(tail * parts)
+    parted[:, Task.COST] = pc
+    combine = stack_fields(Combine, {
+        Combine.BATCH: cut[:, Task.BATCH], Combine.Q_HEAD0: cut[:, Task.Q_HEAD0],
+        Combine.Q_START: cut[:, Task.Q_START], Combine.Q_END: cut[:, Task.Q_END],
+        Combine.SLOT_BEGIN: np.arange(tail) * parts, Combine.PARTS: np.full(tail, parts)}, np)
+    new_spans = np.concatenate([sp, stack_fields(Span, {
+        Span.K_START: k0, Span.K_END: k1, Span.R_START: r0, Span.R_END: r1}, np)])
+    tasks = np.concatenate([head, parted])
+    group = np.concatenate([group[:-tail], np.repeat(group[-tail:], parts)])
+    order = np.argsort(launch_keys(tasks[:, Task.COST], group, in_flight), kind="stable")
+    return TaskQueue(tasks=np.ascontiguousarray(tasks[order]),
+                     spans=np.ascontiguousarray(new_spans),
+                     combine=np.ascontiguousarray(combine), num_slots=tail * parts,
+                     heads_per_task=queue.heads_per_task, tile_rows=queue.tile_rows)
+
+
+def _cut_parts(span_begin: Any, span_end: Any, chunks: Any, spans: Any, parts: Any, xp):
+    """Cut span lists -- item i's spans are ``spans``' [span_begin[i], span_end[i]) and cost
+    ``chunks[i]`` key chunks -- into ``parts[i]`` near-equal pieces by key chunks. ``spans``:
+    span arrays ``k0``/``k1``/``r0``/``r1`` and the step ``block_n`` as attributes (the tiles',
+    or a queue's as :class:`SpanArrays`).
 
     Spans are cut at chunk boundaries, so every piece still starts a chunk where the kernel
-    would. Returns the new spans (k0, k1, r0, r1) and per part (tile-major, part order) its span
+    would. Returns the new spans (k0, k1, r0, r1) and per part (item-major, part order) its span
     range in the new list and its cost in chunks.
     """
-    bn = tiles.block_n
-    t_ns = (tiles.span_end[which] - tiles.span_begin[which]).astype(np.int64)
+    bn = spans.block_n
+    t_ns = (span_end - span_begin).astype(np.int64)
     ts_off = offsets_from_counts(t_ns, xp)
     n_ts = int(ts_off[-1])
-    ts_tile = segment_ids(ts_off, n_ts, xp)  # position in `which`
-    ts_src = tiles.span_begin[which][ts_tile].astype(np.int64) + (xp.arange(n_ts) - ts_off[ts_tile])
-    k0 = tiles.k0[ts_src].astype(np.int64)
-    k1 = tiles.k1[ts_src].astype(np.int64)
+    ts_tile = segment_ids(ts_off, n_ts, xp)  # the item of each span
+    ts_src = span_begin[ts_tile].astype(np.int64) + (xp.arange(n_ts) - ts_off[ts_tile])
+    k0 = spans.k0[ts_src].astype(np.int64)
+    k1 = spans.k1[ts_src].astype(np.int64)
     c = (k1 - k0 + bn - 1) // bn
     c_off = offsets_from_counts(c, xp)
-    cs = c_off[:-1] - c_off[ts_off[:-1]][ts_tile]  # first chunk of each span within its tile
+    cs = c_off[:-1] - c_off[ts_off[:-1]][ts_tile]  # first chunk of each span within its item
     ce = cs + c
-    step = (tiles.chunks[which].astype(np.int64) + parts - 1) // parts  # chunks per part
+    step = (chunks.astype(np.int64) + parts - 1) // parts  # chunks per part
     st = step[ts_tile]
     p_first = cs // st
     p_last = (ce - 1) // st
@@ -317,8 +419,8 @@ def _cut_parts(tiles: PhysicalTiles, which: Any, parts: Any, xp):
     base = k0[pc_span] - cs[pc_span] * bn
     new_k0 = base + pc_cs * bn
     new_k1 = xp.minimum(k1[pc_span], base + pc_ce * bn)
-    new_r0 = tiles.r0[ts_src][pc_span]
-    new_r1 = tiles.r1[ts_src][pc_span]
+    new_r0 = spans.r0[ts_src][pc_span]
+    new_r1 = spans.r1[ts_src][pc_span]
     part_off = offsets_from_counts(parts, xp)
     n_parts = int(part_off[-1])
     piece_part = part_off[:-1][ts_tile[pc_span]] + pc_part  # non-decreasing

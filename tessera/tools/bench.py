@@ -42,6 +42,7 @@ import numpy as np
 
 import tessera
 
+from ..cuda.device import device_cc
 from ..families.common import variable_bounds
 from ..runtime.regime import regime_from_name
 from . import bench_distributed, peers
@@ -118,7 +119,7 @@ def _family_blocks(shape: str, family: str, heads: int, seed: int = 0):
 
 def run(shapes: list[str], cases: list[str], reps: int = 20, flex: bool = True,
         batch: int = 1, heads: int | None = None, regime: Any = None,
-        rounds: int = 8, sdpa: bool = True) -> list[dict]:
+        rounds: int = 8, sdpa: bool = True, host_mask: bool = False) -> list[dict]:
     """Time every (shape, case); returns one dict of figures per pair. A case is a name of
     :data:`CASES` or of a mask family (:data:`tessera.tools.workloads.FAMILIES`). ``heads``
     (default: the model's) slices the model's query heads, e.g. to keep host-built family
@@ -126,7 +127,10 @@ def run(shapes: list[str], cases: list[str], reps: int = 20, flex: bool = True,
     every case. The kernels (Tessera's and the peers') are timed in ``rounds`` interleaved
     rounds (:func:`~tessera.tools.timing.interleaved_ms`; a row's ``rounds_ms`` lists them),
     the host-inclusive figures over ``reps`` timings each. ``sdpa=False`` leaves out the dense
-    SDPA baselines (each a hundred dense calls: the longest part of a run at 100k+ tokens)."""
+    SDPA baselines (each a hundred dense calls: the longest part of a run at 100k+ tokens).
+    ``host_mask``: Tessera plans a host copy of each mask (the general planner, as for a mask
+    built with numpy: a dense layer's whole-span walk, equal tasks' last wave filled) instead
+    of the device mask a request plans without waiting for the GPU."""
     if reps < 1 or rounds < 1:
         raise ValueError(f"reps and rounds must be at least 1, got reps={reps}, "
                          f"rounds={rounds}")
@@ -186,14 +190,19 @@ def run(shapes: list[str], cases: list[str], reps: int = 20, flex: bool = True,
                 host, qb, kb = _family_blocks(shape, case, h)
                 blocks = torch.from_numpy(host).cuda()
 
+            if host_mask:
+                blocks = blocks.cpu().numpy()
+
             def new_mask():
                 return tessera.BlockMask.from_dense(blocks, q_bounds=qb, kv_bounds=kb)
 
             m = new_mask()
             flops = 4 * d * int(m.selected_pairs(batch, h).sum())
-            p = tessera.plan(m, num_q_heads=h, head_dim=d, batch=batch, regime=regime)
+            arch = device_cc() if host_mask else None  # a host mask's plan for this GPU
+            p = tessera.plan(m, num_q_heads=h, head_dim=d, batch=batch, regime=regime,
+                             arch=arch)
             ours = p.run(q, k, v)
-            row = dict(shape=shape, case=case, density=round(m.density, 4),
+            row = dict(shape=shape, case=case, density=round(m.density, 4), host_mask=host_mask,
                        useful_tflop=flops / 1e12, regime=p.regime.name, stats=str(p.stats()))
             found = _peers(q, k, v, ours, m, new_mask, flex_fn, shape, case, row,
                            dense=case == "dense")
@@ -212,7 +221,8 @@ def run(shapes: list[str], cases: list[str], reps: int = 20, flex: bool = True,
             # The host-inclusive figures: one call alone, planning, requests.
             t_call = cuda_time_ms(lambda: p.run(q, k, v), reps)
             t_plan = cuda_time_ms(lambda: tessera.plan(new_mask(), num_q_heads=h, head_dim=d,
-                                                       batch=batch, regime=regime), reps)
+                                                       batch=batch, regime=regime, arch=arch),
+                                  reps)
             t_req = cuda_time_ms(lambda: tessera.attention(q, k, v, new_mask(), regime=regime),
                                  reps)
             # Back to back: BURST requests between synchronizations, as a model's layer loop
@@ -378,6 +388,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=8,
                     help="interleaved rounds timing the kernels, Tessera's and the peers' "
                          "(default 8)")
+    ap.add_argument("--host-mask", action="store_true",
+                    help="plan host copies of the masks (as numpy-built masks are planned)")
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--no-sdpa", action="store_true",
                     help="leave out the dense SDPA baselines (slow at 100k+ tokens)")
@@ -393,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
         if s not in WORKLOADS:
             ap.error(f"unknown shape {s!r}; choose from {', '.join(WORKLOADS)}")
     if args.distributed:
-        if args.family or args.regime or args.png:
+        if args.family or args.regime or args.png or args.host_mask:
             ap.error("--distributed takes --shape, --case, --reps and --json only")
         cases = args.case.split(",") if args.case else list(bench_distributed.DIST_CASES)
         return bench_distributed.main(shapes, cases, args.reps, args.json)
@@ -428,7 +440,8 @@ def main(argv: list[str] | None = None) -> int:
               "CPU emulator instead.")
         return 1
     rows = run(shapes, cases + families, args.reps, flex=not args.no_flex, heads=args.heads,
-               regime=regime, rounds=args.rounds, sdpa=not args.no_sdpa)
+               regime=regime, rounds=args.rounds, sdpa=not args.no_sdpa,
+               host_mask=args.host_mask)
     print(table(rows))
     print("regimes: " + "; ".join(f"{r['shape']} {r['case']}: {r['regime']}" for r in rows))
     if args.json:

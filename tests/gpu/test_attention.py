@@ -453,6 +453,45 @@ def test_plans_of_masks_selecting_every_block(name, d, tma, monkeypatch):
                      num_q_heads=4, num_kv_heads=2, head_dim=d, dtype="float16", regime=reg)
 
 
+@pytest.mark.parametrize("name,d,tma", [
+    ("sm90_128x128_w12_s3[combine_threshold=0.0,whole_spans=True]", 128, True),
+    ("sm90_128x128_w12_s3", 128, False),
+    ("sm90_192x128_w16_s3", 64, True), ("sm80_128x64_w4_s2", 64, False)])
+def test_a_filled_last_wave(name, d, tma, monkeypatch):
+    """tasks.fill_last_wave on the GPU: the equal tasks of a dense host mask (40, or 28 of 192
+    rows), fewer than the GPU's task slots, each cut by key chunks into parts (a ragged key end
+    in the last) whose partials the combine step merges; float64 reference, every output
+    written, the worst row, LSE."""
+    import cupy as cp
+
+    from tessera.runtime.queue import Task
+    from tessera.runtime.regime import regime_from_name
+
+    if _device_cc() != 90 and name.startswith("sm90"):
+        pytest.skip("the sm90 family runs on Hopper only")
+    monkeypatch.setattr(tessera.config, "use_tma", tma)
+    reg = regime_from_name(name).with_(combine_threshold=0.0, min_split_chunks=4)
+    m = tessera.BlockMask.from_dense(np.ones((1, 20, 40), bool), block_size=(128, 128),
+                                     seq_len_q=20 * 128 - 37, seq_len_kv=40 * 128 - 50)
+    lq, lk = int(m.seq_len_q), int(m.seq_len_kv)
+    p = tessera.plan(m, num_q_heads=2, head_dim=d, dtype="float16", regime=reg,
+                     arch=_device_cc())
+    if p.in_flight < 80:
+        pytest.skip(f"{p.in_flight} task slots: 40 tasks would fill over half of them")
+    # Every task (a tile for each head) cut: its parts all write partials.
+    assert p.queue.combine.shape[0] == 2 * p.tiles.num_tiles
+    assert (_to_numpy(p.queue.tasks)[:, Task.SLOT] >= 0).all()
+    rng = np.random.default_rng(d + reg.block_m)
+    q, k, v = (rng.standard_normal((1, 2, n, d)).astype(np.float16) for n in (lq, lk, lk))
+    ref_out, ref_lse = reference.attention(q, k, v, m, return_lse=True)
+    monkeypatch.setattr(tessera.config, "poison_outputs", True)
+    out, lse = p.run(cp.asarray(q), cp.asarray(k), cp.asarray(v), return_lse=True)
+    got = _to_numpy(out).astype(np.float64)
+    assert not np.isnan(got).any(), "output has NaN (unwritten or broken)"
+    assert_rows_close(got, ref_out, "float16")
+    assert np.abs(_to_numpy(lse) - ref_lse).max() < 2e-2
+
+
 def test_a_launch_past_the_task_index_limit_is_refused(monkeypatch):
     """A plan whose task indices (with a persistent grid's surplus tickets) would pass
     launch.MAX_TASKS -- the sm90 producer packs an index and two flags into one int -- is

@@ -13,7 +13,7 @@ import tessera.cuda.device
 import tessera.runtime.regime.slots
 from tessera import BlockMask, Regime
 from tessera.runtime.queue import Task, records
-from tessera.runtime.tasks import whole_span_tasks
+from tessera.runtime.tasks import NEVER_SPLIT_RATIO, whole_span_tasks
 from tests.runtime.runtime_helpers import (
     PLANNER_STAND_INS,
     TILE_128x64,
@@ -230,6 +230,44 @@ def test_a_dense_host_mask_takes_whole_spans_and_a_sparse_one_does_not():
     with pytest.raises(ValueError, match="runs masks that select every block only; this one "
                                          "selects 59 of 60"):
         tessera.plan(sparse, num_q_heads=2, head_dim=128, regime=WHOLE_SPAN_REGIMES[0])
+
+
+@pytest.mark.parametrize("regime,d", [(WHOLE_SPAN_REGIMES[0], 128), (WHOLE_SPAN_REGIMES[1], 64),
+                                       (TILE_128x64, 64)])
+def test_equal_tasks_fill_the_last_wave(monkeypatch, regime, d):
+    """Planning for a GPU of 8 task slots, 2 x 2 heads of 5 equal tiles (20 tasks: two full
+    waves and 4 over) cut their last 4 tasks into 2 parts each that the combine step merges
+    (tasks.fill_last_wave); every part keeps its tile's rows (a whole span, where the regime
+    walks them so), and the plan computes the reference. One block left out makes the tasks
+    unequal; a never-split regime and a portable plan (no slots known) keep every task whole."""
+    monkeypatch.setattr(tessera.cuda.device, "device_arch", lambda: 90)
+    monkeypatch.setattr(tessera.cuda.device, "device_sm_count", lambda: 8)
+    monkeypatch.setattr(tessera.runtime.regime.slots, "_device_tasks_in_flight",
+                        lambda *args: 8)
+    dense = np.ones((2, 2, 5, 9), bool)
+    mask = BlockMask.from_dense(dense, block_size=(regime.block_m, 64), seq_len_q=5 * regime.block_m - 7,
+                                seq_len_kv=9 * 64 - 20)
+    r = regime.with_(min_split_chunks=2)
+    p = tessera.plan(mask, num_q_heads=2, head_dim=d, batch=2, regime=r, arch=90)
+    check_queue(p)
+    t = records(p.queue.tasks, Task)
+    assert p.queue.combine.shape[0] == 4 and p.queue.num_slots == 8
+    assert (t.slot[:16] == -1).all() and (t.slot[16:] >= 0).all() and len(t) == 24
+    assert t.cost[:16].tolist() == [p.tiles.chunks[0]] * 16
+    assert t.cost[16:].sum() == 4 * p.tiles.chunks[0]
+    if r.whole_spans:
+        assert whole_span_tasks(p.queue.tasks, p.queue.spans).all()
+    rng = np.random.default_rng(11)
+    check_emulation(p, mask, *random_qkv(rng, 2, 2, 2, mask.seq_len_q, mask.seq_len_kv, d), None)
+    dense[1, 0, 2, :5] = False  # one tile with fewer key chunks
+    uneven = BlockMask.from_dense(dense, block_size=(regime.block_m, 64),
+                                  seq_len_q=mask.seq_len_q, seq_len_kv=mask.seq_len_kv)
+    assert tessera.plan(uneven, num_q_heads=2, head_dim=d, batch=2,
+                        regime=r.with_(whole_spans=False), arch=90).queue.num_slots == 0
+    never = r.with_(split_ratio=NEVER_SPLIT_RATIO)
+    assert tessera.plan(mask, num_q_heads=2, head_dim=d, batch=2, regime=never,
+                        arch=90).queue.num_slots == 0
+    assert tessera.plan(mask, num_q_heads=2, head_dim=d, batch=2, regime=r).queue.num_slots == 0
 
 
 # ---- arguments refused by name --------------------------------------------------------------

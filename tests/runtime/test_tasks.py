@@ -7,7 +7,12 @@ import numpy as np
 from hypothesis import given, settings
 
 from tessera.runtime.queue import Combine, Task, records
-from tessera.runtime.tasks import launch_keys, wide_step_tasks, whole_span_tasks
+from tessera.runtime.tasks import (
+    last_wave_parts,
+    launch_keys,
+    wide_step_tasks,
+    whole_span_tasks,
+)
 from tests.runtime.runtime_helpers import (
     ALIGN_REGIMES,
     BASE_REGIMES,
@@ -133,3 +138,24 @@ def test_may_split_rule():
     assert may_split(4.0, 10**6, 0)
     assert may_split(4.0, 16 * 132 - 1, 132)
     assert not may_split(4.0, 16 * 132, 132)
+
+
+def test_last_wave_parts_fill_the_last_wave_with_non_empty_parts():
+    """The last wave's tasks are cut into as many parts as fill it (each of at least the least
+    chunks), never into empty parts, and nothing is cut where the waves are full, where more
+    than half the last wave is busy, or where parts would be too short."""
+    assert last_wave_parts(3072, 132, 256, 16) == (36, 3)  # Wan-1.3B dense: 23 waves + 36
+    assert last_wave_parts(3036, 132, 253, 16) == (0, 1)  # 23 full waves
+    assert last_wave_parts(3036 + 100, 132, 256, 16) == (0, 1)  # 100 of 132 busy: one part
+    assert last_wave_parts(40, 132, 64, 16) == (40, 3)  # one part-full wave: every task cut
+    assert last_wave_parts(40, 132, 31, 16) == (0, 1)  # parts would be under 16 chunks
+    assert last_wave_parts(23640, 132, 591, 16) == (12, 11)
+    for bad in ((0, 132, 256), (100, 0, 256), (100, 132, 0)):
+        assert last_wave_parts(*bad, 16) == (0, 1)
+    for chunks in range(1, 300):
+        for slots, tasks in ((132, 10), (132, 40), (7, 9), (16, 1)):
+            tail, parts = last_wave_parts(tasks, slots, chunks, 2)
+            if tail:
+                step = -(-chunks // parts)
+                assert parts >= 2 and (parts - 1) * step < chunks  # the last part not empty
+                assert tail * parts <= slots and chunks // parts >= 2
