@@ -339,15 +339,17 @@ def fill_last_wave(queue: TaskQueue, group: np.ndarray, block_n: int, in_flight:
     run part-full, the last tasks in launch order are cut by key chunks into parts that fill
     it (:func:`last_wave_parts`), each part writing a partial that the combine step merges.
 
-    Host queues of the span-by-span walk that split nothing else only (a packed walk's chunks
-    are not cut span by span; a device queue would need a readback to see its costs): any
-    other queue is returned as it is. ``group``: each task's (batch, head) assignment, which
-    its parts keep, for the launch order (:func:`launch_keys`): the tasks before the last wave
-    keep their places, the parts follow them, longest first within an assignment."""
-    tasks = queue.tasks
-    if (not isinstance(tasks, np.ndarray) or queue.num_slots or queue.count is not None
-            or tasks.shape[0] == 0):
+    Queues of the span-by-span walk (a packed walk's chunks are not cut span by span) that
+    split nothing else, with exact arrays: on the host, or a device planner's that synchronized
+    already (its costs are read back; a sync-free queue, whose task count only the device
+    knows, is returned as it is, as is any other). ``group``: each task's (batch, head)
+    assignment (host), which its parts keep, for the launch order (:func:`launch_keys`): the
+    tasks before the last wave keep their places, the parts follow them, longest first within
+    an assignment. The result's arrays are in the queue's array module."""
+    if queue.num_slots or queue.count is not None or queue.tasks.shape[0] == 0:
         return queue
+    xp = array_module(queue.tasks)
+    tasks = to_numpy(queue.tasks)
     cost = tasks[:, Task.COST]
     if cost.min() != cost.max():
         return queue
@@ -355,7 +357,7 @@ def fill_last_wave(queue: TaskQueue, group: np.ndarray, block_n: int, in_flight:
     if tail == 0:
         return queue
     head, cut = tasks[:-tail], tasks[-tail:]
-    sp = queue.spans
+    sp = to_numpy(queue.spans)
     spans = SpanArrays(k0=sp[:, Span.K_START], k1=sp[:, Span.K_END], r0=sp[:, Span.R_START],
                        r1=sp[:, Span.R_END], block_n=block_n)
     k0, k1, r0, r1, pb, pe, pc = _cut_parts(
@@ -377,9 +379,9 @@ def fill_last_wave(queue: TaskQueue, group: np.ndarray, block_n: int, in_flight:
     tasks = np.concatenate([head, parted])
     group = np.concatenate([group[:-tail], np.repeat(group[-tail:], parts)])
     order = np.argsort(launch_keys(tasks[:, Task.COST], group, in_flight), kind="stable")
-    return TaskQueue(tasks=np.ascontiguousarray(tasks[order]),
-                     spans=np.ascontiguousarray(new_spans),
-                     combine=np.ascontiguousarray(combine), num_slots=tail * parts,
+    return TaskQueue(tasks=xp.asarray(np.ascontiguousarray(tasks[order])),
+                     spans=xp.asarray(np.ascontiguousarray(new_spans)),
+                     combine=xp.asarray(np.ascontiguousarray(combine)), num_slots=tail * parts,
                      heads_per_task=queue.heads_per_task, tile_rows=queue.tile_rows)
 
 
