@@ -502,8 +502,8 @@ template <int W> using ConsumerWalkOf = typename ConsumerWalkSel<STAGED_SPANS, W
 #define TESSERA_WHOLE_TASKS 0
 #endif
 // Every task whole-span (the plan's promise, Regime.whole_spans): one loop, every task walked by
-// arithmetic -- Wan's dense layer (head dim 128) 1.4-1.7% faster than by the sparse walk, where
-// a second loop beside it costs more than the walk gains outside the rings (docs/decisions.md).
+// arithmetic -- Wan's dense layer (head dim 128) 1.0% faster than by the sparse walk, where a
+// second loop beside it costs more than the walk gains outside the rings (docs/decisions.md).
 constexpr bool WHOLE_TASKS = TESSERA_WHOLE_TASKS != 0;
 static_assert(!WHOLE_TASKS || (TESSERA_PRODUCER && !TESSERA_PACK_KEYS),
               "whole-span plans run the producer variants of the span-by-span walk");

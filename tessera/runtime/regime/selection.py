@@ -391,10 +391,10 @@ def whole_span_pick(found: Regime, mask: Any, head_dim: int) -> Regime:
     """A selected regime as a plan of ``mask`` takes it: with ``whole_spans`` where ``mask`` is
     a host mask that :func:`selects_every_block` (a dense layer), at head dim 128, and the
     regime's kernel can walk whole spans (an sm90 producer regime of the span-by-span walk,
-    combine threshold 0, plain tiles). Wan's dense layer ran 1.014-1.017x faster so; at head
-    dim 64 (192-row tiles, rings) it measured 0.998-1.003x, not worth a kernel to build
-    (docs/decisions.md). A device mask keeps the regime: its count is a readback, which a
-    request at a model's shape never waits for."""
+    combine threshold 0, plain tiles). Wan's dense layer ran 1.010x faster so; at head dim 64
+    the 192-row tiles measured 0.997-1.009x, not worth a kernel to build (docs/decisions.md).
+    A device mask keeps the regime: its count is a readback, which a request at a model's
+    shape never waits for."""
     if (head_dim != 128 or mask.on_device or found.whole_spans or not found.producer
             or found.pack_keys or found.align_tiles or found.combine_threshold != 0):
         return found
