@@ -392,6 +392,22 @@ def test_whole_span_tasks(name, d, wide, monkeypatch):
     assert np.abs(gl[fin] - ref_lse[fin]).max(initial=0) < 2e-2
 
 
+def _poisoned_run_matches_reference(p, m, q, k, v, monkeypatch):
+    """Run plan ``p`` of mask ``m`` on host fp16 ``q, k, v`` with poisoned outputs: every
+    element written, every row within fp16's tolerance of the float64 reference, the LSE
+    too. Returns the reference output."""
+    import cupy as cp
+
+    ref_out, ref_lse = reference.attention(q, k, v, m, return_lse=True)
+    monkeypatch.setattr(tessera.config, "poison_outputs", True)
+    out, lse = p.run(cp.asarray(q), cp.asarray(k), cp.asarray(v), return_lse=True)
+    got = _to_numpy(out).astype(np.float64)
+    assert not np.isnan(got).any(), "output has NaN (unwritten or broken)"
+    assert_rows_close(got, ref_out, "float16")
+    assert np.abs(_to_numpy(lse) - ref_lse).max() < 2e-2
+    return ref_out
+
+
 @pytest.mark.parametrize("name,d,tma", [
     ("sm90_128x128_w12_s3", 128, True), ("sm90_128x128_w12_s3", 128, False),
     ("sm90_192x128_w16_s3", 64, True), ("sm90_192x128_w16_s3", 64, False),
@@ -425,13 +441,7 @@ def test_plans_of_masks_selecting_every_block(name, d, tma, monkeypatch):
     assert whole_span_tasks(p.queue.tasks, p.queue.spans).all()
     q = rng.standard_normal((2, 4, lq, d)).astype(np.float16)
     k, v = (rng.standard_normal((2, 2, lk, d)).astype(np.float16) for _ in range(2))
-    ref_out, ref_lse = reference.attention(q, k, v, m, return_lse=True)
-    monkeypatch.setattr(tessera.config, "poison_outputs", True)
-    out, lse = p.run(cp.asarray(q), cp.asarray(k), cp.asarray(v), return_lse=True)
-    got = _to_numpy(out).astype(np.float64)
-    assert not np.isnan(got).any(), "output has NaN (unwritten or broken)"
-    assert_rows_close(got, ref_out, "float16")
-    assert np.abs(_to_numpy(lse) - ref_lse).max() < 2e-2
+    ref_out = _poisoned_run_matches_reference(p, m, q, k, v, monkeypatch)
     # A dense host mask's own plan takes the flag at head dim 128 (uniform blocks: variable
     # ones take aligned tiles); on the device, given: no replan.
     uniform = tessera.BlockMask.from_dense(np.ones((2, 8, 9), bool), block_size=128,
@@ -462,8 +472,6 @@ def test_a_filled_last_wave(name, d, tma, monkeypatch):
     rows), fewer than the GPU's task slots, each cut by key chunks into parts (a ragged key end
     in the last) whose partials the combine step merges; float64 reference, every output
     written, the worst row, LSE."""
-    import cupy as cp
-
     from tessera.runtime.queue import Task
     from tessera.runtime.regime import regime_from_name
 
@@ -483,13 +491,7 @@ def test_a_filled_last_wave(name, d, tma, monkeypatch):
     assert (_to_numpy(p.queue.tasks)[:, Task.SLOT] >= 0).all()
     rng = np.random.default_rng(d + reg.block_m)
     q, k, v = (rng.standard_normal((1, 2, n, d)).astype(np.float16) for n in (lq, lk, lk))
-    ref_out, ref_lse = reference.attention(q, k, v, m, return_lse=True)
-    monkeypatch.setattr(tessera.config, "poison_outputs", True)
-    out, lse = p.run(cp.asarray(q), cp.asarray(k), cp.asarray(v), return_lse=True)
-    got = _to_numpy(out).astype(np.float64)
-    assert not np.isnan(got).any(), "output has NaN (unwritten or broken)"
-    assert_rows_close(got, ref_out, "float16")
-    assert np.abs(_to_numpy(lse) - ref_lse).max() < 2e-2
+    _poisoned_run_matches_reference(p, m, q, k, v, monkeypatch)
 
 
 def test_a_launch_past_the_task_index_limit_is_refused(monkeypatch):
