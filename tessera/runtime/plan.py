@@ -397,8 +397,10 @@ def _plan(block_mask: BlockMask, num_q_heads: int, num_kv_heads: int | None, hea
         if not regime.pack_keys and regime.split_ratio < NEVER_SPLIT_RATIO:
             # Equal tasks whose last wave would run part-full end sooner cut into parts.
             # (A device planner's queue here synchronized already: its costs are read back.)
-            groups = task_groups(to_numpy(queue.tasks), batch, num_q_heads, num_kv_heads, hp,
-                                 batch_of, head_of, block_mask.batch_heads[1])
+            def groups(tasks: np.ndarray) -> np.ndarray:
+                return task_groups(tasks, batch, num_q_heads, num_kv_heads, hp, batch_of,
+                                   head_of, block_mask.batch_heads[1])
+
             queue = fill_last_wave(queue, groups, regime.block_n, in_flight,
                                    regime.min_split_chunks)
         launch, exact = queue, (tiles, queue)

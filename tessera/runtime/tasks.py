@@ -5,7 +5,7 @@ into parts merged by the combine step, and the launch order."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -332,8 +332,8 @@ def last_wave_parts(num_tasks: int, in_flight: int, chunks: int, min_chunks: int
     return tail, -(-chunks // step)
 
 
-def fill_last_wave(queue: TaskQueue, group: np.ndarray, block_n: int, in_flight: int,
-                   min_chunks: int) -> TaskQueue:
+def fill_last_wave(queue: TaskQueue, groups: Callable[[np.ndarray], np.ndarray], block_n: int,
+                   in_flight: int, min_chunks: int) -> TaskQueue:
     """``queue`` with its last wave filled: where every task costs the same (a mask selecting
     every block, a band away from its ends) and the last wave of ``in_flight`` task slots would
     run part-full, the last tasks in launch order are cut by key chunks into parts that fill
@@ -342,20 +342,23 @@ def fill_last_wave(queue: TaskQueue, group: np.ndarray, block_n: int, in_flight:
     Queues of the span-by-span walk (a packed walk's chunks are not cut span by span) that
     split nothing else, with exact arrays: on the host, or a device planner's that synchronized
     already (its costs are read back; a sync-free queue, whose task count only the device
-    knows, is returned as it is, as is any other). ``group``: each task's (batch, head)
-    assignment (host), which its parts keep, for the launch order (:func:`launch_keys`): the
-    tasks before the last wave keep their places, the parts follow them, longest first within
-    an assignment. The result's arrays are in the queue's array module."""
+    knows, is returned as it is, as is any other). ``groups`` maps host tasks to their (batch,
+    head) assignments (:func:`task_groups`), which the parts keep, for the launch order
+    (:func:`launch_keys`): the tasks before the last wave keep their places, the parts follow
+    them, longest first within an assignment. The result's arrays are in the queue's array
+    module; only a queue that is cut is copied to the host."""
     if queue.num_slots or queue.count is not None or queue.tasks.shape[0] == 0:
         return queue
     xp = array_module(queue.tasks)
-    tasks = to_numpy(queue.tasks)
-    cost = tasks[:, Task.COST]
-    if cost.min() != cost.max():
+    cost = queue.tasks[:, Task.COST]
+    lo, hi = (int(x) for x in to_numpy(xp.stack([cost.min(), cost.max()])))
+    if lo != hi:
         return queue
-    tail, parts = last_wave_parts(tasks.shape[0], in_flight, int(cost[0]), min_chunks)
+    tail, parts = last_wave_parts(queue.tasks.shape[0], in_flight, lo, min_chunks)
     if tail == 0:
         return queue
+    tasks = to_numpy(queue.tasks)
+    group = groups(tasks)
     head, cut = tasks[:-tail], tasks[-tail:]
     sp = to_numpy(queue.spans)
     spans = SpanArrays(k0=sp[:, Span.K_START], k1=sp[:, Span.K_END], r0=sp[:, Span.R_START],
