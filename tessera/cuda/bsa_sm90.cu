@@ -16,10 +16,7 @@
 //   TESSERA_BM       rows per task, 64 per warpgroup (192, three warpgroups: producer only)
 //   TESSERA_BN       keys per step: 64 or 128 (a width wgmma.cuh instantiates)
 //   TESSERA_D        head dim: 64, 96 or 128
-//   TESSERA_STAGES   K/V stages (>= 3: chunk j computes, j-1's V is read, STAGES-2 load ahead;
-//                    2, TMA producer of one ring only: split stages, K and V each landing and
-//                    freed on barriers of their own, so K_{j+1} loads into the stage whose V_{j-1}
-//                    the pipelined P V still reads -- two stages of wider steps, see SPLIT_KV)
+//   TESSERA_STAGES   K/V stages (>= 3: chunk j computes, j-1's V is read, STAGES-2 load ahead)
 //   TESSERA_BF16     1: bfloat16, 0: float16
 //   TESSERA_PRODUCER 1: warp-specialized and persistent (a producer warpgroup copies, consumers
 //                    compute, with register reallocation and strictly alternating consumer
@@ -140,18 +137,7 @@ static_assert(Q_BUFS == 1 || (Q_BUFS == 2 && WS), "two Q buffers need the produc
 static_assert(BM % 64 == 0 && BM >= 64, "64 rows per warpgroup");
 static_assert(BN % 64 == 0, "BN must be a multiple of 64");
 static_assert(D == 64 || D == 96 || D == 128, "head dim 64, 96 or 128");
-// Split stages (two of them): the stage of chunk j+1 is chunk j-1's, whose K is free once S_{j-1}
-// is done (a chunk earlier than its V, which P_{j-1} V_{j-1} reads during chunk j). With K and V
-// each on a full and an empty barrier of its own, K_{j+1} loads while V_{j-1} is still read and
-// V_{j+1} once that product is done, a chunk before it is needed: the depth three stages of one
-// barrier pair give, in two stages' shared memory -- room for 192-key steps at head dim 128
-// beside a 128-row Q (225 KB), whose fixed per-step costs (waits, issue turns, the running
-// max's shuffles, O's rescale) then spread over 1.5x the keys.
-constexpr bool SPLIT_KV = STAGES == 2;
-static_assert(STAGES >= 3 || (SPLIT_KV && TESSERA_TMA && TESSERA_PRODUCER && RINGS == 1 &&
-                              TESSERA_WIDE_BN == 0),
-              "P V of chunk j-1 reads its stage while chunk j+1 loads: three stages, or two split "
-              "ones (the TMA producer's, one ring, one step width)");
+static_assert(STAGES >= 3, "P V of chunk j-1 reads its stage while chunk j+1 loads");
 // Chunks loaded ahead of the one computed: every stage but the current chunk's and the previous
 // chunk's (whose V the pipelined P V still reads).
 constexpr int PREFETCH = STAGES - 2;
@@ -417,26 +403,21 @@ __device__ __forceinline__ void tma_load_4d(u32 dst, const void* map, int c0, in
       " [%0], [%1, {%2, %3, %4, %5}], [%6];" ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2),
       "r"(c3), "r"(bar) : "memory");
 }
-// One K or V tile of a chunk (W keys from `key0` of kv head `kvh`, batch `b`, by `map`) into
-// `dst`: per SW-byte column chunk of the tile, W / KV_BOX boxes (the maps' boxes are SW / 2
-// elements by KV_BOX rows, swizzled as tile_offset lays them out). The caller expects the bytes.
-template <int W>
-__device__ __forceinline__ void tma_load_keys(u32 dst, const void* map, int key0, int kvh, int b,
-                                              u32 bar) {
-#pragma unroll
-  for (int p = 0; p < D * 2 / SW; ++p)
-#pragma unroll
-    for (int r = 0; r < W / KV_BOX; ++r)
-      tma_load_4d(dst + (u32)(p * KV_ROWS * SW + r * KV_BOX * SW), map, p * SW / 2,
-                  key0 + r * KV_BOX, kvh, b, bar);
-}
-// A chunk's K and V into stage `ks`, completing on `bar`.
+// A chunk's K and V (W keys from `key0` of kv head `kvh`, batch `b`): per SW-byte column chunk
+// of the tile, W / KV_BOX boxes (the maps' boxes are SW / 2 elements by KV_BOX rows, swizzled
+// as tile_offset lays them out).
 template <int W>
 __device__ __forceinline__ void tma_load_kv(u32 ks, const TmaMaps& maps, int key0, int kvh,
                                             int b, u32 bar) {
   mbar_arrive_expect_tx(bar, 2 * W * D * 2);
-  tma_load_keys<W>(ks, maps.k, key0, kvh, b, bar);
-  tma_load_keys<W>(ks + KV_BYTES, maps.v, key0, kvh, b, bar);
+#pragma unroll
+  for (int p = 0; p < D * 2 / SW; ++p)
+#pragma unroll
+    for (int r = 0; r < W / KV_BOX; ++r) {
+      const u32 off = (u32)(p * KV_ROWS * SW + r * KV_BOX * SW);
+      tma_load_4d(ks + off, maps.k, p * SW / 2, key0 + r * KV_BOX, kvh, b, bar);
+      tma_load_4d(ks + KV_BYTES + off, maps.v, p * SW / 2, key0 + r * KV_BOX, kvh, b, bar);
+    }
 }
 // Whether a task takes the wide step (TESSERA_WIDE_BN): at most WIDE_SPANS spans, whose keys
 // rounded up to WIDE_BN-key steps exceed those rounded to BN-key steps by at most 1/WIDE_SLACK.
@@ -706,10 +687,8 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
   const u32 stage_base = q_base + Q_BUFS * Q_BYTES;
   // mbarriers after every ring's tiles (producer variant), a block a ring: full[STAGES],
   // empty[STAGES], Q full[Q_BUFS], Q empty[Q_BUFS], then four task-index words (and with
-  // STAGED_SPANS a chunk word a stage; with split stages then V's full[STAGES] and
-  // empty[STAGES], full and empty above being K's). Task n's Q sits in buffer n % Q_BUFS.
-  constexpr u32 RING_BAR_BYTES =
-      16 * (STAGES + Q_BUFS) + 16 + (TMA ? 16 * STAGES : 0) + (SPLIT_KV ? 16 * STAGES : 0);
+  // STAGED_SPANS a chunk word a stage). Task n's Q sits in buffer n % Q_BUFS.
+  constexpr u32 RING_BAR_BYTES = 16 * (STAGES + Q_BUFS) + 16 + (TMA ? 16 * STAGES : 0);
   const u32 full_bar = tiles_base + RINGS * RING_BYTES + (u32)ring * RING_BAR_BYTES;
   const u32 empty_bar = full_bar + 8 * STAGES;
   const u32 q_full_bar = empty_bar + 8 * STAGES;
@@ -731,19 +710,12 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
   volatile int* next_slot = task_slot + 2;
   // STAGED_SPANS: one 16-byte word a stage after them, the chunk it holds (stage_chunk_info).
   const u32 chunk_info = q_empty_bar + 8 * Q_BUFS + 16;
-  // Where a stage's V lands and is freed: its own barriers with split stages, else the stage's.
-  const u32 v_full_bar = SPLIT_KV ? chunk_info + 16 * STAGES : full_bar;
-  const u32 v_empty_bar = SPLIT_KV ? v_full_bar + 8 * STAGES : empty_bar;
 
   if constexpr (WS) {
     if (tid % (4 * 32 * WGS) == 0 && !producer) {  // the first thread of each ring's task
       for (int st = 0; st < STAGES; ++st) {
         mbar_init(full_bar + 8 * st, TMA ? 1 : LOADERS);  // TMA: one expecting arrive
         mbar_init(empty_bar + 8 * st, CONSUMERS);
-        if constexpr (SPLIT_KV) {
-          mbar_init(v_full_bar + 8 * st, 1);
-          mbar_init(v_empty_bar + 8 * st, CONSUMERS);
-        }
       }
       for (int b = 0; b < Q_BUFS; ++b) {
         // + the arrive publishing the task index (TMA: that and the one expecting Q's bytes)
@@ -824,27 +796,12 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
             }
             if (c >= STAGES) mbar_wait(empty_bar + 8 * st, (c / STAGES - 1) & 1);
 #if TESSERA_TMA
-            const u32 ks = stage_base + (u32)(st * STAGE_BYTES);
             if (ptid == 0) {
               if constexpr (STAGED_SPANS)
                 stage_chunk_info(chunk_info + 16 * st, w.key0(), w.key_end(), w.row_lo(spans),
                                  w.row_hi(spans), w.last(task.span_end));
-              if constexpr (SPLIT_KV) {  // K now, V once the P V that read the last one is done
-                mbar_arrive_expect_tx(full_bar + 8 * st, W * D * 2);
-                tma_load_keys<W>(ks, tma_maps.k, w.key0(), task.h0 / group, task.b,
-                                 full_bar + 8 * st);
-              } else {
-                tma_load_kv<W>(ks, tma_maps, w.key0(), task.h0 / group, task.b,
-                               full_bar + 8 * st);
-              }
-            }
-            if constexpr (SPLIT_KV) {
-              if (c >= STAGES) mbar_wait(v_empty_bar + 8 * st, (c / STAGES - 1) & 1);
-              if (ptid == 0) {
-                mbar_arrive_expect_tx(v_full_bar + 8 * st, W * D * 2);
-                tma_load_keys<W>(ks + KV_BYTES, tma_maps.v, w.key0(), task.h0 / group, task.b,
-                                 v_full_bar + 8 * st);
-              }
+              tma_load_kv<W>(stage_base + (u32)(st * STAGE_BYTES), tma_maps, w.key0(),
+                             task.h0 / group, task.b, full_bar + 8 * st);
             }
 #else
             load_kv(stage_base + (u32)(st * STAGE_BYTES), task.k_head, k_sl, task.v_head, v_sl,
@@ -928,7 +885,6 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
           wait_issue_turn(wg);
           pass_issue_turn(wg);
           mbar_arrive(empty_bar + 8 * (j % STAGES));  // (the turn came after chunk j landed)
-          if constexpr (SPLIT_KV) mbar_arrive(v_empty_bar + 8 * (j % STAGES));
           walk.next(spans, se);
         }
         mbar_arrive(q_empty_bar + 8 * qb);
@@ -986,12 +942,6 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
       for (; walk.more(se); ++j, ++jt) {
         if constexpr (WS) {
           mbar_wait(full_bar + 8 * (j % STAGES), (j / STAGES) & 1);
-          // Split stages: the V this iteration's P V reads (the previous chunk's; a task's first
-          // chunk's own, see below) lands on its own barrier.
-          if constexpr (SPLIT_KV) {
-            const int jv = jt > 0 ? j - 1 : j;
-            mbar_wait(v_full_bar + 8 * (jv % STAGES), (jv / STAGES) & 1);
-          }
           fence_async_smem();
         } else {
           cp_async_wait<PREFETCH - 1>();
@@ -1014,9 +964,6 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
         const bool prepare_first = PREPARE_FIRST || jt == 0;
         const auto prepare = [&] {
           if constexpr (STAGED_SPANS) walk.read(chunk_info + 16 * (j % STAGES));
-          // (split stages: the tail is zeroed once this chunk's V has landed)
-          if (SPLIT_KV && wg == 0 && walk.key_end() - walk.key0() < W)
-            mbar_wait(v_full_bar + 8 * (j % STAGES), (j / STAGES) & 1);
           zero_v_tail<W>(ks + KV_BYTES, walk.key_end() - walk.key0(), wg, ring);
         };
         if (prepare_first) prepare();
@@ -1042,15 +989,12 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
         const int valid = walk.key_end() - walk.key0();
         // (checked while the tensor cores work; `lo`, `hi` are uniform, so is the branch)
         int guard = 0;
-        if (GUARD && (lo > q_start || hi < q_end)) {
-          if constexpr (SPLIT_KV) mbar_wait(v_full_bar + 8 * (j % STAGES), (j / STAGES) & 1);
-          if (stage_v_non_finite<W>(ks + KV_BYTES, valid, GUARD_BAR + ring * WGS + wg))
-            guard = excluded_rows(t0, lo, hi);
-        }
+        if (GUARD && (lo > q_start || hi < q_end) &&
+            stage_v_non_finite<W>(ks + KV_BYTES, valid, GUARD_BAR + ring * WGS + wg))
+          guard = excluded_rows(t0, lo, hi);
 
         wgmma_wait<overlap_pv<W>() ? 1 : 0>();
         wgmma_hold<W / 2>(&s[0][0]);
-        if constexpr (SPLIT_KV) mbar_arrive(empty_bar + 8 * (j % STAGES));  // K_j is done
         // Mask: keys past the span end, rows outside the span's restriction or the tile. A warp
         // with no row in the chunk runs it too, every score masked (P = 0, m and l unchanged):
         // a branch around the softmax had every iteration zero S's registers in advance (32
@@ -1062,7 +1006,7 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
         wgmma_wait<0>();
         wgmma_hold<D / 2>(&o[0][0]);
         wgmma_hold<W / 2>(&s[0][0]);  // P is rewritten only after the P V that read it is done
-        if (WS && jt > 0) mbar_arrive(v_empty_bar + 8 * ((j - 1) % STAGES));  // j-1 is done
+        if (WS && jt > 0) mbar_arrive(empty_bar + 8 * ((j - 1) % STAGES));  // j-1 is done
         if (guard_prev) kept.restore(o, guard_prev);
         if (jt == 0 && guard) kept.restore_zeros(o, guard);  // (the first chunk's P V: see above)
         guard_prev = guard;
@@ -1082,8 +1026,6 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
       if constexpr (WS) mbar_arrive(q_empty_bar + 8 * qb);
       if (jt > 0) {  // the last chunk's P V (uniform: every thread walked the same spans)
         if (guard_prev) kept.keep(o);
-        if constexpr (SPLIT_KV)
-          mbar_wait(v_full_bar + 8 * ((j - 1) % STAGES), ((j - 1) / STAGES) & 1);
         wgmma_hold<D / 2>(&o[0][0]);
         wgmma_fence();
         const SmemDesc vd = v_desc(vs_prev);
@@ -1093,7 +1035,7 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
         wgmma_wait<0>();
         wgmma_hold<D / 2>(&o[0][0]);
         if (guard_prev) kept.restore(o, guard_prev);
-        if (WS) mbar_arrive(v_empty_bar + 8 * ((j - 1) % STAGES));  // the task's last chunk is done
+        if (WS) mbar_arrive(empty_bar + 8 * ((j - 1) % STAGES));  // the task's last chunk is done
       }
     };
     const auto run_walk = [&](auto step) {

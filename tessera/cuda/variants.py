@@ -83,20 +83,15 @@ class Variant:
         (``TESSERA_RINGS``), one CTA an SM; two Q buffers each where they fit.
         ``whole_tasks`` (Regime.whole_spans; producer variants of the span-by-span walk): every
         task is one span over all its rows, walked by arithmetic in one loop
-        (``TESSERA_WHOLE_TASKS``): only for plans whose mask selects every block.
-        ``stages=2`` (TMA producer, one ring, no wide step): split stages, K and V landing and
-        freed on barriers of their own (bsa_sm90.cu ``SPLIT_KV``)."""
+        (``TESSERA_WHOLE_TASKS``): only for plans whose mask selects every block."""
         if tma and (not producer or pack_keys):
             raise ValueError("TMA copies are the producer's, for the span-by-span walk")
-        if stages < 2 or (stages == 2 and not (tma and rings == 1)):
-            raise ValueError(f"sm90 stages: 3 or more, or 2 split ones for the TMA producer of "
-                             f"one ring, got {stages} (tma={tma}, rings={rings})")
         if whole_tasks and (not producer or pack_keys):
             raise ValueError("whole_tasks needs the producer's span-by-span walk")
         if rings not in (1, 2, 3, 4) or (rings > 1 and not (tma and block_m == 64)):
             raise ValueError(f"rings must be 1, or 2-4 for the TMA producer's 64-row tiles, got "
                              f"{rings} ({block_m} rows, tma={tma})")
-        wide = wide and tma and has_wide_step(block_m, block_n, head_dim) and stages > 2
+        wide = wide and tma and has_wide_step(block_m, block_n, head_dim)
         macros = (("BM", block_m), ("BN", block_n), ("D", head_dim), ("STAGES", stages),
                   ("BF16", int(bf16))) + ((("PACK_KEYS", 1),) if pack_keys else ()) + (
                   (("TMA", 1),) if tma else ()) + (
@@ -223,8 +218,6 @@ def smem_bytes(v: Variant) -> int:
         # 16-byte chunk word per stage (STAGED_SPANS)
         barriers = 8 * (2 * stages + 2 * q_bufs + 2) if macros.get("PRODUCER") else 0
         if macros.get("TMA"):
-            barriers += 16 * stages
-        if stages == 2:  # split stages: V's own full and empty barriers
             barriers += 16 * stages
         align = 0 if macros.get("SMEM_ALIGNED") else 1024
         ring = 2 * d * (q_bufs * v.macro("BM") + stages * 2 * v.kv_rows) + barriers

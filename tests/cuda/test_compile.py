@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 
 from tessera.cuda import loader, variants
-from tessera.cuda.device import smem_limit_bytes
 from tessera.runtime.regime import Regime, default_regime, regime_fits
 from tessera.runtime.regime.heuristic import SM90_ROWS192_D64
 
@@ -216,26 +215,6 @@ def test_sm90_wide_step_variant_compiles(bf16, tmp_path, monkeypatch):
         assert "WIDE_BN" not in dict(other.macros)
     res = loader.compile_variant(v, "sm_90a")
     assert res.spill_bytes == 0 and res.stack_bytes <= res.variant.local_bytes
-
-
-@pytest.mark.parametrize("bn,d", [(192, 128), (192, 96), (192, 64), (128, 128), (128, 64)])
-@pytest.mark.parametrize("whole", [False, True])
-def test_sm90_split_stage_variants_compile(bn, d, whole, tmp_path, monkeypatch):
-    """Two split stages (K and V on barriers of their own, bsa_sm90.cu SPLIT_KV) of 128-row
-    tiles: spill-free with the P V overlap at 192-key steps too, in the shared memory of one
-    sm_90 block (192 keys at head dim 128: one Q buffer, 225 KB; else two); their cp.async
-    form runs three stages of 128 keys."""
-    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
-    reg = Regime(family="sm90", block_m=128, num_warps=12, block_n=bn, stages=2,
-                 combine_threshold=0.0, whole_spans=whole)
-    v = reg.variant(d, bf16=True, tma=True)
-    assert (v.macro("STAGES"), v.macro("BN")) == (2, bn)
-    assert variants.smem_bytes(v) <= smem_limit_bytes(90)
-    assert dict(v.macros).get("Q_BUFFERS", 1) == (1 if (bn, d) == (192, 128) else 2)
-    res = loader.compile_variant(v, "sm_90a")
-    assert res.spill_bytes == 0 and res.stack_bytes <= res.variant.local_bytes
-    cp_async = reg.variant(d, bf16=True)
-    assert (cp_async.macro("STAGES"), cp_async.macro("BN")) == (3, 128)
 
 
 def _sm90_reachable():

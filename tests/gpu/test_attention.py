@@ -123,23 +123,19 @@ def _device_cc() -> int:
 
 
 def _regime(family: str, block_m: int = 128, block_n: int | None = None, **policy) -> Regime:
-    """A regime of kernel ``family`` ("sm80"; "sm90", its warp-specialized "sm90ws" or that
-    with two split stages, "sm90split"; the sm90 ones skipped off Hopper) with tiles of
-    ``block_m`` rows; block_n defaults to the family's (64 for sm80, 128 for sm90, 192 for
-    sm90split's 128-row tiles)."""
+    """A regime of kernel ``family`` ("sm80"; "sm90" or its warp-specialized "sm90ws", both
+    skipped off Hopper) with tiles of ``block_m`` rows; block_n defaults to the family's (64 for
+    sm80, 128 for sm90)."""
     if family.startswith("sm90"):
         if _device_cc() != 90:
             pytest.skip("the sm90 family runs on Hopper only")
-        producer_warps = 4 if family in ("sm90ws", "sm90split") else 0
-        split = family == "sm90split"
+        producer_warps = 4 if family == "sm90ws" else 0
         return Regime(family="sm90", block_m=block_m, num_warps=block_m // 16 + producer_warps,
-                      block_n=block_n or (192 if split and block_m == 128 else 128),
-                      stages=2 if split else 3,
-                      **policy)
+                      block_n=block_n or 128, stages=3, **policy)
     return Regime(block_m=block_m, num_warps=4, block_n=block_n or 64, **policy)
 
 
-FAMILIES = ["sm80", "sm90", "sm90ws", "sm90split"]
+FAMILIES = ["sm80", "sm90", "sm90ws"]
 
 
 def _random_mask(rng, shape, density, **geo):
@@ -339,9 +335,7 @@ def test_wide_key_steps(dtype, monkeypatch):
 @pytest.mark.parametrize("name,d,wide", [
     ("sm90_128x128_w12_s3", 128, False), ("sm90_128x128_w12_s3", 64, True),
     ("sm90_64x64_w20_s3", 64, False), ("sm90_192x128_w16_s3", 64, False),
-    ("sm90_64x128_w8_s3", 128, False), ("sm90_64x64_w8_s3", 128, False),
-    ("sm90_128x192_w12_s2", 128, False), ("sm90_128x128_w12_s2", 128, False),
-    ("sm90_128x128_w12_s2", 64, False)])
+    ("sm90_64x128_w8_s3", 128, False), ("sm90_64x64_w8_s3", 128, False)])
 def test_whole_span_tasks(name, d, wide, monkeypatch):
     """Whole-span tasks (one span over all of a tile's rows, walked without the chunks' staged
     fields by the rings at head dim 64; other variants take the general walk) in one persistent
@@ -418,9 +412,7 @@ def _poisoned_run_matches_reference(p, m, q, k, v, monkeypatch):
     ("sm90_128x128_w12_s3", 128, True), ("sm90_128x128_w12_s3", 128, False),
     ("sm90_192x128_w16_s3", 64, True), ("sm90_192x128_w16_s3", 64, False),
     ("sm90_64x64_w20_s3", 64, True), ("sm90_64x128_w8_s3", 128, True),
-    ("sm90_64x64_w8_s3", 64, True), ("sm90_128x128_w12_s3[wide_steps=True]", 64, True),
-    ("sm90_128x192_w12_s2", 128, True), ("sm90_128x192_w12_s2", 128, False),
-    ("sm90_128x192_w12_s2", 64, True)])
+    ("sm90_64x64_w8_s3", 64, True), ("sm90_128x128_w12_s3[wide_steps=True]", 64, True)])
 def test_plans_of_masks_selecting_every_block(name, d, tma, monkeypatch):
     """Regime.whole_spans: every task walked as one span over all its rows (TESSERA_WHOLE_TASKS)
     on masks that select every block -- variable blocks ending mid-step, a ragged end, GQA, two
@@ -474,7 +466,6 @@ def test_plans_of_masks_selecting_every_block(name, d, tma, monkeypatch):
 @pytest.mark.parametrize("name,d,tma", [
     ("sm90_128x128_w12_s3[combine_threshold=0.0,whole_spans=True]", 128, True),
     ("sm90_128x128_w12_s3", 128, False),
-    ("sm90_128x192_w12_s2[combine_threshold=0.0,whole_spans=True]", 128, True),
     ("sm90_192x128_w16_s3", 64, True), ("sm80_128x64_w4_s2", 64, False)])
 def test_a_filled_last_wave(name, d, tma, monkeypatch):
     """tasks.fill_last_wave on the GPU: the equal tasks of a dense host mask (40, or 28 of 192
@@ -566,7 +557,7 @@ def test_tma_copies_equal_cp_async(d, block_m, block_n, monkeypatch):
 @pytest.mark.parametrize("tma", [True, False])
 @pytest.mark.parametrize("family,block_m,wide", [("sm90ws", 128, False), ("sm90ws", 128, True),
                                                  ("sm90ws", 64, False), ("sm90ws", 192, False),
-                                                 ("sm90split", 128, False), ("sm80", 128, False)])
+                                                 ("sm80", 128, False)])
 def test_non_finite_values_stay_where_they_belong(family, block_m, wide, tma, monkeypatch):
     """Inf and NaN in the K/V rows of key blocks no query selects -- which partial chunks copy
     past a span's end -- change nothing (0 x Inf never reaches an output); a NaN query row gives

@@ -174,9 +174,6 @@ def test_plans_for_the_current_gpu_split_only_what_its_slots_need(monkeypatch, s
 # ---- masks that select every block: whole-span tasks ---------------------------------------
 # sm90 producer regimes of the span-by-span walk: 64-, 128- and 192-row tiles, rings, the wide
 # step, no GQA packing. (A dense mask's tasks all cost the same: none splits.)
-# 192-key steps through two split stages (the dense host layer's kernel at head dim 128).
-SPLIT_192 = Regime(family="sm90", block_m=128, num_warps=12, block_n=192, stages=2,
-                   combine_threshold=0.0, whole_spans=True)
 WHOLE_SPAN_REGIMES = [
     Regime(family="sm90", block_m=128, num_warps=12, block_n=128, stages=3,
            combine_threshold=0.0, whole_spans=True),
@@ -188,7 +185,6 @@ WHOLE_SPAN_REGIMES = [
            combine_threshold=0.0, whole_spans=True),
     Regime(family="sm90", block_m=128, num_warps=12, block_n=128, stages=3,
            combine_threshold=0.0, wide_steps=True, whole_spans=True, pack_gqa=False),
-    SPLIT_192,
 ]
 
 
@@ -237,7 +233,7 @@ def test_a_dense_host_mask_takes_whole_spans_and_a_sparse_one_does_not():
 
 
 @pytest.mark.parametrize("regime,d", [(WHOLE_SPAN_REGIMES[0], 128), (WHOLE_SPAN_REGIMES[1], 64),
-                                       (SPLIT_192, 128), (TILE_128x64, 64)])
+                                       (TILE_128x64, 64)])
 def test_equal_tasks_fill_the_last_wave(monkeypatch, regime, d):
     """Planning for a GPU of 8 task slots, 2 x 2 heads of 5 equal tiles (20 tasks: two full
     waves and 4 over) cut their last 4 tasks into 2 parts each that the combine step merges
@@ -248,10 +244,9 @@ def test_equal_tasks_fill_the_last_wave(monkeypatch, regime, d):
     monkeypatch.setattr(tessera.cuda.device, "device_sm_count", lambda: 8)
     monkeypatch.setattr(tessera.runtime.regime.slots, "_device_tasks_in_flight",
                         lambda *args: 8)
-    kv_blocks = 9 if regime.block_n <= 128 else 15  # (at least two key chunks a part)
-    dense = np.ones((2, 2, 5, kv_blocks), bool)
+    dense = np.ones((2, 2, 5, 9), bool)
     mask = BlockMask.from_dense(dense, block_size=(regime.block_m, 64), seq_len_q=5 * regime.block_m - 7,
-                                seq_len_kv=kv_blocks * 64 - 20)
+                                seq_len_kv=9 * 64 - 20)
     r = regime.with_(min_split_chunks=2)
     p = tessera.plan(mask, num_q_heads=2, head_dim=d, batch=2, regime=r, arch=90)
     check_queue(p)

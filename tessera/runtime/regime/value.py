@@ -31,15 +31,9 @@ class Regime:
             one consumer warpgroup fed by a warp of the one producer warpgroup).
         block_m: physical tile rows (BM) per task; with GQA packing, shared by the packed heads.
         block_n: keys consumed per inner step (BN); key spans are walked BN keys at a time.
-            sm90: 64 or 128; 192 for 128-row tiles with two split stages (made for whole-span
-            plans, whose one span a task it walks in 1.5x fewer steps).
         num_warps: warps per CTA; each owns ``block_m / num_warps`` rows, 16 or 32 (two row
             tiles per warp halve the shared-memory traffic per matrix operation).
-        stages: depth of the K/V copy pipeline. sm90: 3 or more; 2 for producer regimes of one
-            ring and the span-by-span walk, whose TMA kernel then lands and frees each stage's
-            K and V on barriers of their own (split stages, bsa_sm90.cu ``SPLIT_KV``): the
-            depth of three stages in the shared memory of two, room for 192-key steps at head
-            dim 128 (their cp.async form runs three stages of 128 keys).
+        stages: depth of the K/V copy pipeline.
         combine_threshold: merge two adjacent short query groups with different key sets when the
             masked work the merge adds is at most this fraction of their useful work.
         split_ratio: split a task whose key chunks exceed ``split_ratio`` x the mean task ...
@@ -98,25 +92,15 @@ class Regime:
                                       or (self.num_warps not in (self.block_m // ROW_GROUP,
                                                                  self.block_m // ROW_GROUP + 4)
                                           and not ringed)
-                                      or self.block_n not in (64, 128, 192)
+                                      or self.block_n not in (64, 128)
                                       or (self.block_m == 192 and not self.producer)):
             raise ValueError(f"the sm90 family takes block_m 64 or 128 (192: with the producer "
                              f"warpgroup) with one warp per 16 rows (plus 4 for a producer "
                              f"warpgroup; 64 rows also 12, 16 or 20 warps: 2-4 rings) and "
-                             f"block_n 64 or 128 (192: below), got "
+                             f"block_n 64 or 128, got "
                              f"{self.block_m}x{self.block_n} with {self.num_warps} warps")
-        if self.family == "sm90" and (self.stages < 2 or (self.stages == 2 and (
-                not self.producer or self.rings > 1 or self.pack_keys or self.wide_steps))):
-            raise ValueError(f"the sm90 family needs stages >= 3, or 2 (split stages) for a "
-                             f"producer regime of one ring, the span-by-span walk and no wide "
-                             f"steps, got {self.stages} ({self.block_m}x{self.block_n} with "
-                             f"{self.num_warps} warps, pack_keys={self.pack_keys}, "
-                             f"wide_steps={self.wide_steps})")
-        if self.family == "sm90" and self.block_n == 192 and not (
-                self.block_m == 128 and self.stages == 2):
-            raise ValueError(f"192-key steps are for 128-row tiles with two split stages "
-                             f"(stages=2), got {self.block_m}x{self.block_n}, "
-                             f"stages={self.stages}")
+        if self.family == "sm90" and self.stages < 3:
+            raise ValueError(f"the sm90 family needs stages >= 3, got {self.stages}")
         if self.pack_keys and (self.family != "sm90" or self.combine_threshold != 0):
             raise ValueError("pack_keys needs the sm90 family and combine_threshold 0 (one row "
                              f"restriction per task), got {self.family} with "
@@ -160,14 +144,10 @@ class Regime:
             # producer's registers leave the consumers too few (ptxas spills), so that form
             # steps 64 keys over the same plan (tasks and spans do not depend on the step).
             block_n = 64 if self.block_m == 192 and not tma else self.block_n
-            # Split stages are the TMA producer's: the cp.async form runs three of 128 keys.
-            stages = self.stages
-            if stages == 2 and not tma:
-                block_n, stages = min(block_n, 128), 3
             # Rings are the TMA producer's: the cp.async form runs the same plan (tasks do not
             # depend on how a CTA takes them) one task a CTA.
             return Variant.bsa_sm90(block_m=self.block_m, block_n=block_n,
-                                    head_dim=head_dim, stages=stages, bf16=bf16,
+                                    head_dim=head_dim, stages=self.stages, bf16=bf16,
                                     producer=self.producer, pack_keys=self.pack_keys, tma=tma,
                                     wide=self.wide_steps, guard=self.restricts_rows,
                                     rings=self.rings if tma else 1,
