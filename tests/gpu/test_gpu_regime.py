@@ -53,9 +53,9 @@ def test_device_measures_on_the_gpu():
 
 @pytest.mark.gpu
 def test_a_dense_device_mask_is_chosen_for_without_a_readback(monkeypatch):
-    """At head dim 64 a dense host mask takes 192-row tiles, but the same mask on the device
-    keeps the 64-row tiles, decided by its geometry: counting its blocks would be a readback,
-    which a request at a model's shape never waits for."""
+    """At head dim 64 a dense host mask takes 192-row tiles (a half-dense one 128-row tiles),
+    but the same mask on the device keeps the 64-row tiles, decided by its geometry: counting
+    its blocks would be a readback, which a request at a model's shape never waits for."""
     import cupy as cp
 
     from tessera.runtime.regime import heuristic as H
@@ -67,4 +67,11 @@ def test_a_dense_device_mask_is_chosen_for_without_a_readback(monkeypatch):
     assert S.heuristic_choice(host, 90, 64) == (H.SM90_ROWS192_D64, True)
     monkeypatch.setattr(H, "selects_every_block", lambda m: pytest.fail("read the mask"))
     monkeypatch.setattr(S, "selects_every_block", lambda m: pytest.fail("read the mask"))
-    assert S.heuristic_choice(dev, 90, 64) == (H.SM90_ROWS64_D64, False)
+    half = np.random.default_rng(5).random((2, 20, 20)) < 0.5
+    assert S.heuristic_choice(BlockMask.from_dense(half, block_size=128), 90, 64) == (
+        H.SM90_ROWS128, True)
+    monkeypatch.setattr(BlockMask, "density",
+                        property(lambda m: pytest.fail("read the mask's density")))
+    for blocks in (full, half):
+        dev = BlockMask.from_dense(cp.asarray(blocks), block_size=128)
+        assert S.heuristic_choice(dev, 90, 64) == (H.SM90_ROWS64_D64, False)

@@ -18,6 +18,7 @@ __all__ = ["default_regime", "align_pays", "align_may_pay", "pack_pays", "blocks
            "SM90_ROWS128", "SM90_ROWS64_D64", "SM90_PACKED_D64", "SM90_ROWS192_D64",
            "ALIGN_MAX_PAIR_RATIO",
            "rows192_pay", "ROWS192_MAX_ROW_RATIO", "selects_every_block",
+           "ROWS128_MIN_DENSITY_D64",
            "RINGS_MIN_TASKS", "one_ring_where_few_tasks"]
 
 
@@ -46,6 +47,15 @@ SM90_PACKED_D64 = Regime(family="sm90", block_m=64, num_warps=64 // ROW_GROUP + 
 # products. Its cp.async form steps 64 keys (Regime.variant).
 SM90_ROWS192_D64 = Regime(family="sm90", block_m=192, num_warps=192 // ROW_GROUP + 4,
                           block_n=128, stages=3, combine_threshold=0.0)
+
+
+# At head dim 64, the share of its blocks a host mask of large blocks (whose geometry leaves it
+# the rings) must select to take 128-row tiles (SM90_ROWS128) instead: each K/V chunk read for
+# twice the query rows. Random 128-token blocks on the H200 (docs/decisions.md), 128-row tiles
+# against the rings: CogVideoX-5B / -2B at 30% 1.005x / 0.990x, 40% 1.026x / 1.016x, 50% 1.037x
+# / 1.020x, 70% 1.026x / 1.030x, 85% 1.056x / 1.025x (192-row tiles 0.93-1.05x there). A device
+# mask's count is a readback, which a request never waits for: it keeps the rings.
+ROWS128_MIN_DENSITY_D64 = 0.4
 
 
 # rows192_pay's bounds: the query blocks' median at least 192 tokens, and their rows rounded up to

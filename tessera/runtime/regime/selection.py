@@ -41,7 +41,8 @@ from ...cuda import device
 from ...dtypes import dtype_name
 from ...mask import bounds_key
 from . import features
-from .heuristic import (SM90_PACKED_D64, SM90_ROWS64_D64, SM90_ROWS128, SM90_ROWS192_D64,
+from .heuristic import (ROWS128_MIN_DENSITY_D64, SM90_PACKED_D64, SM90_ROWS64_D64,
+                        SM90_ROWS128, SM90_ROWS192_D64,
                         align_may_pay, align_pays, blocks_ragged, default_regime,
                         one_ring_where_few_tasks, pack_pays, rows192_pay, selects_every_block,
                         typical_q_block)
@@ -297,7 +298,8 @@ def heuristic_choice(mask: Any, arch: int | None, head_dim: int,
     read the mask: :func:`default_regime` (``heuristic``, when the caller has it), whose sm90
     regimes for large blocks take aligned tiles where :func:`align_pays`, else packed keys
     where :func:`pack_pays`, else (head dim 64) 192-row tiles where :func:`rows192_pay` or
-    a host mask :func:`selects_every_block`. Given the shape (``num_q_heads``, ``batch``) and
+    a host mask :func:`selects_every_block`, 128-row tiles where a host mask selects at least
+    ``ROWS128_MIN_DENSITY_D64`` of its blocks. Given the shape (``num_q_heads``, ``batch``) and
     the GPU's ``sm_count``, rings that would get too few tasks take one-ring tiles
     (:func:`one_ring_where_few_tasks`)."""
     regime, read = _mask_rules(mask, arch, head_dim, heuristic)
@@ -352,10 +354,14 @@ def _mask_rules(mask: Any, arch: int | None, head_dim: int,
         if rows192_pay(mask.q_bounds):
             return SM90_ROWS192_D64, read
         if not mask.on_device:
-            # A dense layer fills 192-row tiles whatever its blocks (one run of rows a head).
+            # A dense layer fills 192-row tiles whatever its blocks (one run of rows a head); a
+            # mask selecting much of its blocks reads each K/V chunk for 128 rows at once.
             # Counted on the host only: on the device the count is a readback, which a
             # request at a model's shape never waits for (device masks keep 64-row tiles).
-            return (SM90_ROWS192_D64 if selects_every_block(mask) else heuristic), True
+            if selects_every_block(mask):
+                return SM90_ROWS192_D64, True
+            return (SM90_ROWS128 if mask.density >= ROWS128_MIN_DENSITY_D64
+                    else heuristic), True
     return heuristic, read
 
 

@@ -354,7 +354,8 @@ def test_heuristic_choice_is_the_selection_without_a_table():
 def test_a_dense_layer_at_head_dim_64_takes_192_row_tiles():
     """A host mask selecting every block (a dense layer) fills 192-row tiles at head dim 64 on
     sm_90 whatever its block size (at head dim 128 its plan walks whole spans); one block short
-    of that keeps the 64-row tiles. Deciding it
+    of that takes 128-row tiles, as any host mask selecting ROWS128_MIN_DENSITY_D64 of its
+    blocks does, and a sparser one keeps the 64-row tiles. Deciding it
     reads the mask's count, so the answer is not one for the geometry. Head dim 128 and other
     GPUs are unchanged. (Device masks keep the 64-row tiles without reading anything back:
     tests/gpu/test_attention.py's sync-free requests.)"""
@@ -366,7 +367,16 @@ def test_a_dense_layer_at_head_dim_64_takes_192_row_tiles():
     nearly = BlockMask.from_dense(holed, q_bounds=qb, kv_bounds=qb)
     assert R.heuristic.selects_every_block(dense) and not R.heuristic.selects_every_block(nearly)
     assert S.heuristic_choice(dense, 90, 64) == (R.heuristic.SM90_ROWS192_D64, True)
-    assert S.heuristic_choice(nearly, 90, 64) == (R.heuristic.SM90_ROWS64_D64, True)
+    assert S.heuristic_choice(nearly, 90, 64) == (R.heuristic.SM90_ROWS128, True)
+    rng = np.random.default_rng(3)
+    least = R.heuristic.ROWS128_MIN_DENSITY_D64
+    for density, want in ((least - 0.1, R.heuristic.SM90_ROWS64_D64), (least + 0.1,
+                                                                     R.heuristic.SM90_ROWS128)):
+        m = BlockMask.from_dense(rng.random((2, 20, 20)) < density, q_bounds=qb, kv_bounds=qb)
+        assert abs(m.density - density) < 0.05
+        assert S.heuristic_choice(m, 90, 64) == (want, True)
+        assert plan90(m, head_dim=64).regime == want
+        assert S.heuristic_choice(m, 90, 128)[0] == R.heuristic.SM90_ROWS128
     assert plan90(dense, head_dim=64).regime == R.heuristic.SM90_ROWS192_D64
     # At head dim 128 the plan walks its tasks as whole spans (selection.whole_span_pick).
     assert S.heuristic_choice(dense, 90, 128) == (R.heuristic.SM90_ROWS128, False)
