@@ -245,8 +245,8 @@ def test_equal_tasks_fill_the_last_wave(monkeypatch, regime, d):
     monkeypatch.setattr(tessera.runtime.regime.slots, "_device_tasks_in_flight",
                         lambda *args: 8)
     dense = np.ones((2, 2, 5, 9), bool)
-    mask = BlockMask.from_dense(dense, block_size=(regime.block_m, 64), seq_len_q=5 * regime.block_m - 7,
-                                seq_len_kv=9 * 64 - 20)
+    mask = BlockMask.from_dense(dense, block_size=(regime.block_m, 64),
+                                seq_len_q=5 * regime.block_m - 7, seq_len_kv=9 * 64 - 20)
     r = regime.with_(min_split_chunks=2)
     p = tessera.plan(mask, num_q_heads=2, head_dim=d, batch=2, regime=r, arch=90)
     check_queue(p)
