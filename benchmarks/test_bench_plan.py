@@ -1,7 +1,8 @@
 """Planning cost on the host: pytest-benchmark suites for a Wan-1.3B-shaped mask.
 
 12 heads, 32,760 tokens, 10% block density (random, seed 0), numpy on the host:
-``tessera.plan`` with 64- and 128-token blocks, and ``BlockMask.from_dense`` of the 64-token mask.
+``tessera.plan`` with 64- and 128-token blocks, ``BlockMask.from_dense`` of the 64-token mask,
+and a dense layer (every 128-token block selected) made into a mask and planned each call.
 
     PYTHONPATH=. python -m pytest benchmarks/test_bench_plan.py --benchmark-enable -q
 
@@ -56,3 +57,17 @@ def test_bench_from_dense_wan64(benchmark, dense64):
                                                   seq_len_kv=SEQ_LEN))
     assert mask.nnz == int(dense64.sum())
     benchmark.extra_info.update(nnz=mask.nnz)
+
+
+def test_bench_plan_wan_dense_layer(benchmark):
+    every = np.ones((HEADS, -(-SEQ_LEN // 128), -(-SEQ_LEN // 128)), dtype=bool)
+
+    def mask_and_plan():
+        mask = BlockMask.from_dense(every, block_size=128, seq_len_q=SEQ_LEN, seq_len_kv=SEQ_LEN)
+        return tessera.plan(mask, num_q_heads=HEADS, head_dim=HEAD_DIM)
+
+    benchmark.group = "plan"
+    plan = benchmark(mask_and_plan)
+    # One group and one span a head: the arithmetic mapping of a mask selecting every block.
+    assert plan.tiles.num_groups == HEADS and plan.tiles.num_spans == HEADS
+    benchmark.extra_info.update(num_tasks=plan.queue.num_tasks, num_tiles=plan.tiles.num_tiles)

@@ -20,6 +20,10 @@ With ``align_tiles`` steps 3 and subdivide are replaced: tiles sit at multiples 
 ``tile_rows`` tokens whatever the block boundaries, and each carries the union of the key spans
 of the runs it meets, every span restricted to the rows that select it (:func:`_aligned_tiles`).
 
+A host mask that selects every block (a dense layer) skips the three steps: each head is one
+group with one span over all its keys, which :func:`_whole_mask_tiles` writes by arithmetic (the
+same tiles, tested array for array).
+
 A device mask built from a dense block matrix takes a shortcut for steps 1 and 2: two kernels
 (tessera/cuda/plan.cu) compute the per-row statistics and write the spans straight from the
 matrix; when the cost model picks any restricted merge, the general path above runs instead.
@@ -213,6 +217,8 @@ def map_to_tiles(mask: BlockMask, tile_rows: int, block_n: int,
         stats = _row_stats(mask, xp)
         return _aligned_tiles(mask, stats, _runs(stats, n_rows, n_q, qb, xp), kb, tile_rows,
                               block_n, pack_keys, xp)
+    if xp is np and _selects_every_block(mask):
+        return _whole_mask_tiles(mask, qb, kb, tile_rows, block_n, pack_keys, xp)
     dense = device_dense_rows(mask) if use_device_planner(xp) else None
     if dense is not None:
         tiles, runs = _map_dense_on_device(mask, dense, tile_rows, block_n, combine_threshold,
@@ -259,6 +265,28 @@ def map_to_tiles(mask: BlockMask, tile_rows: int, block_n: int,
     g_span_off, g_chunks = _owned_spans(s_group, num_groups, k0, k1, block_n, pack_keys, xp)
     return _subdivide(group_q0, group_q1, group_bh, g_span_off, g_chunks, k0, k1, r0, r1,
                       tile_rows, block_n, num_merged, xp)
+
+
+def _selects_every_block(mask: BlockMask) -> bool:
+    """Whether a mask selects every (query block, key block) pair of every stored head."""
+    total = int(np.prod(mask.shape, dtype=np.int64))
+    return total > 0 and mask.nnz == total
+
+
+def _whole_mask_tiles(mask: BlockMask, qb: Any, kb: Any, tile_rows: int, block_n: int,
+                      pack_keys: bool, xp) -> PhysicalTiles:
+    """The tiles of a mask that selects every block, by arithmetic: each head's rows are one
+    run of identical rows (one group) with one span over all its keys -- what the three steps
+    find, without their passes over every selected block (a dense layer of Wan-1.3B has
+    786,432)."""
+    n_bh = mask.batch_heads[0] * mask.batch_heads[1]
+    owner = xp.arange(n_bh, dtype=np.int64)
+    q0 = xp.full(n_bh, int(qb[0]), dtype=np.int64)
+    q1 = xp.full(n_bh, int(qb[-1]), dtype=np.int64)
+    k0 = xp.full(n_bh, int(kb[0]), dtype=np.int64)
+    k1 = xp.full(n_bh, int(kb[-1]), dtype=np.int64)
+    span_off, chunks = _owned_spans(owner, n_bh, k0, k1, block_n, pack_keys, xp)
+    return _subdivide(q0, q1, owner, span_off, chunks, k0, k1, q0, q1, tile_rows, block_n, 0, xp)
 
 
 def _run_entries(stats: _RowStats, run_first: Any, xp) -> tuple[Any, Any, Any]:

@@ -165,6 +165,40 @@ def test_subdivide_384_token_blocks(split):
     check_emulation(plan, mask, *random_qkv(rng, 1, heads, heads, 1152, 768), None)
 
 
+@pytest.mark.parametrize("pack_keys", [False, True])
+@pytest.mark.parametrize("combine_threshold", [0.0, 0.3])
+@pytest.mark.parametrize("batch_heads, block_size, n_q, n_kv", [
+    ((1, 3), 128, 5, 7), ((2, 2), 64, 9, 4), ((1, 1), 384, 2, 3), ((2, 1), 96, 1, 1)])
+def test_a_mask_selecting_every_block_maps_as_the_three_steps_do(
+        monkeypatch, batch_heads, block_size, n_q, n_kv, combine_threshold, pack_keys):
+    """The arithmetic tiles of a mask that selects every block equal the general path's, array
+    for array (the general path forced by hiding the count)."""
+    from tessera.runtime import mapping
+
+    mask = BlockMask.from_dense(np.ones((*batch_heads, n_q, n_kv), dtype=bool),
+                                block_size=block_size)
+    args = (mask, 128, 64, combine_threshold, pack_keys)
+    fast = mapping.map_to_tiles(*args)
+    monkeypatch.setattr(mapping, "_selects_every_block", lambda m: False)
+    general = mapping.map_to_tiles(*args)
+    for name in ("tile_rows", "block_n", "num_groups", "num_merged"):
+        assert getattr(fast, name) == getattr(general, name), name
+    for name in ("mask_bh", "q0", "q1", "span_begin", "span_end", "chunks", "k0", "k1", "r0",
+                 "r1"):
+        a, b = np.asarray(getattr(fast, name)), np.asarray(getattr(general, name))
+        assert a.dtype == b.dtype and np.array_equal(a, b), name
+
+
+def test_a_mask_missing_one_block_takes_the_general_path():
+    """One unselected block is enough to leave the arithmetic tiles: the spans then break."""
+    from tessera.runtime import mapping
+
+    dense = np.ones((1, 2, 4, 4), dtype=bool)
+    dense[0, 1, 2, 1] = False
+    tiles = mapping.map_to_tiles(BlockMask.from_dense(dense, block_size=128), 128, 64, 0.0)
+    assert tiles.num_spans > 2 and tiles.num_groups > 2
+
+
 def test_aligned_tiles_cut_the_waste_of_clusters():
     """Variable ~150-token clusters that select most keys: tiles cut from each block run their
     last tile mostly empty; aligned tiles share keys across the boundary and compute far less,
