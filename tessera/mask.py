@@ -470,7 +470,7 @@ class BlockMask:
     # Where the selection lives is read a dozen times a request and never changes: computed
     # once (a cached_property writes the instance's __dict__, which a frozen dataclass allows;
     # __getstate__ leaves the cached values out of a pickle or a deep copy).
-    _CACHED = ("_in_cupy", "device_id", "_host_nnz")
+    _CACHED = ("_in_cupy", "device_id", "_dense_nnz")
 
     @property
     def xp(self):
@@ -509,13 +509,13 @@ class BlockMask:
     def nnz(self) -> int:
         """Number of selected (query block, key block) pairs, over the stored batch and heads."""
         if self._indptr is None:
-            return int(self.dense_rows.sum()) if self._in_cupy else self._host_nnz
+            return self._dense_nnz
         return int(self._indptr[-1])
 
     @functools.cached_property
-    def _host_nnz(self) -> int:
-        # A plan of a host mask asks for the count several times; the rows are the mask's own
-        # copy, so it never changes.
+    def _dense_nnz(self) -> int:
+        # A plan asks for the count several times (of a device mask: a readback each); the rows
+        # are the mask's own copy, so it never changes.
         return int(self.dense_rows.sum())
 
     @property

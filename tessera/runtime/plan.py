@@ -250,6 +250,13 @@ def plan(block_mask: BlockMask, *, num_q_heads: int, num_kv_heads: int | None = 
     ``arch=None`` with a device mask means the mask's device's.
     The plan's arrays live where the mask lives (numpy, or CuPy on the mask's device).
 
+    A device mask's plan reads its block count back (one scalar) where the count decides the
+    plan, as a host mask's does: at head dim 64 on large blocks (a dense layer takes 192-row
+    tiles, a mask selecting ``ROWS128_MIN_DENSITY_D64`` of its blocks 128-row ones), and for a
+    dense layer at head dim 128 (its tasks walked as whole spans); a dense layer's exact queue
+    then comes back once too, for its filled last wave. ``split_tasks=False`` and
+    ``sync_free=True`` read neither.
+
     ``sync_free=True`` plans without reading anything back from the GPU, so that the planning
     can be captured into a CUDA graph (the default when CuPy's current stream is being
     captured): a device mask; a regime chosen without reading the mask (the one the last
@@ -328,17 +335,21 @@ def _plan(block_mask: BlockMask, num_q_heads: int, num_kv_heads: int | None, hea
                          "CUDA graph is captured): a host mask is planned on the host")
     by_geometry = True  # a regime given holds for every mask of the geometry
     given = regime is not None
+    # A plan made directly may count a device mask's blocks (a scalar read back) for the rules
+    # that rest on the count, as a host mask's plan does; a request's plan never reads.
+    count_blocks = split_tasks and not sync_free
     if regime is None and selection is not None:
         regime, by_geometry = selection
     elif regime is None:  # the table in force for arch, else the heuristic (runtime/regime/)
         regime, by_geometry = selected_regime(
             block_mask, arch=arch, head_dim=head_dim, dtype=dtype, num_q_heads=num_q_heads,
-            batch=batch, num_kv_heads=num_kv_heads, read_mask=not sync_free)
+            batch=batch, num_kv_heads=num_kv_heads, read_mask=not sync_free,
+            count_blocks=count_blocks)
     if not isinstance(regime, Regime):
         raise TypeError(f"regime must be a tessera Regime, got {type(regime).__name__}")
     if not given and not sync_free:
         # A dense host mask's tasks are whole spans, which its kernel walks by arithmetic.
-        picked = whole_span_pick(regime, block_mask, head_dim)
+        picked = whole_span_pick(regime, block_mask, head_dim, count_blocks)
         if picked is not regime:
             regime, by_geometry = picked, False
     elif regime.whole_spans:
@@ -379,6 +390,12 @@ def _plan(block_mask: BlockMask, num_q_heads: int, num_kv_heads: int | None, hea
                                allow_split=allow_split, pack_keys=regime.pack_keys,
                                align_tiles=regime.align_tiles, require_sync_free=sync_free)
     device = None
+    if (isinstance(fused, SyncFreePlan) and count_blocks and not given
+            and (regime.whole_spans or regime.block_m == 192)
+            and selects_every_block(block_mask)):
+        # A dense device layer planned directly (its count read for the regime already): its
+        # exact queue (one copy) takes the filled last wave below, as a host plan's does.
+        fused = fused.settle()
     if isinstance(fused, SyncFreePlan):
         launch, exact, device = fused.launch_queue(), fused.settle, fused
     else:

@@ -494,6 +494,47 @@ def test_a_filled_last_wave(name, d, tma, monkeypatch):
     _poisoned_run_matches_reference(p, m, q, k, v, monkeypatch)
 
 
+@pytest.mark.parametrize("d", [64, 128])
+def test_a_dense_device_mask_planned_directly_as_a_host_one(d, monkeypatch):
+    """tessera.plan of a device mask selecting every block counts its blocks (one scalar back)
+    and plans it as the same host mask's plan for this GPU: 192-row tiles at head dim 64, whole
+    spans at 128, the last wave filled (40 equal tasks, fewer than the slots) -- queue for
+    queue, and against the float64 reference with every output written. A request of the same
+    mask counts nothing and keeps its sync-free plan."""
+    import cupy as cp
+
+    from tessera.runtime.regime import heuristic as H
+
+    if _device_cc() != 90:
+        pytest.skip("the count picks sm90 tiles")
+    blocks = np.ones((1, 20, 40), bool)
+    geo = dict(block_size=128, seq_len_q=20 * 128 - 37, seq_len_kv=40 * 128 - 50)
+    m = tessera.BlockMask.from_dense(blocks, **geo)
+    dm = tessera.BlockMask.from_dense(cp.asarray(blocks), **geo)
+    kw = dict(num_q_heads=2, head_dim=d, dtype="float16")
+    p = tessera.plan(dm, **kw)
+    host = tessera.plan(m, arch=90, **kw)
+    assert p.regime == host.regime
+    assert p.regime.whole_spans if d == 128 else p.regime == H.SM90_ROWS192_D64
+    assert not p.sync_free and host.queue.num_slots > 0  # the filled wave
+    for name in ("tasks", "spans", "combine"):
+        np.testing.assert_array_equal(_to_numpy(getattr(p.queue, name)),
+                                      getattr(host.queue, name), err_msg=name)
+    rng = np.random.default_rng(d)
+    lq, lk = int(m.seq_len_q), int(m.seq_len_kv)
+    q, k, v = (rng.standard_normal((1, 2, n, d)).astype(np.float16) for n in (lq, lk, lk))
+    _poisoned_run_matches_reference(p, m, q, k, v, monkeypatch)
+    monkeypatch.setattr(api, "_request_plans", api.OrderedDict())
+    monkeypatch.setattr(tessera.BlockMask, "nnz",
+                        property(lambda mask: pytest.fail("a request counted the blocks")))
+    fresh = tessera.BlockMask.from_dense(cp.asarray(blocks), **geo)
+    out = tessera.attention(cp.asarray(q), cp.asarray(k), cp.asarray(v), fresh)
+    (kept,) = api._request_plans.values()
+    assert not kept.regime.whole_spans and kept.regime.block_m != 192
+    assert_rows_close(_to_numpy(out).astype(np.float64),
+                      reference.attention(q, k, v, m), "float16")
+
+
 def test_a_launch_past_the_task_index_limit_is_refused(monkeypatch):
     """A plan whose task indices (with a persistent grid's surplus tickets) would pass
     launch.MAX_TASKS -- the sm90 producer packs an index and two flags into one int -- is
@@ -962,7 +1003,8 @@ def test_requests_of_one_geometry_reuse_a_plan(monkeypatch, family):
         s.synchronize()
         assert not torch.isnan(out).any(), f"request {i}: unwritten output"
         if family == "default":
-            new = tessera.plan(mask, num_q_heads=h, head_dim=64).run(q, k, v)
+            # (split_tasks=False: the request's own selection, which counts no blocks)
+            new = tessera.plan(mask, num_q_heads=h, head_dim=64, split_tasks=False).run(q, k, v)
             torch.testing.assert_close(out, new, rtol=0, atol=0)
         else:
             ref = reference.attention(*exact, tessera.BlockMask.from_dense(

@@ -176,12 +176,13 @@ def select_regime(mask: Any, *, arch: int | None, head_dim: int, dtype: Any,
                   num_q_heads: int, batch: int, num_kv_heads: int | None = None) -> Regime:
     """The regime ``tessera.plan`` uses when none is given (see :func:`selected_regime`)."""
     return selected_regime(mask, arch=arch, head_dim=head_dim, dtype=dtype,
-                           num_q_heads=num_q_heads, batch=batch, num_kv_heads=num_kv_heads)[0]
+                           num_q_heads=num_q_heads, batch=batch, num_kv_heads=num_kv_heads,
+                           count_blocks=True)[0]
 
 
 def selected_regime(mask: Any, *, arch: int | None, head_dim: int, dtype: Any,
                     num_q_heads: int, batch: int, num_kv_heads: int | None = None,
-                    read_mask: bool = True) -> tuple[Regime, bool]:
+                    read_mask: bool = True, count_blocks: bool = False) -> tuple[Regime, bool]:
     """The regime ``tessera.plan`` uses when none is given, and whether every mask of this
     geometry gets it (the selection was not read).
 
@@ -197,6 +198,9 @@ def selected_regime(mask: Any, *, arch: int | None, head_dim: int, dtype: Any,
     ``read_mask=False`` decides by the geometry alone, reading nothing back from the GPU (a
     plan made while a CUDA graph is captured): what the last selection for this geometry and
     shapes found by reading its mask (the warm-up request), else the heuristic, plain tiles.
+    ``count_blocks``: a device mask's blocks may be counted (a scalar read back), as a host
+    mask's always are, for the rules that rest on the count (:func:`heuristic_choice`): a plan
+    made directly counts them, a request never does.
     """
     if arch is None and mask.on_device:
         arch = device.device_arch()
@@ -209,7 +213,10 @@ def selected_regime(mask: Any, *, arch: int | None, head_dim: int, dtype: Any,
            int(head_dim), dtype,
            int(num_q_heads), int(batch), int(num_kv_heads), tuple(mask.batch_heads),
            bool(mask.on_device), bounds_key(mask.q_bounds), bounds_key(mask.kv_bounds))
-    found = _selections.get(key)
+    # (An answer of the geometry alone holds for its own count_blocks only: with it a device
+    # mask's count may decide. An answer read holds for the next that reads nothing, either way.)
+    geometry_key = (*key, bool(count_blocks))
+    found = _selections.get(geometry_key)
     if found is not None:
         return found, True
     if not read_mask:
@@ -223,11 +230,11 @@ def selected_regime(mask: Any, *, arch: int | None, head_dim: int, dtype: Any,
         return _ring_rule(fallback, mask, num_q_heads, batch, num_kv_heads,
                           ring_rule_sm_count(arch)), True
     regime, by_geometry = _select_regime(mask, arch, head_dim, dtype, num_q_heads, batch,
-                                         num_kv_heads)
+                                         num_kv_heads, count_blocks)
     kept = _selections if by_geometry else _read_selections
     if len(kept) >= 256:  # a bound, not an LRU: models use a handful of geometries
         kept.clear()
-    kept[key] = regime
+    kept[geometry_key if by_geometry else key] = regime
     return regime, by_geometry
 
 
@@ -249,7 +256,7 @@ def selection_generation() -> int:
 
 
 def _select_regime(mask: Any, arch: int | None, head_dim: int, dtype: str, num_q_heads: int,
-                   batch: int, num_kv_heads: int) -> tuple[Regime, bool]:
+                   batch: int, num_kv_heads: int, count_blocks: bool) -> tuple[Regime, bool]:
     """select_regime's decision: (the regime, whether the geometry and shapes alone gave it)."""
     heuristic = default_regime(arch, head_dim, typical_q_block(mask.q_bounds), mask.kv_bounds)
     table = active_table(arch)
@@ -280,7 +287,8 @@ def _select_regime(mask: Any, arch: int | None, head_dim: int, dtype: str, num_q
     else:
         by_geometry = True
     regime, read = heuristic_choice(mask, arch, head_dim, heuristic, num_q_heads=num_q_heads,
-                                    batch=batch, num_kv_heads=num_kv_heads, sm_count=sm_count)
+                                    batch=batch, num_kv_heads=num_kv_heads, sm_count=sm_count,
+                                    count_blocks=count_blocks)
     return regime, by_geometry and not read
 
 
@@ -293,16 +301,17 @@ def ring_rule_sm_count(arch: int | None) -> int:
 def heuristic_choice(mask: Any, arch: int | None, head_dim: int,
                      heuristic: Regime | None = None, *, num_q_heads: int | None = None,
                      batch: int = 1, num_kv_heads: int | None = None,
-                     sm_count: int = 0) -> tuple[Regime, bool]:
+                     sm_count: int = 0, count_blocks: bool = False) -> tuple[Regime, bool]:
     """The regime a plan of ``mask`` takes where no table answers, and whether deciding it
     read the mask: :func:`default_regime` (``heuristic``, when the caller has it), whose sm90
     regimes for large blocks take aligned tiles where :func:`align_pays`, else packed keys
     where :func:`pack_pays`, else (head dim 64) 192-row tiles where :func:`rows192_pay` or
     a host mask :func:`selects_every_block`, 128-row tiles where a host mask selects at least
-    ``ROWS128_MIN_DENSITY_D64`` of its blocks. Given the shape (``num_q_heads``, ``batch``) and
+    ``ROWS128_MIN_DENSITY_D64`` of its blocks (a device mask's count too with
+    ``count_blocks``). Given the shape (``num_q_heads``, ``batch``) and
     the GPU's ``sm_count``, rings that would get too few tasks take one-ring tiles
     (:func:`one_ring_where_few_tasks`)."""
-    regime, read = _mask_rules(mask, arch, head_dim, heuristic)
+    regime, read = _mask_rules(mask, arch, head_dim, heuristic, count_blocks)
     if num_q_heads is None:
         return regime, read
     return _ring_rule(regime, mask, num_q_heads, batch, num_kv_heads or num_q_heads,
@@ -329,8 +338,8 @@ def _rings_stand(regime: Regime, mask: Any, num_q_heads: int, batch: int, num_kv
             and _ring_rule(regime, mask, num_q_heads, batch, num_kv_heads, sm_count) == regime)
 
 
-def _mask_rules(mask: Any, arch: int | None, head_dim: int,
-                heuristic: Regime | None) -> tuple[Regime, bool]:
+def _mask_rules(mask: Any, arch: int | None, head_dim: int, heuristic: Regime | None,
+                count_blocks: bool = False) -> tuple[Regime, bool]:
     """heuristic_choice's rules that read the mask (or its geometry)."""
     if heuristic is None:
         heuristic = default_regime(arch, head_dim, typical_q_block(mask.q_bounds),
@@ -353,11 +362,11 @@ def _mask_rules(mask: Any, arch: int | None, head_dim: int,
     if heuristic == SM90_ROWS64_D64:
         if rows192_pay(mask.q_bounds):
             return SM90_ROWS192_D64, read
-        if not mask.on_device:
+        if not mask.on_device or count_blocks:
             # A dense layer fills 192-row tiles whatever its blocks (one run of rows a head); a
             # mask selecting much of its blocks reads each K/V chunk for 128 rows at once.
-            # Counted on the host only: on the device the count is a readback, which a
-            # request at a model's shape never waits for (device masks keep 64-row tiles).
+            # On the device the count is a readback: a plan made directly takes it, a request
+            # at a model's shape never waits for one (its device masks keep 64-row tiles).
             if selects_every_block(mask):
                 return SM90_ROWS192_D64, True
             return (SM90_ROWS128 if mask.density >= ROWS128_MIN_DENSITY_D64
@@ -393,15 +402,17 @@ def packed_pick(found: Regime, packs: bool) -> Regime:
     return found.with_(pack_keys=True, split_ratio=Regime.split_ratio)
 
 
-def whole_span_pick(found: Regime, mask: Any, head_dim: int) -> Regime:
+def whole_span_pick(found: Regime, mask: Any, head_dim: int,
+                    count_blocks: bool = False) -> Regime:
     """A selected regime as a plan of ``mask`` takes it: with ``whole_spans`` where ``mask`` is
     a host mask that :func:`selects_every_block` (a dense layer), at head dim 128, and the
     regime's kernel can walk whole spans (an sm90 producer regime of the span-by-span walk,
     combine threshold 0, plain tiles). Wan's dense layer ran 1.010x faster so; at head dim 64
     the 192-row tiles measured 0.997-1.009x, not worth a kernel to build (docs/decisions.md).
-    A device mask keeps the regime: its count is a readback, which a request at a model's
-    shape never waits for."""
-    if (head_dim != 128 or mask.on_device or found.whole_spans or not found.producer
+    A device mask's count is a readback: counted with ``count_blocks`` (a plan made directly),
+    never for a request at a model's shape, which keeps the regime."""
+    if (head_dim != 128 or (mask.on_device and not count_blocks) or found.whole_spans
+            or not found.producer
             or found.pack_keys or found.align_tiles or found.combine_threshold != 0):
         return found
     return found.with_(whole_spans=True) if selects_every_block(mask) else found

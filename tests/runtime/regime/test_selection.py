@@ -390,6 +390,31 @@ def test_a_dense_layer_at_head_dim_64_takes_192_row_tiles():
 
 
 
+
+def test_a_device_mask_is_counted_only_where_its_plan_may_read(monkeypatch):
+    """A device mask's block count decides the head-dim-64 tiles and a dense layer's whole
+    spans as a host mask's does, but only with ``count_blocks`` (a plan made directly, which
+    may read a scalar back); without it (a request's selection) nothing is counted and the
+    geometry's answer stands. (Host masks stand in for device ones: ``on_device`` patched.)"""
+    H = R.heuristic
+    qb = np.arange(0, 20 * 128 + 1, 128)
+    dense = BlockMask.from_dense(np.ones((2, 20, 20), bool), q_bounds=qb, kv_bounds=qb)
+    half = BlockMask.from_dense(np.random.default_rng(4).random((2, 20, 20)) < 0.5,
+                                q_bounds=qb, kv_bounds=qb)
+    monkeypatch.setattr(BlockMask, "on_device", property(lambda m: True))
+    kw = dict(arch=90, head_dim=64, dtype="bfloat16", num_q_heads=2, batch=1)
+    for m, want in ((dense, H.SM90_ROWS192_D64), (half, H.SM90_ROWS128)):
+        assert S.heuristic_choice(m, 90, 64, count_blocks=True) == (want, True)
+        assert S.selected_regime(m, count_blocks=True, **kw) == (want, False)
+    assert S.whole_span_pick(H.SM90_ROWS128, dense, 128, count_blocks=True).whole_spans
+    assert not S.whole_span_pick(H.SM90_ROWS128, half, 128, count_blocks=True).whole_spans
+    monkeypatch.setattr(BlockMask, "nnz", property(lambda m: pytest.fail("counted the blocks")))
+    for m in (dense, half):
+        assert S.heuristic_choice(m, 90, 64) == (H.SM90_ROWS64_D64, False)
+        # A request reading nothing takes the last answer read for the geometry.
+        assert S.selected_regime(m, read_mask=False, **kw)[0] == H.SM90_ROWS128
+    assert S.whole_span_pick(H.SM90_ROWS128, dense, 128) == H.SM90_ROWS128
+
 def test_rings_with_enough_tasks_stand_against_the_table(monkeypatch):
     """Where the heuristic's four-ring tiles (head dim 64) get enough tasks (128, ~5 a ring on
     a 6-SM GPU, which may still split them), the table is not looked up -- no features are
