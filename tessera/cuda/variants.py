@@ -27,13 +27,17 @@ def has_wide_step(block_m: int, block_n: int, head_dim: int) -> bool:
     return (block_m, block_n, head_dim) == (128, 128, 64)
 
 
-def pv_wait_anchored(block_m: int, block_n: int, head_dim: int, tma: bool) -> bool:
+def pv_wait_anchored(block_m: int, block_n: int, head_dim: int, tma: bool,
+                     whole_tasks: bool = False) -> bool:
     """Whether the sm90 variant keeps its softmax's exponentials ahead of the wait for the
     previous P V (``TESSERA_PV_WAIT_ANCHOR``, bsa_sm90.cu): the TMA form of 64x64 tiles at head
     dim 128, a lone consumer warpgroup a CTA, whose exponentials then overlap its own P V (Wan's
-    64-token top-k 1.055x faster, H200). Elsewhere it measured within -2..+2%: the other
-    warpgroups' products already fill the tensor cores (docs/decisions.md)."""
-    return tma and (block_m, block_n, head_dim) == (64, 64, 128)
+    64-token top-k 1.055x faster, H200), and the whole-span loop of a dense layer at head dim
+    128 (Wan 1.007x / 1.009x in two machine starts). Elsewhere it measured within -2..+2%, and
+    3% slower on the 128-row tiles' sparse walk: the other warpgroup's products already fill
+    the tensor cores (docs/decisions.md)."""
+    return tma and ((block_m, block_n, head_dim) == (64, 64, 128)
+                    or (whole_tasks and head_dim == 128))
 
 
 @dataclass(frozen=True)
@@ -97,8 +101,8 @@ class Variant:
                   (("TMA", 1),) if tma else ()) + (
                   (("WIDE_BN", WIDE_BN), ("WIDE_SPANS", WIDE_SPANS), ("WIDE_SLACK", WIDE_SLACK))
                   if wide else ()) + (() if guard else (("GUARD", 0),)) + (
-                  (("PV_WAIT_ANCHOR", 1),) if pv_wait_anchored(block_m, block_n, head_dim, tma)
-                  else ()) + ((("WHOLE_TASKS", 1),) if whole_tasks else ())
+                  (("PV_WAIT_ANCHOR", 1),)
+                  if pv_wait_anchored(block_m, block_n, head_dim, tma, whole_tasks) else ()) + ((("WHOLE_TASKS", 1),) if whole_tasks else ())
         if not producer:
             return cls("bsa_sm90.cu", "bsa_fwd_sm90", macros)
         def ws(q_buffers: int, min_blocks: int, aligned: bool = False) -> "Variant":

@@ -459,9 +459,9 @@ def test_cache_files_are_written_whole_or_not_at_all(tmp_path, monkeypatch):
 
 
 def test_pv_wait_anchor_only_where_it_pays(tmp_path, monkeypatch):
-    """The TMA form of 64x64 tiles at head dim 128 builds with its exponentials kept ahead of
-    the P V wait (variants.pv_wait_anchored), spill-free and unserialized; its cp.async form
-    and other shapes build without it."""
+    """The TMA forms of 64x64 tiles and of the whole-span loop at head dim 128 build with their
+    exponentials kept ahead of the P V wait (variants.pv_wait_anchored), spill-free and
+    unserialized; their cp.async forms and other shapes build without it."""
     monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
     reg = Regime(family="sm90", block_m=64, block_n=64, num_warps=8, stages=3,
                  combine_threshold=0.0)
@@ -471,5 +471,10 @@ def test_pv_wait_anchor_only_where_it_pays(tmp_path, monkeypatch):
     assert "PV_WAIT_ANCHOR" not in dict(reg.variant(64, True, tma=True).macros)
     rows128 = Regime(family="sm90", block_m=128, num_warps=12, block_n=128, stages=3)
     assert "PV_WAIT_ANCHOR" not in dict(rows128.variant(128, True, tma=True).macros)
-    res = loader.compile_variant(anchored, "sm_90a")
-    assert res.spill_bytes == 0
+    # The whole-span loop of a dense layer at head dim 128 keeps them ahead too.
+    whole = rows128.with_(combine_threshold=0.0, whole_spans=True)
+    assert dict(whole.variant(128, True, tma=True).macros).get("PV_WAIT_ANCHOR") == 1
+    assert "PV_WAIT_ANCHOR" not in dict(whole.variant(128, True, tma=False).macros)
+    assert "PV_WAIT_ANCHOR" not in dict(whole.variant(64, True, tma=True).macros)
+    for v in (anchored, whole.variant(128, True, tma=True)):
+        assert loader.compile_variant(v, "sm_90a").spill_bytes == 0
