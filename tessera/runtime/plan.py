@@ -4,7 +4,9 @@
 It is array-module agnostic: a CuPy mask is planned on the device with no copy of the mask to the
 host (at most a few scalars, the sizes of the arrays it makes, come back). A device mask without
 restricted merges takes the planner kernels (``device_planner.py``), with no synchronization at
-all when no task may split; everything else the general path, which gives the same arrays.
+all when no task may split -- but a plan made directly reads the mask's block count where the
+count decides its tiles or a dense layer's walk (see :func:`plan`); everything else the general
+path, which gives the same arrays.
 A sync-free plan can be replanned for another mask of its geometry (``Plan.replan``), which
 ``tessera.attention`` does for the requests of a model; its requests never split tasks
 (``split_tasks=False``), and one captured into a CUDA graph reads nothing back at all
