@@ -102,7 +102,8 @@ class Variant:
                   (("WIDE_BN", WIDE_BN), ("WIDE_SPANS", WIDE_SPANS), ("WIDE_SLACK", WIDE_SLACK))
                   if wide else ()) + (() if guard else (("GUARD", 0),)) + (
                   (("PV_WAIT_ANCHOR", 1),)
-                  if pv_wait_anchored(block_m, block_n, head_dim, tma, whole_tasks) else ()) + ((("WHOLE_TASKS", 1),) if whole_tasks else ())
+                  if pv_wait_anchored(block_m, block_n, head_dim, tma, whole_tasks) else ()) + (
+                  (("WHOLE_TASKS", 1),) if whole_tasks else ())
         if not producer:
             return cls("bsa_sm90.cu", "bsa_fwd_sm90", macros)
         def ws(q_buffers: int, min_blocks: int, aligned: bool = False) -> "Variant":
