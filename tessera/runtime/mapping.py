@@ -48,7 +48,7 @@ from .queue import Span
 __all__ = ["PhysicalTiles", "map_to_tiles", "row_stats_on_device", "launch_row_stats",
            "device_bounds", "tiling_pairs", "key_walk_chunks", "aligned_tile_blocks",
            "aligned_geometry",
-           "AlignedGeometry", "straddling_tiles"]
+           "AlignedGeometry", "straddling_tiles", "selects_every_block"]
 
 
 @dataclass
@@ -217,7 +217,7 @@ def map_to_tiles(mask: BlockMask, tile_rows: int, block_n: int,
         stats = _row_stats(mask, xp)
         return _aligned_tiles(mask, stats, _runs(stats, n_rows, n_q, qb, xp), kb, tile_rows,
                               block_n, pack_keys, xp)
-    if xp is np and _selects_every_block(mask):
+    if xp is np and selects_every_block(mask):
         return _whole_mask_tiles(mask, qb, kb, tile_rows, block_n, pack_keys, xp)
     dense = device_dense_rows(mask) if use_device_planner(xp) else None
     if dense is not None:
@@ -267,8 +267,9 @@ def map_to_tiles(mask: BlockMask, tile_rows: int, block_n: int,
                       tile_rows, block_n, num_merged, xp)
 
 
-def _selects_every_block(mask: BlockMask) -> bool:
-    """Whether a mask selects every (query block, key block) pair of every stored head."""
+def selects_every_block(mask: BlockMask) -> bool:
+    """Whether ``mask`` selects every (query block, key block) pair of every stored head (a
+    dense layer): one count, a scalar read back for a device mask."""
     total = int(np.prod(mask.shape, dtype=np.int64))
     return total > 0 and mask.nnz == total
 

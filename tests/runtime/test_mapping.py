@@ -179,7 +179,7 @@ def test_a_mask_selecting_every_block_maps_as_the_three_steps_do(
                                 block_size=block_size)
     args = (mask, 128, 64, combine_threshold, pack_keys)
     fast = mapping.map_to_tiles(*args)
-    monkeypatch.setattr(mapping, "_selects_every_block", lambda m: False)
+    monkeypatch.setattr(mapping, "selects_every_block", lambda m: False)
     general = mapping.map_to_tiles(*args)
     for name in ("tile_rows", "block_n", "num_groups", "num_merged"):
         assert getattr(fast, name) == getattr(general, name), name

@@ -78,10 +78,10 @@ def selects_every_block(mask: Any) -> bool:
     """Whether ``mask`` selects every (query block, key block) pair of every stored head: a
     dense layer (as sparse video methods run their first steps). Its rows are one run of
     identical rows a head, which the mapping keeps as one group, so tiles of any height fill
-    whatever the block size (``SM90_ROWS192_D64`` at head dim 64, for host masks:
-    ``heuristic_choice``). Reads one count: a scalar back from the GPU for a device mask."""
-    total = int(np.prod(mask.shape, dtype=np.int64))
-    return total > 0 and mask.nnz == total
+    whatever the block size (``SM90_ROWS192_D64`` at head dim 64: ``heuristic_choice``).
+    Reads one count (:func:`mapping.selects_every_block`): a scalar back from the GPU for a
+    device mask."""
+    return mapping.selects_every_block(mask)
 
 
 @functools.lru_cache(maxsize=64)  # asked on every selection; a geometry's answer never changes
