@@ -276,9 +276,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="Regime names, comma-separated outside brackets: their plans of the "
                          "same mask, timed in the same rounds")
     ap.add_argument("--host-mask", action="store_true",
-                    help="plan a host copy of the mask (the general planner: a dense layer's "
-                         "whole spans, equal tasks' last wave filled) instead of the device "
-                         "mask a request plans without waiting")
+                    help="plan a host copy of the mask (the general planner) instead of the "
+                         "device mask (the planner kernels); either plan counts the mask's "
+                         "blocks, so a dense layer takes whole spans and a filled last wave")
     ap.add_argument("--heads", type=int,
                     help="query heads (default: the model's; fewer give each SM fewer tasks)")
     ap.add_argument("--rounds", type=int, default=8, help="timing rounds (default 8)")

@@ -129,8 +129,9 @@ def run(shapes: list[str], cases: list[str], reps: int = 20, flex: bool = True,
     the host-inclusive figures over ``reps`` timings each. ``sdpa=False`` leaves out the dense
     SDPA baselines (each a hundred dense calls: the longest part of a run at 100k+ tokens).
     ``host_mask``: Tessera plans a host copy of each mask (the general planner, as for a mask
-    built with numpy: a dense layer's whole-span walk, equal tasks' last wave filled) instead
-    of the device mask a request plans without waiting for the GPU."""
+    built with numpy) instead of the device mask (the planner kernels); both plans count the
+    mask's blocks, so a dense layer walks whole spans and fills its last wave either way, while
+    the request figures plan as requests do, counting nothing."""
     if reps < 1 or rounds < 1:
         raise ValueError(f"reps and rounds must be at least 1, got reps={reps}, "
                          f"rounds={rounds}")
