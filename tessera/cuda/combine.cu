@@ -1,6 +1,8 @@
 // Split-KV combine: merges the partial outputs of a split tile by log-sum-exp, in part order, so
-// the result does not depend on which part finished first. One CTA per combine job
-// (tessera/runtime/tasks.py), one warp per physical row. Variant parameter: TESSERA_BF16.
+// the result does not depend on which part finished first. A grid of combine jobs
+// (tessera/runtime/tasks.py) by groups of eight rows, one warp a physical row: each row is a
+// short chain of dependent loads, so the rows run side by side across the GPU, not one after
+// another in a warp (docs/decisions.md). Variant parameter: TESSERA_BF16.
 #include "common.cuh"
 
 extern "C" __global__ void __launch_bounds__(256)
@@ -12,7 +14,7 @@ bsa_combine(const int* __restrict__ jobs, const float* __restrict__ part_o,
   const int q_start = job[COMBINE_Q_START], q_end = job[COMBINE_Q_END];
   const int slot0 = job[COMBINE_SLOT_BEGIN], parts = job[COMBINE_PARTS];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nwarps = blockDim.x / 32;
-  for (int r = warp; r < block_m; r += nwarps) {
+  for (int r = blockIdx.y * nwarps + warp; r < block_m; r += nwarps * gridDim.y) {
     const int tok = q_start + r % tile_rows, head = h0 + r / tile_rows;
     if (tok >= q_end) continue;
     float mx = NEG_INF;
