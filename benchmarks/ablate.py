@@ -1,7 +1,8 @@
 """Where an sm90 kernel's time goes: a ``bench`` case's plan timed in one process against plans of
 the same regime whose kernel is built from a changed source (``--patch``): one part of the consumer
 loop taken out (the softmax, its exponentials, the P·V products, the warpgroups' issue turns), the
-order of its exponentials against the P·V wait flipped, or one of the TMA producer's choices taken
+order of its exponentials against the P·V wait flipped or held at another place, P's conversion
+moved after O's rescale, or one of the TMA producer's choices taken
 back (staged span fields, one producer warp, the chunk's fields read after the issue, the
 whole-span walk) or the softmax's (the warp's vote ahead of the row maxima's shuffles), or a
 shortcut measured and not kept (the thread index declared non-negative, no proxy fence after a
@@ -180,6 +181,20 @@ PATCHES: dict[str, tuple[str, tuple[tuple[str, str, str], ...]]] = {
     "no-whole-span": ("whole-span tasks read each chunk's word and clip its rows like every "
                       "other task (no WholeSpanWalk)",
                       (("bsa_sm90.cu", _WHOLE_SPANS, "constexpr bool WHOLE_SPANS = false;"),)),
+    "p-late": ("P converted after O's rescale, not right after the wait for the previous "
+               "P V (ptxas then converts it after every exponential, not between them)",
+               (("bsa_sm90.cu", "        vs_prev = ks + KV_BYTES;",
+                 "#pragma unroll\n        for (int kk = 0; kk < W / 16; ++kk) "
+                 "p_fragment(pa[kk], s, kk);\n        vs_prev = ks + KV_BYTES;"),
+                ("bsa_sm90.cu", "        wgmma_hold<W / 2>(&s[0][0]);  // P is rewritten only "
+                 "after the P V that read it is done\n#pragma unroll\n        for (int kk = 0; "
+                 "kk < W / 16; ++kk) p_fragment(pa[kk], s, kk);\n",
+                 "        wgmma_hold<W / 2>(&s[0][0]);  // P is rewritten only after the P V "
+                 "that read it is done\n"))),
+    "pv-wait-sums": ("the P V wait held after the row sums (every exponential ahead of it), "
+                     "not after the first exponentials, where the variant holds it",
+                     (("bsa_sm90.cu", "order_wait_after(q_base, (s[0][0] + s[0][2]) * "
+                       "scale_log2);", "order_wait_after(q_base, l[0] + l[1]);"),)),
     # The softmax's choices (common.cuh), taken back.
     "shuffle-max": ("every chunk's row maxima through the quad shuffles, without the warp's "
                     "vote on its threads' own maxima first",

@@ -46,9 +46,9 @@
 //                    starts 1024-aligned; checked): the 1 KB that lets two 64x64 producer CTAs
 //                    with one Q buffer share an SM at head dim 128
 //   TESSERA_GUARD    0: no non-finite check of row-restricted chunks (common.cuh, GuardedRows)
-//   TESSERA_PV_WAIT_ANCHOR 1: the softmax's exponentials issued before the wait for the
+//   TESSERA_PV_WAIT_ANCHOR 1: the softmax's first exponentials issued before the wait for the
 //                    previous chunk's P V (order_wait_after), where ptxas otherwise moves the
-//                    wait ahead of them (variants.py says where it pays)
+//                    wait ahead of them all (variants.py says where it pays)
 //   TESSERA_WHOLE_TASKS 1 (producer variants of the span-by-span walk): every task of the plan
 //                    is a whole-span task (whole_span_task) -- a mask that selects every block,
 //                    which the plan checks (Regime.whole_spans) -- so the consumers walk all of
@@ -193,9 +193,13 @@ __device__ constexpr bool overlap_pv() { return W == BN && OVERLAP_PV; }
 // ptxas places the wait for P_{j-1} V_{j-1} ahead of the softmax's exponentials whatever the
 // source order (the SASS of every variant: the wait lands within the row-max reduction), so
 // they run only once P V is done. It keeps the wait behind a shared-memory store, so one that
-// takes the row sums -- which depend on every exponential -- holds the exponentials ahead of
-// it. The store never executes: its predicate, a negative row sum, is never true (sums of
-// exponentials are >= 0 or NaN), so `addr` is never written.
+// takes the first exponentials holds part of them ahead of it; the rest then issue after the
+// wait with P's conversions between them (as FlashAttention-4's sm90 loop has it), where a
+// store of the row sums held every exponential ahead and left the 32 conversions to run alone
+// after the wait (docs/decisions.md). The store never executes: its predicate, a negative
+// value, is never true (exponentials times the positive scale, launch.check_scale, are >= 0
+// or NaN; the scale is there because ptxas knows an exponential is never negative and would
+// drop the store), so `addr` is never written.
 constexpr bool PV_WAIT_ANCHOR = TESSERA_PV_WAIT_ANCHOR != 0;
 __device__ __forceinline__ void order_wait_after(u32 addr, float x) {
   asm volatile("{\n.reg .pred p;\nsetp.lt.f32 p, %1, 0f00000000;\n@p st.shared.f32 [%0], %1;\n}"
@@ -911,8 +915,10 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
 
       // Software pipeline, per warpgroup: iteration j issues S_j = Q K_j^T and then O += P_{j-1}
       // V_{j-1}, waits for S_j only, starts the softmax of chunk j while the tensor cores still
-      // work on P V (its exponentials too where order_wait_after keeps them there), then waits
-      // for that, rescales O and turns S_j into P_j. The stage being refilled
+      // work on P V (some of its exponentials too where order_wait_after keeps them there), then
+      // waits for that, turns S_j into P_j -- before O's rescale, a branch, so that ptxas
+      // interleaves the conversions with the exponentials it issues after the wait -- and
+      // rescales O. The stage being refilled
       // in iteration j (with chunk j + PREFETCH) held chunk j-2, which every warpgroup finished
       // with before the barrier. The matrix operations are issued unconditionally (a row tile
       // with no part in a chunk gets P = 0): ptxas serializes wgmma issued on paths it cannot
@@ -1002,10 +1008,13 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
         float al[2];
         softmax_chunk(s, m, l, al, walk.key0(), walk.key_end(), t0 >= lo && t0 < hi,
                       t0 + 8 >= lo && t0 + 8 < hi, quad, scale_log2);
-        if constexpr (PV_WAIT_ANCHOR && overlap_pv<W>()) order_wait_after(q_base, l[0] + l[1]);
+        if constexpr (PV_WAIT_ANCHOR && overlap_pv<W>())
+          order_wait_after(q_base, (s[0][0] + s[0][2]) * scale_log2);
         wgmma_wait<0>();
         wgmma_hold<D / 2>(&o[0][0]);
         wgmma_hold<W / 2>(&s[0][0]);  // P is rewritten only after the P V that read it is done
+#pragma unroll
+        for (int kk = 0; kk < W / 16; ++kk) p_fragment(pa[kk], s, kk);
         if (WS && jt > 0) mbar_arrive(empty_bar + 8 * ((j - 1) % STAGES));  // j-1 is done
         if (guard_prev) kept.restore(o, guard_prev);
         if (jt == 0 && guard) kept.restore_zeros(o, guard);  // (the first chunk's P V: see above)
@@ -1017,8 +1026,6 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
             o[i][2] *= al[1]; o[i][3] *= al[1];
           }
         }
-#pragma unroll
-        for (int kk = 0; kk < W / 16; ++kk) p_fragment(pa[kk], s, kk);
         vs_prev = ks + KV_BYTES;
         walk.next(spans, se);
       }
