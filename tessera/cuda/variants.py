@@ -29,13 +29,13 @@ def has_wide_step(block_m: int, block_n: int, head_dim: int) -> bool:
 
 def pv_wait_anchored(block_m: int, block_n: int, head_dim: int, tma: bool,
                      whole_tasks: bool = False) -> bool:
-    """Whether the sm90 variant keeps its softmax's exponentials ahead of the wait for the
-    previous P V (``TESSERA_PV_WAIT_ANCHOR``, bsa_sm90.cu): the TMA form of 64x64 tiles at head
-    dim 128, a lone consumer warpgroup a CTA, whose exponentials then overlap its own P V (Wan's
-    64-token top-k 1.055x faster, H200), and the whole-span loop of a dense layer at head dim
-    128 (Wan 1.007x / 1.009x in two machine starts). Elsewhere it measured within -2..+2%, and
-    3% slower on the 128-row tiles' sparse walk: the other warpgroup's products already fill
-    the tensor cores (docs/decisions.md)."""
+    """Whether the sm90 variant keeps its softmax's first exponentials ahead of the wait for the
+    previous P V (``TESSERA_PV_WAIT_ANCHOR``, bsa_sm90.cu; P's conversions then run between the
+    rest): the TMA form of 64x64 tiles at head dim 128, a lone consumer warpgroup a CTA, whose
+    exponentials then overlap its own P V (Wan's 64-token top-k 1.055x faster, H200), and the
+    whole-span loop of a dense layer at head dim 128 (Wan 1.007x / 1.009x in two machine
+    starts). Elsewhere it measured within -2..+2%, and 3% slower on the 128-row tiles' sparse
+    walk: the other warpgroup's products already fill the tensor cores (docs/decisions.md)."""
     return tma and ((block_m, block_n, head_dim) == (64, 64, 128)
                     or (whole_tasks and head_dim == 128))
 
