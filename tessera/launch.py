@@ -427,10 +427,10 @@ def run(p: "Plan", ops: Operands, scale: float | None, return_lse: bool,
         if n_jobs:
             comb = load_kernel(Variant.combine(bf16=bf16))
             # (a warp a row: block_m / 8 CTAs of eight warps a job)
-            comb((n_jobs, -(-r.block_m // 8)), (256,), (queue.combine, work.part_o, work.part_lse,
-                                     ptr(out_desc.ptr), *map(i64, o_str[:3]), ptr(lse_ptr),
-                                     i64(lse_sb), i64(lse_sh), i32(r.block_m), i32(d),
-                                     i32(launch.tile_rows)), stream=stream)
+            comb((n_jobs, -(-r.block_m // 8)), (256,),
+                 (queue.combine, work.part_o, work.part_lse, ptr(out_desc.ptr),
+                  *map(i64, o_str[:3]), ptr(lse_ptr), i64(lse_sb), i64(lse_sh), i32(r.block_m),
+                  i32(d), i32(launch.tile_rows)), stream=stream)
         result = finish_out(stream)
         if return_lse:
             return result, finish_lse(stream)
