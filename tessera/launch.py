@@ -426,8 +426,9 @@ def run(p: "Plan", ops: Operands, scale: float | None, return_lse: bool,
         n_jobs = int(launch.combine.shape[0])
         if n_jobs:
             comb = load_kernel(Variant.combine(bf16=bf16))
-            # (a warp a row: block_m / 8 CTAs of eight warps a job)
-            comb((n_jobs, -(-r.block_m // 8)), (256,),
+            # A warp a row: a job's rows over CTAs of the kernel's 256 threads (its bound).
+            threads = 256
+            comb((n_jobs, -(-r.block_m // (threads // 32))), (threads,),
                  (queue.combine, work.part_o, work.part_lse, ptr(out_desc.ptr),
                   *map(i64, o_str[:3]), ptr(lse_ptr), i64(lse_sb), i64(lse_sh), i32(r.block_m),
                   i32(d), i32(launch.tile_rows)), stream=stream)
