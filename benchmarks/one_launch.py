@@ -107,9 +107,7 @@ def _peer_call(peer: str, mask: "tessera.BlockMask", q, k, v) -> tuple[Callable[
     if peer == "fa4":
         if not peers.fa4_available():
             raise SystemExit("--peer fa4: flash-attn-4 is not installed")
-        from torch.nn.attention.flex_attention import flex_attention
-
-        flex = torch.compile(flex_attention)
+        flex = peers.compiled_flex()
         return (lambda: flex(q, k, v, kernel_options={"BACKEND": "FLASH"})), \
             "FlashAttention-4 dense (FlexAttention's FLASH backend)"
     from torch.nn.attention import SDPBackend, sdpa_kernel

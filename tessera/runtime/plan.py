@@ -413,7 +413,10 @@ def _plan(block_mask: BlockMask, num_q_heads: int, num_kv_heads: int | None, hea
                                      split_ratio=regime.split_ratio,
                                      min_split_chunks=regime.min_split_chunks,
                                      in_flight=in_flight, allow_split=allow_split)
-        if not regime.pack_keys and regime.split_ratio < NEVER_SPLIT_RATIO:
+        # A request of a selected regime cuts nothing, as it splits nothing: the cut is host
+        # work on every request (the queue copied back and sorted again).
+        cuts = split_tasks or given
+        if cuts and not regime.pack_keys and regime.split_ratio < NEVER_SPLIT_RATIO:
             # Equal tasks whose last wave would run part-full end sooner cut into parts.
             # (A device planner's queue here synchronized already: its costs are read back.)
             def groups(tasks: np.ndarray) -> np.ndarray:

@@ -19,8 +19,8 @@ if TYPE_CHECKING:  # annotations only: the regime layer sits above this one
 
 __all__ = ["build_task_queue", "heads_per_task", "split_limit", "may_split", "tasks_lower_bound",
            "wide_step_tasks", "whole_span_tasks", "launch_keys", "fill_last_wave",
-           "last_wave_parts", "task_groups", "SpanArrays", "HEAVY_SHARE", "HEAVY_MEAN",
-           "NEVER_SPLIT_RATIO"]
+           "last_wave_parts", "FILL_MIN_GAIN", "task_groups", "SpanArrays", "HEAVY_SHARE",
+           "HEAVY_MEAN", "NEVER_SPLIT_RATIO"]
 
 
 def heads_per_task(regime: Regime, mask_heads: int, num_q_heads: int, num_kv_heads: int) -> int:
@@ -311,21 +311,31 @@ class SpanArrays:
     block_n: int
 
 
+# The least share of a queue's time a filled last wave must promise (its arithmetic: the
+# part-full wave's task time less one part's, over the waves'), else the queue is left whole.
+# The fills measured gave about half of what they promised (Wan-1.3B dense 1.4-1.6% of a
+# promised 2.8%), while the fill's host work -- the queue copied back and sorted again -- grows
+# with the queue: HunyuanVideo's top-k 64-token plan (7.5M spans, 170 waves, 0.5% promised)
+# took 110 ms with it and 2 ms without (docs/decisions.md).
+FILL_MIN_GAIN = 0.02
+
+
 def last_wave_parts(num_tasks: int, in_flight: int, chunks: int, min_chunks: int
                     ) -> tuple[int, int]:
     """How :func:`fill_last_wave` cuts a queue of ``num_tasks`` equal tasks of ``chunks`` key
     chunks each on a GPU running ``in_flight`` at once: ``(tail, parts)``, the last ``tail``
     tasks (those of the last, part-full wave) each into ``parts`` pieces of at least
     ``min_chunks`` chunks, so that the pieces fill that wave; ``(0, 1)`` where no cut shortens
-    it. The queue then ends after its full waves plus one piece, not one whole task: Wan-1.3B's
-    dense layer, 3,072 tasks on 132 SMs, ends after 23 1/3 task times instead of 24."""
+    it by ``FILL_MIN_GAIN`` of the queue's time. The queue then ends after its full waves plus
+    one piece, not one whole task: Wan-1.3B's dense layer, 3,072 tasks on 132 SMs, ends after
+    23 1/3 task times instead of 24."""
     if in_flight <= 0 or num_tasks <= 0 or chunks <= 0:
         return 0, 1
     tail = num_tasks % in_flight
     if tail == 0:
         return 0, 1
     parts = min(in_flight // tail, chunks // max(int(min_chunks), 1))
-    if parts < 2:
+    if parts < 2 or (1 - 1 / parts) < FILL_MIN_GAIN * (num_tasks // in_flight + 1):
         return 0, 1
     # As many parts as a step of ceil(chunks / parts) chunks gives: none of them empty.
     step = -(-chunks // parts)

@@ -142,9 +142,7 @@ def run(shapes: list[str], cases: list[str], reps: int = 20, flex: bool = True,
     flex_fn = None
     if flex:
         try:
-            from torch.nn.attention.flex_attention import flex_attention
-
-            flex_fn = torch.compile(flex_attention)
+            flex_fn = peers.compiled_flex()
         except Exception as exc:  # pragma: no cover - depends on the torch build
             print(f"FlexAttention unavailable: {exc}", file=sys.stderr)
     rng = np.random.default_rng(0)

@@ -15,8 +15,8 @@ import numpy as np
 
 from ..mask import BlockMask
 
-__all__ = ["PEER_TOLERANCE", "relative_difference", "flex_block_mask", "flex_kernel_options",
-           "CudnnBsaInputs", "cudnn_bsa_available", "cudnn_bsa_inputs", "run_cudnn_bsa",
+__all__ = ["PEER_TOLERANCE", "relative_difference", "compiled_flex", "flex_block_mask",
+           "flex_kernel_options", "CudnnBsaInputs", "cudnn_bsa_available", "cudnn_bsa_inputs", "run_cudnn_bsa",
            "fa4_available"]
 
 # A peer whose output differs from Tessera's by more than this (relative, whole tensor) is
@@ -46,6 +46,25 @@ def _tile_overlaps(bounds: np.ndarray, tile: int, device: Any) -> Any:
     lo = np.maximum(bounds[:-1, None], t0[None])
     hi = np.minimum(bounds[1:, None], t0[None] + tile)
     return torch.as_tensor(np.maximum(hi - lo, 0), dtype=torch.float32, device=device)
+
+
+# Compiled Flex programs one process may keep: a length, a head dim, a kernel-tile option or
+# a backend each compile their own.
+FLEX_COMPILES = 64
+
+
+def compiled_flex() -> Any:
+    """``flex_attention`` compiled for static shapes, as a model with fixed lengths runs it.
+    By default a second length makes torch.compile recompile for a symbolic one, and that
+    kernel serves every later length more slowly (docs/decisions.md, "Flex compiled per
+    length"); ``dynamic=False`` compiles each length its own, up to ``FLEX_COMPILES``."""
+    import torch
+    from torch.nn.attention.flex_attention import flex_attention
+
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    setattr(config, name, max(getattr(config, name), FLEX_COMPILES))
+    return torch.compile(flex_attention, dynamic=False)
 
 
 def flex_block_mask(mask: BlockMask, device: Any) -> Any:

@@ -27,7 +27,7 @@ from ..integrations import diffusers as td
 from ..integrations import methods as M
 from .bench import _progress
 from .models import MODELS, build, inputs
-from .peers import flex_block_mask, flex_kernel_options
+from .peers import compiled_flex, flex_block_mask, flex_kernel_options
 
 __all__ = ["main", "flex_attention_runner", "run"]
 
@@ -38,10 +38,9 @@ def flex_attention_runner(compiled: bool = True) -> Any:
     BlockMask is built once per mask object, as a Flex user keeps one for a fixed mask, and
     so on the GPU every call for masks made every call. ``compiled=False``: eager Flex (its
     reference implementation; CPU tests)."""
-    import torch
     from torch.nn.attention.flex_attention import flex_attention
 
-    flex = torch.compile(flex_attention) if compiled else flex_attention
+    flex = compiled_flex() if compiled else flex_attention
     built: dict = {}  # id(Tessera mask) -> (mask, device, Flex BlockMask)
 
     def run(q, k, v, mask, layout, scale):

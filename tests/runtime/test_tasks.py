@@ -143,13 +143,18 @@ def test_may_split_rule():
 def test_last_wave_parts_fill_the_last_wave_with_non_empty_parts():
     """The last wave's tasks are cut into as many parts as fill it (each of at least the least
     chunks), never into empty parts, and nothing is cut where the waves are full, where more
-    than half the last wave is busy, or where parts would be too short."""
+    than half the last wave is busy, where parts would be too short, or where the cut promises
+    less than FILL_MIN_GAIN of the queue's time."""
     assert last_wave_parts(3072, 132, 256, 16) == (36, 3)  # Wan-1.3B dense: 23 waves + 36
     assert last_wave_parts(3036, 132, 253, 16) == (0, 1)  # 23 full waves
     assert last_wave_parts(3036 + 100, 132, 256, 16) == (0, 1)  # 100 of 132 busy: one part
     assert last_wave_parts(40, 132, 64, 16) == (40, 3)  # one part-full wave: every task cut
     assert last_wave_parts(40, 132, 31, 16) == (0, 1)  # parts would be under 16 chunks
-    assert last_wave_parts(23640, 132, 591, 16) == (12, 11)
+    # The promised share of the queue's time, (1 - 1 / parts) / (full waves + 1), from 2% up:
+    assert last_wave_parts(24 * 132 + 60, 132, 256, 16) == (60, 2)  # 0.5 / 25
+    assert last_wave_parts(25 * 132 + 60, 132, 256, 16) == (0, 1)  # 0.5 / 26
+    assert last_wave_parts(23640, 132, 591, 16) == (0, 1)  # Wan-14B dense: (10 / 11) / 180
+    assert last_wave_parts(44664, 264, 186, 16) == (0, 1)  # HunyuanVideo top-k 64: 170 waves
     for bad in ((0, 132, 256), (100, 0, 256), (100, 132, 0)):
         assert last_wave_parts(*bad, 16) == (0, 1)
     for chunks in range(1, 300):
