@@ -16,8 +16,8 @@ import numpy as np
 from ..mask import BlockMask
 
 __all__ = ["PEER_TOLERANCE", "relative_difference", "compiled_flex", "flex_block_mask",
-           "flex_kernel_options", "CudnnBsaInputs", "cudnn_bsa_available", "cudnn_bsa_inputs", "run_cudnn_bsa",
-           "fa4_available"]
+           "flex_kernel_options", "CudnnBsaInputs", "cudnn_bsa_available", "cudnn_bsa_inputs",
+           "run_cudnn_bsa", "fa4_available", "FLEX_COMPILES"]
 
 # A peer whose output differs from Tessera's by more than this (relative, whole tensor) is
 # computing another mask or another function: bf16 rounding alone stays near 5e-3.
@@ -56,8 +56,8 @@ FLEX_COMPILES = 64
 def compiled_flex() -> Any:
     """``flex_attention`` compiled for static shapes, as a model with fixed lengths runs it.
     By default a second length makes torch.compile recompile for a symbolic one, and that
-    kernel serves every later length more slowly (docs/decisions.md, "Flex compiled per
-    length"); ``dynamic=False`` compiles each length its own, up to ``FLEX_COMPILES``."""
+    kernel serves every later length more slowly (docs/decisions.md, "FlexAttention compiled
+    for static shapes"); ``dynamic=False`` compiles each length its own, up to ``FLEX_COMPILES``."""
     import torch
     from torch.nn.attention.flex_attention import flex_attention
 

@@ -92,3 +92,13 @@ def test_optional_peers_are_detected_without_failing():
     assert isinstance(peers.fa4_available(), bool)
     a, b = torch.ones(3), torch.ones(3) * 1.01
     assert peers.relative_difference(a, b) == pytest.approx(0.01 / 1.01, rel=1e-5)
+
+
+def test_compiled_flex_keeps_a_compile_per_length(monkeypatch):
+    """Flex compiled for static shapes, with room for a compile per length, head dim and tile
+    option of a bench process (a symbolic-length kernel ran 1.45x slower)."""
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    monkeypatch.setattr(config, name, 8)
+    assert callable(peers.compiled_flex())
+    assert getattr(config, name) == peers.FLEX_COMPILES
