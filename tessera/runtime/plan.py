@@ -413,9 +413,9 @@ def _plan(block_mask: BlockMask, num_q_heads: int, num_kv_heads: int | None, hea
                                      split_ratio=regime.split_ratio,
                                      min_split_chunks=regime.min_split_chunks,
                                      in_flight=in_flight, allow_split=allow_split)
-        # A request of a selected regime cuts nothing, as it splits nothing: the cut is host
-        # work on every request (the queue copied back and sorted again).
-        cuts = split_tasks or given
+        # A request of a selected regime leaves a device planner's queue whole, as it splits
+        # nothing: the cut would copy the queue back to the host and sort it, every request.
+        cuts = split_tasks or given or fused is None
         if cuts and not regime.pack_keys and regime.split_ratio < NEVER_SPLIT_RATIO:
             # Equal tasks whose last wave would run part-full end sooner cut into parts.
             # (A device planner's queue here synchronized already: its costs are read back.)

@@ -316,3 +316,33 @@ def test_device_planner_logic_equals_host_planner(monkeypatch, source, threshold
                   "r1"):
             np.testing.assert_array_equal(getattr(got, f), getattr(ref, f), err_msg=f)
     assert (merged > 0) == (threshold > 0)  # the merge path was exercised where it can be
+
+
+def test_a_request_leaves_a_device_queue_whole(monkeypatch):
+    """A request (``split_tasks=False``) of a selected regime leaves the device planner's
+    synchronized queue whole where a plan made directly fills its last wave: its shape never
+    splits heavy tasks (16+ tasks a slot), so the regime keeps its split ratio, and the cut
+    would copy the queue back and sort it on every request. A host mask's request, whose queue
+    is on the host already, still fills it."""
+    from tessera.cuda import loader
+    from tessera.runtime import device_planner, mapping
+    from tessera.runtime.tasks import NEVER_SPLIT_RATIO
+
+    monkeypatch.setattr(tessera.cuda.device, "device_arch", lambda: 90)
+    monkeypatch.setattr(tessera.cuda.device, "device_sm_count", lambda: 8)
+    monkeypatch.setattr(tessera.runtime.regime.slots, "_device_tasks_in_flight",
+                        lambda *args: 8)
+    dense = np.ones((2, 2, 33, 40), bool)  # 132 equal tasks on 8 slots: 16 waves and 4 over
+    mask = BlockMask.from_dense(dense, block_size=128, seq_len_q=33 * 128 - 7,
+                                seq_len_kv=40 * 128 - 20)
+    kw = dict(num_q_heads=2, head_dim=128, batch=2, arch=90)
+    host = tessera.plan(mask, split_tasks=False, **kw)
+    assert host.regime.split_ratio < NEVER_SPLIT_RATIO and host.queue.num_slots == 8
+    monkeypatch.setattr(loader, "load_kernel", lambda v: PLANNER_STAND_INS[v.kernel])
+    monkeypatch.setattr(mapping, "use_device_planner", lambda xp: True)
+    monkeypatch.setattr(device_planner, "SYNC_FREE_WORKSPACE_LIMIT", 0)  # the one-sync path
+    made = tessera.plan(mask, **kw)
+    assert made.queue.num_slots == 8 and made.queue.tasks.shape[0] == 136
+    request = tessera.plan(mask, split_tasks=False, **kw)
+    assert request.regime.split_ratio < NEVER_SPLIT_RATIO and not request.sync_free
+    assert request.queue.num_slots == 0 and request.queue.tasks.shape[0] == 132

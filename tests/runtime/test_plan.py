@@ -270,25 +270,6 @@ def test_equal_tasks_fill_the_last_wave(monkeypatch, regime, d):
     assert tessera.plan(mask, num_q_heads=2, head_dim=d, batch=2, regime=r).queue.num_slots == 0
 
 
-def test_a_request_cuts_no_last_wave(monkeypatch):
-    """A request (``split_tasks=False``) of a selected regime leaves its last wave part-full
-    even where its shape never splits heavy tasks (16+ tasks a slot), so the regime keeps its
-    split ratio: the cut is host work, paid on every request. A plan made directly cuts it."""
-    monkeypatch.setattr(tessera.cuda.device, "device_arch", lambda: 90)
-    monkeypatch.setattr(tessera.cuda.device, "device_sm_count", lambda: 8)
-    monkeypatch.setattr(tessera.runtime.regime.slots, "_device_tasks_in_flight",
-                        lambda *args: 8)
-    dense = np.ones((2, 2, 33, 40), bool)  # 132 equal tasks on 8 slots: 16 waves and 4 over
-    mask = BlockMask.from_dense(dense, block_size=128, seq_len_q=33 * 128 - 7,
-                                seq_len_kv=40 * 128 - 20)
-    made = tessera.plan(mask, num_q_heads=2, head_dim=128, batch=2, arch=90)
-    assert made.queue.num_slots == 8 and made.queue.tasks.shape[0] == 136
-    request = tessera.plan(mask, num_q_heads=2, head_dim=128, batch=2, arch=90,
-                           split_tasks=False)
-    assert request.regime.split_ratio < NEVER_SPLIT_RATIO
-    assert request.queue.num_slots == 0 and request.queue.tasks.shape[0] == 132
-
-
 # ---- arguments refused by name --------------------------------------------------------------
 @pytest.mark.parametrize("head_dim", [7, 8, 80, 256])
 def test_unsupported_head_dims_refused(head_dim):
