@@ -28,11 +28,10 @@ from ..launch import LaunchState, run_plan
 from ..mask import BlockMask
 from . import mapping
 from .device_planner import SyncFreePlan, plan_on_device
-from .mapping import PhysicalTiles, map_to_tiles
+from .mapping import PhysicalTiles, map_to_tiles, selects_every_block
 from .queue import Span, Task, TaskQueue, records
 from .regime import (ROW_GROUP, Regime, plan_may_split, plan_tasks_in_flight, selected_regime,
                      whole_span_pick)
-from .regime.heuristic import selects_every_block
 from .tasks import (NEVER_SPLIT_RATIO, build_task_queue, fill_last_wave, heads_per_task,
                     task_groups)
 

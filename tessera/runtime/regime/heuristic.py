@@ -11,6 +11,7 @@ import numpy as np
 
 from ...mask import bounds_key
 from .. import mapping
+from ..mapping import selects_every_block  # a dense layer: the rules below ask the count
 from .value import ROW_GROUP, Regime
 
 __all__ = ["default_regime", "align_pays", "align_may_pay", "pack_pays", "blocks_ragged",
@@ -72,16 +73,6 @@ def rows192_pay(q_bounds: np.ndarray) -> bool:
     their median is at least 192 tokens and 192-row tiles round their rows up by at most
     :data:`ROWS192_MAX_ROW_RATIO` times what 64-row tiles do. Host bounds alone."""
     return _rows192_pay(bounds_key(q_bounds))
-
-
-def selects_every_block(mask: Any) -> bool:
-    """Whether ``mask`` selects every (query block, key block) pair of every stored head: a
-    dense layer (as sparse video methods run their first steps). Its rows are one run of
-    identical rows a head, which the mapping keeps as one group, so tiles of any height fill
-    whatever the block size (``SM90_ROWS192_D64`` at head dim 64: ``heuristic_choice``).
-    Reads one count (:func:`mapping.selects_every_block`): a scalar back from the GPU for a
-    device mask."""
-    return mapping.selects_every_block(mask)
 
 
 @functools.lru_cache(maxsize=64)  # asked on every selection; a geometry's answer never changes
