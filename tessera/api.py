@@ -61,7 +61,8 @@ def attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *, scale: float | N
             raise ValueError("block_mask must be on the GPU while the stream is being captured "
                              "into a CUDA graph (a host mask's plan is copied to the GPU, "
                              "which a graph cannot capture): build it from a device tensor")
-        with caller_stream(ops), \
+        # The mask is read on the caller's stream: after its writes, wherever they were made.
+        with caller_stream(ops), block_mask.reading(), \
                 capture_memory_if(capturing, ops.q.framework, ops.q.device_id), \
                 _request_plan(block_mask, ops, layout, regime, capturing) as p:
             return run(p, ops, scale, return_lse)

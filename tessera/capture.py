@@ -16,7 +16,7 @@ import contextlib
 import threading
 from typing import Any, Iterator
 
-from ._array import cupy_or_none, is_cupy, torch_stream_ptr
+from ._array import cupy_or_none
 
 _capture = threading.local()
 
@@ -83,58 +83,6 @@ def capture_memory_if(active: bool, framework: str, device_id: int) -> Any:
     """:func:`capture_memory` while ``active`` (a stream being captured), else a context that
     does nothing and costs nothing (the request path's case)."""
     return capture_memory(framework, device_id) if active else _NO_CONTEXT
-
-
-def capture_memory_for(a: Any) -> Any:
-    """For work on ``a`` (a CUDA torch tensor or a CuPy array) while the stream ordering work on
-    it -- torch's or CuPy's current one on its device -- is being captured into a CUDA graph:
-    :func:`capture_memory`, with CuPy working on that stream (a torch tensor's work would go to
-    CuPy's own, which the graph does not capture); else a context that does nothing."""
-    if capturing():
-        return _NO_CONTEXT
-    cp = cupy_or_none()
-    if type(a).__module__.startswith("torch") and bool(getattr(a, "is_cuda", False)):
-
-        device = int(a.device.index)
-        stream = torch_stream_ptr(device)
-        if not stream_capturing(stream):
-            return _NO_CONTEXT
-        return _on_stream_capturing("torch", device, stream)
-    if is_cupy(a):
-        device = int(a.device.id)
-        with a.device:
-            stream = int(cp.cuda.get_current_stream().ptr)
-        return capture_memory_if(stream_capturing(stream), "cupy", device)
-    return _NO_CONTEXT
-
-
-@contextlib.contextmanager
-def _on_stream_capturing(framework: str, device: int, stream: int) -> Iterator[None]:
-    """CuPy's current device and stream set to the captured ``stream``, memory for the graph."""
-    cp = cupy_or_none()
-    with cp.cuda.Device(device), cupy_external_stream(stream, device), \
-            capture_memory(framework, device):
-        yield
-
-
-class _RawStream:
-    """A raw stream pointer in the CUDA stream protocol, which ``Stream.from_external`` reads."""
-
-    def __init__(self, ptr: int) -> None:
-        self.ptr = ptr
-
-    def __cuda_stream__(self) -> tuple[int, int]:
-        return (0, self.ptr)
-
-
-def cupy_external_stream(ptr: int, device_id: int) -> Any:
-    """A CuPy stream object for another framework's raw CUDA stream ``ptr`` on ``device_id``
-    (owning nothing; usable as a context manager)."""
-    cp = cupy_or_none()
-    if hasattr(cp.cuda.Stream, "from_external"):  # CuPy 14 deprecates ExternalStream for it
-        with cp.cuda.Device(device_id):  # the stream belongs to that device
-            return cp.cuda.Stream.from_external(_RawStream(ptr))
-    return cp.cuda.ExternalStream(ptr, device_id)
 
 
 _NO_CONTEXT = contextlib.nullcontext()

@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import functools
 import math
-import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ._array import cupy_or_none
-from .capture import capture_memory_if, capturing, cupy_external_stream, stream_capturing
+from .capture import capture_memory_if, capturing, stream_capturing
 from .cuda import tma
-from .cuda.device import device_cc, device_sm_count, gpu_count, smem_limit_bytes, stream_id
+from .cuda.device import device_cc, device_sm_count, smem_limit_bytes
 from .cuda.loader import blocks_per_sm, load_kernel
 from .cuda.variants import Variant, smem_bytes
 from .interop import empty_like_caller
@@ -34,6 +33,7 @@ from .operands import (
     describe_outputs,
 )
 from .settings import config
+from .streams import StreamMark, cupy_stream, hold_while_read, stream_identity
 
 if TYPE_CHECKING:  # annotations only: plans are made a layer above
     from .runtime.plan import Plan
@@ -43,38 +43,9 @@ __all__ = ["LaunchState", "DeviceQueue", "Workspace", "run_plan", "run", "caller
 _LOG2E = 1.4426950408889634
 
 
-# cudaStreamPerThread: one value for every thread's own default stream.
-_PER_THREAD_STREAM = 2
 # The most task indices a launch may reach (its tasks and a persistent grid's surplus tickets):
 # the sm90 producer publishes an index with two flags in one int (bsa_sm90.cu, task_slot).
 MAX_TASKS = 1 << 29
-
-
-def _stream_identity(ptr: int) -> tuple[int, int]:
-    """A stream as (address, the driver's stream id): an address alone is not one -- a stream
-    made after another is destroyed often gets its address while the old one's work is still
-    pending. The default streams (handles 0-2) are never destroyed and are not asked about: a
-    query of the legacy stream invalidates a CUDA graph being captured; the per-thread one has
-    one address for all threads, which the thread tells apart. Where the driver gives no id
-    (before CUDA 12), the address stands for the stream."""
-    if ptr <= _PER_THREAD_STREAM:
-        return ptr, threading.get_ident() if ptr == _PER_THREAD_STREAM else 0
-    if not gpu_count():  # no driver to ask (a host-side test's stand-in streams)
-        return ptr, 0
-    if stream_capturing(ptr):
-        # The driver is not asked while the stream is captured into a graph (the query
-        # invalidates the capture); a stream being captured is alive, so the id last seen at
-        # its address is its own.
-        sid = _stream_ids.get(ptr)
-    else:
-        sid = _stream_ids[ptr] = stream_id(ptr)
-        if len(_stream_ids) > 4096:  # addresses of streams long gone
-            _stream_ids.clear()
-            _stream_ids[ptr] = sid
-    return ptr, 0 if sid is None else sid
-
-
-_stream_ids: dict[int, int | None] = {}  # per stream address, the driver's id last seen there
 
 
 @dataclass
@@ -102,9 +73,9 @@ class LaunchState:
     """The device state a plan's launches keep between runs, owned by the plan.
 
     Attributes:
-        ready: CUDA event recorded where the planner's work was enqueued (device plans; None
-            for a host plan), which runs on another stream wait for on the device.
-        ready_on: streams already ordered after ``ready`` (their later work stays ordered).
+        ready: where the planner's work was enqueued (device plans; None for a host plan), a
+            :class:`~tessera.streams.StreamMark` that runs on another stream wait for on the
+            device.
         queues: per device id, the queue copied there (:class:`DeviceQueue`).
         workspaces: per (device id, stream address, the driver's stream id -- see
             ``_stream_identity``), the split-KV partials (:class:`Workspace`).
@@ -116,8 +87,7 @@ class LaunchState:
         tma_box_rows: per (head dim, bf16), the TMA form's K/V box rows (its tensor maps').
     """
 
-    ready: Any = None
-    ready_on: set[tuple[int, int]] = field(default_factory=set)
+    ready: StreamMark | None = None
     queues: dict[int, DeviceQueue] = field(default_factory=dict)
     workspaces: dict[tuple[int, int, int], Workspace] = field(default_factory=dict)
     task_counters: dict[tuple[int, int, int], Any] = field(default_factory=dict)
@@ -133,9 +103,9 @@ class LaunchState:
         if xp is np:
             return
         if self.ready is None:
-            self.ready = xp.cuda.Event(disable_timing=True)
-        self.ready.record()
-        self.ready_on = {_stream_identity(xp.cuda.get_current_stream().ptr)}
+            self.ready = StreamMark.here()
+        else:
+            self.ready.again()
 
 
 def run_plan(p: "Plan", q: Any, k: Any, v: Any, *, scale: float | None = None,
@@ -172,24 +142,9 @@ def run_plan(p: "Plan", q: Any, k: Any, v: Any, *, scale: float | None = None,
         return run(p, ops, scale, return_lse or lse is not None, given)
 
 
-_streams: dict[tuple[int, int], Any] = {}
-
-
 def caller_stream(ops: Operands) -> Any:
-    """The caller's current stream as a CuPy stream (usable as a context manager); the wrapper
-    of a (device, stream) is made once (it owns nothing: a stream made later at the same
-    address is the same stream to it)."""
-    cp = cupy_or_none()
-    ptr = ops.stream_ptr
-    if not ptr:
-        return cp.cuda.Stream.null
-    key = (ops.q.device_id, ptr)
-    stream = _streams.get(key)
-    if stream is None:
-        if len(_streams) > 256:
-            _streams.clear()
-        stream = _streams[key] = cupy_external_stream(ptr, ops.q.device_id)
-    return stream
+    """The caller's current stream as a CuPy stream (usable as a context manager)."""
+    return cupy_stream(ops.stream_ptr, ops.q.device_id)
 
 
 def _device_queue(p: "Plan", cp: Any) -> DeviceQueue:
@@ -214,7 +169,7 @@ _NO_WORKSPACE = Workspace(part_o=np.uint64(0), part_lse=np.uint64(0))
 
 def _stream_key(cp: Any, stream: Any) -> tuple[int, int, int]:
     """Who may share per-stream state: work on one stream of one device executes in order."""
-    return (cp.cuda.Device().id, *_stream_identity(stream.ptr))
+    return (cp.cuda.Device().id, *stream_identity(stream.ptr))
 
 
 def _workspace(p: "Plan", cp: Any, stream: Any, key: tuple | None = None) -> Workspace:
@@ -235,14 +190,16 @@ def _workspace(p: "Plan", cp: Any, stream: Any, key: tuple | None = None) -> Wor
 def _wait_until_planned(p: "Plan", stream: Any, key: tuple | None = None) -> None:
     """Order ``stream`` after the device planner's work for ``p`` (no host synchronization).
     Once per stream: its later work stays ordered after it, so repeated runs -- and a CUDA
-    graph captured on a stream the plan already ran on -- make no event calls."""
-    state = p.launch_state
-    if state.ready is None:  # a host-built plan
+    graph captured on a stream the plan already ran on -- make no event calls. A run on
+    another stream than the planner's holds the plan (its buffers belong to the planner's
+    stream's memory) until the run is done."""
+    mark = p.launch_state.ready
+    if mark is None:  # a host-built plan
         return
-    here = key[1:] if key else _stream_identity(stream.ptr)
-    if here not in state.ready_on:
-        stream.wait_event(state.ready)
-        state.ready_on.add(here)
+    here = key[1:] if key else stream_identity(stream.ptr)
+    mark.order(stream.ptr, here)
+    if here != mark.on:
+        hold_while_read(stream.ptr, p)
 
 
 def _task_counter(p: "Plan", cp: Any, stream: Any, key: tuple | None = None) -> Any:

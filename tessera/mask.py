@@ -27,10 +27,11 @@ from typing import Any, Sequence
 import numpy as np
 import scipy.sparse as sp
 
-from ._array import array_module, cupy_or_none, private_copy, segment_ids, to_numpy
-from .capture import capture_memory_for
+from ._array import array_module, cupy_or_none, is_cupy, private_copy, segment_ids, to_numpy
+from .capture import stream_capturing
 from .cuda import device
 from .interop import as_array, torch_private_copy
+from .streams import StreamMark, hold_while_read, on_producer_stream, stream_identity
 
 __all__ = ["BlockMask"]
 
@@ -191,6 +192,90 @@ def _lead_shape(ndim_lead: int, shape: tuple[int, ...], name: str,
                      f"got {len(shape) + len(layout.split(','))} dimensions")
 
 
+_trusted = threading.local()
+_trusted.depth = 0
+
+
+@contextlib.contextmanager
+def _trusting():
+    """Masks made inside skip the CSR contents check (a factory checked them already)."""
+    _trusted.depth = getattr(_trusted, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _trusted.depth -= 1
+
+
+def _checked_csr(indptr: Any, indices: Any, n_rows: int, n_kv: int,
+                 contents: bool) -> tuple[Any, Any]:
+    """``indptr`` (int64) and ``indices`` (int32) of a CSR selection of ``n_rows`` rows of
+    ``n_kv`` key blocks, checked (with ``contents``, what they hold too); ValueError or TypeError
+    naming the argument otherwise."""
+    arrays = []
+    for a, name in ((indptr, "indptr"), (indices, "indices")):
+        if isinstance(a, (list, tuple)):
+            a = np.asarray(a, dtype=np.int64) if len(a) == 0 else np.asarray(a)
+        if not (isinstance(a, np.ndarray) or is_cupy(a)):
+            raise TypeError(f"{name} must be a 1-D numpy or CuPy integer array, got "
+                            f"{type(a).__name__}")
+        if not np.issubdtype(a.dtype, np.integer) or a.dtype == np.bool_:
+            raise TypeError(f"{name} must hold integers, got dtype {a.dtype}")
+        if a.ndim != 1:
+            raise ValueError(f"{name} must be 1-D, got shape {tuple(a.shape)}")
+        arrays.append(a)
+    indptr, indices = arrays
+    if is_cupy(indptr) != is_cupy(indices):
+        raise ValueError("indptr and indices must both be numpy or both CuPy arrays")
+    if tuple(indptr.shape) != (n_rows + 1,):
+        raise ValueError(f"indptr must have B*H*nQB + 1 = {n_rows + 1} entries, got shape "
+                         f"{tuple(indptr.shape)}")
+    indptr = indptr.astype(np.int64, copy=False)
+    if contents:
+        _check_csr_contents(indptr, indices, n_kv)
+    return indptr, indices.astype(np.int32, copy=False)
+
+
+def _check_csr_contents(indptr: Any, indices: Any, n_kv: int) -> None:
+    """ValueError naming what is wrong in a CSR selection. On the device, one readback of
+    whether anything is (none while CuPy's stream is captured); the message is then made on
+    the host."""
+    xp = array_module(indptr, indices)
+    if xp is not np:
+        if stream_capturing(int(xp.cuda.get_current_stream().ptr)):
+            return
+        nnz = indices.size
+        bad = (indptr[0] != 0) | (indptr[-1] != nnz) | xp.any(indptr[1:] < indptr[:-1])
+        if nnz:
+            bad |= xp.any((indices < 0) | (indices >= n_kv))
+            rows = xp.searchsorted(indptr[1:], xp.arange(nnz), side="right")
+            bad |= xp.any((rows[1:] == rows[:-1]) & (indices[1:] <= indices[:-1]))
+        if not bool(bad):
+            return
+        indptr, indices = indptr.get(), indices.get()
+    nnz = indices.size
+    if indptr[0] != 0:
+        raise ValueError(f"indptr must start at 0, got indptr[0]={int(indptr[0])}")
+    step = np.diff(indptr)
+    if np.any(step < 0):
+        i = int(np.argmax(step < 0))
+        raise ValueError(f"indptr must not decrease: indptr[{i}]={int(indptr[i])} > "
+                         f"indptr[{i + 1}]={int(indptr[i + 1])}")
+    if indptr[-1] != nnz:
+        raise ValueError(f"indptr[-1] must equal the number of indices ({nnz}), got "
+                         f"{int(indptr[-1])}")
+    out = (indices < 0) | (indices >= n_kv)
+    if np.any(out):
+        j = int(np.argmax(out))
+        raise ValueError(f"indices must be key blocks in [0, {n_kv}): indices[{j}]="
+                         f"{int(indices[j])}")
+    rows = np.repeat(np.arange(step.size), step)
+    disorder = (rows[1:] == rows[:-1]) & (indices[1:] <= indices[:-1])
+    if np.any(disorder):
+        j = int(np.argmax(disorder)) + 1
+        raise ValueError(f"indices must be sorted and unique within each row: row "
+                         f"{int(rows[j])} has {int(indices[j - 1])} before {int(indices[j])}")
+
+
 @dataclass(frozen=True, eq=False)
 class BlockMask:
     """A logical block mask: geometry plus a batched CSR selection.
@@ -219,27 +304,43 @@ class BlockMask:
     dense_rows: Any = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        """The structure every mask must have, checked here so that the constructor refuses
-        what the factories refuse (their contents checks -- sorted, unique, in-range key
-        blocks -- are the factories'; build masks with them)."""
+        """Checks every field and names the one at fault: the geometry, ``(B, H)``, and the
+        selection -- dense rows' dtype and shape; CSR offsets that start at 0, never decrease
+        and end at the number of indices, key blocks in range, sorted and unique within each
+        row. A device CSR selection is checked with one readback, except while CuPy's stream is
+        captured into a CUDA graph (no readback possible): its planning then stays in bounds
+        whatever the arrays hold (``to_dense`` clamps)."""
         object.__setattr__(self, "q_bounds", _check_bounds(self.q_bounds, "q_bounds"))
         object.__setattr__(self, "kv_bounds", _check_bounds(self.kv_bounds, "kv_bounds"))
         bh = self.batch_heads
         if (not isinstance(bh, tuple) or len(bh) != 2 or any(
                 isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < 1 for x in bh)):
             raise ValueError(f"batch_heads must be a (B, H) pair of positive ints, got {bh!r}")
-        rows = int(bh[0]) * int(bh[1]) * (self.q_bounds.size - 1)
+        object.__setattr__(self, "batch_heads", (int(bh[0]), int(bh[1])))
+        rows = self.batch_heads[0] * self.batch_heads[1] * (self.q_bounds.size - 1)
+        n_kv = self.kv_bounds.size - 1
         if self.dense_rows is not None:
             d = self.dense_rows
-            if d.dtype != np.bool_ or tuple(d.shape) != (rows, self.kv_bounds.size - 1):
-                raise ValueError(f"dense_rows must be bool [{rows}, {self.kv_bounds.size - 1}] "
-                                 f"(B*H*nQB, nKB), got {d.dtype} {tuple(d.shape)}")
+            if not (isinstance(d, np.ndarray) or is_cupy(d)):
+                raise TypeError(f"dense_rows must be a numpy or CuPy bool array, got "
+                                f"{type(d).__name__}")
+            if d.dtype != np.bool_ or tuple(d.shape) != (rows, n_kv):
+                raise ValueError(f"dense_rows must be bool [{rows}, {n_kv}] (B*H*nQB, nKB), got "
+                                 f"{d.dtype} {tuple(d.shape)}")
         elif self._indptr is None or self._indices is None:
             raise ValueError("a BlockMask needs dense_rows or both indptr and indices (build "
                              "one with BlockMask.from_dense, from_scipy or from_indices)")
-        if self._indptr is not None and tuple(self._indptr.shape) != (rows + 1,):
-            raise ValueError(f"indptr must have B*H*nQB + 1 = {rows + 1} entries, got shape "
-                             f"{tuple(self._indptr.shape)}")
+        if self._indptr is not None or self._indices is not None:
+            indptr, indices = _checked_csr(self._indptr, self._indices, rows, n_kv,
+                                           contents=not getattr(_trusted, "depth", 0))
+            object.__setattr__(self, "_indptr", indptr)
+            object.__setattr__(self, "_indices", indices)
+        if self._in_cupy:
+            # Where the selection's arrays were written: readers on other streams wait for it.
+            with self.device_context():
+                mark = StreamMark.here()
+            object.__setattr__(self, "_written", mark)
+            object.__setattr__(self, "_made_on", mark.on)  # whose memory pool holds them
 
     @property
     def indptr(self) -> Any:
@@ -256,14 +357,26 @@ class BlockMask:
         return self._indices
 
     def _derive_csr(self) -> None:
-        flat = self.dense_rows
-        xp = array_module(flat)
-        counts = flat.sum(axis=1, dtype=np.int64)
-        indptr = xp.zeros(flat.shape[0] + 1, dtype=np.int64)
-        xp.cumsum(counts, out=indptr[1:])
-        indices = xp.nonzero(flat)[1].astype(np.int32)  # row-major: sorted within each row
-        object.__setattr__(self, "_indptr", indptr)  # a cache on a frozen value
-        object.__setattr__(self, "_indices", indices)
+        with self.reading() as mark:
+            flat = self.dense_rows
+            xp = array_module(flat)
+            counts = flat.sum(axis=1, dtype=np.int64)
+            indptr = xp.zeros(flat.shape[0] + 1, dtype=np.int64)
+            xp.cumsum(counts, out=indptr[1:])
+            indices = xp.nonzero(flat)[1].astype(np.int32)  # row-major: sorted within each row
+            object.__setattr__(self, "_indptr", indptr)  # a cache on a frozen value
+            object.__setattr__(self, "_indices", indices)
+            if mark is not None:  # the new arrays are this stream's writes (and memory)
+                mark.again()
+
+    def reading(self) -> "_Reading":
+        """A context for work that reads the selection's device arrays on CuPy's current stream
+        of the mask's device: the stream first waits for the arrays' writes when another stream
+        made them (a mask made on a PyTorch side stream, planned on the caller's), and when the
+        work is enqueued the mask is held until that stream has run it (its memory belongs to
+        the other stream's pool). Enters as the mask's :class:`~tessera.streams.StreamMark`
+        (None for a host mask). Planning and every method that reads the arrays use it."""
+        return _Reading(self)
 
     # ------------------------------------------------------------------ constructors
     @classmethod
@@ -277,7 +390,9 @@ class BlockMask:
         the host). Geometry is ``block_size`` (int or ``(q, kv)``, the last block may be short when
         ``seq_len_q``/``seq_len_kv`` say so) or explicit ``q_bounds``/``kv_bounds``.
         """
-        with capture_memory_for(mask):  # (a mask made while a CUDA graph is captured)
+        # A torch tensor's copy goes on torch's current stream, after whatever wrote the tensor
+        # (and into a CUDA graph's memory while that stream is captured).
+        with on_producer_stream(mask):
             return cls._from_dense(mask, block_size, q_bounds, kv_bounds, seq_len_q, seq_len_kv)
 
     @classmethod
@@ -443,7 +558,8 @@ class BlockMask:
             indices = indices[order]
             if bool((key[1:] == key[:-1]).any()):
                 raise ValueError(f"{name}: a row selects the same key block twice")
-        return cls(qb, kb, indptr, indices.astype(np.int32, copy=False), batch_heads)
+        with _trusting():  # checked just above
+            return cls(qb, kb, indptr, indices.astype(np.int32, copy=False), batch_heads)
 
     # ------------------------------------------------------------------ geometry
     @property
@@ -470,7 +586,7 @@ class BlockMask:
     # Where the selection lives is read a dozen times a request and never changes: computed
     # once (a cached_property writes the instance's __dict__, which a frozen dataclass allows;
     # __getstate__ leaves the cached values out of a pickle or a deep copy).
-    _CACHED = ("_in_cupy", "device_id", "_dense_nnz")
+    _CACHED = ("_in_cupy", "device_id", "_dense_nnz", "_written", "_made_on")
 
     @property
     def xp(self):
@@ -510,13 +626,15 @@ class BlockMask:
         """Number of selected (query block, key block) pairs, over the stored batch and heads."""
         if self._indptr is None:
             return self._dense_nnz
-        return int(self._indptr[-1])
+        with self.reading():
+            return int(self._indptr[-1])
 
     @functools.cached_property
     def _dense_nnz(self) -> int:
         # A plan asks for the count several times (of a device mask: a readback each); the rows
         # are the mask's own copy, so it never changes.
-        return int(self.dense_rows.sum())
+        with self.reading():
+            return int(self.dense_rows.sum())
 
     @property
     def density(self) -> float:
@@ -561,24 +679,30 @@ class BlockMask:
     def to_dense(self) -> Any:
         """The boolean block matrix ``[B, H, nQB, nKB]`` in the mask's array module."""
         xp = self.xp
-        if self.dense_rows is not None:
-            return self.dense_rows.reshape(self.shape).copy()
-        n_rows = self.indptr.size - 1
-        out = xp.zeros((n_rows, self.num_kv_blocks), dtype=bool)
-        # Each stored entry's row by a search of the offsets: unlike segment_ids on CuPy, it
-        # reads nothing back (the device planner plans a CSR mask from these rows without a
-        # synchronization, also while a CUDA graph is captured).
-        rows = xp.searchsorted(self.indptr[1:], xp.arange(self.indices.size), side="right")
-        out[rows, self.indices] = True
-        return out.reshape(self.shape)
+        with self.reading():
+            if self.dense_rows is not None:
+                return self.dense_rows.reshape(self.shape).copy()
+            n_rows = self.indptr.size - 1
+            out = xp.zeros((n_rows, self.num_kv_blocks), dtype=bool)
+            # Each stored entry's row by a search of the offsets: unlike segment_ids on CuPy, it
+            # reads nothing back (the device planner plans a CSR mask from these rows without a
+            # synchronization, also while a CUDA graph is captured).
+            rows = xp.searchsorted(self.indptr[1:], xp.arange(self.indices.size), side="right")
+            cols = self.indices
+            if xp is not np:  # unchecked only when made during a capture: stay in bounds
+                rows = xp.minimum(rows, n_rows - 1)
+                cols = xp.clip(cols, 0, self.num_kv_blocks - 1)
+            out[rows, cols] = True
+            return out.reshape(self.shape)
 
     def to_host(self) -> "BlockMask":
         """The same mask with its selection on the host."""
         if not self.on_device:
             return self
-        return BlockMask(self.q_bounds, self.kv_bounds, self.indptr.get(), self.indices.get(),
-                         self.batch_heads,
-                         None if self.dense_rows is None else self.dense_rows.get())
+        with self.reading(), _trusting():  # (a mask's arrays were checked when it was made)
+            return BlockMask(self.q_bounds, self.kv_bounds, self.indptr.get(),
+                             self.indices.get(), self.batch_heads,
+                             None if self.dense_rows is None else self.dense_rows.get())
 
     def to_device(self) -> "BlockMask":
         """The same mask with its selection on the current CUDA device (needs CuPy)."""
@@ -587,21 +711,23 @@ class BlockMask:
             raise RuntimeError("to_device needs CuPy: pip install 'tessera[cuda13]' (or cuda12)")
         if device.gpu_count() == 0:
             raise RuntimeError("to_device: no CUDA GPU found")
-        return BlockMask(self.q_bounds, self.kv_bounds, cp.asarray(self.indptr),
-                         cp.asarray(self.indices), self.batch_heads,
-                         None if self.dense_rows is None else cp.asarray(self.dense_rows))
+        with self.reading(), _trusting():
+            return BlockMask(self.q_bounds, self.kv_bounds, cp.asarray(self.indptr),
+                             cp.asarray(self.indices), self.batch_heads,
+                             None if self.dense_rows is None else cp.asarray(self.dense_rows))
 
     def row_pairs(self) -> Any:
         """Per CSR row, the number of (query token, key token) pairs selected (int64, in ``xp``)."""
         xp = self.xp
-        klen = xp.asarray(np.diff(self.kv_bounds))
-        qlen = xp.asarray(np.diff(self.q_bounds))
-        per_entry = klen[self.indices]
-        csum = xp.zeros(per_entry.size + 1, dtype=np.int64)
-        xp.cumsum(per_entry, out=csum[1:])
-        keys_per_row = csum[self.indptr[1:]] - csum[self.indptr[:-1]]
-        n_bh = self.batch_heads[0] * self.batch_heads[1]
-        return keys_per_row * xp.tile(qlen, n_bh)
+        with self.reading():
+            klen = xp.asarray(np.diff(self.kv_bounds))
+            qlen = xp.asarray(np.diff(self.q_bounds))
+            per_entry = klen[self.indices]
+            csum = xp.zeros(per_entry.size + 1, dtype=np.int64)
+            xp.cumsum(per_entry, out=csum[1:])
+            keys_per_row = csum[self.indptr[1:]] - csum[self.indptr[:-1]]
+            n_bh = self.batch_heads[0] * self.batch_heads[1]
+            return keys_per_row * xp.tile(qlen, n_bh)
 
     def selected_pairs(self, batch: int | None = None, num_heads: int | None = None) -> np.ndarray:
         """(query token, key token) pairs the mask selects, per (batch, head), as int64 numpy.
@@ -632,3 +758,34 @@ class BlockMask:
         return (f"BlockMask(batch_heads={self.batch_heads}, blocks={self.num_q_blocks}x"
                 f"{self.num_kv_blocks}, seq_len=({self.seq_len_q}, {self.seq_len_kv}), {geo}, "
                 f"nnz={self.nnz}, density={self.density:.3f}, {where})")
+
+
+class _Reading:
+    """:meth:`BlockMask.reading`: CuPy's current stream of the mask's device waits for the
+    selection's writes; on exit, the mask is held while that stream runs the reads when its
+    arrays belong to another stream's memory."""
+
+    __slots__ = ("_mask", "_ptr", "_here")
+
+    def __init__(self, mask: BlockMask) -> None:
+        self._mask = mask
+        self._ptr = None
+
+    def __enter__(self) -> StreamMark | None:
+        mark = self._mask.__dict__.get("_written")
+        if mark is None:  # a host mask (or one unpickled: its arrays were copied synchronously)
+            return None
+        xp = self._mask.xp
+        with self._mask.device_context():
+            self._ptr = int(xp.cuda.get_current_stream().ptr)
+            self._here = stream_identity(self._ptr)
+            mark.order(self._ptr, self._here)
+        return mark
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._ptr is None:
+            return
+        mask = self._mask
+        if not (self._here == mask.__dict__["_made_on"] == mask.__dict__["_written"].on):
+            with mask.device_context():
+                hold_while_read(self._ptr, mask)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tessera import api, capture, launch, operands
+from tessera import api, capture, launch, operands, streams
+from tests.test_streams import fake_streams
 
 
 class _Stream:
@@ -46,16 +47,23 @@ class _Array:
         self.data, self.nbytes = type("mem", (), {"ptr": ptr})(), nbytes
 
 
-def test_plan_is_waited_for_once_per_stream():
-    ready = object()
-    p, a, b = _Plan(ready), _Stream(1), _Stream(2)
+def test_plan_is_waited_for_once_per_stream(monkeypatch):
+    """Runs on other streams than the planner's wait for it once each, and hold the plan while
+    they run (its buffers belong to the planner's stream's memory); a host-built plan has
+    nothing to wait for."""
+    fake = fake_streams(monkeypatch)
+    p = _Plan(streams.StreamMark.here())  # planned on 0x5000
+    ready = p.launch_state.ready.event.ptr
+    a, b, own = _Stream(0x6001), _Stream(0x6002), _Stream(0x5000)
     for _ in range(3):
         launch._wait_until_planned(p, a)
     launch._wait_until_planned(p, b)
-    assert a.waited == [ready] and b.waited == [ready]
+    launch._wait_until_planned(p, own)
+    assert fake.waits == [(0x6001, ready), (0x6002, ready)]
+    assert streams.held_count() == 4  # each run on a or b, none on the planner's stream
     host_built, c = _Plan(), _Stream(3)
     launch._wait_until_planned(host_built, c)
-    assert c.waited == []
+    assert len(fake.waits) == 2
 
 
 def test_task_counter_one_per_stream_zeroed_once():
@@ -441,7 +449,7 @@ def test_constants_a_capture_reads_outlive_the_cache():
     assert alive() is None
 
 
-def test_per_thread_default_streams_and_capture_streams_are_per_thread():
+def test_per_thread_default_streams_and_capture_streams_are_per_thread(monkeypatch):
     """cudaStreamPerThread has one address (2) for every thread's own stream: a plan's task
     counter, partials and planned-event wait are per thread there (two threads' runs would
     share them otherwise), and each thread replans into graphs on a capture stream of its own;
@@ -451,14 +459,15 @@ def test_per_thread_default_streams_and_capture_streams_are_per_thread():
 
     from tessera.runtime import device_planner
 
-    p = _Plan(ready="event")
+    fake = fake_streams(monkeypatch)
+    p = _Plan(streams.StreamMark.here())
     p.workspace_elements = (64 * 64, 64)
     per_thread, legacy = _Stream(2), _Stream(0)
     made = {}
-    streams = []
+    capture_streams = []
     xp = types.SimpleNamespace(cuda=types.SimpleNamespace(
         Device=lambda: types.SimpleNamespace(id=0),
-        Stream=lambda non_blocking: streams.append(object()) or streams[-1]))
+        Stream=lambda non_blocking: capture_streams.append(object()) or capture_streams[-1]))
 
     both = threading.Barrier(2)  # the two threads alive together (idents are reused)
 
@@ -481,7 +490,8 @@ def test_per_thread_default_streams_and_capture_streams_are_per_thread():
     assert a[0] is not b[0] and a[1] is not b[1]  # per-thread stream: state per thread
     assert a[2] is b[2]  # legacy default stream: one state
     assert a[3] is a[4] and a[3] is not b[3]  # one capture stream per thread
-    assert per_thread.waited == ["event", "event"]  # each thread's stream waited once
+    ready = p.launch_state.ready.event.ptr
+    assert fake.waits == [(2, ready), (2, ready)]  # each thread's stream waited once
 
 
 def test_one_graphs_captured_memory_released_alone():

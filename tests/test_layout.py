@@ -18,6 +18,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("tessera.cuda.variants", "tessera.cuda.tma"),
     ("tessera.cuda.loader",),
     ("tessera.interop", "tessera.capture"),
+    ("tessera.streams",),
     ("tessera.mask",),
     ("tessera.operands", "tessera.reference", "tessera.families"),
     ("tessera.launch",),

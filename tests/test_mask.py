@@ -598,6 +598,42 @@ def test_the_constructor_validates_like_the_factories():
                   dense_rows=np.ones((2, 3), bool))
 
 
+# Two rows of three key blocks; (indptr, indices) and the message each corruption gives.
+@pytest.mark.parametrize("indptr, indices, kind, words", [
+    ([1, 2, 3], [0, 1, 2], ValueError, r"indptr must start at 0, got indptr\[0\]=1"),
+    ([0, 2, 1], [0, 1], ValueError, r"indptr must not decrease: indptr\[1\]=2 > indptr\[2\]=1"),
+    ([0, 1, 2], [0, 1, 2], ValueError, r"indptr\[-1\] must equal the number of indices \(3\)"),
+    ([0, 1, 3], [0, 1], ValueError, r"indptr\[-1\] must equal the number of indices \(2\)"),
+    ([0, 1, 2], [-1, 0], ValueError, r"indices must be key blocks in \[0, 3\): indices\[0\]=-1"),
+    ([0, 1, 2], [0, 3], ValueError, r"indices must be key blocks in \[0, 3\): indices\[1\]=3"),
+    ([0, 2, 2], [1, 1], ValueError, "sorted and unique within each row: row 0 has 1 before 1"),
+    ([0, 2, 2], [2, 0], ValueError, "sorted and unique within each row: row 0 has 2 before 0"),
+    ([0, 1, 2], [0.0, 1.0], TypeError, "indices must hold integers, got dtype float64"),
+    ([0.0, 1.0, 2.0], [0, 1], TypeError, "indptr must hold integers"),
+    ([0, 1, 2], "01", TypeError, "indices must be a 1-D numpy or CuPy integer array"),
+    ([[0, 1, 2]], [0, 1], ValueError, "indptr must be 1-D"),
+])
+def test_the_constructor_checks_the_selection(indptr, indices, kind, words):
+    """A CSR selection given to the constructor is checked for what the factories guarantee:
+    the reference and the planner read exactly these arrays."""
+    geo = BlockMask.from_dense(np.eye(2, 3, dtype=bool), block_size=64)
+    with pytest.raises(kind, match=words):
+        BlockMask(geo.q_bounds, geo.kv_bounds, indptr, indices, (1, 1))
+
+
+def test_the_constructor_takes_lists_and_numpy_integers():
+    """Python lists and any integer dtype are accepted (held as int64 offsets and int32
+    indices), and an empty selection as empty lists."""
+    geo = BlockMask.from_dense(np.eye(2, 3, dtype=bool), block_size=64)
+    m = BlockMask(geo.q_bounds, geo.kv_bounds, [0, 1, 3], np.array([2, 0, 1], np.uint8),
+                  (np.int64(1), 1))
+    assert m.indptr.dtype == np.int64 and m.indices.dtype == np.int32
+    assert m.to_dense()[0, 0].tolist() == [[False, False, True], [True, True, False]]
+    assert m.batch_heads == (1, 1) and type(m.batch_heads[0]) is int
+    empty = BlockMask(geo.q_bounds, geo.kv_bounds, [0, 0, 0], [], (1, 1))
+    assert empty.nnz == 0
+
+
 def test_from_scipy_refuses_duplicate_entries():
     """1 + -1 stored twice used to sum to 0 and drop the block silently."""
     dup = sp.coo_array((np.array([1, -1, 1]), (np.array([0, 0, 1]), np.array([1, 1, 0]))),

@@ -147,9 +147,12 @@ struct alignas(128) TmaMaps {
       const i64 *task_count, int *task_counter,                                  \
       const __grid_constant__ TmaMaps tma_maps
 
-// The number of tasks, at the top of every attention kernel (see TESSERA_BSA_PARAMS).
-#define TESSERA_NUM_TASKS \
-  const int num_tasks = task_count != nullptr ? (int)*task_count : max_tasks
+// The number of tasks, at the top of every attention kernel (see TESSERA_BSA_PARAMS): a device
+// count is clamped to the queue's rows, so no count makes a kernel read past them.
+#define TESSERA_NUM_TASKS                                                               \
+  const int num_tasks = task_count != nullptr                                           \
+                            ? (int)min(max(*task_count, (i64)0), (i64)max_tasks)        \
+                            : max_tasks
 
 // Task `index` of the queue (layout in tessera/runtime/tasks.py) and where its keys live.
 struct Task {

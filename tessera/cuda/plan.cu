@@ -95,13 +95,14 @@ extern "C" __global__ void plan_row_stats(const unsigned char* __restrict__ dens
 
 // The key spans of the columns where `sel` holds (maximal runs of adjacent key blocks), one
 // warp: written at spans[out ...] with [q0, q1) as their row restriction (int32 rows of
-// (k_start, k_end, r_start, r_end), the task-queue span layout) unless `spans` is null, and
-// counted -- returned as the number of spans, with their BN-chunks added to `chunks`.
+// (k_start, k_end, r_start, r_end), the task-queue span layout) unless `spans` is null -- those
+// before spans[limit] only -- and counted: returned as the number of spans, with their
+// BN-chunks added to `chunks`.
 template <typename Sel>
 __device__ __forceinline__ int walk_spans(const Sel& sel, int n_kv,
                                           const i64* __restrict__ kv_bounds, int block_n,
-                                          i64 out, int q0, int q1, int* spans, int lane,
-                                          i64& chunks) {
+                                          i64 out, i64 limit, int q0, int q1, int* spans,
+                                          int lane, i64& chunks) {
   int carry = -1, n = 0;
   for (int base = 0; base < n_kv; base += 32) {
     const int c = base + lane;
@@ -112,8 +113,9 @@ __device__ __forceinline__ int walk_spans(const Sel& sel, int n_kv,
     if (end) {
       const int s0 = span_start_of(starts, lane, base, carry);
       chunks += (kv_bounds[c + 1] - kv_bounds[s0] + block_n - 1) / block_n;
-      if (spans != nullptr) {
-        int* sp = spans + (out + n + __popc(ends & ((1u << lane) - 1u))) * SPAN_FIELDS;
+      const i64 at = out + n + __popc(ends & ((1u << lane) - 1u));
+      if (spans != nullptr && at < limit) {
+        int* sp = spans + at * SPAN_FIELDS;
         sp[SPAN_K_START] = (int)kv_bounds[s0];
         sp[SPAN_K_END] = (int)kv_bounds[c + 1];
         sp[SPAN_R_START] = q0;
@@ -127,28 +129,48 @@ __device__ __forceinline__ int walk_spans(const Sel& sel, int n_kv,
   return n;
 }
 
-// Writes the key spans of dense row `row` (one warp) at spans[out ...], with [q0, q1) as their
-// row restriction.
-__device__ __forceinline__ void write_row_spans(const unsigned char* row, int n_kv,
-                                                const i64* __restrict__ kv_bounds, i64 out,
-                                                int q0, int q1, int* spans, int lane) {
-  const RowWalk w{row, nullptr, n_kv};
-  i64 unused = 0;
-  walk_spans([&](int c) { return w.sel(c); }, n_kv, kv_bounds, 1, out, q0, q1, spans, lane,
-             unused);
+// Rows spans[from .. to) as spans of no query rows (the first key block, rows [q0, q0)): what
+// a span walk writes where it found fewer spans than the first pass counted.
+__device__ __forceinline__ void write_empty_spans(i64 from, i64 to, int q0,
+                                                 const i64* __restrict__ kv_bounds, int* spans,
+                                                 int lane) {
+  for (i64 i = from + lane; i < to; i += 32) {
+    int* sp = spans + i * SPAN_FIELDS;
+    sp[SPAN_K_START] = (int)kv_bounds[0];
+    sp[SPAN_K_END] = (int)kv_bounds[1];
+    sp[SPAN_R_START] = q0;
+    sp[SPAN_R_END] = q0;
+  }
 }
 
-// Writes the key spans of every row with span_dst[r] >= 0 (the first row of each group) at
-// span_dst[r], with the group's query range as their row restriction.
+// Writes the key spans of dense row `row` (one warp) at spans[out ... out + count), with
+// [q0, q1) as their row restriction; `count` is what the first pass (plan_row_stats) counted.
+// Should the row read otherwise now -- its memory written while it is planned -- spans past
+// `count` are dropped and missing ones are spans of no rows: the queue stays within the bounds
+// its counts gave, whatever the rows hold.
+__device__ __forceinline__ void write_row_spans(const unsigned char* row, int n_kv,
+                                                const i64* __restrict__ kv_bounds, i64 out,
+                                                int count, int q0, int q1, int* spans,
+                                                int lane) {
+  const RowWalk w{row, nullptr, n_kv};
+  i64 unused = 0;
+  const int found = walk_spans([&](int c) { return w.sel(c); }, n_kv, kv_bounds, 1, out,
+                               out + count, q0, q1, spans, lane, unused);
+  write_empty_spans(out + found, out + count, q0, kv_bounds, spans, lane);
+}
+
+// Writes the nspans[r] key spans of every row with span_dst[r] >= 0 (the first row of each
+// group) at span_dst[r], with the group's query range as their row restriction.
 extern "C" __global__ void plan_write_spans(const unsigned char* __restrict__ dense, int n_rows,
                                             int n_kv, const i64* __restrict__ kv_bounds,
                                             const i64* __restrict__ span_dst,
+                                            const int* __restrict__ nspans,
                                             const i64* __restrict__ row_q0,
                                             const i64* __restrict__ row_q1, int* spans) {
   const int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
   if (warp >= n_rows || span_dst[warp] < 0) return;
-  write_row_spans(dense + (i64)warp * n_kv, n_kv, kv_bounds, span_dst[warp], (int)row_q0[warp],
-                  (int)row_q1[warp], spans, lane);
+  write_row_spans(dense + (i64)warp * n_kv, n_kv, kv_bounds, span_dst[warp], nspans[warp],
+                  (int)row_q0[warp], (int)row_q1[warp], spans, lane);
 }
 
 // ---- aligned tiles (mapping._aligned_tiles, Regime.align_tiles) ---------------------------------
@@ -171,7 +193,8 @@ struct PieceSel {
 // min(+tile_rows, lq)) meeting query blocks tile_lo[t] .. tile_hi[t]. Without span_off: its
 // spans and BN-chunks into nspans[v] / chunks[v], and identical[v] = 0 (every tile is a run of
 // its own for plan_scan). With span_off: its spans from span_off[v] on, ordered by the
-// stretch's first block, then its last, then key -- mapping._aligned_tiles' order.
+// stretch's first block, then its last, then key -- mapping._aligned_tiles' order -- the
+// nspans[v] the count wrote, as write_row_spans keeps a row's.
 extern "C" __global__ void plan_aligned_spans(
     const unsigned char* __restrict__ dense, int n_tiles, int per_bh, int n_q, int n_kv,
     const i64* __restrict__ kv_bounds, const i64* __restrict__ q_bounds,
@@ -184,13 +207,15 @@ extern "C" __global__ void plan_aligned_spans(
   const int t0 = t * tile_rows, t1 = min(t0 + tile_rows, lq);
   const unsigned char* rows = dense + ((i64)bh * n_q + lo) * n_kv;
   const bool write = span_off != nullptr;
-  i64 out = write ? span_off[v] : 0, chk = 0;
+  const i64 first = write ? span_off[v] : 0, limit = write ? first + nspans[v] : 0;
+  i64 out = first, chk = 0;
   for (int a = 0; a <= hi - lo; ++a)
     for (int b = a; b <= hi - lo; ++b) {
       const int r0 = max((int)q_bounds[lo + a], t0), r1 = min((int)q_bounds[lo + b + 1], t1);
       out += walk_spans(PieceSel{rows, n_kv, hi - lo + 1, a, b}, n_kv, kv_bounds, block_n, out,
-                        r0, r1, write ? spans : nullptr, lane, chk);
+                        limit, r0, r1, write ? spans : nullptr, lane, chk);
     }
+  if (write) write_empty_spans(min(out, limit), limit, t0, kv_bounds, spans, lane);
   chk = warp_sum(chk);
   if (!write && lane == 0) {
     nspans[v] = (int)out;
@@ -473,7 +498,8 @@ extern "C" __global__ void plan_write_runs(
   const int span_begin = (int)run_span_off[u], span_end = span_begin + nspans[r0];
   const int ch = chunks[r0], e_count = expansions[bh], a0 = assign_off[bh];
   if (dense != nullptr)  // (aligned tiles: plan_aligned_spans wrote them)
-    write_row_spans(dense + r0 * n_kv, n_kv, kv_bounds, span_begin, q0, q1, spans, lane);
+    write_row_spans(dense + r0 * n_kv, n_kv, kv_bounds, span_begin, nspans[r0], q0, q1, spans,
+                    lane);
   const int n_tiles = (q1 - q0 + tile_rows - 1) / tile_rows;
   const i64 tile0 = run_tile_off[u], task0 = run_task_off[u];
   for (int i = lane; i < n_tiles; i += 32) {

@@ -51,7 +51,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..runtime.plan import plan
-from ..capture import capture_memory_if, cupy_external_stream, stream_capturing
+from ..streams import on_producer_stream
 from ..cuda.device import device_cc
 from ..families import invert_permutation
 from . import distributed, torch_attention
@@ -420,14 +420,10 @@ class Session:
             return self.method.layer_mask(geo, qh.float().numpy(), kh.float().numpy(),
                                           ordered=ordered)
         import cupy as cp
-        import torch
 
         # The mask is made on torch's current stream (ordered after q and k, and the stream a
         # CUDA graph captures), with no host synchronization.
-        stream = torch.cuda.current_stream(qh.device)
-        with cupy_external_stream(stream.cuda_stream, qh.device.index), \
-                capture_memory_if(stream_capturing(stream.cuda_stream), "torch",
-                                  qh.device.index):
+        with on_producer_stream(qh):
             return self.method.layer_mask(geo, cp.from_dlpack(qh), cp.from_dlpack(kh),
                                           ordered=ordered)
 

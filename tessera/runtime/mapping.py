@@ -714,7 +714,8 @@ def _map_dense_on_device(mask: BlockMask, dense_rows: Any, tile_rows: int, block
     row_q1[run_first] = run_q1
     spans = xp.empty((n_spans, len(Span)), dtype=np.int32)
     loader.load_kernel(Variant("plan.cu", "plan_write_spans"))(
-        grid, (256,), (dense, i32(n_rows), i32(n_kv), kb, span_dst, row_q0, row_q1, spans))
+        grid, (256,), (dense, i32(n_rows), i32(n_kv), kb, span_dst, nspans, row_q0, row_q1,
+                       spans))
     g_chunks = chunks[run_first].astype(np.int64)
     return _subdivide(run_q0, run_q1, run_bh, g_span_off, g_chunks, spans[:, Span.K_START],
                       spans[:, Span.K_END], spans[:, Span.R_START], spans[:, Span.R_END],

@@ -140,7 +140,7 @@ class Plan:
         if block_mask.device_id != old.device_id:
             raise ValueError(f"block_mask is on device {block_mask.device_id}, the plan's mask "
                              f"on {old.device_id}")
-        with block_mask.device_context():
+        with block_mask.device_context(), block_mask.reading():
             dense = mapping.device_dense_rows(block_mask)
             xp = block_mask.xp
             self.device_plan.relaunch(xp.ascontiguousarray(dense).view(np.uint8))
@@ -151,6 +151,10 @@ class Plan:
 
     def _settled(self) -> tuple[PhysicalTiles, TaskQueue]:
         if callable(self._exact):
+            mark = self.launch_state.ready
+            if mark is not None:  # the copy back runs on CuPy's current stream: after the planner
+                with self.mask.device_context():
+                    mark.order(int(self.mask.xp.cuda.get_current_stream().ptr))
             self._exact = self._exact()
         return self._exact
 
@@ -294,7 +298,7 @@ def _plan_on_its_device(block_mask: BlockMask, num_q_heads: int, num_kv_heads: i
                         selection: tuple[Regime, bool] | None) -> Plan:
     if not isinstance(block_mask, BlockMask):
         raise TypeError(f"block_mask must be a tessera.BlockMask, got {type(block_mask).__name__}")
-    with block_mask.device_context():
+    with block_mask.device_context(), block_mask.reading():
         xp = block_mask.xp
         captured = xp is not np and stream_capturing(xp.cuda.get_current_stream().ptr)
         # A plan captured outside tessera.attention keeps its memory for the graph

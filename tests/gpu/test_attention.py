@@ -1531,7 +1531,7 @@ def test_replan_and_run_captured_in_a_cuda_graph():
     plan that never ran on the GPU is refused inside the capture before anything is launched.
     (Plan.replan works on CuPy's current stream: a torch caller makes it the captured one.)"""
     torch = _torch()
-    from tessera.capture import cupy_external_stream
+    from tessera.streams import cupy_external_stream
 
     rng = np.random.default_rng(31)
     H, L, n, D = 2, 1300, 11, 128

@@ -135,14 +135,14 @@ def test_pooled_topk_request_captured_in_a_cuda_graph():
     torch = pytest.importorskip("torch")
     import tessera
     from tessera import reference
-    from tessera.capture import capture_memory_for
+    from tessera.streams import on_producer_stream
 
     lat, cube, H, D = (4, 16, 16), (2, 4, 4), 4, 64
     L = int(np.prod(lat))
     q, k, v = (torch.randn(1, H, L, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
 
     def request():
-        with capture_memory_for(q):
+        with on_producer_stream(q):
             # (tokens taken as already in the cube order: the mask's blocks are theirs)
             vm = M.topk_pooled(q, k, lat, cube=cube, topk=5, ordered=True)
         return tessera.attention(q, k, v, vm.mask, layout="bhld"), vm

@@ -387,15 +387,12 @@ def _np_plan_row_stats(grid, block, args):
 
 def _np_plan_write_spans(grid, block, args):
     """numpy stand-in for plan.cu's plan_write_spans."""
-    dense, n_rows, n_kv, kb, span_dst, row_q0, row_q1, spans = args
+    dense, n_rows, n_kv, kb, span_dst, nspans, row_q0, row_q1, spans = args
     for r in range(int(n_rows)):
         if span_dst[r] < 0:
             continue
-        sel = dense[r].astype(bool)
-        starts = np.flatnonzero(sel & ~np.r_[False, sel[:-1]])
-        ends = np.flatnonzero(sel & ~np.r_[sel[1:], False])
-        for i, (s0, e) in enumerate(zip(starts, ends)):
-            spans[span_dst[r] + i] = (kb[s0], kb[e + 1], row_q0[r], row_q1[r])
+        _np_write_counted(spans, int(span_dst[r]), int(nspans[r]),
+                          _np_row_spans(dense[r], kb, row_q0[r], row_q1[r]), kb, row_q0[r])
 
 
 def _np_row_spans(dense_row, kb, q0, q1):
@@ -403,6 +400,14 @@ def _np_row_spans(dense_row, kb, q0, q1):
     starts = np.flatnonzero(sel & ~np.r_[False, sel[:-1]])
     ends = np.flatnonzero(sel & ~np.r_[sel[1:], False])
     return [(kb[s0], kb[e + 1], q0, q1) for s0, e in zip(starts, ends)]
+
+
+def _np_write_counted(spans, at, count, found, kb, q0):
+    """plan.cu's write_row_spans: the first ``count`` of the spans found at spans[at ...], spans
+    of no rows where fewer were found."""
+    empty = (kb[0], kb[1], q0, q0)
+    for i in range(count):
+        spans[at + i] = found[i] if i < len(found) else empty
 
 
 def _np_heavy(chunks, n_tasks, task_chunks, heavy_slots, heavy_mean):
@@ -477,8 +482,7 @@ def _np_plan_write_runs(grid, block, args):
         sb = int(span_off[u])
         se = sb + int(nspans[r0])
         if isinstance(dense, np.ndarray):  # null: plan_aligned_spans wrote the spans
-            for i, span in enumerate(_np_row_spans(dense[r0], kb, q0, q1)):
-                spans[sb + i] = span
+            _np_write_counted(spans, sb, se - sb, _np_row_spans(dense[r0], kb, q0, q1), kb, q0)
         ch, e_count, a0 = int(chunks[r0]), int(expansions[bh]), int(assign_off[bh])
         heavy = _np_heavy(ch, totals[3], totals[4], heavy_slots, heavy_mean)  # as plan_scan
         width = int(totals[5]) + 1
@@ -520,8 +524,7 @@ def _np_plan_aligned_spans(grid, block, args):
                 r0, r1 = max(int(qb[lo + a]), t0), min(int(qb[lo + b + 1]), t1)
                 out += [(k0, k1, r0, r1) for k0, k1, _, _ in _np_row_spans(has, kb, 0, 0)]
         if write:
-            for i, span in enumerate(out):
-                spans[int(span_off[v]) + i] = span
+            _np_write_counted(spans, int(span_off[v]), int(nspans[v]), out, kb, t0)
         else:
             nspans[v] = len(out)
             chunks[v] = sum(-(-(k1 - k0) // block_n) for k0, k1, _, _ in out)
