@@ -42,47 +42,57 @@ def label(plan) -> None:
     event(f"subdivided: {s.num_tiles > s.num_groups}")
 
 
-@settings(max_examples=1600, deadline=None)
-@given(cases(BASE_REGIMES + EXTRA_REGIMES))
-def test_emulator_matches_reference(case):
-    plan, mask, q, k, v, scale = case
-    label(plan)
-    check_queue(plan)
-    check_emulation(plan, mask, q, k, v, scale)
+def sweep(full: int) -> pytest.MarkDecorator:
+    """A sweep's example counts: an eighth of ``full`` in the default run, all of them under
+    the ``slow`` marker (``python -m pytest -q -m slow tests``)."""
+    return pytest.mark.parametrize("examples", [
+        pytest.param(max(full // 8, 20), id="quick"),
+        pytest.param(full, id="full", marks=pytest.mark.slow)])
 
 
-@settings(max_examples=600, deadline=None)
-@given(cases(SPLIT_REGIMES))
-def test_emulator_matches_reference_with_splits(case):
-    plan, mask, q, k, v, scale = case
-    label(plan)
-    check_queue(plan)
-    check_emulation(plan, mask, q, k, v, scale)
+def _run_sweep(regimes: list, examples: int, check_case) -> None:
+    @settings(max_examples=examples, deadline=None)
+    @given(cases(regimes))
+    def run(case):
+        plan, mask, q, k, v, scale = case
+        label(plan)
+        check_queue(plan)
+        check_case(plan)
+        check_emulation(plan, mask, q, k, v, scale)
+
+    run()
 
 
-@settings(max_examples=500, deadline=None)
-@given(cases(COMBINE_REGIMES))
-def test_emulator_matches_reference_combine_thresholds(case):
-    plan, mask, q, k, v, scale = case
-    label(plan)
-    if plan.regime.combine_threshold == 0:
-        # 0 disables merging groups whose key sets differ (identical ones never reach step 3)
-        assert plan.stats().num_merged == 0
-    check_queue(plan)
-    check_emulation(plan, mask, q, k, v, scale)
+@sweep(1600)
+def test_emulator_matches_reference(examples):
+    _run_sweep(BASE_REGIMES + EXTRA_REGIMES, examples, lambda plan: None)
 
 
-@settings(max_examples=500, deadline=None)
-@given(cases(ALIGN_REGIMES))
-def test_emulator_matches_reference_aligned_tiles(case):
+@sweep(600)
+def test_emulator_matches_reference_with_splits(examples):
+    _run_sweep(SPLIT_REGIMES, examples, lambda plan: None)
+
+
+@sweep(500)
+def test_emulator_matches_reference_combine_thresholds(examples):
+    def no_merge_at_zero(plan):
+        if plan.regime.combine_threshold == 0:
+            # 0 disables merging groups whose key sets differ (identical ones never reach
+            # step 3)
+            assert plan.stats().num_merged == 0
+
+    _run_sweep(COMBINE_REGIMES, examples, no_merge_at_zero)
+
+
+@sweep(500)
+def test_emulator_matches_reference_aligned_tiles(examples):
     """Tiles straddling query-block boundaries stay exact: every selected pair once, nothing
     outside the mask, every output written; tiles start at multiples of the tile rows."""
-    plan, mask, q, k, v, scale = case
-    label(plan)
-    check_queue(plan)
-    t = plan.tiles
-    assert np.all(np.asarray(t.q0) % t.tile_rows == 0)
-    check_emulation(plan, mask, q, k, v, scale)
+    def tiles_aligned(plan):
+        t = plan.tiles
+        assert np.all(np.asarray(t.q0) % t.tile_rows == 0)
+
+    _run_sweep(ALIGN_REGIMES, examples, tiles_aligned)
 
 
 @settings(max_examples=60, deadline=None)
