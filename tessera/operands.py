@@ -120,10 +120,14 @@ def _check_shapes(sq: tuple, sk: tuple, sv: tuple, k_shape: tuple, v_shape: tupl
         raise ValueError(f"q heads {hq} must be a multiple of k/v heads {sk[1]}")
 
 
+# The largest scale the kernels take: they multiply scores by scale * log2(e) in float32.
+MAX_SCALE = float(np.finfo(np.float32).max) / 1.4426950408889634
+
+
 def check_scale(scale: Any) -> None:
-    """``scale`` must be None (1/sqrt(D)) or a positive finite number: the kernels mask a score
-    as -inf before scaling it inside exp2, which a zero, negative or NaN scale would turn into
-    NaN or into rows of zeros."""
+    """``scale`` must be None (1/sqrt(D)) or a positive finite number the kernels can hold: they
+    mask a score as -inf before scaling it inside exp2, which a zero, negative or NaN scale would
+    turn into NaN or into rows of zeros, and scale by ``scale * log2(e)`` in float32."""
     if scale is None:
         return
     try:
@@ -132,8 +136,9 @@ def check_scale(scale: Any) -> None:
         value = float(scale)
     except (TypeError, ValueError):
         raise TypeError(f"scale must be a number or None, got {type(scale).__name__}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"scale must be positive and finite, got {value}")
+    if not (math.isfinite(value) and 0 < value <= MAX_SCALE):
+        raise ValueError(f"scale must be positive and finite, at most {MAX_SCALE:.3g} (the "
+                         f"kernels scale scores in float32), got {value}")
 
 
 def check_mask(mask: BlockMask, b: int, hq: int, hkv: int, lq: int, lkv: int,

@@ -52,12 +52,10 @@ def attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *, scale: float | N
                     continue
                 keys = np.concatenate([np.arange(kb[j], kb[j + 1]) for j in sel])
                 rows = slice(qb[i], qb[i + 1])
-                s = q4[bi, h, rows] @ k4[bi, h // group, keys].T * scale
-                m = s.max(axis=1, keepdims=True)
-                p = np.exp(s - m)
-                denom = p.sum(axis=1, keepdims=True)
+                p, row_lse, denom = _softmax_terms(
+                    q4[bi, h, rows] @ k4[bi, h // group, keys].T, scale)
                 out[bi, h, rows] = (p @ v4[bi, h // group, keys]) / denom
-                lse[bi, h, rows] = (m + np.log(denom))[:, 0]
+                lse[bi, h, rows] = row_lse[:, 0]
     if layout == "blhd":
         out = out.transpose(0, 2, 1, 3)
     return (out, lse) if return_lse else out
@@ -88,7 +86,20 @@ def attention_rows(q: Any, k: Any, v: Any, block_mask: BlockMask, rows: np.ndarr
         qrow = to_numpy(q4[b, h, t]).astype(np.float64)
         kk = to_numpy(k4[b, g][keys]).astype(np.float64)
         vv = to_numpy(v4[b, g][keys]).astype(np.float64)
-        s = kk @ qrow * scale
-        p = np.exp(s - s.max())
-        out[n] = p @ vv / p.sum()
+        p, _, denom = _softmax_terms((kk @ qrow)[None, :], scale)
+        out[n] = (p @ vv / denom)[0]
     return out
+
+
+def _softmax_terms(scores: np.ndarray, scale: float) -> tuple[np.ndarray, np.ndarray,
+                                                              np.ndarray]:
+    """Unnormalised probabilities of each row of unscaled ``scores``, the rows' log-sum-exp and
+    sums: the maximum is subtracted before scaling, as the kernels do, so no finite scale makes
+    a probability overflow (a row's largest term is exp(0) whatever the scale; the LSE of a row
+    whose scaled maximum overflows is +-inf)."""
+    m = scores.max(axis=1, keepdims=True)
+    # (A NaN or +inf score gives NaN, as on the GPU; a product past float64 is +-inf.)
+    with np.errstate(invalid="ignore", over="ignore"):
+        p = np.exp((scores - m) * scale)
+        denom = p.sum(axis=1, keepdims=True)
+        return p, m * scale + np.log(denom), denom

@@ -20,8 +20,10 @@ def _qkv(b=1, hq=2, hkv=1, lq=128, lk=128, d=64, dtype=np.float32):
             rng.standard_normal((b, hkv, lk, d)).astype(dtype))
 
 
-@pytest.mark.parametrize("scale", [0.0, -0.5, float("nan"), float("inf")])
+@pytest.mark.parametrize("scale", [0.0, -0.5, float("nan"), float("inf"), 1e39])
 def test_reference_and_emulator_refuse_bad_scales(scale):
+    """What the kernels cannot take is refused everywhere: a scale past float32 (which they
+    scale scores in) too."""
     q, k, v = _qkv()
     p = tessera.plan(MASK, num_q_heads=2, num_kv_heads=1, head_dim=64)
     with pytest.raises(ValueError, match="scale must be positive and finite"):

@@ -257,3 +257,22 @@ def test_attention_rows_matches_full_reference():
     rows = np.array([[0, h, t] for h in range(4) for t in (0, 17, 20, 69)])
     got = reference.attention_rows(q, k, v, m, rows)
     np.testing.assert_allclose(got, full[rows[:, 0], rows[:, 1], rows[:, 2]], atol=1e-12)
+
+
+def test_scores_that_overflow_once_scaled_give_the_hardest_attention_not_nan():
+    """Float64 inputs whose scores overflow once scaled (here by a scale the kernels take): the
+    softmax is an argmax, each row the value of its best key -- the maximum is subtracted
+    before scaling, as the kernels do -- and nothing is NaN."""
+    rng = np.random.default_rng(4)
+    q, k = (rng.standard_normal((1, 1, 64, 16)) * 1e136 for _ in range(2))
+    v = rng.standard_normal((1, 1, 64, 16))
+    mask = BlockMask.from_dense(np.ones((1, 1), bool), block_size=64)
+    scale = 1e38
+    out = attention(q, k, v, mask, scale=scale)
+    scores = q[0, 0] @ k[0, 0].T
+    with np.errstate(over="ignore"):
+        assert np.isinf(scores * scale).any()
+    np.testing.assert_array_equal(out[0, 0], v[0, 0][scores.argmax(axis=1)])
+    rows = reference.attention_rows(q, k, v, mask, np.array([[0, 0, 5], [0, 0, 63]]),
+                                    scale=scale)
+    np.testing.assert_array_equal(rows, v[0, 0][scores[[5, 63]].argmax(axis=1)])
