@@ -12,6 +12,8 @@ from .._array import to_numpy
 from ..mask import BlockMask
 from .common import (
     bounds_from_sizes,
+    check_fraction,
+    check_int,
     check_qk,
     segment_sums,
     text_counts,
@@ -97,19 +99,19 @@ def semantic_clusters(q: Any, k: Any, num_q_clusters: int, num_kv_clusters: int,
             the device (the permutations come back to the host).
         num_q_clusters, num_kv_clusters: k-means cluster counts (capped at the token count).
     """
+    num_q_clusters = check_int(num_q_clusters, "num_q_clusters", 1)
+    num_kv_clusters = check_int(num_kv_clusters, "num_kv_clusters", 1)
+    top_p = check_fraction(top_p, "top_p")
+    min_fraction = check_fraction(min_fraction, "min_fraction", zero=True)
+    iters = check_int(iters, "iters", 1)
+    seed = check_int(seed, "seed", 0)
+    text_counts(text_tokens, text_valid)
     q, k, xp = check_qk(q, k, None)
     B, H, L, D = q.shape
-    text_counts(text_tokens, text_valid)
     n_video = L - text_tokens
     if n_video <= 0:
         raise ValueError(f"q/k have {L} tokens, not more than text_tokens={text_tokens}")
-    if not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
-    if not 0.0 <= min_fraction <= 1.0:
-        raise ValueError(f"min_fraction must be in [0, 1], got {min_fraction!r}")
-    kq, kk = min(int(num_q_clusters), n_video), min(int(num_kv_clusters), n_video)
-    if kq <= 0 or kk <= 0:
-        raise ValueError("cluster counts must be positive")
+    kq, kk = min(num_q_clusters, n_video), min(num_kv_clusters, n_video)
     qv, kv = q[:, :, :n_video], k[:, :, :n_video]
     lab_q = _kmeans(qv.astype(np.float32).mean(axis=(0, 1)), kq, iters, seed, xp)
     lab_k = _kmeans(kv.astype(np.float32).mean(axis=(0, 1)), kk, iters, seed + 1, xp)

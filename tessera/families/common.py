@@ -21,21 +21,52 @@ def with_text_identity(perm: np.ndarray | None, text_tokens: int) -> np.ndarray 
     return np.concatenate([perm, np.arange(n, n + text_tokens, dtype=np.int64)])
 
 
+def check_int(value: Any, name: str, minimum: int | None = None) -> int:
+    """``value`` as an int: a Python or numpy integer (never a bool, a float that would be
+    truncated, or a string), at least ``minimum``; TypeError or ValueError naming ``name``."""
+    if not is_int(value):
+        raise TypeError(f"{name} must be {_int_kind(minimum)}, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be {_int_kind(minimum)}, got {value!r}")
+    return int(value)
+
+
+def _int_kind(minimum: int | None) -> str:
+    return ("an int" if minimum is None else "a positive int" if minimum == 1 else
+            f"an int >= {minimum}")
+
+
+def check_fraction(value: Any, name: str, *, zero: bool = False) -> float:
+    """``value`` as a float in (0, 1] (``[0, 1]`` with ``zero``): a real number, not a bool or a
+    string; TypeError or ValueError naming ``name``."""
+    if isinstance(value, (bool, str, bytes)) or not isinstance(value, (int, float, np.integer,
+                                                                        np.floating)):
+        raise TypeError(f"{name} must be a number in {'[' if zero else '('}0, 1], got "
+                        f"{value!r}")
+    v = float(value)
+    if not ((0.0 <= v if zero else 0.0 < v) and v <= 1.0):
+        raise ValueError(f"{name} must be in {'[' if zero else '('}0, 1], got {value!r}")
+    return v
+
+
+def _positive_ints(v: Any, name: str, what: str) -> tuple[int, int, int]:
+    try:
+        items = tuple(v)
+    except TypeError:
+        raise TypeError(f"{name} must be {what}, got {v!r}") from None
+    if isinstance(v, (str, bytes)) or not all(is_int(x) for x in items):
+        raise TypeError(f"{name} must be {what}, got {v!r}")
+    if len(items) != 3 or any(x <= 0 for x in items):
+        raise ValueError(f"{name} must be {what}, got {v!r}")
+    return tuple(int(x) for x in items)  # type: ignore[return-value]
+
+
 def check_latent(latent: Sequence[int]) -> Latent:
-    lat = tuple(int(x) for x in latent)
-    if len(lat) != 3 or any(x <= 0 for x in lat):
-        raise ValueError(f"latent must be three positive ints (t, h, w), got {latent!r}")
-    return lat  # type: ignore[return-value]
+    return _positive_ints(latent, "latent", "three positive ints (t, h, w)")
 
 
 def check_triple(v: Sequence[int], name: str) -> tuple[int, int, int]:
-    try:
-        t = tuple(int(x) for x in v)
-    except TypeError:
-        raise TypeError(f"{name} must be three positive ints, got {v!r}") from None
-    if len(t) != 3 or any(x <= 0 for x in t):
-        raise ValueError(f"{name} must be three positive ints, got {v!r}")
-    return t  # type: ignore[return-value]
+    return _positive_ints(v, name, "three positive ints")
 
 
 def bounds_from_sizes(sizes: np.ndarray) -> np.ndarray:
@@ -43,8 +74,7 @@ def bounds_from_sizes(sizes: np.ndarray) -> np.ndarray:
 
 
 def uniform_bounds(n: int, block: int) -> np.ndarray:
-    if not isinstance(block, (int, np.integer)) or block <= 0:
-        raise ValueError(f"block must be a positive int, got {block!r}")
+    block = check_int(block, "block", 1)
     nb = -(-n // block)
     return np.minimum(np.arange(nb + 1, dtype=np.int64) * block, n)
 
@@ -93,12 +123,14 @@ def frame_segments(bounds: np.ndarray, frame: int) -> tuple[np.ndarray, ...]:
 
 
 def text_counts(text_tokens: int, text_valid: int | None) -> tuple[int, int]:
-    text_tokens = int(text_tokens)
-    if text_tokens < 0:
-        raise ValueError(f"text_tokens must be >= 0, got {text_tokens}")
-    valid = text_tokens if text_valid is None else int(text_valid)
-    if not 0 <= valid <= text_tokens:
-        raise ValueError(f"text_valid must be in [0, text_tokens={text_tokens}], got {text_valid}")
+    """(valid text tokens, padding slots), checked."""
+    text_tokens = check_int(text_tokens, "text_tokens", 0)
+    if text_valid is None:
+        return text_tokens, 0
+    valid = check_int(text_valid, "text_valid", 0)
+    if valid > text_tokens:
+        raise ValueError(f"text_valid must be None or an int in [0, text_tokens={text_tokens}], "
+                         f"got {text_valid!r}")
     return valid, text_tokens - valid
 
 
@@ -148,13 +180,17 @@ def finish(video: Any, q_bounds: np.ndarray, kv_bounds: np.ndarray, text_tokens:
     return BlockMask.from_dense(dense, q_bounds=qb, kv_bounds=kb)
 
 
-def per_head(value: Any, is_single) -> tuple[list, bool]:
-    """``([values], single)``: a single value, or a non-empty list of per-head values."""
+def per_head(value: Any, is_single, name: str) -> tuple[list, bool]:
+    """``([values], single)``: a single value, or a non-empty list of per-head values; a
+    TypeError or ValueError naming ``name`` for anything else."""
     if is_single(value):
         return [value], True
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+        raise TypeError(f"{name} must be one value or a list of them, one per head; got "
+                        f"{value!r}")
     vals = list(value)
     if not vals:
-        raise ValueError("a per-head list must not be empty")
+        raise ValueError(f"{name}: a per-head list must not be empty")
     return vals, False
 
 

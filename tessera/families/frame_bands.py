@@ -7,12 +7,13 @@ from typing import Any, Sequence
 import numpy as np
 
 from .common import (
+    check_int,
     check_latent,
     finish,
     frame_segments,
-    is_int,
     mark_ranges,
     per_head,
+    text_counts,
     uniform_bounds,
     with_text_identity,
 )
@@ -144,7 +145,7 @@ def spatial_temporal(latent: Sequence[int], block: int = 128, heads: Any = "spat
         text_tokens, text_valid: see the module docstring.
     """
     T, H, W = lat = check_latent(latent)
-    kinds, single = per_head(heads, lambda v: isinstance(v, str))
+    kinds, single = per_head(heads, lambda v: isinstance(v, str), "heads")
     for k in kinds:
         if k not in _HEAD_KINDS:
             raise ValueError(f"head kind must be one of {_HEAD_KINDS}, got {k!r}")
@@ -152,8 +153,8 @@ def spatial_temporal(latent: Sequence[int], block: int = 128, heads: Any = "spat
         raise ValueError(f"temporal_rule must be one of {_TEMPORAL_RULES}, got {temporal_rule!r}")
     if order not in ("auto", "original"):
         raise ValueError(f"order must be 'auto' or 'original', got {order!r}")
-    if not is_int(width) or width < 0:
-        raise ValueError(f"width must be an int >= 0, got {width!r}")
+    width = check_int(width, "width", 0)
+    text_counts(text_tokens, text_valid)
     n_video, frame = T * H * W, H * W
     bounds = uniform_bounds(n_video, block)
     permuted = order == "auto" and all(k == "temporal" for k in kinds)

@@ -14,11 +14,12 @@ from ..mask import BlockMask
 from .common import (
     Latent,
     bounds_from_sizes,
+    check_fraction,
+    check_int,
     check_latent,
     check_qk,
     check_triple,
     device_copy,
-    is_int,
     segment_sums,
     sorted_keep,
     text_counts,
@@ -161,11 +162,12 @@ def topk_pooled(q: Any, k: Any, latent: Sequence[int], cube: Sequence[int] = (4,
         raise TypeError(f"text_first must be True or False, got {text_first!r}")
     if topk is not None and top_p is not None:
         raise ValueError("give topk or top_p, not both")
-    if topk is not None and (not is_int(topk) or topk <= 0):
-        raise ValueError(f"topk must be a positive int, got {topk!r}")
-    if top_p is not None and (isinstance(top_p, bool) or not isinstance(
-            top_p, (int, float, np.integer, np.floating)) or not 0.0 < top_p <= 1.0):
-        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+    if topk is not None:
+        topk = check_int(topk, "topk", 1)
+    if top_p is not None:
+        top_p = check_fraction(top_p, "top_p")
+    if not isinstance(ordered, bool):
+        raise TypeError(f"ordered must be True or False, got {ordered!r}")
     perm, sizes = tile_permutation(lat, cb)
     n = sizes.size
     if top_p is None and topk is None:

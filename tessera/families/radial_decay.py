@@ -6,7 +6,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .common import check_latent, finish, frame_segments, mark_ranges, uniform_bounds
+from .common import (check_int, check_latent, finish, frame_segments, mark_ranges, text_counts,
+                     uniform_bounds)
 from .video import VideoMask
 
 
@@ -63,8 +64,10 @@ def radial(latent: Sequence[int], block: int = 128, dense_distance: int = 1,
     """
     T, H, W = lat = check_latent(latent)
     frame, n_video = H * W, T * H * W
-    if dense_distance < 0:
-        raise ValueError("dense_distance must be >= 0")
+    dense_distance = check_int(dense_distance, "dense_distance", 0)
+    if not isinstance(sink_frame, bool):
+        raise TypeError(f"sink_frame must be True or False, got {sink_frame!r}")
+    text_counts(text_tokens, text_valid)
     bounds = uniform_bounds(n_video, block)
     rule = radial_frame_rule(T, frame, block, dense_distance, sink_frame)
     blk, f, s0, s1 = frame_segments(bounds, frame)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .common import finish, is_int, text_counts, uniform_bounds, variable_bounds
+from .common import (check_fraction, check_int, finish, is_int, text_counts, uniform_bounds,
+                     variable_bounds)
 from .video import VideoMask
 
 
@@ -21,18 +22,17 @@ def random_blocks(num_heads: int, seq_len: int, block: int = 128, density: float
     variable geometry physical mapping is for. ``num_heads=1`` gives one mask for all heads.
     Rows may be empty.
     """
-    if isinstance(density, bool) or not isinstance(density, (int, float)) or \
-            not 0.0 <= density <= 1.0:
-        raise ValueError(f"density must be in [0, 1], got {density!r}")
-    if not is_int(num_heads) or num_heads <= 0:
-        raise ValueError(f"num_heads must be a positive int, got {num_heads!r}")
+    check_fraction(density, "density", zero=True)
+    num_heads = check_int(num_heads, "num_heads", 1)
+    seq_len = check_int(seq_len, "seq_len", 1)
+    check_int(seed, "seed", 0)
     if sizes is not None and (not isinstance(sizes, (tuple, list)) or len(sizes) != 2
                               or not all(is_int(x) for x in sizes)
                               or not 0 < sizes[0] <= sizes[1]):
         raise ValueError(f"sizes must be (lo, hi) ints with 0 < lo <= hi, or None, "
                          f"got {sizes!r}")
     text_counts(text_tokens, text_valid)
-    n_video = int(seq_len) - int(text_tokens)
+    n_video = seq_len - int(text_tokens)
     if n_video <= 0:
         raise ValueError(f"seq_len={seq_len} must exceed text_tokens={text_tokens}")
     rng = np.random.default_rng(seed)

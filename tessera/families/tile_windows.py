@@ -11,8 +11,8 @@ from .common import (
     check_latent,
     check_triple,
     finish,
-    is_int,
     per_head,
+    text_counts,
     with_text_identity,
 )
 from .video import VideoMask, tile_permutation
@@ -51,8 +51,10 @@ def sliding_tile(latent: Sequence[int], tile: Sequence[int] = (6, 8, 8),
     """
     lat = check_latent(latent)
     tl = check_triple(tile, "tile")
-    windows, single = per_head(window, lambda v: len(v) > 0 and is_int(v[0]))
+    windows, single = per_head(window, lambda v: isinstance(v, (list, tuple)) and len(v) > 0
+                               and not isinstance(v[0], (list, tuple)), "window")
     windows = [check_triple(w, "window") for w in windows]
+    text_counts(text_tokens, text_valid)
     perm, sizes = tile_permutation(lat, tl)
     grid = [-(-n // c) for n, c in zip(lat, tl)]
     n = int(np.prod(grid))

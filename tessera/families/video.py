@@ -64,11 +64,21 @@ class VideoMask:
 
 # ---------------------------------------------------------------------------- permutations
 def invert_permutation(perm: Any) -> Any:
-    """The inverse permutation: ``inv[perm[p]] = p`` (same array module as ``perm``)."""
+    """The inverse permutation: ``inv[perm[p]] = p`` (same array module as ``perm``).
+    ValueError unless ``perm`` holds each of 0 .. n-1 once (checked with one readback on the
+    device): an inverse of anything else would leave entries unwritten."""
     xp = array_module(perm)
     perm = xp.asarray(perm)
+    if perm.ndim != 1 or not np.issubdtype(perm.dtype, np.integer) or perm.dtype == np.bool_:
+        raise ValueError(f"perm must be a 1-D integer array, got {perm.dtype} of shape "
+                         f"{tuple(perm.shape)}")
+    n = perm.size
+    inside = (perm >= 0) & (perm < n)
+    if not bool(inside.all()) or not bool(
+            (xp.bincount(xp.where(inside, perm, 0), minlength=n) == 1).all()):
+        raise ValueError(f"perm must hold each of 0 .. {n - 1} exactly once")
     inv = xp.empty_like(perm)
-    inv[perm] = xp.arange(perm.size, dtype=perm.dtype)
+    inv[perm] = xp.arange(n, dtype=perm.dtype)
     return inv
 
 

@@ -587,9 +587,9 @@ def test_random_variable_blocks():
     for bad in ((0, 256), (64, 32), (32,), (32.0, 64), 128):
         with pytest.raises(ValueError, match="sizes must be"):
             M.random_blocks(2, 4000, sizes=bad)
-    with pytest.raises(ValueError, match="num_heads must be a positive int"):
+    with pytest.raises(TypeError, match="num_heads must be a positive int"):
         M.random_blocks(True, 4000)
-    with pytest.raises(ValueError, match="density must be in"):
+    with pytest.raises(TypeError, match="density must be a number in"):
         M.random_blocks(2, 4000, density="0.1")
 
 
@@ -621,3 +621,68 @@ def test_permuted_attention_equals_original_order_rule(family):
     ki = M.invert_permutation(vm.key_permutation)
     tok = tok_perm[:, qi][:, :, ki]
     assert np.allclose(out, masked_attention_original(q, k, v, tok[None]), atol=1e-10)
+
+
+@pytest.mark.parametrize("make, kind, words", [
+    (lambda: M.sliding_tile((2.5, 8, 8)), TypeError, "latent must be three positive ints"),
+    (lambda: M.sliding_tile(("3", 8, 8)), TypeError, "latent must be three positive ints"),
+    (lambda: M.sliding_tile((3, 8, 8), tile=(6.0, 8, 8)), TypeError, "tile must be three"),
+    (lambda: M.sliding_tile((3, 8, 8), window=(0, 3, 3)), ValueError, "window must be three"),
+    (lambda: M.sliding_tile((3, 8, 8), window=5), TypeError, "window must be one value"),
+    (lambda: M.sliding_tile((3, 8, 8), text_tokens=2.5), TypeError, "text_tokens must be"),
+    (lambda: M.sliding_tile((3, 8, 8), text_tokens=4, text_valid=5), ValueError,
+     "text_valid must be None or an int in"),
+    (lambda: M.radial((3, 8, 8), block=-1), ValueError, "block must be a positive int"),
+    (lambda: M.radial((3, 8, 8), block="128"), TypeError, "block must be a positive int"),
+    (lambda: M.radial((3, 8, 8), dense_distance=1.5), TypeError, "dense_distance must be"),
+    (lambda: M.radial((3, 8, 8), sink_frame="yes"), TypeError, "sink_frame must be"),
+    (lambda: M.spatial_temporal((3, 8, 8), width=1.5), TypeError, "width must be"),
+    (lambda: M.spatial_temporal((3, 8, 8), heads=3), TypeError, "heads must be one value"),
+    (lambda: M.spatial_temporal((3, 8, 8), heads=[]), ValueError, "heads: a per-head list"),
+    (lambda: M.random_blocks(2, 4000.5), TypeError, "seq_len must be a positive int"),
+    (lambda: M.random_blocks(2, 4000, seed=-1), ValueError, "seed must be an int >= 0"),
+])
+def test_families_refuse_what_they_would_truncate(make, kind, words):
+    """A float, a string or a bool where a count belongs is refused, naming the argument: a
+    truncated 2.5 made a permutation one token longer than the mask."""
+    with pytest.raises(kind, match=words):
+        make()
+
+
+@pytest.mark.parametrize("kw, kind, words", [
+    (dict(num_q_clusters=0), ValueError, "num_q_clusters must be a positive int"),
+    (dict(num_kv_clusters=2.5), TypeError, "num_kv_clusters must be a positive int"),
+    (dict(top_p=2.0), ValueError, r"top_p must be in \(0, 1\]"),
+    (dict(min_fraction=-0.1), ValueError, r"min_fraction must be in \[0, 1\]"),
+    (dict(iters=0), ValueError, "iters must be a positive int"),
+    (dict(text_tokens=1.5), TypeError, "text_tokens must be"),
+])
+def test_semantic_clusters_checks_its_counts(kw, kind, words):
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((1, 2, 96, 16))
+    args = dict(num_q_clusters=4, num_kv_clusters=4) | kw
+    with pytest.raises(kind, match=words):
+        M.semantic_clusters(q, q, **args)
+
+
+@pytest.mark.parametrize("kw, kind, words", [
+    (dict(topk=0), ValueError, "topk must be a positive int"),
+    (dict(topk=2.0), TypeError, "topk must be a positive int"),
+    (dict(top_p=1.5), ValueError, r"top_p must be in \(0, 1\]"),
+    (dict(top_p="0.5"), TypeError, "top_p must be a number"),
+    (dict(cube=(4, 4, 4.5)), TypeError, "cube must be three positive ints"),
+    (dict(ordered="no"), TypeError, "ordered must be True or False"),
+])
+def test_topk_pooled_checks_its_arguments(kw, kind, words):
+    q = np.random.default_rng(0).standard_normal((1, 2, 4 * 8 * 8, 16))
+    with pytest.raises(kind, match=words):
+        M.topk_pooled(q, q, (4, 8, 8), **kw)
+
+
+@pytest.mark.parametrize("perm", [[0, 0, 1], [0, 1, 3], [-1, 0, 1], [[0, 1]], [0.0, 1.0]])
+def test_inverting_what_is_not_a_permutation_is_refused(perm):
+    """The inverse of a non-permutation would leave entries unwritten (uninitialised memory)."""
+    with pytest.raises(ValueError, match="perm must"):
+        M.invert_permutation(np.asarray(perm))
+    good = np.array([2, 0, 1])
+    np.testing.assert_array_equal(M.invert_permutation(good)[good], np.arange(3))
