@@ -151,7 +151,8 @@ CASES = [
     ("families.topk_pooled", "topk=0", lambda: families.topk_pooled(
         X, X, (1, 8, 16), topk=0), ValueError, "topk must be a positive int, got 0"),
     ("families.topk_pooled", "top_p=True", lambda: families.topk_pooled(
-        X, X, (1, 8, 16), top_p=True), ValueError, r"top_p must be in \(0, 1\], got True"),
+        X, X, (1, 8, 16), top_p=True), TypeError,
+     r"top_p must be a number in \(0, 1\], got True"),
     ("families.random_blocks", "sizes=(64, 32)", lambda: families.random_blocks(
         2, 4000, sizes=(64, 32)), ValueError,
      r"sizes must be \(lo, hi\) ints with 0 < lo <= hi, or None, got \(64, 32\)"),

@@ -51,6 +51,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..runtime.plan import plan
+from ..runtime.regime import Regime
 from ..streams import on_producer_stream
 from ..cuda.device import device_cc
 from ..families import invert_permutation
@@ -684,6 +685,8 @@ def enable(transformer: Any, method: Method, *, schedule: Schedule | None = None
     (sliding tiles, cubes), reorder the tokens once per forward -- before the first block,
     back after the last -- instead of around every attention call (1.5% of a Wan-1.3B
     forward on the H200; off by default: docs/integrations.md)."""
+    if regime is not None and not isinstance(regime, Regime):
+        raise TypeError(f"regime must be a tessera.Regime or None, got {type(regime).__name__}")
     name = type(transformer).__name__
     if name not in SUPPORTED:
         raise TypeError(f"transformer must be one of {', '.join(SUPPORTED)}, got {name}")

@@ -20,7 +20,8 @@ from typing import Any, ClassVar, Sequence
 import numpy as np
 
 from .. import families
-from ..families.common import check_latent, check_triple, is_int
+from ..families.common import (check_fraction, check_int, check_latent, check_triple, is_int,
+                              per_head)
 from ..mask import BlockMask
 
 __all__ = ["VideoGeometry", "LayerMask", "Method", "SlidingTile", "SpatialTemporal", "Radial",
@@ -215,18 +216,29 @@ def _cached(method: Method, geo: VideoGeometry, build) -> families.VideoMask:
     return _memo(method, "_masks", geo, build)
 
 
-@dataclass
+def _set(method: Method, **fields: Any) -> None:
+    """Fields of a frozen method, as its checks normalise them (tuples, ints, floats)."""
+    for name, value in fields.items():
+        object.__setattr__(method, name, value)
+
+
+@dataclass(frozen=True)
 class SlidingTile(Method):
     """Sliding tile attention (STA): tokens in 3D tiles (``tile``, 6x8x8 = 384 tokens), each
     query tile attending a ``window`` of tiles around it (one window, or a list: one per head).
-    Needs the tile order (:meth:`video_order`)."""
+    Needs the tile order (:meth:`video_order`). Methods are frozen values, checked when made:
+    ``dataclasses.replace(m, window=...)`` makes another (with masks of its own)."""
 
     tile: Sequence[int] = (6, 8, 8)
     window: Any = (3, 3, 3)
     name: ClassVar[str] = "sliding_tile"
 
     def __post_init__(self) -> None:
-        self.tile = check_triple(self.tile, "tile")
+        windows, single = per_head(self.window, lambda v: isinstance(v, (list, tuple)) and
+                                   len(v) > 0 and not isinstance(v[0], (list, tuple)), "window")
+        windows = tuple(check_triple(w, "window") for w in windows)
+        _set(self, tile=check_triple(self.tile, "tile"),
+             window=windows[0] if single else windows)
 
     def video_order(self, geo: VideoGeometry) -> np.ndarray:
         return families.tile_permutation(geo.latent, self.tile)[0]
@@ -236,16 +248,30 @@ class SlidingTile(Method):
             geo.latent, self.tile, self.window, geo.text_tokens, geo.text_valid))
 
 
-@dataclass
+@dataclass(frozen=True)
 class SpatialTemporal(Method):
     """Sparse VideoGen's spatial and temporal heads at ``block``-token blocks: ``heads`` is
-    "spatial", "temporal" or a list of those, one per head; ``width`` frames either side."""
+    "spatial", "temporal" or a list of those, one per head; ``width`` frames either side;
+    ``temporal_rule`` "band" or "position" (:func:`tessera.families.spatial_temporal`)."""
 
     block: int = 128
     heads: Any = "spatial"
     width: int = 1
     temporal_rule: str = "band"
     name: ClassVar[str] = "spatial_temporal"
+
+    def __post_init__(self) -> None:
+        kinds, single = per_head(self.heads, lambda v: isinstance(v, str), "heads")
+        for kind in kinds:
+            if kind not in ("spatial", "temporal"):
+                raise ValueError(f"heads must be 'spatial', 'temporal' or a list of them, got "
+                                 f"{kind!r}")
+        if self.temporal_rule not in ("band", "position"):
+            raise ValueError(f"temporal_rule must be 'band' or 'position', got "
+                             f"{self.temporal_rule!r}")
+        _set(self, block=check_int(self.block, "block", 1), width=check_int(self.width,
+                                                                              "width", 0),
+             heads=kinds[0] if single else tuple(kinds))
 
     def _build(self, geo):
         return families.spatial_temporal(geo.latent, self.block, self.heads, self.width,
@@ -260,7 +286,7 @@ class SpatialTemporal(Method):
         return _cached(self, geo, lambda: self._build(geo))
 
 
-@dataclass
+@dataclass(frozen=True)
 class Radial(Method):
     """Radial attention: dense for frames within ``dense_distance``, a band halving with each
     doubling of the frame distance beyond, key frame 0 kept (``sink_frame``)."""
@@ -270,13 +296,19 @@ class Radial(Method):
     sink_frame: bool = True
     name: ClassVar[str] = "radial"
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.sink_frame, bool):
+            raise TypeError(f"sink_frame must be True or False, got {self.sink_frame!r}")
+        _set(self, block=check_int(self.block, "block", 1),
+             dense_distance=check_int(self.dense_distance, "dense_distance", 0))
+
     def _family_mask(self, geo, q, k, ordered):
         return _cached(self, geo, lambda: families.radial(
             geo.latent, self.block, self.dense_distance, self.sink_frame, geo.text_tokens,
             geo.text_valid))
 
 
-@dataclass
+@dataclass(frozen=True)
 class TopKCubes(Method):
     """Top-k key cubes per query cube from mean-pooled q and k, every call (VSA): ``cube``
     tokens (4x4x4 = 64; edge cubes partial), ``density`` of the key cubes kept per query cube
@@ -292,15 +324,14 @@ class TopKCubes(Method):
     text_first_family: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
-        self.cube = check_triple(self.cube, "cube")
         given = [v for v in (self.density, self.topk, self.top_p) if v is not None]
         if len(given) > 1:
             raise ValueError("give one of density, topk or top_p, not several")
-        if not given:
-            self.density = 0.1
-        if self.density is not None and not (isinstance(self.density, (int, float)) and
-                                             0.0 < self.density <= 1.0):
-            raise ValueError(f"density must be in (0, 1], got {self.density!r}")
+        _set(self, cube=check_triple(self.cube, "cube"),
+             density=(check_fraction(self.density, "density") if self.density is not None
+                      else None if given else 0.1),
+             topk=None if self.topk is None else check_int(self.topk, "topk", 1),
+             top_p=None if self.top_p is None else check_fraction(self.top_p, "top_p"))
 
     def video_order(self, geo: VideoGeometry) -> np.ndarray:
         return families.tile_permutation(geo.latent, self.cube)[0]
@@ -315,7 +346,7 @@ class TopKCubes(Method):
                                     text_first=geo.text_first)
 
 
-@dataclass
+@dataclass(frozen=True)
 class SemanticClusters(Method):
     """Semantic clusters (SVG2): k-means on q and on k, tokens permuted by cluster every call
     (variable blocks), key clusters kept by cumulative probability ``top_p``, at least
@@ -328,6 +359,13 @@ class SemanticClusters(Method):
     iters: int = 10
     name: ClassVar[str] = "semantic_clusters"
     dynamic: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        _set(self, q_clusters=check_int(self.q_clusters, "q_clusters", 1),
+             kv_clusters=check_int(self.kv_clusters, "kv_clusters", 1),
+             top_p=check_fraction(self.top_p, "top_p"),
+             min_fraction=check_fraction(self.min_fraction, "min_fraction", zero=True),
+             iters=check_int(self.iters, "iters", 1))
 
     def _family_mask(self, geo, q, k, ordered):
         if ordered:
@@ -344,7 +382,7 @@ METHODS: dict[str, type[Method]] = {m.name: m for m in (
 
 def method_from_name(name: str, **params: Any) -> Method:
     """The method called ``name`` (one of :data:`METHODS`) with ``params``."""
-    if name not in METHODS:
+    if not isinstance(name, str) or name not in METHODS:
         raise ValueError(f"unknown method {name!r}; choose from {', '.join(METHODS)}")
     return METHODS[name](**params)
 

@@ -152,3 +152,56 @@ def test_bad_configurations_are_refused_by_name():
     with pytest.raises(TypeError, match="geo must be a VideoGeometry"):
         M.Radial().layer_mask((5, 6, 7))
     assert M.TopKCubes().density == 0.1
+
+
+@pytest.mark.parametrize("make, kind, words", [
+    (lambda: M.SlidingTile(window=(0, 3, 3)), ValueError, "window must be three positive ints"),
+    (lambda: M.SlidingTile(window=[(3, 3, 3), (1, 2)]), ValueError, "window must be three"),
+    (lambda: M.SlidingTile(window="333"), TypeError, "window must be one value or a list"),
+    (lambda: M.SpatialTemporal(heads="both"), ValueError, "heads must be 'spatial', 'temporal'"),
+    (lambda: M.SpatialTemporal(width=-1), ValueError, "width must be an int >= 0"),
+    (lambda: M.SpatialTemporal(block=128.0), TypeError, "block must be a positive int"),
+    (lambda: M.SpatialTemporal(temporal_rule="strided"), ValueError, "temporal_rule must be"),
+    (lambda: M.Radial(block=-1), ValueError, "block must be a positive int"),
+    (lambda: M.Radial(dense_distance=1.5), TypeError, "dense_distance must be an int >= 0"),
+    (lambda: M.Radial(sink_frame=1), TypeError, "sink_frame must be True or False"),
+    (lambda: M.TopKCubes(topk=0), ValueError, "topk must be a positive int"),
+    (lambda: M.TopKCubes(top_p=2.0), ValueError, r"top_p must be in \(0, 1\]"),
+    (lambda: M.TopKCubes(cube=(4, 4)), ValueError, "cube must be three positive ints"),
+    (lambda: M.SemanticClusters(q_clusters=0), ValueError, "q_clusters must be a positive int"),
+    (lambda: M.SemanticClusters(kv_clusters=10.5), TypeError, "kv_clusters must be a positive"),
+    (lambda: M.SemanticClusters(min_fraction=1.5), ValueError, r"min_fraction must be in \[0"),
+    (lambda: M.SemanticClusters(iters=0), ValueError, "iters must be a positive int"),
+    (lambda: M.method_from_name(3), ValueError, "unknown method 3"),
+])
+def test_methods_check_every_field_when_made(make, kind, words):
+    """A method refuses a bad field when it is made, not inside the model's forward."""
+    with pytest.raises(kind, match=words):
+        make()
+
+
+def test_methods_are_frozen_values_and_their_masks_follow_them():
+    """A method cannot be changed under its cached masks (it is frozen); a changed copy
+    (dataclasses.replace) makes masks of its own, and equal methods compare equal."""
+    import dataclasses
+
+    geo = M.VideoGeometry((4, 16, 16))
+    wide = M.SlidingTile(tile=(2, 4, 4), window=[(3, 3, 3), [1, 1, 1]])
+    assert wide.window == ((3, 3, 3), (1, 1, 1)) and hash(wide) == hash(M.SlidingTile(
+        tile=(2, 4, 4), window=((3, 3, 3), (1, 1, 1))))
+    m = M.SlidingTile(tile=(2, 4, 4), window=(3, 3, 3))
+    before = m.layer_mask(geo).mask
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        m.window = (1, 1, 1)
+    narrow = dataclasses.replace(m, window=(1, 1, 1))
+    after = narrow.layer_mask(geo).mask
+    assert after.nnz < before.nnz and m.layer_mask(geo).mask is before
+    assert M.TopKCubes().density == 0.1 and M.TopKCubes(topk=4).density is None
+
+
+def test_enable_refuses_a_regime_that_is_not_one():
+    """diffusers.enable checks its regime before touching the model."""
+    from tessera.integrations import diffusers as td
+
+    with pytest.raises(TypeError, match="regime must be a tessera.Regime or None, got str"):
+        td.enable(object(), M.SlidingTile(), regime="fast")
