@@ -89,6 +89,24 @@ CASES = [
      "block_mask must be on the GPU for a sync-free plan"),
     ("tessera.Regime", "block_m=100", lambda: tessera.Regime(block_m=100), ValueError,
      "block_m must be a positive multiple of 16"),
+    ("tessera.Regime", "combine_threshold=nan", lambda: tessera.Regime(
+        combine_threshold=float("nan")), ValueError,
+     "regime field combine_threshold must be a finite number, got nan"),
+    ("tessera.Regime", "block_m=128.0", lambda: tessera.Regime(block_m=128.0), TypeError,
+     "regime field block_m must be an int, got 128.0"),
+    ("tessera.Regime", "stages=-1", lambda: tessera.Regime(stages=-1), ValueError,
+     "stages must be at least 2"),
+    ("tessera.plan", "an sm90 regime with arch=80", lambda: _plan(
+        regime=tessera.Regime(family="sm90", block_m=128, num_warps=8, block_n=128, stages=3),
+        arch=80), ValueError, "runs on sm_90 GPUs only; arch=80 was asked for"),
+    ("tessera.plan", "sync_free='no'", lambda: _plan(sync_free="no"), TypeError,
+     "sync_free must be None, True or False, got 'no'"),
+    ("BlockMask(...)", "a key block out of range", lambda: BlockMask(
+        M.q_bounds, M.kv_bounds, [0, 1, 2], [0, 2], (1, 1)), ValueError,
+     r"indices must be key blocks in \[0, 2\): indices\[1\]=2"),
+    ("BlockMask(...)", "float indices", lambda: BlockMask(
+        M.q_bounds, M.kv_bounds, [0, 1, 2], [0.0, 1.0], (1, 1)), TypeError,
+     "indices must hold integers, got dtype float64"),
     ("tessera.attention", "numpy arrays", lambda: tessera.attention(X, X, X, M), ValueError,
      "q is a host \\(numpy\\) array"),
     ("tessera.attention", "None", lambda: tessera.attention(None, None, None, M), TypeError,
@@ -133,6 +151,14 @@ CASES = [
      "density must be in"),
     ("methods.SlidingTile", "tile=(6, 8)", lambda: methods.SlidingTile(tile=(6, 8)),
      ValueError, "tile must be three positive ints"),
+    ("methods.SlidingTile", "window=(0, 3, 3)", lambda: methods.SlidingTile(window=(0, 3, 3)),
+     ValueError, "window must be three positive ints"),
+    ("methods.Radial", "block=-1", lambda: methods.Radial(block=-1), ValueError,
+     "block must be a positive int, got -1"),
+    ("methods.SemanticClusters", "q_clusters=0", lambda: methods.SemanticClusters(
+        q_clusters=0), ValueError, "q_clusters must be a positive int, got 0"),
+    ("methods.TopKCubes", "top_p=2.0", lambda: methods.TopKCubes(top_p=2.0), ValueError,
+     r"top_p must be in \(0, 1\], got 2.0"),
     ("methods.Schedule", "dense_steps=-1", lambda: methods.Schedule(dense_steps=-1),
      ValueError, "dense_steps must be an int >= 0"),
     ("methods.method_from_name", "an unknown name", lambda: methods.method_from_name("sta"),
@@ -153,6 +179,10 @@ CASES = [
     ("families.topk_pooled", "top_p=True", lambda: families.topk_pooled(
         X, X, (1, 8, 16), top_p=True), TypeError,
      r"top_p must be a number in \(0, 1\], got True"),
+    ("families.sliding_tile", "text_tokens=2.5", lambda: families.sliding_tile(
+        (2, 8, 8), text_tokens=2.5), TypeError, "text_tokens must be an int >= 0, got 2.5"),
+    ("families.invert_permutation", "a repeated entry", lambda: families.invert_permutation(
+        np.array([0, 0, 1])), ValueError, "perm must hold each of 0 .. 2 exactly once"),
     ("families.random_blocks", "sizes=(64, 32)", lambda: families.random_blocks(
         2, 4000, sizes=(64, 32)), ValueError,
      r"sizes must be \(lo, hi\) ints with 0 < lo <= hi, or None, got \(64, 32\)"),
@@ -171,10 +201,21 @@ def test_bad_input_refused_by_name(entry, what, call, kind, words):
         call()
 
 
-def test_the_docs_table_lists_every_case():
-    """docs/errors.md shows these cases; a case added here and not there fails."""
+def doc_row(entry: str, what: str, call) -> str:
+    """The row of docs/errors.md for a case: the error raised and its whole message."""
+    try:
+        call()
+    except Exception as exc:  # noqa: BLE001 - the row records whatever it is
+        message = str(exc).replace("|", "\\|")
+        return f"| `{entry}` | {what} | `{type(exc).__name__}` | {message} |"
+    raise AssertionError(f"{entry}: {what} raised nothing")
+
+
+def test_the_docs_table_shows_every_case_and_its_whole_message():
+    """docs/errors.md shows each case with the error it raises and its whole message, as
+    raised: a case added here and not there, or a message changed, fails."""
     from pathlib import Path
 
     doc = (Path(__file__).resolve().parents[1] / "docs" / "errors.md").read_text()
-    missing = [f"{e}: {w}" for e, w, *_ in CASES if f"| `{e}` | {w} |" not in doc]
-    assert not missing, missing
+    missing = [row for e, w, call, *_ in CASES if (row := doc_row(e, w, call)) not in doc]
+    assert not missing, "\n".join(missing)

@@ -298,6 +298,10 @@ def _plan_on_its_device(block_mask: BlockMask, num_q_heads: int, num_kv_heads: i
                         selection: tuple[Regime, bool] | None) -> Plan:
     if not isinstance(block_mask, BlockMask):
         raise TypeError(f"block_mask must be a tessera.BlockMask, got {type(block_mask).__name__}")
+    if sync_free is not None and not isinstance(sync_free, bool):
+        raise TypeError(f"sync_free must be None, True or False, got {sync_free!r}")
+    if not isinstance(split_tasks, bool):
+        raise TypeError(f"split_tasks must be True or False, got {split_tasks!r}")
     with block_mask.device_context(), block_mask.reading():
         xp = block_mask.xp
         captured = xp is not np and stream_capturing(xp.cuda.get_current_stream().ptr)
@@ -352,6 +356,9 @@ def _plan(block_mask: BlockMask, num_q_heads: int, num_kv_heads: int | None, hea
             count_blocks=count_blocks)
     if not isinstance(regime, Regime):
         raise TypeError(f"regime must be a tessera Regime, got {type(regime).__name__}")
+    if arch is not None and not regime.runs_on(arch):
+        raise ValueError(f"regime {regime.name} runs on sm_90 GPUs only; arch={arch} was asked "
+                         "for (plan with arch=90, or an sm80 regime)")
     if not given and not sync_free:
         # A dense host mask's tasks are whole spans, which its kernel walks by arithmetic.
         picked = whole_span_pick(regime, block_mask, head_dim, count_blocks)

@@ -7,8 +7,10 @@ from __future__ import annotations
 import functools
 import math
 import re
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
+
+import numpy as np
 
 from ...cuda.variants import ROW_GROUP, Variant
 
@@ -74,6 +76,14 @@ class Regime:
     whole_spans: bool = False
 
     def __post_init__(self) -> None:
+        # Each field of its default's type (numpy scalars taken as Python's), floats finite.
+        for f in fields(self):
+            want, v = type(f.default), getattr(self, f.name)
+            object.__setattr__(self, f.name, _field_value(f.name, v, want))
+        if self.num_warps <= 0:
+            raise ValueError(f"num_warps must be a positive int, got {self.num_warps}")
+        if self.stages < 2:
+            raise ValueError(f"stages must be at least 2 (double buffering), got {self.stages}")
         if self.block_m % ROW_GROUP or self.block_m <= 0:
             raise ValueError(f"block_m must be a positive multiple of {ROW_GROUP}, "
                              f"got {self.block_m}")
@@ -196,25 +206,34 @@ class Regime:
         return replace(self, **changes)
 
 
+_KINDS = {bool: "True or False", int: "an int", float: "a finite number", str: "a str"}
+
+
+def _field_value(name: str, v: Any, want: type) -> Any:
+    """``v`` as a regime field of type ``want``: TypeError for another type, ValueError for a
+    float that is not finite."""
+    numbers = (int, float, np.integer, np.floating)
+    if want is bool:
+        ok = isinstance(v, (bool, np.bool_))
+    elif want is int:
+        ok = isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+    elif want is float:
+        ok = isinstance(v, numbers) and not isinstance(v, (bool, np.bool_))
+        if ok and not math.isfinite(v):
+            raise ValueError(f"regime field {name} must be {_KINDS[want]}, got {v!r}")
+    else:
+        ok = isinstance(v, want)
+    if not ok:
+        raise TypeError(f"regime field {name} must be {_KINDS[want]}, got {v!r}")
+    return want(v)
+
+
 def checked_regime(d: Any) -> Regime:
     if not isinstance(d, dict):
         raise ValueError(f"regime must be an object, got {type(d).__name__}")
     unknown = set(d) - set(Regime.__dataclass_fields__)
     if unknown:
         raise ValueError(f"regime: unknown fields {sorted(unknown)}")
-    defaults = Regime()
-    for name, v in d.items():
-        want = type(getattr(defaults, name))
-        if want is bool:
-            ok = isinstance(v, bool)
-        elif want is float:
-            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-        elif want is int:
-            ok = isinstance(v, int) and not isinstance(v, bool)
-        else:
-            ok = isinstance(v, want)
-        if not ok:
-            raise ValueError(f"regime: {name} must be {want.__name__}, got {v!r}")
     try:
         return Regime.from_dict(d)
     except (TypeError, ValueError) as exc:
