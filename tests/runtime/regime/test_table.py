@@ -96,7 +96,7 @@ def good_json() -> dict:
     (lambda o: {**o, "entries": [{**o["entries"][0], "regime": {
         **o["entries"][0]["regime"], "block_m": 100}}]}, "block_m"),
     (lambda o: {**o, "entries": [{**o["entries"][0], "regime": {
-        **o["entries"][0]["regime"], "block_n": "64"}}]}, "block_n must be int"),
+        **o["entries"][0]["regime"], "block_n": "64"}}]}, "block_n must be an int"),
     (lambda o: {**o, "entries": [{**o["entries"][0], "regime": {
         **o["entries"][0]["regime"], "family": "sm70"}}]}, "family must be one of"),
     (lambda o: {**o, "entries": [{**o["entries"][0], "features": {
