@@ -171,7 +171,7 @@ CASES = [
         M, 0, 1, 1, mode="ring"), ValueError, "ranks must be an int >= 1, got 0"),
     ("distributed.rank_pairs", "hybrid, 3 of 4 ranks", lambda: distributed.rank_pairs(
         M, 4, 1, 1, mode="hybrid", ulysses_degree=3), ValueError,
-     "mode='hybrid' needs an ulysses_degree dividing 4, got 3"),
+     "ulysses_degree must divide the group's 4 ranks"),
     ("families.topk_pooled", "text_first='yes'", lambda: families.topk_pooled(
         X, X, (1, 8, 16), text_first="yes"), TypeError, "text_first must be True or False"),
     ("families.topk_pooled", "topk=0", lambda: families.topk_pooled(

@@ -49,8 +49,9 @@ BALANCES = ("pairs", "heads")
 def shard_ranges(length: int, ranks: int) -> list[tuple[int, int]]:
     """The token range ``[start, end)`` each rank holds: as even as it goes, the first
     ``length % ranks`` ranks one token longer."""
-    if ranks < 1 or length < 0:
-        raise ValueError(f"need ranks >= 1 and length >= 0, got {ranks}, {length}")
+    _positive_int("ranks", ranks)
+    if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or length < 0:
+        raise ValueError(f"length must be an int >= 0, got {length!r}")
     base, extra = divmod(length, ranks)
     ends = np.cumsum([base + (r < extra) for r in range(ranks)])
     return [(int(e - base - (r < extra)), int(e)) for r, e in enumerate(ends)]
@@ -68,6 +69,14 @@ def _positive_int(name: str, x: Any) -> None:
         raise ValueError(f"{name} must be an int >= 1, got {x!r}")
 
 
+def _check_ulysses_degree(ulysses_degree: Any, ranks: int, kv_heads: int) -> None:
+    """A Ulysses group size must divide the ranks and give every rank of a group a kv head."""
+    if (isinstance(ulysses_degree, bool) or not isinstance(ulysses_degree, (int, np.integer))
+            or ulysses_degree < 1 or ranks % ulysses_degree or ulysses_degree > kv_heads):
+        raise ValueError(f"ulysses_degree must divide the group's {ranks} ranks and be at "
+                         f"most the {kv_heads} kv heads, got {ulysses_degree!r}")
+
+
 def _any(x: Any) -> bool:
     """Whether a (host or device) boolean array holds a True: one small read back."""
     return bool(x.any())
@@ -77,9 +86,13 @@ def assign_heads(work: Sequence[float], ranks: int) -> list[list[int]]:
     """Units (heads, or kv-head groups) to ranks so that the most loaded rank's work is small:
     longest first to the least loaded rank, then single moves and pairwise swaps while they
     lower the maximum. Returns each rank's units, sorted."""
-    work = np.asarray(work, dtype=np.float64)
-    if ranks < 1:
-        raise ValueError(f"ranks must be >= 1, got {ranks}")
+    _positive_int("ranks", ranks)
+    try:
+        work = np.asarray(work, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise TypeError(f"work must be a sequence of numbers, got {work!r}") from None
+    if work.ndim != 1 or not np.all(np.isfinite(work)) or np.any(work < 0):
+        raise ValueError(f"work must be a 1-D sequence of finite numbers >= 0, got {work!r}")
     owner = np.zeros(work.size, dtype=np.int64)
     load = np.zeros(ranks)
     for u in np.argsort(-work, kind="stable"):
@@ -477,11 +490,8 @@ def sequence_parallel_attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *
     hq, hkv = q.shape[hd], k.shape[hd]
     if hq % hkv:
         raise ValueError(f"q heads {hq} must be a multiple of k heads {hkv}")
-    if ulysses_degree is not None and (
-            isinstance(ulysses_degree, bool) or not isinstance(ulysses_degree, int) or
-            ulysses_degree < 1 or ranks % ulysses_degree or ulysses_degree > hkv):
-        raise ValueError(f"ulysses_degree must divide the group's {ranks} ranks and be at "
-                         f"most the {hkv} kv heads, got {ulysses_degree!r}")
+    if ulysses_degree is not None:
+        _check_ulysses_degree(ulysses_degree, ranks, hkv)
     dense = _dense_per_head(block_mask, hq, hkv)
     if mode == "auto":
         mode, ulysses_degree = choose_mode(ranks, hkv)
@@ -506,9 +516,14 @@ def rank_pairs(block_mask: BlockMask, ranks: int, num_q_heads: int, num_kv_heads
     for name, x in (("ranks", ranks), ("num_q_heads", num_q_heads),
                     ("num_kv_heads", num_kv_heads)):
         _positive_int(name, x)
-    if mode == "hybrid" and (ulysses_degree is None or ranks % ulysses_degree):
-        raise ValueError(f"mode='hybrid' needs an ulysses_degree dividing {ranks}, got "
-                         f"{ulysses_degree!r}")
+    if num_q_heads % num_kv_heads:
+        raise ValueError(f"num_q_heads={num_q_heads} must be a multiple of "
+                         f"num_kv_heads={num_kv_heads}")
+    if mode == "hybrid":
+        if ulysses_degree is None:
+            raise ValueError("mode='hybrid' needs ulysses_degree (the ranks of one Ulysses "
+                             "group)")
+        _check_ulysses_degree(ulysses_degree, ranks, num_kv_heads)
     dense = _dense_per_head(block_mask, num_q_heads, num_kv_heads)
     ranges = shard_ranges(block_mask.seq_len_q, ranks)
     g = num_q_heads // num_kv_heads
@@ -544,6 +559,8 @@ def choose_mode(ranks: int, kv_heads: int) -> tuple[str, int | None]:
     """``mode="auto"``: Ulysses when every rank can have a kv head (no ring steps at all);
     else the hybrid with the largest Ulysses group the heads allow (all-to-alls inside it, the
     ring across fewer, larger spans); the ring alone when no group larger than one fits."""
+    _positive_int("ranks", ranks)
+    _positive_int("kv_heads", kv_heads)
     if kv_heads >= ranks:
         return "ulysses", None
     u = max(d for d in range(1, ranks + 1) if ranks % d == 0 and d <= kv_heads)

@@ -81,7 +81,7 @@ def test_rank_pairs_count_each_ranks_work(mode, ranks, udeg):
         D.rank_pairs(mask, 0, 6, 6, mode="ring")
     with pytest.raises(ValueError, match="num_kv_heads must be an int >= 1"):
         D.rank_pairs(mask, ranks, 6, 0, mode="ring")
-    with pytest.raises(ValueError, match="needs an ulysses_degree dividing"):
+    with pytest.raises(ValueError, match="ulysses_degree must divide the group's 4 ranks"):
         D.rank_pairs(mask, 4, 6, 6, mode="hybrid", ulysses_degree=3)
     with pytest.raises(TypeError, match="block_mask must be a tessera.BlockMask"):
         D.rank_pairs(dense, ranks, 6, 6, mode="ring")
@@ -217,3 +217,26 @@ def test_bad_inputs_are_refused_by_name():
     if not torch.distributed.is_initialized():
         with pytest.raises(RuntimeError, match="torch.distributed is not initialized"):
             D.sequence_parallel_attention(q, q, q, mask)
+
+
+@pytest.mark.parametrize("call, kind, words", [
+    (lambda m: D.rank_pairs(m, 4, 2, 2, mode="hybrid", ulysses_degree=4), ValueError,
+     "ulysses_degree must divide the group's 4 ranks and be at most the 2 kv heads, got 4"),
+    (lambda m: D.rank_pairs(m, 4, 3, 2, mode="ring"), ValueError,
+     "num_q_heads=3 must be a multiple of num_kv_heads=2"),
+    (lambda m: D.rank_pairs(m, 4, 2, 2, mode="hybrid"), ValueError,
+     "mode='hybrid' needs ulysses_degree"),
+    (lambda m: D.choose_mode(4, 0), ValueError, "kv_heads must be an int >= 1, got 0"),
+    (lambda m: D.choose_mode(2.5, 4), ValueError, "ranks must be an int >= 1, got 2.5"),
+    (lambda m: D.shard_ranges(100, 0), ValueError, "ranks must be an int >= 1, got 0"),
+    (lambda m: D.shard_ranges(100.5, 2), ValueError, "length must be an int >= 0"),
+    (lambda m: D.assign_heads([1.0, float("nan")], 2), ValueError, "work must be a 1-D"),
+    (lambda m: D.assign_heads([1.0, 2.0], 1.5), ValueError, "ranks must be an int >= 1"),
+])
+def test_helpers_refuse_what_the_attention_refuses(call, kind, words):
+    """The planning helpers take what sequence_parallel_attention takes and refuse the rest by
+    name (a zero head count was a ZeroDivisionError, a hybrid group larger than the kv heads
+    a plan the attention would refuse)."""
+    mask = tessera.BlockMask.from_dense(np.ones((2, 3, 3), bool), block_size=16)
+    with pytest.raises(kind, match=words):
+        call(mask)
