@@ -10,6 +10,8 @@ import contextlib
 from dataclasses import dataclass, fields
 from typing import Any, Iterator
 
+import numpy as np
+
 __all__ = ["Settings", "config"]
 
 
@@ -51,19 +53,27 @@ class Settings:
         if name not in {f.name for f in fields(self)}:
             raise AttributeError(f"tessera.config has no setting {name!r} (settings: "
                                  f"{', '.join(f.name for f in fields(self))})")
-        if name in ("poison_outputs", "use_tma") and not isinstance(value, bool):
-            raise TypeError(f"config.{name} must be True or False, got {value!r}")
-        if name in _INT_MINIMA and not (name in _NONE_ALLOWED and value is None) and (
-                isinstance(value, bool) or not isinstance(value, int)
-                or value < _INT_MINIMA[name]):
-            none = "None or " if name in _NONE_ALLOWED else ""
-            raise ValueError(f"config.{name} must be {none}an int >= {_INT_MINIMA[name]}, "
-                             f"got {value!r}")
+        if name in ("poison_outputs", "use_tma"):
+            if not isinstance(value, (bool, np.bool_)):
+                raise TypeError(f"config.{name} must be True or False, got {value!r}")
+            value = bool(value)
+        if name in _INT_MINIMA and not (name in _NONE_ALLOWED and value is None):
+            if (isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer))
+                    or value < _INT_MINIMA[name]):
+                none = "None or " if name in _NONE_ALLOWED else ""
+                raise ValueError(f"config.{name} must be {none}an int >= "
+                                 f"{_INT_MINIMA[name]}, got {value!r}")
+            value = int(value)
         object.__setattr__(self, name, value)
 
     @contextlib.contextmanager
     def override(self, **changes: Any) -> Iterator["Settings"]:
         """Change some switches for the duration of a ``with`` block, then restore them."""
+        names = [f.name for f in fields(self)]
+        unknown = sorted(set(changes) - set(names))
+        if unknown:
+            raise TypeError(f"config.override got unknown settings {unknown} (settings: "
+                            f"{', '.join(names)})")
         old = {name: getattr(self, name) for name in changes}
         try:
             for name, value in changes.items():

@@ -139,6 +139,10 @@ CASES = [
      "config.request_selection_refresh must be an int >= 1"),
     ("tessera.config", "an unknown setting", lambda: setattr(tessera.config, "tma", True),
      AttributeError, "tessera.config has no setting 'tma'"),
+    ("tessera.config", "override(bogus=1)", lambda: tessera.config.override(
+        bogus=1).__enter__(), TypeError, r"config.override got unknown settings \['bogus'\]"),
+    ("tessera.use_table", "a folder", lambda: tessera.use_table("/"), ValueError,
+     "a folder, not a regime table file"),
     ("tessera.use_table", "a missing file", lambda: tessera.use_table("/nonexistent.json"),
      FileNotFoundError, "nonexistent"),
     ("methods.VideoGeometry", "text_valid past text_tokens", lambda: methods.VideoGeometry(

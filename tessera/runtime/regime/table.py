@@ -326,6 +326,9 @@ class RegimeTable:
         """Read and validate a table file. A missing file raises ``FileNotFoundError``; anything
         wrong inside it a ``ValueError`` that names the file and the problem."""
         path = Path(path)
+        if path.is_dir():
+            raise ValueError(f"{path}: a folder, not a regime table file (tables are JSON files "
+                             "written by python -m tessera profile)")
         text = path.read_text(encoding="utf-8")
         try:
             obj = json.loads(text)
