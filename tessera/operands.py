@@ -63,14 +63,13 @@ def describe(q: Any, k: Any, v: Any, layout: str) -> Operands:
     """Describe and validate q, k, v (device, dtype, shapes, strides) without touching data."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be 'bhld' or 'blhd', got {layout!r}")
-    if cupy_or_none() is None:
-        raise RuntimeError("the GPU path needs CuPy: pip install 'tessera[cuda13]' (or cuda12)")
-    if device.gpu_count() == 0:
+    if cupy_or_none() is None or device.gpu_count() == 0:
         # Inputs first (a host array or a non-array is the caller's mistake anywhere), then
-        # the machine: without a GPU there is no CUDA tensor to pass.
+        # the machine: without CuPy or a GPU there is no CUDA tensor to pass.
         for name, x in (("q", q), ("k", k), ("v", v)):
             from_any(x, name)
-        raise RuntimeError(NO_GPU)
+        raise RuntimeError(NO_GPU if cupy_or_none() is not None else
+                           "the GPU path needs CuPy: pip install 'tessera[cuda13]' (or cuda12)")
     # The caller's stream first: a DLPack producer orders its pending work before it.
     fw = framework_of(q)
     on_host = fw == "torch" and not getattr(q, "is_cuda", True)  # from_any says so below

@@ -88,3 +88,20 @@ def test_output_overlap_is_found():
     assert not _overlap(q, after) and _overlap(q, inside) and _overlap(inside, q)
     assert not _overlap(q, _t(q.ptr, q.shape, q.strides, device=1))
     assert not _overlap(q, _t(q.ptr, (1, 2, 0, 64), q.strides))  # no elements
+
+
+def test_inputs_are_checked_before_the_environment(monkeypatch):
+    """Without CuPy (a numpy-only install) a bad input is still named first; only good-looking
+    inputs get the environment's error."""
+    from tessera import _array
+
+    monkeypatch.setattr(_array, "_cupy", None)
+    x = np.zeros((1, 1, 128, 64), np.float32)
+    mask = tessera.BlockMask.from_dense(np.ones((2, 2), bool), block_size=64)
+    with pytest.raises(ValueError, match=r"q is a host \(numpy\) array"):
+        tessera.attention(x, x, x, mask)
+    with pytest.raises(TypeError, match="q must be a CuPy array or a DLPack tensor"):
+        tessera.attention(None, None, None, mask)
+    with pytest.raises(ValueError, match=r"q is a host \(numpy\) array"):
+        tessera.plan(mask, num_q_heads=1, head_dim=64).run(x, x, x)
+
