@@ -45,6 +45,7 @@ import tessera
 from ..cuda.device import device_cc
 from ..families.common import variable_bounds
 from ..runtime.regime import regime_from_name
+from .args import positive_int, require_matplotlib
 from . import bench_distributed, peers
 from .timing import cuda_time_ms, interleaved_ms
 from .workloads import FAMILIES, WORKLOADS, example_mask
@@ -376,15 +377,15 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"comma list of {', '.join(CASES)} (default: all, unless --family)")
     ap.add_argument("--family", default=None,
                     help=f"comma list of mask families: {', '.join(FAMILIES)}, or 'all'")
-    ap.add_argument("--heads", type=int, default=None,
+    ap.add_argument("--heads", type=positive_int, default=None,
                     help="query heads (default: the model's; data-dependent families build "
                          "their masks on the host, which takes a while at full size)")
     ap.add_argument("--regime", default=None,
                     help="a regime name (as plan.regime.name prints it) to use for every case "
                          "instead of the table's or the heuristic's")
-    ap.add_argument("--reps", type=int, default=20,
+    ap.add_argument("--reps", type=positive_int, default=20,
                     help="timings of each host-inclusive figure (call, plan, request)")
-    ap.add_argument("--rounds", type=int, default=8,
+    ap.add_argument("--rounds", type=positive_int, default=8,
                     help="interleaved rounds timing the kernels, Tessera's and the peers' "
                          "(default 8)")
     ap.add_argument("--host-mask", action="store_true",
@@ -417,10 +418,8 @@ def main(argv: list[str] | None = None) -> int:
     for f in families:
         if f not in FAMILIES:
             ap.error(f"unknown family {f!r}; choose from {', '.join(FAMILIES)}")
-    if args.heads is not None and args.heads <= 0:
-        ap.error(f"--heads must be positive, got {args.heads}")
-    if args.reps < 1 or args.rounds < 1:
-        ap.error(f"--reps and --rounds must be at least 1, got {args.reps} and {args.rounds}")
+    if args.png:
+        require_matplotlib(ap, "--png")
     regime = None
     if args.regime is not None:
         regime = regime_from_name(args.regime)

@@ -24,6 +24,8 @@ from ..runtime.regime import (
     default_regime,
     describe_table_in_use,
 )
+from ..dtypes import SUPPORTED_HEAD_DIMS
+from .args import int_choice, nonnegative_int, positive_int, require_matplotlib
 from .bench import main as bench_main
 from .pipeline import main as pipeline_main
 from .demo import run
@@ -92,24 +94,23 @@ def info() -> int:
     return 0
 
 
+# Tile rows ``plan --block-m`` takes: the portable family's, two 16-row tiles a warp.
+BLOCK_M_CHOICES = (32, 64, 128, 192, 256)
+
+
+def _check_plan_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """What argparse's types cannot see alone: the drawn head among the mask heads, and
+    matplotlib for --png."""
+    if not 0 <= args.head < args.heads:
+        ap.error(f"--head must be in [0, {args.heads}) (one of the --heads {args.heads} mask "
+                 f"heads), got {args.head}")
+    if args.png:
+        require_matplotlib(ap, "--png")
+
+
 def plan_command(args: argparse.Namespace) -> int:
     """Build a family's mask for a workload, plan it, print its stats, optionally draw it."""
 
-    if args.shape not in WORKLOADS:
-        print(f"unknown shape {args.shape!r}; choose from {', '.join(WORKLOADS)}",
-              file=sys.stderr)
-        return 2
-    if args.family not in FAMILIES:
-        print(f"unknown family {args.family!r}; choose from {', '.join(FAMILIES)}",
-              file=sys.stderr)
-        return 2
-    if args.heads < 1:
-        print(f"--heads must be at least 1, got {args.heads}", file=sys.stderr)
-        return 2
-    if not 0 <= args.head < args.heads:
-        print(f"--head must be in [0, {args.heads}) (one of the --heads {args.heads} mask "
-              f"heads), got {args.head}", file=sys.stderr)
-        return 2
     w = WORKLOADS[args.shape]
     d = args.head_dim or w.head_dim
     t0 = time.perf_counter()
@@ -117,7 +118,7 @@ def plan_command(args: argparse.Namespace) -> int:
     t1 = time.perf_counter()
     regime = default_regime(None, d)
     if args.block_m:
-        regime = regime.with_(block_m=args.block_m, num_warps=max(1, args.block_m // 32))
+        regime = regime.with_(block_m=args.block_m, num_warps=args.block_m // 32)
     h = vm.mask.batch_heads[1]
     p = plan(vm.mask, num_q_heads=max(h, args.heads), head_dim=d, regime=regime)
     t2 = time.perf_counter()
@@ -157,13 +158,16 @@ def _main(argv: list[str] | None) -> int:
                       help="full: the GPU run; small: the CPU emulator at a reduced size; "
                            "auto: full when a GPU is present")
     pl = sub.add_parser("plan", help="plan a video mask family and print (or draw) the plan")
-    pl.add_argument("--shape", default="wan-1.3b-480p",
+    pl.add_argument("--shape", default="wan-1.3b-480p", choices=list(WORKLOADS),
                     help="a workload of tessera.tools.workloads")
-    pl.add_argument("--family", default="sliding_tile", help="a family of tessera.families")
-    pl.add_argument("--heads", type=int, default=2, help="mask heads to generate")
-    pl.add_argument("--head-dim", type=int, default=None)
-    pl.add_argument("--head", type=int, default=0, help="head to draw")
-    pl.add_argument("--block-m", type=int, default=None, help="physical tile rows")
+    pl.add_argument("--family", default="sliding_tile", choices=list(FAMILIES),
+                    help="a family of tessera.families")
+    pl.add_argument("--heads", type=positive_int, default=2, help="mask heads to generate")
+    pl.add_argument("--head-dim", type=int_choice(SUPPORTED_HEAD_DIMS), default=None,
+                    help="64, 96 or 128 (default: the workload's)")
+    pl.add_argument("--head", type=nonnegative_int, default=0, help="head to draw")
+    pl.add_argument("--block-m", type=int_choice(BLOCK_M_CHOICES), default=None,
+                    help=f"physical tile rows: {', '.join(map(str, BLOCK_M_CHOICES))}")
     pl.add_argument("--png", help="draw the plan to this PNG (needs matplotlib)")
     pr = sub.add_parser("profile", help="time candidate regimes on a mask corpus and write "
                                          "this GPU's regime table (needs a GPU and PyTorch)")
@@ -184,6 +188,7 @@ def _main(argv: list[str] | None) -> int:
     if args.cmd in (None, "info"):
         return info()
     if args.cmd == "plan":
+        _check_plan_args(pl, args)
         return plan_command(args)
     if args.cmd == "profile":
         return command(args)

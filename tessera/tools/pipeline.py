@@ -25,6 +25,7 @@ import numpy as np
 from ..cuda.device import current_gpu_name
 from ..integrations import diffusers as td
 from ..integrations import methods as M
+from .args import fraction, nonnegative_int, positive_int, require_matplotlib
 from .bench import _progress
 from .models import MODELS, build, inputs
 from .peers import compiled_flex, flex_block_mask, flex_kernel_options
@@ -224,13 +225,16 @@ def main(argv: list[str] | None = None) -> int:
         "\n\n")[0])
     ap.add_argument("--model", choices=list(MODELS), default="wan-1.3b")
     ap.add_argument("--method", choices=list(M.METHODS), default="topk_cubes")
-    ap.add_argument("--density", type=float, default=0.1, help="topk_cubes: key cubes kept")
-    ap.add_argument("--tile", type=int, nargs=3, default=(6, 8, 8), help="sliding_tile")
-    ap.add_argument("--window", type=int, nargs=3, default=(3, 3, 3), help="sliding_tile")
-    ap.add_argument("--heads", default="spatial", help="spatial_temporal: spatial or temporal")
-    ap.add_argument("--steps", type=int, default=3, help="timed forwards per backend")
-    ap.add_argument("--dense-steps", type=int, default=0)
-    ap.add_argument("--dense-layers", type=int, default=0)
+    ap.add_argument("--density", type=fraction, default=0.1,
+                    help="topk_cubes: key cubes kept, in (0, 1]")
+    ap.add_argument("--tile", type=positive_int, nargs=3, default=(6, 8, 8), help="sliding_tile")
+    ap.add_argument("--window", type=positive_int, nargs=3, default=(3, 3, 3),
+                    help="sliding_tile")
+    ap.add_argument("--heads", default="spatial", choices=["spatial", "temporal"],
+                    help="spatial_temporal")
+    ap.add_argument("--steps", type=positive_int, default=3, help="timed forwards per backend")
+    ap.add_argument("--dense-steps", type=nonnegative_int, default=0)
+    ap.add_argument("--dense-layers", type=nonnegative_int, default=0)
     ap.add_argument("--weights", help="a local checkpoint folder (from_pretrained)")
     ap.add_argument("--tiny", action="store_true", help="the tiny configuration (a check)")
     ap.add_argument("--no-flex", action="store_true")
@@ -240,8 +244,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="every backend with the transformer's blocks torch.compile'd")
     ap.add_argument("--png", help="per-layer attention time, dense vs sparse (matplotlib)")
     args = ap.parse_args(argv)
-    if args.steps < 1:
-        ap.error("--steps must be at least 1")
+    if args.png:
+        require_matplotlib(ap, "--png")
     missing = [m for m in ("torch", "diffusers") if not _importable(m)]
     if missing:
         print(f"pipeline needs {' and '.join(missing)} (pip install 'tessera[diffusers]') and a "

@@ -67,6 +67,7 @@ from ..runtime.regime import (
     write_json_atomic,
 )
 from ..runtime.tasks import NEVER_SPLIT_RATIO
+from .args import positive_float, positive_int
 from .timing import cuda_time_ms
 from .workloads import FAMILIES, WORKLOADS, Workload, example_mask
 
@@ -864,7 +865,7 @@ def _thresholds(text: str | None) -> list[float] | None:
 
 def add_arguments(ap: Any) -> None:
     ap.add_argument("--out", help="table to write (default: tables/<gpu-slug>.json)")
-    ap.add_argument("--budget-minutes", type=float, default=30.0,
+    ap.add_argument("--budget-minutes", type=positive_float, default=30.0,
                     help="stop starting new masks after this long (default 30)")
     ap.add_argument("--resume", action="store_true",
                     help="continue an existing table: skip the masks it already records")
@@ -883,7 +884,7 @@ def add_arguments(ap: Any) -> None:
     ap.add_argument("--dtype", choices=["bfloat16", "float16"], default="bfloat16")
     ap.add_argument("--objective", choices=OBJECTIVES, default="request",
                     help="request: kernel + planning time (default); kernel: kernel only")
-    ap.add_argument("--reps", type=int, default=10, help="timed kernel runs per regime")
+    ap.add_argument("--reps", type=positive_int, default=10, help="timed kernel runs per regime")
     ap.add_argument("--list", action="store_true",
                     help="list the corpus and the candidate regimes, time nothing")
     ap.add_argument("--evaluate", metavar="TABLE",

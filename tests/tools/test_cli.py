@@ -122,7 +122,9 @@ def test_plan_command_prints_and_draws(tmp_path, capsys):
     assert cli(["plan", "--shape", "cogvideox-5b", "--family", "radial", "--png", str(png)]) == 0
     out = capsys.readouterr().out
     assert "plan: useful" in out and png.read_bytes()[:4] == b"\x89PNG"
-    assert cli(["plan", "--family", "nope"]) == 2
+    with pytest.raises(SystemExit) as stop:
+        cli(["plan", "--family", "nope"])
+    assert stop.value.code == 2
 
 
 def test_bench_rejects_unknown_family():
@@ -150,13 +152,47 @@ def test_bench_regime_option(capsys):
     assert "bench needs" in capsys.readouterr().out
 
 
-def test_plan_command_refuses_bad_choices_on_stderr(capsys):
-    assert main(["plan", "--family", "no-such-family"]) == 2
+@pytest.mark.parametrize("argv, words", [
+    (["plan", "--family", "no-such-family"], "invalid choice: 'no-such-family' (choose from"),
+    (["plan", "--shape", "wan"], "invalid choice: 'wan' (choose from 'wan-1.3b-480p'"),
+    (["plan", "--heads", "2", "--head", "5"], "--head must be in [0, 2)"),
+    (["plan", "--head-dim", "80"], "--head-dim: expected one of 64, 96, 128, got '80'"),
+    (["plan", "--head-dim", "0"], "--head-dim: expected one of 64, 96, 128, got '0'"),
+    (["plan", "--block-m", "100"], "--block-m: expected one of 32, 64, 128, 192, 256"),
+    (["plan", "--heads", "0"], "--heads: expected a positive int, got '0'"),
+    (["bench", "--reps", "0"], "--reps: expected a positive int, got '0'"),
+    (["bench", "--rounds", "x"], "--rounds: expected a positive int, got 'x'"),
+    (["pipeline", "--density", "1.5"], "--density: expected a number in (0, 1], got '1.5'"),
+    (["pipeline", "--window", "0", "3", "3"], "--window: expected a positive int, got '0'"),
+    (["pipeline", "--heads", "both"], "invalid choice: 'both'"),
+    (["pipeline", "--dense-steps", "-1"], "--dense-steps: expected an int >= 0, got '-1'"),
+    (["profile", "--budget-minutes", "0"], "--budget-minutes: expected a positive number"),
+])
+def test_bad_values_are_usage_errors_before_any_work(argv, words, capsys, monkeypatch):
+    """Every bad value is an argparse usage error (exit 2) saying what is accepted, printed
+    before any work starts (the workload's mask is never built)."""
+    from tessera.tools import cli
+
+    monkeypatch.setattr(cli, "example_mask", lambda *a, **k: pytest.fail("work started"))
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
     out, err = capsys.readouterr()
-    assert out == "" and "unknown family 'no-such-family'" in err
-    assert main(["plan", "--heads", "2", "--head", "5"]) == 2
-    out, err = capsys.readouterr()
-    assert out == "" and "--head must be in [0, 2)" in err
+    assert stop.value.code == 2 and out == "" and words in err, err
+
+
+def test_png_without_matplotlib_is_refused_before_the_work(capsys, monkeypatch):
+    import importlib.util
+
+    from tessera.tools import cli
+
+    find = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "matplotlib" else find(name, *a))
+    monkeypatch.setattr(cli, "example_mask", lambda *a, **k: pytest.fail("work started"))
+    with pytest.raises(SystemExit) as stop:
+        main(["plan", "--png", "x.png"])
+    assert stop.value.code == 2
+    assert "--png needs matplotlib: pip install 'tessera[plot]'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("unbuffered", ["", "1"])

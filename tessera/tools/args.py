@@ -1,0 +1,89 @@
+"""Argument types of the command line: every value is checked by argparse, so a bad one is a
+usage error (exit 2) that says what is accepted, before any work starts."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import math
+from typing import Callable, Sequence
+
+__all__ = ["positive_int", "nonnegative_int", "positive_float", "fraction", "int_choice",
+           "comma_list", "require_matplotlib"]
+
+
+def _int(text: str) -> int | None:
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
+def positive_int(text: str) -> int:
+    """An int of at least 1."""
+    n = _int(text)
+    if n is None or n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive int, got {text!r}")
+    return n
+
+
+def nonnegative_int(text: str) -> int:
+    """An int of at least 0."""
+    n = _int(text)
+    if n is None or n < 0:
+        raise argparse.ArgumentTypeError(f"expected an int >= 0, got {text!r}")
+    return n
+
+
+def positive_float(text: str) -> float:
+    """A finite number above 0."""
+    try:
+        x = float(text)
+    except ValueError:
+        x = float("nan")
+    if not (math.isfinite(x) and x > 0):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return x
+
+
+def fraction(text: str) -> float:
+    """A number in (0, 1]."""
+    try:
+        x = float(text)
+    except ValueError:
+        x = float("nan")
+    if not 0 < x <= 1:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}")
+    return x
+
+
+def int_choice(choices: Sequence[int]) -> Callable[[str], int]:
+    """An int among ``choices``."""
+    def parse(text: str) -> int:
+        n = _int(text)
+        if n not in choices:
+            raise argparse.ArgumentTypeError(
+                f"expected one of {', '.join(map(str, choices))}, got {text!r}")
+        return n
+    return parse
+
+
+def comma_list(choices: Sequence[str], extra: Sequence[str] = ()) -> Callable[[str], list[str]]:
+    """A comma list of names among ``choices`` (or one of ``extra`` alone, kept as is)."""
+    def parse(text: str) -> list[str]:
+        if text in extra:
+            return [text]
+        names = [n for n in text.split(",") if n]
+        bad = [n for n in names if n not in choices]
+        if bad or not names:
+            raise argparse.ArgumentTypeError(
+                f"unknown {', '.join(map(repr, bad)) or 'empty list'}; choose from "
+                f"{', '.join(list(choices) + list(extra))}")
+        return names
+    return parse
+
+
+def require_matplotlib(ap: argparse.ArgumentParser, option: str) -> None:
+    """A usage error for ``option`` when matplotlib is missing: said before the work, not after."""
+    if importlib.util.find_spec("matplotlib") is None:
+        ap.error(f"{option} needs matplotlib: pip install 'tessera[plot]'")
