@@ -67,15 +67,16 @@ def attention_rows(q: Any, k: Any, v: Any, block_mask: BlockMask, rows: np.ndarr
     (batch, query head, token); returns ``[n, Dv]``. Lets large runs (100k tokens) be checked on
     sampled rows without computing the whole reference."""
     q4, k4, v4 = host_operands(q, k, v, layout, scale, block_mask)
-    _, hq, _, d = q4.shape
+    b, hq, lq, d = q4.shape
     hkv = k4.shape[1]
+    rows = _checked_rows(rows, (b, hq, lq))
     mask = block_mask.to_host()
     head_of = mask.head_index(hq, hkv)
     batch_of = mask.batch_index(q4.shape[0])
     scale = 1.0 / np.sqrt(d) if scale is None else float(scale)
     kb = mask.kv_bounds
     out = np.zeros((len(rows), v4.shape[3]))
-    for n, (b, h, t) in enumerate(np.asarray(rows, dtype=np.int64)):
+    for n, (b, h, t) in enumerate(rows):
         i = int(np.searchsorted(mask.q_bounds, t, side="right") - 1)
         r = (batch_of[b] * mask.batch_heads[1] + head_of[h]) * mask.num_q_blocks + i
         sel = to_numpy(mask.indices[int(mask.indptr[r]):int(mask.indptr[r + 1])])
@@ -103,3 +104,27 @@ def _softmax_terms(scores: np.ndarray, scale: float) -> tuple[np.ndarray, np.nda
         p = np.exp((scores - m) * scale)
         denom = p.sum(axis=1, keepdims=True)
         return p, m * scale + np.log(denom), denom
+
+
+def _checked_rows(rows: Any, limits: tuple[int, int, int]) -> np.ndarray:
+    """``rows`` as int64 ``[n, 3]`` (batch, query head, token), each within ``limits``;
+    TypeError or ValueError naming ``rows`` otherwise (numpy indexing would wrap a negative
+    token into another row, or fail with a bare IndexError)."""
+    try:
+        a = np.asarray(rows)
+    except (TypeError, ValueError):
+        raise TypeError(f"rows must be an int array [n, 3] of (batch, query head, token), got "
+                        f"{type(rows).__name__}") from None
+    if a.size == 0:
+        a = a.reshape(0, 3).astype(np.int64)
+    if not np.issubdtype(a.dtype, np.integer) or a.dtype == np.bool_:
+        raise TypeError(f"rows must hold ints (batch, query head, token), got dtype {a.dtype}")
+    if a.ndim != 2 or a.shape[1] != 3:
+        raise ValueError(f"rows must be [n, 3] (batch, query head, token), got shape "
+                         f"{a.shape}")
+    for col, (name, limit) in enumerate(zip(("batch", "query head", "token"), limits)):
+        bad = (a[:, col] < 0) | (a[:, col] >= limit)
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise ValueError(f"rows[{i}]: {name} {int(a[i, col])} is outside [0, {limit})")
+    return a.astype(np.int64)

@@ -128,6 +128,18 @@ CASES = [
     ("tessera.reference.attention", "[B, L, H, D] read as bhld", lambda:
         tessera.reference.attention(*(np.zeros((1, 128, 2, 64)),) * 3, M), ValueError,
      "layout='blhd'\\?"),
+    ("tessera.reference.attention_rows", "a negative token", lambda:
+        tessera.reference.attention_rows(X, X, X, M, np.array([[0, 0, -1]])), ValueError,
+     r"rows\[0\]: token -1 is outside \[0, 128\)"),
+    ("tessera.reference.attention_rows", "a head out of range", lambda:
+        tessera.reference.attention_rows(X, X, X, M, np.array([[0, 0, 5], [0, 1, 5]])),
+     ValueError, r"rows\[1\]: query head 1 is outside \[0, 1\)"),
+    ("tessera.reference.attention_rows", "rows of two numbers", lambda:
+        tessera.reference.attention_rows(X, X, X, M, np.array([[0, 5]])), ValueError,
+     r"rows must be \[n, 3\]"),
+    ("tessera.reference.attention_rows", "float rows", lambda:
+        tessera.reference.attention_rows(X, X, X, M, np.array([[0.0, 0.0, 5.0]])), TypeError,
+     "rows must hold ints"),
     ("tessera.emulate.run", "a short k", lambda: tessera.emulate.run(
         _plan(), X, X[:, :, :100], X[:, :, :100]), ValueError, "covers \\(128, 128\\) tokens"),
     ("tessera.emulate.run", "a head dim other than the plan's", lambda: tessera.emulate.run(
