@@ -138,8 +138,8 @@ def _uniform_bounds(n_blocks: int, block: int, seq_len: int | None, which: str) 
         raise ValueError(f"seq_len_{which}={seq_len} does not fit {n_blocks} blocks of {block} "
                          f"tokens (must be in ({full - block}, {full}])")
     if seq_len > MAX_TOKENS:
-        raise ValueError(f"{n_blocks} {which} blocks of {block} tokens make {seq_len} tokens; "
-                         f"token offsets are int32 (at most {MAX_TOKENS})")
+        raise ValueError(f"block_size: {n_blocks} {which} blocks of {block} tokens make "
+                         f"{seq_len} tokens; token offsets are int32 (at most {MAX_TOKENS})")
     return _uniform_offsets(int(n_blocks), int(block), int(seq_len))
 
 

@@ -8,7 +8,7 @@ import numpy as np
 
 from .._array import array_module
 from ..interop import as_array
-from ..mask import BlockMask
+from ..mask import MAX_TOKENS, BlockMask
 
 Latent = tuple[int, int, int]
 
@@ -62,7 +62,11 @@ def _positive_ints(v: Any, name: str, what: str) -> tuple[int, int, int]:
 
 
 def check_latent(latent: Sequence[int]) -> Latent:
-    return _positive_ints(latent, "latent", "three positive ints (t, h, w)")
+    lat = _positive_ints(latent, "latent", "three positive ints (t, h, w)")
+    if lat[0] * lat[1] * lat[2] > MAX_TOKENS:
+        raise ValueError(f"latent {lat} makes {lat[0] * lat[1] * lat[2]} tokens; token offsets "
+                         f"are int32 (at most {MAX_TOKENS})")
+    return lat
 
 
 def check_triple(v: Sequence[int], name: str) -> tuple[int, int, int]:
@@ -147,6 +151,10 @@ def with_text(video: Any, q_bounds: np.ndarray, kv_bounds: np.ndarray, text_toke
     valid, pad = text_counts(text_tokens, text_valid)
     if valid == 0 and pad == 0:
         return video, q_bounds, kv_bounds
+    if int(q_bounds[-1]) + valid + pad > MAX_TOKENS:
+        raise ValueError(f"text_tokens={text_tokens}: video and text make "
+                         f"{int(q_bounds[-1]) + valid + pad} tokens; token offsets are int32 "
+                         f"(at most {MAX_TOKENS})")
     xp = array_module(video)
     sizes = [s for s in (valid, pad) if s]
     n_t = len(sizes)

@@ -148,7 +148,8 @@ def spatial_temporal(latent: Sequence[int], block: int = 128, heads: Any = "spat
     kinds, single = per_head(heads, lambda v: isinstance(v, str), "heads")
     for k in kinds:
         if k not in _HEAD_KINDS:
-            raise ValueError(f"head kind must be one of {_HEAD_KINDS}, got {k!r}")
+            raise ValueError(f"heads must be 'spatial', 'temporal' or a list of them, one per "
+                             f"head; got {k!r}")
     if temporal_rule not in _TEMPORAL_RULES:
         raise ValueError(f"temporal_rule must be one of {_TEMPORAL_RULES}, got {temporal_rule!r}")
     if order not in ("auto", "original"):

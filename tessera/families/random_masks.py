@@ -6,6 +6,7 @@ import numpy as np
 
 from .common import (check_fraction, check_int, finish, is_int, text_counts, uniform_bounds,
                      variable_bounds)
+from ..mask import MAX_TOKENS
 from .video import VideoMask
 
 
@@ -25,6 +26,8 @@ def random_blocks(num_heads: int, seq_len: int, block: int = 128, density: float
     check_fraction(density, "density", zero=True)
     num_heads = check_int(num_heads, "num_heads", 1)
     seq_len = check_int(seq_len, "seq_len", 1)
+    if seq_len > MAX_TOKENS:
+        raise ValueError(f"seq_len={seq_len}: token offsets are int32 (at most {MAX_TOKENS})")
     check_int(seed, "seed", 0)
     if sizes is not None and (not isinstance(sizes, (tuple, list)) or len(sizes) != 2
                               or not all(is_int(x) for x in sizes)

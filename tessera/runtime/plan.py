@@ -24,7 +24,7 @@ from .._array import to_numpy
 from ..capture import capture_memory_if, stream_capturing
 from ..cuda.device import check_arch
 from ..dtypes import SUPPORTED_HEAD_DIMS, checked_dtype
-from ..launch import LaunchState, run_plan
+from ..launch import MAX_TASKS, LaunchState, run_plan
 from ..mask import BlockMask
 from . import mapping
 from .device_planner import SyncFreePlan, plan_on_device
@@ -335,6 +335,11 @@ def _plan(block_mask: BlockMask, num_q_heads: int, num_kv_heads: int | None, hea
     if head_dim_v != head_dim:
         raise ValueError(f"head_dim_v must equal head_dim ({head_dim}): the kernels write "
                          f"head_dim values per row, got head_dim_v={head_dim_v}")
+    if batch * num_q_heads > MAX_TASKS:
+        # Every (batch, query head) pair is at least one task, and a launch takes at most
+        # MAX_TASKS: a plan past it could never run.
+        raise ValueError(f"batch x num_q_heads = {batch * num_q_heads} exceeds the "
+                         f"{MAX_TASKS} tasks a launch takes: split the call by batch or heads")
     check_arch(arch)
     dtype = checked_dtype(dtype)
     head_of = block_mask.head_index(num_q_heads, num_kv_heads)
