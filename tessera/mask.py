@@ -192,6 +192,14 @@ def _lead_shape(ndim_lead: int, shape: tuple[int, ...], name: str,
                      f"got {len(shape) + len(layout.split(','))} dimensions")
 
 
+def _check_count(value: Any, name: str) -> None:
+    """A batch or head count: a positive int (numpy's too), else an error naming it."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be a positive int, got {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
 _trusted = threading.local()
 _trusted.depth = 0
 
@@ -653,7 +661,9 @@ class BlockMask:
     def head_index(self, num_q_heads: int, num_kv_heads: int) -> np.ndarray:
         """For each query head, the mask head it reads: broadcast, per query head or per kv head."""
         h = self.batch_heads[1]
-        if num_kv_heads <= 0 or num_q_heads % num_kv_heads:
+        _check_count(num_q_heads, "num_q_heads")
+        _check_count(num_kv_heads, "num_kv_heads")
+        if num_q_heads % num_kv_heads:
             raise ValueError(f"num_q_heads={num_q_heads} must be a multiple of "
                              f"num_kv_heads={num_kv_heads}")
         hq = np.arange(num_q_heads)
@@ -668,6 +678,7 @@ class BlockMask:
 
     def batch_index(self, batch: int) -> np.ndarray:
         """For each batch entry, the mask batch it reads."""
+        _check_count(batch, "batch")
         b = self.batch_heads[0]
         if b == 1:
             return np.zeros(batch, dtype=np.int64)
@@ -736,6 +747,9 @@ class BlockMask:
         1, or a multiple handled by :meth:`head_index` as query heads); ``.sum()`` is the useful
         work every benchmark divides by (useful FLOPs = 4 * D * pairs).
         """
+        for value, name in ((batch, "batch"), (num_heads, "num_heads")):
+            if value is not None:
+                _check_count(value, name)
         per_bh = to_numpy(self.row_pairs()).reshape(*self.batch_heads, -1).sum(-1)
         if batch is not None:
             per_bh = per_bh[self.batch_index(batch)]

@@ -66,6 +66,14 @@ CASES = [
     ("BlockMask(...)", "batch_heads (0, 1)", lambda: BlockMask(
         M.q_bounds, M.kv_bounds, M.indptr, M.indices, (0, 1)), ValueError,
      "batch_heads must be a"),
+    ("BlockMask.head_index", "no kv heads", lambda: M.head_index(2, 0), ValueError,
+     "num_kv_heads must be a positive int, got 0"),
+    ("BlockMask.head_index", "2.5 query heads", lambda: M.head_index(2.5, 1), TypeError,
+     "num_q_heads must be a positive int, got 2.5"),
+    ("BlockMask.batch_index", "batch=-1", lambda: M.batch_index(-1), ValueError,
+     "batch must be a positive int, got -1"),
+    ("BlockMask.selected_pairs", "num_heads=0", lambda: M.selected_pairs(1, 0), ValueError,
+     "num_heads must be a positive int, got 0"),
     ("tessera.plan", "a dense array as the mask", lambda: tessera.plan(
         np.ones((2, 2), bool), num_q_heads=1, head_dim=64), TypeError,
      "block_mask must be a tessera.BlockMask"),
@@ -155,6 +163,8 @@ CASES = [
         bogus=1).__enter__(), TypeError, r"config.override got unknown settings \['bogus'\]"),
     ("tessera.use_table", "a folder", lambda: tessera.use_table("/"), ValueError,
      "a folder, not a regime table file"),
+    ("tessera.use_table", "a number", lambda: tessera.use_table(3), TypeError,
+     "table must be a path, a RegimeTable, None or 'auto', got int"),
     ("tessera.use_table", "a missing file", lambda: tessera.use_table("/nonexistent.json"),
      FileNotFoundError, "nonexistent"),
     ("methods.VideoGeometry", "text_valid past text_tokens", lambda: methods.VideoGeometry(
@@ -179,6 +189,11 @@ CASES = [
      ValueError, "dense_steps must be an int >= 0"),
     ("methods.method_from_name", "an unknown name", lambda: methods.method_from_name("sta"),
      ValueError, "unknown method 'sta'; choose from"),
+    ("methods.Schedule.dense", "step='a'", lambda: methods.Schedule(1, 1).dense("a", 1),
+     ValueError, "step must be an int >= 0, got 'a'"),
+    ("Method.layer_mask", "ordered='yes'", lambda: methods.Radial().layer_mask(
+        methods.VideoGeometry((2, 8, 8)), ordered="yes"), TypeError,
+     "ordered must be True or False, got 'yes'"),
     ("Method.layer_mask", "top-k without q and k", lambda: methods.TopKCubes().layer_mask(
         methods.VideoGeometry((4, 4, 4))), ValueError, "builds its mask from q and k"),
     ("distributed.rank_pairs", "mode='auto'", lambda: distributed.rank_pairs(
@@ -197,6 +212,13 @@ CASES = [
      r"top_p must be a number in \(0, 1\], got True"),
     ("families.sliding_tile", "text_tokens=2.5", lambda: families.sliding_tile(
         (2, 8, 8), text_tokens=2.5), TypeError, "text_tokens must be an int >= 0, got 2.5"),
+    ("families.apply_permutation", "axis=5", lambda: families.apply_permutation(
+        np.zeros((2, 3)), np.arange(3), axis=5), ValueError, r"axis must be an int in \[-2, 2\)"),
+    ("families.apply_permutation", "a position out of range", lambda: families.apply_permutation(
+        np.zeros((2, 3)), np.array([0, 5, 1]), axis=1), ValueError,
+     r"perm must hold positions in \[0, 3\)"),
+    ("families.tile_permutation", "tile=(0, 1, 1)", lambda: families.tile_permutation(
+        (2, 4, 4), (0, 1, 1)), ValueError, "tile must be three positive ints"),
     ("families.invert_permutation", "a repeated entry", lambda: families.invert_permutation(
         np.array([0, 0, 1])), ValueError, "perm must hold each of 0 .. 2 exactly once"),
     ("families.random_blocks", "sizes=(64, 32)", lambda: families.random_blocks(

@@ -346,7 +346,7 @@ def test_head_index():
         per_q.head_index(4, 2)
     with pytest.raises(ValueError, match="num_q_heads=6 must be a multiple of num_kv_heads=4"):
         one.head_index(6, 4)
-    with pytest.raises(ValueError, match="num_kv_heads=0"):
+    with pytest.raises(ValueError, match="num_kv_heads must be a positive int, got 0"):
         one.head_index(4, 0)
     np.testing.assert_array_equal(one.batch_index(3), [0, 0, 0])
     two = BlockMask.from_dense(np.ones((2, 1, 1, 2), bool), block_size=2)

@@ -91,7 +91,18 @@ def apply_permutation(x: Any, perm: Any, axis: int = -2) -> Any:
     if perm is None:
         return x
     xp = array_module(x)
-    return xp.take(x, xp.asarray(perm), axis=axis)
+    if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool) or \
+            not -x.ndim <= axis < x.ndim:
+        raise ValueError(f"axis must be an int in [{-x.ndim}, {x.ndim}) for an array of "
+                         f"{x.ndim} dimensions, got {axis!r}")
+    perm = xp.asarray(perm)
+    n = x.shape[axis]
+    if perm.ndim != 1 or perm.size != n or not np.issubdtype(perm.dtype, np.integer):
+        raise ValueError(f"perm must be a 1-D int array of the {n} positions along axis "
+                         f"{axis}, got {perm.dtype} of shape {tuple(perm.shape)}")
+    if n and not bool(((perm >= 0) & (perm < n)).all()):
+        raise ValueError(f"perm must hold positions in [0, {n})")
+    return xp.take(x, perm, axis=axis)
 
 
 def tile_permutation(latent: Sequence[int], tile: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:

@@ -150,6 +150,8 @@ class Method:
         ``ordered`` -- the returned orders are then None."""
         if not isinstance(geo, VideoGeometry):
             raise TypeError(f"geo must be a VideoGeometry, got {type(geo).__name__}")
+        if not isinstance(ordered, bool):
+            raise TypeError(f"ordered must be True or False, got {ordered!r}")
         if self.dynamic and (q is None or k is None):
             raise ValueError(f"method {self.name!r} builds its mask from q and k: pass both")
         if not self.dynamic:  # one LayerMask per layout: the same mask object every call,
@@ -404,4 +406,7 @@ class Schedule:
 
     def dense(self, step: int, layer: int) -> bool:
         """Whether layer ``layer`` of step ``step`` (both from 0) runs dense."""
+        for name, v in (("step", step), ("layer", layer)):
+            if not is_int(v) or v < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {v!r}")
         return step < self.dense_steps or layer < self.dense_layers

@@ -91,6 +91,9 @@ def use_table(table: "str | os.PathLike | RegimeTable | None") -> RegimeTable | 
     (None otherwise).
     """
     global _explicit, _generation
+    if not (table is None or isinstance(table, (RegimeTable, str, os.PathLike))):
+        raise TypeError(f"table must be a path, a RegimeTable, None or 'auto', got "
+                        f"{type(table).__name__}")
     _generation += 1
     if table is None or isinstance(table, RegimeTable):
         _explicit = table
