@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -32,13 +32,13 @@ from .operands import (
     describe,
     describe_outputs,
 )
+from .mask import BlockMask
+from .runtime.queue import TaskQueue
 from .settings import config
 from .streams import StreamMark, cupy_stream, hold_while_read, stream_identity
 
-if TYPE_CHECKING:  # annotations only: plans are made a layer above
-    from .runtime.plan import Plan
-
-__all__ = ["LaunchState", "DeviceQueue", "Workspace", "run_plan", "run", "caller_stream"]
+__all__ = ["Launchable", "LaunchState", "DeviceQueue", "Workspace", "run_plan", "run",
+           "caller_stream"]
 
 _LOG2E = 1.4426950408889634
 
@@ -108,7 +108,26 @@ class LaunchState:
             self.ready.again()
 
 
-def run_plan(p: "Plan", q: Any, k: Any, v: Any, *, scale: float | None = None,
+class Launchable(Protocol):
+    """What a launch reads of a plan (``runtime.plan.Plan`` is one): its shapes, regime, queue
+    and launch state, so that this module needs nothing of the planning layer above it."""
+
+    mask: BlockMask
+    regime: Any  # the plan's Regime (runtime/regime, a layer above)
+    batch: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: str
+    layout: str
+    launch_queue: TaskQueue
+    launch_state: "LaunchState"
+
+    @property
+    def workspace_elements(self) -> tuple[int, int]: ...
+
+
+def run_plan(p: Launchable, q: Any, k: Any, v: Any, *, scale: float | None = None,
              return_lse: bool = False, out: Any = None, lse: Any = None):
     """Run a plan on the GPU (``Plan.run``); q/k/v must match the shapes it was planned for.
 
@@ -147,7 +166,7 @@ def caller_stream(ops: Operands) -> Any:
     return cupy_stream(ops.stream_ptr, ops.q.device_id)
 
 
-def _device_queue(p: "Plan", cp: Any) -> DeviceQueue:
+def _device_queue(p: Launchable, cp: Any) -> DeviceQueue:
     """The plan's launch queue on the current device (copied once per plan and device)."""
     state = p.launch_state
     device = cp.cuda.Device().id
@@ -172,7 +191,7 @@ def _stream_key(cp: Any, stream: Any) -> tuple[int, int, int]:
     return (cp.cuda.Device().id, *stream_identity(stream.ptr))
 
 
-def _workspace(p: "Plan", cp: Any, stream: Any, key: tuple | None = None) -> Workspace:
+def _workspace(p: Launchable, cp: Any, stream: Any, key: tuple | None = None) -> Workspace:
     """The split-KV partials of ``p``'s runs on ``stream`` of the current device (allocated at
     its first run there); ``key``: the stream's :func:`_stream_key`, when the caller has it."""
     n_o, n_l = p.workspace_elements
@@ -187,7 +206,7 @@ def _workspace(p: "Plan", cp: Any, stream: Any, key: tuple | None = None) -> Wor
     return got
 
 
-def _wait_until_planned(p: "Plan", stream: Any, key: tuple | None = None) -> None:
+def _wait_until_planned(p: Launchable, stream: Any, key: tuple | None = None) -> None:
     """Order ``stream`` after the device planner's work for ``p`` (no host synchronization).
     Once per stream: its later work stays ordered after it, so repeated runs -- and a CUDA
     graph captured on a stream the plan already ran on -- make no event calls. A run on
@@ -202,7 +221,7 @@ def _wait_until_planned(p: "Plan", stream: Any, key: tuple | None = None) -> Non
         hold_while_read(stream.ptr, p)
 
 
-def _task_counter(p: "Plan", cp: Any, stream: Any, key: tuple | None = None) -> Any:
+def _task_counter(p: Launchable, cp: Any, stream: Any, key: tuple | None = None) -> Any:
     """The counter a persistent kernel takes ``p``'s tasks from: zeroed once when made, and left
     zero by every launch (the kernel's last ticket resets it, bsa_sm90.cu), so a reused plan's
     run enqueues no memset (a new plan's first run still makes one). One per (plan, stream of
@@ -233,7 +252,7 @@ class _Kernel:
     resident: int  # a persistent variant's largest grid on the device (0: not persistent)
 
 
-def _kernel(p: "Plan", d: int, bf16: bool, tma_form: bool, cc: int, device_id: int) -> _Kernel:
+def _kernel(p: Launchable, d: int, bf16: bool, tma_form: bool, cc: int, device_id: int) -> _Kernel:
     """The plan's kernel on the current device ``device_id`` (compute capability ``cc``, which
     the regime runs on) at head dim ``d``, its TMA form with ``tma_form``: loaded and checked
     against the device's shared-memory limit at the first run that needs it."""
@@ -252,7 +271,7 @@ def _kernel(p: "Plan", d: int, bf16: bool, tma_form: bool, cc: int, device_id: i
     return got
 
 
-def _tma_box_rows(p: "Plan", d: int, bf16: bool) -> int:
+def _tma_box_rows(p: Launchable, d: int, bf16: bool) -> int:
     """Rows of the K/V tensor maps' boxes of the plan's TMA form at head dim ``d``."""
     rows = p.launch_state.tma_box_rows
     got = rows.get((d, bf16))
@@ -261,7 +280,7 @@ def _tma_box_rows(p: "Plan", d: int, bf16: bool) -> int:
     return got
 
 
-def _tma_maps(p: "Plan", ops: Operands, bf16: bool):
+def _tma_maps(p: Launchable, ops: Operands, bf16: bool):
     """The tensor maps of q, k and v for a TMA launch of ``p``, or None when TMA cannot read
     them (strides, alignment, no driver support): the launch then copies by cp.async."""
     return _encoded_maps((ops.q.ptr, ops.shape_q, tuple(ops.strides_q)),
@@ -287,7 +306,7 @@ def _int64s(values: tuple[int, ...]) -> tuple[np.int64, ...]:
     return tuple(np.int64(x) for x in values)
 
 
-def _plan_args(p: "Plan", scale: float) -> tuple:
+def _plan_args(p: Launchable, scale: float) -> tuple:
     """The attention kernels' last arguments, the plan's own and the scale's (made once per
     plan and scale)."""
     cached = p.launch_state.kernel_args
@@ -308,7 +327,7 @@ def _resident_ctas(fwd: Variant, device_id: int) -> int:
     return max(1, blocks_per_sm(fwd) * device_sm_count())
 
 
-def run(p: "Plan", ops: Operands, scale: float | None, return_lse: bool,
+def run(p: Launchable, ops: Operands, scale: float | None, return_lse: bool,
         given: Outputs | None = None):
     """Launch ``p``'s kernels on q's device (current) and the caller's stream; returns the
     caller's outputs (and the LSE with ``return_lse``)."""

@@ -49,12 +49,6 @@ def _modules() -> dict[str, Path]:
     return {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 
-def _is_type_checking(node: ast.If) -> bool:
-    t = node.test
-    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
-        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
-
-
 def _targets(node: ast.AST, module: str, is_package: bool, known: set[str]) -> list[str]:
     """The tessera modules an import statement loads."""
     if isinstance(node, ast.Import):
@@ -74,8 +68,9 @@ def _targets(node: ast.AST, module: str, is_package: bool, known: set[str]) -> l
 
 
 def _imports() -> tuple[dict[str, set[str]], list[tuple[str, int, str]]]:
-    """Module-level tessera imports of every module (TYPE_CHECKING blocks left out: they never
-    run), and every import inside a function as (module, line, imported name)."""
+    """Module-level tessera imports of every module -- those of TYPE_CHECKING blocks too: a
+    loop through an annotation is still a loop -- and every import inside a function as
+    (module, line, imported name)."""
     mods = _modules()
     known = set(mods)
     graph: dict[str, set[str]] = {m: set() for m in mods}
@@ -86,8 +81,6 @@ def _imports() -> tuple[dict[str, set[str]], list[tuple[str, int, str]]]:
 
         def visit(node: ast.AST, in_function: bool) -> None:
             for child in ast.iter_child_nodes(node):
-                if isinstance(child, ast.If) and _is_type_checking(child):
-                    continue
                 inner = in_function or isinstance(child, (ast.FunctionDef,
                                                           ast.AsyncFunctionDef))
                 if isinstance(child, (ast.Import, ast.ImportFrom)):

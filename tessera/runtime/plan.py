@@ -32,8 +32,7 @@ from .mapping import PhysicalTiles, map_to_tiles, selects_every_block
 from .queue import Span, Task, TaskQueue, records
 from .regime import (ROW_GROUP, Regime, plan_may_split, plan_tasks_in_flight, selected_regime,
                      whole_span_pick)
-from .tasks import (NEVER_SPLIT_RATIO, build_task_queue, fill_last_wave, heads_per_task,
-                    task_groups)
+from .tasks import NEVER_SPLIT_RATIO, build_task_queue, fill_last_wave, task_groups
 
 __all__ = ["Plan", "PlanStats", "plan", "plan_selected"]
 
@@ -383,7 +382,7 @@ def _plan(block_mask: BlockMask, num_q_heads: int, num_kv_heads: int | None, hea
     # Planning for the current GPU (a device mask, or its architecture named): the split rule
     # may count the tasks it runs at once; a portable host plan (arch None) does not.
     in_flight = plan_tasks_in_flight(regime, block_mask, head_dim, arch, dtype == "bfloat16")
-    hp = heads_per_task(regime, block_mask.batch_heads[1], num_q_heads, num_kv_heads)
+    hp = regime.heads_per_task(block_mask.batch_heads[1], num_q_heads, num_kv_heads)
     tile_rows = regime.block_m // hp
     allow_split = plan_may_split(regime, block_mask, num_q_heads=num_q_heads,
                                  num_kv_heads=num_kv_heads, batch=batch, in_flight=in_flight)

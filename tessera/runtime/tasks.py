@@ -5,7 +5,7 @@ into parts merged by the combine step, and the launch order."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -14,23 +14,10 @@ from ..cuda.variants import ROW_GROUP, WIDE_SLACK, WIDE_SPANS
 from .mapping import PhysicalTiles
 from .queue import Combine, Span, Task, TaskQueue, stack_fields
 
-if TYPE_CHECKING:  # annotations only: the regime layer sits above this one
-    from .regime import Regime
-
-__all__ = ["build_task_queue", "heads_per_task", "split_limit", "may_split", "tasks_lower_bound",
+__all__ = ["build_task_queue", "split_limit", "may_split", "tasks_lower_bound",
            "wide_step_tasks", "whole_span_tasks", "launch_keys", "fill_last_wave",
            "last_wave_parts", "FILL_MIN_GAIN", "task_groups", "SpanArrays", "HEAVY_SHARE",
            "HEAVY_MEAN", "NEVER_SPLIT_RATIO"]
-
-
-def heads_per_task(regime: Regime, mask_heads: int, num_q_heads: int, num_kv_heads: int) -> int:
-    """GQA packing factor: all query heads of a kv head in one task when they share a mask head
-    and each still gets a whole number of row groups."""
-    group = num_q_heads // num_kv_heads
-    if (not regime.pack_gqa or group == 1 or mask_heads not in (1, num_kv_heads)
-            or regime.block_m % group or (regime.block_m // group) % ROW_GROUP):
-        return 1
-    return group
 
 
 def head_assignments(batch: int, num_q_heads: int, num_kv_heads: int, heads_per_task: int,

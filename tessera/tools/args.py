@@ -35,26 +35,24 @@ def nonnegative_int(text: str) -> int:
     return n
 
 
-def positive_float(text: str) -> float:
-    """A finite number above 0."""
+def _number(text: str, ok: Callable[[float], bool], what: str) -> float:
     try:
         x = float(text)
     except ValueError:
         x = float("nan")
-    if not (math.isfinite(x) and x > 0):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    if not (math.isfinite(x) and ok(x)):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
     return x
+
+
+def positive_float(text: str) -> float:
+    """A finite number above 0."""
+    return _number(text, lambda x: x > 0, "a positive number")
 
 
 def fraction(text: str) -> float:
     """A number in (0, 1]."""
-    try:
-        x = float(text)
-    except ValueError:
-        x = float("nan")
-    if not 0 < x <= 1:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}")
-    return x
+    return _number(text, lambda x: 0 < x <= 1, "a number in (0, 1]")
 
 
 def int_choice(choices: Sequence[int]) -> Callable[[str], int]:

@@ -46,7 +46,7 @@ from .heuristic import (ROWS128_MIN_DENSITY_D64, SM90_PACKED_D64, SM90_ROWS64_D6
                         align_may_pay, align_pays, blocks_ragged, default_regime,
                         one_ring_where_few_tasks, pack_pays, rows192_pay, selects_every_block,
                         typical_q_block)
-from ..tasks import heads_per_task, tasks_lower_bound
+from ..tasks import tasks_lower_bound
 from .slots import plan_may_split, plan_tasks_in_flight
 from .table import TABLES_DIR, RegimeTable, gpu_slug
 from .value import Regime
@@ -326,7 +326,7 @@ def _ring_rule(regime: Regime, mask: Any, num_q_heads: int, batch: int, num_kv_h
     """:func:`one_ring_where_few_tasks` for this shape: its fewest tasks (tasks_lower_bound)."""
     if regime.rings == 1 or sm_count <= 0:
         return regime
-    hp = heads_per_task(regime, mask.batch_heads[1], num_q_heads, num_kv_heads)
+    hp = regime.heads_per_task(mask.batch_heads[1], num_q_heads, num_kv_heads)
     tasks = tasks_lower_bound(batch, num_q_heads, hp, mask.seq_len_q, regime.block_m // hp)
     return one_ring_where_few_tasks(regime, tasks, sm_count, typical_q_block(mask.q_bounds))
 

@@ -9,7 +9,7 @@ from typing import Any
 from ...cuda import device, loader
 from ...cuda.device import smem_limit_bytes
 from ...cuda.variants import smem_bytes
-from ..tasks import heads_per_task, may_split, tasks_lower_bound
+from ..tasks import may_split, tasks_lower_bound
 from .value import Regime
 
 __all__ = ["regime_fits", "tasks_in_flight", "plan_tasks_in_flight", "plan_may_split"]
@@ -77,6 +77,6 @@ def plan_may_split(regime: Regime, mask: Any, *, num_q_heads: int, num_kv_heads:
 
     if regime.pack_keys:  # packed chunks are not cut (tasks._cut_parts cuts span by span)
         return False
-    hp = heads_per_task(regime, mask.batch_heads[1], num_q_heads, num_kv_heads)
+    hp = regime.heads_per_task(mask.batch_heads[1], num_q_heads, num_kv_heads)
     bound = tasks_lower_bound(batch, num_q_heads, hp, mask.seq_len_q, regime.block_m // hp)
     return may_split(regime.split_ratio, bound, in_flight)

@@ -191,6 +191,15 @@ class Regime:
             return 1
         return (self.num_warps - 4) // (self.block_m // ROW_GROUP)
 
+    def heads_per_task(self, mask_heads: int, num_q_heads: int, num_kv_heads: int) -> int:
+        """GQA packing factor: all query heads of a kv head in one task when they share a mask
+        head and each still gets a whole number of row groups."""
+        group = num_q_heads // num_kv_heads
+        if (not self.pack_gqa or group == 1 or mask_heads not in (1, num_kv_heads)
+                or self.block_m % group or (self.block_m // group) % ROW_GROUP):
+            return 1
+        return group
+
     def runs_on(self, arch: int | None) -> bool:
         """Whether this regime's family runs on compute capability ``arch`` (None: any GPU)."""
         return self.family != "sm90" or arch == 90
