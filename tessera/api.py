@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
-from collections import OrderedDict
 from typing import Any, Iterator
 
 from ._array import cupy_or_none
@@ -20,11 +18,12 @@ from .cuda import device
 from .launch import caller_stream, run
 from .mask import BlockMask, bounds_key
 from .operands import Operands, check_mask, check_scale, describe
+from .runtime.cache import PlanCache, RequestKey
 from .runtime.plan import Plan, plan, plan_selected
 from .runtime.regime import ENV_TABLE, selected_regime, selection_generation
 from .settings import config
 
-__all__ = ["attention"]
+__all__ = ["attention", "request_plans", "kept_plans"]
 
 
 def attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *, scale: float | None = None,
@@ -68,56 +67,43 @@ def attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *, scale: float | N
             return run(p, ops, scale, return_lse)
 
 
-# Plans tessera.attention keeps for the next request of the same geometry, shapes and stream
-# (least recently used first; how many: config.request_plans_kept).
-_request_plans: OrderedDict[tuple, Plan] = OrderedDict()
-# Per geometry, shapes and stream whose regime selection reads the mask: requests since it last
-# read one (config.request_selection_refresh).
-_selection_reads: dict[tuple, int] = {}
-_request_lock = threading.Lock()
+# The plans tessera.attention keeps between requests (config.request_plans_kept bounds it).
+request_plans = PlanCache()
 
 
 @contextlib.contextmanager
 def _request_plan(mask: BlockMask, ops: Operands, layout: str, regime: Any,
                   capturing: bool) -> Iterator[Plan]:
-    """The plan of a request, for the duration of its launch: a kept plan of the same geometry
-    replanned for ``mask`` (Plan.replan: the planner's kernels and nothing else -- no
-    allocation, no regime selection), else a new one, kept afterwards when a later mask of its
-    geometry can reuse it.
+    """The plan of a request, for the duration of its launch: a kept plan of the same
+    :class:`~tessera.runtime.cache.RequestKey` replanned for ``mask`` (Plan.replan: the planner's
+    kernels and nothing else -- no allocation, no regime selection), else a new one, kept
+    afterwards when a later mask of its geometry can reuse it.
 
     Reuse is safe because a kept plan serves one request at a time, on one stream: a request's
     replan is enqueued after the previous request's kernels, which were the last to read its
-    buffers, and a plan is taken out of the kept ones while its request plans and launches (a
-    concurrent request of the same key, from another thread, makes a plan of its own). A
+    buffers, and a plan is taken out of the cache while its request plans and launches. A
     request ``capturing`` into a CUDA graph takes a new sync-free plan (plan(sync_free=True)),
     so that the graph never shares buffers with later requests."""
     b, hq, lq, d = ops.shape_q
     hkv = ops.shape_kv[1]
     key = kept = selection = None
-    keep = config.request_plans_kept
-    if not keep and _request_plans:  # keeping was turned off: let the kept plans go
-        with _request_lock:
-            _request_plans.clear()
-            _selection_reads.clear()
-    if keep and mask.on_device and not capturing:
-        # Everything a new plan would read besides the selection (the regime selection's
-        # inputs: the device, its table, the shapes, the geometry).
-        base = key = (ops.q.device_id, ops.stream_ptr, regime, selection_generation(),
-                      os.environ.get(ENV_TABLE), b, hq, hkv, d, ops.q.dtype, layout,
-                      mask.batch_heads, bounds_key(mask.q_bounds), bounds_key(mask.kv_bounds))
-        with _request_lock:
-            since = _selection_reads.get(base)
+    if not config.request_plans_kept and len(request_plans):  # keeping was turned off
+        request_plans.clear()
+    if config.request_plans_kept and mask.on_device and not capturing:
+        base = key = RequestKey(
+            ops.q.device_id, ops.stream_ptr, regime, selection_generation(),
+            os.environ.get(ENV_TABLE), b, hq, hkv, d, ops.q.dtype, layout, mask.batch_heads,
+            bounds_key(mask.q_bounds), bounds_key(mask.kv_bounds))
+        since = request_plans.reads_since(base)
         if since is not None:
             # The selection reads the mask here: on every request_selection_refresh-th request;
             # the others take the last answer read (no synchronization). Plans are kept per
             # regime the selection gave.
             read = since + 1 >= config.request_selection_refresh
             selection = _selected(mask, ops, read)
-            with _request_lock:
-                _selection_reads[base] = 0 if read else since + 1
-            key = base + (selection[0],)
-        with _request_lock:
-            kept = _request_plans.pop(key, None)
+            request_plans.note_reads(base, 0 if read else since + 1)
+            key = base.with_selection(selection[0])
+        kept = request_plans.take(key)
     if kept is not None:
         p = kept.replan(mask)
     else:
@@ -135,20 +121,13 @@ def _request_plan(mask: BlockMask, ops: Operands, layout: str, regime: Any,
             # This geometry's selection read the mask: from now on it does so on every
             # request_selection_refresh-th request, and plans are kept per regime (the one
             # just read, which the selection remembers for the geometry).
-            with _request_lock:
-                _selection_reads[key] = 0
-            key = key + (_selected(mask, ops, False)[0],)
+            request_plans.note_reads(key, 0)
+            key = key.with_selection(_selected(mask, ops, False)[0])
     try:
         yield p
     finally:
         if key is not None:
-            with _request_lock:
-                _request_plans[key] = p
-                _request_plans.move_to_end(key)
-                while len(_request_plans) > config.request_plans_kept:
-                    _request_plans.popitem(last=False)
-                if len(_selection_reads) > 4 * config.request_plans_kept:
-                    _selection_reads.clear()  # geometries long gone (a bound, not an LRU)
+            request_plans.keep(key, p)
 
 
 def _selected(mask: BlockMask, ops: Operands, read_mask: bool) -> tuple[Any, bool]:
@@ -162,5 +141,4 @@ def _selected(mask: BlockMask, ops: Operands, read_mask: bool) -> tuple[Any, boo
 
 def kept_plans() -> int:
     """How many plans requests keep now (for tests and ``python -m tessera info``)."""
-    with _request_lock:
-        return len(_request_plans)
+    return len(request_plans)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from tessera import api, capture, launch, operands, streams
+from tessera.runtime.cache import PlanCache
 from tests.test_streams import fake_streams
 
 
@@ -158,7 +159,7 @@ def test_scale_checked_before_anything_else():
 
 
 def test_requests_of_one_geometry_replan_a_kept_plan(monkeypatch):
-    """tessera.attention's plans (api._request_plan; planner kernels replaced by their numpy
+    """tessera.attention's plans (api._request_plan, api.request_plans; planner kernels replaced by their numpy
     stand-ins, the mask taken for a device one): a later request of the same geometry, shapes
     and stream replans the kept plan, which then equals a new plan of its mask; another stream,
     geometry or regime takes a plan of its own, and so does a request of the same key while
@@ -180,7 +181,7 @@ def test_requests_of_one_geometry_replan_a_kept_plan(monkeypatch):
     monkeypatch.setattr(BlockMask, "on_device", property(lambda self: True))
     monkeypatch.setattr(tessera.cuda.device, "device_cc", lambda: 90)
     capturing = set()
-    monkeypatch.setattr(api, "_request_plans", api.OrderedDict())
+    monkeypatch.setattr(api, "request_plans", PlanCache())
     rng = np.random.default_rng(8)
 
     def ops(stream: int, hq: int = 4, lq: int = 640) -> operands.Operands:
@@ -208,15 +209,15 @@ def test_requests_of_one_geometry_replan_a_kept_plan(monkeypatch):
         assert_same_plan(again, tessera.plan(m, num_q_heads=4, num_kv_heads=2, head_dim=64,
                                              batch=1, regime=never_splits))
     with api._request_plan(mask(0.3), ops(7), "bhld", never_splits, False) as in_flight:
-        assert in_flight is first and not api._request_plans  # taken out while in use
+        assert in_flight is first and not len(api.request_plans)  # taken out while in use
         assert request(mask(0.3), 7, never_splits) is not first  # a concurrent request's own
-    kept = list(api._request_plans.values())
+    kept = api.request_plans.plans()
     assert len(kept) == 1 and kept[0] is first  # the last request to finish keeps its plan
     assert request(mask(0.3), 8, never_splits) is not first
     assert request(mask(0.3, n=9), 7, never_splits, lq=576) is not first
     packed = never_splits.with_(pack_keys=True)
     assert request(mask(0.3), 7, packed) is not first
-    assert len(api._request_plans) == 4
+    assert len(api.request_plans) == 4
     capturing.add(7)
     captured = request(mask(0.3), 7, never_splits)
     assert captured is not first and captured.sync_free  # a sync-free plan of its own
@@ -226,10 +227,10 @@ def test_requests_of_one_geometry_replan_a_kept_plan(monkeypatch):
     # A selected regime is made never to split (40 tasks against unknown slots may split).
     selected = request(mask(0.3), 12, None)
     assert selected.sync_free and selected.regime.split_ratio >= 1e6
-    api._request_plans.pop(next(k for k in api._request_plans if k[1] == 12), None)
-    assert len(api._request_plans) == 4
+    api.request_plans.take(next(k for k in api.request_plans.keys() if k.stream == 12))
+    assert len(api.request_plans) == 4
     splits = never_splits.with_(split_ratio=2.0)  # 40 tasks against unknown slots: may split
-    assert not request(mask(0.3), 7, splits).replannable and len(api._request_plans) == 4
+    assert not request(mask(0.3), 7, splits).replannable and len(api.request_plans) == 4
     real_plan = api.plan
 
     def read_the_selection(*args, **kwargs):
@@ -239,16 +240,16 @@ def test_requests_of_one_geometry_replan_a_kept_plan(monkeypatch):
 
     monkeypatch.setattr(api, "plan", read_the_selection)
     assert request(mask(0.3), 9, never_splits).replannable
-    assert len(api._request_plans) == 4  # read the selection: not kept
+    assert len(api.request_plans) == 4  # read the selection: not kept
     monkeypatch.setattr(api, "plan", real_plan)
     monkeypatch.setattr(tessera.config, "request_plans_kept", 2)
     request(mask(0.3), 10, never_splits)
-    assert len(api._request_plans) == 2
+    assert len(api.request_plans) == 2
     assert request(mask(0.3), 7, never_splits) is not first  # evicted
     assert api.kept_plans() == 2
     monkeypatch.setattr(tessera.config, "request_plans_kept", 0)  # keeping turned off:
     request(mask(0.3), 7, never_splits)  # the next request lets the kept plans go
-    assert api.kept_plans() == 0 and not api._request_plans
+    assert api.kept_plans() == 0 and not len(api.request_plans)
     with pytest.raises(ValueError):  # the replan's own check, should a key ever collide
         first.replan(mask(0.3, n=9))
 
@@ -272,8 +273,7 @@ def test_requests_read_a_mask_reading_selection_every_refresh(monkeypatch):
     monkeypatch.setattr(mapping, "use_device_planner", lambda xp: True)
     monkeypatch.setattr(BlockMask, "on_device", property(lambda self: True))
     monkeypatch.setattr(tessera.cuda.device, "device_cc", lambda: 90)
-    monkeypatch.setattr(api, "_request_plans", api.OrderedDict())
-    monkeypatch.setattr(api, "_selection_reads", {})
+    monkeypatch.setattr(api, "request_plans", PlanCache())
     monkeypatch.setattr(tessera.config, "request_selection_refresh", 4)
     plain = Regime(family="sm90", block_m=128, num_warps=12, block_n=128, stages=3,
                    combine_threshold=0.0, split_ratio=1e9)
@@ -315,7 +315,7 @@ def test_requests_read_a_mask_reading_selection_every_refresh(monkeypatch):
     other = request(mask())
     assert len(reads) == 2 and other is not first and other.regime == plain
     assert request(mask()) is other and len(reads) == 2
-    assert len(api._request_plans) == 2  # one per answer
+    assert len(api.request_plans) == 2  # one per answer
     request(mask()), request(mask())
     answer["now"] = packed
     assert request(mask()) is first and len(reads) == 3  # read again: the packed plan back

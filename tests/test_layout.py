@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("tessera.runtime.device_planner",),
     ("tessera.runtime.regime",),
     ("tessera.runtime.plan",),
-    ("tessera.runtime.emulate",),
+    ("tessera.runtime.cache", "tessera.runtime.emulate"),
     ("tessera.api",),
     ("tessera",),
     ("tessera.integrations", "tessera.integrations.methods",

@@ -10,6 +10,7 @@ import tessera
 import tessera.cuda.device
 from tessera import api, launch, operands, reference
 from tessera.interop import cupy_bfloat16
+from tessera.runtime.cache import PlanCache
 from tessera.runtime.regime import Regime, default_regime
 from tests.runtime.runtime_helpers import assert_same_non_finite, poisoned_restricted_case
 
@@ -524,12 +525,12 @@ def test_a_dense_device_mask_planned_directly_as_a_host_one(d, monkeypatch):
     lq, lk = int(m.seq_len_q), int(m.seq_len_kv)
     q, k, v = (rng.standard_normal((1, 2, n, d)).astype(np.float16) for n in (lq, lk, lk))
     _poisoned_run_matches_reference(p, m, q, k, v, monkeypatch)
-    monkeypatch.setattr(api, "_request_plans", api.OrderedDict())
+    monkeypatch.setattr(api, "request_plans", PlanCache())
     monkeypatch.setattr(tessera.BlockMask, "nnz",
                         property(lambda mask: pytest.fail("a request counted the blocks")))
     fresh = tessera.BlockMask.from_dense(cp.asarray(blocks), **geo)
     out = tessera.attention(cp.asarray(q), cp.asarray(k), cp.asarray(v), fresh)
-    (kept,) = api._request_plans.values()
+    (kept,) = api.request_plans.plans()
     assert not kept.regime.whole_spans and kept.regime.block_m != 192
     assert_rows_close(_to_numpy(out).astype(np.float64),
                       reference.attention(q, k, v, m), "float16")
@@ -979,7 +980,7 @@ def test_requests_of_one_geometry_reuse_a_plan(monkeypatch, family):
     written. "default": Wan's shape, where the default plan is sync-free on the H200; checked
     bit for bit against a new plan's run (the float64 reference would take minutes there)."""
     torch = _torch()
-    monkeypatch.setattr(api, "_request_plans", api.OrderedDict())
+    monkeypatch.setattr(api, "request_plans", PlanCache())
     if family == "default":
         h, n, L, regime = 12, 256, 256 * 128, None
     else:
@@ -1011,7 +1012,8 @@ def test_requests_of_one_geometry_reuse_a_plan(monkeypatch, family):
                 host, block_size=128, seq_len_q=L, seq_len_kv=L))
             err = np.linalg.norm(out.float().cpu().numpy() - ref) / np.linalg.norm(ref)
             assert err < TOL["bfloat16"], f"request {i}: relative error {err:.2e}"
-        plans = [p for key, p in api._request_plans.items() if key[1] == s.cuda_stream]
+        plans = [p for key, p in zip(api.request_plans.keys(), api.request_plans.plans())
+                 if key.stream == s.cuda_stream]
         if family != "default" or plans:
             assert len(plans) == 1 and plans[0].mask is mask
             assert kept.setdefault(s.cuda_stream, plans[0]) is plans[0]  # the same plan

@@ -1,0 +1,108 @@
+"""Plans kept between requests: a model's layers ask for the same few geometries again and
+again, with a new mask each time, and a kept sync-free plan replans a new mask into its own
+buffers (``Plan.replan``) instead of planning anew.
+
+A :class:`PlanCache` keeps plans under a :class:`RequestKey` -- everything a new plan would
+read besides the mask's selection -- least recently used first out, and counts, per key whose
+regime selection reads the mask, the requests since it last read one. ``tessera.attention``
+owns one; an integration may keep its own. ``tessera.config.request_plans_kept`` bounds every
+cache.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ..settings import config
+from .plan import Plan
+
+__all__ = ["RequestKey", "PlanCache"]
+
+
+@dataclass(frozen=True)
+class RequestKey:
+    """What a request's new plan would read besides the selection: the device and stream it is
+    planned and launched on, the regime given (or the table and generation that select one),
+    the attention shapes and the mask's geometry. ``selected``: the regime the selection read
+    from a mask, for geometries whose selection reads the mask (plans are kept per answer)."""
+
+    device: int
+    stream: int
+    regime: Any
+    selection_generation: int
+    table_env: str | None
+    batch: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: str
+    layout: str
+    batch_heads: tuple[int, int]
+    q_bounds: bytes
+    kv_bounds: bytes
+    selected: Any = None
+
+    def with_selection(self, regime: Any) -> "RequestKey":
+        """The key of the plan kept for the selection's answer ``regime``."""
+        return replace(self, selected=regime)
+
+
+class PlanCache:
+    """Plans kept per :class:`RequestKey`, at most ``config.request_plans_kept`` (least recently
+    used dropped first), and the selection reads per key. A plan is taken out while its
+    request plans and launches (:meth:`take`) and put back after (:meth:`keep`): a concurrent
+    request of the same key, from another thread, makes a plan of its own."""
+
+    def __init__(self) -> None:
+        self._plans: OrderedDict[RequestKey, Plan] = OrderedDict()
+        self._reads: dict[RequestKey, int] = {}
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._plans)
+
+    def keys(self) -> list[RequestKey]:
+        """The keys of the kept plans, least recently used first."""
+        with self._lock:
+            return list(self._plans)
+
+    def plans(self) -> list[Plan]:
+        """The kept plans, least recently used first."""
+        with self._lock:
+            return list(self._plans.values())
+
+    def clear(self) -> None:
+        with self._lock:
+            self._plans.clear()
+            self._reads.clear()
+
+    def take(self, key: RequestKey) -> Plan | None:
+        """The plan kept under ``key``, taken out of the cache (None: none kept)."""
+        with self._lock:
+            return self._plans.pop(key, None)
+
+    def keep(self, key: RequestKey, plan: Plan) -> None:
+        """Keep ``plan`` under ``key`` as the most recently used, dropping the least recently
+        used beyond ``config.request_plans_kept``."""
+        with self._lock:
+            self._plans[key] = plan
+            self._plans.move_to_end(key)
+            while len(self._plans) > config.request_plans_kept:
+                self._plans.popitem(last=False)
+            if len(self._reads) > 4 * config.request_plans_kept:
+                self._reads.clear()  # geometries long gone (a bound, not an LRU)
+
+    def reads_since(self, key: RequestKey) -> int | None:
+        """Requests of ``key`` since its selection last read a mask (None: its selection never
+        read one: it answers from the geometry alone)."""
+        with self._lock:
+            return self._reads.get(key)
+
+    def note_reads(self, key: RequestKey, since: int) -> None:
+        """Record that ``since`` requests of ``key`` passed since its selection read a mask."""
+        with self._lock:
+            self._reads[key] = since
