@@ -1,7 +1,7 @@
 """How the regime selection of a request fares by head count: for each ``bench`` case of a model's
 shape at a few of its heads (a sequence-parallel shard's), the plan a request makes
-(``tessera.plan(split_tasks=False)``, the table in force and the heuristic's rules) timed in one
-process against the heuristic's mask rules alone (``heuristic_choice`` without the shape: rings
+(``tessera.plan(mode=PlanMode.REQUEST)``, the table in force and the heuristic's rules) timed in
+one process against the heuristic's mask rules alone (``heuristic_choice`` without the shape: rings
 where the head dim takes them) and, at head dim 64, the one-ring tiles (64x64 three CTAs an SM on
 64-token blocks, else 64x128 two), none of them splitting tasks, as a request never does.
 
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
                                    dtype=torch.bfloat16) for _ in range(3))
             kw = dict(num_q_heads=heads, head_dim=w.head_dim, dtype="bfloat16")
             rules = heuristic_choice(mask, 90, w.head_dim)[0].with_(min_split_chunks=10**6)
-            plans = {"selected": tessera.plan(mask, split_tasks=False, **kw),
+            plans = {"selected": tessera.plan(mask, mode=tessera.PlanMode.REQUEST, **kw),
                      "rules": tessera.plan(mask, regime=rules, **kw)}
             if w.head_dim == 64:
                 one = regime_from_name("sm90_64x64_w8_s3[combine_threshold=0.0]" if c.block <= 64

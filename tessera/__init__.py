@@ -12,12 +12,13 @@ from .api import attention
 from .capture import CapturedMemory, release_captured_memory
 from .mask import BlockMask
 from .runtime import emulate
+from .runtime.mode import PlanMode
 from .runtime.plan import Plan, plan
 from .runtime.regime import Regime, use_table
 from .settings import config
 
 __version__ = "0.1.0"
 
-__all__ = ["BlockMask", "CapturedMemory", "Plan", "Regime", "attention", "config", "emulate",
+__all__ = ["BlockMask", "CapturedMemory", "Plan", "PlanMode", "Regime", "attention", "config", "emulate",
            "families", "plan", "reference", "release_captured_memory", "use_table",
            "__version__"]

@@ -19,6 +19,7 @@ from .launch import caller_stream, run
 from .mask import BlockMask, bounds_key
 from .operands import Operands, check_mask, check_scale, describe
 from .runtime.cache import PlanCache, RequestKey
+from .runtime.mode import PlanMode
 from .runtime.plan import Plan, plan, plan_selected
 from .runtime.regime import ENV_TABLE, selected_regime, selection_generation
 from .settings import config
@@ -36,10 +37,10 @@ def attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *, scale: float | N
     there) and runs in one call; returns the output in the caller's type and layout, plus the
     natural-log LSE ``[B, Hq, Lq]`` (float32) with ``return_lse``. A later request of the same
     mask geometry, shapes and stream replans a kept plan (``tessera.config.request_plans_kept``).
-    Unless ``regime`` is given, a request never splits heavy tasks (``plan(split_tasks=False)``:
+    Unless ``regime`` is given, a request never splits heavy tasks (``PlanMode.REQUEST``:
     the split costs milliseconds of host planning, more than it saves), so a device mask is
     planned without waiting for the GPU. Inside a CUDA-graph capture the whole request is
-    captured (after one warm-up request outside it; ``plan(sync_free=True)``).
+    captured (after one warm-up request outside it; ``PlanMode.CAPTURE``).
     """
     if not isinstance(block_mask, BlockMask):
         raise TypeError(f"block_mask must be a tessera.BlockMask, got {type(block_mask).__name__}")
@@ -82,7 +83,7 @@ def _request_plan(mask: BlockMask, ops: Operands, layout: str, regime: Any,
     Reuse is safe because a kept plan serves one request at a time, on one stream: a request's
     replan is enqueued after the previous request's kernels, which were the last to read its
     buffers, and a plan is taken out of the cache while its request plans and launches. A
-    request ``capturing`` into a CUDA graph takes a new sync-free plan (plan(sync_free=True)),
+    request ``capturing`` into a CUDA graph takes a new sync-free plan (``PlanMode.CAPTURE``),
     so that the graph never shares buffers with later requests."""
     b, hq, lq, d = ops.shape_q
     hkv = ops.shape_kv[1]
@@ -114,7 +115,7 @@ def _request_plan(mask: BlockMask, ops: Operands, layout: str, regime: Any,
         else:
             p = plan(mask, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, batch=b,
                      dtype=ops.q.dtype, layout=layout, regime=regime, arch=device.device_cc(),
-                     sync_free=capturing, split_tasks=False)
+                     mode=PlanMode.CAPTURE if capturing else PlanMode.REQUEST)
         if not p.replannable or (regime is not None and not p.regime_by_geometry):
             key = None
         elif key is not None and selection is None and not p.regime_by_geometry:
@@ -131,7 +132,7 @@ def _request_plan(mask: BlockMask, ops: Operands, layout: str, regime: Any,
 
 
 def _selected(mask: BlockMask, ops: Operands, read_mask: bool) -> tuple[Any, bool]:
-    """The regime selection of a request's plan (plan(split_tasks=False)'s): with
+    """The regime selection of a request's plan (``PlanMode.REQUEST``'s): with
     ``read_mask=False`` the last answer read for this geometry and shapes, without reading."""
     b, hq, _, d = ops.shape_q
     return selected_regime(mask, arch=device.device_cc(), head_dim=d, dtype=ops.q.dtype,

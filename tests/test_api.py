@@ -267,7 +267,7 @@ def test_requests_read_a_mask_reading_selection_every_refresh(monkeypatch):
     from tessera.cuda import loader
     from tessera.interop import DeviceTensor
     from tessera.runtime import mapping
-    from tessera.runtime import plan as plan_module
+    from tessera.runtime.regime import choice as choice_module
 
     monkeypatch.setattr(loader, "load_kernel", lambda v: PLANNER_STAND_INS[v.kernel])
     monkeypatch.setattr(mapping, "use_device_planner", lambda xp: True)
@@ -288,7 +288,7 @@ def test_requests_read_a_mask_reading_selection_every_refresh(monkeypatch):
         return answer["last"] or plain, False
 
     monkeypatch.setattr(api, "selected_regime", selected)
-    monkeypatch.setattr(plan_module, "selected_regime", selected)
+    monkeypatch.setattr(choice_module, "selected_regime", selected)
     rng = np.random.default_rng(3)
     t = DeviceTensor(256, (1, 4, 640, 64), (4 * 640 * 64, 640 * 64, 64, 1), "bfloat16", 0,
                      "cupy", None)

@@ -93,7 +93,8 @@ CASES = [
      "layout must be 'bhld' or 'blhd'"),
     ("tessera.plan", "regime='fast'", lambda: _plan(regime="fast"), TypeError,
      "regime must be a tessera Regime"),
-    ("tessera.plan", "sync_free with a host mask", lambda: _plan(sync_free=True), ValueError,
+    ("tessera.plan", "mode=CAPTURE with a host mask", lambda: _plan(
+        mode=tessera.PlanMode.CAPTURE), ValueError,
      "block_mask must be on the GPU for a sync-free plan"),
     ("tessera.Regime", "block_m=100", lambda: tessera.Regime(block_m=100), ValueError,
      "block_m must be a positive multiple of 16"),
@@ -107,8 +108,8 @@ CASES = [
     ("tessera.plan", "an sm90 regime with arch=80", lambda: _plan(
         regime=tessera.Regime(family="sm90", block_m=128, num_warps=8, block_n=128, stages=3),
         arch=80), ValueError, "runs on sm_90 GPUs only; arch=80 was asked for"),
-    ("tessera.plan", "sync_free='no'", lambda: _plan(sync_free="no"), TypeError,
-     "sync_free must be None, True or False, got 'no'"),
+    ("tessera.plan", "mode='no'", lambda: _plan(mode="no"), TypeError,
+     "mode must be None or a tessera.PlanMode"),
     ("BlockMask(...)", "a key block out of range", lambda: BlockMask(
         M.q_bounds, M.kv_bounds, [0, 1, 2], [0, 2], (1, 1)), ValueError,
      r"indices must be key blocks in \[0, 2\): indices\[1\]=2"),

@@ -28,7 +28,7 @@ rows, so a later mask of its geometry is planned into the same buffers by launch
 (``Plan.replan``; from the second planning on, one CUDA graph replayed): this is how
 ``tessera.attention`` serves a model's requests, a new mask each, with a kept plan.
 
-A plan that must be sync-free (``tessera.plan(sync_free=True)``: a request captured into a
+A plan that must be sync-free (``PlanMode.CAPTURE``: a request captured into a
 CUDA graph, whose regime never splits) takes bounds up to
 :data:`REQUIRED_SYNC_FREE_WORKSPACE_LIMIT` instead, and is refused beyond.
 
@@ -70,7 +70,7 @@ __all__ = ["plan_on_device", "SyncFreePlan", "SYNC_FREE_WORKSPACE_LIMIT",
 # Most bytes the bounded buffers of a sync-free plan may take; beyond (e.g. HunyuanVideo's 930
 # x 930 blocks per head, whose kernels take tens of milliseconds) the one-sync path sizes them.
 SYNC_FREE_WORKSPACE_LIMIT = 64 << 20
-# The limit for a plan that must be sync-free (``tessera.plan(sync_free=True)``, a request
+# The limit for a plan that must be sync-free (``PlanMode.CAPTURE``, a request
 # captured into a CUDA graph): bounds that large are still cheaper than no plan at all.
 REQUIRED_SYNC_FREE_WORKSPACE_LIMIT = 1 << 30
 

@@ -8,9 +8,13 @@ all when no task may split -- but a plan made directly reads the mask's block co
 count decides its tiles or a dense layer's walk (see :func:`plan`); everything else the general
 path, which gives the same arrays.
 A sync-free plan can be replanned for another mask of its geometry (``Plan.replan``), which
-``tessera.attention`` does for the requests of a model; its requests never split tasks
-(``split_tasks=False``), and one captured into a CUDA graph reads nothing back at all
-(``sync_free=True``).
+``tessera.attention`` does for the requests of a model. What a plan may do is its
+:class:`~tessera.runtime.mode.PlanMode`: ``EXACT`` (``tessera.plan``), ``REQUEST``
+(``tessera.attention``: never splits) or ``CAPTURE`` (inside a CUDA graph: reads nothing back).
+
+The pipeline (:func:`_plan`): the regime for the mode (``regime/choice.py``), the physical
+mapping and task organization (``_organize``: the device planner, or ``mapping`` then
+``tasks``), the last wave filled, the Plan.
 """
 
 from __future__ import annotations
@@ -29,12 +33,13 @@ from ..mask import BlockMask
 from . import mapping
 from .device_planner import SyncFreePlan, plan_on_device
 from .mapping import PhysicalTiles, map_to_tiles, selects_every_block
+from .mode import PlanMode
 from .queue import Span, Task, TaskQueue, records
-from .regime import (ROW_GROUP, Regime, plan_may_split, plan_tasks_in_flight, selected_regime,
-                     whole_span_pick)
+from .regime import ROW_GROUP, Regime
+from .regime.choice import RegimeChoice, regime_for_mode
 from .tasks import NEVER_SPLIT_RATIO, build_task_queue, fill_last_wave, task_groups
 
-__all__ = ["Plan", "PlanStats", "plan", "plan_selected"]
+__all__ = ["Plan", "PlanShape", "PlanStats", "plan", "plan_selected"]
 
 
 @dataclass
@@ -245,83 +250,91 @@ def _same_bounds(a: np.ndarray, b: np.ndarray) -> bool:
 def plan(block_mask: BlockMask, *, num_q_heads: int, num_kv_heads: int | None = None,
          head_dim: int, head_dim_v: int | None = None, batch: int | None = None,
          dtype: Any = "bfloat16", layout: str = "bhld", regime: Regime | None = None,
-         arch: int | None = None, sync_free: bool | None = None,
-         split_tasks: bool = True) -> Plan:
+         arch: int | None = None, mode: PlanMode | None = None) -> Plan:
     """Plan ``block_mask`` for attention with these heads, head dim and dtype.
 
     ``batch`` defaults to the mask's stored batch; ``regime`` to the one the regime table in
     force for ``arch`` gives, else the heuristic default (``tessera.runtime.regime``);
-    ``arch=None`` with a device mask means the mask's device's.
-    The plan's arrays live where the mask lives (numpy, or CuPy on the mask's device).
+    ``arch=None`` with a device mask means the mask's device's. The plan's arrays live where
+    the mask lives (numpy, or CuPy on the mask's device).
 
-    A device mask's plan reads its block count back (one scalar) where the count decides the
-    plan, as a host mask's does: at head dim 64 on large blocks (a dense layer takes 192-row
-    tiles, a mask selecting ``ROWS128_MIN_DENSITY_D64`` of its blocks 128-row ones), and for a
-    dense layer at head dim 128 (its tasks walked as whole spans); a dense layer's exact queue
-    then comes back once too, for its filled last wave. ``split_tasks=False`` and
-    ``sync_free=True`` read neither.
+    ``mode`` (:class:`~tessera.runtime.mode.PlanMode`) says what the plan may do; by default
+    ``EXACT``, or ``CAPTURE`` while CuPy's current stream is being captured into a CUDA graph:
 
-    ``sync_free=True`` plans without reading anything back from the GPU, so that the planning
-    can be captured into a CUDA graph (the default when CuPy's current stream is being
-    captured): a device mask; a regime chosen without reading the mask (the one the last
-    selection for this geometry and shapes found by reading a mask -- a warm-up request --
-    else the heuristic's) whose tasks never split nor merge rows (a selected one is made so; a
-    given one must be); buffers sized by the geometry's bounds. Raises ValueError when the
-    mask or the regime cannot be planned so.
-
-    ``split_tasks=False`` makes a selected regime never split heavy tasks nor merge rows
-    (``tessera.attention``'s requests): both need the general task organization on the host,
-    milliseconds a plan, more than the tail a split shortens at the sizes where one is possible
-    at all (``tasks.may_split``; docs/decisions.md). A device mask's
-    plan is then sync-free.
+    - ``EXACT``: a device mask's block count is read back (one scalar) where it decides the
+      plan, as a host mask's is: at head dim 64 on large blocks (a dense layer takes 192-row
+      tiles, a mask selecting ``ROWS128_MIN_DENSITY_D64`` of its blocks 128-row ones), and for
+      a dense layer at head dim 128 (its tasks walked as whole spans, its exact queue read back
+      once for its filled last wave); heavy tasks may split.
+    - ``REQUEST`` (``tessera.attention``'s): a selected regime never splits heavy tasks nor
+      merges rows -- both need the general task organization on the host, milliseconds a plan,
+      more than the tail a split shortens where one is possible at all (``tasks.may_split``;
+      docs/decisions.md) -- and a device mask's plan is sync-free.
+    - ``CAPTURE``: nothing read back from the GPU: a device mask; a regime chosen without
+      reading the mask (the one the last selection for this geometry and shapes found by
+      reading a mask -- a warm-up request -- else the heuristic's) whose tasks never split nor
+      merge rows (a selected one is made so; a given one must be); buffers sized by the
+      geometry's bounds. ValueError when the mask or the regime cannot be planned so.
     """
     return _plan_on_its_device(block_mask, num_q_heads, num_kv_heads, head_dim, head_dim_v,
-                               batch, dtype, layout, regime, arch, sync_free, split_tasks, None)
+                               batch, dtype, layout, regime, arch, mode, None)
 
 
 def plan_selected(block_mask: BlockMask, selection: tuple[Regime, bool], *, num_q_heads: int,
                   num_kv_heads: int, head_dim: int, batch: int, dtype: Any, layout: str,
                   arch: int | None) -> Plan:
-    """:func:`plan` with ``split_tasks=False`` of a request whose regime selection is made
-    already: ``selection`` is :func:`~tessera.runtime.regime.selected_regime`'s answer,
-    possibly read from an earlier mask of the geometry (``config.request_selection_refresh``),
-    so the plan reads nothing back from the GPU for it."""
+    """:func:`plan` in ``REQUEST`` mode whose regime selection is made already: ``selection`` is
+    :func:`~tessera.runtime.regime.selected_regime`'s answer, possibly read from an earlier mask
+    of the geometry (``config.request_selection_refresh``), so the plan reads nothing back from
+    the GPU for it."""
     return _plan_on_its_device(block_mask, num_q_heads, num_kv_heads, head_dim, None, batch,
-                               dtype, layout, None, arch, None, False, selection)
+                               dtype, layout, None, arch, PlanMode.REQUEST, selection)
 
 
 def _plan_on_its_device(block_mask: BlockMask, num_q_heads: int, num_kv_heads: int | None,
                         head_dim: int, head_dim_v: int | None, batch: int | None, dtype: Any,
                         layout: str, regime: Regime | None, arch: int | None,
-                        sync_free: bool | None, split_tasks: bool,
-                        selection: tuple[Regime, bool] | None) -> Plan:
+                        mode: PlanMode | None, selection: tuple[Regime, bool] | None) -> Plan:
     if not isinstance(block_mask, BlockMask):
         raise TypeError(f"block_mask must be a tessera.BlockMask, got {type(block_mask).__name__}")
-    if sync_free is not None and not isinstance(sync_free, bool):
-        raise TypeError(f"sync_free must be None, True or False, got {sync_free!r}")
-    if not isinstance(split_tasks, bool):
-        raise TypeError(f"split_tasks must be True or False, got {split_tasks!r}")
+    if mode is not None and not isinstance(mode, PlanMode):
+        raise TypeError(f"mode must be None or a tessera.PlanMode (EXACT, REQUEST, CAPTURE), got "
+                        f"{mode!r}")
+    shape = _checked_shape(block_mask, num_q_heads, num_kv_heads, head_dim, head_dim_v, batch,
+                           dtype, layout)
+    check_arch(arch)
     with block_mask.device_context(), block_mask.reading():
         xp = block_mask.xp
         captured = xp is not np and stream_capturing(xp.cuda.get_current_stream().ptr)
         # A plan captured outside tessera.attention keeps its memory for the graph
         # (capture.capture_memory; inside a request the request's own applies: it nests).
         with capture_memory_if(captured, "cupy", block_mask.device_id):
-            return _plan(block_mask, num_q_heads, num_kv_heads, head_dim, head_dim_v, batch,
-                         dtype, layout, regime, arch,
-                         captured if sync_free is None else bool(sync_free), split_tasks,
-                         selection)
+            mode = mode or (PlanMode.CAPTURE if captured else PlanMode.EXACT)
+            return _plan(block_mask, shape, mode, regime, arch, selection)
 
 
-def _plan(block_mask: BlockMask, num_q_heads: int, num_kv_heads: int | None, head_dim: int,
-          head_dim_v: int | None, batch: int | None, dtype: Any, layout: str,
-          regime: Regime | None, arch: int | None, sync_free: bool = False,
-          split_tasks: bool = True, selection: tuple[Regime, bool] | None = None) -> Plan:
-    """plan() with the mask's device current (where every array and kernel of the plan go);
-    ``selection``: the regime selection made already (plan_selected)."""
+@dataclass(frozen=True)
+class PlanShape:
+    """The attention shape a plan is for, checked: batch and heads, head dim, dtype, layout,
+    and which stored mask batch and head each (batch, query head) reads."""
+
+    batch: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: str
+    layout: str
+    batch_of: np.ndarray
+    head_of: np.ndarray
+
+
+def _checked_shape(mask: BlockMask, num_q_heads: int, num_kv_heads: int | None, head_dim: int,
+                   head_dim_v: int | None, batch: int | None, dtype: Any,
+                   layout: str) -> PlanShape:
+    """The shape arguments checked, by name, before anything is planned."""
     num_kv_heads = num_q_heads if num_kv_heads is None else num_kv_heads
     head_dim_v = head_dim if head_dim_v is None else head_dim_v
-    batch = block_mask.batch_heads[0] if batch is None else batch
+    batch = mask.batch_heads[0] if batch is None else batch
     for name, val in (("num_q_heads", num_q_heads), ("num_kv_heads", num_kv_heads),
                       ("head_dim", head_dim), ("head_dim_v", head_dim_v), ("batch", batch)):
         if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or val <= 0:
@@ -339,110 +352,81 @@ def _plan(block_mask: BlockMask, num_q_heads: int, num_kv_heads: int | None, hea
         # MAX_TASKS: a plan past it could never run.
         raise ValueError(f"batch x num_q_heads = {batch * num_q_heads} exceeds the "
                          f"{MAX_TASKS} tasks a launch takes: split the call by batch or heads")
-    check_arch(arch)
-    dtype = checked_dtype(dtype)
-    head_of = block_mask.head_index(num_q_heads, num_kv_heads)
-    batch_of = block_mask.batch_index(batch)
-    if sync_free and not mapping.use_device_planner(block_mask.xp):
+    return PlanShape(int(batch), int(num_q_heads), int(num_kv_heads), int(head_dim),
+                     checked_dtype(dtype), layout, mask.batch_index(batch),
+                     mask.head_index(num_q_heads, num_kv_heads))
+
+
+def _plan(mask: BlockMask, shape: PlanShape, mode: PlanMode, regime: Regime | None,
+          arch: int | None, selection: tuple[Regime, bool] | None) -> Plan:
+    """The pipeline, with the mask's device current: select the regime for the mode, map the
+    logical blocks onto tiles and organize them into a task queue (on the device where the
+    planner kernels can, else on the arrays), fill the last wave, make the Plan."""
+    if mode.sync_free and not mapping.use_device_planner(mask.xp):
         raise ValueError("block_mask must be on the GPU for a sync-free plan (one made while a "
                          "CUDA graph is captured): a host mask is planned on the host")
-    by_geometry = True  # a regime given holds for every mask of the geometry
-    given = regime is not None
-    # A plan made directly may count a device mask's blocks (a scalar read back) for the rules
-    # that rest on the count, as a host mask's plan does; a request's plan never reads.
-    count_blocks = split_tasks and not sync_free
-    if regime is None and selection is not None:
-        regime, by_geometry = selection
-    elif regime is None:  # the table in force for arch, else the heuristic (runtime/regime/)
-        regime, by_geometry = selected_regime(
-            block_mask, arch=arch, head_dim=head_dim, dtype=dtype, num_q_heads=num_q_heads,
-            batch=batch, num_kv_heads=num_kv_heads, read_mask=not sync_free,
-            count_blocks=count_blocks)
-    if not isinstance(regime, Regime):
-        raise TypeError(f"regime must be a tessera Regime, got {type(regime).__name__}")
-    if arch is not None and not regime.runs_on(arch):
-        raise ValueError(f"regime {regime.name} runs on sm_90 GPUs only; arch={arch} was asked "
-                         "for (plan with arch=90, or an sm80 regime)")
-    if not given and not sync_free:
-        # A dense host mask's tasks are whole spans, which its kernel walks by arithmetic.
-        picked = whole_span_pick(regime, block_mask, head_dim, count_blocks)
-        if picked is not regime:
-            regime, by_geometry = picked, False
-    elif regime.whole_spans:
-        # The kernel walks every task as one span over all its rows: true of a mask that
-        # selects every block (tests/runtime/test_plan.py), and of no other in general.
-        if sync_free:
-            raise ValueError(f"regime {regime.name} needs the mask's block count, a readback a "
-                             "sync-free plan cannot make; use regime.with_(whole_spans=False)")
-        if not selects_every_block(block_mask):
-            raise ValueError(f"regime {regime.name} runs masks that select every block only; "
-                             f"this one selects {block_mask.nnz} of "
-                             f"{int(np.prod(block_mask.shape, dtype=np.int64))}")
+    choice = regime_for_mode(mask, mode, regime=regime, selection=selection, arch=arch,
+                             head_dim=shape.head_dim, dtype=shape.dtype,
+                             num_q_heads=shape.num_q_heads, num_kv_heads=shape.num_kv_heads,
+                             batch=shape.batch)
+    launch, exact, device = _organize(mask, shape, mode, choice)
+    p = Plan(mask=mask, regime=choice.regime, batch=shape.batch, num_q_heads=shape.num_q_heads,
+             num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim,
+             head_dim_v=shape.head_dim, dtype=shape.dtype, layout=shape.layout,
+             launch_queue=launch, in_flight=choice.in_flight,
+             regime_by_geometry=choice.by_geometry, _exact=exact, device_plan=device)
+    p._planned()
+    return p
 
-    # Planning for the current GPU (a device mask, or its architecture named): the split rule
-    # may count the tasks it runs at once; a portable host plan (arch None) does not.
-    in_flight = plan_tasks_in_flight(regime, block_mask, head_dim, arch, dtype == "bfloat16")
-    hp = regime.heads_per_task(block_mask.batch_heads[1], num_q_heads, num_kv_heads)
+
+def _organize(mask: BlockMask, shape: PlanShape, mode: PlanMode, choice: RegimeChoice
+              ) -> tuple[TaskQueue, Any, SyncFreePlan | None]:
+    """The launch queue, the exact (tiles, queue) or the callable that cuts them from a
+    sync-free plan's buffers, and that plan (None for exact arrays)."""
+    regime = choice.regime
+    hp = regime.heads_per_task(mask.batch_heads[1], shape.num_q_heads, shape.num_kv_heads)
     tile_rows = regime.block_m // hp
-    allow_split = plan_may_split(regime, block_mask, num_q_heads=num_q_heads,
-                                 num_kv_heads=num_kv_heads, batch=batch, in_flight=in_flight)
-    if (sync_free or not split_tasks and not given) and (allow_split or regime.combine_threshold):
-        # Splitting needs the mask's totals on the host, restricted merges the general planner.
-        if given:
-            raise ValueError(f"regime {regime.name} may split tasks or merge rows, which reads "
-                             "the mask back; a sync-free plan needs "
-                             f"regime.with_(split_ratio={NEVER_SPLIT_RATIO:g}, "
-                             "combine_threshold=0.0)")
-        regime = regime.with_(split_ratio=NEVER_SPLIT_RATIO, combine_threshold=0.0)
-        allow_split = False
     fused = None
-    if mapping.use_device_planner(block_mask.xp) and regime.combine_threshold == 0:
+    if mapping.use_device_planner(mask.xp) and regime.combine_threshold == 0:
         # The common request: the planner kernels (runtime/device_planner.py).
-        fused = plan_on_device(block_mask, tile_rows=tile_rows, block_n=regime.block_n,
-                               heads_per_task=hp, batch=batch, num_q_heads=num_q_heads,
-                               num_kv_heads=num_kv_heads, batch_of=batch_of, head_of=head_of,
+        fused = plan_on_device(mask, tile_rows=tile_rows, block_n=regime.block_n,
+                               heads_per_task=hp, batch=shape.batch,
+                               num_q_heads=shape.num_q_heads, num_kv_heads=shape.num_kv_heads,
+                               batch_of=shape.batch_of, head_of=shape.head_of,
                                split_ratio=regime.split_ratio,
-                               min_split_chunks=regime.min_split_chunks, in_flight=in_flight,
-                               allow_split=allow_split, pack_keys=regime.pack_keys,
-                               align_tiles=regime.align_tiles, require_sync_free=sync_free)
-    device = None
-    if (isinstance(fused, SyncFreePlan) and count_blocks and not given
-            and (regime.whole_spans or regime.block_m == 192)
-            and selects_every_block(block_mask)):
-        # A dense device layer planned directly (its count read for the regime already): its
+                               min_split_chunks=regime.min_split_chunks,
+                               in_flight=choice.in_flight, allow_split=choice.allow_split,
+                               pack_keys=regime.pack_keys, align_tiles=regime.align_tiles,
+                               require_sync_free=mode.sync_free)
+    if (isinstance(fused, SyncFreePlan) and mode.counts_blocks and not choice.given
+            and (regime.whole_spans or regime.block_m == 192) and selects_every_block(mask)):
+        # A dense device layer planned exactly (its count read for the regime already): its
         # exact queue (one copy) takes the filled last wave below, as a host plan's does.
         fused = fused.settle()
     if isinstance(fused, SyncFreePlan):
-        launch, exact, device = fused.launch_queue(), fused.settle, fused
+        return fused.launch_queue(), fused.settle, fused
+    if fused is not None:
+        tiles, queue = fused
     else:
-        if fused is not None:
-            tiles, queue = fused
-        else:
-            tiles = map_to_tiles(block_mask, tile_rows, regime.block_n, regime.combine_threshold,
-                                 regime.pack_keys, regime.align_tiles)
-            queue = build_task_queue(tiles, batch=batch, num_q_heads=num_q_heads,
-                                     num_kv_heads=num_kv_heads, heads_per_task=hp,
-                                     batch_of=batch_of, head_of=head_of,
-                                     mask_batch_heads=block_mask.batch_heads,
-                                     split_ratio=regime.split_ratio,
-                                     min_split_chunks=regime.min_split_chunks,
-                                     in_flight=in_flight, allow_split=allow_split)
-        # A request of a selected regime leaves a device planner's queue whole, as it splits
-        # nothing: the cut would copy the queue back to the host and sort it, every request.
-        cuts = split_tasks or given or fused is None
-        if cuts and not regime.pack_keys and regime.split_ratio < NEVER_SPLIT_RATIO:
-            # Equal tasks whose last wave would run part-full end sooner cut into parts.
-            # (A device planner's queue here synchronized already: its costs are read back.)
-            def groups(tasks: np.ndarray) -> np.ndarray:
-                return task_groups(tasks, batch, num_q_heads, num_kv_heads, hp, batch_of,
-                                   head_of, block_mask.batch_heads[1])
+        tiles = map_to_tiles(mask, tile_rows, regime.block_n, regime.combine_threshold,
+                             regime.pack_keys, regime.align_tiles)
+        queue = build_task_queue(tiles, batch=shape.batch, num_q_heads=shape.num_q_heads,
+                                 num_kv_heads=shape.num_kv_heads, heads_per_task=hp,
+                                 batch_of=shape.batch_of, head_of=shape.head_of,
+                                 mask_batch_heads=mask.batch_heads,
+                                 split_ratio=regime.split_ratio,
+                                 min_split_chunks=regime.min_split_chunks,
+                                 in_flight=choice.in_flight, allow_split=choice.allow_split)
+    # A request of a selected regime leaves a device planner's queue whole, as it splits
+    # nothing: the cut would copy the queue back to the host and sort it, every request.
+    cuts = mode is not PlanMode.REQUEST or choice.given or fused is None
+    if cuts and not regime.pack_keys and regime.split_ratio < NEVER_SPLIT_RATIO:
+        # Equal tasks whose last wave would run part-full end sooner cut into parts.
+        # (A device planner's queue here synchronized already: its costs are read back.)
+        def groups(tasks: np.ndarray) -> np.ndarray:
+            return task_groups(tasks, shape.batch, shape.num_q_heads, shape.num_kv_heads, hp,
+                               shape.batch_of, shape.head_of, mask.batch_heads[1])
 
-            queue = fill_last_wave(queue, groups, regime.block_n, in_flight,
-                                   regime.min_split_chunks)
-        launch, exact = queue, (tiles, queue)
-    p = Plan(mask=block_mask, regime=regime, batch=batch, num_q_heads=num_q_heads,
-             num_kv_heads=num_kv_heads, head_dim=head_dim, head_dim_v=head_dim_v,
-             dtype=dtype, layout=layout, launch_queue=launch, in_flight=in_flight,
-             regime_by_geometry=by_geometry, _exact=exact, device_plan=device)
-    p._planned()
-    return p
+        queue = fill_last_wave(queue, groups, regime.block_n, choice.in_flight,
+                               regime.min_split_chunks)
+    return queue, (tiles, queue), None

@@ -11,6 +11,7 @@ import tessera.cuda.device
 from tessera import api, launch, operands, reference
 from tessera.interop import cupy_bfloat16
 from tessera.runtime.cache import PlanCache
+from tessera.runtime.mode import PlanMode
 from tessera.runtime.regime import Regime, default_regime
 from tests.runtime.runtime_helpers import assert_same_non_finite, poisoned_restricted_case
 
@@ -1004,8 +1005,9 @@ def test_requests_of_one_geometry_reuse_a_plan(monkeypatch, family):
         s.synchronize()
         assert not torch.isnan(out).any(), f"request {i}: unwritten output"
         if family == "default":
-            # (split_tasks=False: the request's own selection, which counts no blocks)
-            new = tessera.plan(mask, num_q_heads=h, head_dim=64, split_tasks=False).run(q, k, v)
+            # (mode=PlanMode.REQUEST: the request's own selection, which counts no blocks)
+            new = tessera.plan(mask, num_q_heads=h, head_dim=64,
+                               mode=PlanMode.REQUEST).run(q, k, v)
             torch.testing.assert_close(out, new, rtol=0, atol=0)
         else:
             ref = reference.attention(*exact, tessera.BlockMask.from_dense(
@@ -1542,7 +1544,7 @@ def test_replan_and_run_captured_in_a_cuda_graph():
     q, k, v = (torch.randn(1, H, L, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     geo = dict(block_size=128, seq_len_q=L, seq_len_kv=L)
     p = tessera.plan(tessera.BlockMask.from_dense(blocks, **geo), num_q_heads=H, head_dim=D,
-                     sync_free=True)
+                     mode=PlanMode.CAPTURE)
     assert p.sync_free and p.replannable
     warm, s = torch.cuda.Stream(), torch.cuda.Stream()
     with torch.cuda.stream(warm):

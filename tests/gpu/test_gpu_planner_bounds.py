@@ -12,6 +12,7 @@ import tessera
 from tessera.cuda import loader
 from tessera.cuda.variants import Variant
 from tessera.runtime import device_planner
+from tessera.runtime.mode import PlanMode
 from tessera.runtime.queue import Span, Task
 
 pytestmark = pytest.mark.gpu
@@ -72,9 +73,9 @@ def test_sync_free_planner_keeps_its_first_count(first, then, aligned):
 
     masks = dict(zip(("sparse", "comb"), _masks(cp, ragged=aligned)))
     regime = tessera.plan(masks[first], num_q_heads=H, head_dim=D, dtype="float16",
-                          split_tasks=False).regime.with_(align_tiles=aligned)
+                          mode=PlanMode.REQUEST).regime.with_(align_tiles=aligned)
     p = tessera.plan(masks[first], num_q_heads=H, head_dim=D, dtype="float16", regime=regime,
-                     sync_free=True)
+                     mode=PlanMode.CAPTURE)
     assert p.device_plan is not None and p.regime.align_tiles == aligned
     rows = {n: cp.ascontiguousarray(m.dense_rows).view(np.uint8) for n, m in masks.items()}
     launches = p.device_plan.relaunch.launches
@@ -100,7 +101,7 @@ def test_one_sync_planner_keeps_its_first_count(monkeypatch):
 
     monkeypatch.setattr(device_planner._Launch, "__call__", swapped)
     monkeypatch.setattr(device_planner, "SYNC_FREE_WORKSPACE_LIMIT", 0)  # the one-sync path
-    p = tessera.plan(sparse, num_q_heads=H, head_dim=D, dtype="float16", split_tasks=False)
+    p = tessera.plan(sparse, num_q_heads=H, head_dim=D, dtype="float16", mode=PlanMode.REQUEST)
     assert p.device_plan is None
     _check_queue(p, sparse.seq_len_q, sparse.seq_len_kv)
     _run(p, sparse)

@@ -12,7 +12,7 @@ import tessera.cuda.device
 import tessera.runtime.regime.features
 import tessera.runtime.regime.selection
 import tessera.runtime.regime.slots
-from tessera import BlockMask, Regime
+from tessera import BlockMask, PlanMode, Regime
 from tests.runtime.runtime_helpers import (
     PLANNER_STAND_INS,
     TILE_128x64,
@@ -211,7 +211,7 @@ def test_replan_gives_what_a_new_plan_gives(monkeypatch, regime):
 
 
 def test_sync_free_plans_read_nothing_back(monkeypatch):
-    """plan(sync_free=True) -- what a request captured into a CUDA graph takes: a regime chosen
+    """plan(mode=PlanMode.CAPTURE) -- what a request captured into a CUDA graph takes: a regime chosen
     by the geometry alone (no table lookup, no align_pays estimate) made never to split or
     merge, planned with nothing read back, equal to the general planner's plan of that regime;
     a given regime that may split or merge, or a host mask, is refused by name before anything
@@ -236,12 +236,12 @@ def test_sync_free_plans_read_nothing_back(monkeypatch):
     mask = BlockMask.from_dense(rng.random((2, 9, 31)) < 0.3, block_size=64)
     kw = dict(num_q_heads=4, num_kv_heads=2, head_dim=64, batch=1)
     with pytest.raises(ValueError, match="block_mask must be on the GPU"):
-        tessera.plan(mask, sync_free=True, **kw)  # a host mask: the general planner
+        tessera.plan(mask, mode=PlanMode.CAPTURE, **kw)  # a host mask: the general planner
     with monkeypatch.context() as mp:
         mp.setattr(mapping, "use_device_planner", lambda xp: True)
         reads = []
         mp.setattr(device_planner, "to_numpy", lambda a: reads.append(1) or np.asarray(a))
-        got = tessera.plan(mask, sync_free=True, **kw)
+        got = tessera.plan(mask, mode=PlanMode.CAPTURE, **kw)
         assert got.sync_free and got.replannable and not reads and not read_selection
         assert got.regime.split_ratio == NEVER_SPLIT_RATIO and got.regime.combine_threshold == 0
         # The heuristic on its own would split here (no GPU: its slots are unknown).
@@ -250,7 +250,7 @@ def test_sync_free_plans_read_nothing_back(monkeypatch):
         for bad in (TILE_128x64.with_(combine_threshold=0.0, split_ratio=2.0),
                     TILE_128x64.with_(split_ratio=1e9, combine_threshold=0.5)):
             with pytest.raises(ValueError, match="regime .* may split tasks or merge rows"):
-                tessera.plan(mask, sync_free=True, regime=bad, **kw)
+                tessera.plan(mask, mode=PlanMode.CAPTURE, regime=bad, **kw)
         assert not launched
         # On an H200-like GPU, query blocks ragged against the 128-row tile: a new plan asks
         # align_pays (or the table) of the mask, a sync-free one neither.
@@ -261,7 +261,7 @@ def test_sync_free_plans_read_nothing_back(monkeypatch):
             rng.random((2, 9, 9)) < 0.3, q_bounds=np.r_[0, np.cumsum(rng.integers(90, 200, 9))],
             kv_bounds=np.r_[0, np.cumsum(rng.integers(90, 200, 9))])
         kw90 = dict(kw, head_dim=128, arch=90)
-        heuristic = tessera.plan(ragged, sync_free=True, **kw90)  # nothing read before
+        heuristic = tessera.plan(ragged, mode=PlanMode.CAPTURE, **kw90)  # nothing read before
         assert heuristic.sync_free and not read_selection and not heuristic.regime.align_tiles
         mp.setattr(tessera.runtime.regime.selection, "align_pays",
                    lambda *a, **k: read_selection.append("align") or True)
@@ -270,13 +270,13 @@ def test_sync_free_plans_read_nothing_back(monkeypatch):
         read_selection.clear()
         reads.clear()
         # The last selection that read a mask of this geometry (the warm-up before a capture).
-        captured = tessera.plan(ragged, sync_free=True, **kw90)
+        captured = tessera.plan(ragged, mode=PlanMode.CAPTURE, **kw90)
         assert captured.sync_free and not read_selection and not reads
         assert captured.regime == eager.regime.with_(split_ratio=NEVER_SPLIT_RATIO)
         mp.setattr(device_planner, "REQUIRED_SYNC_FREE_WORKSPACE_LIMIT", 1000)
         launched.clear()
         with pytest.raises(ValueError, match="plan buffers would take"):
-            tessera.plan(mask, sync_free=True, **kw)
+            tessera.plan(mask, mode=PlanMode.CAPTURE, **kw)
         assert not launched
     assert_same_plan(got, tessera.plan(mask, regime=got.regime, **kw))
 
@@ -319,7 +319,7 @@ def test_device_planner_logic_equals_host_planner(monkeypatch, source, threshold
 
 
 def test_a_request_leaves_a_device_queue_whole(monkeypatch):
-    """A request (``split_tasks=False``) of a selected regime leaves the device planner's
+    """A request (``mode=PlanMode.REQUEST``) of a selected regime leaves the device planner's
     synchronized queue whole where a plan made directly fills its last wave: its shape never
     splits heavy tasks (16+ tasks a slot), so the regime keeps its split ratio, and the cut
     would copy the queue back and sort it on every request. A host mask's request, whose queue
@@ -336,13 +336,13 @@ def test_a_request_leaves_a_device_queue_whole(monkeypatch):
     mask = BlockMask.from_dense(dense, block_size=128, seq_len_q=33 * 128 - 7,
                                 seq_len_kv=40 * 128 - 20)
     kw = dict(num_q_heads=2, head_dim=128, batch=2, arch=90)
-    host = tessera.plan(mask, split_tasks=False, **kw)
+    host = tessera.plan(mask, mode=PlanMode.REQUEST, **kw)
     assert host.regime.split_ratio < NEVER_SPLIT_RATIO and host.queue.num_slots == 8
     monkeypatch.setattr(loader, "load_kernel", lambda v: PLANNER_STAND_INS[v.kernel])
     monkeypatch.setattr(mapping, "use_device_planner", lambda xp: True)
     monkeypatch.setattr(device_planner, "SYNC_FREE_WORKSPACE_LIMIT", 0)  # the one-sync path
     made = tessera.plan(mask, **kw)
     assert made.queue.num_slots == 8 and made.queue.tasks.shape[0] == 136
-    request = tessera.plan(mask, split_tasks=False, **kw)
+    request = tessera.plan(mask, mode=PlanMode.REQUEST, **kw)
     assert request.regime.split_ratio < NEVER_SPLIT_RATIO and not request.sync_free
     assert request.queue.num_slots == 0 and request.queue.tasks.shape[0] == 132
