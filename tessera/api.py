@@ -93,7 +93,7 @@ def _request_plan(mask: BlockMask, ops: Operands, layout: str, regime: Any,
     if config.request_plans_kept and mask.on_device and not capturing:
         base = key = RequestKey(
             ops.q.device_id, ops.stream_ptr, regime, selection_generation(),
-            os.environ.get(ENV_TABLE), b, hq, hkv, d, ops.q.dtype, layout, mask.batch_heads,
+            os.environ.get(ENV_TABLE), (b, hq, hkv, d, ops.q.dtype, layout), mask.batch_heads,
             bounds_key(mask.q_bounds), bounds_key(mask.kv_bounds))
         since = request_plans.reads_since(base)
         if since is not None:

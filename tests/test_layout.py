@@ -22,6 +22,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("tessera.mask",),
     ("tessera.operands", "tessera.reference", "tessera.families"),
     ("tessera.launch",),
+    ("tessera.runtime.planner_launches",),
     ("tessera.runtime.mapping",),
     ("tessera.runtime.tasks",),
     ("tessera.runtime.device_planner",),

@@ -26,20 +26,16 @@ __all__ = ["RequestKey", "PlanCache"]
 class RequestKey:
     """What a request's new plan would read besides the selection: the device and stream it is
     planned and launched on, the regime given (or the table and generation that select one),
-    the attention shapes and the mask's geometry. ``selected``: the regime the selection read
-    from a mask, for geometries whose selection reads the mask (plans are kept per answer)."""
+    the attention ``shapes`` (batch, query heads, kv heads, head dim, dtype, layout) and the
+    mask's geometry. ``selected``: the regime the selection read from a mask, for geometries
+    whose selection reads the mask (plans are kept per answer)."""
 
     device: int
     stream: int
     regime: Any
     selection_generation: int
     table_env: str | None
-    batch: int
-    num_q_heads: int
-    num_kv_heads: int
-    head_dim: int
-    dtype: str
-    layout: str
+    shapes: tuple[int, int, int, int, str, str]
     batch_heads: tuple[int, int]
     q_bounds: bytes
     kv_bounds: bytes

@@ -54,13 +54,8 @@ from ..capture import device_copy, stream_capturing
 from ..cuda import loader
 from ..cuda.variants import Variant
 from ..mask import BlockMask
-from .mapping import (
-    PhysicalTiles,
-    aligned_geometry,
-    device_bounds,
-    device_dense_rows,
-    straddling_tiles,
-)
+from .mapping import PhysicalTiles, aligned_geometry, device_dense_rows, straddling_tiles
+from .planner_launches import device_bounds
 from .queue import Combine, Span, Task, TaskQueue, Tile, Total
 from .tasks import HEAVY_MEAN, HEAVY_SHARE, build_task_queue, head_assignments, split_limit
 

@@ -38,17 +38,16 @@ from typing import Any
 
 import numpy as np
 
-from .._array import Workspace, offsets_from_counts, segment_ids, to_numpy
+from .._array import array_module, offsets_from_counts, segment_ids
 from ..capture import device_copy
-from ..cuda import loader
-from ..cuda.variants import Variant
 from ..mask import BlockMask
+from . import planner_launches as launches
+from .planner_launches import device_bounds
 from .queue import Span
 
-__all__ = ["PhysicalTiles", "map_to_tiles", "row_stats_on_device", "launch_row_stats",
-           "device_bounds", "tiling_pairs", "key_walk_chunks", "aligned_tile_blocks",
-           "aligned_geometry",
-           "AlignedGeometry", "straddling_tiles", "selects_every_block"]
+__all__ = ["PhysicalTiles", "map_to_tiles", "device_bounds", "tiling_pairs", "key_walk_chunks",
+           "aligned_tile_blocks", "aligned_geometry", "AlignedGeometry", "straddling_tiles",
+           "selects_every_block", "device_dense_rows", "use_device_planner"]
 
 
 @dataclass
@@ -482,7 +481,8 @@ def tiling_pairs(mask: BlockMask, tile_rows: int) -> tuple[int, int] | None:
         return None
     if xp is not np:
         dense = device_dense_rows(mask)
-        return None if dense is None else _tiling_pairs_on_device(mask, dense, geo, tile_rows)
+        return None if dense is None else launches.tiling_pairs(
+            mask, _uint8_rows(dense, n_kv), geo.per_bh, geo.lo, geo.hi, tile_rows)
     dense = mask.to_dense().reshape(-1, n_q, n_kv)
     # float64 products are exact here (pairs < 2^53) and take the BLAS path.
     kv_tokens = np.diff(np.asarray(mask.kv_bounds, dtype=np.float64))
@@ -508,8 +508,8 @@ def key_walk_chunks(mask: BlockMask, block_n: int, tile_rows: int) -> tuple[int,
         return None
     if mask.xp is not np:
         dense = device_dense_rows(mask)
-        return None if dense is None else _key_walk_chunks_on_device(mask, dense, block_n,
-                                                                    tile_rows)
+        return None if dense is None else launches.key_walk_chunks(
+            mask, _uint8_rows(dense, n_kv), block_n, tile_rows)
     tiles = -(-np.diff(np.asarray(mask.q_bounds, dtype=np.int64)) // tile_rows)  # per q block
     dense = mask.to_dense().reshape(-1, n_kv)
     kv = np.diff(np.asarray(mask.kv_bounds, dtype=np.int64))
@@ -525,45 +525,6 @@ def key_walk_chunks(mask: BlockMask, block_n: int, tile_rows: int) -> tuple[int,
     packed = -(-c[:, -1] // block_n)
     w = np.tile(tiles, dense.shape[0] // n_q)
     return int((span * w).sum()), int((packed * w).sum())
-
-
-def _key_walk_chunks_on_device(mask: BlockMask, dense_rows: Any, block_n: int,
-                               tile_rows: int) -> tuple[int, int]:
-    """:func:`key_walk_chunks` of a device mask: one launch of plan_row_stats summing both walks'
-    weighted chunks, one 16-byte copy back (array operations over its per-row outputs cost
-    ~0.5 ms of a request on the H200)."""
-    xp = mask.xp
-    dense = xp.ascontiguousarray(dense_rows).view(np.uint8).reshape(-1, mask.num_kv_blocks)
-    n_rows = dense.shape[0]
-    ws = Workspace(xp, (("nspans", np.int32, n_rows), ("chunks", np.int32, n_rows),
-                        ("identical", np.uint8, n_rows)))
-    out = xp.zeros(2, dtype=np.uint64)
-    null = np.uint64(0)
-    launch_row_stats(mask, dense, block_n, null, ws.view("nspans"), null, null, ws.view("chunks"),
-                     ws.view("identical"), walk_chunks=out, tile_rows=tile_rows)
-    span, packed = (int(c) for c in to_numpy(out))
-    return span, packed
-
-
-def _tiling_pairs_on_device(mask: BlockMask, dense_rows: Any, geo: AlignedGeometry,
-                            tile_rows: int) -> tuple[int, int]:
-    """:func:`tiling_pairs` of a device mask by plan.cu's tiling_pairs kernel: one launch and
-    one 16-byte copy back (as array operations, ~15 launches, the estimate cost ~1 ms of a
-    request on the H200, docs/decisions.md)."""
-
-    xp = mask.xp
-    n_kv = mask.num_kv_blocks
-    dense = xp.ascontiguousarray(dense_rows).view(np.uint8).reshape(-1, n_kv)
-    n_rows = dense.shape[0]
-    out = xp.zeros(2, dtype=np.uint64)
-    warps = n_rows + n_rows // mask.num_q_blocks * geo.per_bh
-    loader.load_kernel(Variant("plan.cu", "tiling_pairs"))(
-        ((warps * 32 + 255) // 256,), (256,),
-        (dense, np.int32(n_rows), np.int32(n_kv), np.int32(mask.num_q_blocks),
-         np.int32(geo.per_bh), device_bounds(mask.q_bounds, xp),
-         device_bounds(mask.kv_bounds, xp), geo.lo, geo.hi, np.int32(tile_rows), out))
-    plain, aligned = (int(x) for x in to_numpy(out))
-    return plain, aligned
 
 
 def _subdivide(group_q0, group_q1, group_bh, g_span_off, g_chunks, k0, k1, r0, r1,
@@ -597,6 +558,12 @@ def _subdivide(group_q0, group_q1, group_bh, g_span_off, g_chunks, k0, k1, r0, r
 DENSE_ON_DEVICE_LIMIT = 1 << 29
 
 
+def _uint8_rows(dense_rows: Any, n_kv: int) -> Any:
+    """Dense block rows as the planner kernels read them: contiguous uint8 ``[rows, nKB]``."""
+    xp = array_module(dense_rows)
+    return xp.ascontiguousarray(dense_rows).view(np.uint8).reshape(-1, n_kv)
+
+
 def use_device_planner(xp) -> bool:
     """Device masks take the planner kernels (tests substitute numpy versions of them)."""
     return xp is not np
@@ -613,72 +580,6 @@ def device_dense_rows(mask: BlockMask) -> Any:
     return mask.to_dense().reshape(n_rows, mask.num_kv_blocks)
 
 
-def device_bounds(bounds: np.ndarray, xp) -> Any:
-    """A mask's token bounds (host int64) in ``xp``, copied to the device once per geometry."""
-    if xp is np or not isinstance(bounds, np.ndarray):
-        return xp.asarray(bounds)
-    return device_copy(("bounds", bounds.tobytes()), lambda: xp.asarray(bounds), xp)
-
-
-def row_stats_on_device(mask: BlockMask, dense_rows: Any, block_n: int,
-                        pack_keys: bool = False):
-    """Per-row statistics by the plan_row_stats kernel: (dense uint8 rows, row stats, key spans
-    per row, BN-chunks per row -- with ``pack_keys``, of its keys end to end)."""
-    xp = mask.xp
-    dense = xp.ascontiguousarray(dense_rows).view(np.uint8)
-    n_rows = dense.shape[0]
-    ws = Workspace(xp, (("key_tokens", np.int64, n_rows), ("overlap_tokens", np.int64, n_rows),
-                        ("count", np.int32, n_rows), ("nspans", np.int32, n_rows),
-                        ("chunks", np.int32, n_rows), ("identical", np.uint8, n_rows)))
-    key_tokens, overlap_tokens, count, nspans, chunks, identical = (
-        ws.view(n) for n in ("key_tokens", "overlap_tokens", "count", "nspans", "chunks",
-                             "identical"))
-    launch_row_stats(mask, dense, block_n, count, nspans, key_tokens, overlap_tokens, chunks,
-                     identical, pack_keys)
-    stats = _RowStats(None, None, None, count, key_tokens, overlap_tokens, identical.view(bool))
-    return dense, stats, nspans, chunks
-
-
-def launch_row_stats(mask: BlockMask, dense: Any, block_n: int, count: Any, nspans: Any,
-                     key_tokens: Any, overlap_tokens: Any, chunks: Any, identical: Any,
-                     pack_keys: bool = False, walk_chunks: Any = None,
-                     tile_rows: int = 0) -> None:
-    """Launch plan_row_stats over ``dense`` (uint8 [rows, nKB]) into the given arrays or raw
-    device pointers (np.uint64; 0 for count and the token sums leaves them uncomputed); chunks
-    of each row's keys end to end with ``pack_keys``. ``walk_chunks`` (uint64 [2], zeroed):
-    both key walks' chunks over ``tile_rows``-row tiles added into it (key_walk_chunks)."""
-
-    n_rows, n_kv = dense.shape
-    i32 = np.int32
-    xp = mask.xp
-    walk = (np.uint64(0), i32(0), np.uint64(0)) if walk_chunks is None else (
-        device_bounds(mask.q_bounds, xp), i32(tile_rows), walk_chunks)
-    loader.load_kernel(Variant("plan.cu", "plan_row_stats"))(
-        ((n_rows * 32 + 255) // 256,), (256,),
-        (dense, i32(n_rows), i32(n_kv), i32(mask.num_q_blocks),
-         device_bounds(mask.kv_bounds, xp), i32(block_n), count, nspans, key_tokens,
-         overlap_tokens, chunks, identical, i32(pack_keys), *walk))
-
-
-def mask_pairs_on_device(mask: BlockMask, dense_rows: Any) -> tuple[int, int]:
-    """(total, heaviest row) selected token pairs of a mask with dense rows, by the mask_pairs
-    kernel: one launch and one 16-byte copy (the regime table's features,
-    runtime/regime/features.py;
-    with the array operations before it, plans that looked up the table took ~0.5 ms longer
-    on the H200, docs/decisions.md)."""
-
-    xp = mask.xp
-    dense = xp.ascontiguousarray(dense_rows).view(np.uint8)
-    n_rows, n_kv = dense.shape
-    out = xp.zeros(2, dtype=np.uint64)
-    loader.load_kernel(Variant("plan.cu", "mask_pairs"))(
-        ((n_rows * 32 + 255) // 256,), (256,),
-        (dense, np.int32(n_rows), np.int32(n_kv), np.int32(mask.num_q_blocks),
-         device_bounds(mask.q_bounds, xp), device_bounds(mask.kv_bounds, xp), out))
-    total, heaviest = (int(x) for x in to_numpy(out))
-    return total, heaviest
-
-
 def _map_dense_on_device(mask: BlockMask, dense_rows: Any, tile_rows: int, block_n: int,
                          combine_threshold: float,
                          pack_keys: bool = False) -> tuple[PhysicalTiles | None, Any]:
@@ -688,13 +589,14 @@ def _map_dense_on_device(mask: BlockMask, dense_rows: Any, tile_rows: int, block
     to finish from (it needs the per-entry arrays the merged spans are cut from)."""
 
     xp = mask.xp
-    dense, stats, nspans, chunks = row_stats_on_device(mask, dense_rows, block_n, pack_keys)
+    dense = xp.ascontiguousarray(dense_rows).view(np.uint8)
+    rows = launches.row_stats(mask, dense, block_n, pack_keys)
+    nspans, chunks = rows.nspans, rows.chunks
+    stats = _RowStats(None, None, None, rows.count, rows.key_tokens, rows.overlap_tokens,
+                      rows.identical.view(bool))
     n_rows, n_kv = dense.shape
     n_q = mask.num_q_blocks
     qb = device_bounds(mask.q_bounds, xp)
-    kb = device_bounds(mask.kv_bounds, xp)
-    grid = ((n_rows * 32 + 255) // 256,)
-    i32 = np.int32
     runs = _runs(stats, n_rows, n_q, qb, xp)
     run_first, run_bh, run_q0, run_q1 = runs
     # At threshold 0 no pair of runs can merge (a merge adding no masked work needs equal key
@@ -713,9 +615,7 @@ def _map_dense_on_device(mask: BlockMask, dense_rows: Any, tile_rows: int, block
     row_q0[run_first] = run_q0
     row_q1[run_first] = run_q1
     spans = xp.empty((n_spans, len(Span)), dtype=np.int32)
-    loader.load_kernel(Variant("plan.cu", "plan_write_spans"))(
-        grid, (256,), (dense, i32(n_rows), i32(n_kv), kb, span_dst, nspans, row_q0, row_q1,
-                       spans))
+    launches.write_group_spans(mask, dense, span_dst, nspans, row_q0, row_q1, spans)
     g_chunks = chunks[run_first].astype(np.int64)
     return _subdivide(run_q0, run_q1, run_bh, g_span_off, g_chunks, spans[:, Span.K_START],
                       spans[:, Span.K_END], spans[:, Span.R_START], spans[:, Span.R_END],

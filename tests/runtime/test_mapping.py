@@ -281,7 +281,8 @@ def test_tiling_pairs_estimate(seed, monkeypatch):
 
     rng, dense, qb, kb, mask = _random_variable_mask(seed)
     from tessera.cuda import loader
-    from tessera.runtime.mapping import _tiling_pairs_on_device, aligned_geometry
+    from tessera.runtime import planner_launches
+    from tessera.runtime.mapping import aligned_geometry
 
     monkeypatch.setattr(loader, "load_kernel",
                         lambda v: {"tiling_pairs": _np_tiling_pairs}[v.kernel])
@@ -290,7 +291,9 @@ def test_tiling_pairs_estimate(seed, monkeypatch):
         assert tiling_pairs(mask, rows) == expected
         # The device path's launch (the kernel replaced by its numpy stand-in).
         geo = aligned_geometry(qb, rows, np)
-        assert _tiling_pairs_on_device(mask, mask.to_dense(), geo, rows) == expected
+        rows_u8 = mask.to_dense().reshape(-1, mask.num_kv_blocks).view(np.uint8)
+        assert planner_launches.tiling_pairs(mask, rows_u8, geo.per_bh, geo.lo, geo.hi,
+                                             rows) == expected
     n = 16
     qb = np.r_[0, np.cumsum(rng.integers(100, 200, n))]
     i, j = np.arange(n)[None, :, None], np.arange(n)[None, None, :]
@@ -337,7 +340,7 @@ def test_key_walk_chunks_count_spans_and_packed_keys(seed, monkeypatch):
 
     rng, dense, qb, kb, mask = _random_variable_mask(seed)
     from tessera.cuda import loader
-    from tessera.runtime.mapping import _key_walk_chunks_on_device
+    from tessera.runtime import planner_launches
 
     monkeypatch.setattr(loader, "load_kernel",
                         lambda v: {"plan_row_stats": _np_plan_row_stats}[v.kernel])
@@ -345,7 +348,8 @@ def test_key_walk_chunks_count_spans_and_packed_keys(seed, monkeypatch):
         expected = _key_walk_chunks_by_loops(dense, qb, kb, block_n, rows)
         assert key_walk_chunks(mask, block_n, rows) == expected
         # The device path's launch (the kernel replaced by its numpy stand-in).
-        assert _key_walk_chunks_on_device(mask, mask.to_dense(), block_n, rows) == expected
+        rows_u8 = mask.to_dense().reshape(-1, mask.num_kv_blocks).view(np.uint8)
+        assert planner_launches.key_walk_chunks(mask, rows_u8, block_n, rows) == expected
 
 
 def test_tiling_pairs_declines_tiny_blocks():

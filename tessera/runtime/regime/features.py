@@ -11,7 +11,7 @@ import numpy as np
 
 from ..._array import to_numpy
 from ...dtypes import dtype_name
-from .. import mapping
+from .. import mapping, planner_launches
 
 __all__ = ["MaskFeatures", "MaskMeasures", "mask_features", "mask_measures",
            "features_from_measures", "block_bucket"]
@@ -172,7 +172,7 @@ def mask_measures(mask: Any) -> MaskMeasures:
     Works where the mask lives. On the device the per-row reductions run there and two numbers
     (total and heaviest row pairs) come back: one synchronization, no copy of the mask; a mask
     with dense rows (built from a dense matrix) takes one kernel for it
-    (:func:`~tessera.runtime.mapping.mask_pairs_on_device`). On the host a mask built from a
+    (:func:`~tessera.runtime.planner_launches.mask_pairs`). On the host a mask built from a
     dense matrix whose CSR arrays were never derived is measured from its dense rows (the CSR
     is not derived for this).
     """
@@ -180,7 +180,8 @@ def mask_measures(mask: Any) -> MaskMeasures:
     xp = mask.xp
     dense = mask.dense_rows
     if dense is not None and mapping.use_device_planner(xp):
-        return _measures(mask, *mapping.mask_pairs_on_device(mask, dense))
+        rows = mask.xp.ascontiguousarray(dense).view(np.uint8)
+        return _measures(mask, *planner_launches.mask_pairs(mask, rows))
     qlen = np.diff(mask.q_bounds)
     klen = np.diff(mask.kv_bounds)
     n_bh = mask.batch_heads[0] * mask.batch_heads[1]
