@@ -252,147 +252,204 @@ def plan_on_device(mask: BlockMask, *, tile_rows: int, block_n: int, heads_per_t
     ``require_sync_free``: a SyncFreePlan or a ValueError (buffers up to
     :data:`REQUIRED_SYNC_FREE_WORKSPACE_LIMIT`; ``allow_split`` must be False).
     """
-    xp = mask.xp
     dense_rows = device_dense_rows(mask)
     if dense_rows is None:
         if require_sync_free:
             raise ValueError(f"block_mask {mask} is too large to plan without reading it back "
                              "(its dense block rows exceed the device planner's limit)")
         return None
-    dense = xp.ascontiguousarray(dense_rows).view(np.uint8)
-    n_rows, n_kv = dense.shape
-    n_q = mask.num_q_blocks
-    qb = device_bounds(mask.q_bounds, xp)
-    kb = device_bounds(mask.kv_bounds, xp)
-    expansions, assign_off, assign_b, assign_h0 = _assignments(
-        xp, batch, num_q_heads, num_kv_heads, heads_per_task, batch_of, head_of,
-        mask.batch_heads)
-    i32, i64 = np.int32, np.int64
-    geo = aligned_geometry(mask.q_bounds, tile_rows, xp) if align_tiles else None
-    num_merged = 0 if geo is None else straddling_tiles(mask, tile_rows)
-    # Rows of the scan: the mask's, or its aligned tiles (virtual rows of tile_rows tokens).
-    n_scan = n_rows if geo is None else mask.batch_heads[0] * mask.batch_heads[1] * geo.per_bh
-    # Sort keys: one per possible task cost (key chunks of a row: at most one per block_n keys,
-    # plus one per span for its partial last chunk; an aligned tile holds a key in at most one
-    # piece per two of the blocks it meets) for the heavy tasks and for each (batch, head)
-    # assignment.
-    overlap = 1 if geo is None else -(-geo.reach // 2)
-    n_keys = overlap * (-(-mask.seq_len_kv // block_n) + n_kv) + 1
-    n_assign = int(assign_b.size)
-    n_hist = n_keys * (1 + n_assign)
-    heavy_slots, heavy_mean = np.int64(HEAVY_SHARE * max(in_flight, 1)), np.int64(HEAVY_MEAN)
-    # The kernels' scratch in one allocation, passed as raw addresses (views on numpy).
-    scratch = Workspace(xp, (("totals", i64, len(Total)), ("run_row0", i64, n_scan),
-                            ("run_row1", i64, n_scan), ("span_off", i64, n_scan),
-                            ("tile_off", i64, n_scan), ("task_off", i64, n_scan),
-                            ("hist", i64, n_hist), ("key_start", i64, n_hist),
-                            ("bh_run0", i64, mask.batch_heads[0] * mask.batch_heads[1] + 1),
-                            ("heavy_runs", i64, n_scan),
-                            ("nspans", i32, n_scan),
-                            ("chunks", i32, n_scan), ("identical", np.uint8, n_scan)))
-    totals = scratch.view("totals")  # kept by the plan
-    arg = scratch.arg
-    null = np.uint64(0)
-    # Each launch's arguments are fixed for the geometry except the dense rows (DENSE): a
-    # sync-free plan keeps them and plans a later mask of its geometry by launching them again
-    # (Plan.replan), with no argument of its own to convert.
-    grid_rows = ((n_scan * 32 + 255) // 256,)
-    if geo is None:
-        # Per row: spans, chunks, whether it repeats the row before (count and token sums:
-        # not needed here, left uncomputed).
-        first = [_Launch("plan_row_stats", grid_rows,
-                         (DENSE, i32(n_rows), i32(n_kv), i32(n_q), kb, i32(block_n), null,
-                          arg("nspans"), null, null, arg("chunks"), arg("identical"),
-                          i32(pack_keys), null, i32(0), null))]
-        scan_blocks, scan_bounds = n_q, qb
-    else:
-        def tile_spans(span_off: Any, spans: Any) -> _Launch:
-            return _Launch("plan_aligned_spans", grid_rows,
-                           (DENSE, i32(n_scan), i32(geo.per_bh), i32(n_q), i32(n_kv), kb, qb,
-                            geo.lo, geo.hi, i32(tile_rows), i32(mask.seq_len_q), i32(block_n),
-                            arg("nspans"), arg("chunks"), arg("identical"), span_off, spans))
-
-        first = [tile_spans(null, null)]
-        scan_blocks, scan_bounds = geo.per_bh, geo.bounds
-    first.append(_Launch("plan_scan", (1,),
-                         (arg("identical"), arg("nspans"), arg("chunks"), i32(n_scan),
-                          i32(scan_blocks), scan_bounds, i32(tile_rows), expansions, assign_off,
-                          i32(n_assign), heavy_slots, heavy_mean, arg("hist"),
-                          arg("key_start"), arg("run_row0"), arg("run_row1"),
-                          arg("span_off"), arg("tile_off"), arg("task_off"), arg("bh_run0"),
-                          arg("heavy_runs"), totals), block=1024))
-
-    def write_runs(grid_runs: int, spans: Any, tiles: Any, tasks: Any) -> list[_Launch]:
-        out = [] if geo is None else [tile_spans(arg("span_off"), spans)]
-        if grid_runs:
-            out.append(_Launch(
-                "plan_write_runs", ((grid_runs * 32 + 255) // 256,),
-                (DENSE if geo is None else null, i32(n_kv), i32(scan_blocks), kb, scan_bounds,
-                 i32(tile_rows), totals, arg("run_row0"), arg("run_row1"), arg("span_off"),
-                 arg("tile_off"), arg("task_off"), arg("nspans"), arg("chunks"), expansions,
-                 assign_off, assign_b, assign_h0, heavy_slots, heavy_mean, arg("key_start"),
-                 spans, tiles, np.uint64(0) if tasks is None else tasks)))
-        return out
-
-    if geo is None:
-        cap_spans, cap_tiles, cap_tasks = _capacities(mask, n_rows, tile_rows,
-                                                      int(assign_b.size))
-    else:
-        # A tile's pieces: at most one per two of its blocks at each key block, and for each
-        # stretch of blocks at most a span per two key blocks.
-        per_tile = min(overlap * n_kv, geo.reach * (geo.reach + 1) // 2 * ((n_kv + 1) // 2))
-        cap_spans, cap_tiles = n_scan * per_tile, n_scan
-        cap_tasks = int(assign_b.size) * geo.per_bh
-    buffer_bytes = 4 * (4 * cap_spans + 6 * cap_tiles + 8 * cap_tasks)
-    if require_sync_free and (allow_split or buffer_bytes > REQUIRED_SYNC_FREE_WORKSPACE_LIMIT):
+    dense = mask.xp.ascontiguousarray(dense_rows).view(np.uint8)
+    kit = _PlannerKit(mask, tile_rows, block_n, heads_per_task, batch, num_q_heads,
+                      num_kv_heads, batch_of, head_of, in_flight, pack_keys, align_tiles)
+    if require_sync_free and (allow_split or
+                              kit.buffer_bytes > REQUIRED_SYNC_FREE_WORKSPACE_LIMIT):
         raise ValueError(f"block_mask {mask} cannot be planned without reading it back: "
                          + ("its tasks may split" if allow_split else
-                            f"its bounded plan buffers would take {buffer_bytes >> 20} MB"))
+                            f"its bounded plan buffers would take {kit.buffer_bytes >> 20} MB"))
     limit = REQUIRED_SYNC_FREE_WORKSPACE_LIMIT if require_sync_free else \
         SYNC_FREE_WORKSPACE_LIMIT
-    if not allow_split and buffer_bytes <= limit:
+    if not allow_split and kit.buffer_bytes <= limit:
+        return kit.sync_free(dense)
+    return kit.one_sync(dense, split_ratio, min_split_chunks, allow_split)
+
+
+class _PlannerKit:
+    """The fused planner's launches for one mask geometry and attention shape: their scratch
+    (one allocation, passed as raw addresses; views on numpy), the launches that count
+    (``first``: row statistics or aligned tiles' spans, then the scan) and those that write
+    (:meth:`write_runs`), and the capacities of the sync-free buffers. Each launch's arguments
+    are fixed for the geometry except the dense rows (``DENSE``): a sync-free plan keeps them
+    and plans a later mask of its geometry by launching them again (``Plan.replan``)."""
+
+    def __init__(self, mask: BlockMask, tile_rows: int, block_n: int, heads_per_task: int,
+                 batch: int, num_q_heads: int, num_kv_heads: int, batch_of: np.ndarray,
+                 head_of: np.ndarray, in_flight: int, pack_keys: bool,
+                 align_tiles: bool) -> None:
+        self.mask, self.xp, self.in_flight = mask, mask.xp, in_flight
+        self.tile_rows, self.block_n, self.heads_per_task = tile_rows, block_n, heads_per_task
+        self.shape = (batch, num_q_heads, num_kv_heads, batch_of, head_of)
+        xp = self.xp
+        self.qb, self.kb = device_bounds(mask.q_bounds, xp), device_bounds(mask.kv_bounds, xp)
+        self.assign = _assignments(xp, batch, num_q_heads, num_kv_heads, heads_per_task,
+                                   batch_of, head_of, mask.batch_heads)
+        self.geo = aligned_geometry(mask.q_bounds, tile_rows, xp) if align_tiles else None
+        self.num_merged = 0 if self.geo is None else straddling_tiles(mask, tile_rows)
+        n_bh = mask.batch_heads[0] * mask.batch_heads[1]
+        # Rows of the scan: the mask's, or its aligned tiles (virtual rows of tile_rows tokens).
+        self.n_scan = (n_bh * mask.num_q_blocks if self.geo is None else n_bh * self.geo.per_bh)
+        # Sort keys: one per possible task cost (key chunks of a row: at most one per block_n
+        # keys, plus one per span for its partial last chunk; an aligned tile holds a key in at
+        # most one piece per two of the blocks it meets) for the heavy tasks and for each
+        # (batch, head) assignment.
+        self.overlap = 1 if self.geo is None else -(-self.geo.reach // 2)
+        n_keys = self.overlap * (-(-mask.seq_len_kv // block_n) + mask.num_kv_blocks) + 1
+        self.scratch = _scratch(xp, self.n_scan, n_keys * (1 + int(self.assign[2].size)), n_bh)
+        self.totals = self.scratch.view("totals")  # kept by the plan
+        self.heavy = (np.int64(HEAVY_SHARE * max(in_flight, 1)), np.int64(HEAVY_MEAN))
+        self.first = self._counting_launches(pack_keys)
+
+    def _counting_launches(self, pack_keys: bool) -> list[_Launch]:
+        """Row statistics (or the aligned tiles' span counts), then the scan."""
+        m, geo, arg, i32, null = self.mask, self.geo, self.scratch.arg, np.int32, np.uint64(0)
+        expansions, assign_off, assign_b, _ = self.assign
+        if geo is None:
+            # Per row: spans, chunks, whether it repeats the row before (count and token sums:
+            # not needed here, left uncomputed).
+            first = [_Launch("plan_row_stats", _rows_grid(self.n_scan),
+                             (DENSE, i32(self.n_scan), i32(m.num_kv_blocks), i32(m.num_q_blocks),
+                              self.kb, i32(self.block_n), null, arg("nspans"), null, null,
+                              arg("chunks"), arg("identical"), i32(pack_keys), null, i32(0),
+                              null))]
+            self.scan_blocks, self.scan_bounds = m.num_q_blocks, self.qb
+        else:
+            first = [self._tile_spans(null, null)]
+            self.scan_blocks, self.scan_bounds = geo.per_bh, geo.bounds
+        first.append(_Launch("plan_scan", (1,),
+                             (arg("identical"), arg("nspans"), arg("chunks"), i32(self.n_scan),
+                              i32(self.scan_blocks), self.scan_bounds, i32(self.tile_rows),
+                              expansions, assign_off, i32(assign_b.size), *self.heavy,
+                              arg("hist"), arg("key_start"), arg("run_row0"),
+                              arg("run_row1"), arg("span_off"), arg("tile_off"),
+                              arg("task_off"), arg("bh_run0"), arg("heavy_runs"),
+                              self.totals), block=1024))
+        return first
+
+    def _tile_spans(self, span_off: Any, spans: Any) -> _Launch:
+        """plan_aligned_spans: counting (null ``span_off``) or writing the aligned tiles'."""
+        m, geo, arg, i32 = self.mask, self.geo, self.scratch.arg, np.int32
+        return _Launch("plan_aligned_spans", _rows_grid(self.n_scan),
+                       (DENSE, i32(self.n_scan), i32(geo.per_bh), i32(m.num_q_blocks),
+                        i32(m.num_kv_blocks), self.kb, self.qb, geo.lo, geo.hi,
+                        i32(self.tile_rows), i32(m.seq_len_q), i32(self.block_n),
+                        arg("nspans"), arg("chunks"), arg("identical"), span_off, spans))
+
+    def write_runs(self, grid_runs: int, spans: Any, tiles: Any, tasks: Any) -> list[_Launch]:
+        """The launches writing spans, tiles and (unless ``tasks`` is None) tasks, a warp for
+        each of at most ``grid_runs`` runs."""
+        arg, i32, null = self.scratch.arg, np.int32, np.uint64(0)
+        expansions, assign_off, assign_b, assign_h0 = self.assign
+        out = [] if self.geo is None else [self._tile_spans(arg("span_off"), spans)]
+        if grid_runs:
+            out.append(_Launch(
+                "plan_write_runs", _rows_grid(grid_runs),
+                (DENSE if self.geo is None else null, i32(self.mask.num_kv_blocks),
+                 i32(self.scan_blocks), self.kb, self.scan_bounds, i32(self.tile_rows),
+                 self.totals, arg("run_row0"), arg("run_row1"), arg("span_off"),
+                 arg("tile_off"), arg("task_off"), arg("nspans"), arg("chunks"), expansions,
+                 assign_off, assign_b, assign_h0, *self.heavy, arg("key_start"), spans, tiles,
+                 null if tasks is None else tasks)))
+        return out
+
+    @property
+    def capacities(self) -> tuple[int, int, int]:
+        """Most spans, tiles and tasks any mask of this geometry can make."""
+        n_assign = int(self.assign[2].size)
+        if self.geo is None:
+            return _capacities(self.mask, self.n_scan, self.tile_rows, n_assign)
+        # A tile's pieces: at most one per two of its blocks at each key block, and for each
+        # stretch of blocks at most a span per two key blocks.
+        n_kv, reach = self.mask.num_kv_blocks, self.geo.reach
+        per_tile = min(self.overlap * n_kv, reach * (reach + 1) // 2 * ((n_kv + 1) // 2))
+        return self.n_scan * per_tile, self.n_scan, n_assign * self.geo.per_bh
+
+    @property
+    def buffer_bytes(self) -> int:
+        spans, tiles, tasks = self.capacities
+        return 4 * (4 * spans + 6 * tiles + 8 * tasks)
+
+    def sync_free(self, dense: Any) -> SyncFreePlan:
+        """Buffers of the capacities, the launches kept for replanning, run once."""
+        xp, i32 = self.xp, np.int32
+        cap_spans, cap_tiles, cap_tasks = self.capacities
         spans = xp.empty((cap_spans, len(Span)), dtype=i32)
         tiles = xp.empty((cap_tiles, len(Tile)), dtype=i32)
         tasks = xp.empty((cap_tasks, len(Task)), dtype=i32)
         # write_runs: a warp per row, the most runs there can be.
-        launches = tuple(first + write_runs(n_scan, spans, tiles, tasks))
-        relaunch = _Relaunch(launches, scratch, xp)
+        launches = tuple(self.first + self.write_runs(self.n_scan, spans, tiles, tasks))
+        relaunch = _Relaunch(launches, self.scratch, xp)
         relaunch(dense)
-        return SyncFreePlan(tiles=tiles, spans=spans, tasks=tasks, totals=totals,
-                            tile_rows=tile_rows, block_n=block_n, heads_per_task=heads_per_task,
-                            num_merged=num_merged, relaunch=relaunch)
+        return SyncFreePlan(tiles=tiles, spans=spans, tasks=tasks, totals=self.totals,
+                            tile_rows=self.tile_rows, block_n=self.block_n,
+                            heads_per_task=self.heads_per_task, num_merged=self.num_merged,
+                            relaunch=relaunch)
 
-    for launch in first:
-        launch(dense)
-    counts = [int(x) for x in to_numpy(totals)]
-    n_runs, n_spans, n_tiles = counts[Total.RUNS], counts[Total.SPANS], counts[Total.TILES]
-    n_tasks, task_chunks = counts[Total.TASKS], counts[Total.TASK_CHUNKS]
-    max_chunks = counts[Total.MAX_CHUNKS]
-    # The split policy of tasks.build_task_queue, on the same totals.
-    limit = split_limit(split_ratio, min_split_chunks, n_tasks, task_chunks, in_flight)
-    split = allow_split and bool(n_tiles) and max_chunks > limit
-    spans = xp.empty((n_spans, len(Span)), dtype=i32)
-    tiles = xp.empty((n_tiles, len(Tile)), dtype=i32)
-    tasks = None if split else xp.empty((n_tasks, len(Task)), dtype=i32)
-    for launch in write_runs(n_runs, spans, tiles, tasks):
-        launch(dense)
-    pt = _physical_tiles(tiles, spans, tile_rows, block_n, n_runs, num_merged)
-    if split:
-        # Heavy tiles are cut into parts by the general task organization (array operations on
-        # these tiles, which equal the general mapping's), on the host: the plan has waited for
-        # the GPU once already, the tiles and spans come back in two copies, and its hundred
-        # small operations take a fraction of a millisecond in numpy, whereas as CuPy launches,
-        # with their own synchronizations, they took milliseconds (docs/decisions.md).
-        host = _physical_tiles(to_numpy(tiles), to_numpy(spans), tile_rows, block_n, n_runs,
-                               num_merged)
+    def one_sync(self, dense: Any, split_ratio: float, min_split_chunks: int,
+                 allow_split: bool) -> tuple[PhysicalTiles, TaskQueue]:
+        """The counts read back once to size the arrays exactly and to apply the split rule
+        (``tasks.build_task_queue``'s, on the same totals)."""
+        xp, i32 = self.xp, np.int32
+        for launch in self.first:
+            launch(dense)
+        counts = [int(x) for x in to_numpy(self.totals)]
+        n_runs, n_spans, n_tiles = counts[Total.RUNS], counts[Total.SPANS], counts[Total.TILES]
+        limit = split_limit(split_ratio, min_split_chunks, counts[Total.TASKS],
+                            counts[Total.TASK_CHUNKS], self.in_flight)
+        split = allow_split and bool(n_tiles) and counts[Total.MAX_CHUNKS] > limit
+        spans = xp.empty((n_spans, len(Span)), dtype=i32)
+        tiles = xp.empty((n_tiles, len(Tile)), dtype=i32)
+        tasks = None if split else xp.empty((counts[Total.TASKS], len(Task)), dtype=i32)
+        for launch in self.write_runs(n_runs, spans, tiles, tasks):
+            launch(dense)
+        pt = _physical_tiles(tiles, spans, self.tile_rows, self.block_n, n_runs,
+                             self.num_merged)
+        if split:
+            return pt, self._split_on_host(tiles, spans, n_runs, split_ratio, min_split_chunks)
+        return pt, TaskQueue(tasks=tasks, spans=spans, combine=_no_combine(xp), num_slots=0,
+                             heads_per_task=self.heads_per_task, tile_rows=self.tile_rows)
+
+    def _split_on_host(self, tiles: Any, spans: Any, n_runs: int, split_ratio: float,
+                       min_split_chunks: int) -> TaskQueue:
+        """Heavy tiles cut into parts by the general task organization (array operations on
+        these tiles, which equal the general mapping's), on the host: the plan has waited for
+        the GPU once already, the tiles and spans come back in two copies, and its hundred
+        small operations take a fraction of a millisecond in numpy, whereas as CuPy launches,
+        with their own synchronizations, they took milliseconds (docs/decisions.md)."""
+        xp = self.xp
+        batch, num_q_heads, num_kv_heads, batch_of, head_of = self.shape
+        host = _physical_tiles(to_numpy(tiles), to_numpy(spans), self.tile_rows, self.block_n,
+                               n_runs, self.num_merged)
         q = build_task_queue(host, batch=batch, num_q_heads=num_q_heads,
-                             num_kv_heads=num_kv_heads, heads_per_task=heads_per_task,
+                             num_kv_heads=num_kv_heads, heads_per_task=self.heads_per_task,
                              batch_of=batch_of, head_of=head_of,
-                             mask_batch_heads=mask.batch_heads, split_ratio=split_ratio,
-                             min_split_chunks=min_split_chunks, in_flight=in_flight)
-        return pt, TaskQueue(tasks=xp.asarray(q.tasks), spans=xp.asarray(q.spans),
-                             combine=xp.asarray(q.combine), num_slots=q.num_slots,
-                             heads_per_task=q.heads_per_task, tile_rows=q.tile_rows)
-    queue = TaskQueue(tasks=tasks, spans=spans, combine=_no_combine(xp),
-                      num_slots=0, heads_per_task=heads_per_task, tile_rows=tile_rows)
-    return pt, queue
+                             mask_batch_heads=self.mask.batch_heads, split_ratio=split_ratio,
+                             min_split_chunks=min_split_chunks, in_flight=self.in_flight)
+        return TaskQueue(tasks=xp.asarray(q.tasks), spans=xp.asarray(q.spans),
+                         combine=xp.asarray(q.combine), num_slots=q.num_slots,
+                         heads_per_task=q.heads_per_task, tile_rows=q.tile_rows)
+
+
+def _rows_grid(warps: int) -> tuple[int]:
+    """A warp per row (or run, or tile), 256 threads a block."""
+    return ((warps * 32 + 255) // 256,)
+
+
+def _scratch(xp: Any, n_scan: int, n_hist: int, n_bh: int) -> Workspace:
+    """The planner kernels' scratch in one allocation (each allocation costs microseconds)."""
+    i32, i64 = np.int32, np.int64
+    return Workspace(xp, (("totals", i64, len(Total)), ("run_row0", i64, n_scan),
+                          ("run_row1", i64, n_scan), ("span_off", i64, n_scan),
+                          ("tile_off", i64, n_scan), ("task_off", i64, n_scan),
+                          ("hist", i64, n_hist), ("key_start", i64, n_hist),
+                          ("bh_run0", i64, n_bh + 1), ("heavy_runs", i64, n_scan),
+                          ("nspans", i32, n_scan), ("chunks", i32, n_scan),
+                          ("identical", np.uint8, n_scan)))
