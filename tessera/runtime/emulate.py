@@ -95,51 +95,69 @@ def run(plan: Plan, q: Any, k: Any, v: Any, *, scale: float | None = None) -> Em
         raise ValueError(f"q/k/v shapes (B={b_}, Hq={hq}, Hkv={hkv}, D={d}, Dv={dv}) differ from "
                          f"the plan's (B={plan.batch}, Hq={plan.num_q_heads}, "
                          f"Hkv={plan.num_kv_heads}, D={plan.head_dim}, Dv={plan.head_dim_v})")
-    scale = 1.0 / np.sqrt(d) if scale is None else float(scale)
-    group = plan.num_q_heads // plan.num_kv_heads
-    bm, bn = plan.regime.block_m, plan.regime.block_n
-    tr = plan.queue.tile_rows
+    em = _Emulation(plan, q4, k4, v4, 1.0 / np.sqrt(d) if scale is None else float(scale))
+    for task in records(plan.queue.tasks, Task):
+        em.run_task(task)
+    for job in records(plan.queue.combine, Combine):
+        em.combine(job)
+    out = em.out.transpose(0, 2, 1, 3) if plan.layout == "blhd" else em.out
+    return EmulationResult(out=out, lse=em.lse, pairs_unmasked=em.unmasked,
+                           pairs_outside=em.outside, pairs_masked=em.masked)
 
-    mask = plan.mask.to_host()
-    dense = mask.to_dense()
-    head_of = mask.head_index(plan.num_q_heads, plan.num_kv_heads)
-    batch_of = mask.batch_index(plan.batch)
-    qblock = np.searchsorted(mask.q_bounds, np.arange(lq), side="right") - 1
-    kblock = np.searchsorted(mask.kv_bounds, np.arange(k4.shape[2]), side="right") - 1
 
-    out = np.full((b_, hq, lq, v4.shape[3]), np.nan)
-    lse = np.full((b_, hq, lq), np.nan)
-    tasks = records(plan.queue.tasks, Task)
-    spans = records(plan.queue.spans, Span)
-    part_out = np.full((plan.queue.num_slots, bm, v4.shape[3]), np.nan)
-    part_lse = np.full((plan.queue.num_slots, bm), np.nan)
-    n_unmasked = n_outside = n_masked = 0
+class _Emulation:
+    """One plan's emulation: the operands, the logical mask to count pairs against, the
+    outputs and the split partials (NaN until written), and the pair counts."""
 
-    rows = np.arange(bm)
-    for task in tasks:
-        b, h0, qs, qe = task.batch, task.q_head0, task.q_start, task.q_end
-        sb, se, slot = task.span_begin, task.span_end, task.slot
-        head = h0 + rows // tr
-        tok = qs + rows % tr
-        real = tok < qe
-        tok_c = np.minimum(tok, lq - 1)
-        kvh = h0 // group
-        qrows = np.where(real[:, None], q4[b, head, tok_c], 0.0)
-        m = np.full(bm, -np.inf)
-        denom = np.zeros(bm)  # the softmax's running row sums
-        acc = np.zeros((bm, v4.shape[3]))
-        walk = _packed_chunks if plan.regime.pack_keys else _span_chunks
-        for keys, key_ok, r0, r1 in walk(spans[sb:se], bn):
+    def __init__(self, plan: Plan, q4: np.ndarray, k4: np.ndarray, v4: np.ndarray,
+                 scale: float) -> None:
+        self.plan, self.q4, self.k4, self.v4, self.scale = plan, q4, k4, v4, scale
+        b, hq, lq, _ = q4.shape
+        self.group = plan.num_q_heads // plan.num_kv_heads
+        self.bm, self.tr = plan.regime.block_m, plan.queue.tile_rows
+        mask = plan.mask.to_host()
+        self.dense = mask.to_dense()
+        self.head_of = mask.head_index(plan.num_q_heads, plan.num_kv_heads)
+        self.batch_of = mask.batch_index(plan.batch)
+        self.qblock = np.searchsorted(mask.q_bounds, np.arange(lq), side="right") - 1
+        self.kblock = np.searchsorted(mask.kv_bounds, np.arange(k4.shape[2]), side="right") - 1
+        dv = v4.shape[3]
+        self.out = np.full((b, hq, lq, dv), np.nan)
+        self.lse = np.full((b, hq, lq), np.nan)
+        self.part_out = np.full((plan.queue.num_slots, self.bm, dv), np.nan)
+        self.part_lse = np.full((plan.queue.num_slots, self.bm), np.nan)
+        self.spans = records(plan.queue.spans, Span)
+        self.walk = _packed_chunks if plan.regime.pack_keys else _span_chunks
+        self.unmasked = self.outside = self.masked = 0
+
+    def _rows(self, h0: int, q_start: int, q_end: int) -> tuple[np.ndarray, ...]:
+        """Each physical row's query head and token, and whether it is real."""
+        rows = np.arange(self.bm)
+        head, tok = h0 + rows // self.tr, q_start + rows % self.tr
+        return head, tok, tok < q_end
+
+    def run_task(self, task: Any) -> None:
+        """The task's key chunks through the online softmax, as the kernels run them; its
+        output (or its partial, for a split task) written."""
+        b, h0, v4, k4 = task.batch, task.q_head0, self.v4, self.k4
+        head, tok, real = self._rows(h0, task.q_start, task.q_end)
+        tok_c = np.minimum(tok, self.q4.shape[2] - 1)
+        kvh = h0 // self.group
+        qrows = np.where(real[:, None], self.q4[b, head, tok_c], 0.0)
+        m = np.full(self.bm, -np.inf)
+        denom = np.zeros(self.bm)  # the softmax's running row sums
+        acc = np.zeros((self.bm, v4.shape[3]))
+        for keys, key_ok, r0, r1 in self.walk(self.spans[task.span_begin:task.span_end],
+                                              self.plan.regime.block_n):
             row_ok = real & (tok >= r0) & (tok < r1)
             keys_c = np.minimum(keys, k4.shape[2] - 1)
-            s = qrows @ k4[b, kvh, keys_c].T * scale
             ok = row_ok[:, None] & key_ok[None, :]
-            s = np.where(ok, s, -np.inf)
-            sel = dense[batch_of[b], head_of[head][:, None], qblock[tok_c][:, None],
-                        kblock[keys_c][None, :]]
-            n_unmasked += int(ok.sum())
-            n_outside += int((ok & ~sel).sum())
-            n_masked += int((real[:, None] & ~ok).sum())
+            s = np.where(ok, qrows @ k4[b, kvh, keys_c].T * self.scale, -np.inf)
+            sel = self.dense[self.batch_of[b], self.head_of[head][:, None],
+                             self.qblock[tok_c][:, None], self.kblock[keys_c][None, :]]
+            self.unmasked += int(ok.sum())
+            self.outside += int((ok & ~sel).sum())
+            self.masked += int((real[:, None] & ~ok).sum())
             m_new = np.maximum(m, s.max(axis=1))
             m_safe = np.where(np.isfinite(m_new), m_new, 0.0)
             p = np.exp(s - m_safe[:, None])
@@ -150,35 +168,31 @@ def run(plan: Plan, q: Any, k: Any, v: Any, *, scale: float | None = None) -> Em
             acc = acc * alpha[:, None]
             acc[row_ok] += p[np.ix_(row_ok, key_ok)] @ v4[b, kvh, keys_c[key_ok]]
             m = m_new
-        empty = denom == 0
-        o = np.where(empty[:, None], 0.0, acc / np.where(empty, 1.0, denom)[:, None])
-        row_lse = np.where(empty, -np.inf, m + np.log(np.where(empty, 1.0, denom)))
-        if slot < 0:
-            out[b, head[real], tok[real]] = o[real]
-            lse[b, head[real], tok[real]] = row_lse[real]
+        o, row_lse = _normalized(acc, denom, m)
+        if task.slot < 0:
+            self.out[b, head[real], tok[real]] = o[real]
+            self.lse[b, head[real], tok[real]] = row_lse[real]
         else:
-            part_out[slot] = o
-            part_lse[slot] = row_lse
+            self.part_out[task.slot] = o
+            self.part_lse[task.slot] = row_lse
 
-    for job in records(plan.queue.combine, Combine):
-        b, h0, qs, qe = job.batch, job.q_head0, job.q_start, job.q_end
+    def combine(self, job: Any) -> None:
+        """A split tile's partials merged by log-sum-exp, in part order (the combine step)."""
+        head, tok, real = self._rows(job.q_head0, job.q_start, job.q_end)
         s0, parts = job.slot_begin, job.parts
-        head = h0 + rows // tr
-        tok = qs + rows % tr
-        real = tok < qe
-        pl = part_lse[s0:s0 + parts]  # [parts, bm]
+        pl = self.part_lse[s0:s0 + parts]  # [parts, bm]
         mx = pl.max(axis=0)
         mx_safe = np.where(np.isfinite(mx), mx, 0.0)
         w = np.where(np.isfinite(pl), np.exp(pl - mx_safe), 0.0)
-        wsum = w.sum(axis=0)
-        o = np.einsum("pr,prd->rd", w, np.nan_to_num(part_out[s0:s0 + parts]))
-        empty = wsum == 0
-        o = np.where(empty[:, None], 0.0, o / np.where(empty, 1.0, wsum)[:, None])
-        row_lse = np.where(empty, -np.inf, mx_safe + np.log(np.where(empty, 1.0, wsum)))
-        out[b, head[real], tok[real]] = o[real]
-        lse[b, head[real], tok[real]] = row_lse[real]
+        o = np.einsum("pr,prd->rd", w, np.nan_to_num(self.part_out[s0:s0 + parts]))
+        o, row_lse = _normalized(o, w.sum(axis=0), mx_safe)
+        self.out[job.batch, head[real], tok[real]] = o[real]
+        self.lse[job.batch, head[real], tok[real]] = row_lse[real]
 
-    if plan.layout == "blhd":
-        out = out.transpose(0, 2, 1, 3)
-    return EmulationResult(out=out, lse=lse, pairs_unmasked=n_unmasked, pairs_outside=n_outside,
-                           pairs_masked=n_masked)
+
+def _normalized(acc: np.ndarray, denom: np.ndarray,
+                m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of ``acc`` over their sums and their log-sum-exp; a row that saw no key: 0, -inf."""
+    empty = denom == 0
+    o = np.where(empty[:, None], 0.0, acc / np.where(empty, 1.0, denom)[:, None])
+    return o, np.where(empty, -np.inf, m + np.log(np.where(empty, 1.0, denom)))

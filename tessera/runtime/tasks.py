@@ -174,115 +174,152 @@ def build_task_queue(tiles: PhysicalTiles, *, batch: int, num_q_heads: int, num_
     xp = array_module(tiles.q0)
     a_b, a_h0, a_bh = head_assignments(batch, num_q_heads, num_kv_heads, heads_per_task,
                                        batch_of, head_of, mask_batch_heads[1])
-    n_bh = mask_batch_heads[0] * mask_batch_heads[1]
-    per_bh = np.bincount(a_bh, minlength=n_bh)
-    bh_off = np.concatenate([[0], np.cumsum(per_bh)])
+    per_bh = np.bincount(a_bh, minlength=mask_batch_heads[0] * mask_batch_heads[1])
+    bh_off = xp.asarray(np.concatenate([[0], np.cumsum(per_bh)]))
     a_b, a_h0 = xp.asarray(a_b), xp.asarray(a_h0)
-
-    # Split policy, decided per tile (every expansion of a tile splits the same way). The three
-    # totals it needs come back from the device in one transfer.
-    chunks = tiles.chunks.astype(np.int64)
     expansions = xp.asarray(per_bh)[tiles.mask_bh]
+    limit = _tile_split_limit(tiles, expansions, allow_split, split_ratio, min_split_chunks,
+                              in_flight, xp)
+    parts = _Parts.of(tiles, limit, xp)
+    t_part, t_local = _expanded(per_bh, expansions, parts, xp)
+    t_tile = parts.tile[t_part]
+    t_assign = bh_off[tiles.mask_bh[t_tile]] + t_local
+    jobs = _Jobs.of(parts, expansions, t_tile, t_part, t_local, xp)
+    tasks = stack_fields(Task, {
+        Task.BATCH: a_b[t_assign], Task.Q_HEAD0: a_h0[t_assign],
+        Task.Q_START: tiles.q0[t_tile], Task.Q_END: tiles.q1[t_tile],
+        Task.SPAN_BEGIN: parts.begin[t_part], Task.SPAN_END: parts.end[t_part],
+        Task.SLOT: jobs.task_slot, Task.COST: parts.cost[t_part]}, xp)
+    # The hardware dispatches CTAs roughly in index order (and persistent CTAs take tasks in
+    # it): heavy tasks first, then one (batch, head) assignment at a time (launch_keys).
+    order = xp.argsort(launch_keys(tasks[:, Task.COST], t_assign, in_flight), kind="stable")
+    tasks = xp.ascontiguousarray(tasks[order])
+    if jobs.count:
+        j_assign = bh_off[tiles.mask_bh[jobs.tile]] + (xp.arange(jobs.count) -
+                                                        jobs.offsets[jobs.tile])
+        combine = stack_fields(Combine, {
+            Combine.BATCH: a_b[j_assign], Combine.Q_HEAD0: a_h0[j_assign],
+            Combine.Q_START: tiles.q0[jobs.tile], Combine.Q_END: tiles.q1[jobs.tile],
+            Combine.SLOT_BEGIN: jobs.slot_offsets[:-1], Combine.PARTS: jobs.parts}, xp)
+    else:
+        combine = xp.zeros((0, len(Combine)), dtype=np.int32)
+    spans = xp.ascontiguousarray(stack_fields(Span, {
+        Span.K_START: parts.k0, Span.K_END: parts.k1, Span.R_START: parts.r0,
+        Span.R_END: parts.r1}, xp))
+    return TaskQueue(tasks=tasks, spans=spans, combine=xp.ascontiguousarray(combine),
+                     num_slots=jobs.num_slots, heads_per_task=heads_per_task,
+                     tile_rows=tiles.tile_rows)
+
+
+def _tile_split_limit(tiles: PhysicalTiles, expansions: Any, allow_split: bool,
+                      split_ratio: float, min_split_chunks: int, in_flight: int, xp) -> float:
+    """The split rule's limit, decided per tile (every expansion of a tile splits the same
+    way); the three totals it needs come back from the device in one transfer."""
     if tiles.num_tiles and allow_split:
+        chunks = tiles.chunks.astype(np.int64)
         totals = xp.stack([expansions.sum(), (chunks * expansions).sum(), chunks.max()])
         total_tasks, total_chunks, max_chunks = (int(x) for x in to_numpy(totals))
     else:
         total_tasks = total_chunks = max_chunks = 0
     limit = split_limit(split_ratio, min_split_chunks, total_tasks, total_chunks, in_flight)
-    any_split = max_chunks > limit
+    return limit if max_chunks > limit else float("inf")
 
-    # Parts, tile-major: an unsplit tile is one part over its own spans; the spans of split
-    # tiles are cut into parts and appended after the existing span list. Without splits (the
-    # common case) parts are the tiles and nothing below is computed.
-    spans_k0, spans_k1, spans_r0, spans_r1 = tiles.k0, tiles.k1, tiles.r0, tiles.r1
-    if not any_split:
-        n_parts = tiles.num_tiles
-        part_tile = xp.arange(n_parts)
-        part_begin, part_end, part_cost = tiles.span_begin, tiles.span_end, chunks
-    else:
-        parts = xp.maximum((chunks + limit - 1) // limit, 1)
-        split = parts > 1
-        part_off = offsets_from_counts(parts, xp)
-        n_parts = int(part_off[-1])
-        part_tile = segment_ids(part_off, n_parts, xp)
-        part_begin = tiles.span_begin[part_tile].astype(np.int64)
-        part_end = tiles.span_end[part_tile].astype(np.int64)
-        part_cost = chunks[part_tile]
+
+@dataclass
+class _Parts:
+    """The tasks' parts, tile-major: an unsplit tile is one part over its own spans; the spans
+    of split tiles are cut into parts appended after the tiles' span list. Without splits (the
+    common case) the parts are the tiles."""
+
+    count: int
+    tile: Any      # each part's tile
+    begin: Any     # its span range and key chunks
+    end: Any
+    cost: Any
+    pieces: Any    # per tile, its parts (None without splits)
+    split: Any     # per tile, whether it splits (None without splits)
+    offsets: Any   # per tile, its first part (None without splits)
+    k0: Any        # the span list, the split tiles' parts' spans appended
+    k1: Any
+    r0: Any
+    r1: Any
+
+    @classmethod
+    def of(cls, tiles: PhysicalTiles, limit: float, xp) -> "_Parts":
+        chunks = tiles.chunks.astype(np.int64)
+        if limit == float("inf"):
+            return cls(tiles.num_tiles, xp.arange(tiles.num_tiles), tiles.span_begin,
+                       tiles.span_end, chunks, None, None, None, tiles.k0, tiles.k1, tiles.r0,
+                       tiles.r1)
+        pieces = xp.maximum((chunks + limit - 1) // limit, 1).astype(np.int64)
+        split = pieces > 1
+        offsets = offsets_from_counts(pieces, xp)
+        count = int(offsets[-1])
+        tile = segment_ids(offsets, count, xp)
+        begin = tiles.span_begin[tile].astype(np.int64)
+        end = tiles.span_end[tile].astype(np.int64)
+        cost = chunks[tile]
         st = xp.nonzero(split)[0]
         k0, k1, r0, r1, pb, pe, pc = _cut_parts(
-            tiles.span_begin[st], tiles.span_end[st], tiles.chunks[st], tiles, parts[st], xp)
-        base = tiles.num_spans
-        # Split tiles' parts sit at part_off[t] .. part_off[t] + parts[t] - 1, in order.
-        sp_off = offsets_from_counts(parts[st], xp)
+            tiles.span_begin[st], tiles.span_end[st], tiles.chunks[st], tiles, pieces[st], xp)
+        # Split tiles' parts sit at offsets[t] .. offsets[t] + pieces[t] - 1, in order.
+        sp_off = offsets_from_counts(pieces[st], xp)
         sp_tile = segment_ids(sp_off, int(sp_off[-1]), xp)
-        dest = part_off[st][sp_tile] + (xp.arange(sp_tile.size) - sp_off[sp_tile])
-        part_begin[dest] = pb + base
-        part_end[dest] = pe + base
-        part_cost[dest] = pc
-        spans_k0 = xp.concatenate([spans_k0, k0.astype(np.int32)])
-        spans_k1 = xp.concatenate([spans_k1, k1.astype(np.int32)])
-        spans_r0 = xp.concatenate([spans_r0, r0.astype(np.int32)])
-        spans_r1 = xp.concatenate([spans_r1, r1.astype(np.int32)])
+        dest = offsets[st][sp_tile] + (xp.arange(sp_tile.size) - sp_off[sp_tile])
+        begin[dest] = pb + tiles.num_spans
+        end[dest] = pe + tiles.num_spans
+        cost[dest] = pc
+        return cls(count, tile, begin, end, cost, pieces, split, offsets,
+                   *(xp.concatenate([a, b.astype(np.int32)]) for a, b in
+                     ((tiles.k0, k0), (tiles.k1, k1), (tiles.r0, r0), (tiles.r1, r1))))
 
-    # Expand parts over (batch, head) assignments: part-major, then assignment.
+
+def _expanded(per_bh: np.ndarray, expansions: Any, parts: _Parts, xp) -> tuple[Any, Any]:
+    """Parts expanded over their (batch, head) assignments, part-major: each task's part and
+    its assignment's index among its mask head's."""
     used = per_bh[per_bh > 0]
     if used.size and (used == used[0]).all() and bool((per_bh > 0).all()):
         # Every mask head is read by the same number of (batch, head) pairs: no scan needed.
         e = int(used[0])
-        n_tasks = n_parts * e
-        t_part = xp.arange(n_tasks) // e
-        t_local = xp.arange(n_tasks) % e
-    else:
-        p_off = offsets_from_counts(expansions[part_tile], xp)
-        n_tasks = int(p_off[-1])
-        t_part = segment_ids(p_off, n_tasks, xp)
-        t_local = xp.arange(n_tasks) - p_off[t_part]
-    t_tile = part_tile[t_part]
-    t_assign = xp.asarray(bh_off)[tiles.mask_bh[t_tile]] + t_local
-    t_b = a_b[t_assign]
-    t_h0 = a_h0[t_assign]
+        n_tasks = parts.count * e
+        return xp.arange(n_tasks) // e, xp.arange(n_tasks) % e
+    p_off = offsets_from_counts(expansions[parts.tile], xp)
+    n_tasks = int(p_off[-1])
+    t_part = segment_ids(p_off, n_tasks, xp)
+    return t_part, xp.arange(n_tasks) - p_off[t_part]
 
-    # Slots: each (split tile, assignment) is one combine job owning `parts` consecutive slots,
-    # one per part in part order.
-    n_jobs = num_slots = 0
-    t_slot = xp.full(n_tasks, -1, dtype=np.int64)
-    if any_split:
-        j_off = offsets_from_counts(xp.where(split, expansions, 0), xp)
-        n_jobs = int(j_off[-1])
-    if n_jobs:
-        j_tile = segment_ids(j_off, n_jobs, xp)
-        job_parts = parts[j_tile]
-        job_slot_off = offsets_from_counts(job_parts, xp)
-        num_slots = int(job_slot_off[-1])
-        t_split = split[t_tile]
-        t_job = xp.where(t_split, j_off[t_tile] + t_local, 0)
-        t_part_idx = t_part - part_off[t_tile]
-        t_slot = xp.where(t_split, job_slot_off[t_job] + t_part_idx, -1)
 
-    i32 = np.int32
-    tasks = stack_fields(Task, {
-        Task.BATCH: t_b, Task.Q_HEAD0: t_h0, Task.Q_START: tiles.q0[t_tile],
-        Task.Q_END: tiles.q1[t_tile], Task.SPAN_BEGIN: part_begin[t_part],
-        Task.SPAN_END: part_end[t_part], Task.SLOT: t_slot, Task.COST: part_cost[t_part]}, xp)
-    # The hardware dispatches CTAs roughly in index order (and persistent CTAs take tasks in
-    # it): heavy tasks first, then one (batch, head) assignment at a time (launch_keys).
-    order = xp.argsort(launch_keys(tasks[:, Task.COST], t_assign, in_flight), kind="stable")
-    tasks = xp.ascontiguousarray(tasks[order])
+@dataclass
+class _Jobs:
+    """The combine jobs: each (split tile, assignment) owns ``parts`` consecutive workspace
+    slots, one per part in part order; ``task_slot`` is each task's slot (-1: unsplit)."""
 
-    if n_jobs:
-        j_assign = xp.asarray(bh_off)[tiles.mask_bh[j_tile]] + (xp.arange(n_jobs) - j_off[j_tile])
-        combine = stack_fields(Combine, {
-            Combine.BATCH: a_b[j_assign], Combine.Q_HEAD0: a_h0[j_assign],
-            Combine.Q_START: tiles.q0[j_tile], Combine.Q_END: tiles.q1[j_tile],
-            Combine.SLOT_BEGIN: job_slot_off[:-1], Combine.PARTS: job_parts}, xp)
-    else:
-        combine = xp.zeros((0, len(Combine)), dtype=i32)
-    spans = xp.ascontiguousarray(stack_fields(Span, {
-        Span.K_START: spans_k0, Span.K_END: spans_k1, Span.R_START: spans_r0,
-        Span.R_END: spans_r1}, xp))
-    return TaskQueue(tasks=tasks, spans=spans, combine=xp.ascontiguousarray(combine),
-                     num_slots=num_slots, heads_per_task=heads_per_task,
-                     tile_rows=tiles.tile_rows)
+    count: int
+    num_slots: int
+    task_slot: Any
+    tile: Any = None
+    offsets: Any = None
+    parts: Any = None
+    slot_offsets: Any = None
+
+    @classmethod
+    def of(cls, parts: _Parts, expansions: Any, t_tile: Any, t_part: Any, t_local: Any,
+           xp) -> "_Jobs":
+        none = cls(0, 0, xp.full(t_tile.size, -1, dtype=np.int64))
+        if parts.split is None:
+            return none
+        offsets = offsets_from_counts(xp.where(parts.split, expansions, 0), xp)
+        count = int(offsets[-1])
+        if not count:
+            return none
+        tile = segment_ids(offsets, count, xp)
+        job_parts = parts.pieces[tile]
+        slot_offsets = offsets_from_counts(job_parts, xp)
+        t_split = parts.split[t_tile]
+        t_job = xp.where(t_split, offsets[t_tile] + t_local, 0)
+        task_slot = xp.where(t_split, slot_offsets[t_job] + t_part - parts.offsets[t_tile], -1)
+        return cls(count, int(slot_offsets[-1]), task_slot, tile, offsets, job_parts,
+                   slot_offsets)
 
 
 @dataclass(frozen=True)
