@@ -178,3 +178,17 @@ def test_the_checks_see_a_cycle_and_an_upward_import(tmp_path, monkeypatch):
         test_imports_point_down_the_layers()
     with pytest.raises(AssertionError, match=r"tessera.cuda.device:4 imports \. inside"):
         test_in_function_imports_are_optional_dependencies_only()
+
+
+def test_runtime_functions_read_in_one_screen():
+    """No function of the planning runtime (tessera/runtime/) is longer than 80 lines: the
+    pipeline reads select -> map -> organize -> plan, each step a function of its own."""
+    long = []
+    for path in sorted((PACKAGE / "runtime").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > 80:
+                    long.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name} "
+                                f"({lines} lines)")
+    assert not long, long
