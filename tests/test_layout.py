@@ -27,6 +27,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("tessera.runtime.tasks",),
     ("tessera.runtime.device_planner",),
     ("tessera.runtime.regime",),
+    ("tessera.runtime.planners",),
     ("tessera.runtime.plan",),
     ("tessera.runtime.cache", "tessera.runtime.emulate"),
     ("tessera.api",),

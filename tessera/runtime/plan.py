@@ -31,13 +31,14 @@ from ..dtypes import SUPPORTED_HEAD_DIMS, checked_dtype
 from ..launch import MAX_TASKS, LaunchState, run_plan
 from ..mask import BlockMask
 from . import mapping
-from .device_planner import SyncFreePlan, plan_on_device
-from .mapping import PhysicalTiles, map_to_tiles, selects_every_block
+from .device_planner import SyncFreePlan
+from .mapping import PhysicalTiles
 from .mode import PlanMode
 from .queue import Span, Task, TaskQueue, records
 from .regime import ROW_GROUP, Regime
 from .regime.choice import RegimeChoice, regime_for_mode
-from .tasks import NEVER_SPLIT_RATIO, build_task_queue, fill_last_wave, task_groups
+from .planners import PLANNERS, Organized, PlanShape
+from .tasks import NEVER_SPLIT_RATIO, fill_last_wave, task_groups
 
 __all__ = ["Plan", "PlanShape", "PlanStats", "plan", "plan_selected"]
 
@@ -313,21 +314,6 @@ def _plan_on_its_device(block_mask: BlockMask, num_q_heads: int, num_kv_heads: i
             return _plan(block_mask, shape, mode, regime, arch, selection)
 
 
-@dataclass(frozen=True)
-class PlanShape:
-    """The attention shape a plan is for, checked: batch and heads, head dim, dtype, layout,
-    and which stored mask batch and head each (batch, query head) reads."""
-
-    batch: int
-    num_q_heads: int
-    num_kv_heads: int
-    head_dim: int
-    dtype: str
-    layout: str
-    batch_of: np.ndarray
-    head_of: np.ndarray
-
-
 def _checked_shape(mask: BlockMask, num_q_heads: int, num_kv_heads: int | None, head_dim: int,
                    head_dim_v: int | None, batch: int | None, dtype: Any,
                    layout: str) -> PlanShape:
@@ -369,64 +355,39 @@ def _plan(mask: BlockMask, shape: PlanShape, mode: PlanMode, regime: Regime | No
                              head_dim=shape.head_dim, dtype=shape.dtype,
                              num_q_heads=shape.num_q_heads, num_kv_heads=shape.num_kv_heads,
                              batch=shape.batch)
-    launch, exact, device = _organize(mask, shape, mode, choice)
+    done = _organize(mask, shape, mode, choice)
     p = Plan(mask=mask, regime=choice.regime, batch=shape.batch, num_q_heads=shape.num_q_heads,
              num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim,
              head_dim_v=shape.head_dim, dtype=shape.dtype, layout=shape.layout,
-             launch_queue=launch, in_flight=choice.in_flight,
-             regime_by_geometry=choice.by_geometry, _exact=exact, device_plan=device)
+             launch_queue=done.launch_queue, in_flight=choice.in_flight,
+             regime_by_geometry=choice.by_geometry, _exact=done.exact,
+             device_plan=done.device_plan)
     p._planned()
     return p
 
 
 def _organize(mask: BlockMask, shape: PlanShape, mode: PlanMode, choice: RegimeChoice
-              ) -> tuple[TaskQueue, Any, SyncFreePlan | None]:
-    """The launch queue, the exact (tiles, queue) or the callable that cuts them from a
-    sync-free plan's buffers, and that plan (None for exact arrays)."""
+              ) -> Organized:
+    """The first planner that applies and answers (``planners.PLANNERS``), then the last wave
+    filled where the plan may cut tasks."""
+    organized = next(o for planner in PLANNERS if planner.applies(mask, choice)
+                     and (o := planner.organize(mask, shape, mode, choice)) is not None)
     regime = choice.regime
-    hp = regime.heads_per_task(mask.batch_heads[1], shape.num_q_heads, shape.num_kv_heads)
-    tile_rows = regime.block_m // hp
-    fused = None
-    if mapping.use_device_planner(mask.xp) and regime.combine_threshold == 0:
-        # The common request: the planner kernels (runtime/device_planner.py).
-        fused = plan_on_device(mask, tile_rows=tile_rows, block_n=regime.block_n,
-                               heads_per_task=hp, batch=shape.batch,
-                               num_q_heads=shape.num_q_heads, num_kv_heads=shape.num_kv_heads,
-                               batch_of=shape.batch_of, head_of=shape.head_of,
-                               split_ratio=regime.split_ratio,
-                               min_split_chunks=regime.min_split_chunks,
-                               in_flight=choice.in_flight, allow_split=choice.allow_split,
-                               pack_keys=regime.pack_keys, align_tiles=regime.align_tiles,
-                               require_sync_free=mode.sync_free)
-    if (isinstance(fused, SyncFreePlan) and mode.counts_blocks and not choice.given
-            and (regime.whole_spans or regime.block_m == 192) and selects_every_block(mask)):
-        # A dense device layer planned exactly (its count read for the regime already): its
-        # exact queue (one copy) takes the filled last wave below, as a host plan's does.
-        fused = fused.settle()
-    if isinstance(fused, SyncFreePlan):
-        return fused.launch_queue(), fused.settle, fused
-    if fused is not None:
-        tiles, queue = fused
-    else:
-        tiles = map_to_tiles(mask, tile_rows, regime.block_n, regime.combine_threshold,
-                             regime.pack_keys, regime.align_tiles)
-        queue = build_task_queue(tiles, batch=shape.batch, num_q_heads=shape.num_q_heads,
-                                 num_kv_heads=shape.num_kv_heads, heads_per_task=hp,
-                                 batch_of=shape.batch_of, head_of=shape.head_of,
-                                 mask_batch_heads=mask.batch_heads,
-                                 split_ratio=regime.split_ratio,
-                                 min_split_chunks=regime.min_split_chunks,
-                                 in_flight=choice.in_flight, allow_split=choice.allow_split)
     # A request of a selected regime leaves a device planner's queue whole, as it splits
     # nothing: the cut would copy the queue back to the host and sort it, every request.
-    cuts = mode is not PlanMode.REQUEST or choice.given or fused is None
-    if cuts and not regime.pack_keys and regime.split_ratio < NEVER_SPLIT_RATIO:
-        # Equal tasks whose last wave would run part-full end sooner cut into parts.
-        # (A device planner's queue here synchronized already: its costs are read back.)
-        def groups(tasks: np.ndarray) -> np.ndarray:
-            return task_groups(tasks, shape.batch, shape.num_q_heads, shape.num_kv_heads, hp,
-                               shape.batch_of, shape.head_of, mask.batch_heads[1])
+    cuts = mode is not PlanMode.REQUEST or choice.given or not organized.by_kernels
+    if (organized.device_plan is not None or not cuts or regime.pack_keys
+            or regime.split_ratio >= NEVER_SPLIT_RATIO):
+        return organized
+    # Equal tasks whose last wave would run part-full end sooner cut into parts.
+    # (A device planner's queue here synchronized already: its costs are read back.)
+    tiles, queue = organized.exact
+    hp = queue.heads_per_task
 
-        queue = fill_last_wave(queue, groups, regime.block_n, choice.in_flight,
-                               regime.min_split_chunks)
-    return queue, (tiles, queue), None
+    def groups(tasks: np.ndarray) -> np.ndarray:
+        return task_groups(tasks, shape.batch, shape.num_q_heads, shape.num_kv_heads, hp,
+                           shape.batch_of, shape.head_of, mask.batch_heads[1])
+
+    queue = fill_last_wave(queue, groups, regime.block_n, choice.in_flight,
+                           regime.min_split_chunks)
+    return Organized(queue, (tiles, queue), None, organized.by_kernels)

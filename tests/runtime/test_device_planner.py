@@ -9,6 +9,7 @@ import pytest
 
 import tessera
 import tessera.cuda.device
+import tessera.runtime.planners
 import tessera.runtime.regime.features
 import tessera.runtime.regime.selection
 import tessera.runtime.regime.slots
@@ -65,7 +66,7 @@ def test_one_sync_planner_equals_general_planner(monkeypatch, group, mask_heads,
             mp.setattr(mapping, "use_device_planner", lambda xp: True)
             spy = []
             real = device_planner.plan_on_device
-            mp.setattr(tessera.runtime.plan, "plan_on_device",
+            mp.setattr(tessera.runtime.planners, "plan_on_device",
                        lambda *a, **k: spy.append(real(*a, **k)) or spy[-1])
             got = tessera.plan(mask, num_q_heads=hq, num_kv_heads=hkv, head_dim=64,
                                batch=batch, regime=regime)
