@@ -33,6 +33,8 @@ __all__ = ["PER_THREAD_STREAM", "StreamMark", "stream_identity", "hold_while_rea
 
 # cudaStreamPerThread: one value for every thread's own default stream.
 PER_THREAD_STREAM = 2
+# cudaEventWaitExternal: a captured stream's wait on an event recorded outside the capture.
+_EVENT_WAIT_EXTERNAL = 1
 
 _stream_ids: dict[int, int | None] = {}  # per stream address, the driver's id last seen there
 
@@ -197,9 +199,13 @@ class StreamMark:
         here = identity or stream_identity(stream_ptr)
         if here in self._ordered:
             return
-        if self.captured and not stream_capturing(stream_ptr):
+        capturing_reader = stream_capturing(stream_ptr)
+        if self.captured and not capturing_reader:
             return  # graph memory, read outside its graph: nothing to wait for
-        cupy_or_none().cuda.runtime.streamWaitEvent(stream_ptr, self.event.ptr, 0)
+        # A stream being captured may not depend on work outside its capture: it waits through
+        # an external event node of the graph instead, which each replay waits on.
+        flags = _EVENT_WAIT_EXTERNAL if capturing_reader and not self.captured else 0
+        cupy_or_none().cuda.runtime.streamWaitEvent(stream_ptr, self.event.ptr, flags)
         with self._lock:
             self._ordered.add(here)
 
@@ -220,9 +226,9 @@ def hold_while_read(stream_ptr: int, obj: Any) -> None:
     """Keep ``obj`` alive until the work enqueued so far on the stream ``stream_ptr`` (of the
     current device) has run. Nothing is held for a stream being captured: a graph's reads run at
     its replays, whose memory the capture keeps (``capture.py``)."""
-    _release_done()
     if stream_capturing(stream_ptr):
-        return
+        return  # (nor is an event queried: a query invalidates a capture in the global mode)
+    _release_done()
     cp = cupy_or_none()
     device = cp.cuda.runtime.getDevice()
     with _held_lock:

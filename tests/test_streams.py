@@ -140,6 +140,21 @@ def test_a_captured_mark_orders_no_stream_outside_the_capture(monkeypatch):
     assert fake.waits == [(0x7000, mark.event.ptr)]
 
 
+def test_a_captured_reader_waits_through_an_external_event_node(monkeypatch):
+    """A stream being captured may not depend on work outside its capture (the driver refuses
+    it): it waits on a mark made outside the capture with cudaEventWaitExternal, an event node
+    of the graph that every replay waits on."""
+    fake = fake_streams(monkeypatch)
+    waits = []
+    fake.cuda.runtime.streamWaitEvent = staticmethod(
+        lambda stream, event, flags: waits.append((stream, flags)))
+    mark = streams.StreamMark.here()  # on 0x5000, not captured
+    monkeypatch.setattr(streams, "stream_capturing", lambda ptr: ptr == 0x7000)
+    mark.order(0x7000)
+    mark.order(0x6000)
+    assert waits == [(0x7000, 1), (0x6000, 0)]
+
+
 def test_held_objects_live_until_their_readers_are_done(monkeypatch):
     """hold_while_read keeps an object until the event recorded on the reader's stream is done,
     in order, and reuses the events of released holds; a stream being captured holds nothing."""

@@ -73,7 +73,9 @@ def test_sync_free_planner_keeps_its_first_count(first, then, aligned):
 
     masks = dict(zip(("sparse", "comb"), _masks(cp, ragged=aligned)))
     regime = tessera.plan(masks[first], num_q_heads=H, head_dim=D, dtype="float16",
-                          mode=PlanMode.REQUEST).regime.with_(align_tiles=aligned)
+                          mode=PlanMode.REQUEST).regime
+    if aligned:  # (a packed pick unpacked takes the default split ratio: never split here)
+        regime = regime.with_(align_tiles=True, pack_keys=False, split_ratio=1e9)
     p = tessera.plan(masks[first], num_q_heads=H, head_dim=D, dtype="float16", regime=regime,
                      mode=PlanMode.CAPTURE)
     assert p.device_plan is not None and p.regime.align_tiles == aligned
@@ -144,7 +146,7 @@ def test_an_unchecked_device_csr_mask_is_planned_within_bounds():
     stream.synchronize()
     assert dense.shape == (1, 1, 2, 3)
     p = tessera.plan(bad, num_q_heads=1, head_dim=D, dtype="float16")
-    q = cp.random.default_rng(0).standard_normal((1, 1, 128, D), dtype=cp.float32).astype(
-        cp.float16)
-    p.run(q, q, q)
+    q, kv = (cp.random.default_rng(0).standard_normal((1, 1, n, D), dtype=cp.float32).astype(
+        cp.float16) for n in (128, 192))
+    p.run(q, kv, kv)
     cp.cuda.Device().synchronize()
