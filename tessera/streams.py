@@ -206,12 +206,9 @@ class StreamMark:
         # an external event node of the graph instead, which each replay waits on.
         flags = _EVENT_WAIT_EXTERNAL if capturing_reader and not self.captured else 0
         cupy_or_none().cuda.runtime.streamWaitEvent(stream_ptr, self.event.ptr, flags)
-        with self._lock:
-            self._ordered.add(here)
-
-    def same_stream(self, stream_ptr: int) -> bool:
-        """Whether ``stream_ptr`` is the marked stream."""
-        return stream_identity(stream_ptr) == self.on
+        if not flags:  # (a graph's wait orders its replays, not the stream's later work)
+            with self._lock:
+                self._ordered.add(here)
 
 
 # Objects read on a stream other than the one their memory belongs to, each with an event on

@@ -153,6 +153,10 @@ def test_a_captured_reader_waits_through_an_external_event_node(monkeypatch):
     mark.order(0x7000)
     mark.order(0x6000)
     assert waits == [(0x7000, 1), (0x6000, 0)]
+    monkeypatch.setattr(streams, "stream_capturing", lambda ptr: False)
+    mark.order(0x7000)  # the capture ended: its eager work still waits, once
+    mark.order(0x7000)
+    assert waits[2:] == [(0x7000, 0)]
 
 
 def test_held_objects_live_until_their_readers_are_done(monkeypatch):
