@@ -29,6 +29,7 @@ import scipy.sparse as sp
 
 from ._array import array_module, cupy_or_none, is_cupy, private_copy, segment_ids, to_numpy
 from .capture import stream_capturing
+from .checks import check_int
 from .cuda import device
 from .interop import as_array, torch_private_copy
 from .streams import StreamMark, hold_while_read, on_producer_stream, stream_identity
@@ -190,14 +191,6 @@ def _lead_shape(ndim_lead: int, shape: tuple[int, ...], name: str,
         return shape[0], shape[1]
     raise ValueError(f"{name} must be [{layout}], [H, {layout}] or [B, H, {layout}]; "
                      f"got {len(shape) + len(layout.split(','))} dimensions")
-
-
-def _check_count(value: Any, name: str) -> None:
-    """A batch or head count: a positive int (numpy's too), else an error naming it."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be a positive int, got {value!r}")
-    if value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
 _trusted = threading.local()
@@ -661,8 +654,8 @@ class BlockMask:
     def head_index(self, num_q_heads: int, num_kv_heads: int) -> np.ndarray:
         """For each query head, the mask head it reads: broadcast, per query head or per kv head."""
         h = self.batch_heads[1]
-        _check_count(num_q_heads, "num_q_heads")
-        _check_count(num_kv_heads, "num_kv_heads")
+        check_int(num_q_heads, "num_q_heads", 1)
+        check_int(num_kv_heads, "num_kv_heads", 1)
         if num_q_heads % num_kv_heads:
             raise ValueError(f"num_q_heads={num_q_heads} must be a multiple of "
                              f"num_kv_heads={num_kv_heads}")
@@ -678,7 +671,7 @@ class BlockMask:
 
     def batch_index(self, batch: int) -> np.ndarray:
         """For each batch entry, the mask batch it reads."""
-        _check_count(batch, "batch")
+        check_int(batch, "batch", 1)
         b = self.batch_heads[0]
         if b == 1:
             return np.zeros(batch, dtype=np.int64)
@@ -749,7 +742,7 @@ class BlockMask:
         """
         for value, name in ((batch, "batch"), (num_heads, "num_heads")):
             if value is not None:
-                _check_count(value, name)
+                check_int(value, name, 1)
         per_bh = to_numpy(self.row_pairs()).reshape(*self.batch_heads, -1).sum(-1)
         if batch is not None:
             per_bh = per_bh[self.batch_index(batch)]

@@ -9,18 +9,10 @@ from typing import Any
 import numpy as np
 
 from .._array import to_numpy
+from ..checks import check_fraction, check_int
 from ..mask import BlockMask
-from .common import (
-    bounds_from_sizes,
-    check_fraction,
-    check_int,
-    check_qk,
-    segment_sums,
-    text_counts,
-    top_p_rows,
-    with_text,
-    with_text_identity,
-)
+from .common import (bounds_from_sizes, check_qk, segment_sums, text_counts, top_p_rows, with_text,
+                     with_text_identity)
 from .video import VideoMask
 
 

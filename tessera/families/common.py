@@ -7,6 +7,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .._array import array_module
+from ..checks import check_int, is_int
 from ..interop import as_array
 from ..mask import MAX_TOKENS, BlockMask
 
@@ -19,34 +20,6 @@ def with_text_identity(perm: np.ndarray | None, text_tokens: int) -> np.ndarray 
         return perm
     n = perm.size
     return np.concatenate([perm, np.arange(n, n + text_tokens, dtype=np.int64)])
-
-
-def check_int(value: Any, name: str, minimum: int | None = None) -> int:
-    """``value`` as an int: a Python or numpy integer (never a bool, a float that would be
-    truncated, or a string), at least ``minimum``; TypeError or ValueError naming ``name``."""
-    if not is_int(value):
-        raise TypeError(f"{name} must be {_int_kind(minimum)}, got {value!r}")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be {_int_kind(minimum)}, got {value!r}")
-    return int(value)
-
-
-def _int_kind(minimum: int | None) -> str:
-    return ("an int" if minimum is None else "a positive int" if minimum == 1 else
-            f"an int >= {minimum}")
-
-
-def check_fraction(value: Any, name: str, *, zero: bool = False) -> float:
-    """``value`` as a float in (0, 1] (``[0, 1]`` with ``zero``): a real number, not a bool or a
-    string; TypeError or ValueError naming ``name``."""
-    if isinstance(value, (bool, str, bytes)) or not isinstance(value, (int, float, np.integer,
-                                                                        np.floating)):
-        raise TypeError(f"{name} must be a number in {'[' if zero else '('}0, 1], got "
-                        f"{value!r}")
-    v = float(value)
-    if not ((0.0 <= v if zero else 0.0 < v) and v <= 1.0):
-        raise ValueError(f"{name} must be in {'[' if zero else '('}0, 1], got {value!r}")
-    return v
 
 
 def _positive_ints(v: Any, name: str, what: str) -> tuple[int, int, int]:
@@ -200,10 +173,6 @@ def per_head(value: Any, is_single, name: str) -> tuple[list, bool]:
     if not vals:
         raise ValueError(f"{name}: a per-head list must not be empty")
     return vals, False
-
-
-def is_int(x: Any) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
 
 
 # ---------------------------------------------------------------------------- q/k helpers

@@ -6,17 +6,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .common import (
-    check_int,
-    check_latent,
-    finish,
-    frame_segments,
-    mark_ranges,
-    per_head,
-    text_counts,
-    uniform_bounds,
-    with_text_identity,
-)
+from ..checks import check_int
+from .common import (check_latent, finish, frame_segments, mark_ranges, per_head, text_counts,
+                     uniform_bounds, with_text_identity)
 from .video import VideoMask, temporal_permutation
 
 _HEAD_KINDS = ("spatial", "temporal")

@@ -8,25 +8,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..checks import check_fraction, check_int
 from ..cuda import loader
 from ..cuda.variants import Variant
 from ..mask import BlockMask
-from .common import (
-    Latent,
-    bounds_from_sizes,
-    check_fraction,
-    check_int,
-    check_latent,
-    check_qk,
-    check_triple,
-    device_copy,
-    segment_sums,
-    sorted_keep,
-    text_counts,
-    top_p_rows,
-    with_text,
-    with_text_identity,
-)
+from .common import (Latent, bounds_from_sizes, check_latent, check_qk, check_triple, device_copy,
+                     segment_sums, sorted_keep, text_counts, top_p_rows, with_text,
+                     with_text_identity)
 from .video import VideoMask, tile_permutation
 
 __all__ = ["topk_pooled"]

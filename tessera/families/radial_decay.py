@@ -6,8 +6,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .common import (check_int, check_latent, finish, frame_segments, mark_ranges, text_counts,
-                     uniform_bounds)
+from ..checks import check_int
+from .common import check_latent, finish, frame_segments, mark_ranges, text_counts, uniform_bounds
 from .video import VideoMask
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .common import (check_fraction, check_int, finish, is_int, text_counts, uniform_bounds,
-                     variable_bounds)
+from ..checks import check_fraction, check_int, is_int
 from ..mask import MAX_TOKENS
+from .common import finish, text_counts, uniform_bounds, variable_bounds
 from .video import VideoMask
 
 

@@ -20,8 +20,8 @@ from typing import Any, ClassVar, Sequence
 import numpy as np
 
 from .. import families
-from ..families.common import (check_fraction, check_int, check_latent, check_triple, is_int,
-                              per_head)
+from ..checks import check_fraction, check_int, is_int
+from ..families.common import check_latent, check_triple, per_head
 from ..mask import BlockMask
 
 __all__ = ["VideoGeometry", "LayerMask", "Method", "SlidingTile", "SpatialTemporal", "Radial",
