@@ -19,6 +19,6 @@ from .settings import config
 
 __version__ = "0.1.0"
 
-__all__ = ["BlockMask", "CapturedMemory", "Plan", "PlanMode", "Regime", "attention", "config", "emulate",
-           "families", "plan", "reference", "release_captured_memory", "use_table",
+__all__ = ["BlockMask", "CapturedMemory", "Plan", "PlanMode", "Regime", "attention", "config",
+           "emulate", "families", "plan", "reference", "release_captured_memory", "use_table",
            "__version__"]

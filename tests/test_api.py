@@ -159,8 +159,8 @@ def test_scale_checked_before_anything_else():
 
 
 def test_requests_of_one_geometry_replan_a_kept_plan(monkeypatch):
-    """tessera.attention's plans (api._request_plan, api.request_plans; planner kernels replaced by their numpy
-    stand-ins, the mask taken for a device one): a later request of the same geometry, shapes
+    """tessera.attention's plans (api._request_plan, api.request_plans; planner kernels replaced
+    by their numpy stand-ins, the mask taken for a device one): a later request of the same geometry, shapes
     and stream replans the kept plan, which then equals a new plan of its mask; another stream,
     geometry or regime takes a plan of its own, and so does a request of the same key while
     one is in flight (another thread's); a stream being captured into a CUDA graph (which

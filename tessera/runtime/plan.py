@@ -13,8 +13,8 @@ A sync-free plan can be replanned for another mask of its geometry (``Plan.repla
 (``tessera.attention``: never splits) or ``CAPTURE`` (inside a CUDA graph: reads nothing back).
 
 The pipeline (:func:`_plan`): the regime for the mode (``regime/choice.py``), the physical
-mapping and task organization (``_organize``: the device planner, or ``mapping`` then
-``tasks``), the last wave filled, the Plan.
+mapping and task organization (``planners.py``: the device planner, else the array planner),
+the last wave filled, the Plan.
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ from .device_planner import SyncFreePlan
 from .mapping import PhysicalTiles
 from .mode import PlanMode
 from .queue import Span, Task, TaskQueue, records
+from .planners import PLANNERS, Organized, PlanShape
 from .regime import ROW_GROUP, Regime
 from .regime.choice import RegimeChoice, regime_for_mode
-from .planners import PLANNERS, Organized, PlanShape
 from .tasks import NEVER_SPLIT_RATIO, fill_last_wave, task_groups
 
 __all__ = ["Plan", "PlanShape", "PlanStats", "plan", "plan_selected"]

@@ -10,7 +10,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .._array import array_module, offsets_from_counts, segment_ids, to_numpy
-from ..cuda.variants import ROW_GROUP, WIDE_SLACK, WIDE_SPANS
+from ..cuda.variants import WIDE_SLACK, WIDE_SPANS
 from .mapping import PhysicalTiles
 from .queue import Combine, Span, Task, TaskQueue, stack_fields
 

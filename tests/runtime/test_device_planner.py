@@ -212,8 +212,8 @@ def test_replan_gives_what_a_new_plan_gives(monkeypatch, regime):
 
 
 def test_sync_free_plans_read_nothing_back(monkeypatch):
-    """plan(mode=PlanMode.CAPTURE) -- what a request captured into a CUDA graph takes: a regime chosen
-    by the geometry alone (no table lookup, no align_pays estimate) made never to split or
+    """plan(mode=PlanMode.CAPTURE) -- what a request captured into a CUDA graph takes: a regime
+    chosen by the geometry alone (no table lookup, no align_pays estimate) made never to split or
     merge, planned with nothing read back, equal to the general planner's plan of that regime;
     a given regime that may split or merge, or a host mask, is refused by name before anything
     is launched."""
