@@ -37,19 +37,20 @@ import numpy as np
 
 from tessera.runtime.regime import regime_from_name
 
-_SOFTMAX_CALL = ("        softmax_chunk(s, m, l, al, walk.key0(), walk.key_end(), "
+_ML = "sm90/mainloop.cuh"
+_SOFTMAX_CALL = ("      softmax_chunk(s, m, l, al, walk.key0(), walk.key_end(), "
                  "t0 >= lo && t0 < hi,\n"
-                 "                      t0 + 8 >= lo && t0 + 8 < hi, quad, scale_log2);")
-_PV_ISSUE = ("        for (int kk = 0; kk < W / 16; ++kk) "
+                 "                    t0 + 8 >= lo && t0 + 8 < hi, quad, a.scale_log2);")
+_PV_ISSUE = ("      for (int kk = 0; kk < W / 16; ++kk) "
              "Wgmma<D>::rs(&o[0][0], pa[kk], vd.at(v_step(kk)), 1);\n"
-             "        wgmma_commit();\n"
-             "        if (!prepare_first) prepare();\n"
-             "        pass_issue_turn(wg);")
+             "      wgmma_commit();\n"
+             "      if (!prepare_first) prepare();\n"
+             "      pass_issue_turn(wg);")
 
 _TID_READ = """  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
   return t;"""
-_FULL_WAIT = """          mbar_wait(full_bar + 8 * (j % STAGES), (j / STAGES) & 1);
-          fence_async_smem();"""
+_FULL_WAIT = """        mbar_wait(r.full_bar + 8 * (j % STAGES), (j / STAGES) & 1);
+        fence_async_smem();"""
 _MAX_VOTE = ("  if (__any_sync(0xffffffffu, mx0 * scale_log2 > lim0 || "
              "mx1 * scale_log2 > lim1)) {")
 _FAST_EXP2 = """__device__ __forceinline__ float fast_exp2(float x) {
@@ -76,134 +77,131 @@ __device__ __forceinline__ float mixed_exp2(int nt, float x) {
 
 # O's rescale by the two rows' factors, unconditional: a branch between two wgmma issues is a
 # divergent path, on which ptxas serializes them.
-_RESCALE = """#pragma unroll
-          for (int i = 0; i < D / 8; ++i) {
-            o[i][0] *= al[0]; o[i][1] *= al[0];
-            o[i][2] *= al[1]; o[i][3] *= al[1];
-          }
+_RESCALE = """      {
+#pragma unroll
+        for (int i = 0; i < D / 8; ++i) {
+          o[i][0] *= al[0]; o[i][1] *= al[0];
+          o[i][2] *= al[1]; o[i][3] *= al[1];
+        }
+      }
 """
-_LAST_PV = ("      if (jt > 0) {  // the last chunk's P V (uniform: every thread walked the same "
+_LAST_PV = ("    if (jt > 0) {  // the last chunk's P V (uniform: every thread walked the same "
             "spans)\n")
 
-_WHOLE_SPANS = ("constexpr bool WHOLE_SPANS = !WHOLE_TASKS && STAGED_SPANS && RINGS > 1 && "
-                "D == 64;")
+_WHOLE_SPANS = "constexpr bool WHOLE_SPANS = !WHOLE_TASKS && STAGED_SPANS && RINGS > 1 && D == 64;"
 
-# name -> (what it shows, ((source file, text, replacement), ...))
+# name -> (what it shows, ((source file under tessera/cuda, text, replacement), ...))
 PATCHES: dict[str, tuple[str, tuple[tuple[str, str, str], ...]]] = {
     "softmax": ("no softmax: P is the raw scores (the matrix work and its feed alone)",
-                (("bsa_sm90.cu", _SOFTMAX_CALL, "        al[0] = al[1] = 1.f;"),)),
+                ((_ML, _SOFTMAX_CALL, "      al[0] = al[1] = 1.f;"),)),
     "exp": ("exponentials replaced by their arguments (the MUFU's work gone, the rest kept)",
-            (("common.cuh", 'asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));',
+            (("common/types.cuh", 'asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));',
               "y = x;"),)),
     "pv": ("no P V products (S and the softmax: half the matrix work)",
-           (("bsa_sm90.cu", _PV_ISSUE, _PV_ISSUE.replace("Wgmma<D>::rs", "if (0) Wgmma<D>::rs")),)),
+           ((_ML, _PV_ISSUE, _PV_ISSUE.replace("Wgmma<D>::rs", "if (0) Wgmma<D>::rs")),)),
     "turns": ("consumer warpgroups issue their wgmma without taking turns",
-              (("bsa_sm90.cu", "    if (WS) named_bar_sync(1 + wg, 256);\n"
+              (("sm90/sync.cuh", "    if (WS) named_bar_sync(1 + wg, 256);\n"
                 "    else if (wg == 1) named_bar_sync(1, 256);",
                 "    if (!WS && wg == 1) named_bar_sync(1, 256);"),
-               ("bsa_sm90.cu", "    if (WS) named_bar_arrive(1 + (wg + 1) % WGS, 256);\n"
+               ("sm90/sync.cuh", "    if (WS) named_bar_arrive(1 + (wg + 1) % WGS, 256);\n"
                 "    else if (wg == 0) named_bar_arrive(1, 256);",
                 "    if (!WS && wg == 0) named_bar_arrive(1, 256);"))),
     # The variants set it where it pays (variants.pv_wait_anchored); this flips it everywhere.
     "anchor": ("the exponentials' order against the P V wait flipped (order_wait_after on "
                "where the variant has it off, off where on)",
-               (("bsa_sm90.cu", "constexpr bool PV_WAIT_ANCHOR = TESSERA_PV_WAIT_ANCHOR != 0;",
-                 "constexpr bool PV_WAIT_ANCHOR = TESSERA_PV_WAIT_ANCHOR == 0;"),)),
+               (("sm90/traits.cuh", "constexpr bool PV_WAIT_ANCHOR = Config::PV_WAIT_ANCHOR != 0;",
+                 "constexpr bool PV_WAIT_ANCHOR = Config::PV_WAIT_ANCHOR == 0;"),)),
     "unstaged": ("TMA consumers read each chunk's span fields from global memory instead of "
                  "the producer's word beside the stage (STAGED_SPANS off)",
-                 (("bsa_sm90.cu", "constexpr bool STAGED_SPANS = TMA;",
+                 (("sm90/traits.cuh", "constexpr bool STAGED_SPANS = TMA;",
                    "constexpr bool STAGED_SPANS = false;"),)),
     "prepare-first": ("each chunk's word read and V tail zeroed before its products are "
                       "issued where the variant does it after, and after where before "
                       "(PREPARE_FIRST flipped)",
-                      (("bsa_sm90.cu", "constexpr bool PREPARE_FIRST = PV_WAIT_ANCHOR;",
+                      (("sm90/traits.cuh", "constexpr bool PREPARE_FIRST = PV_WAIT_ANCHOR;",
                         "constexpr bool PREPARE_FIRST = !PV_WAIT_ANCHOR;"),)),
     "producer-warps": ("all four producer warps run the TMA producer's loop, not one",
-                       (("bsa_sm90.cu",
-                         "constexpr int PRODUCER_THREADS = TESSERA_TMA ? 32 : LOADERS;",
+                       (("sm90/traits.cuh",
+                         "constexpr int PRODUCER_THREADS = Config::TMA ? 32 : LOADERS;",
                          "constexpr int PRODUCER_THREADS = LOADERS;"),)),
     # Shortcuts that were measured and not kept (docs/decisions.md, "Tried and not kept").
     "assume-tid": ("the thread index declared non-negative and below 1024 (__builtin_assume): "
                    "its modulos and quotients as masks and shifts",
-                   (("bsa_sm90.cu", _TID_READ, _TID_READ.replace(
+                   (("sm90/sync.cuh", _TID_READ, _TID_READ.replace(
                        "  return t;", "  __builtin_assume(t >= 0 && t < 1024);\n  return t;")),)),
     "no-fence": ("the TMA consumers skip the proxy fence after a stage's full barrier",
-                 (("bsa_sm90.cu", _FULL_WAIT, _FULL_WAIT.replace(
-                     "          fence_async_smem();",
-                     "          if constexpr (!TMA) fence_async_smem();")),)),
+                 ((_ML, _FULL_WAIT, _FULL_WAIT.replace(
+                     "        fence_async_smem();",
+                     "        if constexpr (!TMA) fence_async_smem();")),)),
     "early-rescale": ("O takes the previous chunk's rescale between the issues of S_j and "
                       "P_{j-1} V_{j-1} (FlashAttention-4's sm90 order above head dim 128), "
                       "instead of after the wait for that product",
-                      (("bsa_sm90.cu", "      GuardedRows<D / 8> kept;\n",
-                        "      GuardedRows<D / 8> kept;\n      float al[2] = {1.f, 1.f};\n"),
-                       ("bsa_sm90.cu", "        float al[2];\n        softmax_chunk(",
-                        "        softmax_chunk("),
-                       ("bsa_sm90.cu", "        if (guard_prev) kept.keep(o);\n\n"
-                        "        wait_issue_turn(wg);", "        wait_issue_turn(wg);"),
-                       ("bsa_sm90.cu", "#pragma unroll\n" + _PV_ISSUE,
-                        "        {\n" + _RESCALE + "        }\n"
-                        "        if (guard_prev) kept.keep(o);\n"
-                        "        wgmma_hold<D / 2>(&o[0][0]);\n        wgmma_fence();\n"
+                      ((_ML, "    GuardedRows<D / 8> kept;\n",
+                        "    GuardedRows<D / 8> kept;\n    float al[2] = {1.f, 1.f};\n"),
+                       (_ML, "      float al[2];\n      softmax_chunk(", "      softmax_chunk("),
+                       (_ML, "      if (guard_prev) kept.keep(o);\n\n"
+                        "      wait_issue_turn(wg);", "      wait_issue_turn(wg);"),
+                       (_ML, "#pragma unroll\n" + _PV_ISSUE,
+                        _RESCALE + "      if (guard_prev) kept.keep(o);\n"
+                        "      wgmma_hold<D / 2>(&o[0][0]);\n      wgmma_fence();\n"
                         "#pragma unroll\n" + _PV_ISSUE),
-                       ("bsa_sm90.cu", "        guard_prev = guard;\n"
-                        "        if (al[0] != 1.f || al[1] != 1.f) {\n" + _RESCALE
-                        + "        }\n", "        guard_prev = guard;\n"),
-                       ("bsa_sm90.cu", _LAST_PV, _LAST_PV + "        {\n" + _RESCALE
-                        + "        }\n"))),
+                       (_ML, "      guard_prev = guard;\n      rescale_o(o, al);\n",
+                        "      guard_prev = guard;\n"),
+                       (_ML, _LAST_PV, _LAST_PV + _RESCALE))),
     "rows-per-chunk": ("the thread's rows and quad read from its index every chunk, not once a "
                        "task",
-                       (("bsa_sm90.cu", "        softmax_chunk(s, m, l, al, walk.key0(), "
+                       ((_ML, "      softmax_chunk(s, m, l, al, walk.key0(), "
                          "walk.key_end(), t0 >= lo && t0 < hi,\n",
-                         "        const int lane_now = thread_index() % 32;\n"
-                         "        const int tr = tok_base + lane_now / 4;\n"
-                         "        softmax_chunk(s, m, l, al, walk.key0(), walk.key_end(), "
+                         "      const int lane_now = thread_index() % 32;\n"
+                         "      const int tr = tok_base + lane_now / 4;\n"
+                         "      softmax_chunk(s, m, l, al, walk.key0(), walk.key_end(), "
                          "tr >= lo && tr < hi,\n"),
-                        ("bsa_sm90.cu", "                      t0 + 8 >= lo && t0 + 8 < hi, "
-                         "quad, scale_log2);",
-                         "                      tr + 8 >= lo && tr + 8 < hi, lane_now % 4, "
-                         "scale_log2);"))),
+                        (_ML, "                    t0 + 8 >= lo && t0 + 8 < hi, "
+                         "quad, a.scale_log2);",
+                         "                    tr + 8 >= lo && tr + 8 < hi, lane_now % 4, "
+                         "a.scale_log2);"))),
     "read-first": ("the chunk's word read before the products are issued and used after, not "
                    "read after them (the V tail still zeroed after the issue)",
-                   (("bsa_sm90.cu", "        const auto prepare = [&] {\n"
-                     "          if constexpr (STAGED_SPANS) walk.read(chunk_info + 16 * "
+                   ((_ML, "      const auto prepare = [&] {\n"
+                     "        if constexpr (STAGED_SPANS) walk.read(r.chunk_info + 16 * "
                      "(j % STAGES));\n",
-                     "        if constexpr (STAGED_SPANS) walk.read(chunk_info + 16 * "
-                     "(j % STAGES));\n        const auto prepare = [&] {\n"),)),
+                     "      if constexpr (STAGED_SPANS) walk.read(r.chunk_info + 16 * "
+                     "(j % STAGES));\n      const auto prepare = [&] {\n"),)),
     "turn-first": ("the issue turn passed right after the products' commit, before the chunk's "
                    "word is read and its V tail zeroed (FlashAttention-4's place for it)",
-                   (("bsa_sm90.cu", "        if (!prepare_first) prepare();\n"
-                     "        pass_issue_turn(wg);",
-                     "        pass_issue_turn(wg);\n        if (!prepare_first) prepare();"),)),
+                   ((_ML, "      if (!prepare_first) prepare();\n"
+                     "      pass_issue_turn(wg);",
+                     "      pass_issue_turn(wg);\n      if (!prepare_first) prepare();"),)),
     "whole-span-all": ("whole-span tasks walked by arithmetic in every TMA variant, not the "
                        "rings' at head dim 64 only (a second loop in each)",
-                       (("bsa_sm90.cu", _WHOLE_SPANS,
+                       (("sm90/traits.cuh", _WHOLE_SPANS,
                          "constexpr bool WHOLE_SPANS = !WHOLE_TASKS && STAGED_SPANS;"),)),
     "no-whole-span": ("whole-span tasks read each chunk's word and clip its rows like every "
                       "other task (no WholeSpanWalk)",
-                      (("bsa_sm90.cu", _WHOLE_SPANS, "constexpr bool WHOLE_SPANS = false;"),)),
+                      (("sm90/traits.cuh", _WHOLE_SPANS, "constexpr bool WHOLE_SPANS = false;"),)),
     "p-late": ("P converted after O's rescale, not right after the wait for the previous "
                "P V (ptxas then converts it after every exponential, not between them)",
-               (("bsa_sm90.cu", "        vs_prev = ks + KV_BYTES;",
-                 "#pragma unroll\n        for (int kk = 0; kk < W / 16; ++kk) "
-                 "p_fragment(pa[kk], s, kk);\n        vs_prev = ks + KV_BYTES;"),
-                ("bsa_sm90.cu", "        wgmma_hold<W / 2>(&s[0][0]);  // P is rewritten only "
-                 "after the P V that read it is done\n#pragma unroll\n        for (int kk = 0; "
+               ((_ML, "      vs_prev = ks + KV_BYTES;",
+                 "#pragma unroll\n      for (int kk = 0; kk < W / 16; ++kk) "
+                 "p_fragment(pa[kk], s, kk);\n      vs_prev = ks + KV_BYTES;"),
+                (_ML, "      wgmma_hold<W / 2>(&s[0][0]);  // P is rewritten only "
+                 "after the P V that read it is done\n#pragma unroll\n      for (int kk = 0; "
                  "kk < W / 16; ++kk) p_fragment(pa[kk], s, kk);\n",
-                 "        wgmma_hold<W / 2>(&s[0][0]);  // P is rewritten only after the P V "
+                 "      wgmma_hold<W / 2>(&s[0][0]);  // P is rewritten only after the P V "
                  "that read it is done\n"))),
     "pv-wait-sums": ("the P V wait held after the row sums (every exponential ahead of it), "
                      "not after the first exponentials, where the variant holds it",
-                     (("bsa_sm90.cu", "order_wait_after(q_base, (s[0][0] + s[0][2]) * "
-                       "scale_log2);", "order_wait_after(q_base, l[0] + l[1]);"),)),
-    # The softmax's choices (common.cuh), taken back.
+                     ((_ML, "order_wait_after(r.q_base, (s[0][0] + s[0][2]) * "
+                       "a.scale_log2);", "order_wait_after(r.q_base, l[0] + l[1]);"),)),
+    # The softmax's choices (common/softmax.cuh), taken back.
     "shuffle-max": ("every chunk's row maxima through the quad shuffles, without the warp's "
                     "vote on its threads' own maxima first",
-                    (("common.cuh", _MAX_VOTE, "  {"),)),
+                    (("common/softmax.cuh", _MAX_VOTE, "  {"),)),
     "exp-poly": ("a quarter of the exponentials (score octets 3 and 7 of each thread's 8 at "
                  "64-key steps) as a degree-3 polynomial on the FMA pipe instead of the MUFU",
-                 (("common.cuh", _FAST_EXP2, _FAST_EXP2 + _POLY_EXP2),
-                  *(("common.cuh", f"s[nt][{e}] = fast_exp2(", f"s[nt][{e}] = mixed_exp2(nt, ")
-                    for e in range(4)))),
+                 (("common/types.cuh", _FAST_EXP2, _FAST_EXP2 + _POLY_EXP2),
+                  *(("common/softmax.cuh", f"s[nt][{e}] = fast_exp2(",
+                     f"s[nt][{e}] = mixed_exp2(nt, ") for e in range(4)))),
 }
 
 
@@ -250,9 +248,9 @@ class _SourceOverride:
     def _forget() -> None:
         from tessera.cuda import loader
 
-        for key in [k for k in loader._loaded if k[0].source.startswith("bsa_")]:
+        for key in [k for k in loader._loaded if k[0].source.endswith("bsa.cu")]:
             del loader._loaded[key]
-        for key in [k for k in loader._modules if k[0].startswith("bsa_")]:
+        for key in [k for k in loader._modules if k[0].endswith("bsa.cu")]:
             del loader._modules[key]
 
 

@@ -37,14 +37,14 @@ from .runtime.queue import TaskQueue
 from .settings import config
 from .streams import StreamMark, cupy_stream, hold_while_read, stream_identity
 
-__all__ = ["Launchable", "LaunchState", "DeviceQueue", "Workspace", "run_plan", "run",
-           "caller_stream"]
+__all__ = ["AttentionShape", "Launchable", "LaunchState", "DeviceQueue", "Workspace", "run_plan",
+           "run", "caller_stream"]
 
 _LOG2E = 1.4426950408889634
 
 
 # The most task indices a launch may reach (its tasks and a persistent grid's surplus tickets):
-# the sm90 producer publishes an index with two flags in one int (bsa_sm90.cu, task_slot).
+# the sm90 producer publishes an index with two flags in one int (sm90/scheduler.cuh, publish_task).
 MAX_TASKS = 1 << 29
 
 
@@ -108,20 +108,31 @@ class LaunchState:
             self.ready.again()
 
 
-class Launchable(Protocol):
-    """What a launch reads of a plan (``runtime.plan.Plan`` is one): its shapes, regime, queue
-    and launch state, so that this module needs nothing of the planning layer above it."""
+@dataclass(frozen=True)
+class AttentionShape:
+    """What an attention call's q, k and v are, besides their lengths: batch, query and kv
+    heads, head dim, element dtype ("bfloat16" or "float16") and layout ("bhld" or "blhd").
+    A plan is made for one; a launch checks the operands against it."""
 
-    mask: BlockMask
-    regime: Any  # the plan's Regime (runtime/regime, a layer above)
     batch: int
     num_q_heads: int
     num_kv_heads: int
     head_dim: int
     dtype: str
     layout: str
+
+
+class Launchable(Protocol):
+    """What a launch reads of a plan (``runtime.plan.Plan`` is one): its shape, regime, queue
+    and launch state, so that this module needs nothing of the planning layer above it."""
+
+    mask: BlockMask
+    regime: Any  # the plan's Regime (runtime/regime, a layer above)
     launch_queue: TaskQueue
     launch_state: "LaunchState"
+
+    @property
+    def shape(self) -> AttentionShape: ...
 
     @property
     def workspace_elements(self) -> tuple[int, int]: ...
@@ -138,20 +149,21 @@ def run_plan(p: Launchable, q: Any, k: Any, v: Any, *, scale: float | None = Non
     must have run on the GPU once before.
     """
     check_scale(scale)
-    ops = describe(q, k, v, p.layout)
+    shape = p.shape
+    ops = describe(q, k, v, shape.layout)
     b, hq, lq, d = ops.shape_q
     _, hkv, lkv, _ = ops.shape_kv
-    if (b, hq, hkv, d) != (p.batch, p.num_q_heads, p.num_kv_heads, p.head_dim):
+    if (b, hq, hkv, d) != (shape.batch, shape.num_q_heads, shape.num_kv_heads, shape.head_dim):
         raise ValueError(f"q/k shapes (B={b}, Hq={hq}, Hkv={hkv}, D={d}) differ from the plan's "
-                         f"(B={p.batch}, Hq={p.num_q_heads}, Hkv={p.num_kv_heads}, "
-                         f"D={p.head_dim})")
-    if ops.q.dtype != p.dtype:
-        raise TypeError(f"q dtype {ops.q.dtype} differs from the plan's {p.dtype}")
+                         f"(B={shape.batch}, Hq={shape.num_q_heads}, Hkv={shape.num_kv_heads}, "
+                         f"D={shape.head_dim})")
+    if ops.q.dtype != shape.dtype:
+        raise TypeError(f"q dtype {ops.q.dtype} differs from the plan's {shape.dtype}")
     check_mask(p.mask, b, hq, hkv, lq, lkv)
     if p.mask.on_device and p.mask.device_id != ops.q.device_id:
         raise ValueError(f"the plan lives on device {p.mask.device_id} but q is on "
                          f"{ops.q.device_id}")
-    given = describe_outputs(ops, p.layout, out, lse)
+    given = describe_outputs(ops, shape.layout, out, lse)
     # q's device current throughout: its architecture, the kernels loaded there, its SMs. A run
     # captured into a CUDA graph allocates (a task counter for a new stream, outputs not given)
     # from memory the graph keeps, as a captured request does.
@@ -223,8 +235,8 @@ def _wait_until_planned(p: Launchable, stream: Any, key: tuple | None = None) ->
 
 def _task_counter(p: Launchable, cp: Any, stream: Any, key: tuple | None = None) -> Any:
     """The counter a persistent kernel takes ``p``'s tasks from: zeroed once when made, and left
-    zero by every launch (the kernel's last ticket resets it, bsa_sm90.cu), so a reused plan's
-    run enqueues no memset (a new plan's first run still makes one). One per (plan, stream of
+    zero by every launch (the kernel's last ticket resets it, sm90/scheduler.cuh), so a reused
+    plan's run enqueues no memset (a new plan's first run still makes one). One per (plan, stream of
     the current device):
     runs on one stream execute in order and may share it, runs on different streams never do,
     and a run allocates nothing after its first on a stream (CUDA-graph capture then records
@@ -314,7 +326,7 @@ def _plan_args(p: Launchable, scale: float) -> tuple:
     if got is None:
         launch = p.launch_queue
         got = cached[scale] = (
-            np.int32(launch.tile_rows), np.int32(p.num_q_heads // p.num_kv_heads),
+            np.int32(launch.tile_rows), np.int32(p.shape.num_q_heads // p.shape.num_kv_heads),
             np.float32(scale * _LOG2E), np.int32(launch.num_tasks),
             np.uint64(0 if launch.count is None else launch.count.data.ptr))
     return got
@@ -352,13 +364,13 @@ def run(p: Launchable, ops: Operands, scale: float | None, return_lse: bool,
         _wait_until_planned(p, stream, key)
         queue = _device_queue(p, cp)
         work = _workspace(p, cp, stream, key)
-        out_shape = (b, hq, lq, d) if p.layout == "bhld" else (b, lq, hq, d)
+        out_shape = (b, hq, lq, d) if p.shape.layout == "bhld" else (b, lq, hq, d)
         if given.out is not None:
             out_desc, out_obj = given.out
             finish_out = lambda stream: out_obj  # noqa: E731
         else:
             out_desc, finish_out = empty_like_caller(ops.q, out_shape, ops.q.dtype)
-        o_str = bhld_view(out_desc, p.layout, "out")[1]
+        o_str = bhld_view(out_desc, p.shape.layout, "out")[1]
         lse_desc = finish_lse = None
         if given.lse is not None:
             lse_desc, lse_obj = given.lse

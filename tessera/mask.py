@@ -699,6 +699,14 @@ class BlockMask:
             out[rows, cols] = True
             return out.reshape(self.shape)
 
+    def transposed(self) -> "BlockMask":
+        """The mask's transpose: for each key block, the query blocks that select it, with the
+        two geometries exchanged (``[B, H, nKB, nQB]``; a device mask stays on the device, no
+        synchronization). The backward pass walks keys this way (``runtime.mode.Direction``)."""
+        dense = self.to_dense()
+        return BlockMask.from_dense(self.xp.ascontiguousarray(dense.swapaxes(-1, -2)),
+                                    q_bounds=self.kv_bounds, kv_bounds=self.q_bounds)
+
     def to_host(self) -> "BlockMask":
         """The same mask with its selection on the host."""
         if not self.on_device:

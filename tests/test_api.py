@@ -331,8 +331,8 @@ def test_kernel_arguments_made_once_per_plan_and_scale():
     import types
 
     queue = types.SimpleNamespace(tile_rows=64, num_tasks=12, count=None)
-    p = types.SimpleNamespace(launch_queue=queue, num_q_heads=8, num_kv_heads=2,
-                              launch_state=launch.LaunchState())
+    shape = launch.AttentionShape(1, 8, 2, 64, "bfloat16", "bhld")
+    p = types.SimpleNamespace(launch_queue=queue, shape=shape, launch_state=launch.LaunchState())
     a = launch._plan_args(p, 0.125)
     assert launch._plan_args(p, 0.125) is a
     assert [type(x) for x in a] == [np.int32, np.int32, np.float32, np.int32, np.uint64]

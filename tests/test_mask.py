@@ -138,6 +138,19 @@ def test_from_dense_roundtrip(data):
     check_mask(m, to4(dense), qb, kb)
 
 
+@SETTINGS
+@given(st.data())
+def test_transposed_exchanges_queries_and_keys(data):
+    """The transpose (the backward pass's key-major direction): geometry exchanged, block
+    matrix transposed per head, and the transpose of the transpose is the mask."""
+    kw, qb, kb, n_q, n_kv = data.draw(geometries())
+    lead = data.draw(lead_shapes())
+    dense = random_dense(data.draw, (*lead, n_q, n_kv))
+    m = BlockMask.from_dense(dense, **kw)
+    check_mask(m.transposed(), to4(dense).swapaxes(-1, -2), kb, qb)
+    check_mask(m.transposed().transposed(), to4(dense), qb, kb)
+
+
 def test_from_dense_noncontiguous_and_dlpack_input():
     rng = np.random.default_rng(0)
     base = rng.random((2, 3, 5, 4)) < 0.4

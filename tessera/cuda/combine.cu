@@ -2,8 +2,10 @@
 // the result does not depend on which part finished first. A grid of combine jobs
 // (tessera/runtime/tasks.py) by groups of eight rows, one warp a physical row: each row is a
 // short chain of dependent loads, so the rows run side by side across the GPU, not one after
-// another in a warp (docs/decisions.md). Variant parameter: TESSERA_BF16.
-#include "common.cuh"
+// another in a warp (docs/decisions.md). Variant parameter: Config::BF16.
+#include "variant.cuh"
+#include "common/element.cuh"
+#include "queue.cuh"
 
 extern "C" __global__ void __launch_bounds__(256)
 bsa_combine(const int* __restrict__ jobs, const float* __restrict__ part_o,

@@ -1,7 +1,9 @@
 """Kernel loader: compiles the ``.cu`` sources with NVRTC per architecture and loads them as CuPy
 ``RawModule``s.
 
-A kernel *variant* is a source plus macro values (tile shape, head dim, dtype, ...). It compiles
+A kernel *variant* is a source plus parameter values (tile shape, head dim, dtype, ...), which
+reach the source as one generated header, ``variant.cuh``: a ``Config`` struct of compile-time
+constants (``variants.config_header``). A variant compiles
 once per process and architecture (and once per machine: cubins are cached on disk, keyed by the
 source text, options and NVRTC version), never on the request path after the first call.
 Compilation needs only NVRTC (the CuPy CUDA extras ship it); the sources include no toolkit
@@ -22,17 +24,18 @@ from typing import Any
 
 from .._array import cupy_or_none
 from .device import device_cc
-from .variants import Variant, smem_bytes
+from .variants import SM90, Variant, config_header, smem_bytes
 
 __all__ = ["CompileResult", "BuildError", "CI_TARGETS", "compile_variant", "target_for",
            "load_kernel", "blocks_per_sm", "nvrtc_version", "cache_dir"]
 
 SOURCE_DIR = Path(__file__).resolve().parent
-HEADERS = ("common.cuh", "queue.cuh", "wgmma.cuh")
+# Every header of the tree, by its path under SOURCE_DIR: sources include them by that name.
+HEADERS = tuple(sorted(p.relative_to(SOURCE_DIR).as_posix() for p in SOURCE_DIR.rglob("*.cuh")))
 # Targets CI compiles every variant for (no GPU needed): Ampere, Ada, Hopper, Blackwell.
 CI_TARGETS = ("sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a")
 # Sources built for sm_90a alone (wgmma exists on no other target).
-SM90A_ONLY = ("bsa_sm90.cu",)
+SM90A_ONLY = (SM90,)
 
 
 class BuildError(RuntimeError):
@@ -134,11 +137,15 @@ def compile_variant(variant: Variant, target: str, *, allow_spills: bool = False
         raise BuildError(f"{variant.label} uses wgmma and builds for sm_90a only, not {target}")
     nvrtc = _nvrtc()
     src = _read_source(variant.source)
-    headers = [_read_source(h) for h in HEADERS]
+    try:
+        config = config_header(variant)
+    except ValueError as exc:
+        raise BuildError(str(exc)) from exc
+    names = (*HEADERS, "variant.cuh")
+    headers = [*(_read_source(h) for h in HEADERS), config]
     # -default-device: every function of our sources is device code, which NVRTC otherwise
-    # refuses for generic lambdas (bsa_sm90.cu's per-step-width task loops).
+    # refuses for generic lambdas (the bodies of static_for, common/types.cuh).
     options = [f"-arch={target}", "-std=c++17", "-default-device", "-Xptxas=-v", "-lineinfo"]
-    options += [f"-DTESSERA_{k}={v}" for k, v in variant.macros]
     key = hashlib.sha256("\0".join([src, *headers, *options, str(nvrtc.getVersion())])
                          .encode()).hexdigest()[:24]
     cubin_path = cache_dir() / f"{variant.label}_{target}_{key}.cubin"
@@ -151,7 +158,7 @@ def compile_variant(variant: Variant, target: str, *, allow_spills: bool = False
         cubin, log = cubin_path.read_bytes(), log_path.read_text()
     else:
         prog = nvrtc.createProgram(src, variant.source, [h.encode() for h in headers],
-                                   [h.encode() for h in HEADERS])
+                                   [h.encode() for h in names])
         try:
             try:
                 nvrtc.compileProgram(prog, options)
@@ -199,7 +206,7 @@ def compile_variant(variant: Variant, target: str, *, allow_spills: bool = False
     launch_regs = 65536 // (variant.threads * variant.min_blocks) // 8 * 8 \
         if variant.persistent else 0
     if -(-result.registers // 8) * 8 < launch_regs:
-        # bsa_sm90.cu splits a pool of 64K / (NT x MIN_BLOCKS) registers per thread (in eights)
+        # sm90/traits.cuh splits a pool of 64K / (NT x MIN_BLOCKS) registers per thread (in eights)
         # between producer and consumers; a kernel launched with fewer would hang in
         # setmaxnreg.inc.
         raise BuildError(f"{variant.label} on {target}: {result.registers} registers per thread "

@@ -5,7 +5,8 @@
 //
 // Semantics are those of mapping._row_stats and of the spans of groups without restricted
 // merges; tests compare both planners array for array.
-#include "common.cuh"
+#include "common/types.cuh"
+#include "queue.cuh"
 
 namespace {
 struct RowWalk {

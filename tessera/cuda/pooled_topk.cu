@@ -4,22 +4,15 @@
 // so a mask made each step stays inside a CUDA graph being captured (CuPy takes no cuBLAS call
 // there), and no float32 copy of q or k is ever made.
 //
-// Variant parameters: TESSERA_F32 1: q and k hold float32; 0: 16-bit values, TESSERA_BF16 as in
-// common.cuh.
-#include "common.cuh"
-
-#ifndef TESSERA_F32
-#define TESSERA_F32 0
-#endif
+// Variant parameters (Config): F32 1: q and k hold float32; 0: 16-bit values, BF16 as in
+// common/element.cuh.
+#include "variant.cuh"
+#include "common/element.cuh"
 
 namespace {
-#if TESSERA_F32
-typedef float Elem;
+typedef Select<Config::F32 != 0, float, u16>::type Elem;
 __device__ __forceinline__ float elem_float(float x) { return x; }
-#else
-typedef u16 Elem;
 __device__ __forceinline__ float elem_float(u16 x) { return to_float(x); }
-#endif
 
 // Float bits as an unsigned key in the floats' order (larger float, larger key); NaN below every
 // number, so that a NaN score is the last one kept.

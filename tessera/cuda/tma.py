@@ -6,12 +6,12 @@ it. The driver encodes it (``cuTensorMapEncodeTiled``); this module calls the dr
 through ctypes, so it needs no package beyond the driver every GPU machine has, and says
 clearly when an operand cannot be described (then the kernels keep their cp.async copies).
 
-The box matches bsa_sm90.cu's tile layout: ``SW`` bytes of the head dim (128 when it is a
-multiple of 64 elements, else 64) by ``rows`` tokens, with the hardware swizzle of that span --
-the layout that file's ``tile_offset`` computes for its cp.async copies.
+The box matches the sm90 family's tile layout (sm90/smem.cuh): ``SW`` bytes of the head dim (128
+when it is a multiple of 64 elements, else 64) by ``rows`` tokens, with the hardware swizzle of
+that span -- the layout that file's ``tile_offset`` computes for its cp.async copies.
 
-Used by bsa_sm90.cu's TMA variant (``TESSERA_TMA``): one producer thread issues the Q and K/V
-copies, which leaves the producer warpgroup 24 registers and the consumers the rest.
+Used by the sm90 TMA variants (``TMA``): one producer thread issues the Q and K/V copies, which
+leaves the producer warpgroup 24 registers and the consumers the rest.
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def encode(m: TileMap, address: int, encoder=None) -> bytes:
     return ctypes.string_at(aligned, TENSOR_MAP_BYTES)
 
 
-# The kernels' TmaMaps parameter (common.cuh): q's, k's and v's maps, 128 bytes each.
+# The kernels' TmaMaps parameter (common/task.cuh): q's, k's and v's maps, 128 bytes each.
 MAPS_DTYPE = np.dtype([("maps", np.uint64, (3 * TENSOR_MAP_BYTES // 8,))])
 
 

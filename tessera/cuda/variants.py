@@ -1,5 +1,7 @@
-"""Kernel variants: which ``.cu`` source, entry point and macro values one compiled kernel has,
-and what it needs to launch (threads, dynamic shared memory, persistence).
+"""Kernel variants: which ``.cu`` source, entry point and parameter values one compiled kernel
+has, and what it needs to launch (threads, dynamic shared memory, persistence). This module is the
+one source of variant values: the loader writes each variant's values, defaults filled in from
+:data:`PARAMETERS`, into the ``Config`` struct the kernel sources read (``variant.cuh``).
 
 Pure arithmetic on the variant's values, no CuPy: the regime layer names variants and checks
 their shared memory on machines without a GPU.
@@ -9,14 +11,17 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from .device import SM90_SMEM_PER_SM, SM90_SMEM_RESERVED, smem_limit_bytes
 
 __all__ = ["Variant", "smem_bytes", "ROW_GROUP", "WIDE_BN", "WIDE_SPANS", "WIDE_SLACK",
-           "has_wide_step"]
+           "has_wide_step", "PARAMETERS", "SM80", "SM90", "config_header"]
 
-# The wide key step of the sm90 TMA variants that have one (bsa_sm90.cu TESSERA_WIDE_BN).
+# The sources of the two attention families.
+SM80 = "sm80/bsa.cu"
+SM90 = "sm90/bsa.cu"
+
+# The wide key step of the sm90 TMA variants that have one (sm90/traits.cuh WIDE_BN).
 WIDE_BN = 192
 
 
@@ -30,7 +35,7 @@ def has_wide_step(block_m: int, block_n: int, head_dim: int) -> bool:
 def pv_wait_anchored(block_m: int, block_n: int, head_dim: int, tma: bool,
                      whole_tasks: bool = False) -> bool:
     """Whether the sm90 variant keeps its softmax's first exponentials ahead of the wait for the
-    previous P V (``TESSERA_PV_WAIT_ANCHOR``, bsa_sm90.cu; P's conversions then run between the
+    previous P V (``PV_WAIT_ANCHOR``, sm90/softmax.cuh; P's conversions then run between the
     rest): the TMA form of 64x64 tiles at head dim 128, a lone consumer warpgroup a CTA, whose
     exponentials then overlap its own P V (Wan's 64-token top-k 1.055x faster, H200), and the
     whole-span loop of a dense layer at head dim 128 (Wan 1.007x / 1.009x in two machine
@@ -44,8 +49,9 @@ def pv_wait_anchored(block_m: int, block_n: int, head_dim: int, tma: bool,
 class Variant:
     """One compiled configuration of a kernel source.
 
-    ``kernel`` names the entry point; ``source`` the ``.cu`` file; ``macros`` the variant values
-    (passed as ``-DTESSERA_<NAME>=<value>``).
+    ``kernel`` names the entry point; ``source`` the ``.cu`` file (relative to ``tessera/cuda``);
+    ``macros`` the variant's values of the source's :data:`PARAMETERS` (the others take their
+    defaults), written into its ``Config`` struct.
     """
 
     source: str
@@ -56,10 +62,10 @@ class Variant:
     def bsa_sm80(cls, *, block_m: int, block_n: int, head_dim: int, num_warps: int, stages: int,
                  bf16: bool, min_blocks: int = 1, guard: bool = True) -> "Variant":
         """The portable family (mma.sync). ``guard``: the variant checks the V of chunks whose
-        span applies to some of a tile's rows for non-finite values (common.cuh); plans whose
-        regime restricts no span (Regime.restricts_rows) run without it."""
+        span applies to some of a tile's rows for non-finite values (common/guard.cuh); plans
+        whose regime restricts no span (Regime.restricts_rows) run without it."""
         mt = block_m // (16 * num_warps)
-        return cls("bsa_sm80.cu", "bsa_fwd_sm80", (
+        return cls(SM80, "bsa_fwd_sm80", (
             ("BM", block_m), ("BN", block_n), ("D", head_dim), ("WARPS", num_warps), ("MT", mt),
             ("STAGES", stages), ("MIN_BLOCKS", min_blocks), ("BF16", int(bf16))) + (
             () if guard else (("GUARD", 0),)))
@@ -81,13 +87,13 @@ class Variant:
         the span-by-span walk only; the launch passes tensor maps). ``wide``
         (Regime.wide_steps): the TMA variant of 128x128 tiles at head dim 64 steps 192 keys at
         a time through tasks of a few long spans (``WIDE_BN``, by the rule of
-        tasks.wide_step_tasks; see bsa_sm90.cu); other variants have no wide step and ignore
+        tasks.wide_step_tasks; see sm90/traits.cuh); other variants have no wide step and ignore
         it. ``guard``: as for bsa_sm80. ``rings`` (TMA producer, 64-row tiles): lone consumer
         warpgroups a CTA, each on its own tasks and stage ring fed by its own producer warp
-        (``TESSERA_RINGS``), one CTA an SM; two Q buffers each where they fit.
+        (``RINGS``), one CTA an SM; two Q buffers each where they fit.
         ``whole_tasks`` (Regime.whole_spans; producer variants of the span-by-span walk): every
         task is one span over all its rows, walked by arithmetic in one loop
-        (``TESSERA_WHOLE_TASKS``): only for plans whose mask selects every block."""
+        (``WHOLE_TASKS``): only for plans whose mask selects every block."""
         if tma and (not producer or pack_keys):
             raise ValueError("TMA copies are the producer's, for the span-by-span walk")
         if whole_tasks and (not producer or pack_keys):
@@ -99,15 +105,14 @@ class Variant:
         macros = (("BM", block_m), ("BN", block_n), ("D", head_dim), ("STAGES", stages),
                   ("BF16", int(bf16))) + ((("PACK_KEYS", 1),) if pack_keys else ()) + (
                   (("TMA", 1),) if tma else ()) + (
-                  (("WIDE_BN", WIDE_BN), ("WIDE_SPANS", WIDE_SPANS), ("WIDE_SLACK", WIDE_SLACK))
-                  if wide else ()) + (() if guard else (("GUARD", 0),)) + (
+                  (("WIDE_BN", WIDE_BN),) if wide else ()) + (() if guard else (("GUARD", 0),)) + (
                   (("PV_WAIT_ANCHOR", 1),)
                   if pv_wait_anchored(block_m, block_n, head_dim, tma, whole_tasks) else ()) + (
                   (("WHOLE_TASKS", 1),) if whole_tasks else ())
         if not producer:
-            return cls("bsa_sm90.cu", "bsa_fwd_sm90", macros)
+            return cls(SM90, "bsa_fwd_sm90", macros)
         def ws(q_buffers: int, min_blocks: int, aligned: bool = False) -> "Variant":
-            return cls("bsa_sm90.cu", "bsa_fwd_sm90", macros + (("PRODUCER", 1),) + (
+            return cls(SM90, "bsa_fwd_sm90", macros + (("PRODUCER", 1),) + (
                 (("Q_BUFFERS", 2),) if q_buffers == 2 else ()) + (
                 (("MIN_BLOCKS", min_blocks),) if min_blocks > 1 else ()) + (
                 (("SMEM_ALIGNED", 1),) if aligned else ()))
@@ -149,7 +154,7 @@ class Variant:
 
     @property
     def rings(self) -> int:
-        """Task streams a CTA runs side by side (``TESSERA_RINGS``; 1 but in ringed variants)."""
+        """Task streams a CTA runs side by side (``RINGS``; 1 but in ringed variants)."""
         return dict(self.macros).get("RINGS", 1)
 
     @property
@@ -160,7 +165,7 @@ class Variant:
     @property
     def threads(self) -> int:
         """Threads per CTA of a block-sparse attention variant."""
-        if self.source == "bsa_sm90.cu":
+        if self.source == SM90:
             return (self.macro("BM") // 64 * self.rings
                     + dict(self.macros).get("PRODUCER", 0)) * 128
         return self.macro("WARPS") * 32
@@ -169,14 +174,14 @@ class Variant:
     def persistent(self) -> bool:
         """Whether a CTA runs a sequence of tasks (grid of at most the CTAs the GPU holds at
         once) rather than one: the warp-specialized sm90 variant."""
-        return self.source == "bsa_sm90.cu" and bool(dict(self.macros).get("PRODUCER"))
+        return self.source == SM90 and bool(dict(self.macros).get("PRODUCER"))
 
     @property
     def local_bytes(self) -> int:
         """Local memory (ptxas' stack frame) the variant uses by design: the sm90 family's copy
         of one row tile's accumulators, which rows a restricted chunk excludes keep across its
-        product when its V holds an Inf or NaN (bsa_sm90.cu, GuardedRows); 0 elsewhere."""
-        if self.source == "bsa_sm90.cu" and dict(self.macros).get("GUARD", 1):
+        product when its V holds an Inf or NaN (sm90/epilogue.cuh, GuardedRows); 0 elsewhere."""
+        if self.source == SM90 and dict(self.macros).get("GUARD", 1):
             return self.macro("D") // 8 * 4 * 4
         return 0
 
@@ -205,17 +210,18 @@ class Variant:
     def label(self) -> str:
         """Names the compiled module: the source and macro values (a module may hold several
         kernels, e.g. the planner's; each compiles once)."""
-        return Path(self.source).stem + "".join(f"_{k.lower()}{v}" for k, v in self.macros)
+        stem = self.source.removesuffix(".cu").replace("/", "_")
+        return stem + "".join(f"_{k.lower()}{v}" for k, v in self.macros)
 
 
 @functools.lru_cache(maxsize=256)  # asked on every launch
 def smem_bytes(v: Variant) -> int:
     """Dynamic shared memory of a block-sparse attention variant (mirrors the formulas in
-    bsa_sm80.cu and bsa_sm90.cu); 0 for other kernels."""
-    if v.source == "bsa_sm80.cu":
+    sm80/bsa.cu and sm90/smem.cuh); 0 for other kernels."""
+    if v.source == SM80:
         lds = v.macro("D") + 8
         return 2 * lds * (v.macro("BM") + v.macro("STAGES") * 2 * v.macro("BN"))
-    if v.source == "bsa_sm90.cu":  # tiles unpadded (swizzled), plus 1 KiB to align them
+    if v.source == SM90:  # tiles unpadded (swizzled), plus 1 KiB to align them
         d, stages = v.macro("D"), v.macro("STAGES")
         macros = dict(v.macros)
         q_bufs = macros.get("Q_BUFFERS", 1)
@@ -230,9 +236,9 @@ def smem_bytes(v: Variant) -> int:
     return 0
 
 
-# The wide step's rule, which the loader passes to bsa_sm90.cu's wide_task (TESSERA_WIDE_SPANS,
-# TESSERA_WIDE_SLACK): tasks of more spans never take it, nor tasks whose keys in wide steps
-# exceed their keys in narrow ones by more than 1 / WIDE_SLACK.
+# The wide step's rule, which sm90/walks.cuh's wide_task reads from the Config (WIDE_SPANS,
+# WIDE_SLACK): tasks of more spans never take it, nor tasks whose keys in wide steps exceed their
+# keys in narrow ones by more than 1 / WIDE_SLACK.
 WIDE_SPANS = 4
 
 
@@ -243,3 +249,39 @@ WIDE_SLACK = 32
 # Row groups with no valid row may skip their matrix work (the portable kernel skips per warp of
 # 16 or 32 rows), so stats count computed pairs per group: an approximation of what runs.
 ROW_GROUP = 16
+
+
+# Each kernel source's compile-time parameters and their defaults (None: every variant sets it).
+# sm80/traits.cuh and sm90/traits.cuh say what each one means.
+PARAMETERS: dict[str, dict[str, int | None]] = {
+    SM80: {"BM": None, "BN": None, "D": None, "WARPS": None, "MT": None, "STAGES": None,
+           "BF16": None, "MIN_BLOCKS": 1, "GUARD": 1},
+    SM90: {"BM": None, "BN": None, "D": None, "STAGES": None, "BF16": None, "PRODUCER": 0,
+           "Q_BUFFERS": 1, "MIN_BLOCKS": 1, "TMA": 0, "RINGS": 1, "SMEM_ALIGNED": 0,
+           "PACK_KEYS": 0, "GUARD": 1, "PV_WAIT_ANCHOR": 0, "WHOLE_TASKS": 0, "WIDE_BN": 0,
+           "WIDE_SPANS": WIDE_SPANS, "WIDE_SLACK": WIDE_SLACK},
+    "combine.cu": {"BF16": None},
+    "pooled_topk.cu": {"F32": 0, "BF16": 1},
+    "plan.cu": {},
+}
+
+
+def config_header(v: Variant) -> str:
+    """The text of ``variant.cuh`` for ``v``: a ``Config`` struct holding every parameter of its
+    source, its own values over the defaults. Raises ValueError on a value the source does not
+    take or a required one missing."""
+    params = PARAMETERS.get(v.source)
+    if params is None:
+        raise ValueError(f"variant source {v.source!r} is none of {', '.join(PARAMETERS)}")
+    given = dict(v.macros)
+    unknown = sorted(set(given) - set(params))
+    if unknown:
+        raise ValueError(f"{v.source} takes no parameter {', '.join(unknown)} "
+                         f"(its parameters: {', '.join(params) or 'none'})")
+    values = {**params, **given}
+    missing = [k for k, x in values.items() if x is None]
+    if missing:
+        raise ValueError(f"{v.label} leaves {', '.join(missing)} unset")
+    fields = "".join(f"  static constexpr int {k} = {int(x)};\n" for k, x in values.items())
+    return (f"// The parameters of kernel variant {v.label}, written by tessera/cuda/loader.py\n"
+            f"// from tessera/cuda/variants.py.\n#pragma once\n\nstruct Config {{\n{fields}}};\n")

@@ -50,6 +50,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..runtime.cache import FixedMaskKey, PlanCache
 from ..runtime.plan import plan
 from ..runtime.regime import Regime
 from ..streams import on_producer_stream
@@ -57,6 +58,11 @@ from ..cuda.device import device_cc
 from ..families import invert_permutation
 from . import distributed, torch_attention
 from .methods import LayerMask, Method, Schedule, VideoGeometry
+
+# Fixed-mask plans a session keeps (least recently used dropped first): one per routed layer and
+# shapes -- more than the self-attention layers of the video transformers routed (Wan-14B 40,
+# HunyuanVideo 60) -- so a step never replans a fixed mask.
+FIXED_PLANS_KEPT = 128
 
 __all__ = ["enable", "disable", "session_of", "compile_blocks", "Session", "SUPPORTED",
            "check_context_parallel"]
@@ -187,7 +193,8 @@ class Session:
     _originals: list = field(default_factory=list, repr=False)
     _hook: Any = field(default=None, repr=False)
     _indices: dict = field(default_factory=dict, repr=False)
-    _plans: dict = field(default_factory=dict, repr=False)
+    # The plans of fixed host masks, one a layer and shapes: a model's layers, every one kept.
+    _plans: PlanCache = field(default_factory=lambda: PlanCache(FIXED_PLANS_KEPT), repr=False)
     _device_masks: dict = field(default_factory=dict, repr=False)  # host mask id -> its copy
     _video_order: Any = field(default=None, repr=False)  # this forward's, or None
     _ordered: bool = field(default=False, repr=False)  # the blocks' tokens are in it now
@@ -437,17 +444,16 @@ class Session:
         if not q.is_cuda or mask.on_device:
             return torch_attention.attention(q, k, v, mask, layout=layout, scale=scale,
                                              regime=self.regime)
-        key = (id(mask), tuple(q.shape), tuple(k.shape), q.dtype, layout, q.device.index)
-        got = self._plans.get(key)
-        if got is None or got[0] is not mask:
-            if len(self._plans) > 64:
-                self._plans.clear()
-            heads = 2 if layout == "blhd" else 1
+        heads = 2 if layout == "blhd" else 1
+        key = FixedMaskKey(id(mask), (q.shape[0], q.shape[heads], k.shape[heads], q.shape[-1],
+                                      str(q.dtype), layout), q.device.index)
+        p = self._plans.take(key)
+        if p is None or p.mask is not mask:
             p = plan(mask, num_q_heads=q.shape[heads], num_kv_heads=k.shape[heads],
                      head_dim=q.shape[-1], batch=q.shape[0], dtype=q.dtype, layout=layout,
                      regime=self.regime, arch=device_cc())  # (this GPU's kernels)
-            got = self._plans[key] = (mask, p)
-        return got[1].run(q, k, v, scale=scale)
+        self._plans.keep(key, p)
+        return p.run(q, k, v, scale=scale)
 
 
 def check_context_parallel(method: Method, keep_order: bool,

@@ -2,11 +2,13 @@
 again, with a new mask each time, and a kept sync-free plan replans a new mask into its own
 buffers (``Plan.replan``) instead of planning anew.
 
-A :class:`PlanCache` keeps plans under a :class:`RequestKey` -- everything a new plan would
-read besides the mask's selection -- least recently used first out, and counts, per key whose
-regime selection reads the mask, the requests since it last read one. ``tessera.attention``
-owns one; an integration may keep its own. ``tessera.config.request_plans_kept`` bounds every
-cache.
+A :class:`PlanCache` keeps plans under a key, least recently used first out: a
+:class:`RequestKey` -- everything a new plan would read besides the mask's selection -- for a
+request's mask, made anew every call; a :class:`FixedMaskKey` -- the mask itself and the
+shapes -- for a mask that stays (a layer's fixed pattern), planned once and then only run. It
+also counts, per request key whose regime selection reads the mask, the requests since it last
+read one. ``tessera.attention`` owns one, bounded by ``tessera.config.request_plans_kept``; the
+diffusers session keeps its fixed masks' plans in another, bounded by the layers it routes.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 from ..settings import config
 from .plan import Plan
 
-__all__ = ["RequestKey", "PlanCache"]
+__all__ = ["RequestKey", "FixedMaskKey", "PlanCache"]
 
 
 @dataclass(frozen=True)
@@ -46,14 +48,30 @@ class RequestKey:
         return replace(self, selected=regime)
 
 
+@dataclass(frozen=True)
+class FixedMaskKey:
+    """A fixed mask's plan: the mask (by identity: a kept plan holds it, so its id is not
+    reused while the plan is kept) and the attention ``shapes`` (batch, query heads, kv heads,
+    head dim, dtype, layout) on a ``device``."""
+
+    mask_id: int
+    shapes: tuple[int, int, int, int, str, str]
+    device: int
+
+
 class PlanCache:
-    """Plans kept per :class:`RequestKey`, at most ``config.request_plans_kept`` (least recently
-    used dropped first), and the selection reads per key. A plan is taken out while its
+    """Plans kept per key (:class:`RequestKey` or :class:`FixedMaskKey`), at most ``capacity``
+    (None: ``config.request_plans_kept``, read at each :meth:`keep`), least recently used
+    dropped first, and the selection reads per request key. A plan is taken out while its
     request plans and launches (:meth:`take`) and put back after (:meth:`keep`): a concurrent
     request of the same key, from another thread, makes a plan of its own."""
 
-    def __init__(self) -> None:
-        self._plans: OrderedDict[RequestKey, Plan] = OrderedDict()
+    def __init__(self, capacity: int | None = None) -> None:
+        if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int)
+                                     or capacity < 0):
+            raise ValueError(f"capacity must be None or an int >= 0, got {capacity!r}")
+        self.capacity = capacity
+        self._plans: OrderedDict[RequestKey | FixedMaskKey, Plan] = OrderedDict()
         self._reads: dict[RequestKey, int] = {}
         self._lock = threading.Lock()
 
@@ -61,7 +79,7 @@ class PlanCache:
         with self._lock:
             return len(self._plans)
 
-    def keys(self) -> list[RequestKey]:
+    def keys(self) -> list[RequestKey | FixedMaskKey]:
         """The keys of the kept plans, least recently used first."""
         with self._lock:
             return list(self._plans)
@@ -76,20 +94,21 @@ class PlanCache:
             self._plans.clear()
             self._reads.clear()
 
-    def take(self, key: RequestKey) -> Plan | None:
+    def take(self, key: RequestKey | FixedMaskKey) -> Plan | None:
         """The plan kept under ``key``, taken out of the cache (None: none kept)."""
         with self._lock:
             return self._plans.pop(key, None)
 
-    def keep(self, key: RequestKey, plan: Plan) -> None:
+    def keep(self, key: RequestKey | FixedMaskKey, plan: Plan) -> None:
         """Keep ``plan`` under ``key`` as the most recently used, dropping the least recently
-        used beyond ``config.request_plans_kept``."""
+        used beyond the capacity."""
+        limit = config.request_plans_kept if self.capacity is None else self.capacity
         with self._lock:
             self._plans[key] = plan
             self._plans.move_to_end(key)
-            while len(self._plans) > config.request_plans_kept:
+            while len(self._plans) > limit:
                 self._plans.popitem(last=False)
-            if len(self._reads) > 4 * config.request_plans_kept:
+            if len(self._reads) > 4 * limit:
                 self._reads.clear()  # geometries long gone (a bound, not an LRU)
 
     def reads_since(self, key: RequestKey) -> int | None:

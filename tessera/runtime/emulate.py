@@ -2,7 +2,7 @@
 
 Each task is run the way a CTA runs it: physical rows (packed heads x tile tokens), spans walked
 block_n keys at a time with token-level edge masks and row restrictions (or, for a
-``pack_keys`` regime, the task's keys end to end, by the same walk as common.cuh's PackedWalk),
+``pack_keys`` regime, the task's keys end to end, by the same walk as common/walk.cuh's PackedWalk),
 online softmax, then a direct write or a partial into a workspace slot merged by the combine
 step. Equal to
 ``tessera.reference.attention`` means the runtime preserved the logical mask; the emulator also
@@ -46,7 +46,7 @@ def _span_chunks(spans: np.recarray, bn: int):
 
 
 def _packed_chunks(spans: np.recarray, bn: int):
-    """Chunks of the task's keys end to end, step for step as common.cuh's PackedWalk and its
+    """Chunks of the task's keys end to end, step for step as common/walk.cuh's PackedWalk and its
     Cursor: a chunk starts ``off`` keys into span ``si`` and holds ``valid`` keys; a row past
     them repeats the task's last key (masked); the row range is the task's first span's, for
     every chunk (as the consumers' PackedCount reads it: a packed task's spans share one)."""

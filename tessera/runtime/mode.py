@@ -1,4 +1,5 @@
-"""What a plan may do, as one value: :class:`PlanMode`.
+"""What a plan may do, as one value: :class:`PlanMode`; and which way its tiles run:
+:class:`Direction`.
 
 Planning trades host work and waits for the GPU against a better queue. The three callers want
 three different trades, and each reads its whole policy off its mode instead of a set of flags:
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["PlanMode"]
+__all__ = ["PlanMode", "Direction"]
 
 
 class PlanMode(enum.Enum):
@@ -47,3 +48,20 @@ class PlanMode(enum.Enum):
     def sync_free(self) -> bool:
         """Whether the plan must read nothing back from the GPU."""
         return self is PlanMode.CAPTURE
+
+
+class Direction(enum.Enum):
+    """Which side of the mask a plan's physical tiles hold.
+
+    - ``QUERY_MAJOR``: tiles of query rows, each walking the key spans its rows select (the
+      forward pass, and the backward pass's dQ).
+    - ``KEY_MAJOR``: tiles of key rows, each walking the query spans that select them -- the
+      mask's transpose (the backward pass's dK and dV). A task then holds one query head's rows
+      of a key tile; the query heads of a kv head's group are summed after (GQA).
+
+    A parameter of the planners (``planners.Planner``): the key-major plan of a mask is the
+    query-major plan of its transpose, for the shape with queries and keys exchanged.
+    """
+
+    QUERY_MAJOR = "query-major"
+    KEY_MAJOR = "key-major"

@@ -28,12 +28,12 @@ from .._array import to_numpy
 from ..capture import capture_memory_if, stream_capturing
 from ..cuda.device import check_arch
 from ..dtypes import SUPPORTED_HEAD_DIMS, checked_dtype
-from ..launch import MAX_TASKS, LaunchState, run_plan
+from ..launch import MAX_TASKS, AttentionShape, LaunchState, run_plan
 from ..mask import BlockMask
 from . import mapping
 from .device_planner import SyncFreePlan
 from .mapping import PhysicalTiles
-from .mode import PlanMode
+from .mode import Direction, PlanMode
 from .queue import Span, Task, TaskQueue, records
 from .planners import PLANNERS, Organized, PlanShape
 from .regime import ROW_GROUP, Regime
@@ -105,6 +105,12 @@ class Plan:
     def _planned(self) -> None:
         """Note where the planner's work was enqueued (``launch.LaunchState.record_planned``)."""
         self.launch_state.record_planned(self.mask.xp)
+
+    @property
+    def shape(self) -> AttentionShape:
+        """The attention shape the plan was made for (what a run checks q, k and v against)."""
+        return AttentionShape(self.batch, self.num_q_heads, self.num_kv_heads, self.head_dim,
+                              self.dtype, self.layout)
 
     @property
     def replannable(self) -> bool:
@@ -366,12 +372,12 @@ def _plan(mask: BlockMask, shape: PlanShape, mode: PlanMode, regime: Regime | No
     return p
 
 
-def _organize(mask: BlockMask, shape: PlanShape, mode: PlanMode, choice: RegimeChoice
-              ) -> Organized:
-    """The first planner that applies and answers (``planners.PLANNERS``), then the last wave
-    filled where the plan may cut tasks."""
-    organized = next(o for planner in PLANNERS if planner.applies(mask, choice)
-                     and (o := planner.organize(mask, shape, mode, choice)) is not None)
+def _organize(mask: BlockMask, shape: PlanShape, mode: PlanMode, choice: RegimeChoice,
+              direction: Direction = Direction.QUERY_MAJOR) -> Organized:
+    """The first planner that applies and answers (``planners.PLANNERS``) in ``direction``,
+    then the last wave filled where the plan may cut tasks."""
+    organized = next(o for planner in PLANNERS if planner.applies(mask, choice) and
+                     (o := planner.organize(mask, shape, mode, choice, direction)) is not None)
     regime = choice.regime
     # A request of a selected regime leaves a device planner's queue whole, as it splits
     # nothing: the cut would copy the queue back to the host and sort it, every request.
@@ -383,6 +389,7 @@ def _organize(mask: BlockMask, shape: PlanShape, mode: PlanMode, choice: RegimeC
     # (A device planner's queue here synchronized already: its costs are read back.)
     tiles, queue = organized.exact
     hp = queue.heads_per_task
+    shape = shape.for_direction(direction)
 
     def groups(tasks: np.ndarray) -> np.ndarray:
         return task_groups(tasks, shape.batch, shape.num_q_heads, shape.num_kv_heads, hp,

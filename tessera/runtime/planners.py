@@ -10,40 +10,49 @@ mask (tested array for array):
   (``tasks.build_task_queue``).
 
 ``plan.py`` asks the device planner first where it applies and the array planner otherwise.
+
+Both take a :class:`~tessera.runtime.mode.Direction`: query-major tiles (the forward pass) or
+key-major ones (the backward pass's dK and dV), which are the query-major tiles of the mask's
+transpose for the shape with one query head a task (:func:`oriented`): one pipeline, two
+directions.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import numpy as np
 
+from ..launch import AttentionShape
 from ..mask import BlockMask
 from . import mapping
 from .device_planner import SyncFreePlan, plan_on_device
 from .mapping import PhysicalTiles, map_to_tiles, selects_every_block
-from .mode import PlanMode
+from .mode import Direction, PlanMode
 from .queue import TaskQueue
 from .regime.choice import RegimeChoice
 from .tasks import build_task_queue
 
-__all__ = ["PlanShape", "Organized", "Planner", "DevicePlanner", "ArrayPlanner", "PLANNERS"]
+__all__ = ["PlanShape", "Organized", "Planner", "DevicePlanner", "ArrayPlanner", "PLANNERS",
+           "oriented"]
 
 
 @dataclass(frozen=True)
-class PlanShape:
-    """The attention shape a plan is for, checked: batch and heads, head dim, dtype, layout,
-    and which stored mask batch and head each (batch, query head) reads."""
+class PlanShape(AttentionShape):
+    """The attention shape a plan is for, checked, and which stored mask batch and head each
+    (batch, query head) reads."""
 
-    batch: int
-    num_q_heads: int
-    num_kv_heads: int
-    head_dim: int
-    dtype: str
-    layout: str
     batch_of: np.ndarray
     head_of: np.ndarray
+
+    def for_direction(self, direction: Direction) -> "PlanShape":
+        """The shape tasks are organized for in ``direction``: key-major tasks hold one query
+        head each -- a kv head's dK and dV sum its group's query heads, which read different
+        masks -- each still reading its own stored mask head (``head_of``)."""
+        if direction is Direction.QUERY_MAJOR:
+            return self
+        return replace(self, num_kv_heads=self.num_q_heads)
 
 
 @dataclass
@@ -70,13 +79,23 @@ class Organized:
 
 
 class Planner(Protocol):
-    """Physical mapping and task organization of ``mask`` for ``choice``'s regime in ``mode``;
-    None when this planner cannot take the mask (the next one does)."""
+    """Physical mapping and task organization of ``mask`` for ``choice``'s regime in ``mode``,
+    in ``direction``; None when this planner cannot take the mask (the next one does)."""
 
     def applies(self, mask: BlockMask, choice: RegimeChoice) -> bool: ...
 
-    def organize(self, mask: BlockMask, shape: PlanShape, mode: PlanMode,
-                 choice: RegimeChoice) -> Organized | None: ...
+    def organize(self, mask: BlockMask, shape: PlanShape, mode: PlanMode, choice: RegimeChoice,
+                 direction: Direction = Direction.QUERY_MAJOR) -> Organized | None: ...
+
+
+def oriented(mask: BlockMask, shape: PlanShape,
+             direction: Direction) -> tuple[BlockMask, PlanShape]:
+    """The mask and shape a planner maps for ``direction``. Query-major: as given. Key-major:
+    the mask's transpose (tile rows are key tokens, spans query ranges) and the shape's
+    key-major tasks (:meth:`PlanShape.for_direction`)."""
+    if direction is Direction.QUERY_MAJOR:
+        return mask, shape
+    return mask.transposed(), shape.for_direction(direction)
 
 
 def _tile_rows(mask: BlockMask, shape: PlanShape, choice: RegimeChoice) -> tuple[int, int]:
@@ -92,9 +111,10 @@ class DevicePlanner:
     def applies(self, mask: BlockMask, choice: RegimeChoice) -> bool:
         return mapping.use_device_planner(mask.xp) and choice.regime.combine_threshold == 0
 
-    def organize(self, mask: BlockMask, shape: PlanShape, mode: PlanMode,
-                 choice: RegimeChoice) -> Organized | None:
+    def organize(self, mask: BlockMask, shape: PlanShape, mode: PlanMode, choice: RegimeChoice,
+                 direction: Direction = Direction.QUERY_MAJOR) -> Organized | None:
         regime = choice.regime
+        mask, shape = oriented(mask, shape, direction)
         hp, tile_rows = _tile_rows(mask, shape, choice)
         fused = plan_on_device(mask, tile_rows=tile_rows, block_n=regime.block_n,
                                heads_per_task=hp, batch=shape.batch,
@@ -124,9 +144,10 @@ class ArrayPlanner:
     def applies(self, mask: BlockMask, choice: RegimeChoice) -> bool:
         return True
 
-    def organize(self, mask: BlockMask, shape: PlanShape, mode: PlanMode,
-                 choice: RegimeChoice) -> Organized:
+    def organize(self, mask: BlockMask, shape: PlanShape, mode: PlanMode, choice: RegimeChoice,
+                 direction: Direction = Direction.QUERY_MAJOR) -> Organized:
         regime = choice.regime
+        mask, shape = oriented(mask, shape, direction)
         hp, tile_rows = _tile_rows(mask, shape, choice)
         tiles = map_to_tiles(mask, tile_rows, regime.block_n, regime.combine_threshold,
                              regime.pack_keys, regime.align_tiles)

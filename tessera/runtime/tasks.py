@@ -128,7 +128,7 @@ def launch_keys(cost: Any, group: Any, in_flight: int) -> Any:
 
 def wide_step_tasks(tasks: np.ndarray, spans: np.ndarray, block_n: int, wide_bn: int
                     ) -> np.ndarray:
-    """Which tasks a kernel with a ``wide_bn``-key step (bsa_sm90.cu ``TESSERA_WIDE_BN``) walks
+    """Which tasks a kernel with a ``wide_bn``-key step (sm90/traits.cuh ``WIDE_BN``) walks
     at that width: those of at most :data:`WIDE_SPANS` spans whose keys, rounded up to whole
     wide steps, exceed their keys rounded up to ``block_n``-key steps by at most
     1/:data:`WIDE_SLACK` -- long spans, where fewer steps pay and padding costs little. The
@@ -146,7 +146,7 @@ def wide_step_tasks(tasks: np.ndarray, spans: np.ndarray, block_n: int, wide_bn:
 
 
 def whole_span_tasks(tasks: np.ndarray, spans: np.ndarray) -> np.ndarray:
-    """Which tasks the sm90 rings at head dim 64 walk as whole-span tasks (bsa_sm90.cu
+    """Which tasks the sm90 rings at head dim 64 walk as whole-span tasks (sm90/walks.cuh
     ``whole_span_task``): one span whose row restriction covers the task's query rows, so its
     chunks need no per-chunk fields. The kernel decides this per task; this host mirror lets
     tests and statistics see the decision (host arrays in, bool out)."""

@@ -1,5 +1,6 @@
 """Command line: ``python -m tessera info`` (what this machine can run, with or without a GPU),
-``plan``, ``demo``, ``bench``, ``pipeline`` and ``profile`` (write this GPU's regime table)."""
+``plan``, ``demo``, ``bench``, ``pipeline``, ``profile`` (write this GPU's regime table) and
+``kernels`` (every kernel variant's machine code, no GPU needed)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from .args import int_choice, nonnegative_int, positive_int, require_matplotlib
 from .bench import main as bench_main
 from .pipeline import main as pipeline_main
 from .demo import run
+from . import kernels
 from .plot import draw_plan
 from .profile import add_arguments, command
 from .workloads import FAMILIES, WORKLOADS, example_mask
@@ -173,6 +175,9 @@ def _main(argv: list[str] | None) -> int:
                                          "this GPU's regime table (needs a GPU and PyTorch)")
 
     add_arguments(pr)
+    kn = sub.add_parser("kernels", help="compile every kernel variant the runtime can pick and "
+                                        "print its registers and machine-code size (no GPU)")
+    kernels.add_arguments(kn)
     sub.add_parser("bench", add_help=False,
                    help="Tessera vs dense SDPA and FlexAttention on a GPU (see --help there)")
     sub.add_parser("pipeline", add_help=False,
@@ -194,5 +199,7 @@ def _main(argv: list[str] | None) -> int:
         return command(args)
     if args.cmd == "demo":
         return run(args.size)
+    if args.cmd == "kernels":
+        return kernels.command(args)
     return 2
 

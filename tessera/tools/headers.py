@@ -1,5 +1,5 @@
 """``python -m tessera.tools.headers``: writes the generated CUDA headers -- ``cuda/queue.cuh``
-(the task-queue layout of ``runtime/queue.py``) and ``cuda/wgmma.cuh`` (``cuda/gen_wgmma.py``).
+(the task-queue layout of ``runtime/queue.py``) and ``cuda/sm90/wgmma.cuh`` (``cuda/gen_wgmma.py``).
 Run it after changing either source; CPU tests hold the committed headers equal to these."""
 
 from __future__ import annotations

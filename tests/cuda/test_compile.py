@@ -7,7 +7,6 @@ import pytest
 
 from tessera.cuda import loader, variants
 from tessera.runtime.regime import Regime, default_regime, regime_fits
-from tessera.runtime.regime.heuristic import SM90_ROWS192_D64
 
 pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="NVRTC comes with the CUDA extras")
 
@@ -146,7 +145,7 @@ def test_sm90_tma_variants_compile(bm, bn, d, tmp_path, monkeypatch):
 @pytest.mark.parametrize("d", [64, 128])
 def test_sm90_tma_variants_count_a_chunk_word_a_stage(d):
     """A TMA producer stages each chunk's span fields in a 16-byte word a stage after the
-    barriers (bsa_sm90.cu, STAGED_SPANS): its shared memory is the cp.async form's plus those
+    barriers (sm90/walks.cuh, STAGED_SPANS): its shared memory is the cp.async form's plus those
     words, and the 64-row forms still fit their CTAs an SM with them."""
     from tessera.cuda.device import SM90_SMEM_PER_SM, SM90_SMEM_RESERVED
 
@@ -208,8 +207,9 @@ def test_sm90_wide_step_variant_compiles(bf16, tmp_path, monkeypatch):
     assert dict(v.macros)["WIDE_BN"] == variants.WIDE_BN and v.kv_rows == 192
     from tessera.runtime import tasks  # the rule's one source: the host mirror's constants
 
-    assert (dict(v.macros)["WIDE_SPANS"], dict(v.macros)["WIDE_SLACK"]) == (
-        tasks.WIDE_SPANS, tasks.WIDE_SLACK)
+    config = variants.config_header(v)
+    assert f"WIDE_SPANS = {tasks.WIDE_SPANS};" in config
+    assert f"WIDE_SLACK = {tasks.WIDE_SLACK};" in config
     assert v.kv_box_rows == 64 and variants.smem_bytes(v) <= 227 * 1024
     for other in (reg.variant(64, bf16=bf16), reg.variant(128, bf16=bf16, tma=True)):
         assert "WIDE_BN" not in dict(other.macros)
@@ -218,30 +218,11 @@ def test_sm90_wide_step_variant_compiles(bf16, tmp_path, monkeypatch):
 
 
 def _sm90_reachable():
-    """Every sm90 kernel a plan on sm_90 can choose: the profiled candidates' and the
-    heuristic's regimes (64- and 128-token query blocks, aligned and ragged keys) at each head
-    dim, and what a dense host mask makes of each (whole_span_pick), with their TMA variant
-    where the regime has one -- by macros, each once."""
-    import numpy as np
+    """Every sm90 kernel a plan on sm_90 can choose (tools.kernels.variants_in_use), in bf16:
+    the element type changes no code path."""
+    from tessera.tools.kernels import variants_in_use
 
-    from tessera import BlockMask
-    from tessera.runtime.regime import candidate_regimes, whole_span_pick
-
-    ragged = np.array([0, 64, 128, 144, 208, 272, 288])
-    dense = BlockMask.from_dense(np.ones((2, 2), bool), block_size=64)
-    out = {}
-    for d in HEAD_DIMS:
-        regimes = list(candidate_regimes(d, 90)) + [
-            default_regime(90, d, qb, kb) for qb in (64.0, 128.0) for kb in (None, ragged)] + (
-            [SM90_ROWS192_D64] if d == 64 else [])  # (selection's pick for blocks of 192+)
-        regimes += [whole_span_pick(r, dense, d) for r in regimes]
-        for r in regimes:
-            if r.family != "sm90":
-                continue
-            for tma in (False, True) if r.tma_capable else (False,):
-                v = r.variant(d, bf16=True, tma=tma)
-                out.setdefault(v.macros, v)
-    return [out[k] for k in sorted(out)]
+    return [v for _, v in variants_in_use(("sm_90a",), bf16=(True,))]
 
 
 SM90_REACHABLE = _sm90_reachable()
@@ -295,7 +276,7 @@ def test_sm90_family_is_refused_off_hopper(tmp_path, monkeypatch):
 
 
 def test_wgmma_header_is_generated():
-    """wgmma.cuh is exactly what its generator writes (edit the generator, not the header)."""
+    """sm90/wgmma.cuh is exactly what its generator writes (edit the generator, not the header)."""
     from tessera.cuda import gen_wgmma
 
     assert gen_wgmma.header_path().read_text() == gen_wgmma.render()
@@ -320,7 +301,7 @@ def test_cache_roundtrip(tmp_path, monkeypatch):
 
 def test_compile_error_is_reported(tmp_path, monkeypatch):
     monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
-    bad = variants.Variant("bsa_sm80.cu", "bsa_fwd_sm80", (("BM", 100), ("BN", 64), ("D", 64),
+    bad = variants.Variant(variants.SM80, "bsa_fwd_sm80", (("BM", 100), ("BN", 64), ("D", 64),
                                                          ("WARPS", 4), ("MT", 2),
                                                          ("STAGES", 2), ("BF16", 1)))
     with pytest.raises(loader.BuildError, match="failed to compile"):
@@ -350,6 +331,27 @@ def test_local_memory_beyond_the_variants_own_is_refused(tmp_path, monkeypatch):
 def test_missing_source_is_reported():
     with pytest.raises(loader.BuildError, match="not found"):
         loader.compile_variant(variants.Variant("nope.cu", "k"), "sm_80")
+
+
+def test_variant_config_holds_every_parameter_and_refuses_unknown_ones():
+    """The Config struct a source reads (variant.cuh): each of its parameters, the variant's
+    values over the defaults; a value the source does not take, or a required one left out,
+    is refused before anything compiles."""
+    v = variants.Variant.bsa_sm90(block_m=64, block_n=64, head_dim=64, stages=3, bf16=False,
+                                  producer=True, tma=True, rings=4)
+    text = variants.config_header(v)
+    for name, default in variants.PARAMETERS[variants.SM90].items():
+        want = dict(v.macros).get(name, default)
+        assert f"  static constexpr int {name} = {want};\n" in text
+    assert "RINGS = 4;" in text and "BF16 = 0;" in text and "PACK_KEYS = 0;" in text
+    typo = variants.Variant(variants.SM90, "bsa_fwd_sm90", v.macros + (("RING", 2),))
+    with pytest.raises(loader.BuildError, match="takes no parameter RING"):
+        loader.compile_variant(typo, "sm_90a")
+    short = variants.Variant(variants.SM80, "bsa_fwd_sm80", (("BM", 64),))
+    with pytest.raises(ValueError, match="leaves BN, D, WARPS, MT, STAGES, BF16 unset"):
+        variants.config_header(short)
+    with pytest.raises(ValueError, match="is none of"):
+        variants.config_header(variants.Variant("other.cu", "k"))
 
 
 def test_target_for():
@@ -478,3 +480,20 @@ def test_pv_wait_anchor_only_where_it_pays(tmp_path, monkeypatch):
     assert "PV_WAIT_ANCHOR" not in dict(whole.variant(64, True, tma=True).macros)
     for v in (anchored, whole.variant(128, True, tma=True)):
         assert loader.compile_variant(v, "sm_90a").spill_bytes == 0
+
+
+def test_every_kernel_source_ships_in_the_package():
+    """Each .cu and .cuh file the loader may read matches the package data pyproject.toml
+    ships (a real install, not only the source tree, must build every kernel)."""
+    import fnmatch
+    from pathlib import Path
+
+    tomllib = pytest.importorskip("tomllib")
+    root = Path(loader.SOURCE_DIR)
+    project = tomllib.loads((root.parents[1] / "pyproject.toml").read_text())
+    globs = project["tool"]["setuptools"]["package-data"]["tessera.cuda"]
+    sources = [p.relative_to(root).as_posix() for p in root.rglob("*.cu*")]
+    assert len(sources) > 20
+    missing = [s for s in sources if not any(fnmatch.fnmatch(s, g) and s.count("/") ==
+                                             g.count("/") for g in globs)]
+    assert not missing, missing

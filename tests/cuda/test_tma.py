@@ -22,7 +22,7 @@ def test_tile_map_for_each_head_dim_and_layout():
     assert m.strides == (256, 256 * 1000, 256 * 1000 * 12)
     assert m.box == (64, 128, 1, 1)  # 128 bytes of the head dim: two boxes make a D=128 tile
     assert m.swizzle == tma.SWIZZLE_128B and m.data_type == tma.DATA_TYPE_BFLOAT16
-    # head dim 96: 64-byte chunks (bsa_sm90.cu's SW), 64-byte swizzle
+    # head dim 96: 64-byte chunks (sm90/traits.cuh's SW), 64-byte swizzle
     m = tma.tile_map((1, 2, 64, 96), bhld_strides(1, 2, 64, 96), bf16=False, rows=64)
     assert m.box == (32, 64, 1, 1) and m.swizzle == tma.SWIZZLE_64B
     assert m.data_type == tma.DATA_TYPE_FLOAT16
@@ -82,7 +82,7 @@ def test_encode_errors():
 
 def test_launch_maps_for_q_k_v():
     """One launch's TmaMaps: Q tiles of tile_rows tokens of the GQA-packed heads, K/V chunks of
-    block_n keys; 384 bytes in q, k, v order (common.cuh's TmaMaps)."""
+    block_n keys; 384 bytes in q, k, v order (common/task.cuh's TmaMaps)."""
     calls = []
     q = (0x10000, (1, 8, 500, 128), bhld_strides(1, 8, 500, 128))
     k = (0x20000, (1, 2, 700, 128), bhld_strides(1, 2, 700, 128))

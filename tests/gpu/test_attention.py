@@ -229,7 +229,7 @@ def test_packed_keys(producer, block_m, block_n, d):
     """pack_keys: a task's keys walked end to end -- key blocks shorter than a step (8 to 90
     tokens) sharing chunks, spans ending mid-chunk, GQA, an empty row, a ragged last block.
     Head dims 64, 96 and 128: one, three and two column chunks a row for the packed gather's
-    copies (bsa_sm90.cu load_kv), 128 or 256 loading threads."""
+    copies (sm90/loads.cuh load_kv), 128 or 256 loading threads."""
     if _device_cc() != 90:
         pytest.skip("the sm90 family runs on Hopper only")
     rng = np.random.default_rng(block_m + block_n + d + producer)

@@ -291,7 +291,7 @@ def check_queue(plan) -> None:
     np.testing.assert_array_equal(cost, (want + bn - 1) // bn if plan.regime.pack_keys else want)
     if plan.regime.pack_keys:
         # One row restriction a packed task: the kernels' consumers read its first span's for
-        # all of its chunks (common.cuh PackedCount).
+        # all of its chunks (common/walk.cuh PackedCount).
         lens = se - sb
         first = np.repeat(sb, lens)
         each = first + np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)

@@ -99,7 +99,7 @@ def test_emulator_matches_reference_aligned_tiles(examples):
 @given(lengths=st.lists(st.integers(1, 200), min_size=0, max_size=12),
        bn=st.sampled_from([64, 128]), seed=st.integers(0, 2**31 - 1))
 def test_packed_walk_covers_each_key_once(lengths, bn, seed):
-    """The packed walk (the emulator's copy of common.cuh's PackedWalk and Cursor): chunk after
+    """The packed walk (the emulator's copy of common/walk.cuh's PackedWalk and Cursor): chunk after
     chunk, the valid rows hold the task's keys end to end, each once, in span order; a chunk
     is full except the last; rows past the keys repeat the last key; the row range is the
     task's first span's (the kernel's consumers read it once a task)."""

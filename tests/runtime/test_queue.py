@@ -39,7 +39,7 @@ def test_kernels_name_only_defined_fields():
     header = (PACKAGE / "cuda" / "queue.cuh").read_text()
     defined = set(re.findall(r"#define (\w+) ", header))
     used = set()
-    for src in (PACKAGE / "cuda").glob("*.cu*"):
+    for src in (PACKAGE / "cuda").rglob("*.cu*"):
         if src.name != "queue.cuh":
             used |= set(re.findall(r"\b(?:TASK|SPAN|COMBINE|TILE|TOTAL)_[A-Z0-9_]+\b",
                                    src.read_text()))

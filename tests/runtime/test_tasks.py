@@ -69,7 +69,7 @@ def test_split_limit_counts_the_tasks_in_flight():
 
 
 def test_wide_step_tasks_are_those_of_few_long_spans():
-    """The host mirror of bsa_sm90.cu's wide_task: at most four spans, and 192-key steps may
+    """The host mirror of sm90/walks.cuh's wide_task: at most four spans, and 192-key steps may
     pad at most 1/32 more keys than 128-key steps."""
     lengths = [[17776], [192], [384], [128], [1024], [576, 1152], [384] * 5, [], [100, 92]]
     spans, tasks = [], []
@@ -84,7 +84,7 @@ def test_wide_step_tasks_are_those_of_few_long_spans():
 
 
 def test_whole_span_tasks_are_one_span_over_all_their_rows():
-    """The host mirror of bsa_sm90.cu's whole_span_task: exactly one span, whose row
+    """The host mirror of sm90/walks.cuh's whole_span_task: exactly one span, whose row
     restriction covers the task's query rows [q_start, q_end)."""
     spans = np.array([[0, 512, 0, 1 << 30],      # unrestricted
                       [0, 512, 100, 228],        # exactly the second task's rows

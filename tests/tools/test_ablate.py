@@ -26,11 +26,11 @@ def test_every_patch_applies_once_and_changes_its_files(name):
 
 def test_patches_combine_and_unknown_or_stale_ones_are_refused(monkeypatch):
     both = ablate.patched_sources(["softmax", "exp"])
-    assert set(both) == {"bsa_sm90.cu", "common.cuh"}
+    assert set(both) == {"sm90/mainloop.cuh", "common/types.cuh"}
     with pytest.raises(ValueError, match="unknown patch 'nope'"):
         ablate.patched_sources(["nope"])
     monkeypatch.setitem(ablate.PATCHES, "stale",
-                        ("gone", (("bsa_sm90.cu", "text that is not in the kernel", ""),)))
+                        ("gone", (("sm90/mainloop.cuh", "text that is not in the kernel", ""),)))
     with pytest.raises(ValueError, match="'stale' no longer applies"):
         ablate.patched_sources(["stale"])
 

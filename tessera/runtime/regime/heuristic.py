@@ -267,7 +267,7 @@ def sm90_producer(block_m: int, block_n: int, head_dim: int) -> bool:
 def sm90_warps(block_m: int, block_n: int, head_dim: int) -> int:
     """Warps of the sm90 regime of this tile shape, as :func:`default_regime` and the profiled
     candidates take it: the rows' warps, in four rings for 64x64 tiles at head dim 64
-    (bsa_sm90.cu TESSERA_RINGS: the TMA form's; a packed walk, copied by cp.async, runs one ring
+    (sm90/traits.cuh RINGS: the TMA form's; a packed walk, copied by cp.async, runs one ring
     a CTA, Regime.variant), plus a producer warpgroup where :func:`sm90_producer` says (the
     three-CTA form of those tiles measured 1.06-1.08x slower on CogVideoX: docs/decisions.md)."""
     rings = 4 if (block_m, block_n, head_dim) == (64, 64, 64) else 1

@@ -50,7 +50,7 @@ class Regime:
             keys with their neighbours (clusters). Needs combine_threshold 0 and no pack_keys.
             The default plan on sm_90 sets it where :func:`align_pays` (:func:`select_regime`).
         wide_steps: sm90, 128x128 tiles with the producer, head dim 64, TMA copies: tasks of at
-            most four long spans step 192 keys at a time (bsa_sm90.cu ``TESSERA_WIDE_BN``;
+            most four long spans step 192 keys at a time (sm90/traits.cuh ``WIDE_BN``;
             other variants ignore it). Off by default: on the H200 it ran dense CogVideoX ~3%
             faster than without, random and spatial-temporal masks 3-8% slower (its stages
             hold 192 keys; docs/decisions.md).

@@ -88,9 +88,9 @@ def test_regime_names_parse_back():
 def test_sm90_regimes_are_checked_and_map_to_the_hopper_variant():
     r = Regime(family="sm90", block_m=128, num_warps=8, block_n=128, stages=3)
     v = r.variant(128, bf16=False)
-    assert v.source == "bsa_sm90.cu" and v.threads == 256
+    assert v.source == "sm90/bsa.cu" and v.threads == 256
     assert dict(v.macros) == {"BM": 128, "BN": 128, "D": 128, "STAGES": 3, "BF16": 0}
-    assert Regime().variant(64).source == "bsa_sm80.cu" and Regime().variant(64).threads == 128
+    assert Regime().variant(64).source == "sm80/bsa.cu" and Regime().variant(64).threads == 128
     assert r.runs_on(90) and not r.runs_on(80) and not r.runs_on(100) and Regime().runs_on(80)
     assert R.regime_from_name(r.name) == r
     for bad, word in ((dict(block_m=96, num_warps=6), "block_m 64 or 128"),

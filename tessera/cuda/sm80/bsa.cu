@@ -5,144 +5,26 @@
 // tile tokens), one warp per 16 rows, walking the task's key spans BN keys at a time. Tasks are
 // ordered longest first and the hardware dispatches CTAs roughly in index order.
 //
-// Variant parameters (macros, set by tessera/cuda/loader.py):
-//   TESSERA_BM, TESSERA_BN     physical tile: rows per task, keys per step
-//   TESSERA_D                  head dim (q, k and v), a multiple of 16
-//   TESSERA_WARPS              warps per CTA
-//   TESSERA_MT                 m16 row tiles per warp (BM = WARPS * 16 * MT). Two tiles per warp
-//                              halve the shared-memory reads of K and V per matrix operation,
-//                              which is what bounds this family on large GPUs.
-//   TESSERA_STAGES             K/V pipeline depth (>= 2)
-//   TESSERA_MIN_BLOCKS         CTAs per SM the register budget is set for
-//   TESSERA_BF16               1: bfloat16, 0: float16
-//   TESSERA_GUARD              0: no non-finite check of row-restricted chunks (common.cuh)
+// Roles: traits.cuh (the variant's constants), loads.cuh (the K/V pipeline's copies), mma.cuh
+// (ldmatrix and mma.sync), guard.cuh (non-finite V values in row-restricted chunks); the main
+// loop and the epilogue are this kernel's. The softmax step, the key walks and the output store
+// are both families' (common/).
 //
 // Shared memory (dynamic), in elements: BM * (D + 8) for Q, then STAGES x {K, V} tiles of
 // BN x (D + 8). The +8 pad puts the 8 rows one ldmatrix reads in distinct banks. Q stays in
 // shared memory and is re-read per key step (registers go to the accumulators instead).
-// Python's loader.smem_bytes mirrors this formula.
-#include "common.cuh"
+// tessera/cuda/variants.py's smem_bytes mirrors this formula.
+#include "variant.cuh"
+#include "common/epilogue.cuh"
+#include "common/softmax.cuh"
+#include "sm80/guard.cuh"
+#include "sm80/loads.cuh"
+#include "sm80/mma.cuh"
 
-#ifndef TESSERA_MIN_BLOCKS
-#define TESSERA_MIN_BLOCKS 1
-#endif
-
-namespace {
-constexpr int BM = TESSERA_BM;
-constexpr int BN = TESSERA_BN;
-constexpr int D = TESSERA_D;
-constexpr int NW = TESSERA_WARPS;
-constexpr int MT = TESSERA_MT;
-constexpr int STAGES = TESSERA_STAGES;
-constexpr int NT = NW * 32;
-constexpr int LDS = D + 8;               // padded shared-memory row, elements
-constexpr int KV_TILE = BN * LDS;        // elements of one K or V tile
-constexpr int STAGE = 2 * KV_TILE;       // K then V
-constexpr int Q_TILE = BM * LDS;
-constexpr int CPR = D / 8;               // 16-byte chunks per row
-static_assert(BM == NW * 16 * MT, "BM = warps x 16 x MT");
-static_assert(D % 16 == 0 && BN % 16 == 0, "D and BN must be multiples of 16");
-static_assert(STAGES >= 2, "at least double buffering");
-
-using Walk = ChunkWalk<BN>;
-
-// Issue the asynchronous copies of one K/V chunk into a stage (rows past the span end: see
-// ChunkWalk::row_key).
-// k_head/v_head point at (batch, kv head) row 0; the row stride is in elements.
-__device__ __forceinline__ void load_kv(u16* stage, const u16* k_head, i64 k_sl,
-                                        const u16* v_head, i64 v_sl, const Walk& w,
-                                        int tid) {
-  const u32 ks = smem_addr(stage), vs = smem_addr(stage + KV_TILE);
-  if constexpr (NT % CPR == 0) {
-    // Each thread copies the same 16-byte column of every (NT / CPR)-th row: the row step and
-    // the shared-memory offsets are compile-time constants.
-    constexpr int ROW_STEP = NT / CPR;
-    const int r0 = tid / CPR, c = tid % CPR;
-    const u32 off0 = (u32)(r0 * LDS + c * 8) * 2u;
-    if (w.kpos + BN <= w.k1) {
-      // A whole chunk (the common case): its rows are consecutive keys, so each row's address
-      // is one 64-bit add from the last instead of a clamp and two 64-bit multiplies.
-      const u16* kr = k_head + (i64)(w.kpos + r0) * k_sl + c * 8;
-      const u16* vr = v_head + (i64)(w.kpos + r0) * v_sl + c * 8;
-#pragma unroll
-      for (int j = 0; j < BN / ROW_STEP; ++j) {
-        const u32 off = off0 + (u32)(j * ROW_STEP * LDS * 2);
-        cp_async16(ks + off, kr);
-        cp_async16(vs + off, vr);
-        kr += ROW_STEP * k_sl;
-        vr += ROW_STEP * v_sl;
-      }
-      return;
-    }
-#pragma unroll
-    for (int j = 0; j < BN / ROW_STEP; ++j) {
-      const i64 key = w.row_key(r0 + j * ROW_STEP);
-      const u32 off = off0 + (u32)(j * ROW_STEP * LDS * 2);
-      cp_async16(ks + off, k_head + key * k_sl + c * 8);
-      cp_async16(vs + off, v_head + key * v_sl + c * 8);
-    }
-  } else {
-    // Not unrolled: unrolling hoists one address per iteration into registers the MMA loop needs.
-#pragma unroll 1
-    for (int i = tid; i < BN * CPR; i += NT) {
-      const int r = i / CPR, c = i % CPR;
-      const i64 key = w.row_key(r);
-      const u32 off = (u32)(r * LDS + c * 8) * 2u;
-      cp_async16(ks + off, k_head + key * k_sl + c * 8);
-      cp_async16(vs + off, v_head + key * v_sl + c * 8);
-    }
-  }
-}
-
-// ---- non-finite values in rows a span does not select (common.cuh) ------------------------------
-// The V tile's non-finite values are zeroed in place and their classes kept per column, 4 bits
-// a column (NONFINITE_*), 8 columns a word, in the padding of the tile's first rows (LDS - D
-// spare elements a row: no copy reads them).
-constexpr int FLAG_WORDS = D / 8;
-static_assert(FLAG_WORDS <= 4 * BN && (LDS - D) * 2 >= 16, "the flags fit in V's row padding");
-__device__ __forceinline__ u32 flag_word(u32 vs, int w) {
-  return vs + (u32)(((w / 4) * LDS + D) * 2 + (w % 4) * 4);
-}
-
-// Zeroes the Inf and NaN values of the V tile at vs and records their columns' classes; true
-// (for every thread of the CTA) when there were any. Called by every thread, after the tile
-// has landed and a barrier.
-__device__ __noinline__ bool guard_values(u32 vs, int tid) {
-  if (tid < FLAG_WORDS) asm volatile("st.shared.u32 [%0], 0;" ::"r"(flag_word(vs, tid)) : "memory");
-  __syncthreads();
-  u32 found = 0;
-#pragma unroll 1
-  for (int i = tid; i < BN * D / 2; i += NT) {
-    const int row = i / (D / 2), col = i % (D / 2) * 2;
-    const u32 at = vs + (u32)((row * LDS + col) * 2);
-    u32 x;
-    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(x) : "r"(at));
-    const u32 bad = non_finite_pair(x);
-    if (bad) {
-      found = 1;
-      asm volatile("st.shared.u32 [%0], %1;" ::"r"(at), "r"(x & ~bad) : "memory");
-      const u32 bits = (non_finite_class((u16)x) << (4 * (col % 8))) |
-                       (non_finite_class((u16)(x >> 16)) << (4 * (col % 8 + 1)));
-      asm volatile("red.shared.or.b32 [%0], %1;" ::"r"(flag_word(vs, col / 8)), "r"(bits)
-                   : "memory");
-    }
-  }
-  return __syncthreads_or(found) != 0;
-}
-
-// What column 8 * w + c of the guarded V tile adds to a row that selects all its keys: 0, or
-// the sum of its non-finite values (Inf, -Inf or NaN).
-__device__ __forceinline__ float column_non_finite(u32 vs, int w, int c) {
-  u32 f;
-  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(f) : "r"(flag_word(vs, w)));
-  return non_finite_sum((f >> (4 * c)) & 0xfu);
-}
-}  // namespace
-
-extern "C" __global__ void __launch_bounds__(NT, TESSERA_MIN_BLOCKS)
+extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS)
 bsa_fwd_sm80(TESSERA_BSA_PARAMS) {
   extern __shared__ __align__(16) u16 smem[];
-  TESSERA_NUM_TASKS;
+  const int num_tasks = task_total(task_count, max_tasks);
   if ((int)blockIdx.x >= num_tasks) return;  // a grid sized by a bound (sync-free plan)
   const Operand q{q_ptr, q_sb, q_sh, q_sl};
 

@@ -1,0 +1,79 @@
+// How the Hopper family's threads wait for one another: mbarriers (stage and Q hand-overs
+// between producer and consumers), named barriers (the consumers' issue turns), the async-proxy
+// fence, and the register reallocation between producer and consumers.
+#pragma once
+
+#include "sm90/traits.cuh"
+
+namespace {
+// threadIdx.x, read anew where it is used (not a value the compiler may keep live, or spill).
+__device__ __forceinline__ int thread_index() {
+  int t;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
+  return t;
+}
+
+// Named barriers order the consumer warpgroups' matrix work: warpgroup w issues its wgmma only
+// after warpgroup w - 1 has issued its own, so the tensor cores run one warpgroup's products
+// while the others compute their softmax. With a CTA barrier every key step (no producer, two
+// warpgroups) one barrier suffices; without it the turns go round strictly on WGS barriers
+// (barrier 1 + w: warpgroup w's turn, passed on by w - 1), so none runs a step ahead.
+__device__ __forceinline__ void named_bar_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void wait_issue_turn(int wg) {
+  if constexpr (WGS > 1) {
+    if (WS) named_bar_sync(1 + wg, 256);
+    else if (wg == 1) named_bar_sync(1, 256);
+  }
+}
+__device__ __forceinline__ void pass_issue_turn(int wg) {
+  if constexpr (WGS > 1) {
+    if (WS) named_bar_arrive(1 + (wg + 1) % WGS, 256);
+    else if (wg == 0) named_bar_arrive(1, 256);
+  }
+}
+
+__device__ __forceinline__ void mbar_init(u32 bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(u32 bar) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}" ::"r"(bar)
+               : "memory");
+}
+// Arrives on `bar` once every cp.async this thread issued before has completed (the TMA
+// producer's copies complete on the barriers by byte count instead).
+__device__ __forceinline__ void mbar_arrive_on_copies(u32 bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(u32 bar, int parity) {
+  asm volatile(
+      "{\n.reg .pred p;\nWAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra WAIT;\n}" ::"r"(bar), "r"(parity) : "memory");
+}
+// Expects `bytes` more on `bar` (the TMA copies' completion) and arrives once.
+__device__ __forceinline__ void mbar_arrive_expect_tx(u32 bar, u32 bytes) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}"
+               ::"r"(bar), "r"(bytes) : "memory");
+}
+
+// Makes this thread's completed cp.async writes visible to the tensor cores' (async proxy)
+// reads that follow the next barrier.
+__device__ __forceinline__ void fence_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// Register reallocation (PRODUCER_REGS, CONSUMER_REGS: traits.cuh).
+template <int REGS>
+__device__ __forceinline__ void regs_decrease() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(REGS));
+}
+template <int REGS>
+__device__ __forceinline__ void regs_increase() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(REGS));
+}
+}  // namespace
