@@ -91,6 +91,8 @@ def variants_in_use(targets: tuple[str, ...] = tuple(_ARCHES.values()), *,
 
 def text_section(cubin: bytes, name: str) -> bytes:
     """The bytes of ELF section ``name`` of a cubin (64-bit little-endian ELF)."""
+    if cubin[:5] != b"\x7fELF\x02":
+        raise ValueError("not a 64-bit ELF cubin")
     shoff, = struct.unpack_from("<Q", cubin, 0x28)
     entsize, count, names_index = struct.unpack_from("<HHH", cubin, 0x3A)
     headers = [struct.unpack_from("<IIQQQQ", cubin, shoff + i * entsize) for i in range(count)]
