@@ -10,6 +10,7 @@ masks of published video sparse-attention methods.
 from . import families, reference
 from .api import attention
 from .capture import CapturedMemory, release_captured_memory
+from .cuda.device import require_gpu
 from .mask import BlockMask
 from .runtime import emulate
 from .runtime.mode import PlanMode
@@ -20,5 +21,5 @@ from .settings import config
 __version__ = "0.1.0"
 
 __all__ = ["BlockMask", "CapturedMemory", "Plan", "PlanMode", "Regime", "attention", "config",
-           "emulate", "families", "plan", "reference", "release_captured_memory", "use_table",
-           "__version__"]
+           "emulate", "families", "plan", "reference", "release_captured_memory", "require_gpu",
+           "use_table", "__version__"]

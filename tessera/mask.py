@@ -718,11 +718,8 @@ class BlockMask:
 
     def to_device(self) -> "BlockMask":
         """The same mask with its selection on the current CUDA device (needs CuPy)."""
+        device.require_gpu("BlockMask.to_device")
         cp = cupy_or_none()
-        if cp is None:
-            raise RuntimeError("to_device needs CuPy: pip install 'tessera[cuda13]' (or cuda12)")
-        if device.gpu_count() == 0:
-            raise RuntimeError("to_device: no CUDA GPU found")
         with self.reading(), _trusting():
             return BlockMask(self.q_bounds, self.kv_bounds, cp.asarray(self.indptr),
                              cp.asarray(self.indices), self.batch_heads,

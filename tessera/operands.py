@@ -20,8 +20,6 @@ __all__ = ["Operands", "Outputs", "describe", "describe_outputs", "check_scale",
            "bhld_view", "host_operands", "LAYOUTS"]
 
 LAYOUTS = ("bhld", "blhd")
-NO_GPU = ("no CUDA GPU found: tessera.attention and Plan.run need one (on the CPU, plans run on "
-          "tessera.runtime.emulate.run and tessera.reference.attention is the float64 truth)")
 
 
 @dataclass
@@ -68,8 +66,9 @@ def describe(q: Any, k: Any, v: Any, layout: str) -> Operands:
         # the machine: without CuPy or a GPU there is no CUDA tensor to pass.
         for name, x in (("q", q), ("k", k), ("v", v)):
             from_any(x, name)
-        raise RuntimeError(NO_GPU if cupy_or_none() is not None else
-                           "the GPU path needs CuPy: pip install 'tessera[cuda13]' (or cuda12)")
+        device.require_gpu("a GPU run (tessera.attention, Plan.run)")
+        raise RuntimeError("a GPU run (tessera.attention, Plan.run) needs a CUDA GPU, and none "
+                           "is visible")
     # The caller's stream first: a DLPack producer orders its pending work before it.
     fw = framework_of(q)
     on_host = fw == "torch" and not getattr(q, "is_cuda", True)  # from_any says so below

@@ -12,9 +12,11 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..distribution import install_hint
 from .. import _array
 
 __all__ = ["device_cc", "device_arch", "device_sm_count", "current_gpu_name", "gpu_count",
+           "require_gpu",
            "smem_limit_bytes", "SMEM_LIMIT_KIB", "check_arch", "SM90_SMEM_PER_SM",
            "SM90_SMEM_RESERVED", "driver_library", "stream_id"]
 
@@ -74,6 +76,30 @@ def gpu_count() -> int:
     return _gpus
 
 
+# What runs without a GPU, for the messages that say one is missing.
+_ON_THE_CPU = ("on the CPU, masks and plans are made as usual, tessera.runtime.emulate.run runs a "
+               "plan's task queue and tessera.reference.attention is the float64 truth "
+               "(python -m tessera demo --size small)")
+
+
+def require_gpu(what: str = "the GPU path") -> int:
+    """The CUDA GPUs this process can use, or a RuntimeError saying in one line what is missing
+    -- CuPy, a usable driver, a GPU -- and what runs without one, where CuPy's first call would
+    fail with a bare CUDA error code."""
+    cp = _array.cupy_or_none()
+    if cp is None:
+        raise RuntimeError(f"{what} needs CuPy and a CUDA GPU: {install_hint('cuda13')} (or "
+                           f"cuda12); {_ON_THE_CPU}")
+    try:
+        count = int(cp.cuda.runtime.getDeviceCount())
+    except Exception as exc:  # cudaErrorInsufficientDriver, cudaErrorNoDevice and kin
+        raise RuntimeError(f"{what} needs a CUDA GPU, and this machine has no usable one "
+                           f"({type(exc).__name__}: {exc}); {_ON_THE_CPU}") from exc
+    if count == 0:
+        raise RuntimeError(f"{what} needs a CUDA GPU, and CuPy sees none; {_ON_THE_CPU}")
+    return count
+
+
 def _current_device_id() -> int | None:
     cp = _array.cupy_or_none()
     if cp is None:
@@ -127,7 +153,7 @@ def device_cc() -> int:
     cp = _array.cupy_or_none()
     if cp is None:
         raise RuntimeError("CuPy is not installed: install Tessera with the CUDA extras "
-                           "(pip install 'tessera[cuda13]' or 'tessera[cuda12]')")
+                           f"({install_hint('cuda13')}, or cuda12)")
     return int(cp.cuda.Device().compute_capability)
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..distribution import install_hint
 from .._array import cupy_or_none
 from .device import device_cc
 from .variants import SM90, Variant, config_header, smem_bytes
@@ -68,7 +69,7 @@ def _nvrtc():
         return nvrtc
     except Exception as exc:
         raise BuildError("NVRTC is not available: install Tessera with the CUDA extras "
-                         "(pip install 'tessera[cuda13]' or 'tessera[cuda12]')") from exc
+                         f"({install_hint('cuda13')}, or cuda12)") from exc
 
 
 def nvrtc_version() -> tuple[int, int] | None:

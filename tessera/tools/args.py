@@ -8,6 +8,8 @@ import importlib.util
 import math
 from typing import Callable, Sequence
 
+from ..distribution import install_hint
+
 __all__ = ["positive_int", "nonnegative_int", "positive_float", "fraction", "int_choice",
            "comma_list", "require_matplotlib"]
 
@@ -84,4 +86,4 @@ def comma_list(choices: Sequence[str], extra: Sequence[str] = ()) -> Callable[[s
 def require_matplotlib(ap: argparse.ArgumentParser, option: str) -> None:
     """A usage error for ``option`` when matplotlib is missing: said before the work, not after."""
     if importlib.util.find_spec("matplotlib") is None:
-        ap.error(f"{option} needs matplotlib: pip install 'tessera[plot]'")
+        ap.error(f"{option} needs matplotlib: {install_hint('plot')}")

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from ..distribution import install_hint
 from ..cuda.device import current_gpu_name
 from ..integrations import diffusers as td
 from ..integrations import methods as M
@@ -248,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         require_matplotlib(ap, "--png")
     missing = [m for m in ("torch", "diffusers") if not _importable(m)]
     if missing:
-        print(f"pipeline needs {' and '.join(missing)} (pip install 'tessera[diffusers]') and a "
+        print(f"pipeline needs {' and '.join(missing)} ({install_hint('diffusers')}) and a "
               f"CUDA GPU; {args.model} is {MODELS[args.model].notes}.")
         return 1
     import torch

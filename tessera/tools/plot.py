@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..distribution import install_hint
 from ..runtime.plan import Plan
 from ..runtime.queue import Span, Task, records
 
@@ -31,7 +32,7 @@ def draw_plan(p: Plan, path: str | Path, *, batch: int = 0, head: int = 0,
         from matplotlib.collections import PatchCollection  # noqa: PLC0415
         from matplotlib.patches import Rectangle  # noqa: PLC0415
     except ImportError as exc:
-        raise RuntimeError("drawing plans needs matplotlib: pip install 'tessera[plot]'") from exc
+        raise RuntimeError(f"drawing plans needs matplotlib: {install_hint('plot')}") from exc
 
     mask = p.mask.to_host()
     dense = mask.to_dense()[mask.batch_index(p.batch)[batch],

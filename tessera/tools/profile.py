@@ -41,6 +41,7 @@ from typing import Any, Callable, NamedTuple, Sequence, TextIO
 
 import numpy as np
 
+from ..distribution import install_hint
 from .. import __version__
 from .. import families as mask_families
 from .._array import cupy_or_none
@@ -757,8 +758,7 @@ def gpu_environment() -> tuple[int, dict]:
 
     cp = cupy_or_none()
     if cp is None:
-        raise ProfilerUnavailable("profile needs CuPy: pip install 'tessera[cuda13]' "
-                                  "(or cuda12)")
+        raise ProfilerUnavailable(f"profile needs CuPy: {install_hint('cuda13')} (or cuda12)")
 
     cc = device_cc()
     name = current_gpu_name()

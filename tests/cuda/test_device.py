@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tessera.cuda import device as D
 from tests.runtime.regime.regime_helpers import clean_selection  # noqa: F401 (autouse fixture)
 
@@ -61,3 +63,33 @@ def test_stream_id_asks_the_driver_and_says_none_when_it_cannot(monkeypatch):
     assert D.stream_id(0x1234) is None
     monkeypatch.setattr(D, "_stream_get_id", lambda: None)
     assert D.stream_id(0x1234) is None
+
+
+def test_require_gpu_says_what_is_missing_in_its_own_words(monkeypatch):
+    """Without CuPy, without a usable driver, without a GPU: one line naming what is missing,
+    the package to install and what runs on the CPU -- never a bare CUDA error code."""
+    import types
+
+    from tessera import require_gpu
+    from tessera.cuda import device as dev
+
+    monkeypatch.setattr(dev._array, "cupy_or_none", lambda: None)
+    with pytest.raises(RuntimeError, match=r"the demo needs CuPy and a CUDA GPU: pip install "
+                                           r"'tessera-attention\[cuda13\]' \(or cuda12\); on the "
+                                           r"CPU, .*tessera.reference.attention"):
+        require_gpu("the demo")
+
+    def no_driver():
+        raise RuntimeError("cudaErrorInsufficientDriver: CUDA driver version is insufficient")
+
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        runtime=types.SimpleNamespace(getDeviceCount=no_driver)))
+    monkeypatch.setattr(dev._array, "cupy_or_none", lambda: fake)
+    with pytest.raises(RuntimeError, match=r"the GPU path needs a CUDA GPU, and this machine has "
+                                           r"no usable one \(RuntimeError: cudaErrorInsufficient"):
+        require_gpu()
+    fake.cuda.runtime.getDeviceCount = lambda: 0
+    with pytest.raises(RuntimeError, match="CuPy sees none"):
+        require_gpu()
+    fake.cuda.runtime.getDeviceCount = lambda: 2
+    assert require_gpu() == 2
