@@ -12,10 +12,11 @@ from typing import Any
 import numpy as np
 
 from ._array import to_numpy
+from .interop import as_array
 from .mask import BlockMask
 from .operands import host_operands
 
-__all__ = ["attention", "attention_rows"]
+__all__ = ["attention", "attention_backward", "attention_rows"]
 
 
 def attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *, scale: float | None = None,
@@ -59,6 +60,70 @@ def attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *, scale: float | N
     if layout == "blhd":
         out = out.transpose(0, 2, 1, 3)
     return (out, lse) if return_lse else out
+
+
+def attention_backward(q: Any, k: Any, v: Any, dout: Any, block_mask: BlockMask, *,
+                       scale: float | None = None, layout: str = "bhld"
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The gradients of :func:`attention` in float64 on the host: ``(dq, dk, dv)`` for the
+    upstream gradient ``dout`` (the output's shape), each in ``layout`` like q, k and v.
+
+    The standard recomputation: per query block row, P = softmax(scale Q K^T) over its
+    selected keys, dV += P^T dO, dP = dO V^T, Delta = rowsum(dO * O), dS = P * (dP - Delta),
+    dQ = scale dS K, dK += scale dS^T Q. Exact on the logical mask: rows that select nothing
+    get zero dQ, keys no row selects zero dK and dV, and a kv head sums the gradients of its
+    group's query heads (GQA/MQA).
+    """
+    q4, k4, v4 = (to_numpy(x).astype(np.float64)
+                  for x in host_operands(q, k, v, layout, scale, block_mask))
+    do4 = _checked_dout(dout, q4.shape[:3] + (v4.shape[3],), layout)
+    b, hq, _, d = q4.shape
+    hkv = k4.shape[1]
+    group = hq // hkv
+    scale = 1.0 / np.sqrt(d) if scale is None else float(scale)
+    mask = block_mask.to_host()
+    head_of, batch_of = mask.head_index(hq, hkv), mask.batch_index(b)
+    dq, dk, dv = np.zeros_like(q4), np.zeros_like(k4), np.zeros_like(v4)
+    qb, kb, n_q = mask.q_bounds, mask.kv_bounds, mask.num_q_blocks
+    for bi in range(b):
+        for h in range(hq):
+            base = (batch_of[bi] * mask.batch_heads[1] + head_of[h]) * n_q
+            g = h // group
+            for i in range(n_q):
+                sel = mask.indices[mask.indptr[base + i]:mask.indptr[base + i + 1]]
+                if sel.size == 0:
+                    continue
+                keys = np.concatenate([np.arange(kb[j], kb[j + 1]) for j in sel])
+                rows = slice(qb[i], qb[i + 1])
+                qr, dor = q4[bi, h, rows], do4[bi, h, rows]
+                kk, vv = k4[bi, g, keys], v4[bi, g, keys]
+                p, _, denom = _softmax_terms(qr @ kk.T, scale)
+                p = p / denom
+                dp = dor @ vv.T
+                ds = p * (dp - (p * dp).sum(axis=1, keepdims=True))  # Delta = rowsum(dO * O)
+                dq[bi, h, rows] = scale * ds @ kk
+                np.add.at(dk[bi, g], keys, scale * ds.T @ qr)
+                np.add.at(dv[bi, g], keys, p.T @ dor)
+    if layout == "blhd":
+        return tuple(x.transpose(0, 2, 1, 3) for x in (dq, dk, dv))  # type: ignore[return-value]
+    return dq, dk, dv
+
+
+def _checked_dout(dout: Any, shape: tuple[int, int, int, int], layout: str) -> np.ndarray:
+    """``dout`` as float64 ``[B, Hq, Lq, Dv]``, checked against the output's shape; TypeError or
+    ValueError naming ``dout`` otherwise."""
+    if dout is None or isinstance(dout, (str, bytes)):
+        raise TypeError(f"dout must be an array (numpy, CuPy or a DLPack tensor), got "
+                        f"{type(dout).__name__}")
+    a = as_array(dout, "dout")
+    if not (np.issubdtype(a.dtype, np.floating) or a.dtype.name == "bfloat16"):
+        raise TypeError(f"dout must hold real floating-point values, got dtype {a.dtype}")
+    want = shape if layout == "bhld" else (shape[0], shape[2], shape[1], shape[3])
+    if tuple(a.shape) != want:
+        raise ValueError(f"dout must have the output's shape {want} ({layout}), got "
+                         f"{tuple(a.shape)}")
+    a = to_numpy(a).astype(np.float64)
+    return a if layout == "bhld" else a.transpose(0, 2, 1, 3)
 
 
 def attention_rows(q: Any, k: Any, v: Any, block_mask: BlockMask, rows: np.ndarray, *,

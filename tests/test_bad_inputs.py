@@ -137,6 +137,12 @@ CASES = [
     ("tessera.reference.attention", "[B, L, H, D] read as bhld", lambda:
         tessera.reference.attention(*(np.zeros((1, 128, 2, 64)),) * 3, M), ValueError,
      "layout='blhd'\\?"),
+    ("tessera.reference.attention_backward", "dout of another shape", lambda:
+        tessera.reference.attention_backward(X, X, X, X[:, :, :64], M), ValueError,
+     r"dout must have the output's shape \(1, 1, 128, 64\)"),
+    ("tessera.reference.attention_backward", "no dout", lambda:
+        tessera.reference.attention_backward(X, X, X, None, M), TypeError,
+     "dout must be an array"),
     ("tessera.reference.attention_rows", "a negative token", lambda:
         tessera.reference.attention_rows(X, X, X, M, np.array([[0, 0, -1]])), ValueError,
      r"rows\[0\]: token -1 is outside \[0, 128\)"),

@@ -276,3 +276,93 @@ def test_scores_that_overflow_once_scaled_give_the_hardest_attention_not_nan():
     rows = reference.attention_rows(q, k, v, mask, np.array([[0, 0, 5], [0, 0, 63]]),
                                     scale=scale)
     np.testing.assert_array_equal(rows, v[0, 0][scores[[5, 63]].argmax(axis=1)])
+
+
+# ---------------------------------------------------------------------------- backward
+def _ragged_case(seed: int, hq: int = 4, hkv: int = 2, mask_heads: int = 2, d: int = 8):
+    rng = np.random.default_rng(seed)
+    qb = np.array([0, 5, 9, 16, 19])   # ragged query blocks
+    kb = np.array([0, 3, 10, 12, 20, 23])
+    dense = rng.random((1, mask_heads, 4, 5)) < 0.5
+    dense[0, 0, 1] = False              # a row that selects nothing
+    dense[0, :, :, 2] = False           # a key block no row selects
+    dense[0, :, 0, 0] = True
+    mask = BlockMask.from_dense(dense, q_bounds=qb, kv_bounds=kb)
+    q = rng.standard_normal((1, hq, 19, d))
+    k = rng.standard_normal((1, hkv, 23, d))
+    v = rng.standard_normal((1, hkv, 23, d + 2))
+    dout = rng.standard_normal((1, hq, 19, d + 2))
+    return mask, q, k, v, dout
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_attention_backward_matches_finite_differences(seed):
+    """Every entry of dq, dk and dv against central differences of sum(out * dout), float64,
+    on ragged blocks, GQA, an empty row and unselected keys."""
+    mask, q, k, v, dout = _ragged_case(seed)
+    scale = 0.7
+    dq, dk, dv = reference.attention_backward(q, k, v, dout, mask, scale=scale)
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+
+    def loss() -> float:
+        return float((attention(q, k, v, mask, scale=scale) * dout).sum())
+
+    rng = np.random.default_rng(seed + 100)
+    eps = 1e-6
+    for x, grad in ((q, dq), (k, dk), (v, dv)):
+        for idx in zip(*(rng.integers(0, n, 12) for n in x.shape)):
+            keep = x[idx]
+            x[idx] = keep + eps
+            up = loss()
+            x[idx] = keep - eps
+            down = loss()
+            x[idx] = keep
+            assert abs((up - down) / (2 * eps) - grad[idx]) < 1e-6 * max(1.0, abs(grad[idx]))
+
+
+def test_attention_backward_zeroes_what_the_mask_leaves_out_and_sums_groups():
+    mask, q, k, v, dout = _ragged_case(7)
+    dq, dk, dv = reference.attention_backward(q, k, v, dout, mask)
+    assert not dq[:, :2, 5:9].any()           # query block 1 selects nothing in mask head 0
+    assert np.abs(dq[:, :2, :5]).min() > 0     # ... and block 0 selects block 0
+    assert not dk[:, :, 10:12].any() and not dv[:, :, 10:12].any()   # key block 2: unselected
+    # GQA: a kv head's gradients are the sum of what its query heads would give alone.
+    parts = [reference.attention_backward(q[:, h:h + 1], k[:, h // 2:h // 2 + 1],
+                                          v[:, h // 2:h // 2 + 1], dout[:, h:h + 1],
+                                          BlockMask.from_dense(
+                                              mask.to_dense()[:, h // 2:h // 2 + 1],
+                                              q_bounds=mask.q_bounds, kv_bounds=mask.kv_bounds))
+             for h in range(4)]
+    np.testing.assert_allclose(dk[:, 0], parts[0][1][:, 0] + parts[1][1][:, 0], rtol=1e-12)
+    np.testing.assert_allclose(dv[:, 1], parts[2][2][:, 0] + parts[3][2][:, 0], rtol=1e-12)
+    np.testing.assert_allclose(dq[:, 3], parts[3][0][:, 0], rtol=1e-12)
+
+
+def test_attention_backward_dense_equals_the_closed_form_and_layouts_agree():
+    rng = np.random.default_rng(3)
+    q, k, v, dout = (rng.standard_normal((2, 2, 12, 4)) for _ in range(4))
+    mask = BlockMask.from_dense(np.ones((3, 2), bool), block_size=(4, 6), seq_len_q=12,
+                                seq_len_kv=12)
+    dq, dk, dv = reference.attention_backward(q, k, v, dout, mask, scale=0.5)
+    s = 0.5 * q @ k.swapaxes(-1, -2)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    dp = dout @ v.swapaxes(-1, -2)
+    ds = p * (dp - (p * dp).sum(-1, keepdims=True))
+    np.testing.assert_allclose(dv, p.swapaxes(-1, -2) @ dout, rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(dq, 0.5 * ds @ k, rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(dk, 0.5 * ds.swapaxes(-1, -2) @ q, rtol=1e-12, atol=1e-13)
+    t = [x.transpose(0, 2, 1, 3) for x in (q, k, v, dout)]
+    for got, want in zip(reference.attention_backward(*t, mask, scale=0.5, layout="blhd"),
+                         (dq, dk, dv)):
+        np.testing.assert_allclose(got, want.transpose(0, 2, 1, 3), rtol=1e-12)
+
+
+def test_attention_backward_checks_dout():
+    mask, q, k, v, dout = _ragged_case(0)
+    with pytest.raises(ValueError, match=r"dout must have the output's shape \(1, 4, 19, 10\)"):
+        reference.attention_backward(q, k, v, dout[:, :, :-1], mask)
+    with pytest.raises(TypeError, match="dout must be an array"):
+        reference.attention_backward(q, k, v, None, mask)
+    with pytest.raises(TypeError, match="dout must hold real floating-point values"):
+        reference.attention_backward(q, k, v, dout.astype(np.int32), mask)
