@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from ._array import cupy_or_none
+from ._array import cupy_or_none, to_numpy
 from .cuda import device
 from .dtypes import SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS
 from .interop import (DeviceTensor, as_array, current_stream_ptr, device_of, framework_of,
@@ -17,7 +17,7 @@ from .interop import (DeviceTensor, as_array, current_stream_ptr, device_of, fra
 from .mask import BlockMask
 
 __all__ = ["Operands", "Outputs", "describe", "describe_outputs", "check_scale", "check_mask",
-           "bhld_view", "host_operands", "LAYOUTS"]
+           "bhld_view", "host_operands", "checked_dout", "LAYOUTS"]
 
 LAYOUTS = ("bhld", "blhd")
 
@@ -251,3 +251,20 @@ def _overlap(a: DeviceTensor, b: DeviceTensor) -> bool:
     (a0, a1), (b0, b1) = _extent(a), _extent(b)
     return a0 < b1 and b0 < a1
 
+
+def checked_dout(dout: Any, shape: tuple[int, int, int, int], layout: str) -> np.ndarray:
+    """The upstream gradient of a backward pass as float64 numpy ``[B, Hq, Lq, Dv]``, checked
+    against the output's ``[B, Hq, Lq, Dv]`` ``shape`` in ``layout``; TypeError or ValueError
+    naming ``dout`` otherwise."""
+    if dout is None or isinstance(dout, (str, bytes)):
+        raise TypeError(f"dout must be an array (numpy, CuPy or a DLPack tensor), got "
+                        f"{type(dout).__name__}")
+    a = as_array(dout, "dout")
+    if not (np.issubdtype(a.dtype, np.floating) or a.dtype.name == "bfloat16"):
+        raise TypeError(f"dout must hold real floating-point values, got dtype {a.dtype}")
+    want = shape if layout == "bhld" else (shape[0], shape[2], shape[1], shape[3])
+    if tuple(a.shape) != want:
+        raise ValueError(f"dout must have the output's shape {want} ({layout}), got "
+                         f"{tuple(a.shape)}")
+    a = to_numpy(a).astype(np.float64)
+    return a if layout == "bhld" else a.transpose(0, 2, 1, 3)

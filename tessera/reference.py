@@ -12,9 +12,8 @@ from typing import Any
 import numpy as np
 
 from ._array import to_numpy
-from .interop import as_array
 from .mask import BlockMask
-from .operands import host_operands
+from .operands import checked_dout, host_operands
 
 __all__ = ["attention", "attention_backward", "attention_rows"]
 
@@ -76,7 +75,7 @@ def attention_backward(q: Any, k: Any, v: Any, dout: Any, block_mask: BlockMask,
     """
     q4, k4, v4 = (to_numpy(x).astype(np.float64)
                   for x in host_operands(q, k, v, layout, scale, block_mask))
-    do4 = _checked_dout(dout, q4.shape[:3] + (v4.shape[3],), layout)
+    do4 = checked_dout(dout, q4.shape[:3] + (v4.shape[3],), layout)
     b, hq, _, d = q4.shape
     hkv = k4.shape[1]
     group = hq // hkv
@@ -107,23 +106,6 @@ def attention_backward(q: Any, k: Any, v: Any, dout: Any, block_mask: BlockMask,
     if layout == "blhd":
         return tuple(x.transpose(0, 2, 1, 3) for x in (dq, dk, dv))  # type: ignore[return-value]
     return dq, dk, dv
-
-
-def _checked_dout(dout: Any, shape: tuple[int, int, int, int], layout: str) -> np.ndarray:
-    """``dout`` as float64 ``[B, Hq, Lq, Dv]``, checked against the output's shape; TypeError or
-    ValueError naming ``dout`` otherwise."""
-    if dout is None or isinstance(dout, (str, bytes)):
-        raise TypeError(f"dout must be an array (numpy, CuPy or a DLPack tensor), got "
-                        f"{type(dout).__name__}")
-    a = as_array(dout, "dout")
-    if not (np.issubdtype(a.dtype, np.floating) or a.dtype.name == "bfloat16"):
-        raise TypeError(f"dout must hold real floating-point values, got dtype {a.dtype}")
-    want = shape if layout == "bhld" else (shape[0], shape[2], shape[1], shape[3])
-    if tuple(a.shape) != want:
-        raise ValueError(f"dout must have the output's shape {want} ({layout}), got "
-                         f"{tuple(a.shape)}")
-    a = to_numpy(a).astype(np.float64)
-    return a if layout == "bhld" else a.transpose(0, 2, 1, 3)
 
 
 def attention_rows(q: Any, k: Any, v: Any, block_mask: BlockMask, rows: np.ndarray, *,

@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 
 from .._array import to_numpy
-from ..operands import host_operands
-from .plan import Plan
+from ..operands import checked_dout, host_operands
+from .plan import Plan, key_major_queue
 from .queue import Combine, Span, Task, records
 
-__all__ = ["EmulationResult", "run"]
+__all__ = ["EmulationResult", "BackwardResult", "run", "run_backward"]
 
 
 @dataclass
@@ -188,6 +188,113 @@ class _Emulation:
         o, row_lse = _normalized(o, w.sum(axis=0), mx_safe)
         self.out[job.batch, head[real], tok[real]] = o[real]
         self.lse[job.batch, head[real], tok[real]] = row_lse[real]
+
+
+@dataclass
+class BackwardResult:
+    """dq, dk, dv (``layout`` of the plan) and the pairs either pass computed that the logical
+    mask does not select (must be 0)."""
+
+    dq: np.ndarray
+    dk: np.ndarray
+    dv: np.ndarray
+    pairs_outside: int
+
+
+def run_backward(plan: Plan, q: Any, k: Any, v: Any, dout: Any, *,
+                 scale: float | None = None) -> BackwardResult:
+    """The backward pass of ``plan`` on the CPU in float64, by the two task queues a backward
+    kernel walks: dQ by the plan's own query-major queue, dK and dV by the key-major queue of
+    the same mask (``plan.key_major_queue``), each recomputing P from the forward's LSE."""
+    fwd = run(plan, q, k, v, scale=scale)
+    q4, k4, v4 = (to_numpy(x).astype(np.float64)
+                  for x in host_operands(q, k, v, plan.layout, scale, plan.mask))
+    do4 = checked_dout(dout, q4.shape[:3] + (v4.shape[3],), plan.layout)
+    out = fwd.out.transpose(0, 2, 1, 3) if plan.layout == "blhd" else fwd.out
+    bw = _Backward(plan, q4, k4, v4, do4, fwd.lse, (do4 * out).sum(axis=3),
+                   1.0 / np.sqrt(q4.shape[3]) if scale is None else float(scale))
+    for task in records(plan.queue.tasks, Task):
+        bw.query_major(task)
+    kq = key_major_queue(plan)
+    kspans = records(kq.spans, Span)
+    for task in records(kq.tasks, Task):
+        bw.key_major(task, kspans[task.span_begin:task.span_end], kq.tile_rows)
+    grads = (bw.dq, bw.dk, bw.dv)
+    if plan.layout == "blhd":
+        grads = tuple(g.transpose(0, 2, 1, 3) for g in grads)
+    return BackwardResult(*grads, pairs_outside=bw.outside)
+
+
+class _Backward:
+    """One plan's backward emulation: the operands, the forward's LSE and Delta = rowsum(dO * O)
+    per query row, the gradients, and the pairs computed outside the logical mask."""
+
+    def __init__(self, plan: Plan, q4: np.ndarray, k4: np.ndarray, v4: np.ndarray,
+                 do4: np.ndarray, lse: np.ndarray, delta: np.ndarray, scale: float) -> None:
+        self.plan, self.q4, self.k4, self.v4, self.do4 = plan, q4, k4, v4, do4
+        self.lse, self.delta, self.scale = lse, delta, scale
+        self.group = plan.num_q_heads // plan.num_kv_heads
+        self.bm = plan.regime.block_m
+        mask = plan.mask.to_host()
+        self.dense = mask.to_dense()
+        self.head_of = mask.head_index(plan.num_q_heads, plan.num_kv_heads)
+        self.batch_of = mask.batch_index(plan.batch)
+        self.qblock = np.searchsorted(mask.q_bounds, np.arange(q4.shape[2]), side="right") - 1
+        self.kblock = np.searchsorted(mask.kv_bounds, np.arange(k4.shape[2]), side="right") - 1
+        self.spans = records(plan.queue.spans, Span)
+        self.walk = _packed_chunks if plan.regime.pack_keys else _span_chunks
+        self.dq, self.dk, self.dv = np.zeros_like(q4), np.zeros_like(k4), np.zeros_like(v4)
+        self.outside = 0
+
+    def _p(self, s: np.ndarray, lse: np.ndarray, ok: np.ndarray) -> np.ndarray:
+        """P from scaled scores and the query rows' LSE (rows or columns), 0 where not ``ok``."""
+        with np.errstate(invalid="ignore", over="ignore"):
+            return np.where(ok & np.isfinite(lse), np.exp(s - lse), 0.0)
+
+    def query_major(self, task: Any) -> None:
+        """dQ of a task's rows: its key chunks walked as the forward walks them."""
+        b, tr = task.batch, self.plan.queue.tile_rows
+        rows = np.arange(self.bm)
+        head, tok = task.q_head0 + rows // tr, task.q_start + rows % tr
+        real = tok < task.q_end
+        tok_c = np.minimum(tok, self.q4.shape[2] - 1)
+        kvh = task.q_head0 // self.group
+        for keys, key_ok, r0, r1 in self.walk(self.spans[task.span_begin:task.span_end],
+                                              self.plan.regime.block_n):
+            ok = (real & (tok >= r0) & (tok < r1))[:, None] & key_ok[None, :]
+            keys_c = np.minimum(keys, self.k4.shape[2] - 1)
+            self._count(b, head[:, None], tok_c[:, None], keys_c[None, :], ok)
+            kk, vv = self.k4[b, kvh, keys_c], self.v4[b, kvh, keys_c]
+            p = self._p(self.q4[b, head, tok_c] @ kk.T * self.scale,
+                        self.lse[b, head, tok_c][:, None], ok)
+            dp = self.do4[b, head, tok_c] @ vv.T
+            ds = p * (dp - self.delta[b, head, tok_c][:, None])
+            self.dq[b, head[real], tok[real]] += (self.scale * ds @ kk)[real]
+
+    def key_major(self, task: Any, spans: np.recarray, tile_rows: int) -> None:
+        """dK and dV of a key tile of one query head: the query chunks that select it, summed
+        into the query head's kv head."""
+        b, h = task.batch, task.q_head0
+        key = task.q_start + np.arange(self.bm) % tile_rows
+        real = key < task.q_end
+        key_c = np.minimum(key, self.k4.shape[2] - 1)
+        kvh = h // self.group
+        kk, vv = self.k4[b, kvh, key_c], self.v4[b, kvh, key_c]
+        for qs, q_ok, r0, r1 in self.walk(spans, self.plan.regime.block_n):
+            ok = (real & (key >= r0) & (key < r1))[:, None] & q_ok[None, :]
+            qs_c = np.minimum(qs, self.q4.shape[2] - 1)
+            self._count(b, h, qs_c[None, :], key_c[:, None], ok)
+            qq, dd = self.q4[b, h, qs_c], self.do4[b, h, qs_c]
+            pt = self._p(kk @ qq.T * self.scale, self.lse[b, h, qs_c][None, :], ok)
+            dst = pt * (vv @ dd.T - self.delta[b, h, qs_c][None, :])
+            self.dv[b, kvh, key[real]] += (pt @ dd)[real]
+            self.dk[b, kvh, key[real]] += (self.scale * dst @ qq)[real]
+
+    def _count(self, b: int, head: Any, tok: np.ndarray, keys: np.ndarray,
+               ok: np.ndarray) -> None:
+        sel = self.dense[self.batch_of[b], self.head_of[head], self.qblock[tok],
+                         self.kblock[keys]]
+        self.outside += int((ok & ~sel).sum())
 
 
 def _normalized(acc: np.ndarray, denom: np.ndarray,

@@ -40,7 +40,7 @@ from .regime import ROW_GROUP, Regime
 from .regime.choice import RegimeChoice, regime_for_mode
 from .tasks import NEVER_SPLIT_RATIO, fill_last_wave, task_groups
 
-__all__ = ["Plan", "PlanShape", "PlanStats", "plan", "plan_selected"]
+__all__ = ["Plan", "PlanShape", "PlanStats", "plan", "plan_selected", "key_major_queue"]
 
 
 @dataclass
@@ -398,3 +398,14 @@ def _organize(mask: BlockMask, shape: PlanShape, mode: PlanMode, choice: RegimeC
     queue = fill_last_wave(queue, groups, regime.block_n, choice.in_flight,
                            regime.min_split_chunks)
     return Organized(queue, (tiles, queue), None, organized.by_kernels)
+
+
+def key_major_queue(p: Plan) -> TaskQueue:
+    """The task queue of ``p``'s mask in the key-major direction (:class:`Direction`): tiles of
+    key rows walking the query spans that select them, one query head a task -- what the
+    backward pass's dK and dV walk -- with ``p``'s regime, planned on the host, no task split."""
+    shape = _checked_shape(p.mask, p.num_q_heads, p.num_kv_heads, p.head_dim, p.head_dim_v,
+                           p.batch, p.dtype, p.layout)
+    choice = RegimeChoice(p.regime, True, True, p.in_flight, False)
+    return _organize(p.mask.to_host(), shape, PlanMode.EXACT, choice,
+                     Direction.KEY_MAJOR).exact[1]
