@@ -13,8 +13,11 @@ diffusers' transformers, and any other caller can use them with ``tessera.attent
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import dataclass, field
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
 import numpy as np
@@ -25,7 +28,8 @@ from ..families.common import check_latent, check_triple, per_head
 from ..mask import BlockMask
 
 __all__ = ["VideoGeometry", "LayerMask", "Method", "SlidingTile", "SpatialTemporal", "Radial",
-           "TopKCubes", "SemanticClusters", "Schedule", "METHODS", "method_from_name"]
+           "TopKCubes", "SemanticClusters", "Schedule", "METHODS", "method_from_name",
+           "SparseConfig"]
 
 
 @dataclass(frozen=True)
@@ -410,3 +414,92 @@ class Schedule:
             if not is_int(v) or v < 0:
                 raise ValueError(f"{name} must be an int >= 0, got {v!r}")
         return step < self.dense_steps or layer < self.dense_layers
+
+
+# The "format" of a saved configuration (SparseConfig.to_json); "version" counts its changes.
+CONFIG_FORMAT = "tessera-sparse-attention"
+CONFIG_VERSION = 1
+
+
+@dataclass(frozen=True)
+class SparseConfig:
+    """A method and its schedule as one value that saves to JSON and loads back: what a model's
+    sparse attention ran with, to keep beside its videos, share, or start a sweep from.
+    ``source`` says where the settings come from (a paper's table, a sweep)."""
+
+    method: Method
+    schedule: Schedule = field(default_factory=Schedule)
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.method, Method) or type(self.method) not in METHODS.values():
+            raise TypeError(f"method must be one of the methods {', '.join(METHODS)}, got "
+                            f"{type(self.method).__name__}")
+        if not isinstance(self.schedule, Schedule):
+            raise TypeError(f"schedule must be a Schedule, got {type(self.schedule).__name__}")
+        if not isinstance(self.source, str):
+            raise TypeError(f"source must be a str, got {type(self.source).__name__}")
+
+    def to_json(self) -> dict[str, Any]:
+        """The configuration as JSON values (tuples as lists)."""
+        params = {f.name: _json_value(getattr(self.method, f.name))
+                  for f in fields(self.method)}
+        return {"format": CONFIG_FORMAT, "version": CONFIG_VERSION,
+                "method": {"name": self.method.name, "params": params},
+                "schedule": {"dense_steps": self.schedule.dense_steps,
+                             "dense_layers": self.schedule.dense_layers},
+                "source": self.source}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> "SparseConfig":
+        """The configuration ``to_json`` wrote; ValueError naming what is missing or unknown."""
+        if not isinstance(obj, dict) or obj.get("format") != CONFIG_FORMAT:
+            raise ValueError(f"a sparse-attention configuration is a JSON object with "
+                             f"\"format\": \"{CONFIG_FORMAT}\"")
+        if obj.get("version") != CONFIG_VERSION:
+            raise ValueError(f"configuration version {obj.get('version')!r} is not "
+                             f"{CONFIG_VERSION}, the one this Tessera reads")
+        unknown = sorted(set(obj) - {"format", "version", "method", "schedule", "source"})
+        if unknown:
+            raise ValueError(f"configuration keys {unknown} are unknown")
+        method = obj.get("method")
+        if not isinstance(method, dict) or set(method) != {"name", "params"} or \
+                not isinstance(method["params"], dict):
+            raise ValueError('"method" must be {"name": ..., "params": {...}}')
+        name = method["name"]
+        if name not in METHODS:
+            raise ValueError(f"unknown method {name!r}; choose from {', '.join(METHODS)}")
+        known = {f.name for f in fields(METHODS[name])}
+        extra = sorted(set(method["params"]) - known)
+        if extra:
+            raise ValueError(f"method {name!r} takes no parameter {', '.join(extra)} (its "
+                             f"parameters: {', '.join(sorted(known))})")
+        schedule = obj.get("schedule", {})
+        if not isinstance(schedule, dict) or set(schedule) - {"dense_steps", "dense_layers"}:
+            raise ValueError('"schedule" must be {"dense_steps": int, "dense_layers": int}')
+        return cls(method_from_name(name, **method["params"]), Schedule(**schedule),
+                   obj.get("source", ""))
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the configuration to ``path`` as JSON."""
+        Path(path).write_text(json.dumps(self.to_json(), indent=1) + "\n", encoding="utf-8")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "SparseConfig":
+        """Read a configuration :meth:`save` wrote; ValueError naming the file when it is not
+        one."""
+        try:
+            obj = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"cannot read a configuration from {path}: {exc}") from exc
+        try:
+            return cls.from_json(obj)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"{path}: {exc}") from exc
+
+
+def _json_value(v: Any) -> Any:
+    """A method parameter as JSON: tuples (per-head lists of triples too) as lists."""
+    if isinstance(v, (tuple, list)):
+        return [_json_value(x) for x in v]
+    return v

@@ -9,9 +9,10 @@ import math
 from typing import Callable, Sequence
 
 from ..distribution import install_hint
+from ..integrations.methods import SparseConfig
 
 __all__ = ["positive_int", "nonnegative_int", "positive_float", "fraction", "int_choice",
-           "comma_list", "require_matplotlib"]
+           "comma_list", "saved_config", "require_matplotlib"]
 
 
 def _int(text: str) -> int | None:
@@ -81,6 +82,14 @@ def comma_list(choices: Sequence[str], extra: Sequence[str] = ()) -> Callable[[s
                 f"{', '.join(list(choices) + list(extra))}")
         return names
     return parse
+
+
+def saved_config(path: str) -> SparseConfig:
+    """A configuration file (``SparseConfig.save``), read and checked as an argument."""
+    try:
+        return SparseConfig.load(path)
+    except (TypeError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def require_matplotlib(ap: argparse.ArgumentParser, option: str) -> None:

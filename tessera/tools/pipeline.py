@@ -26,7 +26,7 @@ from ..distribution import install_hint
 from ..cuda.device import current_gpu_name
 from ..integrations import diffusers as td
 from ..integrations import methods as M
-from .args import fraction, nonnegative_int, positive_int, require_matplotlib
+from .args import fraction, nonnegative_int, positive_int, require_matplotlib, saved_config
 from .bench import _progress
 from .models import MODELS, build, inputs
 from .peers import compiled_flex, flex_block_mask, flex_kernel_options
@@ -236,6 +236,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=positive_int, default=3, help="timed forwards per backend")
     ap.add_argument("--dense-steps", type=nonnegative_int, default=0)
     ap.add_argument("--dense-layers", type=nonnegative_int, default=0)
+    ap.add_argument("--config", type=saved_config,
+                    help="a saved configuration (JSON, tessera.integrations.methods."
+                         "SparseConfig): its method and schedule in place of --method, the "
+                         "method's options, --dense-steps and --dense-layers")
+    ap.add_argument("--save-config", metavar="PATH",
+                    help="write the method and schedule this run uses to PATH (JSON)")
     ap.add_argument("--weights", help="a local checkpoint folder (from_pretrained)")
     ap.add_argument("--tiny", action="store_true", help="the tiny configuration (a check)")
     ap.add_argument("--no-flex", action="store_true")
@@ -247,6 +253,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.png:
         require_matplotlib(ap, "--png")
+    config = args.config or M.SparseConfig(_method(args), M.Schedule(args.dense_steps,
+                                                                     args.dense_layers))
+    if args.save_config:
+        config.save(args.save_config)
     missing = [m for m in ("torch", "diffusers") if not _importable(m)]
     if missing:
         print(f"pipeline needs {' and '.join(missing)} ({install_hint('diffusers')}) and a "
@@ -258,8 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pipeline needs a CUDA GPU (none found); {args.model} is "
               f"{MODELS[args.model].notes}.")
         return 1
-    result = run(args.model, _method(args), args.steps,
-                 M.Schedule(args.dense_steps, args.dense_layers), args.weights, args.tiny,
+    result = run(args.model, config.method, args.steps, config.schedule, args.weights, args.tiny,
                  not args.no_flex, keep_order=args.keep_order, compiled=args.compile)
     print(table(result))
     if args.png:

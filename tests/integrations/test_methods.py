@@ -205,3 +205,49 @@ def test_enable_refuses_a_regime_that_is_not_one():
 
     with pytest.raises(TypeError, match="regime must be a tessera.Regime or None, got str"):
         td.enable(object(), M.SlidingTile(), regime="fast")
+
+
+# ---------------------------------------------------------------------------- saved configurations
+CONFIGS = [
+    M.SparseConfig(M.SlidingTile(window=[(3, 3, 3), (1, 2, 2)]), M.Schedule(10, 1), "a sweep"),
+    M.SparseConfig(M.SpatialTemporal(heads=["spatial", "temporal"], width=2)),
+    M.SparseConfig(M.Radial(dense_distance=2, sink_frame=False), M.Schedule(dense_steps=12)),
+    M.SparseConfig(M.TopKCubes(topk=7)),
+    M.SparseConfig(M.TopKCubes(top_p=0.8, cube=(2, 4, 4))),
+    M.SparseConfig(M.SemanticClusters(q_clusters=50, top_p=0.95)),
+]
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=[c.method.name for c in CONFIGS])
+def test_a_saved_configuration_loads_back_equal(config, tmp_path):
+    path = tmp_path / "c.json"
+    config.save(path)
+    again = M.SparseConfig.load(path)
+    assert again == config
+    assert again.method.layer_mask is not None and type(again.method) is type(config.method)
+    assert M.SparseConfig.from_json(config.to_json()) == config
+
+
+def test_a_configuration_refuses_what_it_does_not_know(tmp_path):
+    good = CONFIGS[0].to_json()
+    cases = [
+        ({**good, "format": "other"}, ValueError, 'with "format": "tessera-sparse-attention"'),
+        ({**good, "version": 2}, ValueError, "configuration version 2 is not 1"),
+        ({**good, "extra": 1}, ValueError, r"configuration keys \['extra'\] are unknown"),
+        ({**good, "method": {"name": "nope", "params": {}}}, ValueError, "unknown method 'nope'"),
+        ({**good, "method": {"name": "radial", "params": {"windw": 1}}}, ValueError,
+         "method 'radial' takes no parameter windw"),
+        ({**good, "method": {"name": "radial", "params": {"block": 0}}}, ValueError, "block"),
+        ({**good, "schedule": {"dense_steps": -1}}, ValueError, "dense_steps must be an int"),
+        ({**good, "schedule": {"steps": 1}}, ValueError, '"schedule" must be'),
+        ([1, 2], ValueError, "a JSON object"),
+    ]
+    for obj, err, match in cases:
+        with pytest.raises(err, match=match):
+            M.SparseConfig.from_json(obj)
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="cannot read a configuration from"):
+        M.SparseConfig.load(bad)
+    with pytest.raises(TypeError, match="method must be one of the methods"):
+        M.SparseConfig("sliding_tile")

@@ -167,6 +167,7 @@ def test_bench_regime_option(capsys):
     (["pipeline", "--heads", "both"], "invalid choice: 'both'"),
     (["pipeline", "--dense-steps", "-1"], "--dense-steps: expected an int >= 0, got '-1'"),
     (["profile", "--budget-minutes", "0"], "--budget-minutes: expected a positive number"),
+    (["pipeline", "--config", "/no/such/file.json"], "--config: cannot read a configuration"),
 ])
 def test_bad_values_are_usage_errors_before_any_work(argv, words, capsys, monkeypatch):
     """Every bad value is an argparse usage error (exit 2) saying what is accepted, printed
@@ -211,3 +212,21 @@ def test_cli_piped_into_a_reader_that_closed(unbuffered):
     err = proc.stderr.decode()
     assert "BrokenPipe" not in err and "Traceback" not in err and "ignored" not in err, err
     assert proc.returncode == 1
+
+
+def test_pipeline_saves_the_configuration_it_runs_and_reads_it_back(tmp_path, capsys):
+    """``pipeline --save-config`` writes the method and schedule before anything else (here,
+    without torch or a GPU, it then says what it needs); ``--config`` reads one back."""
+    from tessera.integrations import methods as M
+
+    path = tmp_path / "sta.json"
+    # (--tiny: where torch, diffusers and a GPU are present, the run is the tiny check)
+    main(["pipeline", "--tiny", "--steps", "1", "--no-flex", "--method", "sliding_tile",
+          "--window", "2", "3", "3", "--dense-steps", "10", "--save-config", str(path)])
+    saved = M.SparseConfig.load(path)
+    assert saved == M.SparseConfig(M.SlidingTile(window=(2, 3, 3)), M.Schedule(10, 0))
+    again = tmp_path / "again.json"
+    main(["pipeline", "--tiny", "--steps", "1", "--no-flex", "--config", str(path), "--method",
+          "radial", "--save-config", str(again)])
+    assert M.SparseConfig.load(again) == saved  # the file's method, not --method's
+    capsys.readouterr()
