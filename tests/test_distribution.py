@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_install_hints():
     assert install_hint() == "pip install tessera-attention"
     assert install_hint("cuda13") == "pip install 'tessera-attention[cuda13]'"
-    assert install_hint("cuda12", "diffusers") == "pip install 'tessera-attention[cuda12,diffusers]'"
+    assert install_hint("cuda12", "diffusers") == \
+        "pip install 'tessera-attention[cuda12,diffusers]'"
     with pytest.raises(ValueError, match="extras must be among cuda13, cuda12"):
         install_hint("cuda11")
 

@@ -1,13 +1,13 @@
 """The CPU emulator: executes a plan's task queue with the kernels' semantics, in float64.
 
 Each task is run the way a CTA runs it: physical rows (packed heads x tile tokens), spans walked
-block_n keys at a time with token-level edge masks and row restrictions (or, for a
-``pack_keys`` regime, the task's keys end to end, by the same walk as common/walk.cuh's PackedWalk),
-online softmax, then a direct write or a partial into a workspace slot merged by the combine
-step. Equal to
-``tessera.reference.attention`` means the runtime preserved the logical mask; the emulator also
-counts every unmasked pair it computes outside the logical mask (must be zero), so exactness
-never rests on luck.
+block_n keys at a time with token-level edge masks and row restrictions (or, for a ``pack_keys``
+regime, the task's keys end to end, by the same walk as common/walk.cuh's PackedWalk), online
+softmax, then a direct write or a partial into a workspace slot merged by the combine step.
+Equal to ``tessera.reference.attention`` means the runtime preserved the logical mask; the
+emulator also counts every unmasked pair it computes outside the logical mask (must be zero),
+so exactness never rests on luck. :func:`run_backward` runs the backward pass the same way,
+by the plan's queue (dQ) and the key-major queue of its mask (dK, dV).
 """
 
 from __future__ import annotations
@@ -205,7 +205,7 @@ def run_backward(plan: Plan, q: Any, k: Any, v: Any, dout: Any, *,
                  scale: float | None = None) -> BackwardResult:
     """The backward pass of ``plan`` on the CPU in float64, by the two task queues a backward
     kernel walks: dQ by the plan's own query-major queue, dK and dV by the key-major queue of
-    the same mask (``plan.key_major_queue``), each recomputing P from the forward's LSE."""
+    the same mask (``runtime.plan.key_major_queue``), each recomputing P from the forward's LSE."""
     fwd = run(plan, q, k, v, scale=scale)
     q4, k4, v4 = (to_numpy(x).astype(np.float64)
                   for x in host_operands(q, k, v, plan.layout, scale, plan.mask))

@@ -403,7 +403,8 @@ def _organize(mask: BlockMask, shape: PlanShape, mode: PlanMode, choice: RegimeC
 def key_major_queue(p: Plan) -> TaskQueue:
     """The task queue of ``p``'s mask in the key-major direction (:class:`Direction`): tiles of
     key rows walking the query spans that select them, one query head a task -- what the
-    backward pass's dK and dV walk -- with ``p``'s regime, planned on the host, no task split."""
+    backward pass's dK and dV walk -- with ``p``'s regime, planned on the host (heavy tasks
+    not split; the last wave filled as a plan's is)."""
     shape = _checked_shape(p.mask, p.num_q_heads, p.num_kv_heads, p.head_dim, p.head_dim_v,
                            p.batch, p.dtype, p.layout)
     choice = RegimeChoice(p.regime, True, True, p.in_flight, False)

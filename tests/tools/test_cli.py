@@ -193,7 +193,8 @@ def test_png_without_matplotlib_is_refused_before_the_work(capsys, monkeypatch):
     with pytest.raises(SystemExit) as stop:
         main(["plan", "--png", "x.png"])
     assert stop.value.code == 2
-    assert "--png needs matplotlib: pip install 'tessera-attention[plot]'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--png needs matplotlib: pip install 'tessera-attention[plot]'" in err
 
 
 @pytest.mark.parametrize("unbuffered", ["", "1"])
