@@ -6,7 +6,7 @@
     from tessera.integrations.methods import TopKCubes, Schedule
 
     session = td.enable(pipe.transformer, TopKCubes(density=0.1),
-                        schedule=Schedule(dense_steps=10), forwards_per_step=2)
+                        schedule=Schedule(dense_steps=10), scheduler=pipe.scheduler)
     video = pipe(prompt, ...).frames
     td.disable(pipe.transformer)          # the model's own attention again
 
@@ -26,9 +26,13 @@ function (its backend registry takes only its own names), so this is the smalles
 
 The token layout comes from the transformer's inputs (a forward pre-hook): the latent's frames
 and size over the patch size, the text tokens attended jointly (HunyuanVideo's after the video,
-with its prompt mask's padding; CogVideoX's 226 before it). Steps are counted in transformer
-forwards (``forwards_per_step``: 2 where a pipeline calls the transformer twice per step for
-classifier-free guidance); :meth:`Session.reset` starts a new video.
+with its prompt mask's padding; CogVideoX's 226 before it). The denoising step comes from the
+``timestep`` the transformer receives: the same timestep is the same step (classifier-free
+guidance's second forward), a lower one the next step, a higher one a new video; given the
+pipeline's ``scheduler``, the step is the timestep's place in ``scheduler.timesteps`` (two
+transformers sharing one schedule, Wan 2.2's, agree on it). ``forwards_per_step=N`` counts N
+forwards a step instead, where a model takes no timestep; :meth:`Session.reset` then starts a new
+video.
 
 Context parallelism. Where diffusers splits the sequence over GPUs itself
 (``transformer.enable_parallelism(config=ContextParallelConfig(ulysses_degree=U,
@@ -37,7 +41,8 @@ Tessera runs it as :func:`tessera.integrations.distributed.sequence_parallel_att
 diffusers' context-parallel group: Ulysses (R = 1), the ring (U = 1) or the hybrid, with
 fixed masks in the model's token order (:func:`check_context_parallel`).
 
-On CPU tensors the float64 reference runs instead of the GPU kernels (for tests: slow).
+On CPU tensors the CPU emulator runs the plans in float64 instead of the GPU kernels, with one
+warning that it checks correctness, not speed (``torch_attention``).
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -101,6 +107,23 @@ class _Model:
 
 def _arg(args: tuple, kwargs: dict, i: int, name: str) -> Any:
     return kwargs[name] if name in kwargs else (args[i] if len(args) > i else None)
+
+
+def _timestep(module: Any, args: tuple, kwargs: dict) -> float | None:
+    """The timestep a transformer forward receives (its first element; None when the forward
+    takes none). A device tensor is read back: one small wait at the forward's start."""
+    t = kwargs.get("timestep")
+    if t is None and args:
+        try:
+            t = inspect.signature(module.forward).bind_partial(*args).arguments.get("timestep")
+        except TypeError:
+            t = None
+    if t is None:
+        return None
+    try:
+        return float(t.reshape(-1)[0]) if hasattr(t, "reshape") else float(t)
+    except (TypeError, ValueError, IndexError):
+        return None
 
 
 def _wan_geometries(model: Any, args: tuple, kwargs: dict) -> list[VideoGeometry]:
@@ -170,7 +193,10 @@ class Session:
     Attributes:
         method: the sparse method (:mod:`tessera.integrations.methods`).
         schedule: when attention stays the model's own (dense).
-        forwards_per_step: transformer forwards per denoising step.
+        forwards_per_step: None (the default): the step from the timestep each forward receives;
+            N: every N transformer forwards are one step.
+        scheduler: the pipeline's scheduler, whose ``timesteps`` place each timestep (None:
+            steps counted from the first timestep seen).
         regime: an execution plan for every call (None: Tessera's own choice).
         keep_order: tokens reordered once per forward for methods with a fixed order
             (:func:`enable`).
@@ -184,9 +210,10 @@ class Session:
     model: _Model = field(repr=False)
     method: Method
     schedule: Schedule
-    forwards_per_step: int = 1
+    forwards_per_step: int | None = None
     regime: Any = None
     keep_order: bool = False
+    scheduler: Any = field(default=None, repr=False)
     stats: Stats = field(default_factory=Stats)
     attention: Callable | None = field(default=None, repr=False)
     _geometries: list = field(default_factory=list, repr=False)
@@ -200,15 +227,24 @@ class Session:
     _ordered: bool = field(default=False, repr=False)  # the blocks' tokens are in it now
     _moved: dict = field(default_factory=dict, repr=False)
     _block_hooks: list = field(default_factory=list, repr=False)
+    _post_hook: Any = field(default=None, repr=False)
+    _step: int = field(default=0, repr=False)  # from the timesteps
+    _last_t: float | None = field(default=None, repr=False)
+    _calls_before: int = field(default=0, repr=False)  # routed calls when this forward began
+    _warned_unrouted: bool = field(default=False, repr=False)
 
     @property
     def step(self) -> int:
         """The denoising step of the forward being run (from 0)."""
-        return max(self.stats.forwards - 1, 0) // self.forwards_per_step
+        if self.forwards_per_step is not None:
+            return max(self.stats.forwards - 1, 0) // self.forwards_per_step
+        return self._step
 
     def reset(self) -> None:
-        """Start counting steps again (a new video)."""
+        """Start counting steps again (a new video; only needed with ``forwards_per_step``:
+        a timestep above the last one starts a new video by itself)."""
         self.stats.forwards = 0
+        self._step, self._last_t = 0, None
 
     def disable(self) -> None:
         """The transformer's own attention again (:func:`disable`)."""
@@ -218,6 +254,9 @@ class Session:
     def _before_forward(self, module: Any, args: tuple, kwargs: dict) -> None:
         self._geometries = self.model.geometries(module, args, kwargs)
         self.stats.forwards += 1
+        self._calls_before = self.stats.sparse_calls + self.stats.dense_calls
+        if self.forwards_per_step is None:
+            self._step_from(_timestep(module, args, kwargs))
         self._ordered = False
         self._moved = {}
         order = None
@@ -228,6 +267,34 @@ class Session:
             # its index tensors made here, eagerly: the block hooks that use them may be traced
             self._index(order, _arg(args, kwargs, 0, "hidden_states").device)
         self._video_order = order
+
+    def _step_from(self, t: float | None) -> None:
+        """This forward's step from its timestep ``t`` (None: the model took none -- one
+        forward a step)."""
+        if t is None:
+            self._step = self.stats.forwards - 1
+            return
+        timesteps = getattr(self.scheduler, "timesteps", None)
+        if timesteps is not None and len(timesteps) > 0:
+            ts = np.asarray([float(x) for x in timesteps])
+            self._step = int(np.argmin(np.abs(ts - t)))
+        elif self._last_t is None or t > self._last_t:
+            self._step = 0  # the first forward, or the noise level rose again: a new video
+        elif t < self._last_t:
+            self._step += 1
+        self._last_t = t
+
+    def _after_forward(self, module: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        """Warn once when a forward routed no self-attention call: its processors were replaced
+        after :func:`enable`, or the model runs attention some other way, and the forward ran
+        without Tessera."""
+        routed = self.stats.sparse_calls + self.stats.dense_calls - self._calls_before
+        if routed == 0 and self._originals and not self._warned_unrouted:
+            self._warned_unrouted = True
+            warnings.warn(f"Tessera is enabled on this {type(module).__name__}, but its forward "
+                          "routed no self-attention call through it: were its attention "
+                          "processors replaced after tessera.integrations.diffusers.enable? "
+                          "Enable again after replacing them", stacklevel=2)
 
     # -- the method's token order kept from the first block to the last ---------------------
     def _reorder(self, x: Any, dim: int, inverse: bool = False) -> Any:
@@ -684,10 +751,14 @@ _sessions: dict[int, Session] = {}
 
 
 def enable(transformer: Any, method: Method, *, schedule: Schedule | None = None,
-           forwards_per_step: int = 1, keep_order: bool = False, regime: Any = None) -> Session:
+           scheduler: Any = None, forwards_per_step: int | None = None, keep_order: bool = False,
+           regime: Any = None) -> Session:
     """Run ``transformer``'s self-attention through Tessera with ``method``'s masks; returns the
     :class:`Session` (counts, :meth:`Session.reset`, :meth:`Session.disable`). Enabling again
-    replaces the method and schedule. ``keep_order``: for methods with a fixed token order
+    replaces the method and schedule. The step each forward is at comes from the timestep it
+    receives, placed in ``scheduler.timesteps`` when the pipeline's ``scheduler`` is given
+    (``forwards_per_step=N``: N forwards a step, counted). ``keep_order``: for methods with a
+    fixed token order
     (sliding tiles, cubes), reorder the tokens once per forward -- before the first block,
     back after the last -- instead of around every attention call (1.5% of a Wan-1.3B
     forward on the H200; off by default: docs/integrations.md)."""
@@ -703,9 +774,13 @@ def enable(transformer: Any, method: Method, *, schedule: Schedule | None = None
     if not isinstance(schedule, Schedule):
         raise TypeError(f"schedule must be a tessera.integrations.methods.Schedule, got "
                         f"{type(schedule).__name__}")
-    if isinstance(forwards_per_step, bool) or not isinstance(forwards_per_step, int) or \
-            forwards_per_step < 1:
-        raise ValueError(f"forwards_per_step must be an int >= 1, got {forwards_per_step!r}")
+    if forwards_per_step is not None and (isinstance(forwards_per_step, bool) or not isinstance(
+            forwards_per_step, int) or forwards_per_step < 1):
+        raise ValueError(f"forwards_per_step must be None (steps from the timesteps) or an int "
+                         f">= 1, got {forwards_per_step!r}")
+    if scheduler is not None and not hasattr(scheduler, "timesteps"):
+        raise TypeError(f"scheduler must be the pipeline's scheduler (with .timesteps) or None, "
+                        f"got {type(scheduler).__name__}")
     if not isinstance(keep_order, bool):
         raise TypeError(f"keep_order must be True or False, got {keep_order!r}")
     parallel = getattr(transformer, "_parallel_config", None)
@@ -716,7 +791,7 @@ def enable(transformer: Any, method: Method, *, schedule: Schedule | None = None
     model = SUPPORTED[name]
     _install(model)
     session = Session(transformer, model, method, schedule, forwards_per_step, regime,
-                      keep_order=keep_order)
+                      keep_order=keep_order, scheduler=scheduler)
     import torch
 
     _register_op()
@@ -730,6 +805,8 @@ def enable(transformer: Any, method: Method, *, schedule: Schedule | None = None
         # the host -- a graph break there, its blocks compiled whole)
         session._hook = transformer.register_forward_pre_hook(
             torch.compiler.disable(session._before_forward), with_kwargs=True)
+        session._post_hook = transformer.register_forward_hook(
+            torch.compiler.disable(session._after_forward), with_kwargs=True)
         blocks = model.blocks(transformer) if keep_order and model.blocks is not None else []
         for i, block in enumerate(blocks):
             session._block_hooks.append(block.register_forward_pre_hook(
@@ -758,7 +835,7 @@ def disable(transformer: Any) -> None:
 def _unhook(session: Session) -> None:
     for attn, original in session._originals:
         attn.set_processor(original)
-    for h in [session._hook, *session._block_hooks]:
+    for h in [session._hook, session._post_hook, *session._block_hooks]:
         if h is not None:
             h.remove()
 

@@ -104,8 +104,9 @@ def build(name: str, *, tiny: bool = False, device: str = "cuda", dtype: Any = N
 
 
 def inputs(name: str, model: Any, *, tiny: bool = False, batch: int = 1, seed: int = 0,
-           text_valid: int | None = None) -> dict:
-    """Keyword inputs of one transformer forward of ``name`` (random latents and text)."""
+           text_valid: int | None = None, timestep: int = 500) -> dict:
+    """Keyword inputs of one transformer forward of ``name`` (random latents and text) at
+    ``timestep``."""
     import torch
 
     spec = MODELS[name]
@@ -121,7 +122,7 @@ def inputs(name: str, model: Any, *, tiny: bool = False, batch: int = 1, seed: i
     width = model.config[spec.text_width_key]
     n_text = spec.text if not tiny else min(spec.text, 24)
     args = dict(hidden_states=randn(*shape), encoder_hidden_states=randn(batch, n_text, width),
-                timestep=torch.full((batch,), 500, device=p.device, dtype=torch.long),
+                timestep=torch.full((batch,), timestep, device=p.device, dtype=torch.long),
                 return_dict=False)
     if spec.cls == "CogVideoXTransformer3DModel" and model.config.use_rotary_positional_embeddings:
         # what CogVideoX's pipeline computes and passes (CogVideoX 1.0: patch_size_t None);

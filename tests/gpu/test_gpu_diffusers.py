@@ -142,7 +142,8 @@ def test_compiled_blocks_equal_the_eager_forward(name, method, keep_order):
     forward equals the eager one to bf16 rounding (inductor fuses the model's own elementwise
     work differently) and every sparse call ran."""
     model, twin = (models.build(name, tiny=True) for _ in range(2))  # (the same weights)
-    xs = [models.inputs(name, model, tiny=True, seed=i, text_valid=10) for i in range(3)]
+    xs = [models.inputs(name, model, tiny=True, seed=i, text_valid=10, timestep=900 - 100 * i)
+          for i in range(3)]  # (three steps: the timestep falls)
     torch._dynamo.reset()
     with torch.no_grad():
         # compiled first, on a fresh session: nothing made eagerly before the trace

@@ -5,6 +5,9 @@ in tests/gpu/test_gpu_diffusers.py do). Skipped without torch and diffusers."""
 
 from __future__ import annotations
 
+import types
+import warnings
+
 import numpy as np
 import pytest
 
@@ -96,6 +99,47 @@ def test_the_schedule_keeps_steps_and_layers_dense():
         assert torch.equal(model(**x)[0], own)
 
 
+def test_steps_come_from_the_timesteps():
+    """No forwards_per_step: the same timestep is the same step (guidance's second forward), a
+    lower one the next, a higher one a new video (its dense steps again, no reset); with the
+    pipeline's scheduler, a timestep's place in its timesteps is the step, so a transformer that
+    first sees the schedule's middle (Wan 2.2's second expert) is at the middle step."""
+    model, _ = _model("wan-1.3b")
+    n = _layers(model)
+    x = {t: models.inputs("wan-1.3b", model, tiny=True, timestep=t) for t in (900, 800, 700)}
+    with torch.no_grad():
+        s = td.enable(model, M.TopKCubes(topk=2), schedule=M.Schedule(dense_steps=1))
+        steps = []
+        for t in (900, 900, 800, 800, 700, 900):
+            model(**x[t])
+            steps.append(s.step)
+        assert steps == [0, 0, 1, 1, 2, 0]
+        assert (s.stats.dense_calls, s.stats.sparse_calls) == (3 * n, 3 * n)
+        schedule = types.SimpleNamespace(timesteps=torch.tensor([900, 850, 800, 700]))
+        s = td.enable(model, M.TopKCubes(topk=2), schedule=M.Schedule(dense_steps=2),
+                      scheduler=schedule)
+        model(**x[800])
+        assert s.step == 2 and (s.stats.dense_calls, s.stats.sparse_calls) == (0, n)
+        model(**x[900])
+        assert s.step == 0 and s.stats.dense_calls == n
+    with pytest.raises(TypeError, match="scheduler must be the pipeline's scheduler"):
+        td.enable(model, M.Radial(), scheduler=object())
+
+
+def test_a_forward_that_routes_no_call_warns_once():
+    """Processors replaced after enable: the forward runs without Tessera, which says so once."""
+    model, x = _model("wan-1.3b")
+    with torch.no_grad():
+        s = td.enable(model, M.Radial())
+        for attn, original in s._originals:
+            attn.set_processor(original)
+        with pytest.warns(UserWarning, match="routed no self-attention call through it"):
+            model(**x)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            model(**x)  # (once)
+
+
 @pytest.mark.parametrize("layout", ["blhd", "bhld"])
 @pytest.mark.parametrize("geo", [M.VideoGeometry((5, 6, 10)),
                                  M.VideoGeometry((5, 6, 10), 12, 7),
@@ -147,7 +191,7 @@ def test_bad_arguments_are_refused_by_name():
         td.enable(torch.nn.Linear(2, 2), M.Radial())
     with pytest.raises(TypeError, match="method must be a tessera.integrations.methods.Method"):
         td.enable(model, "sliding_tile")
-    with pytest.raises(ValueError, match="forwards_per_step must be an int >= 1"):
+    with pytest.raises(ValueError, match="forwards_per_step must be None .* or an int >= 1"):
         td.enable(model, M.Radial(), forwards_per_step=0)
     with pytest.raises(TypeError, match="schedule must be a tessera.integrations.methods"):
         td.enable(model, M.Radial(), schedule=3)
@@ -305,7 +349,8 @@ def test_compiled_blocks_run_the_eager_calls(name, keep_order):
     compiled a bounded number of times (_COMPILES) -- not once per layer."""
     model, twin = (models.build(name, tiny=True, device="cpu", dtype=torch.float32,
                                 overrides=_DEEP[name]) for _ in range(2))  # (same weights)
-    xs = [models.inputs(name, model, tiny=True, seed=i, text_valid=10) for i in range(3)]
+    xs = [models.inputs(name, model, tiny=True, seed=i, text_valid=10, timestep=900 - 100 * i)
+          for i in range(3)]  # (three steps: the timestep falls)
     method = M.SlidingTile(tile=(2, 4, 4), window=(1, 3, 3))
     torch._dynamo.reset()
     with torch.no_grad():
