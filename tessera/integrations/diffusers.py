@@ -47,12 +47,13 @@ warning that it checks correctness, not speed (``torch_attention``).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import inspect
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -70,7 +71,7 @@ from .methods import LayerMask, Method, Schedule, VideoGeometry
 # HunyuanVideo 60) -- so a step never replans a fixed mask.
 FIXED_PLANS_KEPT = 128
 
-__all__ = ["enable", "disable", "session_of", "compile_blocks", "Session", "SUPPORTED",
+__all__ = ["enable", "disable", "sparse", "session_of", "compile_blocks", "Session", "SUPPORTED",
            "check_context_parallel"]
 
 
@@ -820,6 +821,35 @@ def enable(transformer: Any, method: Method, *, schedule: Schedule | None = None
         raise
     _sessions[id(transformer)] = session
     return session
+
+
+@contextlib.contextmanager
+def sparse(pipe: Any, method: Method, *, schedule: Schedule | None = None,
+           keep_order: bool = False, regime: Any = None) -> Iterator[list[Session]]:
+    """Tessera on a pipeline's transformers for a ``with`` block, the model's own attention
+    after it::
+
+        with td.sparse(pipe, SlidingTile(window=(2, 3, 3)), schedule=Schedule(dense_steps=10)):
+            video = pipe(prompt).frames[0]
+
+    Every transformer of ``pipe`` (``transformer``, and Wan 2.2's ``transformer_2``) is enabled
+    with the pipeline's ``scheduler`` for the steps; ``pipe`` may also be a transformer alone.
+    Yields the sessions, one a transformer."""
+    transformers = [t for t in (getattr(pipe, "transformer", None),
+                                getattr(pipe, "transformer_2", None)) if t is not None]
+    if not transformers:
+        transformers = [pipe]
+    scheduler = getattr(pipe, "scheduler", None)
+    enabled = []
+    try:
+        for t in transformers:
+            enabled.append(t)
+            enable(t, method, schedule=schedule, scheduler=scheduler, keep_order=keep_order,
+                   regime=regime)
+        yield [_sessions[id(t)] for t in transformers]
+    finally:
+        for t in enabled:
+            disable(t)
 
 
 def disable(transformer: Any) -> None:

@@ -126,6 +126,31 @@ def test_steps_come_from_the_timesteps():
         td.enable(model, M.Radial(), scheduler=object())
 
 
+def test_sparse_switches_a_pipelines_transformers_for_a_block():
+    """``with td.sparse(pipe, method)``: both transformers of a two-expert pipeline run Tessera
+    with the pipeline's scheduler placing the steps, and their own attention after the block,
+    bit for bit -- also when the block raises."""
+    model, x = _model("wan-1.3b")
+    twin = models.build("wan-1.3b", tiny=True, device="cpu", dtype=torch.float32)
+    pipe = types.SimpleNamespace(transformer=model, transformer_2=twin,
+                                 scheduler=types.SimpleNamespace(timesteps=torch.tensor(
+                                     [900, 700, 500, 300])))
+    n = _layers(model)
+    with torch.no_grad():
+        own = model(**x)[0]
+        with td.sparse(pipe, M.TopKCubes(topk=2), schedule=M.Schedule(dense_steps=2)) as (a, b):
+            sparse = model(**x)[0]  # timestep 500: step 2, sparse
+            twin(**x)
+            assert (a.step, b.step) == (2, 2) and a.scheduler is pipe.scheduler
+            assert a.stats.sparse_calls == b.stats.sparse_calls == n
+        assert not torch.equal(sparse, own) and torch.equal(model(**x)[0], own)
+        assert td.session_of(model) is None and td.session_of(twin) is None
+        with pytest.raises(RuntimeError, match="inside"):
+            with td.sparse(model, M.Radial()):
+                raise RuntimeError("inside")
+        assert td.session_of(model) is None
+
+
 def test_a_forward_that_routes_no_call_warns_once():
     """Processors replaced after enable: the forward runs without Tessera, which says so once."""
     model, x = _model("wan-1.3b")
