@@ -31,8 +31,7 @@ from ..runtime.regime import (TABLES_DIR, Regime, RegimeTable, candidate_regimes
 from ..runtime.regime.heuristic import SM90_ROWS192_D64
 
 __all__ = ["KernelCode", "regimes_in_use", "variants_in_use", "machine_code", "text_section",
-           "compare",
-           "add_arguments", "command"]
+           "compare", "add_arguments", "command"]
 
 # The architectures whose targets CI compiles, by compute capability.
 _ARCHES = {80: "sm_80", 86: "sm_86", 89: "sm_89", 90: "sm_90a"}
