@@ -18,6 +18,7 @@ import argparse
 import importlib.util
 import statistics
 import sys
+import time
 from typing import Any
 
 import numpy as np
@@ -75,15 +76,22 @@ def _method(args: argparse.Namespace) -> M.Method:
 
 def run(model_name: str, method: M.Method, steps: int = 3, schedule: M.Schedule | None = None,
         weights: str | None = None, tiny: bool = False, flex: bool = True,
-        forwards_per_step: int = 1, keep_order: bool = False, compiled: bool = False) -> dict:
+        forwards_per_step: int = 1, keep_order: bool = False, compiled: bool = False,
+        device: str = "cuda") -> dict:
     """Time one transformer's forwards per backend; returns the figures (see :func:`main`).
-    ``compiled``: the transformer's blocks torch.compile'd for every backend (``--compile``)."""
+    ``compiled``: the transformer's blocks torch.compile'd for every backend (``--compile``).
+    ``device="cpu"`` (the tiny check without a GPU): float32, Tessera's calls on the CPU
+    emulator, eager Flex, host clocks -- a check that every backend runs and agrees, not a
+    timing."""
     import torch
 
-    model = build(model_name, tiny=tiny, weights=weights)
+    cpu = device == "cpu"
+    model = build(model_name, tiny=tiny, weights=weights, device=device,
+                  dtype=torch.float32 if cpu else None)
     x = inputs(model_name, model, tiny=tiny)
     backends = ["dense", "tessera"] + (["flex"] if flex else [])
-    result: dict = dict(model=model_name, method=method.name, steps=steps, gpu=current_gpu_name(),
+    result: dict = dict(model=model_name, method=method.name, steps=steps,
+                        gpu="the CPU" if cpu else current_gpu_name(),
                         layers=len(td.SUPPORTED[type(model).__name__].self_attention(model)),
                         compiled=compiled)
     if compiled:
@@ -106,23 +114,23 @@ def run(model_name: str, method: M.Method, steps: int = 3, schedule: M.Schedule 
                                 forwards_per_step=forwards_per_step,
                                 keep_order=keep_order and backend != "dense")
             if backend == "flex":
-                session.attention = flex_attention_runner()
+                session.attention = flex_attention_runner(compiled=not cpu)
             # (the calls run inside the routed op, eagerly even in a compiled block; the
             # reorders are traced into the blocks there: not timed alone)
-            session._attend = _timed(session._attend, per_layer)
+            session._attend = _timed(session._attend, per_layer, cpu)
             if not compiled:
-                session._reorder = _timed(session._reorder, reorders)
+                session._reorder = _timed(session._reorder, reorders, cpu)
             if backend == "flex":
-                session.attention = _timed(session.attention, runs)
+                session.attention = _timed(session.attention, runs, cpu)
             elif backend == "tessera":
-                session._run = _timed(session._run, runs)
+                session._run = _timed(session._run, runs, cpu)
         step_ms = []
         with torch.no_grad():
             for i in range(steps + 1):  # the first: warm-up (compiles, loads kernels)
                 per_layer.append([])
                 runs.append([])
                 reorders.append([])
-                a, b = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+                a, b = (_event(cpu) for _ in range(2))
                 a.record()
                 out = model(**x)[0]
                 b.record()
@@ -164,12 +172,31 @@ def run(model_name: str, method: M.Method, steps: int = 3, schedule: M.Schedule 
     return result
 
 
-def _timed(fn: Any, calls: list[list]) -> Any:
-    """``fn`` with CUDA events recorded around each call, appended to ``calls[-1]``."""
+class _HostEvent:
+    """A CUDA event's interface on the host clock, for runs on the CPU."""
+
+    def record(self) -> None:
+        self.t = time.perf_counter()
+
+    def synchronize(self) -> None:
+        pass
+
+    def elapsed_time(self, end: "_HostEvent") -> float:
+        return (end.t - self.t) * 1e3
+
+
+def _event(cpu: bool) -> Any:
+    """A timing event: CUDA's (GPU time) or the host clock's (a run on the CPU)."""
     import torch
 
+    return _HostEvent() if cpu else torch.cuda.Event(enable_timing=True)
+
+
+def _timed(fn: Any, calls: list[list], cpu: bool = False) -> Any:
+    """``fn`` with timing events recorded around each call, appended to ``calls[-1]``."""
+
     def timed(*a, **kw):
-        start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+        start, end = (_event(cpu) for _ in range(2))
         start.record()
         out = fn(*a, **kw)
         end.record()
@@ -264,12 +291,18 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     import torch
 
+    device = "cuda"
     if not torch.cuda.is_available():
-        print(f"pipeline needs a CUDA GPU (none found); {args.model} is "
-              f"{MODELS[args.model].notes}.")
-        return 1
+        if not args.tiny or args.compile:
+            print(f"pipeline needs a CUDA GPU (none found) but for --tiny without --compile, "
+                  f"a check on the CPU; {args.model} is {MODELS[args.model].notes}.")
+            return 1
+        device = "cpu"
+        print("no CUDA GPU: the tiny check runs on the CPU (Tessera on the CPU emulator, "
+              "float32): it checks that the backends run and agree; its times are not the GPU's")
     result = run(args.model, config.method, args.steps, config.schedule, args.weights, args.tiny,
-                 not args.no_flex, keep_order=args.keep_order, compiled=args.compile)
+                 not args.no_flex, keep_order=args.keep_order, compiled=args.compile,
+                 device=device)
     print(table(result))
     if args.png:
         chart(result, args.png)

@@ -60,3 +60,21 @@ def test_without_a_gpu_the_command_says_what_it_needs(capsys):
     assert pipeline.main(["--model", "hunyuan"]) == 1
     out = capsys.readouterr().out
     assert "pipeline needs" in out and "118,800 video tokens" in out
+
+
+def test_the_tiny_check_runs_without_a_gpu(capsys):
+    """``pipeline --tiny`` on a machine without a GPU: the tiny transformer on the CPU, Tessera on
+    the CPU emulator, dense and Tessera agreeing (a window over the whole tiny grid), the table
+    printed; without --tiny it says what it needs."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("diffusers")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: the tiny check runs there")
+    rc = pipeline.main(["--tiny", "--model", "wan-1.3b", "--method", "sliding_tile", "--window",
+                        "9", "9", "9", "--steps", "1", "--no-flex"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "the tiny check runs on the CPU" in out and "tessera" in out
+    line = next(x for x in out.splitlines() if x.startswith("tessera")).split()
+    assert float(line[-2]) < 1e-5  # diff/dense (then diff/flex): the full window is dense
+    assert pipeline.main(["--model", "wan-1.3b", "--steps", "1"]) == 1
+    assert "but for --tiny" in capsys.readouterr().out
