@@ -1,6 +1,7 @@
 """Command line: ``python -m tessera info`` (what this machine can run, with or without a GPU),
-``plan``, ``demo``, ``bench``, ``pipeline``, ``profile`` (write this GPU's regime table) and
-``kernels`` (every kernel variant's machine code, no GPU needed)."""
+``plan``, ``demo``, ``bench``, ``pipeline``, ``quality`` (what a method costs in quality),
+``profile`` (write this GPU's regime table) and ``kernels`` (every kernel variant's machine code,
+no GPU needed)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from ..dtypes import SUPPORTED_HEAD_DIMS
 from .args import int_choice, nonnegative_int, positive_int, require_matplotlib
 from .bench import main as bench_main
 from .pipeline import main as pipeline_main
+from .quality import main as quality_main
 from .demo import run
 from . import kernels
 from .plot import draw_plan
@@ -183,11 +185,16 @@ def _main(argv: list[str] | None) -> int:
     sub.add_parser("pipeline", add_help=False,
                    help="a diffusers video transformer's forwards: dense, Tessera and "
                         "FlexAttention on one method's masks (see --help there)")
+    sub.add_parser("quality", add_help=False,
+                   help="a denoising run dense and sparse from the same noise: PSNR and SSIM "
+                        "of the latents per step, and the speed-up (see --help there)")
     args, rest = ap.parse_known_args(argv)
     if args.cmd == "bench":
         return bench_main(rest)
     if args.cmd == "pipeline":
         return pipeline_main(rest)
+    if args.cmd == "quality":
+        return quality_main(rest)
     if rest:
         ap.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.cmd in (None, "info"):

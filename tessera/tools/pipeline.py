@@ -62,6 +62,36 @@ def flex_attention_runner(compiled: bool = True) -> Any:
     return run
 
 
+def add_method_arguments(ap: argparse.ArgumentParser) -> None:
+    """The options that choose a method and schedule (``pipeline``, ``quality``)."""
+    ap.add_argument("--method", choices=list(M.METHODS), default="topk_cubes")
+    ap.add_argument("--density", type=fraction, default=0.1,
+                    help="topk_cubes: key cubes kept, in (0, 1]")
+    ap.add_argument("--tile", type=positive_int, nargs=3, default=(6, 8, 8), help="sliding_tile")
+    ap.add_argument("--window", type=positive_int, nargs=3, default=(3, 3, 3),
+                    help="sliding_tile")
+    ap.add_argument("--heads", default="spatial", choices=["spatial", "temporal"],
+                    help="spatial_temporal")
+    ap.add_argument("--dense-steps", type=nonnegative_int, default=0)
+    ap.add_argument("--dense-layers", type=nonnegative_int, default=0)
+    ap.add_argument("--config", type=saved_config,
+                    help="a saved configuration (JSON, tessera.integrations.methods."
+                         "SparseConfig): its method and schedule in place of --method, the "
+                         "method's options, --dense-steps and --dense-layers")
+    ap.add_argument("--save-config", metavar="PATH",
+                    help="write the method and schedule this run uses to PATH (JSON)")
+
+
+def config_from(args: argparse.Namespace) -> M.SparseConfig:
+    """The method and schedule the options of :func:`add_method_arguments` name (written to
+    ``--save-config`` when given)."""
+    config = args.config or M.SparseConfig(_method(args), M.Schedule(args.dense_steps,
+                                                                     args.dense_layers))
+    if args.save_config:
+        config.save(args.save_config)
+    return config
+
+
 def _method(args: argparse.Namespace) -> M.Method:
     if args.method == "sliding_tile":
         return M.SlidingTile(tile=tuple(args.tile), window=tuple(args.window))
@@ -252,23 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tessera pipeline", description=__doc__.split(
         "\n\n")[0])
     ap.add_argument("--model", choices=list(MODELS), default="wan-1.3b")
-    ap.add_argument("--method", choices=list(M.METHODS), default="topk_cubes")
-    ap.add_argument("--density", type=fraction, default=0.1,
-                    help="topk_cubes: key cubes kept, in (0, 1]")
-    ap.add_argument("--tile", type=positive_int, nargs=3, default=(6, 8, 8), help="sliding_tile")
-    ap.add_argument("--window", type=positive_int, nargs=3, default=(3, 3, 3),
-                    help="sliding_tile")
-    ap.add_argument("--heads", default="spatial", choices=["spatial", "temporal"],
-                    help="spatial_temporal")
+    add_method_arguments(ap)
     ap.add_argument("--steps", type=positive_int, default=3, help="timed forwards per backend")
-    ap.add_argument("--dense-steps", type=nonnegative_int, default=0)
-    ap.add_argument("--dense-layers", type=nonnegative_int, default=0)
-    ap.add_argument("--config", type=saved_config,
-                    help="a saved configuration (JSON, tessera.integrations.methods."
-                         "SparseConfig): its method and schedule in place of --method, the "
-                         "method's options, --dense-steps and --dense-layers")
-    ap.add_argument("--save-config", metavar="PATH",
-                    help="write the method and schedule this run uses to PATH (JSON)")
     ap.add_argument("--weights", help="a local checkpoint folder (from_pretrained)")
     ap.add_argument("--tiny", action="store_true", help="the tiny configuration (a check)")
     ap.add_argument("--no-flex", action="store_true")
@@ -280,10 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.png:
         require_matplotlib(ap, "--png")
-    config = args.config or M.SparseConfig(_method(args), M.Schedule(args.dense_steps,
-                                                                     args.dense_layers))
-    if args.save_config:
-        config.save(args.save_config)
+    config = config_from(args)
     missing = [m for m in ("torch", "diffusers") if not _importable(m)]
     if missing:
         print(f"pipeline needs {' and '.join(missing)} ({install_hint('diffusers')}) and a "
