@@ -33,29 +33,15 @@ def attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *, scale: float | N
     hkv = k4.shape[1]
     dv = v4.shape[3]
     mask = block_mask.to_host()
-    head_of = mask.head_index(hq, hkv)
-    batch_of = mask.batch_index(b)
     group = hq // hkv
     scale = 1.0 / np.sqrt(d) if scale is None else float(scale)
 
     out = np.zeros((b, hq, lq, dv), dtype=np.float64)
     lse = np.full((b, hq, lq), -np.inf, dtype=np.float64)
-    qb, kb = mask.q_bounds, mask.kv_bounds
-    n_q = mask.num_q_blocks
-    _, h_mask = mask.batch_heads
-    for bi in range(b):
-        for h in range(hq):
-            base = (batch_of[bi] * h_mask + head_of[h]) * n_q
-            for i in range(n_q):
-                sel = mask.indices[mask.indptr[base + i]:mask.indptr[base + i + 1]]
-                if sel.size == 0:
-                    continue
-                keys = np.concatenate([np.arange(kb[j], kb[j + 1]) for j in sel])
-                rows = slice(qb[i], qb[i + 1])
-                p, row_lse, denom = _softmax_terms(
-                    q4[bi, h, rows] @ k4[bi, h // group, keys].T, scale)
-                out[bi, h, rows] = (p @ v4[bi, h // group, keys]) / denom
-                lse[bi, h, rows] = row_lse[:, 0]
+    for bi, h, rows, keys in _selected_blocks(mask, b, hq, hkv):
+        p, row_lse, denom = _softmax_terms(q4[bi, h, rows] @ k4[bi, h // group, keys].T, scale)
+        out[bi, h, rows] = (p @ v4[bi, h // group, keys]) / denom
+        lse[bi, h, rows] = row_lse[:, 0]
     if layout == "blhd":
         out = out.transpose(0, 2, 1, 3)
     return (out, lse) if return_lse else out
@@ -81,28 +67,18 @@ def attention_backward(q: Any, k: Any, v: Any, dout: Any, block_mask: BlockMask,
     group = hq // hkv
     scale = 1.0 / np.sqrt(d) if scale is None else float(scale)
     mask = block_mask.to_host()
-    head_of, batch_of = mask.head_index(hq, hkv), mask.batch_index(b)
     dq, dk, dv = np.zeros_like(q4), np.zeros_like(k4), np.zeros_like(v4)
-    qb, kb, n_q = mask.q_bounds, mask.kv_bounds, mask.num_q_blocks
-    for bi in range(b):
-        for h in range(hq):
-            base = (batch_of[bi] * mask.batch_heads[1] + head_of[h]) * n_q
-            g = h // group
-            for i in range(n_q):
-                sel = mask.indices[mask.indptr[base + i]:mask.indptr[base + i + 1]]
-                if sel.size == 0:
-                    continue
-                keys = np.concatenate([np.arange(kb[j], kb[j + 1]) for j in sel])
-                rows = slice(qb[i], qb[i + 1])
-                qr, dor = q4[bi, h, rows], do4[bi, h, rows]
-                kk, vv = k4[bi, g, keys], v4[bi, g, keys]
-                p, _, denom = _softmax_terms(qr @ kk.T, scale)
-                p = p / denom
-                dp = dor @ vv.T
-                ds = p * (dp - (p * dp).sum(axis=1, keepdims=True))  # Delta = rowsum(dO * O)
-                dq[bi, h, rows] = scale * ds @ kk
-                np.add.at(dk[bi, g], keys, scale * ds.T @ qr)
-                np.add.at(dv[bi, g], keys, p.T @ dor)
+    for bi, h, rows, keys in _selected_blocks(mask, b, hq, hkv):
+        g = h // group
+        qr, dor = q4[bi, h, rows], do4[bi, h, rows]
+        kk, vv = k4[bi, g, keys], v4[bi, g, keys]
+        p, _, denom = _softmax_terms(qr @ kk.T, scale)
+        p = p / denom
+        dp = dor @ vv.T
+        ds = p * (dp - (p * dp).sum(axis=1, keepdims=True))  # Delta = rowsum(dO * O)
+        dq[bi, h, rows] = scale * ds @ kk
+        np.add.at(dk[bi, g], keys, scale * ds.T @ qr)
+        np.add.at(dv[bi, g], keys, p.T @ dor)
     if layout == "blhd":
         return tuple(x.transpose(0, 2, 1, 3) for x in (dq, dk, dv))  # type: ignore[return-value]
     return dq, dk, dv
@@ -137,6 +113,21 @@ def attention_rows(q: Any, k: Any, v: Any, block_mask: BlockMask, rows: np.ndarr
         p, _, denom = _softmax_terms((kk @ qrow)[None, :], scale)
         out[n] = (p @ vv / denom)[0]
     return out
+
+
+def _selected_blocks(mask: BlockMask, batch: int, hq: int, hkv: int):
+    """(batch, query head, query block's rows, its selected keys) of every query block row of
+    host ``mask`` that selects something, in order."""
+    head_of, batch_of = mask.head_index(hq, hkv), mask.batch_index(batch)
+    qb, kb, n_q = mask.q_bounds, mask.kv_bounds, mask.num_q_blocks
+    for bi in range(batch):
+        for h in range(hq):
+            base = (batch_of[bi] * mask.batch_heads[1] + head_of[h]) * n_q
+            for i in range(n_q):
+                sel = mask.indices[mask.indptr[base + i]:mask.indptr[base + i + 1]]
+                if sel.size:
+                    yield (bi, h, slice(qb[i], qb[i + 1]),
+                           np.concatenate([np.arange(kb[j], kb[j + 1]) for j in sel]))
 
 
 def _softmax_terms(scores: np.ndarray, scale: float) -> tuple[np.ndarray, np.ndarray,
