@@ -105,29 +105,44 @@ def run(plan: Plan, q: Any, k: Any, v: Any, *, scale: float | None = None) -> Em
                            pairs_outside=em.outside, pairs_masked=em.masked)
 
 
-class _Emulation:
+class _PlanWalk:
+    """What both emulations read of a plan: the operands, its spans and their walk, and the
+    logical mask every computed pair is checked against."""
+
+    def __init__(self, plan: Plan, q4: np.ndarray, k4: np.ndarray, v4: np.ndarray,
+                 scale: float) -> None:
+        self.plan, self.q4, self.k4, self.v4, self.scale = plan, q4, k4, v4, scale
+        self.group = plan.num_q_heads // plan.num_kv_heads
+        self.bm = plan.regime.block_m
+        mask = plan.mask.to_host()
+        self.dense = mask.to_dense()
+        self.head_of = mask.head_index(plan.num_q_heads, plan.num_kv_heads)
+        self.batch_of = mask.batch_index(plan.batch)
+        self.qblock = np.searchsorted(mask.q_bounds, np.arange(q4.shape[2]), side="right") - 1
+        self.kblock = np.searchsorted(mask.kv_bounds, np.arange(k4.shape[2]), side="right") - 1
+        self.spans = records(plan.queue.spans, Span)
+        self.walk = _packed_chunks if plan.regime.pack_keys else _span_chunks
+
+    def _selected(self, b: int, head: Any, tok: np.ndarray, keys: np.ndarray) -> np.ndarray:
+        """Whether the logical mask selects each (query token, key token) pair, broadcast."""
+        return self.dense[self.batch_of[b], self.head_of[head], self.qblock[tok],
+                          self.kblock[keys]]
+
+
+class _Emulation(_PlanWalk):
     """One plan's emulation: the operands, the logical mask to count pairs against, the
     outputs and the split partials (NaN until written), and the pair counts."""
 
     def __init__(self, plan: Plan, q4: np.ndarray, k4: np.ndarray, v4: np.ndarray,
                  scale: float) -> None:
-        self.plan, self.q4, self.k4, self.v4, self.scale = plan, q4, k4, v4, scale
+        super().__init__(plan, q4, k4, v4, scale)
         b, hq, lq, _ = q4.shape
-        self.group = plan.num_q_heads // plan.num_kv_heads
-        self.bm, self.tr = plan.regime.block_m, plan.queue.tile_rows
-        mask = plan.mask.to_host()
-        self.dense = mask.to_dense()
-        self.head_of = mask.head_index(plan.num_q_heads, plan.num_kv_heads)
-        self.batch_of = mask.batch_index(plan.batch)
-        self.qblock = np.searchsorted(mask.q_bounds, np.arange(lq), side="right") - 1
-        self.kblock = np.searchsorted(mask.kv_bounds, np.arange(k4.shape[2]), side="right") - 1
+        self.tr = plan.queue.tile_rows
         dv = v4.shape[3]
         self.out = np.full((b, hq, lq, dv), np.nan)
         self.lse = np.full((b, hq, lq), np.nan)
         self.part_out = np.full((plan.queue.num_slots, self.bm, dv), np.nan)
         self.part_lse = np.full((plan.queue.num_slots, self.bm), np.nan)
-        self.spans = records(plan.queue.spans, Span)
-        self.walk = _packed_chunks if plan.regime.pack_keys else _span_chunks
         self.unmasked = self.outside = self.masked = 0
 
     def _rows(self, h0: int, q_start: int, q_end: int) -> tuple[np.ndarray, ...]:
@@ -153,8 +168,7 @@ class _Emulation:
             keys_c = np.minimum(keys, k4.shape[2] - 1)
             ok = row_ok[:, None] & key_ok[None, :]
             s = np.where(ok, qrows @ k4[b, kvh, keys_c].T * self.scale, -np.inf)
-            sel = self.dense[self.batch_of[b], self.head_of[head][:, None],
-                             self.qblock[tok_c][:, None], self.kblock[keys_c][None, :]]
+            sel = self._selected(b, head[:, None], tok_c[:, None], keys_c[None, :])
             self.unmasked += int(ok.sum())
             self.outside += int((ok & ~sel).sum())
             self.masked += int((real[:, None] & ~ok).sum())
@@ -225,24 +239,15 @@ def run_backward(plan: Plan, q: Any, k: Any, v: Any, dout: Any, *,
     return BackwardResult(*grads, pairs_outside=bw.outside)
 
 
-class _Backward:
-    """One plan's backward emulation: the operands, the forward's LSE and Delta = rowsum(dO * O)
-    per query row, the gradients, and the pairs computed outside the logical mask."""
+class _Backward(_PlanWalk):
+    """One plan's backward emulation: beside the operands, dO, the forward's LSE and
+    Delta = rowsum(dO * O) per query row, the gradients, and the pairs computed outside the
+    logical mask."""
 
     def __init__(self, plan: Plan, q4: np.ndarray, k4: np.ndarray, v4: np.ndarray,
                  do4: np.ndarray, lse: np.ndarray, delta: np.ndarray, scale: float) -> None:
-        self.plan, self.q4, self.k4, self.v4, self.do4 = plan, q4, k4, v4, do4
-        self.lse, self.delta, self.scale = lse, delta, scale
-        self.group = plan.num_q_heads // plan.num_kv_heads
-        self.bm = plan.regime.block_m
-        mask = plan.mask.to_host()
-        self.dense = mask.to_dense()
-        self.head_of = mask.head_index(plan.num_q_heads, plan.num_kv_heads)
-        self.batch_of = mask.batch_index(plan.batch)
-        self.qblock = np.searchsorted(mask.q_bounds, np.arange(q4.shape[2]), side="right") - 1
-        self.kblock = np.searchsorted(mask.kv_bounds, np.arange(k4.shape[2]), side="right") - 1
-        self.spans = records(plan.queue.spans, Span)
-        self.walk = _packed_chunks if plan.regime.pack_keys else _span_chunks
+        super().__init__(plan, q4, k4, v4, scale)
+        self.do4, self.lse, self.delta = do4, lse, delta
         self.dq, self.dk, self.dv = np.zeros_like(q4), np.zeros_like(k4), np.zeros_like(v4)
         self.outside = 0
 
@@ -292,9 +297,7 @@ class _Backward:
 
     def _count(self, b: int, head: Any, tok: np.ndarray, keys: np.ndarray,
                ok: np.ndarray) -> None:
-        sel = self.dense[self.batch_of[b], self.head_of[head], self.qblock[tok],
-                         self.kblock[keys]]
-        self.outside += int((ok & ~sel).sum())
+        self.outside += int((ok & ~self._selected(b, head, tok, keys)).sum())
 
 
 def _normalized(acc: np.ndarray, denom: np.ndarray,
