@@ -277,7 +277,9 @@ class Session:
             return
         timesteps = getattr(self.scheduler, "timesteps", None)
         if timesteps is not None and len(timesteps) > 0:
-            ts = np.asarray([float(x) for x in timesteps])
+            # (a device tensor copied back whole, not read element by element)
+            ts = (timesteps.detach().double().cpu().numpy() if hasattr(timesteps, "detach")
+                  else np.asarray(timesteps, dtype=np.float64))
             self._step = int(np.argmin(np.abs(ts - t)))
         elif self._last_t is None or t > self._last_t:
             self._step = 0  # the first forward, or the noise level rose again: a new video
