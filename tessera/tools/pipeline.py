@@ -92,6 +92,16 @@ def config_from(args: argparse.Namespace) -> M.SparseConfig:
     return config
 
 
+def parse_run(ap: argparse.ArgumentParser, argv: list[str] | None
+              ) -> tuple[argparse.Namespace, M.SparseConfig, list[str]]:
+    """A model command's arguments parsed and checked (``--png`` needs matplotlib), its method
+    and schedule (:func:`config_from`), and which of torch and diffusers are missing."""
+    args = ap.parse_args(argv)
+    if args.png:
+        require_matplotlib(ap, "--png")
+    return args, config_from(args), [m for m in ("torch", "diffusers") if not _importable(m)]
+
+
 def _method(args: argparse.Namespace) -> M.Method:
     if args.method == "sliding_tile":
         return M.SlidingTile(tile=tuple(args.tile), window=tuple(args.window))
@@ -292,11 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compile", action="store_true",
                     help="every backend with the transformer's blocks torch.compile'd")
     ap.add_argument("--png", help="per-layer attention time, dense vs sparse (matplotlib)")
-    args = ap.parse_args(argv)
-    if args.png:
-        require_matplotlib(ap, "--png")
-    config = config_from(args)
-    missing = [m for m in ("torch", "diffusers") if not _importable(m)]
+    args, config, missing = parse_run(ap, argv)
     if missing:
         print(f"pipeline needs {' and '.join(missing)} ({install_hint('diffusers')}) and a "
               f"CUDA GPU; {args.model} is {MODELS[args.model].notes}.")

@@ -28,9 +28,9 @@ from scipy.ndimage import gaussian_filter
 from ..distribution import install_hint
 from ..integrations import diffusers as td
 from ..integrations import methods as M
-from .args import positive_int, require_matplotlib
+from .args import positive_int
 from .models import MODELS, build, inputs
-from .pipeline import _importable, add_method_arguments, config_from
+from .pipeline import add_method_arguments, parse_run
 
 __all__ = ["psnr", "ssim", "run", "table", "main"]
 
@@ -162,11 +162,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="the tiny configuration, random weights (on the CPU without a GPU)")
     ap.add_argument("--json", help="write the report as JSON here")
     ap.add_argument("--png", help="plot PSNR and SSIM per step here (matplotlib)")
-    args = ap.parse_args(argv)
-    if args.png:
-        require_matplotlib(ap, "--png")
-    config = config_from(args)
-    missing = [m for m in ("torch", "diffusers") if not _importable(m)]
+    args, config, missing = parse_run(ap, argv)
     if missing:
         print(f"quality needs {' and '.join(missing)} ({install_hint('diffusers')})")
         return 1
