@@ -10,25 +10,34 @@
     video = pipe(prompt, ...).frames
     td.disable(pipe.transformer)          # the model's own attention again
 
-Supported: ``WanTransformer3DModel`` (Wan 2.1 / 2.2), ``HunyuanVideoTransformer3DModel`` and
-``CogVideoXTransformer3DModel`` (diffusers 0.42). Self-attention only; cross-attention and
-every other module are left alone.
+Supported: the families of :mod:`tessera.integrations.video_models` -- Wan 2.1 / 2.2 and Wan
+VACE, SkyReels-V2, HunyuanVideo and HunyuanVideo 1.5, CogVideoX, Mochi, LTX-Video, LTX-2 (their
+image-to-video variants are the same classes), and subclasses of their classes; diffusers 0.41
+and 0.42 are tested, others checked at :func:`enable`. Self-attention over the video only;
+cross-attention, LTX-2's audio stream and every other module are left alone.
 
 How it plugs in. Each self-attention module's processor is wrapped (``set_processor``, public):
 the wrapper marks the call as Tessera's and runs the model's own processor, which projects,
-normalizes and rotates q/k/v as always. The processor's attention function -- diffusers'
-``dispatch_attention_fn`` as the Wan and HunyuanVideo modules import it, and
-``F.scaled_dot_product_attention`` as ``attention_processor`` (CogVideoX's processor) reaches
-it -- is replaced in that module by a router that sends marked calls to Tessera and every
-other call to the original, unchanged. diffusers has no public hook for a custom attention
-function (its backend registry takes only its own names), so this is the smallest patch;
-``tests/integrations/test_diffusers.py`` fails if diffusers moves either name.
+normalizes and rotates q/k/v as always. The attention function that processor calls -- diffusers'
+``dispatch_attention_fn`` or ``F.scaled_dot_product_attention``, whichever the module defining
+the processor's class holds -- is replaced in that module by a router that sends marked calls
+to Tessera and every other call to the original, unchanged (its arguments read by name from the
+original's own signature; a call setting anything Tessera does not take -- dropout, causality,
+a keyword it does not know -- goes to the original as made). diffusers has no public hook for a
+custom attention function (its backend registry takes only its own names), so this is the
+smallest patch; ``tests/integrations/test_diffusers.py`` fails if diffusers moves either name.
+
+Which calls Tessera runs is read per call: one over this forward's video tokens (with the
+family's jointly attended text, and a mask that marks only text padding) is Tessera's; any
+other (audio, a bias or per-query mask, another length) stays the model's own and is counted
+in ``session.stats.unrouted_calls``.
 
 The token layout comes from the transformer's inputs (a forward pre-hook): the latent's frames
-and size over the patch size, the text tokens attended jointly (HunyuanVideo's after the video,
-with its prompt mask's padding; CogVideoX's 226 before it). The denoising step comes from the
-``timestep`` the transformer receives: the same timestep is the same step (classifier-free
-guidance's second forward), a lower one the next step, a higher one a new video; given the
+and size over the patch size; the text tokens attended jointly (HunyuanVideo's and Mochi's after
+the video, CogVideoX's 226 before it) and their padding come from each call's length and mask
+(read back once a forward). The denoising step comes from the ``timestep`` the transformer
+receives: the same timestep is the same step (classifier-free guidance's second forward), a
+lower one the next step, a higher one a new video; given the
 pipeline's ``scheduler``, the step is the timestep's place in ``scheduler.timesteps`` (two
 transformers sharing one schedule, Wan 2.2's, agree on it). ``forwards_per_step=N`` counts N
 forwards a step instead, where a model takes no timestep; :meth:`Session.reset` then starts a new
@@ -65,60 +74,25 @@ from ..cuda.device import device_cc
 from ..families import invert_permutation
 from . import distributed, torch_attention
 from .methods import LayerMask, Method, Schedule, VideoGeometry
+from .video_models import FAMILIES, TESTED_DIFFUSERS, Family, family_of, forward_inputs
 
 # Fixed-mask plans a session keeps (least recently used dropped first): one per routed layer and
 # shapes -- more than the self-attention layers of the video transformers routed (Wan-14B 40,
 # HunyuanVideo 60) -- so a step never replans a fixed mask.
 FIXED_PLANS_KEPT = 128
 
-__all__ = ["enable", "disable", "sparse", "session_of", "compile_blocks", "Session", "SUPPORTED",
-           "check_context_parallel"]
-
-
-@dataclass(frozen=True)
-class _Model:
-    """How one diffusers transformer class is wired to Tessera.
-
-    Attributes:
-        module: the diffusers module whose attention function the processors call.
-        hook: "dispatch" (``dispatch_attention_fn``) or "sdpa" (``F.scaled_dot_product_attention``).
-        layout: the q/k/v layout that function gets ("blhd" or "bhld").
-        self_attention: the transformer's self-attention modules, in layer order.
-        geometries: the layouts of a forward's calls from its inputs (one per batch element
-            where they differ, else one).
-        blocks: the transformer blocks, in order (their inputs and outputs hold the video
-            tokens alone, at sequence dim 1 of argument 0 and of the output's first tensor).
-        rotary: where a block takes its rotary tables (argument index, names) and their
-            sequence dim; ``per_token_temb``: argument 2 may hold one time embedding per token
-            (4 dims: Wan 2.2), which then follows the tokens; ``no_order_arg``: an argument
-            index whose presence forbids reordering (HunyuanVideo's first-frame token
-            replacement, which needs the frame-major order).
-    """
-
-    module: str
-    hook: str
-    layout: str
-    self_attention: Callable[[Any], list]
-    geometries: Callable[[Any, tuple, dict], list[VideoGeometry]]
-    blocks: Callable[[Any], list] | None = None
-    rotary: tuple[int, tuple[str, ...], int] = (3, ("rotary_emb",), 1)
-    per_token_temb: bool = False
-    no_order_arg: tuple[int, str] | None = None
+__all__ = ["enable", "disable", "sparse", "session_of", "self_attention_layers", "compile_blocks",
+           "Session", "Family", "FAMILIES", "check_context_parallel"]
 
 
 def _arg(args: tuple, kwargs: dict, i: int, name: str) -> Any:
     return kwargs[name] if name in kwargs else (args[i] if len(args) > i else None)
 
 
-def _timestep(module: Any, args: tuple, kwargs: dict) -> float | None:
+def _timestep(inputs: dict) -> float | None:
     """The timestep a transformer forward receives (its first element; None when the forward
     takes none). A device tensor is read back: one small wait at the forward's start."""
-    t = kwargs.get("timestep")
-    if t is None and args:
-        try:
-            t = inspect.signature(module.forward).bind_partial(*args).arguments.get("timestep")
-        except TypeError:
-            t = None
+    t = inputs.get("timestep")
     if t is None:
         return None
     try:
@@ -127,63 +101,53 @@ def _timestep(module: Any, args: tuple, kwargs: dict) -> float | None:
         return None
 
 
-def _wan_geometries(model: Any, args: tuple, kwargs: dict) -> list[VideoGeometry]:
-    _, _, f, h, w = _arg(args, kwargs, 0, "hidden_states").shape
-    pt, ph, pw = model.config.patch_size
-    return [VideoGeometry((f // pt, h // ph, w // pw))]
+def _allowed_keys(mask: Any, batch: int, length: int, padding: str) -> np.ndarray | None:
+    """Which keys a call's attention ``mask`` lets every query attend, ``[batch or 1, length]``
+    booleans read back to the host -- or None where the mask says more than which keys are
+    padding (a per-query mask of another form, a bias, weights), which Tessera does not
+    encode: the call then stays the model's own."""
+    if mask.ndim not in (2, 3, 4) or mask.shape[-1] != length:
+        return None
+    m = mask.reshape(mask.shape[0], *(1,) * (4 - mask.ndim), *mask.shape[1:])  # [b, h, q, k]
+    if m.shape[0] not in (1, batch) or m.shape[1] != 1:
+        return None
+    if m.shape[2] != 1 and not (m.shape[2] == length and padding == "outer"):
+        return None
+    keys = m[:, 0, 0, :]  # (an "outer" mask: row 0, a video query's, is the valid keys)
+    if keys.dtype.is_floating_point:
+        # an additive mask: 0 keeps a key, a large negative value drops it; anything else
+        # weighs keys, which a block mask cannot say
+        keep, drop = keys == 0, keys <= -1e4
+        if not bool((keep | drop).all()):
+            return None
+        keys = keep
+    return keys.bool().cpu().numpy()
 
 
-def _hunyuan_geometries(model: Any, args: tuple, kwargs: dict) -> list[VideoGeometry]:
-    _, _, f, h, w = _arg(args, kwargs, 0, "hidden_states").shape
-    p, pt = model.config.patch_size, model.config.patch_size_t
-    text = _arg(args, kwargs, 2, "encoder_hidden_states")
-    text_mask = _arg(args, kwargs, 3, "encoder_attention_mask")
-    latent = (f // pt, h // p, w // p)
-    n_text = int(text.shape[1])
-    if text_mask is None:
-        return [VideoGeometry(latent, n_text)]
-    # The prompt lengths decide the mask's text blocks: read once per forward (the only
-    # host synchronization; pass equal-length prompts to keep it cheap).
-    valid = [int(x) for x in text_mask.sum(dim=1).tolist()]
-    geos = [VideoGeometry(latent, n_text, v) for v in valid]
-    return geos[:1] if len(set(valid)) == 1 else geos
-
-
-def _cogvideox_geometries(model: Any, args: tuple, kwargs: dict) -> list[VideoGeometry]:
-    _, f, _, h, w = _arg(args, kwargs, 0, "hidden_states").shape
-    p, pt = model.config.patch_size, model.config.patch_size_t or 1
-    text = _arg(args, kwargs, 1, "encoder_hidden_states")
-    return [VideoGeometry((f // pt, h // p, w // p), int(text.shape[1]), text_first=True)]
-
-
-def _hunyuan_blocks(m: Any) -> list:
-    return list(m.transformer_blocks) + list(m.single_transformer_blocks)
-
-
-SUPPORTED: dict[str, _Model] = {
-    "WanTransformer3DModel": _Model(
-        "diffusers.models.transformers.transformer_wan", "dispatch", "blhd",
-        lambda m: [b.attn1 for b in m.blocks], _wan_geometries,
-        blocks=lambda m: list(m.blocks), rotary=(3, ("rotary_emb",), 1), per_token_temb=True),
-    "HunyuanVideoTransformer3DModel": _Model(
-        "diffusers.models.transformers.transformer_hunyuan_video", "dispatch", "blhd",
-        lambda m: [b.attn for b in _hunyuan_blocks(m)], _hunyuan_geometries,
-        blocks=_hunyuan_blocks, rotary=(4, ("freqs_cis", "image_rotary_emb"), 0),
-        no_order_arg=(5, "token_replace_emb")),
-    "CogVideoXTransformer3DModel": _Model(
-        "diffusers.models.attention_processor", "sdpa", "bhld",
-        lambda m: [b.attn1 for b in m.transformer_blocks], _cogvideox_geometries,
-        blocks=lambda m: list(m.transformer_blocks), rotary=(3, ("image_rotary_emb",), 0)),
-}
+def _valid_text(keys: np.ndarray, video: int, text: int, text_first: bool) -> list | None:
+    """Each batch element's prompt tokens (None: all ``text``) from the keys its queries may
+    attend: every video key, then the text's first tokens (the rest padding) -- or None where
+    the keys say anything else."""
+    valid = []
+    for row in keys:
+        vid, txt = (row[text:], row[:text]) if text_first else (row[:video], row[video:])
+        n = int(txt.sum())
+        if not vid.all() or not txt[:n].all():
+            return None
+        valid.append(None if n == text else n)
+    return valid
 
 
 @dataclass
 class Stats:
-    """What a session has done: attention calls run by Tessera (sparse) and left to the model
-    (dense, by the schedule), and transformer forwards seen."""
+    """What a session has done: self-attention calls run by Tessera (sparse), left to the model
+    by the schedule (dense) or because Tessera cannot run them (unrouted: not over this
+    forward's video and text tokens, or with a mask that says more than padding), and
+    transformer forwards seen."""
 
     sparse_calls: int = 0
     dense_calls: int = 0
+    unrouted_calls: int = 0
     forwards: int = 0
 
 
@@ -208,7 +172,7 @@ class Session:
     """
 
     transformer: Any = field(repr=False)
-    model: _Model = field(repr=False)
+    family: Family = field(repr=False)
     method: Method
     schedule: Schedule
     forwards_per_step: int | None = None
@@ -217,8 +181,12 @@ class Session:
     scheduler: Any = field(default=None, repr=False)
     stats: Stats = field(default_factory=Stats)
     attention: Callable | None = field(default=None, repr=False)
-    _geometries: list = field(default_factory=list, repr=False)
-    _originals: list = field(default_factory=list, repr=False)
+    _latent: tuple | None = field(default=None, repr=False)  # this forward's grid
+    _seen: bool = field(default=False, repr=False)  # inside a forward (a grid was read)
+    _geometry_reads: dict = field(default_factory=dict, repr=False)  # this forward's
+    _originals: list = field(default_factory=list, repr=False)  # (module, processor)
+    _routes: list = field(default_factory=list, repr=False)  # each layer's _Route
+    _hooked: list = field(default_factory=list, repr=False)  # (module, function) routed
     _hook: Any = field(default=None, repr=False)
     _indices: dict = field(default_factory=dict, repr=False)
     # The plans of fixed host masks, one a layer and shapes: a model's layers, every one kept.
@@ -253,18 +221,20 @@ class Session:
 
     # -- per forward and per call --------------------------------------------------------
     def _before_forward(self, module: Any, args: tuple, kwargs: dict) -> None:
-        self._geometries = self.model.geometries(module, args, kwargs)
+        inputs = forward_inputs(module, args, kwargs)
+        self._latent = self.family.grid(module, inputs)
+        self._seen, self._geometry_reads = True, {}
         self.stats.forwards += 1
         self._calls_before = self.stats.sparse_calls + self.stats.dense_calls
         if self.forwards_per_step is None:
-            self._step_from(_timestep(module, args, kwargs))
+            self._step_from(_timestep(inputs))
         self._ordered = False
         self._moved = {}
         order = None
         all_dense = all(self.schedule.dense(self.step, layer)
                         for layer in range(len(self._originals)))
-        if self.keep_order and self.model.blocks is not None and not all_dense:
-            order = self.method.video_order(self._geometries[0])
+        if self.keep_order and self._latent is not None and not all_dense:
+            order = self.method.video_order(VideoGeometry(self._latent))
             # its index tensors made here, eagerly: the block hooks that use them may be traced
             self._index(order, _arg(args, kwargs, 0, "hidden_states").device)
         self._video_order = order
@@ -326,7 +296,7 @@ class Session:
         unchanged on reordered tokens."""
         if self._video_order is None:
             return None
-        m = self.model
+        m = self.family
         if first:
             banned = m.no_order_arg is not None and \
                 _arg(args, kwargs, *m.no_order_arg) is not None
@@ -373,28 +343,52 @@ class Session:
             return True
         return False
 
-    def _layout(self) -> tuple[str, int, list]:
-        """The model's q/k/v layout, its sequence dimension, this forward's geometries."""
-        layout = self.model.layout
-        return layout, 1 if layout == "blhd" else 2, self._geometries
-
-    def _attend(self, layer: int, q: Any, k: Any, v: Any, scale: float | None,
-                dense: Callable[[], Any], ordered: bool | None = None) -> Any:
-        """One self-attention call of layer ``layer``: the model's own (``dense``) where the
-        schedule says so, else Tessera with the method's mask. ``ordered``: whether the tokens
-        are in the method's order already (None: as the block hooks left them)."""
-        if self._scheduled_dense(layer):
-            return dense()
-        layout, seq, geos = self._layout()
-        if not geos:
+    def _geometries(self, q: Any, k: Any, mask: Any, layout: str) -> list | None:
+        """This call's token layouts (one, or one per batch element where they differ), from
+        this forward's latent grid and the call's length and mask -- or None where the call
+        is not one Tessera runs exactly: not over this forward's video (and joint text)
+        tokens, or masked by more than text padding."""
+        if not self._seen:
             raise RuntimeError("Tessera saw an attention call outside the transformer's "
                                "forward: call the transformer itself (its forward sets the "
                                "token layout)")
-        if q.shape[seq] != geos[0].tokens or k.shape[seq] != geos[0].tokens:
-            raise RuntimeError(
-                f"self-attention over {q.shape[seq]} queries and {k.shape[seq]} keys, but the "
-                f"transformer's inputs give {geos[0].tokens} tokens ({geos[0]}): this diffusers "
-                "version lays tokens out differently from what Tessera supports")
+        seq = 1 if layout == "blhd" else 2
+        length, fam = q.shape[seq], self.family
+        if self._latent is None or k.shape[seq] != length:
+            return None
+        text = length - int(np.prod(self._latent))
+        if text < 0 or (text > 0 and fam.text is None):
+            return None
+        key = (length, None if mask is None else (mask.data_ptr(), tuple(mask.shape),
+                                                    str(mask.dtype)), q.shape[0])
+        if key in self._geometry_reads:  # (a mask read back once a forward, not once a layer)
+            return self._geometry_reads[key]
+        valid: list = [None]
+        if mask is not None:
+            keys = _allowed_keys(mask, q.shape[0], length, fam.padding)
+            valid = None if keys is None else _valid_text(keys, length - text, text,
+                                                          fam.text == "before")
+        geos = None
+        if valid is not None:
+            geos = [VideoGeometry(self._latent, text, n, text_first=fam.text == "before")
+                    for n in valid]
+            geos = geos[:1] if len(set(valid)) == 1 else geos
+        self._geometry_reads[key] = geos
+        return geos
+
+    def _attend(self, layer: int, q: Any, k: Any, v: Any, mask: Any, scale: float | None,
+                own: Callable[[], Any], ordered: bool | None = None) -> Any:
+        """One self-attention call of layer ``layer``: the model's own (``own``) where the
+        call is not one Tessera runs exactly or the schedule keeps it dense, else Tessera with
+        the method's mask. ``ordered``: whether the tokens are in the method's order already
+        (None: as the block hooks left them)."""
+        layout = self._routes[layer].layout
+        geos = self._geometries(q, k, mask, layout)
+        if geos is None:
+            self.stats.unrouted_calls += 1
+            return own()
+        if self._scheduled_dense(layer):
+            return own()
         self.stats.sparse_calls += 1
         if len(geos) == 1:
             return self._sparse(q, k, v, geos[0], layout, scale, ordered)
@@ -414,11 +408,13 @@ class Session:
         over the same ranks in the same order as diffusers' own."""
         if self._scheduled_dense(layer):
             return dense()
-        layout, seq, geos = self._layout()
-        if not geos or any(g != geos[0] for g in geos):
+        layout = self._routes[layer].layout
+        seq = 1 if layout == "blhd" else 2
+        if self._latent is None or self.family.text is not None:
             raise RuntimeError("context parallelism needs the transformer's forward (its "
-                               "inputs set the token layout) and one layout for the batch")
-        geo = geos[0]
+                               "inputs set the token layout) and a model that attends text by "
+                               "cross-attention (Wan)")
+        geo = VideoGeometry(self._latent)
         check_context_parallel(self.method, self.keep_order, geo)
         import torch.distributed as dist
 
@@ -605,7 +601,7 @@ def _routed_call(transformer: int, layer: int, q: Any, k: Any, v: Any, attn_mask
                  scale: float | None, enable_gqa: bool, backend: str | None,
                  ordered: bool) -> Any:
     """The routed call as the op runs it: the session's attention for ``layer``, with the
-    model's own attention function (what the router replaced) for scheduled-dense layers.
+    model's own attention function (what the router replaced) for the calls Tessera leaves.
     ``ordered``: whether the tokens are in the method's order, as the router saw it -- under
     torch.compile the block hooks' state when the block was traced (their writes to the
     session land after the graph has run, so the op cannot read them then)."""
@@ -614,8 +610,9 @@ def _routed_call(transformer: int, layer: int, q: Any, k: Any, v: Any, attn_mask
         raise RuntimeError("a routed self-attention call of a transformer Tessera is no longer "
                            "enabled on (compiled while enabled: compile it again after "
                            "tessera.integrations.diffusers.disable)")
-    original = _original_function(session.model)
-    if session.model.hook == "dispatch":
+    route = session._routes[layer]
+    original = _original_function(route)
+    if route.kind == "dispatch":
         def own():
             kw = {} if backend is None else {"backend": _backend_name(backend)}
             return original(q, k, v, attn_mask=attn_mask, scale=scale, enable_gqa=enable_gqa,
@@ -624,8 +621,9 @@ def _routed_call(transformer: int, layer: int, q: Any, k: Any, v: Any, attn_mask
         def own():
             return original.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
                                                          scale=scale, enable_gqa=enable_gqa)
-    # (attn_mask: HunyuanVideo's prompt padding, which the mask's text blocks encode)
-    return session._attend(layer, q, k, v, scale, own, ordered).contiguous()
+    # (attn_mask: text padding, which the mask's text blocks encode, or a mask that leaves
+    # the call to the model)
+    return session._attend(layer, q, k, v, attn_mask, scale, own, ordered).contiguous()
 
 
 def _backend_name(value: str) -> Any:
@@ -664,31 +662,57 @@ def _register_op() -> None:
     _op = torch.ops.tessera.routed_attention
 
 
-def _dispatch_router(original: Callable) -> Callable:
-    def dispatch_attention_fn(query, key, value, attn_mask=None, dropout_p=0.0,
-                              is_causal=False, scale=None, enable_gqa=False,
-                              attention_kwargs=None, *, backend=None, parallel_config=None):
-        def own():
-            return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
-                            is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
-                            attention_kwargs=attention_kwargs, backend=backend,
-                            parallel_config=parallel_config)
+# What a routed call may carry besides q, k and v; a call setting anything else (dropout,
+# causality, extra attention arguments, a keyword a newer diffusers adds) is the model's own.
+_ROUTABLE = {"query", "key", "value", "attn_mask", "scale", "enable_gqa", "backend",
+             "parallel_config"}
 
-        if not _calls or dropout_p or is_causal:
-            return own()
+
+def _routable(arguments: dict) -> bool:
+    def unset(value: Any) -> bool:  # None, False, 0 (dropout), {} (attention_kwargs)
+        return value is None or (isinstance(value, (bool, int, float, dict)) and not value)
+
+    return {"query", "key", "value"} <= arguments.keys() and all(
+        name in _ROUTABLE or unset(value) for name, value in arguments.items())
+
+
+def _dispatch_router(original: Callable) -> Callable:
+    """``original`` (a module's ``dispatch_attention_fn``) with Tessera's marked calls routed:
+    its arguments read by name from its own signature, every call Tessera does not take passed
+    on exactly as made."""
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def dispatch_attention_fn(*args, **kwargs):
+        if not _calls:
+            return original(*args, **kwargs)
+        try:
+            a = signature.bind(*args, **kwargs).arguments
+        except TypeError:
+            return original(*args, **kwargs)
+        if not _routable(a):
+            return original(*args, **kwargs)
         mark = _calls[-1]
-        if parallel_config is not None:
-            cp = getattr(parallel_config, "context_parallel_config", None)
+        q, k, v, backend = a["query"], a["key"], a["value"], a.get("backend")
+        parallel = a.get("parallel_config")
+        if parallel is not None:
+            cp = getattr(parallel, "context_parallel_config", None)
             if cp is None:  # tensor parallelism alone: each rank's heads, the model's own
-                return own()
-            return _sessions[mark.transformer]._attend_parallel(int(mark.layer), query, key,
-                                                                value, scale, own, cp)
+                return original(*args, **kwargs)
+            return _sessions[mark.transformer]._attend_parallel(
+                int(mark.layer), q, k, v, a.get("scale"), lambda: original(*args, **kwargs),
+                cp)
         name = None if backend is None else getattr(backend, "value", backend)
-        return _op(query, key, value, attn_mask, mark.layer, mark.transformer, scale,
-                   enable_gqa, name, _sessions[mark.transformer]._ordered)
+        return _op(q, k, v, a.get("attn_mask"), mark.layer, mark.transformer, a.get("scale"),
+                   bool(a.get("enable_gqa", False)), name, _sessions[mark.transformer]._ordered)
 
     dispatch_attention_fn._tessera_original = original
     return dispatch_attention_fn
+
+
+# torch's scaled_dot_product_attention, its arguments in order (torch's public signature)
+_SDPA_ARGUMENTS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale",
+                   "enable_gqa")
 
 
 class _RoutedFunctional:
@@ -701,52 +725,102 @@ class _RoutedFunctional:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._tessera_original, name)
 
-    def scaled_dot_product_attention(self, query, key, value, attn_mask=None, dropout_p=0.0,
-                                     is_causal=False, scale=None, enable_gqa=False):
-        if not _calls or attn_mask is not None or dropout_p or is_causal:
-            return self._tessera_original.scaled_dot_product_attention(
-                query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
-                is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+    def scaled_dot_product_attention(self, *args, **kwargs):
+        sdpa = self._tessera_original.scaled_dot_product_attention
+        if not _calls or len(args) > len(_SDPA_ARGUMENTS):
+            return sdpa(*args, **kwargs)
+        a = dict(zip(_SDPA_ARGUMENTS, args))
+        if a.keys() & kwargs.keys():
+            return sdpa(*args, **kwargs)
+        a.update(kwargs)
+        if not _routable(a):
+            return sdpa(*args, **kwargs)
         mark = _calls[-1]
-        return _op(query, key, value, None, mark.layer, mark.transformer, scale, enable_gqa,
-                   None, _sessions[mark.transformer]._ordered)
+        return _op(a["query"], a["key"], a["value"], a.get("attn_mask"), mark.layer,
+                   mark.transformer, a.get("scale"), bool(a.get("enable_gqa", False)), None,
+                   _sessions[mark.transformer]._ordered)
 
 
-def _original_function(model: _Model) -> Any:
-    """What the router replaced in ``model``'s module: ``dispatch_attention_fn``, or ``F``."""
-    mod = importlib.import_module(model.module)
-    if model.hook == "dispatch":
+@dataclass(frozen=True)
+class _Route:
+    """Where a self-attention module's processor takes its attention function: the module
+    whose global it reads, and which function -- "dispatch" (diffusers'
+    ``dispatch_attention_fn``, q/k/v ``[B, L, H, D]``) or "sdpa" (``F.scaled_dot_product_
+    attention``, ``[B, H, L, D]``)."""
+
+    module: str
+    kind: str
+
+    @property
+    def layout(self) -> str:
+        return "blhd" if self.kind == "dispatch" else "bhld"
+
+
+def _route_of(processor: Any) -> _Route:
+    """The route of ``processor``, read from the module its class's ``__call__`` is defined in
+    (a subclass defined elsewhere reads its own module; a processor Tessera wraps, its own)."""
+    if isinstance(processor, _Routed):
+        processor = processor._tessera[0]
+    call = getattr(type(processor), "__call__", None)
+    found = getattr(call, "__globals__", None) or {}
+    module = found.get("__name__", type(processor).__module__)
+    if "dispatch_attention_fn" in found:
+        return _Route(module, "dispatch")
+    functional = found.get("F")
+    if functional is not None and hasattr(functional, "scaled_dot_product_attention"):
+        return _Route(module, "sdpa")
+    raise TypeError(f"the attention processor {type(processor).__name__} ({module}) calls "
+                    "neither diffusers' dispatch_attention_fn nor F.scaled_dot_product_"
+                    "attention, the functions Tessera routes; set the model's default "
+                    "processors (model.set_default_attn_processor()) before enabling")
+
+
+def _original_function(route: _Route) -> Any:
+    """What the router replaced in ``route``'s module: ``dispatch_attention_fn``, or ``F``."""
+    mod = importlib.import_module(route.module)
+    if route.kind == "dispatch":
         return mod.dispatch_attention_fn._tessera_original
     return mod.F._tessera_original
 
 
-_installed: dict[str, int] = {}  # module -> sessions using its router
+_installed: dict[_Route, int] = {}  # route -> sessions using its router
 
 
-def _install(model: _Model) -> None:
-    mod = importlib.import_module(model.module)
-    if _installed.get(model.module, 0) == 0:
-        if model.hook == "dispatch":
-            fn = getattr(mod, "dispatch_attention_fn", None)
-            if fn is None:
-                raise RuntimeError(f"{model.module} has no dispatch_attention_fn: this diffusers "
-                                   "version is not one Tessera supports (0.42)")
-            mod.dispatch_attention_fn = _dispatch_router(fn)
+def _install(route: _Route) -> None:
+    mod = importlib.import_module(route.module)
+    if _installed.get(route, 0) == 0:
+        if route.kind == "dispatch":
+            mod.dispatch_attention_fn = _dispatch_router(mod.dispatch_attention_fn)
         else:
-            fn = getattr(mod, "F", None)
-            if fn is None or not hasattr(fn, "scaled_dot_product_attention"):
-                raise RuntimeError(f"{model.module} has no F.scaled_dot_product_attention: this "
-                                   "diffusers version is not one Tessera supports (0.42)")
-            mod.F = _RoutedFunctional(fn)
-    _installed[model.module] = _installed.get(model.module, 0) + 1
+            mod.F = _RoutedFunctional(mod.F)
+    _installed[route] = _installed.get(route, 0) + 1
 
 
-def _uninstall(model: _Model) -> None:
-    n = _installed.get(model.module, 0) - 1
-    _installed[model.module] = max(n, 0)
+def _uninstall(route: _Route) -> None:
+    n = _installed.get(route, 0) - 1
+    _installed[route] = max(n, 0)
     if n == 0:
-        name = "dispatch_attention_fn" if model.hook == "dispatch" else "F"
-        setattr(importlib.import_module(model.module), name, _original_function(model))
+        name = "dispatch_attention_fn" if route.kind == "dispatch" else "F"
+        setattr(importlib.import_module(route.module), name, _original_function(route))
+
+
+def _check_diffusers() -> None:
+    """Warn once where the installed diffusers is outside the tested range (enable still
+    checks, model by model, what Tessera needs: the family's classes, each processor's
+    attention function)."""
+    import diffusers
+
+    global _warned_version
+    minor = ".".join(diffusers.__version__.split(".")[:2])
+    if minor not in TESTED_DIFFUSERS and not _warned_version:
+        _warned_version = True
+        warnings.warn(f"diffusers {diffusers.__version__} is outside the releases Tessera's "
+                      f"integration is tested on ({', '.join(TESTED_DIFFUSERS)}); a "
+                      "self-attention call it cannot read stays the model's own "
+                      "(session.stats.unrouted_calls)", stacklevel=3)
+
+
+_warned_version = False
 
 
 # ---- the public calls -------------------------------------------------------------------
@@ -761,15 +835,12 @@ def enable(transformer: Any, method: Method, *, schedule: Schedule | None = None
     replaces the method and schedule. The step each forward is at comes from the timestep it
     receives, placed in ``scheduler.timesteps`` when the pipeline's ``scheduler`` is given
     (``forwards_per_step=N``: N forwards a step, counted). ``keep_order``: for methods with a
-    fixed token order
-    (sliding tiles, cubes), reorder the tokens once per forward -- before the first block,
-    back after the last -- instead of around every attention call (1.5% of a Wan-1.3B
-    forward on the H200; off by default: docs/integrations.md)."""
+    fixed token order (sliding tiles, cubes), reorder the tokens once per forward -- before
+    the first block, back after the last -- instead of around every attention call (1.5% of a
+    Wan-1.3B forward on the H200; off by default: docs/integrations.md)."""
     if regime is not None and not isinstance(regime, Regime):
         raise TypeError(f"regime must be a tessera.Regime or None, got {type(regime).__name__}")
-    name = type(transformer).__name__
-    if name not in SUPPORTED:
-        raise TypeError(f"transformer must be one of {', '.join(SUPPORTED)}, got {name}")
+    family = family_of(transformer)
     if not isinstance(method, Method):
         raise TypeError(f"method must be a tessera.integrations.methods.Method (SlidingTile, "
                         f"TopKCubes, ...), got {type(method).__name__}")
@@ -786,43 +857,60 @@ def enable(transformer: Any, method: Method, *, schedule: Schedule | None = None
                         f"got {type(scheduler).__name__}")
     if not isinstance(keep_order, bool):
         raise TypeError(f"keep_order must be True or False, got {keep_order!r}")
+    if keep_order and family.blocks is None:
+        ordering = [f.name for f in FAMILIES if f.blocks is not None]
+        raise ValueError(f"keep_order=True is supported for {', '.join(ordering)}; "
+                         f"{family.name} keeps the model's token order between calls "
+                         "(keep_order=False)")
     parallel = getattr(transformer, "_parallel_config", None)
     if getattr(parallel, "context_parallel_config", None) is not None:
         check_context_parallel(method, keep_order)  # (the token order: at the first call)
+    _check_diffusers()
+    attention = family.self_attention(transformer)
+    routes = [_route_of(attn.processor) for attn in attention]  # (refused before any change)
     if id(transformer) in _sessions:
         disable(transformer)
-    model = SUPPORTED[name]
-    _install(model)
-    session = Session(transformer, model, method, schedule, forwards_per_step, regime,
+    session = Session(transformer, family, method, schedule, forwards_per_step, regime,
                       keep_order=keep_order, scheduler=scheduler)
-    import torch
-
     _register_op()
     try:
-        for layer, attn in enumerate(model.self_attention(transformer)):
-            original = attn.processor
-            session._originals.append((attn, original))
-            mark = _Mark(id(transformer), torch.tensor(layer, dtype=torch.int64))
-            attn.set_processor(_routed(original, mark))
-        # (run eagerly where the whole transformer is compiled: it reads the inputs' layout on
-        # the host -- a graph break there, its blocks compiled whole)
-        session._hook = transformer.register_forward_pre_hook(
-            torch.compiler.disable(session._before_forward), with_kwargs=True)
-        session._post_hook = transformer.register_forward_hook(
-            torch.compiler.disable(session._after_forward), with_kwargs=True)
-        blocks = model.blocks(transformer) if keep_order and model.blocks is not None else []
-        for i, block in enumerate(blocks):
-            session._block_hooks.append(block.register_forward_pre_hook(
-                functools.partial(session._before_block, i == 0), with_kwargs=True))
-        if blocks:
-            session._block_hooks.append(blocks[-1].register_forward_hook(
-                session._after_last_block, with_kwargs=True))
+        _wire(session, attention, routes)
     except Exception:
         _unhook(session)
-        _uninstall(model)
         raise
     _sessions[id(transformer)] = session
     return session
+
+
+def _wire(session: Session, attention: list, routes: list[_Route]) -> None:
+    """Routes each self-attention module of ``session`` through Tessera (its processor
+    wrapped, its module's attention function replaced) and hooks the transformer's forward
+    (and its blocks, for ``keep_order``)."""
+    import torch
+
+    transformer = session.transformer
+    for layer, (attn, route) in enumerate(zip(attention, routes)):
+        original = attn.processor
+        if route not in session._hooked:
+            _install(route)
+            session._hooked.append(route)
+        session._originals.append((attn, original))
+        session._routes.append(route)
+        mark = _Mark(id(transformer), torch.tensor(layer, dtype=torch.int64))
+        attn.set_processor(_routed(original, mark))
+    # (run eagerly where the whole transformer is compiled: it reads the inputs' layout on
+    # the host -- a graph break there, its blocks compiled whole)
+    session._hook = transformer.register_forward_pre_hook(
+        torch.compiler.disable(session._before_forward), with_kwargs=True)
+    session._post_hook = transformer.register_forward_hook(
+        torch.compiler.disable(session._after_forward), with_kwargs=True)
+    blocks = session.family.blocks(transformer) if session.keep_order else []
+    for i, block in enumerate(blocks):
+        session._block_hooks.append(block.register_forward_pre_hook(
+            functools.partial(session._before_block, i == 0), with_kwargs=True))
+    if blocks:
+        session._block_hooks.append(blocks[-1].register_forward_hook(
+            session._after_last_block, with_kwargs=True))
 
 
 @contextlib.contextmanager
@@ -858,10 +946,8 @@ def disable(transformer: Any) -> None:
     """``transformer``'s own attention again, exactly as before :func:`enable` (a no-op when
     Tessera is not enabled on it)."""
     session = _sessions.pop(id(transformer), None)
-    if session is None:
-        return
-    _unhook(session)
-    _uninstall(session.model)
+    if session is not None:
+        _unhook(session)
 
 
 def _unhook(session: Session) -> None:
@@ -870,6 +956,10 @@ def _unhook(session: Session) -> None:
     for h in [session._hook, session._post_hook, *session._block_hooks]:
         if h is not None:
             h.remove()
+    for route in session._hooked:
+        _uninstall(route)
+    session._originals, session._hooked, session._block_hooks = [], [], []
+    session._hook = session._post_hook = None
 
 
 def session_of(transformer: Any) -> Session | None:
@@ -877,14 +967,24 @@ def session_of(transformer: Any) -> Session | None:
     return _sessions.get(id(transformer))
 
 
+def self_attention_layers(transformer: Any) -> list:
+    """``transformer``'s self-attention modules, in the order of the schedule's layers."""
+    return family_of(transformer).self_attention(transformer)
+
+
 def compile_blocks(transformer: Any, **compile_kwargs: Any) -> None:
     """``torch.compile`` each of ``transformer``'s blocks (regional compilation, as diffusers'
-    ``compile_repeated_blocks`` does for the models that declare their blocks; CogVideoX's
-    too), with ``compile_kwargs`` (e.g. ``fullgraph=True``). With Tessera enabled, before or
-    after, a routed self-attention is one opaque op in each block's graph: one compiled block
-    serves every layer, and the block compiles whole."""
-    name = type(transformer).__name__
-    if name not in SUPPORTED:
-        raise TypeError(f"transformer must be one of {', '.join(SUPPORTED)}, got {name}")
-    for block in SUPPORTED[name].blocks(transformer):
+    ``compile_repeated_blocks`` does: the family's blocks, or those the model declares
+    repeated; CogVideoX's too), with ``compile_kwargs`` (e.g. ``fullgraph=True``). With Tessera enabled,
+    before or after, a routed self-attention is one opaque op in each block's graph: one
+    compiled block serves every layer, and the block compiles whole."""
+    family = family_of(transformer)
+    blocks = family.blocks(transformer) if family.blocks is not None else []
+    if not blocks:
+        repeated = set(getattr(transformer, "_repeated_blocks", None) or ())
+        blocks = [m for m in transformer.modules() if type(m).__name__ in repeated]
+    if not blocks:
+        raise TypeError(f"{type(transformer).__name__} declares no repeated blocks to compile; "
+                        "compile the whole transformer instead")
+    for block in blocks:
         block.compile(**compile_kwargs)

@@ -132,7 +132,7 @@ def run(model_name: str, method: M.Method, steps: int = 3, schedule: M.Schedule 
     backends = ["dense", "tessera"] + (["flex"] if flex else [])
     result: dict = dict(model=model_name, method=method.name, steps=steps,
                         gpu="the CPU" if cpu else current_gpu_name(),
-                        layers=len(td.SUPPORTED[type(model).__name__].self_attention(model)),
+                        layers=len(td.self_attention_layers(model)),
                         compiled=compiled)
     if compiled:
         td.compile_blocks(model, fullgraph=True)

@@ -17,6 +17,7 @@ from tessera.integrations import methods as M  # noqa: E402
 from tessera.tools import models  # noqa: E402
 from tessera.tools.peers import relative_difference  # noqa: E402
 from tessera.tools.pipeline import flex_attention_runner  # noqa: E402
+from tests.integrations.test_diffusers import session_for  # noqa: E402
 from tests.integrations.test_methods import _in_model_order  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -83,9 +84,9 @@ def test_each_method_equals_sdpa_and_flex_on_its_mask(method, geo):
     b, h, n, d = 1, 2, geo.tokens, 64
     q, k, v = (torch.from_numpy(rng.standard_normal((b, n, h, d)).astype(np.float32))
                .cuda().bfloat16() for _ in range(3))
-    session = td.Session(None, td._Model("", "", "blhd", None, None), method, M.Schedule())
-    session._geometries = [geo]
-    got = session._attend(0, q, k, v, None, None).float()
+    session, mask = session_for(geo, "blhd", method)
+    mask = None if mask is None else mask.cuda()
+    got = session._attend(0, q, k, v, mask, None, None).float()
     lm = method.layer_mask(geo, q.transpose(1, 2).float().cpu().numpy(),
                            k.transpose(1, 2).float().cpu().numpy())
     tokens = torch.from_numpy(np.stack([_in_model_order(lm, hh) for hh in range(h)]))[None]
@@ -96,7 +97,7 @@ def test_each_method_equals_sdpa_and_flex_on_its_mask(method, geo):
     err = ((got - want).norm(dim=-1) / want.norm(dim=-1).clamp_min(1e-6))[rows]
     assert not torch.isnan(got[rows]).any() and float(err.max()) < 2.5e-2, float(err.max())
     session.attention = flex_attention_runner()
-    flex = session._attend(0, q, k, v, None, None).float()
+    flex = session._attend(0, q, k, v, mask, None, None).float()
     assert relative_difference(flex[rows], got[rows]) < 1e-2
 
 
@@ -152,7 +153,7 @@ def test_compiled_blocks_equal_the_eager_forward(name, method, keep_order):
         got = [model(**x)[0] for x in xs]
         td.enable(twin, method, schedule=M.Schedule(dense_steps=1), keep_order=keep_order)
         eager = [twin(**x)[0] for x in xs]
-    n = len(td.SUPPORTED[type(model).__name__].self_attention(model))
+    n = len(td.self_attention_layers(model))
     assert (s.stats.sparse_calls, s.stats.dense_calls) == (2 * n, n)
     for g, e in zip(got, eager):
         assert not torch.isnan(g).any()
@@ -208,7 +209,7 @@ def test_diffusers_context_parallelism_equals_one_gpu(ring, ulysses):
         mp.spawn(_cp_ranks, args=(world, port, ring, ulysses, results), nprocs=world,
                  join=True)
         results = dict(results)
-    layers = len(td.SUPPORTED["WanTransformer3DModel"].self_attention(model))
+    layers = len(td.self_attention_layers(model))
     for r in range(world):
         got, calls = results[r]
         assert calls == layers

@@ -35,12 +35,26 @@ def _model(name, **kw):
 
 
 def _layers(model) -> int:
-    return len(td.SUPPORTED[type(model).__name__].self_attention(model))
+    return len(td.self_attention_layers(model))
 
 
 def _full(name) -> M.Method:
     """A method whose mask selects every pair (a window over the whole tile grid)."""
     return M.SlidingTile(tile=(2, 4, 4), window=(9, 9, 9))
+
+
+def session_for(geo: M.VideoGeometry, layout: str, method: M.Method):
+    """A session (no transformer) inside a forward over ``geo``'s video, and the key mask a
+    call over ``geo``'s tokens gets (None: no text padding)."""
+    family = td.Family("test", (), None, None, text="before" if geo.text_first else "after")
+    session = td.Session(None, family, method, M.Schedule())
+    session._routes = [td._Route("test", "dispatch" if layout == "blhd" else "sdpa")]
+    session._latent, session._seen = geo.latent, True
+    if geo.text_valid is None:
+        return session, None
+    keys = torch.ones(1, 1, 1, geo.tokens, dtype=torch.bool)
+    keys[..., geo.video_tokens + geo.text_valid:] = False
+    return session, keys
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -64,10 +78,10 @@ def test_disable_restores_the_model_bit_for_bit(name):
     import importlib
 
     model, x = _model(name)
-    spec = td.SUPPORTED[type(model).__name__]
-    mod = importlib.import_module(spec.module)
+    layers = td.self_attention_layers(model)
+    mod = importlib.import_module(td._route_of(layers[0].processor).module)
     before = (mod.__dict__.get("dispatch_attention_fn"), mod.__dict__.get("F"))
-    procs = [a.processor for a in spec.self_attention(model)]
+    procs = [a.processor for a in layers]
     with torch.no_grad():
         own = model(**x)[0]
         td.enable(model, M.TopKCubes(topk=2))
@@ -75,7 +89,7 @@ def test_disable_restores_the_model_bit_for_bit(name):
         td.disable(model)
         again = model(**x)[0]
     assert torch.equal(again, own)
-    assert [a.processor for a in spec.self_attention(model)] == procs
+    assert [a.processor for a in td.self_attention_layers(model)] == procs
     assert (mod.__dict__.get("dispatch_attention_fn"), mod.__dict__.get("F")) == before
     assert td.session_of(model) is None
 
@@ -182,10 +196,9 @@ def test_each_method_equals_sdpa_with_its_token_mask(method, geo, layout):
     b, h, n, d = 1, 2, geo.tokens, 16
     q, k, v = (torch.from_numpy(rng.standard_normal((b, h, n, d)).astype(np.float32))
                for _ in range(3))
-    session = td.Session(None, td._Model("", "", layout, None, None), method, M.Schedule())
-    session._geometries = [geo]
+    session, mask = session_for(geo, layout, method)
     lay = (lambda t: t.transpose(1, 2).contiguous()) if layout == "blhd" else (lambda t: t)
-    got = session._attend(0, lay(q), lay(k), lay(v), None, None)
+    got = session._attend(0, lay(q), lay(k), lay(v), mask, None, None)
     got = got.transpose(1, 2) if layout == "blhd" else got
     qn, kn = q.numpy(), k.numpy()
     lm = method.layer_mask(geo, qn, kn)
@@ -206,13 +219,13 @@ def test_prompts_of_different_lengths_in_one_batch():
         own = model(**x2)[0]
         s = td.enable(model, _full("hunyuan"))
         got = model(**x2)[0]
-    assert [g.text_valid for g in s._geometries] == [7, 15]
+    assert [[g.text_valid for g in geos] for geos in s._geometry_reads.values()] == [[7, 15]]
     assert torch.allclose(got, own, atol=2e-5, rtol=1e-4)
 
 
 def test_bad_arguments_are_refused_by_name():
     model, _ = _model("wan-1.3b")
-    with pytest.raises(TypeError, match="transformer must be one of WanTransformer3DModel"):
+    with pytest.raises(TypeError, match="transformer must be a diffusers video transformer of a family .*Wan 2.1.*got Linear"):
         td.enable(torch.nn.Linear(2, 2), M.Radial())
     with pytest.raises(TypeError, match="method must be a tessera.integrations.methods.Method"):
         td.enable(model, "sliding_tile")
@@ -278,7 +291,7 @@ def _cp_worker(rank, world, port, ring, ulysses, results):
         model, x = _model("wan-1.3b")
         session = td.enable(model, M.Radial(block=16))
         session._before_forward(model, (), x)  # the transformer's inputs set the layout
-        geo = session._geometries[0]
+        geo = M.VideoGeometry(session._latent)
         g = torch.Generator().manual_seed(1)
         q, k, v = (torch.randn(1, geo.tokens, 4, 16, generator=g, dtype=torch.float64)
                    for _ in range(3))
@@ -286,12 +299,12 @@ def _cp_worker(rank, world, port, ring, ulysses, results):
         cp = types.SimpleNamespace(ring_degree=ring, ulysses_degree=ulysses,
                                    _flattened_mesh=types.SimpleNamespace(get_group=lambda: None))
         config = types.SimpleNamespace(context_parallel_config=cp)
-        mod = importlib.import_module(td.SUPPORTED["WanTransformer3DModel"].module)
+        mod = importlib.import_module("diffusers.models.transformers.transformer_wan")
         td._calls.append(td._Mark(id(model), torch.tensor(1)))
         try:
             out = mod.dispatch_attention_fn(q[:, lo:hi], k[:, lo:hi], v[:, lo:hi],
                                             parallel_config=config)
-            whole = session._attend(1, q, k, v, None, lambda: None)
+            whole = session._attend(1, q, k, v, None, None, lambda: None)
         finally:
             td._calls.pop()
         results[rank] = (out.numpy(), whole[:, lo:hi].numpy(), session.stats.sparse_calls)
@@ -341,8 +354,11 @@ def test_context_parallel_refuses_what_shards_cannot_run():
     model, x = _model("wan-1.3b")
     session = td.enable(model, M.Radial(block=16))
     session._before_forward(model, (), x)
-    router = td._dispatch_router(lambda *a, **kw: "the model's own")
-    q = torch.randn(1, session._geometries[0].tokens, 4, 16)
+    def own(query, key, value, attn_mask=None, *, parallel_config=None):
+        return "the model's own"
+
+    router = td._dispatch_router(own)
+    q = torch.randn(1, int(np.prod(session._latent)), 4, 16)
     td._calls.append(td._Mark(id(model), torch.tensor(1)))
     try:
         tp_only = types.SimpleNamespace(context_parallel_config=None)
@@ -412,5 +428,5 @@ def test_the_whole_transformer_compiled_runs_its_layout_hook_eagerly():
 
 
 def test_compile_blocks_refuses_other_modules():
-    with pytest.raises(TypeError, match="transformer must be one of"):
+    with pytest.raises(TypeError, match="transformer must be a diffusers video transformer"):
         td.compile_blocks(torch.nn.Linear(2, 2))
