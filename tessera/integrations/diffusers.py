@@ -200,6 +200,7 @@ class Session:
     _step: int = field(default=0, repr=False)  # from the timesteps
     _last_t: float | None = field(default=None, repr=False)
     _calls_before: int = field(default=0, repr=False)  # routed calls when this forward began
+    _unrouted_before: int = field(default=0, repr=False)  # and calls left to the model
     _warned_unrouted: bool = field(default=False, repr=False)
 
     @property
@@ -226,6 +227,7 @@ class Session:
         self._seen, self._geometry_reads = True, {}
         self.stats.forwards += 1
         self._calls_before = self.stats.sparse_calls + self.stats.dense_calls
+        self._unrouted_before = self.stats.unrouted_calls
         if self.forwards_per_step is None:
             self._step_from(_timestep(inputs))
         self._ordered = False
@@ -259,15 +261,24 @@ class Session:
 
     def _after_forward(self, module: Any, args: tuple, kwargs: dict, out: Any) -> None:
         """Warn once when a forward routed no self-attention call: its processors were replaced
-        after :func:`enable`, or the model runs attention some other way, and the forward ran
-        without Tessera."""
+        after :func:`enable`, the model runs attention some other way, or every call was one
+        Tessera cannot run exactly -- and the forward ran without Tessera."""
         routed = self.stats.sparse_calls + self.stats.dense_calls - self._calls_before
-        if routed == 0 and self._originals and not self._warned_unrouted:
-            self._warned_unrouted = True
-            warnings.warn(f"Tessera is enabled on this {type(module).__name__}, but its forward "
-                          "routed no self-attention call through it: were its attention "
-                          "processors replaced after tessera.integrations.diffusers.enable? "
-                          "Enable again after replacing them", stacklevel=2)
+        if routed > 0 or not self._originals or self._warned_unrouted:
+            return
+        self._warned_unrouted = True
+        name = type(module).__name__
+        if self.stats.unrouted_calls > self._unrouted_before:
+            warnings.warn(f"Tessera is enabled on this {name}, but it left every self-attention "
+                          "call of its forward to the model: none was over the forward's video "
+                          "tokens with a mask that marks only text padding (session.stats."
+                          "unrouted_calls; a per-query mask or bias, or other inputs)",
+                          stacklevel=2)
+            return
+        warnings.warn(f"Tessera is enabled on this {name}, but its forward routed no "
+                      "self-attention call through it: were its attention processors replaced "
+                      "after tessera.integrations.diffusers.enable? Enable again after "
+                      "replacing them", stacklevel=2)
 
     # -- the method's token order kept from the first block to the last ---------------------
     def _reorder(self, x: Any, dim: int, inverse: bool = False) -> Any:
@@ -897,7 +908,7 @@ def _wire(session: Session, attention: list, routes: list[_Route]) -> None:
         session._originals.append((attn, original))
         session._routes.append(route)
         mark = _Mark(id(transformer), torch.tensor(layer, dtype=torch.int64))
-        attn.set_processor(_routed(original, mark))
+        _set_processor(attn, _routed(original, mark))
     # (run eagerly where the whole transformer is compiled: it reads the inputs' layout on
     # the host -- a graph break there, its blocks compiled whole)
     session._hook = transformer.register_forward_pre_hook(
@@ -950,9 +961,19 @@ def disable(transformer: Any) -> None:
         _unhook(session)
 
 
+def _set_processor(attn: Any, processor: Any) -> None:
+    """``attn``'s processor replaced: by ``set_processor`` where the module has it, else by
+    its ``processor`` attribute (Mochi's attention module, which diffusers defines without
+    the processor mixin)."""
+    if hasattr(attn, "set_processor"):
+        attn.set_processor(processor)
+    else:
+        attn.processor = processor
+
+
 def _unhook(session: Session) -> None:
     for attn, original in session._originals:
-        attn.set_processor(original)
+        _set_processor(attn, original)
     for h in [session._hook, session._post_hook, *session._block_hooks]:
         if h is not None:
             h.remove()

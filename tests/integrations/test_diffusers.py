@@ -5,6 +5,7 @@ in tests/gpu/test_gpu_diffusers.py do). Skipped without torch and diffusers."""
 
 from __future__ import annotations
 
+import inspect
 import types
 import warnings
 
@@ -19,7 +20,11 @@ from tessera.integrations import methods as M  # noqa: E402
 from tessera.tools import models  # noqa: E402
 from tests.integrations.test_methods import _in_model_order  # noqa: E402
 
+# The models with a family that keeps the method's order across blocks (keep_order) ...
 NAMES = ["wan-1.3b", "hunyuan", "cogvideox-5b"]
+# ... and every family's model.
+FAMILY_NAMES = NAMES + ["wan-vace-1.3b", "skyreels-v2-1.3b", "hunyuan-1.5", "mochi", "ltx-video",
+                        "ltx-2"]
 
 
 @pytest.fixture(autouse=True)
@@ -57,7 +62,7 @@ def session_for(geo: M.VideoGeometry, layout: str, method: M.Method):
     return session, keys
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", FAMILY_NAMES)
 def test_an_all_ones_mask_equals_the_models_own_attention(name):
     """Every self-attention layer routed (one Tessera call per layer per forward -- fails if
     diffusers moves the function its processors call), with tokens reordered into tiles and
@@ -71,7 +76,7 @@ def test_an_all_ones_mask_equals_the_models_own_attention(name):
     assert torch.allclose(got, own, atol=2e-5, rtol=1e-4), (got - own).abs().max()
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", FAMILY_NAMES)
 def test_disable_restores_the_model_bit_for_bit(name):
     """enable -> disable: the same processors, the diffusers module's own attention function,
     and outputs equal to the last bit."""
@@ -221,6 +226,135 @@ def test_prompts_of_different_lengths_in_one_batch():
         got = model(**x2)[0]
     assert [[g.text_valid for g in geos] for geos in s._geometry_reads.values()] == [[7, 15]]
     assert torch.allclose(got, own, atol=2e-5, rtol=1e-4)
+
+
+def test_mochi_prompts_of_different_lengths_run_one_call_each():
+    """Mochi attends each batch element's valid prompt tokens in a call of its own: each call's
+    length gives its text, and the output equals the model's own."""
+    model, _ = _model("mochi")
+    x = models.inputs("mochi", model, tiny=True, batch=2)
+    x["encoder_attention_mask"][0, 7:] = 0
+    x["encoder_attention_mask"][1, 15:] = 0
+    with torch.no_grad():
+        own = model(**x)[0]
+        s = td.enable(model, _full("mochi"))
+        got = model(**x)[0]
+    texts = sorted({g.text_tokens for geos in s._geometry_reads.values() for g in geos})
+    assert texts == [7, 15] and s.stats.sparse_calls == 2 * _layers(model)
+    assert torch.allclose(got, own, atol=2e-5, rtol=1e-4)
+
+
+def test_image_to_video_variants_route_their_self_attention():
+    """Wan's image-to-video transformer (image tokens by cross-attention) and HunyuanVideo 1.5
+    with an image (its image tokens joint with the text, valid before the prompt's): every
+    self-attention routed, the output the model's own."""
+    wan = models.build("wan-1.3b", tiny=True, device="cpu", dtype=torch.float32,
+                       overrides=dict(image_dim=16, added_kv_proj_dim=128))
+    x = models.inputs("wan-1.3b", wan, tiny=True)
+    x["encoder_hidden_states_image"] = torch.randn(1, 9, 16)
+    hy, _ = _model("hunyuan-1.5")
+    y = models.inputs("hunyuan-1.5", hy, tiny=True, text_valid=10)
+    y["image_embeds"] = torch.randn_like(y["image_embeds"])
+    for model, inputs, valid in ((wan, x, None), (hy, y, 19)):
+        with torch.no_grad():
+            own = model(**inputs)[0]
+            s = td.enable(model, _full(""))
+            got = model(**inputs)[0]
+            td.disable(model)
+        assert s.stats.sparse_calls == _layers(model) and s.stats.unrouted_calls == 0
+        assert {g.text_valid for geos in s._geometry_reads.values() for g in geos} == {valid}
+        assert torch.allclose(got, own, atol=2e-5, rtol=1e-4), (got - own).abs().max()
+
+
+def test_a_subclass_is_routed_as_its_family():
+    """A transformer class derived from a family's class (a user's, or a newer diffusers'
+    variant) is routed as that family."""
+    import diffusers
+
+    class MyWan(diffusers.WanTransformer3DModel):
+        pass
+
+    model, x = _model("wan-1.3b")
+    model.__class__ = MyWan
+    assert td.family_of(model).name == "Wan 2.1 / 2.2"
+    with torch.no_grad():
+        s = td.enable(model, _full("wan-1.3b"))
+        model(**x)
+    assert s.stats.sparse_calls == _layers(model)
+
+
+def test_calls_tessera_cannot_run_stay_the_models_own():
+    """LTX-2 with a video self-attention mask (weights between 0 and 1, as its IC-LoRA
+    pipeline passes): no block mask says it, so every such call is the model's own -- counted,
+    not routed -- and the output is the model's, bit for bit; the audio stream's attention is
+    never seen."""
+    model, x = _model("ltx-2")
+    n = x["hidden_states"].shape[1]
+    x["video_self_attention_mask"] = torch.rand(1, n, n, generator=torch.Generator()
+                                                .manual_seed(3))
+    with torch.no_grad():
+        own = model(**x)[0]
+        s = td.enable(model, M.TopKCubes(topk=2))
+        with pytest.warns(UserWarning, match="left every self-attention call of its forward"):
+            got = model(**x)[0]
+    assert (s.stats.sparse_calls, s.stats.unrouted_calls) == (0, _layers(model))
+    assert torch.equal(got, own)
+
+
+def test_the_routers_pass_every_other_call_on_as_made():
+    """A routed module's attention function, called with a keyword Tessera does not take (or
+    dropout, or causality) inside a marked call, reaches the original with every argument
+    as given; unmarked calls always do."""
+    got = []
+
+    def original(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                 scale=None, future=None, **extra):
+        got.append(dict(dropout_p=dropout_p, is_causal=is_causal, future=future, **extra))
+        return "own"
+
+    router = td._dispatch_router(original)
+    q = torch.zeros(1, 4, 1, 8)
+    assert router(q, q, q, future="x") == "own"  # unmarked
+    td._calls.append(td._Mark(0, torch.tensor(0)))
+    try:
+        assert router(q, q, q, future="x") == "own"
+        assert router(q, q, q, dropout_p=0.1) == "own"
+        assert router(q, q, q, is_causal=True, other=3) == "own"
+    finally:
+        td._calls.pop()
+    assert got == [dict(dropout_p=0.0, is_causal=False, future="x"),
+                   dict(dropout_p=0.0, is_causal=False, future="x"),
+                   dict(dropout_p=0.1, is_causal=False, future=None),
+                   dict(dropout_p=0.0, is_causal=True, future=None, other=3)]
+    assert inspect.signature(router) == inspect.signature(original)  # (functools.wraps)
+
+
+def test_enable_checks_the_diffusers_version_and_the_processors(monkeypatch):
+    """A diffusers release outside the tested range warns once; a processor that calls neither
+    attention function Tessera routes is refused by name, before anything changes; keep_order
+    on a family that keeps no order across blocks is refused."""
+    import diffusers
+
+    model, x = _model("wan-1.3b")
+    monkeypatch.setattr(diffusers, "__version__", "0.99.0")
+    monkeypatch.setattr(td, "_warned_version", False)
+    with pytest.warns(UserWarning, match="diffusers 0.99.0 is outside the releases .*0.41"):
+        td.enable(model, M.Radial())
+    td.disable(model)
+
+    class OwnProcessor:
+        def __call__(self, attn, hidden_states, *args, **kwargs):
+            return hidden_states
+
+    layers = td.self_attention_layers(model)
+    layers[1].set_processor(OwnProcessor())
+    before = [a.processor for a in layers]
+    with pytest.raises(TypeError, match="attention processor OwnProcessor .* calls neither"):
+        td.enable(model, M.Radial())
+    assert [a.processor for a in layers] == before and td.session_of(model) is None
+    ltx, _ = _model("ltx-video")
+    with pytest.raises(ValueError, match="keep_order=True is supported for Wan .*LTX-Video"):
+        td.enable(ltx, M.Radial(), keep_order=True)
 
 
 def test_bad_arguments_are_refused_by_name():
