@@ -1,5 +1,6 @@
-"""GPU: the diffusers integration on tiny versions of each supported transformer, bf16 on the
-GPU kernels: all-ones masks equal the model's own attention, each method's routed call equals
+"""GPU: the diffusers integration on tiny versions of each supported transformer, and every
+family at its published widths and latent size, bf16 on the GPU kernels: all-ones masks equal
+the model's own attention, each method's routed call equals
 SDPA with its token-level mask and FlexAttention on the same mask, a captured forward replays
 with masks that change, and disable restores the model bit for bit. Needs torch and diffusers
 (skipped without them)."""
@@ -22,6 +23,13 @@ from tests.integrations.test_methods import _in_model_order  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 NAMES = ["wan-1.3b", "hunyuan", "cogvideox-5b"]
+# Every family at its published size, cut to a layer or two (the routing is per layer alike).
+PUBLISHED_LAYERS = {
+    "wan-1.3b": dict(num_layers=1), "wan-vace-1.3b": dict(num_layers=2, vace_layers=[0, 1]),
+    "skyreels-v2-1.3b": dict(num_layers=1), "hunyuan": dict(num_layers=1, num_single_layers=1),
+    "hunyuan-1.5": dict(num_layers=1), "cogvideox-5b": dict(num_layers=1),
+    "mochi": dict(num_layers=1), "ltx-video": dict(num_layers=1), "ltx-2": dict(num_layers=1)}
+PROMPT = 100  # the prompt's text tokens of the model's text slots
 
 
 @pytest.fixture(autouse=True)
@@ -214,3 +222,36 @@ def test_diffusers_context_parallelism_equals_one_gpu(ring, ulysses):
         got, calls = results[r]
         assert calls == layers
         assert relative_difference(torch.from_numpy(got), torch.from_numpy(want)) < 2e-2, r
+
+
+@pytest.mark.parametrize("name", list(PUBLISHED_LAYERS))
+def test_every_family_at_its_published_size(name):
+    """The published widths, latent grid and text slots (with a 100-token prompt): every
+    self-attention call reaches Tessera with the layout the model's inputs give -- joint text
+    and its padding read from the call -- and a mask of every pair gives the model's own
+    output within bf16 rounding."""
+    model = models.build(name, overrides=PUBLISHED_LAYERS[name])
+    x = models.inputs(name, model, text_valid=PROMPT)
+    with torch.no_grad():
+        own = model(**x)[0].float()
+        s = td.enable(model, M.TopKCubes(density=1.0))
+        got = model(**x)[0].float()
+    assert s.stats.sparse_calls == len(td.self_attention_layers(model))
+    assert s.stats.unrouted_calls == 0
+    geos = {g for found in s._geometry_reads.values() for g in found}
+    texts = {(g.text_tokens, g.text_valid) for g in geos}
+    spec = models.MODELS[name]
+    want = {"hunyuan": (spec.text, PROMPT), "hunyuan-1.5": (spec.text + 256 + 729, PROMPT),
+            "mochi": (PROMPT, None), "cogvideox-5b": (spec.text, None)}.get(name, (0, None))
+    assert texts == {want}, texts
+    assert {g.latent for g in geos} == {_grid(name, model)}
+    assert not torch.isnan(got).any() and relative_difference(got, own) < 2e-2
+
+
+def _grid(name: str, model) -> tuple:
+    from tessera.integrations.video_models import _patch
+
+    f, h, w = models.MODELS[name].latent
+    pt, ph, pw = _patch(model.config)
+    return f // pt, h // ph, w // pw
+
