@@ -101,6 +101,13 @@ def _timestep(inputs: dict) -> float | None:
         return None
 
 
+def _capturing() -> bool:
+    """Whether torch's current CUDA stream is being captured into a graph (no reads back)."""
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 def _allowed_keys(mask: Any, batch: int, length: int, padding: str) -> np.ndarray | None:
     """Which keys a call's attention ``mask`` lets every query attend, ``[batch or 1, length]``
     booleans read back to the host -- or None where the mask says more than which keys are
@@ -228,7 +235,9 @@ class Session:
         self.stats.forwards += 1
         self._calls_before = self.stats.sparse_calls + self.stats.dense_calls
         self._unrouted_before = self.stats.unrouted_calls
-        if self.forwards_per_step is None:
+        if self.forwards_per_step is None and not _capturing():
+            # (a forward captured into a CUDA graph cannot read its timestep back: it keeps the
+            # step of the forward before it, the step its graph runs at every replay)
             self._step_from(_timestep(inputs))
         self._ordered = False
         self._moved = {}
@@ -376,6 +385,11 @@ class Session:
             return self._geometry_reads[key]
         valid: list = [None]
         if mask is not None:
+            if _capturing():
+                raise RuntimeError("a self-attention call with a text padding mask cannot be "
+                                   "captured into a CUDA graph: Tessera reads the padding "
+                                   "back once a forward; capture the model's forward without "
+                                   "Tessera, or run it eagerly")
             keys = _allowed_keys(mask, q.shape[0], length, fam.padding)
             valid = None if keys is None else _valid_text(keys, length - text, text,
                                                           fam.text == "before")

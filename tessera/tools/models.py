@@ -26,7 +26,7 @@ class ModelSpec:
             ``"tokens"`` (LTX: ``[B, F*H*W, C]``, the sizes passed beside it).
         channels: the latent's channels (the config's ``in_channels`` when None).
         extra: the model's further inputs, ``extra(model, batch, n_text, text_valid, latent,
-            randn) -> dict`` (masks, pooled text, control latents, audio).
+            randn, tiny) -> dict`` (masks, pooled text, control latents, audio).
         float_timestep: the timestep in the model's dtype (what its pipeline passes and its
             time embedding takes), else an integer.
     """
@@ -53,7 +53,7 @@ def _text_mask(batch: int, n_text: int, valid: int | None, device: Any) -> Any:
     return mask
 
 
-def _cogvideox_extra(model, batch, n_text, text_valid, latent, randn) -> dict:
+def _cogvideox_extra(model, batch, n_text, text_valid, latent, randn, tiny) -> dict:
     # what CogVideoX's pipeline computes and passes (CogVideoX 1.0: patch_size_t None);
     # the latent has the model's sample size, so the crop region is the whole grid
     if not model.config.use_rotary_positional_embeddings:
@@ -67,7 +67,7 @@ def _cogvideox_extra(model, batch, n_text, text_valid, latent, randn) -> dict:
     return dict(image_rotary_emb=(cos, sin))
 
 
-def _hunyuan_extra(model, batch, n_text, text_valid, latent, randn) -> dict:
+def _hunyuan_extra(model, batch, n_text, text_valid, latent, randn, tiny) -> dict:
     import torch
 
     mask = _text_mask(batch, n_text, text_valid, model.device)
@@ -81,24 +81,24 @@ def _hunyuan_extra(model, batch, n_text, text_valid, latent, randn) -> dict:
 _HY15_STREAMS = {"published": (256, 729), "tiny": (8, 9)}
 
 
-def _hunyuan15_extra(model, batch, n_text, text_valid, latent, randn) -> dict:
+def _hunyuan15_extra(model, batch, n_text, text_valid, latent, randn, tiny) -> dict:
     c = model.config
-    glyphs, image = _HY15_STREAMS["tiny" if c.num_layers <= 4 else "published"]
+    glyphs, image = _HY15_STREAMS["tiny" if tiny else "published"]
     return dict(encoder_attention_mask=_text_mask(batch, n_text, text_valid, model.device),
                 encoder_hidden_states_2=randn(batch, glyphs, c.text_embed_2_dim),
                 encoder_attention_mask_2=_text_mask(batch, glyphs, 0, model.device),
                 image_embeds=randn(batch, image, c.image_embed_dim) * 0)  # text-to-video
 
 
-def _mochi_extra(model, batch, n_text, text_valid, latent, randn) -> dict:
+def _mochi_extra(model, batch, n_text, text_valid, latent, randn, tiny) -> dict:
     return dict(encoder_attention_mask=_text_mask(batch, n_text, text_valid, model.device))
 
 
-def _vace_extra(model, batch, n_text, text_valid, latent, randn) -> dict:
+def _vace_extra(model, batch, n_text, text_valid, latent, randn, tiny) -> dict:
     return dict(control_hidden_states=randn(batch, model.config.vace_in_channels, *latent))
 
 
-def _ltx_extra(model, batch, n_text, text_valid, latent, randn) -> dict:
+def _ltx_extra(model, batch, n_text, text_valid, latent, randn, tiny) -> dict:
     f, h, w = latent
     return dict(encoder_attention_mask=_text_mask(batch, n_text, text_valid, model.device),
                 num_frames=f, height=h, width=w)
@@ -108,9 +108,9 @@ def _ltx_extra(model, batch, n_text, text_valid, latent, randn) -> dict:
 _LTX2_AUDIO_FRAMES = 126
 
 
-def _ltx2_extra(model, batch, n_text, text_valid, latent, randn) -> dict:
+def _ltx2_extra(model, batch, n_text, text_valid, latent, randn, tiny) -> dict:
     c, (f, h, w) = model.config, latent
-    audio = 8 if c.num_layers <= 4 else _LTX2_AUDIO_FRAMES
+    audio = 8 if tiny else _LTX2_AUDIO_FRAMES
     return dict(audio_hidden_states=randn(batch, audio, c.audio_in_channels),
                 audio_encoder_hidden_states=randn(batch, n_text, c.caption_channels),
                 encoder_attention_mask=_text_mask(batch, n_text, text_valid, model.device),
@@ -245,5 +245,5 @@ def inputs(name: str, model: Any, *, tiny: bool = False, batch: int = 1, seed: i
                                     dtype=p.dtype if spec.float_timestep else torch.long),
                 return_dict=False)
     if spec.extra is not None:
-        args.update(spec.extra(model, batch, n_text, text_valid, (f, h, w), randn))
+        args.update(spec.extra(model, batch, n_text, text_valid, (f, h, w), randn, tiny))
     return args
