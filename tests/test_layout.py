@@ -35,7 +35,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("tessera.api",),
     ("tessera",),
     ("tessera.integrations", "tessera.integrations.methods",
-     "tessera.integrations.torch_attention"),
+     "tessera.integrations.torch_attention", "tessera.integrations.video_models"),
+    ("tessera.integrations.presets",),
     ("tessera.integrations.diffusers", "tessera.integrations.distributed"),
     ("tessera.tools", "tessera.__main__"),
 ]

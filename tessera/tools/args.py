@@ -9,10 +9,11 @@ import math
 from typing import Callable, Sequence
 
 from ..distribution import install_hint
+from ..integrations import presets
 from ..integrations.methods import SparseConfig
 
 __all__ = ["positive_int", "nonnegative_int", "positive_float", "fraction", "int_choice",
-           "comma_list", "saved_config", "require_matplotlib"]
+           "comma_list", "saved_config", "preset_config", "require_matplotlib"]
 
 
 def _int(text: str) -> int | None:
@@ -89,6 +90,14 @@ def saved_config(path: str) -> SparseConfig:
     try:
         return SparseConfig.load(path)
     except (TypeError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def preset_config(name: str) -> SparseConfig:
+    """A published setting's configuration (:mod:`tessera.integrations.presets`), by name."""
+    try:
+        return presets.get(name).config
+    except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 

@@ -27,7 +27,9 @@ from ..distribution import install_hint
 from ..cuda.device import current_gpu_name
 from ..integrations import diffusers as td
 from ..integrations import methods as M
-from .args import fraction, nonnegative_int, positive_int, require_matplotlib, saved_config
+from ..integrations.presets import PRESETS
+from .args import (fraction, nonnegative_int, positive_int, preset_config, require_matplotlib,
+                   saved_config)
 from .bench import _progress
 from .models import MODELS, build, inputs
 from .peers import compiled_flex, flex_block_mask, flex_kernel_options
@@ -74,10 +76,14 @@ def add_method_arguments(ap: argparse.ArgumentParser) -> None:
                     help="spatial_temporal")
     ap.add_argument("--dense-steps", type=nonnegative_int, default=0)
     ap.add_argument("--dense-layers", type=nonnegative_int, default=0)
-    ap.add_argument("--config", type=saved_config,
-                    help="a saved configuration (JSON, tessera.integrations.methods."
-                         "SparseConfig): its method and schedule in place of --method, the "
-                         "method's options, --dense-steps and --dense-layers")
+    given = ap.add_mutually_exclusive_group()
+    given.add_argument("--config", type=saved_config,
+                       help="a saved configuration (JSON, tessera.integrations.methods."
+                            "SparseConfig): its method and schedule in place of --method, the "
+                            "method's options, --dense-steps and --dense-layers")
+    given.add_argument("--preset", type=preset_config, metavar="NAME",
+                       help="a published setting, as --config (tessera.integrations.presets: "
+                            + ", ".join(p.name for p in PRESETS) + ")")
     ap.add_argument("--save-config", metavar="PATH",
                     help="write the method and schedule this run uses to PATH (JSON)")
 
@@ -85,7 +91,7 @@ def add_method_arguments(ap: argparse.ArgumentParser) -> None:
 def config_from(args: argparse.Namespace) -> M.SparseConfig:
     """The method and schedule the options of :func:`add_method_arguments` name (written to
     ``--save-config`` when given)."""
-    config = args.config or M.SparseConfig(_method(args), M.Schedule(args.dense_steps,
+    config = args.config or args.preset or M.SparseConfig(_method(args), M.Schedule(args.dense_steps,
                                                                      args.dense_layers))
     if args.save_config:
         config.save(args.save_config)

@@ -168,6 +168,7 @@ def test_bench_regime_option(capsys):
     (["pipeline", "--dense-steps", "-1"], "--dense-steps: expected an int >= 0, got '-1'"),
     (["profile", "--budget-minutes", "0"], "--budget-minutes: expected a positive number"),
     (["pipeline", "--config", "/no/such/file.json"], "--config: cannot read a configuration"),
+    (["quality", "--preset", "nope"], "--preset: unknown preset 'nope'; choose from"),
 ])
 def test_bad_values_are_usage_errors_before_any_work(argv, words, capsys, monkeypatch):
     """Every bad value is an argparse usage error (exit 2) saying what is accepted, printed
@@ -231,3 +232,19 @@ def test_pipeline_saves_the_configuration_it_runs_and_reads_it_back(tmp_path, ca
           "radial", "--save-config", str(again)])
     assert M.SparseConfig.load(again) == saved  # the file's method, not --method's
     capsys.readouterr()
+
+
+def test_pipeline_runs_a_preset_as_its_configuration(tmp_path, capsys):
+    """``--preset NAME`` is the published setting's configuration, source included."""
+    from tessera.integrations import methods as M
+    from tessera.integrations import presets
+
+    path = tmp_path / "preset.json"
+    main(["pipeline", "--tiny", "--steps", "1", "--no-flex", "--preset", "wan-14b-768p-radial",
+          "--save-config", str(path)])
+    assert M.SparseConfig.load(path) == presets.get("wan-14b-768p-radial").config
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stop:  # a preset or a file, not both
+        main(["pipeline", "--config", str(path), "--preset", "wan-14b-768p-radial"])
+    assert stop.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
+
