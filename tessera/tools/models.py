@@ -29,6 +29,8 @@ class ModelSpec:
             randn, tiny) -> dict`` (masks, pooled text, control latents, audio).
         float_timestep: the timestep in the model's dtype (what its pipeline passes and its
             time embedding takes), else an integer.
+        vae: the diffusers class of the model's VAE (``quality --vae``); ``tiny_vae``: a tiny
+            one's configuration (random weights, for ``quality --tiny --frames``), or None.
     """
 
     cls: str
@@ -42,6 +44,8 @@ class ModelSpec:
     channels: int | None = 16
     extra: Callable[..., dict] | None = field(default=None, compare=False)
     float_timestep: bool = False
+    vae: str = ""
+    tiny_vae: dict | None = field(default=None, compare=False)
     notes: str = field(default="", compare=False)
 
 
@@ -126,6 +130,10 @@ _WAN = dict(patch_size=(1, 2, 2), attention_head_dim=128, in_channels=16, out_ch
             eps=1e-6)
 _WAN_TINY = dict(_TINY, text_dim=32, freq_dim=32, ffn_dim=64, num_layers=2)
 _WAN_13B = dict(_WAN, num_attention_heads=12, ffn_dim=8960, num_layers=30)
+# Wan's VAE at a tiny width, its published latent statistics kept (16 latent channels)
+_WAN_TINY_VAE = dict(base_dim=16, z_dim=16, dim_mult=[1, 1], num_res_blocks=1,
+                     temperal_downsample=[False, True], attn_scales=[])
+_WAN_VAE = dict(vae="AutoencoderKLWan", tiny_vae=_WAN_TINY_VAE)
 # LTX-Video and LTX-2 latents: 8x in time, 32x in space (121 frames -> 16)
 _LTX_TINY = dict(_TINY, num_layers=2, in_channels=16, out_channels=16, cross_attention_dim=128,
                  caption_channels=32)
@@ -133,20 +141,20 @@ _LTX_TINY = dict(_TINY, num_layers=2, in_channels=16, out_channels=16, cross_att
 MODELS: dict[str, ModelSpec] = {
     "wan-1.3b": ModelSpec(
         "WanTransformer3DModel", _WAN_13B, _WAN_TINY, (21, 60, 104), (5, 12, 20), 512,
-        "text_dim", notes="480p, 81 frames: 32,760 tokens"),
+        "text_dim", **_WAN_VAE, notes="480p, 81 frames: 32,760 tokens"),
     "wan-14b": ModelSpec(
         "WanTransformer3DModel", dict(_WAN, num_attention_heads=40, ffn_dim=13824, num_layers=40),
-        _WAN_TINY, (21, 90, 160), (5, 12, 20), 512, "text_dim",
+        _WAN_TINY, (21, 90, 160), (5, 12, 20), 512, "text_dim", **_WAN_VAE,
         notes="720p, 81 frames: 75,600 tokens"),
     "wan-vace-1.3b": ModelSpec(
         "WanVACETransformer3DModel",
         dict(_WAN_13B, vace_layers=list(range(0, 30, 2)), vace_in_channels=96),
         dict(_WAN_TINY, vace_layers=[0, 1], vace_in_channels=16), (21, 60, 104), (5, 12, 20),
-        512, "text_dim", extra=_vace_extra,
+        512, "text_dim", extra=_vace_extra, **_WAN_VAE,
         notes="480p, 81 frames: 32,760 tokens, 15 control blocks"),
     "skyreels-v2-1.3b": ModelSpec(
         "SkyReelsV2Transformer3DModel", _WAN_13B, _WAN_TINY, (25, 68, 120), (5, 12, 20), 512,
-        "text_dim", notes="540p, 97 frames: 51,000 tokens"),
+        "text_dim", **_WAN_VAE, notes="540p, 97 frames: 51,000 tokens"),
     "hunyuan": ModelSpec(
         "HunyuanVideoTransformer3DModel",
         dict(in_channels=16, out_channels=16, num_attention_heads=24, attention_head_dim=128,
@@ -156,13 +164,14 @@ MODELS: dict[str, ModelSpec] = {
         dict(_TINY, num_layers=1, num_single_layers=1, num_refiner_layers=1, text_embed_dim=32,
              pooled_projection_dim=16, rope_axes_dim=(16, 24, 24)),
         (33, 90, 160), (5, 12, 20), 256, "text_embed_dim", extra=_hunyuan_extra,
+        vae="AutoencoderKLHunyuanVideo",
         notes="720p, 129 frames: 118,800 video tokens + 256 text slots"),
     "hunyuan-1.5": ModelSpec(
         "HunyuanVideo15Transformer3DModel", {},
         dict(_TINY, num_layers=2, num_refiner_layers=1, text_embed_dim=32, text_embed_2_dim=16,
              image_embed_dim=16, rope_axes_dim=(16, 24, 24)),
         (31, 30, 53), (5, 12, 20), 1000, "text_embed_dim", channels=None,
-        extra=_hunyuan15_extra, float_timestep=True,
+        extra=_hunyuan15_extra, float_timestep=True, vae="AutoencoderKLHunyuanVideo15",
         notes="480p, 121 frames: 49,290 video tokens + 1,985 text and image slots"),
     "cogvideox-5b": ModelSpec(
         "CogVideoXTransformer3DModel",
@@ -173,23 +182,25 @@ MODELS: dict[str, ModelSpec] = {
         dict(_TINY, text_embed_dim=32, num_layers=2, time_embed_dim=32, sample_width=20,
              sample_height=12, sample_frames=17),
         (13, 60, 90), (5, 12, 20), 226, "text_embed_dim", latent_layout="fchw",
-        extra=_cogvideox_extra,
+        extra=_cogvideox_extra, vae="AutoencoderKLCogVideoX",
         notes="480x720, 49 frames: 17,550 video tokens + 226 text tokens"),
     "mochi": ModelSpec(
         "MochiTransformer3DModel", {},
         dict(_TINY, num_layers=2, pooled_projection_dim=16, text_embed_dim=32, time_embed_dim=32),
         (28, 60, 106), (5, 12, 20), 256, "text_embed_dim", channels=None, extra=_mochi_extra,
+        vae="AutoencoderKLMochi",
         notes="480x848, 163 frames: 44,520 video tokens + the prompt's text tokens"),
     "ltx-video": ModelSpec(
         "LTXVideoTransformer3DModel", {}, _LTX_TINY, (16, 16, 24), (5, 6, 10), 128,
         "caption_channels", latent_layout="tokens", channels=None, extra=_ltx_extra,
+        vae="AutoencoderKLLTXVideo",
         notes="512x768, 121 frames: 6,144 tokens"),
     "ltx-2": ModelSpec(
         "LTX2VideoTransformer3DModel", {},
         dict(_LTX_TINY, audio_num_attention_heads=2, audio_attention_head_dim=32,
              audio_cross_attention_dim=64, audio_in_channels=16, audio_out_channels=16),
         (16, 22, 40), (5, 6, 10), 256, "caption_channels", latent_layout="tokens",
-        channels=None, extra=_ltx2_extra,
+        channels=None, extra=_ltx2_extra, vae="AutoencoderKLLTX2Video",
         notes="704x1280, 121 frames: 14,080 video tokens (and 126 audio tokens)"),
 }
 

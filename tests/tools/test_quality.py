@@ -51,3 +51,44 @@ def test_a_tiny_run_compares_the_sparse_trajectory_with_the_dense_one(tmp_path, 
                        "--json", str(tmp_path / "q.json")])
     assert rc == 0 and "final: PSNR" in capsys.readouterr().out
     assert json.loads((tmp_path / "q.json").read_text())["method"] == "radial"
+
+
+def test_decoded_frames_and_conditioning_channels(capsys, monkeypatch):
+    """``--frames``: both runs' final latents decoded by a (tiny) VAE, the frames compared --
+    equal frames for a mask of every pair, further apart for a sparse one -- and LPIPS
+    reported where the ``lpips`` package runs (a stand-in here), said to be unavailable
+    where it does not. HunyuanVideo 1.5's conditioning channels ride along every step, and
+    LTX's packed tokens are compared as frames."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("diffusers")
+    import sys
+    import types
+
+    from tessera.integrations import methods as M
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    full = M.SparseConfig(M.SlidingTile(tile=(2, 4, 4), window=(9, 9, 9)))
+    monkeypatch.setitem(sys.modules, "lpips", None)  # (import fails: not installed)
+    same = quality.run("wan-1.3b", full, steps=2, tiny=True, device=device, frames=True)
+    assert same["frames"]["psnr"] > 60 and same["frames"]["lpips"] is None
+    assert "LPIPS unavailable" in same["frames"]["lpips_note"]
+    seen = []
+
+    class FakeLPIPS(torch.nn.Module):
+        def forward(self, a, b):
+            seen.append((a.shape, float(a.min()), float(a.max())))
+            return (a - b).abs().mean(dim=(1, 2, 3))
+
+    monkeypatch.setitem(sys.modules, "lpips", types.SimpleNamespace(
+        LPIPS=lambda net, verbose: FakeLPIPS()))
+    apart = quality.run("wan-1.3b", M.SparseConfig(M.TopKCubes(topk=1)), steps=2, tiny=True,
+                        device=device, frames=True)
+    assert apart["frames"]["psnr"] < same["frames"]["psnr"] and apart["frames"]["lpips"] > 0
+    assert seen and seen[0][0][1] == 3 and -1 <= seen[0][1] and seen[0][2] <= 1  # RGB in [-1, 1]
+    assert "decoded frames" in quality.table(apart)
+    for name in ("hunyuan-1.5", "ltx-video"):
+        got = quality.run(name, full, steps=2, tiny=True, device=device)
+        assert got["final"]["psnr"] > 60, (name, got["final"])
+    with pytest.raises(SystemExit) as stop:
+        quality.main(["--tiny", "--frames", "--model", "mochi"])
+    assert stop.value.code == 2 and "--vae DIR" in capsys.readouterr().err
