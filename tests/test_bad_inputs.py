@@ -10,7 +10,7 @@ import scipy.sparse as sp
 
 import tessera
 from tessera import BlockMask, families
-from tessera.integrations import distributed, methods
+from tessera.integrations import distributed, methods, presets
 
 M = BlockMask.from_dense(np.ones((2, 2), bool), block_size=64)
 X = np.zeros((1, 1, 128, 64), np.float32)
@@ -198,6 +198,8 @@ CASES = [
      ValueError, "unknown method 'sta'; choose from"),
     ("methods.Schedule.dense", "step='a'", lambda: methods.Schedule(1, 1).dense("a", 1),
      ValueError, "step must be an int >= 0, got 'a'"),
+    ("presets.get", "an unknown name", lambda: presets.get("sta"), ValueError,
+     "unknown preset 'sta'; choose from hunyuan-768p-sta"),
     ("Method.layer_mask", "ordered='yes'", lambda: methods.Radial().layer_mask(
         methods.VideoGeometry((2, 8, 8)), ordered="yes"), TypeError,
      "ordered must be True or False, got 'yes'"),

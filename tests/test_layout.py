@@ -42,7 +42,8 @@ LAYERS: list[tuple[str, ...]] = [
 ]
 # Imported inside functions only: optional dependencies, loaded when a feature needs them.
 OPTIONAL = {"cupy", "cupy_backends", "torch", "jax", "jaxlib", "matplotlib", "diffusers",
-            "ml_dtypes", "cudnn", "flash_attn"}  # (the last two: peers the benchmarks time)
+            "ml_dtypes", "cudnn", "flash_attn", "lpips"}  # (cudnn, flash_attn: peers the
+# benchmarks time; lpips: the quality report's frame distance, where installed)
 
 
 def _module_name(path: Path) -> str:
