@@ -65,21 +65,19 @@ PRESETS: tuple[Preset, ...] = (
                         "candidates, fastvideo/pipelines/stages/denoising.py), 12 dense steps "
                         "(examples/inference/sta_mask_search/inference_wan_sta.sh)"),
            "the published mask searches a window per head among six candidates"),
-    Preset("hunyuan-768p-radial", "HunyuanVideo", "768x1280, 117 frames", (30, 48, 80),
-           SparseConfig(Radial(block=128), Schedule(dense_steps=12, dense_layers=0),
-                        f"{_RADIAL}: scripts/hunyuan_t2v_inference.sh: dense_timesteps 12, "
-                        "dense_layers 0, decay_factor 0.95, block 128, 50 steps"),
-           "Tessera's band halves with each doubling of the frame distance (no decay factor)"),
-    Preset("wan-14b-768p-radial", "Wan 2.1 14B", "768x1280, 69 frames", (18, 48, 80),
-           SparseConfig(Radial(block=128), Schedule(dense_steps=12, dense_layers=1),
-                        f"{_RADIAL}: scripts/wan_t2v_inference.sh: dense_timesteps 12, "
-                        "dense_layers 1, decay_factor 0.2, block 128, 50 steps"),
-           "Tessera's band halves with each doubling of the frame distance (no decay factor)"),
-    Preset("wan22-a14b-768p-radial", "Wan 2.2 A14B", "768x1280, 77 frames", (20, 48, 80),
-           SparseConfig(Radial(block=128), Schedule(dense_steps=11, dense_layers=1),
-                        f"{_RADIAL}: scripts/wan_22_t2v_inference.sh: dense_timesteps 11, "
-                        "dense_layers 1, decay_factor 0.8, block 128, 40 steps"),
-           "Tessera's band halves with each doubling of the frame distance (no decay factor)"),
+    *(Preset(name, model, resolution, latent,
+             SparseConfig(Radial(block=128), Schedule(dense_steps=steps, dense_layers=layers),
+                          f"{_RADIAL}: scripts/{script}: dense_timesteps {steps}, dense_layers "
+                          f"{layers}, decay_factor {decay}, block 128, {total} steps"),
+             f"Tessera's band halves with each doubling of the frame distance (no decay "
+             f"factor; {decay} published)")
+      for name, model, resolution, latent, steps, layers, decay, total, script in (
+          ("hunyuan-768p-radial", "HunyuanVideo", "768x1280, 117 frames", (30, 48, 80), 12, 0,
+           0.95, 50, "hunyuan_t2v_inference.sh"),
+          ("wan-14b-768p-radial", "Wan 2.1 14B", "768x1280, 69 frames", (18, 48, 80), 12, 1,
+           0.2, 50, "wan_t2v_inference.sh"),
+          ("wan22-a14b-768p-radial", "Wan 2.2 A14B", "768x1280, 77 frames", (20, 48, 80), 11,
+           1, 0.8, 40, "wan_22_t2v_inference.sh"))),
     Preset("hunyuan-720p-svg", "HunyuanVideo", "720x1280, 129 frames", (33, 45, 80),
            SparseConfig(SpatialTemporal(block=128, heads="spatial", width=2),
                         Schedule(dense_steps=5, dense_layers=1),
