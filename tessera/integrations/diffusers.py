@@ -697,7 +697,8 @@ def _routable(arguments: dict) -> bool:
     def unset(value: Any) -> bool:  # None, False, 0 (dropout), {} (attention_kwargs)
         return value is None or (isinstance(value, (bool, int, float, dict)) and not value)
 
-    return {"query", "key", "value"} <= arguments.keys() and all(
+    # (plain loops and lookups: dynamo traces this inside a compiled block)
+    return all(name in arguments for name in ("query", "key", "value")) and all(
         name in _ROUTABLE or unset(value) for name, value in arguments.items())
 
 
@@ -705,16 +706,19 @@ def _dispatch_router(original: Callable) -> Callable:
     """``original`` (a module's ``dispatch_attention_fn``) with Tessera's marked calls routed:
     its arguments read by name from its own signature, every call Tessera does not take passed
     on exactly as made."""
-    signature = inspect.signature(original)
+    positional = tuple(p.name for p in inspect.signature(original).parameters.values()
+                       if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
 
     @functools.wraps(original)
     def dispatch_attention_fn(*args, **kwargs):
-        if not _calls:
+        if not _calls or len(args) > len(positional):
             return original(*args, **kwargs)
-        try:
-            a = signature.bind(*args, **kwargs).arguments
-        except TypeError:
+        # the arguments by name, as the original's signature names them (read once, above:
+        # dynamo traces this inside a compiled block, where inspect's binding is not traced)
+        a = dict(zip(positional, args))
+        if any(name in a for name in kwargs):
             return original(*args, **kwargs)
+        a.update(kwargs)
         if not _routable(a):
             return original(*args, **kwargs)
         mark = _calls[-1]

@@ -67,10 +67,11 @@ def test_decoded_frames_and_conditioning_channels(capsys, monkeypatch):
     from tessera.integrations import methods as M
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    equal = 60 if device == "cpu" else 40  # dB: float32 on the CPU, bf16 kernels on a GPU
     full = M.SparseConfig(M.SlidingTile(tile=(2, 4, 4), window=(9, 9, 9)))
     monkeypatch.setitem(sys.modules, "lpips", None)  # (import fails: not installed)
     same = quality.run("wan-1.3b", full, steps=2, tiny=True, device=device, frames=True)
-    assert same["frames"]["psnr"] > 60 and same["frames"]["lpips"] is None
+    assert same["frames"]["psnr"] > equal and same["frames"]["lpips"] is None
     assert "LPIPS unavailable" in same["frames"]["lpips_note"]
     seen = []
 
@@ -88,7 +89,7 @@ def test_decoded_frames_and_conditioning_channels(capsys, monkeypatch):
     assert "decoded frames" in quality.table(apart)
     for name in ("hunyuan-1.5", "ltx-video"):
         got = quality.run(name, full, steps=2, tiny=True, device=device)
-        assert got["final"]["psnr"] > 60, (name, got["final"])
+        assert got["final"]["psnr"] > equal, (name, got["final"])
     with pytest.raises(SystemExit) as stop:
         quality.main(["--tiny", "--frames", "--model", "mochi"])
     assert stop.value.code == 2 and "--vae DIR" in capsys.readouterr().err
