@@ -189,7 +189,7 @@ class Session:
     stats: Stats = field(default_factory=Stats)
     attention: Callable | None = field(default=None, repr=False)
     _latent: tuple | None = field(default=None, repr=False)  # this forward's grid
-    _seen: bool = field(default=False, repr=False)  # inside a forward (a grid was read)
+    _seen: bool = field(default=False, repr=False)  # a forward has run (its grid read)
     _geometry_reads: dict = field(default_factory=dict, repr=False)  # this forward's
     _originals: list = field(default_factory=list, repr=False)  # (module, processor)
     _routes: list = field(default_factory=list, repr=False)  # each layer's _Route
