@@ -4,6 +4,7 @@ made before anything is launched; each error names the argument."""
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,10 +58,25 @@ def bhld_view(t: DeviceTensor, layout: str, name: str
     return tuple(t.shape[i] for i in perm), tuple(t.strides[i] for i in perm)
 
 
+def refuse_gradients(q: Any, k: Any, v: Any) -> None:
+    """Refuse torch tensors that require grad while autograd records: the GPU kernels have no
+    backward pass yet, and an output without one would train nothing, silently."""
+    torch = sys.modules.get("torch")  # (a torch tensor means torch is imported)
+    if torch is None or not torch.is_grad_enabled():
+        return
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if getattr(x, "requires_grad", False) and isinstance(x, torch.Tensor):
+            raise ValueError(f"{name} requires grad, but Tessera's GPU attention has no "
+                             "backward pass yet: run it under torch.no_grad() (inference), or "
+                             "detach q, k and v; on CPU tensors tessera.integrations."
+                             "torch_attention computes gradients in float64")
+
+
 def describe(q: Any, k: Any, v: Any, layout: str) -> Operands:
     """Describe and validate q, k, v (device, dtype, shapes, strides) without touching data."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be 'bhld' or 'blhd', got {layout!r}")
+    refuse_gradients(q, k, v)
     if cupy_or_none() is None or device.gpu_count() == 0:
         # Inputs first (a host array or a non-array is the caller's mistake anywhere), then
         # the machine: without CuPy or a GPU there is no CUDA tensor to pass.

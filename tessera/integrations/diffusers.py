@@ -514,7 +514,9 @@ class Session:
                     ordered: bool) -> LayerMask:
         if not self.method.dynamic:
             return self.method.layer_mask(geo, ordered=ordered)
-        qh, kh = (x.transpose(1, 2) if layout == "blhd" else x for x in (q, k))
+        # (the mask is chosen, not differentiated: no gradient flows into the selection)
+        qh, kh = (x.detach().transpose(1, 2) if layout == "blhd" else x.detach()
+                  for x in (q, k))
         if not qh.is_cuda:
             return self.method.layer_mask(geo, qh.float().numpy(), kh.float().numpy(),
                                           ordered=ordered)
@@ -651,6 +653,22 @@ def _routed_call(transformer: int, layer: int, q: Any, k: Any, v: Any, attn_mask
     return session._attend(layer, q, k, v, attn_mask, scale, own, ordered).contiguous()
 
 
+def _route_call(q: Any, k: Any, v: Any, mask: Any, mark: _Mark, scale: float | None,
+                enable_gqa: bool, backend: str | None) -> Any:
+    """A marked call routed: through the custom op (one opaque node of a compiled block), or,
+    where autograd records (q, k or v require grad: a fine-tuning step), by the same call
+    made directly, so that the gradient flows through the reorders and Tessera's attention
+    (``torch_attention``: float64 on CPU tensors; CUDA tensors are refused there)."""
+    import torch
+
+    ordered = _sessions[mark.transformer]._ordered
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _routed_call(mark.transformer, int(mark.layer), q, k, v, mask, scale,
+                            enable_gqa, backend, ordered)
+    return _op(q, k, v, mask, mark.layer, mark.transformer, scale, enable_gqa, backend,
+               ordered)
+
+
 def _backend_name(value: str) -> Any:
     from diffusers.models.attention_dispatch import AttentionBackendName
 
@@ -732,8 +750,8 @@ def _dispatch_router(original: Callable) -> Callable:
                 int(mark.layer), q, k, v, a.get("scale"), lambda: original(*args, **kwargs),
                 cp)
         name = None if backend is None else getattr(backend, "value", backend)
-        return _op(q, k, v, a.get("attn_mask"), mark.layer, mark.transformer, a.get("scale"),
-                   bool(a.get("enable_gqa", False)), name, _sessions[mark.transformer]._ordered)
+        return _route_call(q, k, v, a.get("attn_mask"), mark, a.get("scale"),
+                           bool(a.get("enable_gqa", False)), name)
 
     dispatch_attention_fn._tessera_original = original
     return dispatch_attention_fn
@@ -764,10 +782,8 @@ class _RoutedFunctional:
         a.update(kwargs)
         if not _routable(a):
             return sdpa(*args, **kwargs)
-        mark = _calls[-1]
-        return _op(a["query"], a["key"], a["value"], a.get("attn_mask"), mark.layer,
-                   mark.transformer, a.get("scale"), bool(a.get("enable_gqa", False)), None,
-                   _sessions[mark.transformer]._ordered)
+        return _route_call(a["query"], a["key"], a["value"], a.get("attn_mask"), _calls[-1],
+                           a.get("scale"), bool(a.get("enable_gqa", False)), None)
 
 
 @dataclass(frozen=True)

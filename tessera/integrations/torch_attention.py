@@ -1,7 +1,10 @@
 """Attention on torch tensors for the integrations: ``tessera.attention`` on CUDA tensors; on CPU
 ones the plan a GPU would run, executed by the CPU emulator in float64 (where the integrations'
 CPU tests run the same code paths), with one warning that this path checks correctness, not
-speed."""
+speed. On CPU tensors the result is differentiable: the backward pass is the emulator's, by
+the plan's query-major and key-major task queues (``emulate.run_backward``), in float64 -- what
+a fine-tuning step's tests run without a GPU. The GPU kernels have no backward pass yet, and
+CUDA tensors that require grad are refused (``operands.refuse_gradients``)."""
 
 from __future__ import annotations
 
@@ -29,10 +32,13 @@ def attention(q: Any, k: Any, v: Any, mask: BlockMask, *, layout: str,
     import torch
 
     _warn_cpu_once()
-    out, lse = _emulated(q, k, v, mask, layout, scale, regime)
-    if not return_lse:
-        return torch.from_numpy(out).to(q.dtype)
-    return torch.from_numpy(out).to(q.dtype), torch.from_numpy(lse).float()
+    if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
+        out, lse = _differentiable().apply(q, k, v, mask, layout, scale, regime)
+    else:
+        out, lse = (torch.from_numpy(a) for a in _emulated(q, k, v, mask, layout, scale,
+                                                            regime))
+        out = out.to(q.dtype)
+    return (out, lse.float()) if return_lse else out
 
 
 def _warn_cpu_once() -> None:
@@ -45,19 +51,75 @@ def _warn_cpu_once() -> None:
                       stacklevel=3)
 
 
-def _emulated(q: Any, k: Any, v: Any, mask: BlockMask, layout: str, scale: float | None,
-              regime: Any) -> tuple[Any, Any]:
-    """(out, lse) in float64 numpy: the plan of ``mask`` (the Hopper plan unless ``regime`` is
-    given) run by the emulator; the float64 reference where no plan applies (a head dim other
-    than 64, 96 or 128, or v's head dim not q's)."""
-    q64, k64, v64 = (x.detach().double().numpy() for x in (q, k, v))
+def _plan_of(q: Any, k: Any, v: Any, mask: BlockMask, layout: str, regime: Any) -> Any:
+    """The plan a GPU would run for these operands (the Hopper plan unless ``regime`` is
+    given), or None where no plan applies (a head dim other than 64, 96 or 128, or v's head
+    dim not q's: the float64 reference then stands in)."""
     heads = 2 if layout == "blhd" else 1
     d = q.shape[-1]
-    if d in SUPPORTED_HEAD_DIMS and v.shape[-1] == d:
-        p = plan(mask, num_q_heads=q.shape[heads], num_kv_heads=k.shape[heads], head_dim=d,
-                 batch=q.shape[0], dtype="bfloat16", layout=layout, regime=regime,
-                 arch=90 if regime is None or getattr(regime, "family", "") == "sm90" else None)
+    if d not in SUPPORTED_HEAD_DIMS or v.shape[-1] != d:
+        return None
+    return plan(mask, num_q_heads=q.shape[heads], num_kv_heads=k.shape[heads], head_dim=d,
+                batch=q.shape[0], dtype="bfloat16", layout=layout, regime=regime,
+                arch=90 if regime is None or getattr(regime, "family", "") == "sm90" else None)
+
+
+def _host64(*xs: Any) -> list:
+    return [x.detach().double().numpy() for x in xs]
+
+
+def _emulated(q: Any, k: Any, v: Any, mask: BlockMask, layout: str, scale: float | None,
+              regime: Any) -> tuple[Any, Any]:
+    """(out, lse) in float64 numpy: the plan of ``mask`` run by the emulator, or the float64
+    reference where no plan applies."""
+    q64, k64, v64 = _host64(q, k, v)
+    p = _plan_of(q, k, v, mask, layout, regime)
+    if p is not None:
         res = emulate.run(p, q64, k64, v64, scale=scale)
         return res.out, res.lse
     return reference.attention(q64, k64, v64, mask, layout=layout, scale=scale,
                                return_lse=True)
+
+
+def _emulated_backward(q: Any, k: Any, v: Any, dout: Any, mask: BlockMask, layout: str,
+                       scale: float | None, regime: Any) -> tuple[Any, Any, Any]:
+    """(dq, dk, dv) in float64 numpy: the plan's backward task queues run by the emulator, or
+    the float64 reference's gradients where no plan applies."""
+    q64, k64, v64, do64 = _host64(q, k, v, dout)
+    p = _plan_of(q, k, v, mask, layout, regime)
+    if p is not None:
+        res = emulate.run_backward(p, q64, k64, v64, do64, scale=scale)
+        return res.dq, res.dk, res.dv
+    return reference.attention_backward(q64, k64, v64, do64, mask, scale=scale, layout=layout)
+
+
+_Function: Any = None  # the autograd Function, made at first use (torch is optional)
+
+
+def _differentiable() -> Any:
+    """The autograd Function of emulated attention: forward ``(out, lse)``, backward the
+    emulated backward pass (the LSE output takes no gradient)."""
+    global _Function
+    if _Function is not None:
+        return _Function
+    import torch
+
+    class EmulatedAttention(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v, mask, layout, scale, regime):
+            out, lse = (torch.from_numpy(a) for a in _emulated(q, k, v, mask, layout, scale,
+                                                                regime))
+            ctx.save_for_backward(q, k, v)
+            ctx.settings = (mask, layout, scale, regime)
+            ctx.mark_non_differentiable(lse)
+            return out.to(q.dtype), lse
+
+        @staticmethod
+        def backward(ctx, dout, _dlse):
+            q, k, v = ctx.saved_tensors
+            grads = _emulated_backward(q, k, v, dout, *ctx.settings)
+            return (*(torch.from_numpy(g).to(x.dtype) for g, x in zip(grads, (q, k, v))),
+                    None, None, None, None)
+
+    _Function = EmulatedAttention
+    return _Function
