@@ -40,7 +40,7 @@ from .clusters import semantic_clusters
 from .frame_bands import spatial_temporal
 from .pooled_topk import topk_pooled
 from .radial_decay import radial, radial_frame_rule
-from .random_masks import random_blocks
+from .random_masks import mixed_densities, random_blocks
 from .tile_windows import sliding_tile
 from .video import (
                     VideoMask,
@@ -52,4 +52,5 @@ from .video import (
 
 __all__ = ["VideoMask", "apply_permutation", "invert_permutation", "tile_permutation",
            "temporal_permutation", "sliding_tile", "spatial_temporal", "radial",
-           "radial_frame_rule", "topk_pooled", "semantic_clusters", "random_blocks"]
+           "radial_frame_rule", "topk_pooled", "semantic_clusters", "random_blocks",
+           "mixed_densities"]

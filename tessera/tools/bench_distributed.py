@@ -27,6 +27,7 @@ import numpy as np
 
 import tessera
 
+from ..families import mixed_densities
 from ..integrations import distributed as sp
 from .timing import cuda_time_ms
 from .workloads import WORKLOADS
@@ -40,8 +41,8 @@ def case_blocks(case: str, rng: np.random.Generator, heads: int, n: int) -> np.n
     if case == "random-10":
         return rng.random((heads, n, n)) < 0.10
     if case == "mixed-heads":
-        density = np.linspace(0.02, 0.60, heads)
-        return rng.random((heads, n, n)) < rng.permutation(density)[:, None, None]
+        density = np.asarray(mixed_densities(heads, int(rng.integers(1 << 31))))
+        return rng.random((heads, n, n)) < density[:, None, None]
     raise ValueError(f"case must be one of {DIST_CASES}, got {case!r}")
 
 

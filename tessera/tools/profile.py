@@ -282,6 +282,10 @@ def build_heldout_corpus(shapes: Sequence[str] | None = None, *, heads: int | No
             "random_blocks@0.2/v32-256": lambda seq=seq, text=text, r=r, nh=nh:
                 mask_families.random_blocks(nh, seq, density=0.2, seed=r, sizes=VARIABLE_SIZES,
                                             **text),
+            # per-head densities over another spread than the profile corpus's 2-60%
+            "mixed_density@0.05-0.45": lambda seq=seq, text=text, r=r, nh=nh:
+                mask_families.random_blocks(nh, seq, seed=r, density=mask_families.
+                                            mixed_densities(nh, r, (0.05, 0.45)), **text),
         }
         if text["text_tokens"]:  # the uniform geometry of such a shape (build_corpus says why)
             builders.update({

@@ -44,7 +44,7 @@ WORKLOADS = {w.name: w for w in (
 
 
 FAMILIES = ("sliding_tile", "spatial_temporal", "radial", "topk_pooled", "semantic_clusters",
-            "random_blocks")
+            "random_blocks", "mixed_density")
 STA_WINDOWS = [(3, 3, 3), (1, 5, 7), (3, 1, 10)]  # per-head windows, cycled over the heads
 
 
@@ -67,6 +67,9 @@ def example_mask(workload: Workload, family: str, heads: int | None = None, seed
         return families.radial(lat, **text)
     if family == "random_blocks":
         return families.random_blocks(heads, workload.seq_len, density=0.1, seed=seed, **text)
+    if family == "mixed_density":  # heads from 2% to 60% of the blocks, as a model's differ
+        return families.random_blocks(heads, workload.seq_len, seed=seed,
+                                      density=families.mixed_densities(heads, seed), **text)
     rng = np.random.default_rng(seed)
     q, k = (rng.standard_normal((heads, workload.seq_len, head_dim), dtype=np.float32)
             for _ in range(2))

@@ -557,6 +557,24 @@ def test_random_blocks_density():
     assert M.random_blocks(1, 1000, density=0.5).mask.batch_heads == (1, 1)
 
 
+def test_random_blocks_with_a_density_a_head():
+    """Per-head densities (the mixed-density case): each head keeps its own fraction of the
+    blocks; mixed_densities spreads 2%-60% over the heads in a seeded order; a list of the
+    wrong length, or a density out of [0, 1], is refused by name."""
+    spread = M.mixed_densities(6, seed=2)
+    assert sorted(spread) == pytest.approx(np.linspace(0.02, 0.60, 6))
+    assert spread != sorted(spread) and spread == M.mixed_densities(6, seed=2)
+    vm = M.random_blocks(6, 128 * 300, density=spread, seed=1)
+    per_head = dense(vm)[0].mean(axis=(1, 2))
+    assert np.allclose(per_head, spread, atol=0.01), per_head
+    with pytest.raises(ValueError, match="density: 2 per-head densities for num_heads=3"):
+        M.random_blocks(3, 1000, density=[0.1, 0.2])
+    with pytest.raises(ValueError, match="density"):
+        M.random_blocks(2, 1000, density=[0.1, 1.5])
+    with pytest.raises(ValueError, match="spread must be"):
+        M.mixed_densities(4, spread=(0.5, 0.1))
+
+
 @pytest.mark.parametrize("length", [1000, 32_760, 17_776])
 def test_variable_bounds_cover_the_sequence_in_sizes_of_the_range(length):
     from tessera.families.common import variable_bounds

@@ -21,9 +21,11 @@ def test_every_case_makes_its_density(name):
     b = case.make(np.random.default_rng(1), 3, n)
     assert a.shape == (3, n, n) and a.dtype == bool and np.array_equal(a, b)
     want = {"random-10": 0.10, "random-30": 0.30, "dense": 1.0, "topk64-10": 0.10,
-            "random64-30": 0.30, "variable-10": 0.10,
+            "random64-30": 0.30, "variable-10": 0.10, "mixed-heads": 0.31,
             "band-16": (2 * 16 + 1) / n}[name]
     assert abs(a.mean() - want) < 0.02, (name, a.mean())
+    if name == "mixed-heads":  # per head: 2%, 31%, 60% in some order
+        assert np.allclose(np.sort(a.mean(axis=(1, 2))), [0.02, 0.31, 0.60], atol=0.02)
     if name == "topk64-10":  # top-k: the same count in every row
         assert (a.sum(-1) == round(0.1 * n)).all()
 

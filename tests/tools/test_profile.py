@@ -345,8 +345,9 @@ def test_corpus_from_workloads():
     assert sizes.min() >= 1 and sizes.max() <= 256 and np.median(sizes) > 100
     assert mask_features(v, head_dim=128, dtype="bfloat16", arch=90, num_q_heads=4,
                          batch=1).geometry.startswith("variable-")
-    # Six models and two short clips, and text-free masks for the five shapes with text.
-    assert len(prof.build_corpus()) == 8 * 14 + 5 * 4
+    # Six models and two short clips (7 families: 15 cases each), and text-free masks for the
+    # five shapes with text.
+    assert len(prof.build_corpus()) == 8 * 15 + 5 * 4
     assert not any(c.label.endswith("-textless") for c in cases)  # Wan has no text tokens
 
 
