@@ -255,3 +255,17 @@ def _grid(name: str, model) -> tuple:
     pt, ph, pw = _patch(model.config)
     return f // pt, h // ph, w // pw
 
+
+
+def test_a_fine_tuning_step_on_the_gpu_is_refused_by_name():
+    """The GPU kernels have no backward pass: a forward that records gradients through an
+    enabled transformer on the GPU is refused by name (not run without a gradient); the same
+    forward under no_grad runs."""
+    model = models.build("wan-1.3b", tiny=True)
+    x = models.inputs("wan-1.3b", model, tiny=True)
+    td.enable(model, M.SlidingTile(tile=(2, 4, 4), window=(1, 3, 3)))
+    with pytest.raises(ValueError, match="requires grad, but Tessera's GPU attention has no "
+                                         "backward pass yet"):
+        model(**x)
+    with torch.no_grad():
+        assert not torch.isnan(model(**x)[0]).any()
