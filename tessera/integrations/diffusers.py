@@ -11,8 +11,8 @@
     td.disable(pipe.transformer)          # the model's own attention again
 
 Supported: the families of :mod:`tessera.integrations.video_models` -- Wan 2.1 / 2.2 and Wan
-VACE, SkyReels-V2, HunyuanVideo and HunyuanVideo 1.5, CogVideoX, Mochi, LTX-Video, LTX-2 (their
-image-to-video variants are the same classes), and subclasses of their classes; diffusers 0.41
+VACE, SkyReels-V2, HunyuanVideo and HunyuanVideo 1.5, CogVideoX, Mochi, Cosmos, LTX-Video, LTX-2
+(their image-to-video variants are the same classes), and subclasses of their classes; diffusers 0.41
 and 0.42 are tested, others checked at :func:`enable`. Self-attention over the video only;
 cross-attention, LTX-2's audio stream and every other module are left alone.
 

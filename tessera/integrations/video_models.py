@@ -127,6 +127,8 @@ FAMILIES: tuple[Family, ...] = (
            rotary=(3, ("image_rotary_emb",), 0)),
     Family("Mochi", ("MochiTransformer3DModel",), _attn1("transformer_blocks"), _LATENT,
            text="after"),
+    Family("Cosmos (Predict 1)", ("CosmosTransformer3DModel",), _attn1("transformer_blocks"),
+           _LATENT),
     Family("LTX-Video", ("LTXVideoTransformer3DModel",), _attn1("transformer_blocks"),
            _grid_of_sizes),
     # the video self-attention; the audio stream's attention stays the model's own

@@ -190,6 +190,15 @@ MODELS: dict[str, ModelSpec] = {
         (28, 60, 106), (5, 12, 20), 256, "text_embed_dim", channels=None, extra=_mochi_extra,
         vae="AutoencoderKLMochi",
         notes="480x848, 163 frames: 44,520 video tokens + the prompt's text tokens"),
+    # Cosmos-1.0-Diffusion-7B-Text2World's configuration, without the padding-mask channel
+    # (its resize needs torchvision; the attention is the same)
+    "cosmos-7b": ModelSpec(
+        "CosmosTransformer3DModel", dict(concat_padding_mask=False),
+        dict(_TINY, num_layers=2, text_embed_dim=32, adaln_lora_dim=16, max_size=(16, 48, 48),
+             encoder_hidden_states_channels=32, crossattn_proj_in_channels=32),
+        (16, 88, 160), (5, 12, 20), 512, "text_embed_dim", float_timestep=True,
+        vae="AutoencoderKLCosmos",
+        notes="704x1280, 121 frames: 56,320 tokens"),
     "ltx-video": ModelSpec(
         "LTXVideoTransformer3DModel", {}, _LTX_TINY, (16, 16, 24), (5, 6, 10), 128,
         "caption_channels", latent_layout="tokens", channels=None, extra=_ltx_extra,

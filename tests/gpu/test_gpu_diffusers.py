@@ -28,7 +28,8 @@ PUBLISHED_LAYERS = {
     "wan-1.3b": dict(num_layers=1), "wan-vace-1.3b": dict(num_layers=2, vace_layers=[0, 1]),
     "skyreels-v2-1.3b": dict(num_layers=1), "hunyuan": dict(num_layers=1, num_single_layers=1),
     "hunyuan-1.5": dict(num_layers=1), "cogvideox-5b": dict(num_layers=1),
-    "mochi": dict(num_layers=1), "ltx-video": dict(num_layers=1), "ltx-2": dict(num_layers=1)}
+    "mochi": dict(num_layers=1), "cosmos-7b": dict(num_layers=1), "ltx-video": dict(num_layers=1),
+    "ltx-2": dict(num_layers=1)}
 PROMPT = 100  # the prompt's text tokens of the model's text slots
 
 

@@ -23,8 +23,8 @@ from tests.integrations.test_methods import _in_model_order  # noqa: E402
 # The models with a family that keeps the method's order across blocks (keep_order) ...
 NAMES = ["wan-1.3b", "hunyuan", "cogvideox-5b"]
 # ... and every family's model.
-FAMILY_NAMES = NAMES + ["wan-vace-1.3b", "skyreels-v2-1.3b", "hunyuan-1.5", "mochi", "ltx-video",
-                        "ltx-2"]
+FAMILY_NAMES = NAMES + ["wan-vace-1.3b", "skyreels-v2-1.3b", "hunyuan-1.5", "mochi", "cosmos-7b",
+                        "ltx-video", "ltx-2"]
 
 
 @pytest.fixture(autouse=True)
