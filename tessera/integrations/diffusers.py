@@ -12,9 +12,9 @@
 
 Supported: the families of :mod:`tessera.integrations.video_models` -- Wan 2.1 / 2.2 and Wan
 VACE, SkyReels-V2, HunyuanVideo and HunyuanVideo 1.5, CogVideoX, Mochi, Cosmos, LTX-Video, LTX-2
-(their image-to-video variants are the same classes), and subclasses of their classes; diffusers 0.41
-and 0.42 are tested, others checked at :func:`enable`. Self-attention over the video only;
-cross-attention, LTX-2's audio stream and every other module are left alone.
+(their image-to-video variants are the same classes), and subclasses of their classes;
+diffusers 0.41 and 0.42 are tested, others checked at :func:`enable`. Self-attention over the
+video only; cross-attention, LTX-2's audio stream and every other module are left alone.
 
 How it plugs in. Each self-attention module's processor is wrapped (``set_processor``, public):
 the wrapper marks the call as Tessera's and runs the model's own processor, which projects,
@@ -1030,8 +1030,8 @@ def self_attention_layers(transformer: Any) -> list:
 def compile_blocks(transformer: Any, **compile_kwargs: Any) -> None:
     """``torch.compile`` each of ``transformer``'s blocks (regional compilation, as diffusers'
     ``compile_repeated_blocks`` does: the family's blocks, or those the model declares
-    repeated; CogVideoX's too), with ``compile_kwargs`` (e.g. ``fullgraph=True``). With Tessera enabled,
-    before or after, a routed self-attention is one opaque op in each block's graph: one
+    repeated; CogVideoX's too), with ``compile_kwargs`` (e.g. ``fullgraph=True``). With Tessera
+    enabled, before or after, a routed self-attention is one opaque op in each block's graph: one
     compiled block serves every layer, and the block compiles whole."""
     family = family_of(transformer)
     blocks = family.blocks(transformer) if family.blocks is not None else []

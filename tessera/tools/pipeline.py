@@ -91,8 +91,8 @@ def add_method_arguments(ap: argparse.ArgumentParser) -> None:
 def config_from(args: argparse.Namespace) -> M.SparseConfig:
     """The method and schedule the options of :func:`add_method_arguments` name (written to
     ``--save-config`` when given)."""
-    config = args.config or args.preset or M.SparseConfig(_method(args), M.Schedule(args.dense_steps,
-                                                                     args.dense_layers))
+    config = args.config or args.preset or M.SparseConfig(
+        _method(args), M.Schedule(args.dense_steps, args.dense_layers))
     if args.save_config:
         config.save(args.save_config)
     return config

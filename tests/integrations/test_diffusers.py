@@ -391,7 +391,8 @@ def test_a_fine_tuning_step_on_the_cpu_backpropagates_through_tessera(name):
 
 def test_bad_arguments_are_refused_by_name():
     model, _ = _model("wan-1.3b")
-    with pytest.raises(TypeError, match="transformer must be a diffusers video transformer of a family .*Wan 2.1.*got Linear"):
+    with pytest.raises(TypeError, match="transformer must be a diffusers video transformer of "
+                                        "a family .*Wan 2.1.*got Linear"):
         td.enable(torch.nn.Linear(2, 2), M.Radial())
     with pytest.raises(TypeError, match="method must be a tessera.integrations.methods.Method"):
         td.enable(model, "sliding_tile")
