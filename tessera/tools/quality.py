@@ -94,10 +94,13 @@ def _denoise(model: Any, x: dict, steps: int, shift: float, timer: Any) -> tuple
         dim, out_channels, hidden.shape[dim] - out_channels)
     out, ms = [], []
     with torch.no_grad():
+        # the scheduler's float timesteps, as pipelines pass them -- in the model's dtype where
+        # its inputs give one (HunyuanVideo 1.5's time embedding takes no float32)
+        dtype = x["timestep"].dtype if x["timestep"].is_floating_point() else None
         for t in scheduler.timesteps:
             given = torch.cat([latents, cond], dim=dim) if cond.shape[dim] else latents
-            args = dict(x, hidden_states=given, timestep=t.expand(latents.shape[0]).to(
-                x["timestep"].dtype))
+            step = t.expand(latents.shape[0])
+            args = dict(x, hidden_states=given, timestep=step if dtype is None else step.to(dtype))
             start = timer()
             pred = model(**args)[0]
             ms.append(timer() - start)
