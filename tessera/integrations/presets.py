@@ -6,8 +6,9 @@ to judge with ``python -m tessera quality`` on one's own prompts, not a quality 
 ::
 
     from tessera.integrations import diffusers as td, presets
-    with td.sparse(pipe, *presets.get("hunyuan-720p-radial").arguments()):
-        ...
+    method, schedule = presets.get("hunyuan-768p-radial").arguments()
+    with td.sparse(pipe, method, schedule=schedule):
+        video = pipe(prompt, height=768, width=1280, num_frames=117).frames[0]
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ class Preset:
     differs: str = ""
 
     def arguments(self) -> tuple[Any, Schedule]:
-        """``(method, schedule)``: what :func:`tessera.integrations.diffusers.sparse` takes
-        (as ``sparse(pipe, method, schedule=schedule)``)."""
+        """``(method, schedule)``, as :func:`tessera.integrations.diffusers.sparse` and
+        ``enable`` take them (``sparse(pipe, method, schedule=schedule)``)."""
         return self.config.method, self.config.schedule
 
 
