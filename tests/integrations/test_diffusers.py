@@ -389,6 +389,23 @@ def test_a_fine_tuning_step_on_the_cpu_backpropagates_through_tessera(name):
     assert not torch.equal(after, before)
 
 
+def test_a_preset_runs_as_its_docstring_shows():
+    """A published setting (presets) on a pipeline: the radial preset for Wan keeps its first
+    12 steps dense, then the first layer of every step."""
+    from tessera.integrations import presets
+
+    model, _ = _model("wan-1.3b")
+    n = _layers(model)
+    pipe = types.SimpleNamespace(transformer=model, scheduler=types.SimpleNamespace(
+        timesteps=torch.arange(1000, 0, -20)))  # 50 steps
+    method, schedule = presets.get("wan-14b-768p-radial").arguments()
+    with torch.no_grad(), td.sparse(pipe, method, schedule=schedule) as (s,):
+        model(**models.inputs("wan-1.3b", model, tiny=True, timestep=980))  # step 1
+        assert (s.stats.dense_calls, s.stats.sparse_calls) == (n, 0)
+        model(**models.inputs("wan-1.3b", model, tiny=True, timestep=500))  # step 25
+    assert (s.stats.dense_calls, s.stats.sparse_calls) == (n + 1, n - 1)
+
+
 def test_bad_arguments_are_refused_by_name():
     model, _ = _model("wan-1.3b")
     with pytest.raises(TypeError, match="transformer must be a diffusers video transformer of "
