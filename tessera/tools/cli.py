@@ -6,6 +6,7 @@ no GPU needed)."""
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import os
 import platform
 import sys
@@ -26,7 +27,9 @@ from ..runtime.regime import (
     default_regime,
     describe_table_in_use,
 )
+from ..distribution import install_hint
 from ..dtypes import SUPPORTED_HEAD_DIMS
+from ..integrations.video_models import FAMILIES as VIDEO_FAMILIES, TESTED_DIFFUSERS
 from .args import int_choice, nonnegative_int, positive_int, require_matplotlib
 from .bench import main as bench_main
 from .pipeline import main as pipeline_main
@@ -85,6 +88,7 @@ def info() -> int:
     else:
         print("Regime tables: none yet; plans use the heuristic default regime")
     print(f"Regime table in use: {describe_table_in_use(cc)}")
+    print(_diffusers_line())
     where = f"sm_{cc}" if cc is not None else "no GPU"
     for d in (64, 128):
         line = f"Default regime for head dim {d} ({where}): {default_regime(cc, d).name}"
@@ -96,6 +100,21 @@ def info() -> int:
             line += f" (sm_90: {default_regime(90, d, q_block=64).name})"
         print(line)
     return 0
+
+
+def _diffusers_line() -> str:
+    """The installed diffusers release against the tested ones, and the families the
+    integration routes (read from the package metadata: diffusers is not imported)."""
+    try:
+        version = importlib.metadata.version("diffusers")
+    except importlib.metadata.PackageNotFoundError:
+        return f"diffusers: not installed ({install_hint('diffusers')})"
+    minor = ".".join(version.split(".")[:2])
+    tested = ", ".join(TESTED_DIFFUSERS)
+    state = "tested" if minor in TESTED_DIFFUSERS else f"outside the tested {tested}: " \
+        "enable checks each model"
+    return (f"diffusers: {version} ({state}); families routed: "
+            + ", ".join(f.name for f in VIDEO_FAMILIES))
 
 
 # Tile rows ``plan --block-m`` takes: the portable family's, two 16-row tiles a warp.

@@ -22,6 +22,31 @@ def test_info_in_process(capsys):
     assert "TMA copies" in out
 
 
+def test_info_says_the_diffusers_release_and_the_families(monkeypatch):
+    """``info`` names the installed diffusers release against the tested ones (from the
+    package metadata), or how to install it, and the families the integration routes."""
+    import importlib.metadata as md
+
+    from tessera.tools import cli
+
+    versions = {"diffusers": "0.42.1"}
+
+    def version(name):
+        if name not in versions:
+            raise md.PackageNotFoundError(name)
+        return versions[name]
+
+    monkeypatch.setattr(md, "version", version)
+    line = cli._diffusers_line()
+    assert line.startswith("diffusers: 0.42.1 (tested); families routed: Wan 2.1 / 2.2")
+    assert "LTX-2" in line and "HunyuanVideo 1.5" in line
+    versions["diffusers"] = "0.45.0"
+    assert "(outside the tested 0.41, 0.42: enable checks each model)" in cli._diffusers_line()
+    versions.clear()
+    assert cli._diffusers_line() == ("diffusers: not installed (pip install "
+                                     "'tessera-attention[diffusers]')")
+
+
 def test_info_as_module():
     res = subprocess.run([sys.executable, "-m", "tessera", "info"], capture_output=True,
                          text=True, timeout=120)
