@@ -406,6 +406,45 @@ def test_a_preset_runs_as_its_docstring_shows():
     assert (s.stats.dense_calls, s.stats.sparse_calls) == (n + 1, n - 1)
 
 
+def test_a_calls_mask_is_read_only_where_it_marks_text_padding():
+    """What decides a call's route: a key-padding mask (booleans, or an additive 0 / -inf or
+    -10000 bias) gives each batch element's prompt tokens; a per-query mask reads at a video
+    query's row only for a family whose masks are valid-by-valid (HunyuanVideo 1.5); a mask
+    with weights, per-head rows, another length, a masked video key or padding before text
+    leaves the call to the model (None)."""
+    n, text, length = 6, 4, 10  # 6 video tokens, then 4 text slots
+    keys = torch.ones(2, length, dtype=torch.bool)
+    keys[0, n + 3:] = False  # 3 prompt tokens
+    keys[1, n + 1:] = False  # 1
+    read = td._allowed_keys(keys[:, None, None, :], 2, length, "keys")
+    assert td._valid_text(read, n, text, False) == [3, 1]
+    bias = torch.where(keys, 0.0, float("-inf"))[:, None, :]  # [B, 1, L]
+    assert td._valid_text(td._allowed_keys(bias, 2, length, "keys"), n, text, False) == [3, 1]
+    ltx = (1 - keys.float()) * -10000.0
+    assert td._valid_text(td._allowed_keys(ltx, 2, length, "keys"), n, text, False) == [3, 1]
+    weights = torch.zeros(2, length)
+    weights[0, 2] = -0.5  # a key weighed, not dropped
+    assert td._allowed_keys(weights, 2, length, "keys") is None
+    outer = (keys[:, :, None] & keys[:, None, :])[:, None]  # [B, 1, L, L]: valid x valid
+    assert td._allowed_keys(outer, 2, length, "keys") is None  # a per-query mask
+    assert td._valid_text(td._allowed_keys(outer, 2, length, "outer"), n, text,
+                          False) == [3, 1]
+    per_head = keys[:, None, None, :].expand(2, 3, 1, length)
+    assert td._allowed_keys(per_head, 2, length, "keys") is None
+    assert td._allowed_keys(keys, 2, length + 1, "keys") is None
+    holes = torch.ones(1, length, dtype=torch.bool)
+    holes[0, 2] = False  # a video key masked
+    assert td._valid_text(holes.numpy(), n, text, False) is None
+    gap = torch.ones(1, length, dtype=torch.bool)
+    gap[0, n + 1] = False  # padding before a prompt token
+    assert td._valid_text(gap.numpy(), n, text, False) is None
+    first = torch.zeros(1, length, dtype=torch.bool)
+    first[0, :2] = first[0, text:] = True  # text first: 2 prompt tokens, then the video
+    assert td._valid_text(first.numpy(), n, text, True) == [2]
+    assert td._valid_text(torch.ones(1, length, dtype=torch.bool).numpy(), n, text,
+                          False) == [None]
+
+
 def test_bad_arguments_are_refused_by_name():
     model, _ = _model("wan-1.3b")
     with pytest.raises(TypeError, match="transformer must be a diffusers video transformer of "
