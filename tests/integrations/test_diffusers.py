@@ -268,7 +268,8 @@ def test_image_to_video_variants_route_their_self_attention():
 
 def test_a_subclass_is_routed_as_its_family():
     """A transformer class derived from a family's class (a user's, or a newer diffusers'
-    variant) is routed as that family."""
+    variant) is routed as that family, and a processor subclass that keeps its base's call
+    through its base's module."""
     import diffusers
 
     class MyWan(diffusers.WanTransformer3DModel):
@@ -277,6 +278,12 @@ def test_a_subclass_is_routed_as_its_family():
     model, x = _model("wan-1.3b")
     model.__class__ = MyWan
     assert td.family_of(model).name == "Wan 2.1 / 2.2"
+    processor = td.self_attention_layers(model)[0].processor
+
+    class MyProcessor(type(processor)):  # a processor subclass: its base's module routes it
+        pass
+
+    td.self_attention_layers(model)[0].set_processor(MyProcessor())
     with torch.no_grad():
         s = td.enable(model, _full("wan-1.3b"))
         model(**x)
