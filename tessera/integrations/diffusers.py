@@ -227,8 +227,19 @@ class Session:
         """The transformer's own attention again (:func:`disable`)."""
         disable(self.transformer)
 
+    def __deepcopy__(self, memo: dict) -> "Session":
+        # A deep copy of an enabled transformer reaches its session through the hooks: the
+        # session is shared, not copied (it holds plans and locks), and the copy adopts a
+        # session of its own at its first forward (_adopt_copy).
+        return self
+
     # -- per forward and per call --------------------------------------------------------
     def _before_forward(self, module: Any, args: tuple, kwargs: dict) -> None:
+        if module is not self.transformer:
+            # a deep copy made after enable carries this session's hooks and marks: it gets a
+            # session of its own, with this one's settings, and this forward runs in it
+            _adopt_copy(module, self)._before_forward(module, args, kwargs)
+            return
         inputs = forward_inputs(module, args, kwargs)
         self._latent = self.family.grid(module, inputs)
         self._seen, self._geometry_reads = True, {}
@@ -936,6 +947,8 @@ def _wire(session: Session, attention: list, routes: list[_Route]) -> None:
     transformer = session.transformer
     for layer, (attn, route) in enumerate(zip(attention, routes)):
         original = attn.processor
+        if isinstance(original, _Routed):  # (a deep copy of an enabled transformer's)
+            original = original._tessera[0]
         if route not in session._hooked:
             _install(route)
             session._hooked.append(route)
@@ -993,6 +1006,22 @@ def disable(transformer: Any) -> None:
     session = _sessions.pop(id(transformer), None)
     if session is not None:
         _unhook(session)
+
+
+def _adopt_copy(copy: Any, session: Session) -> Session:
+    """Tessera enabled on ``copy``, a deep copy of ``session``'s transformer made after
+    :func:`enable`, with the same settings: the hooks it inherited (which belong to
+    ``session``) removed first, its wrapped processors rewrapped with marks of its own."""
+    for module in copy.modules():
+        for hooks in (module._forward_pre_hooks, module._forward_hooks):
+            for key, fn in list(hooks.items()):
+                target = getattr(fn, "func", fn)  # (a block hook: a partial of a method)
+                target = getattr(target, "__wrapped__", target)  # (torch.compiler.disable)
+                if isinstance(getattr(target, "__self__", None), Session):
+                    del hooks[key]
+    return enable(copy, session.method, schedule=session.schedule, scheduler=session.scheduler,
+                  forwards_per_step=session.forwards_per_step, keep_order=session.keep_order,
+                  regime=session.regime)
 
 
 def _set_processor(attn: Any, processor: Any) -> None:

@@ -452,6 +452,35 @@ def test_a_calls_mask_is_read_only_where_it_marks_text_padding():
                           False) == [None]
 
 
+@pytest.mark.parametrize("keep_order", [False, True])
+def test_a_deep_copy_gets_a_session_of_its_own(keep_order):
+    """copy.deepcopy of an enabled transformer: at its first forward the copy gets a session
+    of its own with the same settings (the original's counts untouched, its output the
+    original's), and disabling either leaves the other enabled."""
+    import copy
+
+    model, x = _model("wan-1.3b")
+    n = _layers(model)
+    s = td.enable(model, M.SlidingTile(tile=(2, 4, 4), window=(1, 3, 3)), keep_order=keep_order,
+                  schedule=M.Schedule(dense_layers=1))
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        got = twin(**x)[0]
+        assert s.stats.forwards == 0 and td.session_of(twin) is not s
+        want = model(**x)[0]
+    mine = td.session_of(twin)
+    assert (mine.stats.forwards, mine.stats.sparse_calls, mine.stats.dense_calls) == (1, n - 1, 1)
+    assert mine.keep_order == keep_order and mine.schedule == s.schedule
+    assert (s.stats.forwards, s.stats.sparse_calls) == (1, n - 1)
+    assert torch.equal(got, want)
+    td.disable(twin)
+    assert not isinstance(td.self_attention_layers(twin)[0].processor, td._Routed)
+    assert td.session_of(model) is s
+    with torch.no_grad():
+        model(**x)
+    assert s.stats.forwards == 2
+
+
 def test_bad_arguments_are_refused_by_name():
     model, _ = _model("wan-1.3b")
     with pytest.raises(TypeError, match="transformer must be a diffusers video transformer of "
