@@ -272,15 +272,23 @@ def checked_dout(dout: Any, shape: tuple[int, int, int, int], layout: str) -> np
     """The upstream gradient of a backward pass as float64 numpy ``[B, Hq, Lq, Dv]``, checked
     against the output's ``[B, Hq, Lq, Dv]`` ``shape`` in ``layout``; TypeError or ValueError
     naming ``dout`` otherwise."""
-    if dout is None or isinstance(dout, (str, bytes)):
-        raise TypeError(f"dout must be an array (numpy, CuPy or a DLPack tensor), got "
-                        f"{type(dout).__name__}")
-    a = as_array(dout, "dout")
+    return checked_like_output(dout, "dout", shape, layout)
+
+
+def checked_like_output(x: Any, name: str, shape: tuple[int, int, int, int],
+                        layout: str) -> np.ndarray:
+    """``x`` (an upstream gradient, or a forward's output given back to its backward pass) as
+    float64 numpy ``[B, Hq, Lq, Dv]``, checked against the output's ``shape`` in ``layout``;
+    TypeError or ValueError naming ``name`` otherwise."""
+    if x is None or isinstance(x, (str, bytes)):
+        raise TypeError(f"{name} must be an array (numpy, CuPy or a DLPack tensor), got "
+                        f"{type(x).__name__}")
+    a = as_array(x, name)
     if not (np.issubdtype(a.dtype, np.floating) or a.dtype.name == "bfloat16"):
-        raise TypeError(f"dout must hold real floating-point values, got dtype {a.dtype}")
+        raise TypeError(f"{name} must hold real floating-point values, got dtype {a.dtype}")
     want = shape if layout == "bhld" else (shape[0], shape[2], shape[1], shape[3])
     if tuple(a.shape) != want:
-        raise ValueError(f"dout must have the output's shape {want} ({layout}), got "
+        raise ValueError(f"{name} must have the output's shape {want} ({layout}), got "
                          f"{tuple(a.shape)}")
     a = to_numpy(a).astype(np.float64)
     return a if layout == "bhld" else a.transpose(0, 2, 1, 3)

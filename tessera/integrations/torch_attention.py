@@ -81,14 +81,16 @@ def _emulated(q: Any, k: Any, v: Any, mask: BlockMask, layout: str, scale: float
                                return_lse=True)
 
 
-def _emulated_backward(q: Any, k: Any, v: Any, dout: Any, mask: BlockMask, layout: str,
-                       scale: float | None, regime: Any) -> tuple[Any, Any, Any]:
-    """(dq, dk, dv) in float64 numpy: the plan's backward task queues run by the emulator, or
-    the float64 reference's gradients where no plan applies."""
+def _emulated_backward(q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any,
+                       mask: BlockMask, layout: str, scale: float | None,
+                       regime: Any) -> tuple[Any, Any, Any]:
+    """(dq, dk, dv) in float64 numpy: the plan's backward task queues run by the emulator
+    from the forward's float64 ``out`` and ``lse`` (as a backward kernel takes them), or the
+    float64 reference's gradients where no plan applies."""
     q64, k64, v64, do64 = _host64(q, k, v, dout)
     p = _plan_of(q, k, v, mask, layout, regime)
     if p is not None:
-        res = emulate.run_backward(p, q64, k64, v64, do64, scale=scale)
+        res = emulate.run_backward(p, q64, k64, v64, do64, scale=scale, out=out, lse=lse)
         return res.dq, res.dk, res.dv
     return reference.attention_backward(q64, k64, v64, do64, mask, scale=scale, layout=layout)
 
@@ -107,17 +109,18 @@ def _differentiable() -> Any:
     class EmulatedAttention(torch.autograd.Function):
         @staticmethod
         def forward(ctx, q, k, v, mask, layout, scale, regime):
-            out, lse = (torch.from_numpy(a) for a in _emulated(q, k, v, mask, layout, scale,
-                                                                regime))
+            out64, lse64 = _emulated(q, k, v, mask, layout, scale, regime)
             ctx.save_for_backward(q, k, v)
+            ctx.forward = (out64, lse64)  # (float64: what the backward pass reads back)
             ctx.settings = (mask, layout, scale, regime)
+            lse = torch.from_numpy(lse64)
             ctx.mark_non_differentiable(lse)
-            return out.to(q.dtype), lse
+            return torch.from_numpy(out64).to(q.dtype), lse
 
         @staticmethod
         def backward(ctx, dout, _dlse):
             q, k, v = ctx.saved_tensors
-            grads = _emulated_backward(q, k, v, dout, *ctx.settings)
+            grads = _emulated_backward(q, k, v, *ctx.forward, dout, *ctx.settings)
             return (*(torch.from_numpy(g).to(x.dtype) for g, x in zip(grads, (q, k, v))),
                     None, None, None, None)
 

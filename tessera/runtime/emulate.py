@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from .._array import to_numpy
-from ..operands import checked_dout, host_operands
+from ..operands import checked_dout, checked_like_output, host_operands
 from .plan import Plan, key_major_queue
 from .queue import Combine, Span, Task, records
 
@@ -216,16 +216,29 @@ class BackwardResult:
 
 
 def run_backward(plan: Plan, q: Any, k: Any, v: Any, dout: Any, *,
-                 scale: float | None = None) -> BackwardResult:
+                 scale: float | None = None, out: Any = None,
+                 lse: Any = None) -> BackwardResult:
     """The backward pass of ``plan`` on the CPU in float64, by the two task queues a backward
     kernel walks: dQ by the plan's own query-major queue, dK and dV by the key-major queue of
-    the same mask (``runtime.plan.key_major_queue``), each recomputing P from the forward's LSE."""
-    fwd = run(plan, q, k, v, scale=scale)
+    the same mask (``runtime.plan.key_major_queue``), each recomputing P from the forward's LSE.
+    ``out`` and ``lse``: the forward's output and LSE ``[B, Hq, Lq]``, given back as a backward
+    kernel takes them (Delta = rowsum(dO * O) from ``out``); None: the forward run here."""
     q4, k4, v4 = (to_numpy(x).astype(np.float64)
                   for x in host_operands(q, k, v, plan.layout, scale, plan.mask))
-    do4 = checked_dout(dout, q4.shape[:3] + (v4.shape[3],), plan.layout)
-    out = fwd.out.transpose(0, 2, 1, 3) if plan.layout == "blhd" else fwd.out
-    bw = _Backward(plan, q4, k4, v4, do4, fwd.lse, (do4 * out).sum(axis=3),
+    shape = q4.shape[:3] + (v4.shape[3],)
+    do4 = checked_dout(dout, shape, plan.layout)
+    if (out is None) != (lse is None):
+        raise ValueError("give the forward's out and lse together, or neither (the forward "
+                         "is then run here)")
+    if out is None:
+        fwd = run(plan, q, k, v, scale=scale)
+        out, lse = fwd.out, fwd.lse
+    out4 = checked_like_output(out, "out", shape, plan.layout)
+    lse3 = to_numpy(lse).astype(np.float64) if hasattr(lse, "shape") else None
+    if lse3 is None or lse3.shape != shape[:3]:
+        raise ValueError(f"lse must be the forward's LSE of shape {shape[:3]} (B, Hq, Lq), got "
+                         f"{None if lse3 is None else lse3.shape}")
+    bw = _Backward(plan, q4, k4, v4, do4, lse3, (do4 * out4).sum(axis=3),
                    1.0 / np.sqrt(q4.shape[3]) if scale is None else float(scale))
     for task in records(plan.queue.tasks, Task):
         bw.query_major(task)

@@ -206,6 +206,33 @@ def test_backward_by_both_directions_equals_the_reference(regime, seed):
         np.testing.assert_allclose(g, w, rtol=0, atol=TOL * max(1.0, float(np.abs(w).max())))
 
 
+@pytest.mark.parametrize("layout", ["bhld", "blhd"])
+def test_backward_takes_the_forwards_out_and_lse(layout):
+    """Given the forward's out and LSE (as a backward kernel takes them), the backward pass
+    reads them -- the same gradients as recomputing the forward; another out moves dQ and dK
+    through Delta = rowsum(dO * O) and leaves dV -- and refuses one without the other, or an
+    LSE of another shape, by name."""
+    rng = np.random.default_rng(7)
+    mask = BlockMask.from_dense(rng.random((2, 3, 3)) < 0.6, block_size=64)
+    shape = (lambda h: (1, h, 192, 64)) if layout == "bhld" else (lambda h: (1, 192, h, 64))
+    q, k, v, dout = (rng.standard_normal(shape(2)) for _ in range(4))
+    p = tessera.plan(mask, num_q_heads=2, head_dim=64, layout=layout, arch=90)
+    fwd = emulate.run(p, q, k, v)
+    given = emulate.run_backward(p, q, k, v, dout, out=fwd.out, lse=fwd.lse)
+    again = emulate.run_backward(p, q, k, v, dout)
+    for a, b in zip((given.dq, given.dk, given.dv), (again.dq, again.dk, again.dv)):
+        np.testing.assert_array_equal(a, b)
+    moved = emulate.run_backward(p, q, k, v, dout, out=fwd.out * 1.5, lse=fwd.lse)
+    assert not np.allclose(moved.dq, given.dq) and not np.allclose(moved.dk, given.dk)
+    np.testing.assert_array_equal(moved.dv, given.dv)
+    with pytest.raises(ValueError, match="give the forward's out and lse together"):
+        emulate.run_backward(p, q, k, v, dout, out=fwd.out)
+    with pytest.raises(ValueError, match=r"lse must be the forward's LSE of shape \(1, 2, 192\)"):
+        emulate.run_backward(p, q, k, v, dout, out=fwd.out, lse=fwd.lse[:, :1])
+    with pytest.raises(ValueError, match="out must have the output's shape"):
+        emulate.run_backward(p, q, k, v, dout, out=fwd.out[..., :32], lse=fwd.lse)
+
+
 def test_key_major_queue_holds_one_query_head_a_task():
     from tessera.runtime.plan import key_major_queue
 
