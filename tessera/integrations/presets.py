@@ -51,6 +51,8 @@ _STA = "Sliding Tile Attention (hao-ai-lab/FastVideo, branch sta_do_not_delete)"
 _RADIAL = "Radial Attention (mit-han-lab/radial-attention)"
 _SVG = "Sparse VideoGen (svg-project/Sparse-VideoGen)"
 _VSA = "Video Sparse Attention (hao-ai-lab/FastVideo)"
+_SVG_HEADS = ("Sparse VideoGen picks each head's kind (spatial or temporal) every step from "
+              "sampled rows; the preset makes every head spatial")
 
 PRESETS: tuple[Preset, ...] = (
     Preset("hunyuan-768p-sta", "HunyuanVideo", "768x1280, 117 frames", (30, 48, 80),
@@ -85,16 +87,14 @@ PRESETS: tuple[Preset, ...] = (
                         f"{_SVG}: scripts/hyvideo/hyvideo_t2v_720p_svg.sh: first_times_fp 0.1 "
                         "(5 of 50 steps), first_layers_fp 0.03 (1 of 60 layers), sparsity 0.25 "
                         "(about 4.4 of 33 frames: 2 either side)"),
-           "Sparse VideoGen picks each head's kind (spatial or temporal) every step from "
-           "sampled rows; the preset makes every head spatial"),
+           _SVG_HEADS),
     Preset("wan-14b-720p-svg", "Wan 2.1 14B", "720x1280, 81 frames", (21, 45, 80),
            SparseConfig(SpatialTemporal(block=128, heads="spatial", width=1),
                         Schedule(dense_steps=10, dense_layers=1),
                         f"{_SVG}: scripts/wan/wan_t2v_720p_svg.sh: first_times_fp 0.2 (10 of "
                         "50 steps), first_layers_fp 0.03 (1 of 40 layers), sparsity 0.3 (about "
                         "3.4 of 21 frames: 1 either side)"),
-           "Sparse VideoGen picks each head's kind (spatial or temporal) every step from "
-           "sampled rows; the preset makes every head spatial"),
+           _SVG_HEADS),
     Preset("wan-1.3b-480p-vsa", "Wan 2.1 1.3B (VSA fine-tuned)", "480x832, 81 frames",
            (21, 30, 52),
            SparseConfig(TopKCubes(cube=(4, 4, 4), density=0.1), Schedule(),
