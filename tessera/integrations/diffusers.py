@@ -722,11 +722,25 @@ _ROUTABLE = {"query", "key", "value", "attn_mask", "scale", "enable_gqa", "backe
              "parallel_config"}
 
 
+def _named(names: tuple[str, ...], args: tuple, kwargs: dict) -> dict | None:
+    """A call's arguments by name, its positional ones named by ``names`` (the function's
+    positional parameters), or None where the call does not fit them (too many positional
+    arguments, or one given twice: the original then answers it as it would). Plain loops and
+    lookups: dynamo traces this inside a compiled block."""
+    if len(args) > len(names):
+        return None
+    named = dict(zip(names, args))
+    if any(name in named for name in kwargs):
+        return None
+    named.update(kwargs)
+    return named
+
+
 def _routable(arguments: dict) -> bool:
     def unset(value: Any) -> bool:  # None, False, 0 (dropout), {} (attention_kwargs)
         return value is None or (isinstance(value, (bool, int, float, dict)) and not value)
 
-    # (plain loops and lookups: dynamo traces this inside a compiled block)
+    # (plain loops and lookups, as _named's)
     return all(name in arguments for name in ("query", "key", "value")) and all(
         name in _ROUTABLE or unset(value) for name, value in arguments.items())
 
@@ -740,15 +754,10 @@ def _dispatch_router(original: Callable) -> Callable:
 
     @functools.wraps(original)
     def dispatch_attention_fn(*args, **kwargs):
-        if not _calls or len(args) > len(positional):
-            return original(*args, **kwargs)
         # the arguments by name, as the original's signature names them (read once, above:
-        # dynamo traces this inside a compiled block, where inspect's binding is not traced)
-        a = dict(zip(positional, args))
-        if any(name in a for name in kwargs):
-            return original(*args, **kwargs)
-        a.update(kwargs)
-        if not _routable(a):
+        # inspect's binding is not traced inside a compiled block)
+        a = _named(positional, args, kwargs) if _calls else None
+        if a is None or not _routable(a):
             return original(*args, **kwargs)
         mark = _calls[-1]
         q, k, v, backend = a["query"], a["key"], a["value"], a.get("backend")
@@ -785,13 +794,8 @@ class _RoutedFunctional:
 
     def scaled_dot_product_attention(self, *args, **kwargs):
         sdpa = self._tessera_original.scaled_dot_product_attention
-        if not _calls or len(args) > len(_SDPA_ARGUMENTS):
-            return sdpa(*args, **kwargs)
-        a = dict(zip(_SDPA_ARGUMENTS, args))
-        if a.keys() & kwargs.keys():
-            return sdpa(*args, **kwargs)
-        a.update(kwargs)
-        if not _routable(a):
+        a = _named(_SDPA_ARGUMENTS, args, kwargs) if _calls else None
+        if a is None or not _routable(a):
             return sdpa(*args, **kwargs)
         return _route_call(a["query"], a["key"], a["value"], a.get("attn_mask"), _calls[-1],
                            a.get("scale"), bool(a.get("enable_gqa", False)), None)
