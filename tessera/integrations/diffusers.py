@@ -74,7 +74,8 @@ from ..cuda.device import device_cc
 from ..families import invert_permutation
 from . import distributed, torch_attention
 from .methods import LayerMask, Method, Schedule, VideoGeometry
-from .video_models import FAMILIES, TESTED_DIFFUSERS, Family, family_of, forward_inputs
+from .video_models import (FAMILIES, TESTED_DIFFUSERS, Family, family_of, forward_inputs,
+                           is_tested)
 
 # Fixed-mask plans a session keeps (least recently used dropped first): one per routed layer and
 # shapes -- more than the self-attention layers of the video transformers routed (Wan-14B 40,
@@ -871,8 +872,7 @@ def _check_diffusers() -> None:
     import diffusers
 
     global _warned_version
-    minor = ".".join(diffusers.__version__.split(".")[:2])
-    if minor not in TESTED_DIFFUSERS and not _warned_version:
+    if not is_tested(diffusers.__version__) and not _warned_version:
         _warned_version = True
         warnings.warn(f"diffusers {diffusers.__version__} is outside the releases Tessera's "
                       f"integration is tested on ({', '.join(TESTED_DIFFUSERS)}); a "

@@ -10,11 +10,16 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, Callable
 
-__all__ = ["Family", "FAMILIES", "TESTED_DIFFUSERS", "family_of", "forward_inputs"]
+__all__ = ["Family", "FAMILIES", "TESTED_DIFFUSERS", "is_tested", "family_of", "forward_inputs"]
 
 # The diffusers minor releases the integration's tests run on (the two newest on the index);
 # others are checked at enable for what Tessera needs, and warned about once.
 TESTED_DIFFUSERS = ("0.41", "0.42")
+
+
+def is_tested(version: str) -> bool:
+    """Whether diffusers ``version`` (e.g. "0.42.1") is of a tested minor release."""
+    return ".".join(version.split(".")[:2]) in TESTED_DIFFUSERS
 
 
 def forward_inputs(module: Any, args: tuple, kwargs: dict) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from ..runtime.regime import (
 )
 from ..distribution import install_hint
 from ..dtypes import SUPPORTED_HEAD_DIMS
-from ..integrations.video_models import FAMILIES as VIDEO_FAMILIES, TESTED_DIFFUSERS
+from ..integrations.video_models import FAMILIES as VIDEO_FAMILIES, TESTED_DIFFUSERS, is_tested
 from .args import int_choice, nonnegative_int, positive_int, require_matplotlib
 from .bench import main as bench_main
 from .pipeline import main as pipeline_main
@@ -109,9 +109,8 @@ def _diffusers_line() -> str:
         version = importlib.metadata.version("diffusers")
     except importlib.metadata.PackageNotFoundError:
         return f"diffusers: not installed ({install_hint('diffusers')})"
-    minor = ".".join(version.split(".")[:2])
     tested = ", ".join(TESTED_DIFFUSERS)
-    state = "tested" if minor in TESTED_DIFFUSERS else f"outside the tested {tested}: " \
+    state = "tested" if is_tested(version) else f"outside the tested {tested}: " \
         "enable checks each model"
     return (f"diffusers: {version} ({state}); families routed: "
             + ", ".join(f.name for f in VIDEO_FAMILIES))
