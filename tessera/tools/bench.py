@@ -43,7 +43,6 @@ import numpy as np
 import tessera
 
 from ..cuda.device import device_cc
-from ..families import mixed_densities
 from ..families.common import variable_bounds
 from ..runtime.regime import regime_from_name
 from .args import positive_int, require_matplotlib
@@ -99,15 +98,11 @@ CASES: dict[str, Case] = {
     "random64-30": Case(64, lambda rng, h, n: rng.random((h, n, n)) < 0.30),
     "variable-10": Case(144, lambda rng, h, n: rng.random((h, n, n)) < 0.10, sizes=(32, 256)),
     # heads from 2% to 60% of the blocks (families.mixed_densities), as spatial and temporal
-    # heads differ: where the slowest heads' tail and per-head tiles show
-    "mixed-heads": Case(128, lambda rng, h, n: _mixed(rng, h, n)),
+    # heads differ: where the slowest heads' tail and per-head tiles show (the distributed
+    # bench's case, one maker for both)
+    "mixed-heads": Case(128, lambda rng, h, n: bench_distributed.case_blocks("mixed-heads", rng,
+                                                                             h, n)),
 }
-
-
-def _mixed(rng: np.random.Generator, heads: int, n: int) -> np.ndarray:
-    """Random blocks at per-head densities spread over 2%-60% (a mixed-density case)."""
-    density = np.asarray(mixed_densities(heads, int(rng.integers(1 << 31))))
-    return rng.random((heads, n, n)) < density[:, None, None]
 
 
 def _progress(i: int, n: int, label: str) -> None:
