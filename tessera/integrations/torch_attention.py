@@ -35,8 +35,8 @@ def attention(q: Any, k: Any, v: Any, mask: BlockMask, *, layout: str,
     if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
         out, lse = _differentiable().apply(q, k, v, mask, layout, scale, regime)
     else:
-        out, lse = (torch.from_numpy(a) for a in _emulated(q, k, v, mask, layout, scale,
-                                                            regime))
+        p = _plan_of(q, k, v, mask, layout, regime)
+        out, lse = (torch.from_numpy(a) for a in _emulated(q, k, v, mask, layout, scale, p))
         out = out.to(q.dtype)
     return (out, lse.float()) if return_lse else out
 
@@ -69,11 +69,10 @@ def _host64(*xs: Any) -> list:
 
 
 def _emulated(q: Any, k: Any, v: Any, mask: BlockMask, layout: str, scale: float | None,
-              regime: Any) -> tuple[Any, Any]:
-    """(out, lse) in float64 numpy: the plan of ``mask`` run by the emulator, or the float64
-    reference where no plan applies."""
+              p: Any) -> tuple[Any, Any]:
+    """(out, lse) in float64 numpy: ``mask``'s plan ``p`` (:func:`_plan_of`) run by the
+    emulator, or the float64 reference where no plan applies (``p`` None)."""
     q64, k64, v64 = _host64(q, k, v)
-    p = _plan_of(q, k, v, mask, layout, regime)
     if p is not None:
         res = emulate.run(p, q64, k64, v64, scale=scale)
         return res.out, res.lse
@@ -83,12 +82,11 @@ def _emulated(q: Any, k: Any, v: Any, mask: BlockMask, layout: str, scale: float
 
 def _emulated_backward(q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any,
                        mask: BlockMask, layout: str, scale: float | None,
-                       regime: Any) -> tuple[Any, Any, Any]:
-    """(dq, dk, dv) in float64 numpy: the plan's backward task queues run by the emulator
-    from the forward's float64 ``out`` and ``lse`` (as a backward kernel takes them), or the
-    float64 reference's gradients where no plan applies."""
+                       p: Any) -> tuple[Any, Any, Any]:
+    """(dq, dk, dv) in float64 numpy: the backward task queues of the forward's plan ``p`` run
+    by the emulator from the forward's float64 ``out`` and ``lse`` (as a backward kernel takes
+    them), or the float64 reference's gradients where no plan applies (``p`` None)."""
     q64, k64, v64, do64 = _host64(q, k, v, dout)
-    p = _plan_of(q, k, v, mask, layout, regime)
     if p is not None:
         res = emulate.run_backward(p, q64, k64, v64, do64, scale=scale, out=out, lse=lse)
         return res.dq, res.dk, res.dv
@@ -109,10 +107,11 @@ def _differentiable() -> Any:
     class EmulatedAttention(torch.autograd.Function):
         @staticmethod
         def forward(ctx, q, k, v, mask, layout, scale, regime):
-            out64, lse64 = _emulated(q, k, v, mask, layout, scale, regime)
+            p = _plan_of(q, k, v, mask, layout, regime)  # (planned once, for both passes)
+            out64, lse64 = _emulated(q, k, v, mask, layout, scale, p)
             ctx.save_for_backward(q, k, v)
             ctx.forward = (out64, lse64)  # (float64: what the backward pass reads back)
-            ctx.settings = (mask, layout, scale, regime)
+            ctx.settings = (mask, layout, scale, p)
             lse = torch.from_numpy(lse64)
             ctx.mark_non_differentiable(lse)
             return torch.from_numpy(out64).to(q.dtype), lse
