@@ -3,9 +3,9 @@ model -- with per-head densities, the spread of a model's spatial and temporal h
 
 from __future__ import annotations
 
-import numpy as np
-
 from typing import Sequence
+
+import numpy as np
 
 from ..checks import check_fraction, check_int, is_int
 from ..mask import MAX_TOKENS

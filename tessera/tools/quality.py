@@ -199,9 +199,9 @@ def run(model_name: str, config: M.SparseConfig, steps: int = 20, *, tiny: bool 
         v = load_vae(model_name, vae, tiny, device, torch.float32 if cpu else model.dtype)
         ref, got = (decode(v, _video(r[-1], spec, grid)) for r in (dense, sparse))
         distance, why = lpips_distance(got, ref)
-        result["frames"] = dict(psnr=psnr(_host(got), _host(ref)),
-                                ssim=ssim(_host(got), _host(ref)), lpips=distance,
-                                lpips_note=why, shape=list(got.shape))
+        ref64, got64 = _host(ref), _host(got)  # (each copied back once)
+        result["frames"] = dict(psnr=psnr(got64, ref64), ssim=ssim(got64, ref64),
+                                lpips=distance, lpips_note=why, shape=list(got.shape))
     return result
 
 
