@@ -8,7 +8,7 @@ masks of published video sparse-attention methods.
 """
 
 from . import families, reference
-from .api import attention
+from .api import attention, attention_backward
 from .capture import CapturedMemory, release_captured_memory
 from .cuda.device import require_gpu
 from .mask import BlockMask
@@ -20,6 +20,7 @@ from .settings import config
 
 __version__ = "0.1.0"
 
-__all__ = ["BlockMask", "CapturedMemory", "Plan", "PlanMode", "Regime", "attention", "config",
+__all__ = ["BlockMask", "CapturedMemory", "Plan", "PlanMode", "Regime", "attention",
+           "attention_backward", "config",
            "emulate", "families", "plan", "reference", "release_captured_memory", "require_gpu",
            "use_table", "__version__"]

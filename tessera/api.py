@@ -1,6 +1,8 @@
 """The front door: ``tessera.attention``, one call that plans a new mask and runs it, keeping
 sync-free plans between requests of the same geometry so a model's layer loop replans instead
-of planning anew.
+of planning anew; ``tessera.attention_backward``, its gradients. On torch tensors that require
+grad, ``tessera.attention`` is an autograd Function whose backward is
+``attention_backward``.
 
 Every check on the inputs happens before anything is launched (``operands.py``) and raises a
 ValueError or TypeError that names the argument.
@@ -10,21 +12,24 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from typing import Any, Iterator
 
 from ._array import cupy_or_none
 from .capture import capture_memory_if, stream_capturing
 from .cuda import device
+from .backward_launch import run_backward_plan
 from .launch import caller_stream, run
 from .mask import BlockMask, bounds_key
 from .operands import Operands, check_mask, check_scale, describe
+from .runtime.backward import BackwardPlan
 from .runtime.cache import PlanCache, RequestKey
 from .runtime.mode import PlanMode
-from .runtime.plan import Plan, plan, plan_selected
+from .runtime.plan import Plan, checked_shape, plan, plan_selected
 from .runtime.regime import ENV_TABLE, selected_regime, selection_generation
 from .settings import config
 
-__all__ = ["attention", "request_plans", "kept_plans"]
+__all__ = ["attention", "attention_backward", "request_plans", "kept_plans"]
 
 
 def attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *, scale: float | None = None,
@@ -40,11 +45,16 @@ def attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *, scale: float | N
     Unless ``regime`` is given, a request never splits heavy tasks (``PlanMode.REQUEST``:
     the split costs milliseconds of host planning, more than it saves), so a device mask is
     planned without waiting for the GPU. Inside a CUDA-graph capture the whole request is
-    captured (after one warm-up request outside it; ``PlanMode.CAPTURE``).
+    captured (after one warm-up request outside it; ``PlanMode.CAPTURE``). Torch tensors that
+    require grad while autograd records take an autograd Function: the output is
+    differentiable, its backward :func:`attention_backward`.
     """
     if not isinstance(block_mask, BlockMask):
         raise TypeError(f"block_mask must be a tessera.BlockMask, got {type(block_mask).__name__}")
     check_scale(scale)
+    if _records_gradients(q, k, v):
+        out, lse = _autograd_function().apply(q, k, v, block_mask, scale, layout, regime)
+        return (out, lse) if return_lse else out
     ops = describe(q, k, v, layout)
     b, hq, lq, d = ops.shape_q
     _, hkv, lkv, _ = ops.shape_kv
@@ -66,6 +76,82 @@ def attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *, scale: float | N
                 capture_memory_if(capturing, ops.q.framework, ops.q.device_id), \
                 _request_plan(block_mask, ops, layout, regime, capturing) as p:
             return run(p, ops, scale, return_lse)
+
+
+def attention_backward(q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any,
+                       block_mask: BlockMask, *, scale: float | None = None,
+                       layout: str = "bhld") -> tuple[Any, Any, Any]:
+    """The gradients ``(dq, dk, dv)`` of ``tessera.attention(q, k, v, block_mask)`` for the
+    output gradient ``dout``, exactly on the mask (keys no row selects get zero dK and dV, rows
+    that select nothing zero dQ; GQA sums a group's query heads into its kv head).
+
+    ``out`` and ``lse`` are the forward's (``return_lse=True``): P is recomputed from the LSE
+    and Delta = rowsum(dO * O) read from ``out``, so a backward costs no forward. ``out`` and
+    ``dout`` are like q (dtype, shape, layout, rows 16-byte aligned); ``lse`` float32
+    ``[B, Hq, Lq]``, contiguous. Gradients come back in the caller's type and layout, q's dtype.
+    Deterministic: every gradient row is written by one task, no atomics. The mask's backward
+    queues are planned on the host (a device mask is read back once a call); a plan for a
+    static mask keeps them (:meth:`Plan.run_backward`).
+    """
+    if not isinstance(block_mask, BlockMask):
+        raise TypeError(f"block_mask must be a tessera.BlockMask, got {type(block_mask).__name__}")
+    check_scale(scale)
+    ops = describe(q, k, v, layout)
+    b, hq, lq, d = ops.shape_q
+    hkv = ops.shape_kv[1]
+    check_mask(block_mask, b, hq, hkv, lq, ops.shape_kv[2])
+    if block_mask.on_device and block_mask.device_id != ops.q.device_id:
+        raise ValueError(f"block_mask is on device {block_mask.device_id} but q is on "
+                         f"{ops.q.device_id}")
+    with cupy_or_none().cuda.Device(ops.q.device_id):
+        shape = checked_shape(block_mask, hq, hkv, d, None, b, ops.q.dtype, layout)
+        with caller_stream(ops), block_mask.reading():
+            return run_backward_plan(BackwardPlan(block_mask, shape), q, k, v, out, lse, dout,
+                                     scale=scale)
+
+
+def _records_gradients(q: Any, k: Any, v: Any) -> bool:
+    """Whether autograd records a torch q, k or v that requires grad."""
+    torch = sys.modules.get("torch")  # (a torch tensor means torch is imported)
+    return torch is not None and torch.is_grad_enabled() and any(
+        isinstance(x, torch.Tensor) and x.requires_grad for x in (q, k, v))
+
+
+_Function: Any = None  # the autograd Function, made at first use (torch is optional)
+
+
+def _autograd_function() -> Any:
+    """Tessera's attention as a torch autograd Function: forward ``(out, lse)`` by
+    :func:`attention`, backward by :func:`attention_backward` from the saved out and LSE (the
+    LSE takes no gradient)."""
+    global _Function
+    if _Function is not None:
+        return _Function
+    import torch
+
+    class TesseraAttention(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v, mask, scale, layout, regime):
+            out, lse = attention(q, k, v, mask, scale=scale, return_lse=True, layout=layout,
+                                 regime=regime)
+            ctx.save_for_backward(q, k, v, out, lse)
+            ctx.settings = (mask, scale, layout)
+            ctx.mark_non_differentiable(lse)
+            return out, lse
+
+        @staticmethod
+        def backward(ctx, dout, _dlse):
+            q, k, v, out, lse = ctx.saved_tensors
+            mask, scale, layout = ctx.settings
+            dout = dout.contiguous()
+            if dout.data_ptr() % 16:  # (a view into a larger buffer)
+                dout = dout.clone()
+            dq, dk, dv = attention_backward(q, k, v, out, lse, dout, mask, scale=scale,
+                                            layout=layout)
+            return dq, dk, dv, None, None, None, None
+
+    _Function = TesseraAttention
+    return _Function
 
 
 # The plans tessera.attention keeps between requests (config.request_plans_kept bounds it).

@@ -38,7 +38,7 @@ from .settings import config
 from .streams import StreamMark, cupy_stream, hold_while_read, stream_identity
 
 __all__ = ["AttentionShape", "Launchable", "LaunchState", "DeviceQueue", "Workspace", "run_plan",
-           "run", "caller_stream"]
+           "run", "caller_stream", "check_operands"]
 
 _LOG2E = 1.4426950408889634
 
@@ -85,6 +85,8 @@ class LaunchState:
         kernels: per (device id, head dim, bf16, TMA form), the attention kernel a run
             launches there (:class:`_Kernel`, resolved once).
         tma_box_rows: per (head dim, bf16), the TMA form's K/V box rows (its tensor maps').
+        backward_queues: per (device id, dQ step), the backward pass's queues copied there
+            (``backward_launch.py``); emptied when the plan takes another mask.
     """
 
     ready: StreamMark | None = None
@@ -94,6 +96,7 @@ class LaunchState:
     kernel_args: dict[float, tuple] = field(default_factory=dict)
     kernels: dict[tuple[int, int, bool, bool], "_Kernel"] = field(default_factory=dict)
     tma_box_rows: dict[tuple[int, bool], int] = field(default_factory=dict)
+    backward_queues: dict[tuple[int, int | None], tuple] = field(default_factory=dict)
 
     def record_planned(self, xp: Any) -> None:
         """Note where the planner's work was enqueued (CuPy's current stream): runs on another
@@ -151,6 +154,21 @@ def run_plan(p: Launchable, q: Any, k: Any, v: Any, *, scale: float | None = Non
     check_scale(scale)
     shape = p.shape
     ops = describe(q, k, v, shape.layout)
+    check_operands(p, ops)
+    given = describe_outputs(ops, shape.layout, out, lse)
+    # q's device current throughout: its architecture, the kernels loaded there, its SMs. A run
+    # captured into a CUDA graph allocates (a task counter for a new stream, outputs not given)
+    # from memory the graph keeps, as a captured request does.
+    with cupy_or_none().cuda.Device(ops.q.device_id), \
+            capture_memory_if(stream_capturing(ops.stream_ptr), ops.q.framework,
+                              ops.q.device_id):
+        return run(p, ops, scale, return_lse or lse is not None, given)
+
+
+def check_operands(p: Any, ops: Operands) -> None:
+    """q, k and v against what plan ``p`` (its ``shape`` and ``mask``) was made for: shapes,
+    dtype, token counts and device; ValueError or TypeError naming the difference."""
+    shape = p.shape
     b, hq, lq, d = ops.shape_q
     _, hkv, lkv, _ = ops.shape_kv
     if (b, hq, hkv, d) != (shape.batch, shape.num_q_heads, shape.num_kv_heads, shape.head_dim):
@@ -163,14 +181,6 @@ def run_plan(p: Launchable, q: Any, k: Any, v: Any, *, scale: float | None = Non
     if p.mask.on_device and p.mask.device_id != ops.q.device_id:
         raise ValueError(f"the plan lives on device {p.mask.device_id} but q is on "
                          f"{ops.q.device_id}")
-    given = describe_outputs(ops, shape.layout, out, lse)
-    # q's device current throughout: its architecture, the kernels loaded there, its SMs. A run
-    # captured into a CUDA graph allocates (a task counter for a new stream, outputs not given)
-    # from memory the graph keeps, as a captured request does.
-    with cupy_or_none().cuda.Device(ops.q.device_id), \
-            capture_memory_if(stream_capturing(ops.stream_ptr), ops.q.framework,
-                              ops.q.device_id):
-        return run(p, ops, scale, return_lse or lse is not None, given)
 
 
 def caller_stream(ops: Operands) -> Any:

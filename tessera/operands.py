@@ -17,7 +17,8 @@ from .interop import (DeviceTensor, as_array, current_stream_ptr, device_of, fra
                       from_any)
 from .mask import BlockMask
 
-__all__ = ["Operands", "Outputs", "describe", "describe_outputs", "check_scale", "check_mask",
+__all__ = ["Operands", "Outputs", "describe", "describe_outputs", "describe_like_q",
+           "check_scale", "check_mask",
            "bhld_view", "host_operands", "checked_dout", "LAYOUTS"]
 
 LAYOUTS = ("bhld", "blhd")
@@ -59,17 +60,18 @@ def bhld_view(t: DeviceTensor, layout: str, name: str
 
 
 def refuse_gradients(q: Any, k: Any, v: Any) -> None:
-    """Refuse torch tensors that require grad while autograd records: the GPU kernels have no
-    backward pass yet, and an output without one would train nothing, silently."""
+    """Refuse torch tensors that require grad while autograd records, where no gradient would
+    be recorded (``Plan.run``; ``tessera.attention`` takes them through its autograd Function
+    first): an output without a backward would train nothing, silently."""
     torch = sys.modules.get("torch")  # (a torch tensor means torch is imported)
     if torch is None or not torch.is_grad_enabled():
         return
     for name, x in (("q", q), ("k", k), ("v", v)):
         if getattr(x, "requires_grad", False) and isinstance(x, torch.Tensor):
-            raise ValueError(f"{name} requires grad, but Tessera's GPU attention has no "
-                             "backward pass yet: run it under torch.no_grad() (inference), or "
-                             "detach q, k and v; on CPU tensors tessera.integrations."
-                             "torch_attention computes gradients in float64")
+            raise ValueError(f"{name} requires grad, but Plan.run records no gradient: call "
+                             "tessera.attention (differentiable on torch tensors), or run the "
+                             "plan under torch.no_grad() with return_lse=True and compute the "
+                             "gradients with Plan.run_backward")
 
 
 def describe(q: Any, k: Any, v: Any, layout: str) -> Operands:
@@ -207,6 +209,27 @@ def describe_outputs(ops: Operands, layout: str, out: Any, lse: Any) -> Outputs:
                 raise ValueError(f"lse overlaps {name} in memory")
         given.lse = (ld, lse)
     return given
+
+
+def describe_like_q(x: Any, name: str, ops: Operands, layout: str) -> DeviceTensor:
+    """A tensor the backward pass reads as it reads q (the forward's ``out``, the gradient
+    ``dout``): q's dtype, shape and device, contiguous in the head dim, 16-byte aligned rows;
+    ValueError or TypeError naming ``name``."""
+    t = from_any(x, name, ops.stream_ptr)
+    b, hq, lq, d = ops.shape_q
+    want = (b, hq, lq, d) if layout == "bhld" else (b, lq, hq, d)
+    if t.shape != want:
+        raise ValueError(f"{name} must have q's shape {want} ({layout}), got {t.shape}")
+    if t.dtype != ops.q.dtype:
+        raise TypeError(f"{name} must be {ops.q.dtype} like q, got {t.dtype}")
+    if t.device_id != ops.q.device_id:
+        raise ValueError(f"{name} is on device {t.device_id} but q is on {ops.q.device_id}")
+    if t.strides[3] != 1 or any(s % 8 for s in t.strides[:3]) or t.ptr % 16 or \
+            min(t.strides[:3]) < 0:
+        raise ValueError(f"{name} must be contiguous in the head dim with non-negative strides "
+                         f"of multiples of 8 elements and a 16-byte aligned address, got "
+                         f"strides {t.strides} (make it contiguous)")
+    return t
 
 
 def host_operands(q: Any, k: Any, v: Any, layout: str, scale: Any = None,

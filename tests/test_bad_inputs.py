@@ -14,6 +14,7 @@ from tessera.integrations import distributed, methods, presets
 
 M = BlockMask.from_dense(np.ones((2, 2), bool), block_size=64)
 X = np.zeros((1, 1, 128, 64), np.float32)
+LSE = np.zeros((1, 1, 128), np.float32)
 
 
 def _plan(**kw):
@@ -126,6 +127,15 @@ CASES = [
         X, X, X, np.ones((2, 2), bool)), TypeError, "block_mask must be a tessera.BlockMask"),
     ("Plan.run", "numpy arrays", lambda: _plan().run(X, X, X), ValueError,
      "q is a host \\(numpy\\) array"),
+    ("tessera.attention_backward", "numpy arrays", lambda: tessera.attention_backward(
+        X, X, X, X, LSE, X, M), ValueError, "q is a host \\(numpy\\) array"),
+    ("tessera.attention_backward", "scale=-1", lambda: tessera.attention_backward(
+        X, X, X, X, LSE, X, M, scale=-1.0), ValueError, "scale must be positive and finite"),
+    ("tessera.attention_backward", "a dense array as the mask", lambda:
+        tessera.attention_backward(X, X, X, X, LSE, X, np.ones((2, 2), bool)), TypeError,
+     "block_mask must be a tessera.BlockMask"),
+    ("Plan.run_backward", "numpy arrays", lambda: _plan().run_backward(X, X, X, X, LSE, X),
+     ValueError, "q is a host \\(numpy\\) array"),
     ("Plan.replan", "a host plan", lambda: _plan().replan(M), ValueError,
      "only a sync-free device plan can be replanned"),
     ("tessera.reference.attention", "complex q", lambda: tessera.reference.attention(

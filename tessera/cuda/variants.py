@@ -15,11 +15,22 @@ from dataclasses import dataclass, field
 from .device import SM90_SMEM_PER_SM, SM90_SMEM_RESERVED, smem_limit_bytes
 
 __all__ = ["Variant", "smem_bytes", "ROW_GROUP", "WIDE_BN", "WIDE_SPANS", "WIDE_SLACK",
-           "has_wide_step", "PARAMETERS", "SM80", "SM90", "config_header"]
+           "has_wide_step", "PARAMETERS", "SM80", "SM90", "SM80_BWD", "BACKWARD_KERNELS",
+           "backward_block_n", "config_header"]
 
-# The sources of the two attention families.
+# The sources of the two attention families, and of the portable backward pass.
 SM80 = "sm80/bsa.cu"
 SM90 = "sm90/bsa.cu"
+SM80_BWD = "sm80/bwd.cu"
+# The backward source's kernels (sm80/bwd.cu), in launch order.
+BACKWARD_KERNELS = ("bsa_bwd_delta", "bsa_bwd_dkdv_sm80", "bsa_bwd_dq_sm80")
+
+
+def backward_block_n(head_dim: int, key_major: bool) -> int:
+    """Columns a backward step takes (keys for dQ, query rows for dK/dV): 32 for the dK/dV
+    kernel at head dims above 64, whose two D-wide accumulators (dK, dV) leave room for two
+    32-column score blocks and no more within 255 registers; 64 elsewhere."""
+    return 32 if key_major and head_dim > 64 else 64
 
 # The wide key step of the sm90 TMA variants that have one (sm90/traits.cuh WIDE_BN).
 WIDE_BN = 192
@@ -186,6 +197,21 @@ class Variant:
         return 0
 
     @classmethod
+    def bwd_sm80(cls, kernel: str, *, head_dim: int, bf16: bool, block_m: int = 64,
+                 block_n: int | None = None, stages: int = 2) -> "Variant":
+        """A kernel of the portable backward (sm80/bwd.cu, runs on sm_80 and newer): 16 rows a
+        warp, ``block_m`` rows a task (64: what a tile of the backward queues holds), its step
+        ``block_n`` (None: :func:`backward_block_n`). ``kernel`` is one of
+        :data:`BACKWARD_KERNELS`; the Delta kernel shares the dQ kernel's module."""
+        if kernel not in BACKWARD_KERNELS:
+            raise ValueError(f"sm80/bwd.cu has {', '.join(BACKWARD_KERNELS)}, got {kernel!r}")
+        bn = backward_block_n(head_dim, kernel == "bsa_bwd_dkdv_sm80") if block_n is None \
+            else block_n
+        return cls(SM80_BWD, kernel, (
+            ("BM", block_m), ("BN", bn), ("D", head_dim), ("WARPS", block_m // 16), ("MT", 1),
+            ("STAGES", stages), ("BF16", int(bf16))))
+
+    @classmethod
     def pooled_topk(cls, kernel: str, element: str = "float32") -> "Variant":
         """A kernel of pooled_topk.cu (the device's pooled top-k masks): ``cube_pool`` for
         inputs of ``element`` ("bfloat16", "float16" or "float32"); ``cube_scores`` and
@@ -221,6 +247,11 @@ def smem_bytes(v: Variant) -> int:
     if v.source == SM80:
         lds = v.macro("D") + 8
         return 2 * lds * (v.macro("BM") + v.macro("STAGES") * 2 * v.macro("BN"))
+    if v.source == SM80_BWD:  # two resident tiles, the chunk stages, each stage's LSE and Delta
+        if v.kernel == "bsa_bwd_delta":
+            return 0
+        lds, bn, stages = v.macro("D") + 8, v.macro("BN"), v.macro("STAGES")
+        return 2 * lds * (2 * v.macro("BM") + stages * 2 * bn) + stages * 2 * bn * 4
     if v.source == SM90:  # tiles unpadded (swizzled), plus 1 KiB to align them
         d, stages = v.macro("D"), v.macro("STAGES")
         macros = dict(v.macros)
@@ -260,6 +291,8 @@ PARAMETERS: dict[str, dict[str, int | None]] = {
            "Q_BUFFERS": 1, "MIN_BLOCKS": 1, "TMA": 0, "RINGS": 1, "SMEM_ALIGNED": 0,
            "PACK_KEYS": 0, "GUARD": 1, "PV_WAIT_ANCHOR": 0, "WHOLE_TASKS": 0, "WIDE_BN": 0,
            "WIDE_SPANS": WIDE_SPANS, "WIDE_SLACK": WIDE_SLACK},
+    SM80_BWD: {"BM": None, "BN": None, "D": None, "WARPS": None, "MT": None, "STAGES": None,
+               "BF16": None, "MIN_BLOCKS": 1},
     "combine.cu": {"BF16": None},
     "pooled_topk.cu": {"F32": 0, "BF16": 1},
     "plan.cu": {},

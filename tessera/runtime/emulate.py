@@ -7,7 +7,8 @@ softmax, then a direct write or a partial into a workspace slot merged by the co
 Equal to ``tessera.reference.attention`` means the runtime preserved the logical mask; the
 emulator also counts every unmasked pair it computes outside the logical mask (must be zero),
 so exactness never rests on luck. :func:`run_backward` runs the backward pass the same way,
-by the plan's queue (dQ) and the key-major queue of its mask (dK, dV).
+by the queues the backward kernels walk (``runtime/backward.py``: dQ query-major, dK and dV
+key-major with a kv head's group in one task).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import numpy as np
 
 from .._array import to_numpy
 from ..operands import checked_dout, checked_like_output, host_operands
-from .plan import Plan, key_major_queue
+from .plan import Plan
+from .backward import BACKWARD_BLOCK_M
 from .queue import Combine, Span, Task, records
 
 __all__ = ["EmulationResult", "BackwardResult", "run", "run_backward"]
@@ -206,21 +208,24 @@ class _Emulation(_PlanWalk):
 
 @dataclass
 class BackwardResult:
-    """dq, dk, dv (``layout`` of the plan) and the pairs either pass computed that the logical
-    mask does not select (must be 0)."""
+    """dq, dk, dv (``layout`` of the plan), the pairs either pass computed that the logical
+    mask does not select (must be 0), and how many tasks wrote each dQ row and each dK/dV row
+    (``[B, Hq, Lq]``, ``[B, Hkv, Lkv]``: one each, the kernels' determinism without atomics)."""
 
     dq: np.ndarray
     dk: np.ndarray
     dv: np.ndarray
     pairs_outside: int
+    dq_writers: np.ndarray
+    dkv_writers: np.ndarray
 
 
 def run_backward(plan: Plan, q: Any, k: Any, v: Any, dout: Any, *,
                  scale: float | None = None, out: Any = None,
                  lse: Any = None) -> BackwardResult:
-    """The backward pass of ``plan`` on the CPU in float64, by the two task queues a backward
-    kernel walks: dQ by the plan's own query-major queue, dK and dV by the key-major queue of
-    the same mask (``runtime.plan.key_major_queue``), each recomputing P from the forward's LSE.
+    """The backward pass of ``plan`` on the CPU in float64, by the two task queues the backward
+    kernels walk (``Plan.backward_queues``): dQ by the query-major queue, dK and dV by the
+    key-major one, each recomputing P from the forward's LSE.
     ``out`` and ``lse``: the forward's output and LSE ``[B, Hq, Lq]``, given back as a backward
     kernel takes them (Delta = rowsum(dO * O) from ``out``); None: the forward run here."""
     q4, k4, v4 = (to_numpy(x).astype(np.float64)
@@ -240,16 +245,20 @@ def run_backward(plan: Plan, q: Any, k: Any, v: Any, dout: Any, *,
                          f"{None if lse3 is None else lse3.shape}")
     bw = _Backward(plan, q4, k4, v4, do4, lse3, (do4 * out4).sum(axis=3),
                    1.0 / np.sqrt(q4.shape[3]) if scale is None else float(scale))
-    for task in records(plan.queue.tasks, Task):
-        bw.query_major(task)
-    kq = key_major_queue(plan)
-    kspans = records(kq.spans, Span)
-    for task in records(kq.tasks, Task):
-        bw.key_major(task, kspans[task.span_begin:task.span_end], kq.tile_rows)
+    bq = plan.backward_queues()
+    qspans = records(bq.dq.spans, Span)
+    for task in records(bq.dq.tasks, Task):
+        bw.query_major(task, qspans[task.span_begin:task.span_end], bq.dq.tile_rows,
+                       bq.block_n[0])
+    kspans = records(bq.dkdv.spans, Span)
+    for task in records(bq.dkdv.tasks, Task):
+        bw.key_major(task, kspans[task.span_begin:task.span_end], bq.dkdv.tile_rows,
+                     bq.block_n[1], bq.seq_q)
     grads = (bw.dq, bw.dk, bw.dv)
     if plan.layout == "blhd":
         grads = tuple(g.transpose(0, 2, 1, 3) for g in grads)
-    return BackwardResult(*grads, pairs_outside=bw.outside)
+    return BackwardResult(*grads, pairs_outside=bw.outside, dq_writers=bw.dq_writers,
+                          dkv_writers=bw.dkv_writers)
 
 
 class _Backward(_PlanWalk):
@@ -262,6 +271,8 @@ class _Backward(_PlanWalk):
         super().__init__(plan, q4, k4, v4, scale)
         self.do4, self.lse, self.delta = do4, lse, delta
         self.dq, self.dk, self.dv = np.zeros_like(q4), np.zeros_like(k4), np.zeros_like(v4)
+        self.dq_writers = np.zeros(q4.shape[:3], np.int64)
+        self.dkv_writers = np.zeros(k4.shape[:3], np.int64)
         self.outside = 0
 
     def _p(self, s: np.ndarray, lse: np.ndarray, ok: np.ndarray) -> np.ndarray:
@@ -269,16 +280,16 @@ class _Backward(_PlanWalk):
         with np.errstate(invalid="ignore", over="ignore"):
             return np.where(ok & np.isfinite(lse), np.exp(s - lse), 0.0)
 
-    def query_major(self, task: Any) -> None:
-        """dQ of a task's rows: its key chunks walked as the forward walks them."""
-        b, tr = task.batch, self.plan.queue.tile_rows
-        rows = np.arange(self.bm)
+    def query_major(self, task: Any, spans: np.recarray, tile_rows: int, bn: int) -> None:
+        """dQ of a task's rows (BACKWARD_BLOCK_M of them: packed heads x tile tokens): its key
+        spans walked ``bn`` keys at a time."""
+        b, tr = task.batch, tile_rows
+        rows = np.arange(BACKWARD_BLOCK_M)
         head, tok = task.q_head0 + rows // tr, task.q_start + rows % tr
         real = tok < task.q_end
         tok_c = np.minimum(tok, self.q4.shape[2] - 1)
         kvh = task.q_head0 // self.group
-        for keys, key_ok, r0, r1 in self.walk(self.spans[task.span_begin:task.span_end],
-                                              self.plan.regime.block_n):
+        for keys, key_ok, r0, r1 in _span_chunks(spans, bn):
             ok = (real & (tok >= r0) & (tok < r1))[:, None] & key_ok[None, :]
             keys_c = np.minimum(keys, self.k4.shape[2] - 1)
             self._count(b, head[:, None], tok_c[:, None], keys_c[None, :], ok)
@@ -288,25 +299,30 @@ class _Backward(_PlanWalk):
             dp = self.do4[b, head, tok_c] @ vv.T
             ds = p * (dp - self.delta[b, head, tok_c][:, None])
             self.dq[b, head[real], tok[real]] += (self.scale * ds @ kk)[real]
+        self.dq_writers[b, head[real], tok[real]] += 1
 
-    def key_major(self, task: Any, spans: np.recarray, tile_rows: int) -> None:
-        """dK and dV of a key tile of one query head: the query chunks that select it, summed
-        into the query head's kv head."""
-        b, h = task.batch, task.q_head0
-        key = task.q_start + np.arange(self.bm) % tile_rows
+    def key_major(self, task: Any, spans: np.recarray, tile_rows: int, bn: int,
+                  seq_q: int) -> None:
+        """dK and dV of a key tile of a kv head: the query chunks of every query head of its
+        group that select it (positions head in group x seq_q + token), ``bn`` at a time."""
+        b = task.batch
+        key = task.q_start + np.arange(BACKWARD_BLOCK_M) % tile_rows
         real = key < task.q_end
         key_c = np.minimum(key, self.k4.shape[2] - 1)
-        kvh = h // self.group
+        kvh = task.q_head0 // self.group
         kk, vv = self.k4[b, kvh, key_c], self.v4[b, kvh, key_c]
-        for qs, q_ok, r0, r1 in self.walk(spans, self.plan.regime.block_n):
+        for pos, q_ok, r0, r1 in _span_chunks(spans, bn):
+            hl = int(pos[0]) // seq_q  # (a chunk never leaves its span's head)
+            h = task.q_head0 + hl
             ok = (real & (key >= r0) & (key < r1))[:, None] & q_ok[None, :]
-            qs_c = np.minimum(qs, self.q4.shape[2] - 1)
+            qs_c = np.minimum(pos - hl * seq_q, seq_q - 1)
             self._count(b, h, qs_c[None, :], key_c[:, None], ok)
             qq, dd = self.q4[b, h, qs_c], self.do4[b, h, qs_c]
             pt = self._p(kk @ qq.T * self.scale, self.lse[b, h, qs_c][None, :], ok)
             dst = pt * (vv @ dd.T - self.delta[b, h, qs_c][None, :])
             self.dv[b, kvh, key[real]] += (pt @ dd)[real]
             self.dk[b, kvh, key[real]] += (self.scale * dst @ qq)[real]
+        self.dkv_writers[b, kvh, key[real]] += 1
 
     def _count(self, b: int, head: Any, tok: np.ndarray, keys: np.ndarray,
                ok: np.ndarray) -> None:

@@ -25,22 +25,24 @@ from typing import Any, Callable
 import numpy as np
 
 from .._array import to_numpy
+from ..backward_launch import run_backward_plan
 from ..capture import capture_memory_if, stream_capturing
 from ..cuda.device import check_arch
 from ..dtypes import SUPPORTED_HEAD_DIMS, checked_dtype
 from ..launch import MAX_TASKS, AttentionShape, LaunchState, run_plan
 from ..mask import BlockMask
 from . import mapping
+from .backward import BackwardPlan, BackwardQueues
 from .device_planner import SyncFreePlan
 from .mapping import PhysicalTiles
-from .mode import Direction, PlanMode
+from .mode import PlanMode
 from .queue import Span, Task, TaskQueue, records
 from .planners import PLANNERS, Organized, PlanShape
 from .regime import ROW_GROUP, Regime
 from .regime.choice import RegimeChoice, regime_for_mode
 from .tasks import NEVER_SPLIT_RATIO, fill_last_wave, task_groups
 
-__all__ = ["Plan", "PlanShape", "PlanStats", "plan", "plan_selected", "key_major_queue"]
+__all__ = ["Plan", "PlanShape", "PlanStats", "plan", "plan_selected", "checked_shape"]
 
 
 @dataclass
@@ -101,6 +103,8 @@ class Plan:
     device_plan: SyncFreePlan | None = field(repr=False, default=None)
     # The launches' device state (queues per device, task counters, ...; ``launch.py``).
     launch_state: LaunchState = field(default_factory=LaunchState, repr=False)
+    # The backward pass of this plan's mask (made at its first backward run).
+    _backward: BackwardPlan | None = field(default=None, repr=False)
 
     def _planned(self) -> None:
         """Note where the planner's work was enqueued (``launch.LaunchState.record_planned``)."""
@@ -157,6 +161,8 @@ class Plan:
             self.device_plan.relaunch(xp.ascontiguousarray(dense).view(np.uint8))
             self.mask = block_mask
             self._exact = self.device_plan.settle
+            self._backward = None
+            self.launch_state.backward_queues.clear()
             self._planned()
         return self
 
@@ -249,6 +255,23 @@ class Plan:
         With ``out``/``lse`` given the run writes them in place and allocates nothing."""
         return run_plan(self, q, k, v, scale=scale, return_lse=return_lse, out=out, lse=lse)
 
+    def backward_queues(self, dq_block_n: int | None = None) -> BackwardQueues:
+        """The backward pass's task queues of this plan's mask (``runtime.backward``): planned
+        on the host at the first call (a device mask is read back once), then kept until the
+        plan takes another mask."""
+        if self._backward is None:
+            shape = checked_shape(self.mask, self.num_q_heads, self.num_kv_heads, self.head_dim,
+                                  self.head_dim_v, self.batch, self.dtype, self.layout)
+            self._backward = BackwardPlan(self.mask, shape, self.launch_state)
+        return self._backward.backward_queues(dq_block_n)
+
+    def run_backward(self, q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, *,
+                     scale: float | None = None) -> tuple[Any, Any, Any]:
+        """The gradients ``(dq, dk, dv)`` of this plan's attention for the output gradient
+        ``dout``, from the forward's ``out`` and ``lse`` (``run(..., return_lse=True)``), on
+        the GPU (``backward_launch.run_backward_plan``), each in q's type and layout."""
+        return run_backward_plan(self, q, k, v, out, lse, dout, scale=scale)
+
 
 def _same_bounds(a: np.ndarray, b: np.ndarray) -> bool:
     return a is b or (a.shape == b.shape and bool(np.array_equal(a, b)))
@@ -307,7 +330,7 @@ def _plan_on_its_device(block_mask: BlockMask, num_q_heads: int, num_kv_heads: i
     if mode is not None and not isinstance(mode, PlanMode):
         raise TypeError(f"mode must be None or a tessera.PlanMode (EXACT, REQUEST, CAPTURE), got "
                         f"{mode!r}")
-    shape = _checked_shape(block_mask, num_q_heads, num_kv_heads, head_dim, head_dim_v, batch,
+    shape = checked_shape(block_mask, num_q_heads, num_kv_heads, head_dim, head_dim_v, batch,
                            dtype, layout)
     check_arch(arch)
     with block_mask.device_context(), block_mask.reading():
@@ -320,9 +343,9 @@ def _plan_on_its_device(block_mask: BlockMask, num_q_heads: int, num_kv_heads: i
             return _plan(block_mask, shape, mode, regime, arch, selection)
 
 
-def _checked_shape(mask: BlockMask, num_q_heads: int, num_kv_heads: int | None, head_dim: int,
-                   head_dim_v: int | None, batch: int | None, dtype: Any,
-                   layout: str) -> PlanShape:
+def checked_shape(mask: BlockMask, num_q_heads: int, num_kv_heads: int | None, head_dim: int,
+                  head_dim_v: int | None, batch: int | None, dtype: Any,
+                  layout: str) -> PlanShape:
     """The shape arguments checked, by name, before anything is planned."""
     num_kv_heads = num_q_heads if num_kv_heads is None else num_kv_heads
     head_dim_v = head_dim if head_dim_v is None else head_dim_v
@@ -372,12 +395,12 @@ def _plan(mask: BlockMask, shape: PlanShape, mode: PlanMode, regime: Regime | No
     return p
 
 
-def _organize(mask: BlockMask, shape: PlanShape, mode: PlanMode, choice: RegimeChoice,
-              direction: Direction = Direction.QUERY_MAJOR) -> Organized:
-    """The first planner that applies and answers (``planners.PLANNERS``) in ``direction``,
-    then the last wave filled where the plan may cut tasks."""
+def _organize(mask: BlockMask, shape: PlanShape, mode: PlanMode, choice: RegimeChoice
+              ) -> Organized:
+    """The first planner that applies and answers (``planners.PLANNERS``), then the last wave
+    filled where the plan may cut tasks."""
     organized = next(o for planner in PLANNERS if planner.applies(mask, choice) and
-                     (o := planner.organize(mask, shape, mode, choice, direction)) is not None)
+                     (o := planner.organize(mask, shape, mode, choice)) is not None)
     regime = choice.regime
     # A request of a selected regime leaves a device planner's queue whole, as it splits
     # nothing: the cut would copy the queue back to the host and sort it, every request.
@@ -389,7 +412,6 @@ def _organize(mask: BlockMask, shape: PlanShape, mode: PlanMode, choice: RegimeC
     # (A device planner's queue here synchronized already: its costs are read back.)
     tiles, queue = organized.exact
     hp = queue.heads_per_task
-    shape = shape.for_direction(direction)
 
     def groups(tasks: np.ndarray) -> np.ndarray:
         return task_groups(tasks, shape.batch, shape.num_q_heads, shape.num_kv_heads, hp,
@@ -398,15 +420,3 @@ def _organize(mask: BlockMask, shape: PlanShape, mode: PlanMode, choice: RegimeC
     queue = fill_last_wave(queue, groups, regime.block_n, choice.in_flight,
                            regime.min_split_chunks)
     return Organized(queue, (tiles, queue), None, organized.by_kernels)
-
-
-def key_major_queue(p: Plan) -> TaskQueue:
-    """The task queue of ``p``'s mask in the key-major direction (:class:`Direction`): tiles of
-    key rows walking the query spans that select them, one query head a task -- what the
-    backward pass's dK and dV walk -- with ``p``'s regime, planned on the host (heavy tasks
-    not split; the last wave filled as a plan's is)."""
-    shape = _checked_shape(p.mask, p.num_q_heads, p.num_kv_heads, p.head_dim, p.head_dim_v,
-                           p.batch, p.dtype, p.layout)
-    choice = RegimeChoice(p.regime, True, True, p.in_flight, False)
-    return _organize(p.mask.to_host(), shape, PlanMode.EXACT, choice,
-                     Direction.KEY_MAJOR).exact[1]

@@ -497,3 +497,26 @@ def test_every_kernel_source_ships_in_the_package():
     missing = [s for s in sources if not any(fnmatch.fnmatch(s, g) and s.count("/") ==
                                              g.count("/") for g in globs)]
     assert not missing, missing
+
+
+BACKWARD = [(t, kernel, d) for t in loader.CI_TARGETS for kernel in variants.BACKWARD_KERNELS
+            for d in HEAD_DIMS]
+
+
+@pytest.mark.parametrize("target,kernel,d", BACKWARD,
+                         ids=[f"{t}-{k}-d{d}" for t, k, d in BACKWARD])
+def test_backward_kernels_compile_without_spills(target, kernel, d, tmp_path, monkeypatch):
+    """Every backward kernel (sm80/bwd.cu) builds for every target in both element types with
+    no spills, and fits the target's shared memory: the dQ kernel at the key step the launch
+    takes there (backward_launch.dq_block_n)."""
+    from tessera.backward_launch import dq_block_n
+
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    cc = int(target[3:].rstrip("a"))
+    bn = dq_block_n(d, cc) if kernel == "bsa_bwd_dq_sm80" else None
+    for bf16 in (True, False):
+        v = variants.Variant.bwd_sm80(kernel, head_dim=d, bf16=bf16, block_n=bn)
+        res = loader.compile_variant(v, target)
+        assert res.spill_bytes == 0 and res.stack_bytes == 0 and res.registers <= 255
+        limit = {"sm_86": 101376, "sm_89": 101376}.get(target, 166912)
+        assert variants.smem_bytes(v) <= limit

@@ -75,15 +75,18 @@ def test_gradients_on_cpu_tensors_are_the_float64_backward(layout, monkeypatch):
     assert slope == pytest.approx(predicted, rel=1e-6)
 
 
-def test_tensors_that_require_grad_are_refused_on_the_gpu_path():
-    """tessera.attention has no GPU backward yet: a torch tensor that requires grad, while
-    autograd records, is refused by name before anything else (no silent gradient-less
+def test_tensors_that_require_grad_take_the_autograd_path_or_are_refused_by_name():
+    """tessera.attention on torch tensors that require grad goes through its autograd Function,
+    whose forward checks them as tessera.attention does (here: not on a GPU); Plan.run records
+    no gradient, so it refuses them by name before anything else (no silent gradient-less
     output); under no_grad the usual checks follow."""
     mask = tessera.BlockMask.from_dense(np.ones((1, 2, 2), bool), block_size=64)
     q = torch.randn(1, 1, 128, 64, requires_grad=True)
-    with pytest.raises(ValueError, match="q requires grad, but Tessera's GPU attention has no "
-                                         "backward pass yet"):
+    with pytest.raises(ValueError, match="q must be on a CUDA device"):
         tessera.attention(q, q.detach(), q.detach(), mask)
+    p = tessera.plan(mask, num_q_heads=1, head_dim=64)
+    with pytest.raises(ValueError, match="q requires grad, but Plan.run records no gradient"):
+        p.run(q, q.detach(), q.detach())
     with torch.no_grad(), pytest.raises((ValueError, RuntimeError)) as info:
-        tessera.attention(q, q, q, mask)
+        p.run(q, q, q)
     assert "requires grad" not in str(info.value)

@@ -1,0 +1,149 @@
+"""Running a plan's backward pass on the GPU: the gradient inputs checked, the backward queues on
+the device, and the three kernels of ``cuda/sm80/bwd.cu`` (Delta, dK/dV, dQ) on the caller's
+stream.
+
+A plan reaches this module through :func:`run_backward_plan` (``Plan.run_backward``); it reads
+the plan's shape, mask and its backward queues (``runtime/backward.py``, asked of the plan),
+so the planning layer stays above it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Protocol
+
+import numpy as np
+
+from ._array import cupy_or_none
+from .capture import capture_memory_if, capturing, stream_capturing
+from .cuda.device import device_cc, smem_limit_bytes
+from .cuda.loader import load_kernel
+from .cuda.variants import Variant, smem_bytes
+from .interop import empty_like_caller, from_any
+from .launch import AttentionShape, LaunchState, caller_stream, check_operands
+from .operands import Operands, bhld_view, check_scale, describe, describe_like_q
+from .settings import config
+
+__all__ = ["BackwardLaunchable", "run_backward_plan", "dq_block_n"]
+
+_LOG2E = 1.4426950408889634
+_DELTA_THREADS = 256  # bsa_bwd_delta's launch bound: 8 rows a CTA, a warp each
+
+
+class BackwardLaunchable(Protocol):
+    """What a backward launch reads of a plan (``runtime.plan.Plan`` is one)."""
+
+    launch_state: LaunchState
+
+    @property
+    def shape(self) -> AttentionShape: ...
+
+    def backward_queues(self, dq_block_n: int | None = None) -> Any: ...
+
+
+def dq_block_n(head_dim: int, cc: int) -> int | None:
+    """The dQ kernel's key step on compute capability ``cc``: None (the default,
+    :func:`~tessera.cuda.variants.backward_block_n`) where its shared memory fits the GPU's
+    per-block limit, else 32 (head dim 128 on sm_86 / sm_89, 99 KiB a block)."""
+    v = Variant.bwd_sm80("bsa_bwd_dq_sm80", head_dim=head_dim, bf16=True)
+    return None if smem_bytes(v) <= smem_limit_bytes(cc) else 32
+
+
+def run_backward_plan(p: BackwardLaunchable, q: Any, k: Any, v: Any, out: Any, lse: Any,
+                      dout: Any, *, scale: float | None = None) -> tuple[Any, Any, Any]:
+    """The gradients ``(dq, dk, dv)`` of ``p``'s attention for the output gradient ``dout``
+    (``Plan.run_backward``), in q's type and layout. ``out`` and ``dout`` are like q (its
+    dtype, shape and layout, rows 16-byte aligned); ``lse`` is the forward's float32
+    ``[B, Hq, Lq]`` (contiguous). Everything is checked before anything is launched."""
+    check_scale(scale)
+    shape = p.shape
+    ops = describe(q, k, v, shape.layout)
+    check_operands(p, ops)
+    o_desc = describe_like_q(out, "out", ops, shape.layout)
+    do_desc = describe_like_q(dout, "dout", ops, shape.layout)
+    b, hq, lq, d = ops.shape_q
+    ld = from_any(lse, "lse", ops.stream_ptr)
+    if ld.shape != (b, hq, lq) or ld.dtype != "float32" or ld.strides != (hq * lq, lq, 1):
+        raise ValueError(f"lse must be the forward's contiguous float32 LSE of shape "
+                         f"{(b, hq, lq)}, got {ld.dtype} {ld.shape} strides {ld.strides}")
+    if ld.device_id != ops.q.device_id:
+        raise ValueError(f"lse is on device {ld.device_id} but q is on {ops.q.device_id}")
+    cp = cupy_or_none()
+    with cp.cuda.Device(ops.q.device_id), \
+            capture_memory_if(stream_capturing(ops.stream_ptr), ops.q.framework,
+                              ops.q.device_id):
+        return _launch(p, ops, o_desc, do_desc, ld, scale)
+
+
+def _device_queues(p: BackwardLaunchable, cp: Any, dq_bn: int | None) -> tuple[Any, Any]:
+    """``p``'s backward queues on the current device, (dq, dkdv) as (tasks, spans, count)
+    (copied once per plan, device and dQ step)."""
+    key = (cp.cuda.Device().id, dq_bn)
+    got = p.launch_state.backward_queues.get(key)
+    if got is None:
+        if capturing():
+            raise RuntimeError("a CUDA graph is being captured and this plan's backward pass "
+                               "has not run on this GPU yet: run it once before capturing")
+        bq = p.backward_queues(dq_bn)
+        got = p.launch_state.backward_queues[key] = tuple(
+            (cp.ascontiguousarray(cp.asarray(x.tasks, dtype=cp.int32)),
+             cp.ascontiguousarray(cp.asarray(x.spans, dtype=cp.int32)),
+             int(x.tasks.shape[0]), int(x.tile_rows))
+            for x in (bq.dq, bq.dkdv))
+    return got
+
+
+def _launch(p: BackwardLaunchable, ops: Operands, o_desc: Any, do_desc: Any, lse_desc: Any,
+            scale: float | None) -> tuple[Any, Any, Any]:
+    cp = cupy_or_none()
+    shape = p.shape
+    b, hq, lq, d = ops.shape_q
+    _, hkv, lkv, _ = ops.shape_kv
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    bf16 = ops.q.dtype == "bfloat16"
+    cc = device_cc()
+    dq_bn = dq_block_n(d, cc)
+    layout = shape.layout
+    stream = caller_stream(ops)
+    i64, i32, f32, ptr = np.int64, np.int32, np.float32, np.uint64
+    with stream:
+        dq_queue, kv_queue = _device_queues(p, cp, dq_bn)
+
+        def grad(rows: int, heads: int):
+            want = (b, heads, rows, d) if layout == "bhld" else (b, rows, heads, d)
+            desc, finish = empty_like_caller(ops.q, want, ops.q.dtype)
+            if config.poison_outputs:
+                cp.cuda.runtime.memsetAsync(desc.ptr, 0xFF, desc.itemsize * int(np.prod(want)),
+                                            stream.ptr)
+            return desc, finish, bhld_view(desc, layout, "gradient")[1]
+
+        dq, dk, dv = grad(lq, hq), grad(lkv, hkv), grad(lkv, hkv)
+        o_str = bhld_view(o_desc, layout, "out")[1]
+        do_str = bhld_view(do_desc, layout, "dout")[1]
+        rows = b * hq * lq
+        delta = cp.empty(rows, dtype=cp.float32)
+        fn = load_kernel(Variant.bwd_sm80("bsa_bwd_delta", head_dim=d, bf16=bf16))
+        per_cta = _DELTA_THREADS // 32
+        fn((-(-rows // per_cta),), (_DELTA_THREADS,),
+           (ptr(o_desc.ptr), *map(i64, o_str[:3]), ptr(do_desc.ptr), *map(i64, do_str[:3]),
+            delta, i32(hq), i32(lq), i64(rows)), stream=stream)
+        operands = (ptr(ops.q.ptr), *map(i64, ops.strides_q[:3]),
+                    ptr(ops.k.ptr), *map(i64, ops.strides_k[:3]),
+                    ptr(ops.v.ptr), *map(i64, ops.strides_v[:3]),
+                    ptr(do_desc.ptr), *map(i64, do_str[:3]),
+                    ptr(lse_desc.ptr), delta,
+                    ptr(dq[0].ptr), *map(i64, dq[2][:3]),
+                    ptr(dk[0].ptr), *map(i64, dk[2][:3]),
+                    ptr(dv[0].ptr), *map(i64, dv[2][:3]),
+                    i32(hq), i32(lq))
+        for kernel, (tasks, spans, n_tasks, tile_rows), bn in (
+                ("bsa_bwd_dkdv_sm80", kv_queue, None), ("bsa_bwd_dq_sm80", dq_queue, dq_bn)):
+            if not n_tasks:
+                continue
+            v = Variant.bwd_sm80(kernel, head_dim=d, bf16=bf16, block_n=bn)
+            load_kernel(v)((n_tasks,), (v.threads,),
+                           (tasks, spans, *operands, i32(tile_rows), i32(hq // hkv), f32(scale),
+                            f32(scale * _LOG2E), i32(n_tasks)),
+                           shared_mem=smem_bytes(v), stream=stream)
+        return dq[1](stream), dk[1](stream), dv[1](stream)
+

@@ -1,0 +1,89 @@
+// The backward pass's arguments and its per-chunk math on scores held in mma.sync's m16n8
+// accumulator layout: P recomputed from the forward's LSE, dS = P * (dP - Delta), and the
+// gradient rows' store.
+//
+// The recomputation backward (no P kept from the forward): for a row i and a key j its mask
+// selects, P_ij = exp(scale * q_i.k_j - lse_i), dP_ij = dO_i.v_j, dS_ij = P_ij (dP_ij - Delta_i)
+// with Delta_i = dO_i.O_i; then dQ = scale * dS K, dK = scale * dS^T Q, dV = P^T dO.
+#pragma once
+
+#include "common/element.cuh"
+#include "common/task.cuh"
+
+// Every backward kernel takes the same arguments (tessera/launch_backward.py passes them): the
+// task queue of its direction, q/k/v/dO as [B, H, L, D] strides in elements, the forward's LSE
+// (natural log) and Delta as contiguous float32 [B, Hq, Lq], the gradients' strides, the query
+// heads and tokens (a key-major task's query positions are head-in-group * seq_q + token), rows
+// per tile of one head, query heads per kv head, the softmax scale and its product with
+// log2(e), and the number of tasks.
+#define TESSERA_BWD_PARAMS                                                                   \
+  const int *__restrict__ tasks, const int *__restrict__ spans, const u16 *q_ptr, i64 q_sb,  \
+      i64 q_sh, i64 q_sl, const u16 *k_ptr, i64 k_sb, i64 k_sh, i64 k_sl, const u16 *v_ptr,   \
+      i64 v_sb, i64 v_sh, i64 v_sl, const u16 *do_ptr, i64 do_sb, i64 do_sh, i64 do_sl,       \
+      const float *__restrict__ lse_ptr, const float *__restrict__ delta_ptr, u16 *dq_ptr,    \
+      i64 dq_sb, i64 dq_sh, i64 dq_sl, u16 *dk_ptr, i64 dk_sb, i64 dk_sh, i64 dk_sl,          \
+      u16 *dv_ptr, i64 dv_sb, i64 dv_sh, i64 dv_sl, int num_q_heads, int seq_q,               \
+      int tile_rows, int group, float scale, float scale_log2, int num_tasks
+
+constexpr float LOG2E = 1.4426950408889634f;
+
+// The value of accumulator element e of key octet nt (both compile-time after unrolling):
+// per row of the thread's two (g, g + 8) -- the dQ direction's LSE and Delta, whose rows are
+// query rows -- or per column the thread holds -- the dK/dV direction's, whose columns are.
+struct RowValues {
+  float r0, r1;
+  __device__ __forceinline__ float at(int, int e) const { return e < 2 ? r0 : r1; }
+};
+template <int NB>
+struct ColumnValues {
+  float v[NB][2];  // columns 8 * nt + 2 * t and + 1
+  __device__ __forceinline__ float at(int nt, int e) const { return v[nt][e & 1]; }
+};
+
+// Scores s (NB key octets; columns col0 + 8 * nt + 2 * t (+1)) to P in place: exp2 of the
+// scaled score less the column's or row's LSE (log2 units, `lse`), 0 for columns at or past
+// col_end and rows whose ok flag is false.
+template <int NB, typename Lse>
+__device__ __forceinline__ void probabilities(float (&s)[NB][4], int col0, int col_end, bool ok0,
+                                              bool ok1, int t, float scale_log2, const Lse& lse) {
+#pragma unroll
+  for (int nt = 0; nt < NB; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int c = nt * 8 + 2 * t + (e & 1);
+      const bool ok = col0 + c < col_end && (e < 2 ? ok0 : ok1);
+      s[nt][e] = ok ? fast_exp2(fmaf(s[nt][e], scale_log2, -lse.at(nt, e))) : 0.f;
+    }
+}
+
+// dS = P * (dP - Delta) in place of P. A pair outside the mask keeps 0 whatever dP holds (its
+// dP may read values no selected pair reads).
+template <int NB, typename Delta>
+__device__ __forceinline__ void score_gradients(float (&p)[NB][4], const float (&dp)[NB][4],
+                                                const Delta& delta) {
+#pragma unroll
+  for (int nt = 0; nt < NB; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      p[nt][e] = p[nt][e] != 0.f ? p[nt][e] * (dp[nt][e] - delta.at(nt, e)) : 0.f;
+    }
+}
+
+// Store the thread's two gradient rows (tokens tok0, tok0 + 8 of the tensor whose (batch, head)
+// row 0 is `rows`), times `factor`; rows at or past `end` are padding.
+template <int D_>
+__device__ __forceinline__ void store_gradient_rows(u16* rows, i64 sl,
+                                                    const float (&acc)[D_ / 8][4], int tok0,
+                                                    int end, int t, float factor) {
+  const int tok1 = tok0 + 8;
+#pragma unroll
+  for (int nt = 0; nt < D_ / 8; ++nt) {
+    const int col = nt * 8 + 2 * t;
+    if (tok0 < end)
+      *reinterpret_cast<u32*>(rows + tok0 * sl + col) =
+          pack2(acc[nt][0] * factor, acc[nt][1] * factor);
+    if (tok1 < end)
+      *reinterpret_cast<u32*>(rows + tok1 * sl + col) =
+          pack2(acc[nt][2] * factor, acc[nt][3] * factor);
+  }
+}

@@ -1,0 +1,163 @@
+"""The backward pass's task queues: what the backward kernels (``cuda/sm80/bwd.cu``) walk,
+organized by the same planners as the forward, in both directions.
+
+- ``dq``: query-major, as the forward's (tiles of query rows, GQA heads packed, each walking
+  the key spans its rows select), never split: each dQ row has one task.
+- ``dkdv``: key-major (``Direction.KEY_MAJOR``: the mask's transpose), one task per (batch, kv
+  head, key tile) holding the query spans of *every* query head of the kv head's group, so
+  that dK and dV sum the group in registers and each row has one writer. A query position
+  of such a span is ``head_in_group * seq_q + token``: one span never leaves its head.
+
+One writer per gradient row makes the pass deterministic without floating-point atomics or
+an fp32 gradient buffer (docs/decisions.md, "Backward: two passes, one writer a row").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..cuda.variants import backward_block_n
+from ..launch import LaunchState
+from ..mask import BlockMask
+from .mode import Direction, PlanMode
+from .planners import ArrayPlanner, PlanShape
+from .queue import Span, Task, TaskQueue
+from .regime.choice import RegimeChoice
+from .regime.value import Regime
+from .tasks import NEVER_SPLIT_RATIO
+
+__all__ = ["BackwardQueues", "BackwardPlan", "BACKWARD_BLOCK_M", "backward_regime",
+           "backward_queues"]
+
+# Rows of a backward tile (keys for dK/dV, query rows for dQ): four warps of 16.
+BACKWARD_BLOCK_M = 64
+
+
+@dataclass(frozen=True)
+class BackwardQueues:
+    """The two queues of one mask's backward pass (host arrays; see the module docstring).
+
+    Attributes:
+        dq: the query-major queue (tile_rows query tokens of each of heads_per_task heads).
+        dkdv: the key-major queue: Q_HEAD0 is the group's first query head, Q_START..Q_END a
+            key tile, spans' K_START..K_END query positions (head in group x seq_q + token)
+            and R_START..R_END the key rows they apply to.
+        group: query heads per kv head.
+        seq_q: query tokens (the position stride of a head in ``dkdv``'s spans).
+        block_n: (dQ step in keys, dK/dV step in query rows) the queues' costs count.
+    """
+
+    dq: TaskQueue
+    dkdv: TaskQueue
+    group: int
+    seq_q: int
+    block_n: tuple[int, int]
+
+
+@dataclass
+class BackwardPlan:
+    """A mask's backward pass for one attention shape: its queues, made at the first run that
+    needs them and kept (per dQ step), and the device state of its launches -- what
+    ``backward_launch.run_backward_plan`` reads. ``tessera.attention_backward`` makes one per
+    call; a :class:`~tessera.runtime.plan.Plan` keeps one for its mask."""
+
+    mask: BlockMask
+    shape: PlanShape
+    launch_state: LaunchState = field(default_factory=LaunchState, repr=False)
+    _queues: dict = field(default_factory=dict, repr=False)
+
+    def backward_queues(self, dq_block_n: int | None = None) -> BackwardQueues:
+        """The queues (:func:`backward_queues`), planned on the host at the first call."""
+        got = self._queues.get(dq_block_n)
+        if got is None:
+            got = self._queues[dq_block_n] = backward_queues(self.mask, self.shape,
+                                                             dq_block_n=dq_block_n)
+        return got
+
+
+def backward_regime(head_dim: int, key_major: bool, block_n: int | None = None) -> Regime:
+    """The regime the backward queues are organized with: 64-row portable tiles, no merged
+    rows (a key tile is then the same for every query head of a group), no splits."""
+    bn = backward_block_n(head_dim, key_major) if block_n is None else block_n
+    return Regime(family="sm80", block_m=BACKWARD_BLOCK_M, block_n=bn, num_warps=4, stages=2,
+                  combine_threshold=0.0, split_ratio=NEVER_SPLIT_RATIO)
+
+
+def backward_queues(mask: BlockMask, shape: PlanShape, *, dq_block_n: int | None = None
+                    ) -> BackwardQueues:
+    """Both queues of ``mask``'s backward pass for ``shape``, planned on the host (a device
+    mask is copied back once). ``dq_block_n``: the dQ kernel's key step where the device
+    needs a narrower one than :func:`~tessera.cuda.variants.backward_block_n`'s."""
+    host = mask.to_host()
+    planner = ArrayPlanner()
+
+    def organized(direction: Direction, regime: Regime) -> TaskQueue:
+        choice = RegimeChoice(regime, True, True, 0, False)
+        return planner.organize(host, shape, PlanMode.EXACT, choice, direction).exact[1]
+
+    dq_regime = backward_regime(shape.head_dim, False, dq_block_n)
+    # Key tiles at multiples of 64 keys whatever each head selects, so that the query heads of
+    # a group cut the same tiles (a span applies to the key rows that select it).
+    kv_regime = backward_regime(shape.head_dim, True).with_(align_tiles=True)
+    dq = organized(Direction.QUERY_MAJOR, dq_regime)
+    per_head = organized(Direction.KEY_MAJOR, kv_regime)
+    group = shape.num_q_heads // shape.num_kv_heads
+    seq_q = int(mask.q_bounds[-1])
+    dkdv = _group_key_tiles(per_head, group, seq_q, int(mask.kv_bounds[-1]), shape)
+    return BackwardQueues(dq, dkdv, group, seq_q, (dq_regime.block_n, kv_regime.block_n))
+
+
+def _group_key_tiles(queue: TaskQueue, group: int, seq_q: int, seq_kv: int,
+                     shape: PlanShape) -> TaskQueue:
+    """The key-major queue of one query head a task made one task per (batch, kv head, key
+    tile): each task's spans, in query-head order, moved to positions head in group x seq_q +
+    token; tasks longest first. Every key row of every (batch, kv head) must be in exactly one
+    tile (aligned tiles: the same for each query head)."""
+    tasks = np.asarray(queue.tasks)
+    spans = np.asarray(queue.spans)
+    if queue.num_slots:
+        raise AssertionError("the backward's key-major queue must not split tasks")
+    head = tasks[:, Task.Q_HEAD0].astype(np.int64)
+    kvh, local = head // group, head % group
+    b = tasks[:, Task.BATCH].astype(np.int64)
+    start = tasks[:, Task.Q_START].astype(np.int64)
+    order = np.lexsort((local, start, kvh, b))
+    tasks, kvh, local, b, start = tasks[order], kvh[order], local[order], b[order], start[order]
+    first = np.ones(len(tasks), bool)
+    first[1:] = (b[1:] != b[:-1]) | (kvh[1:] != kvh[:-1]) | (start[1:] != start[:-1])
+    owner = np.cumsum(first) - 1
+    n_out = int(first.sum())
+    # Spans in the new task order, their query ranges moved to the head's positions.
+    counts = (tasks[:, Task.SPAN_END] - tasks[:, Task.SPAN_BEGIN]).astype(np.int64)
+    idx = (np.repeat(tasks[:, Task.SPAN_BEGIN].astype(np.int64) - np.cumsum(counts) + counts,
+                     counts) + np.arange(int(counts.sum())))
+    moved = spans[idx].copy()
+    offset = np.repeat(local * seq_q, counts)
+    moved[:, Span.K_START] += offset.astype(np.int32)
+    moved[:, Span.K_END] += offset.astype(np.int32)
+    span_start = np.zeros(n_out + 1, np.int64)
+    np.add.at(span_start, owner + 1, counts)
+    span_start = np.cumsum(span_start)
+    cost = np.zeros(n_out, np.int64)
+    np.add.at(cost, owner, tasks[:, Task.COST].astype(np.int64))
+    out = tasks[first].copy()
+    ends = np.zeros(n_out, np.int64)
+    np.maximum.at(ends, owner, tasks[:, Task.Q_END].astype(np.int64))
+    if np.any(ends != out[:, Task.Q_END]) or np.any(
+            np.minimum.reduceat(tasks[:, Task.Q_END], np.flatnonzero(first)) != ends):
+        raise AssertionError("the query heads of a group cut their key tiles differently")
+    out[:, Task.Q_HEAD0] = (kvh[first] * group).astype(np.int32)
+    out[:, Task.SPAN_BEGIN] = span_start[:-1].astype(np.int32)
+    out[:, Task.SPAN_END] = span_start[1:].astype(np.int32)
+    out[:, Task.COST] = np.minimum(cost, np.iinfo(np.int32).max).astype(np.int32)
+    covered = (out[:, Task.Q_END] - out[:, Task.Q_START]).astype(np.int64).sum()
+    if covered != shape.batch * shape.num_kv_heads * seq_kv:
+        raise AssertionError(f"the key tiles cover {covered} key rows, not "
+                             f"{shape.batch * shape.num_kv_heads * seq_kv}")
+    longest = np.argsort(-out[:, Task.COST].astype(np.int64), kind="stable")
+    return TaskQueue(tasks=np.ascontiguousarray(out[longest]),
+                     spans=np.ascontiguousarray(moved.astype(np.int32)),
+                     combine=np.zeros((0, np.asarray(queue.combine).shape[1]), np.int32),
+                     num_slots=0, heads_per_task=1, tile_rows=queue.tile_rows)

@@ -1,0 +1,136 @@
+"""GPU: tessera.attention_backward and Plan.run_backward against the float64 reference's
+gradients on fresh random inputs, outputs poisoned first (every element must be written): ragged
+and variable blocks, empty rows and unselected keys, GQA with a mask per kv or query head, both
+layouts, bf16 and fp16, head dims 64, 96 and 128; bitwise repeatable; torch autograd through
+tessera.attention. Marked ``gpu``: skipped where there is no GPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tessera
+from tessera import BlockMask, reference
+from tests.gpu.test_attention import TOL, _inputs, _poison, _to_numpy  # noqa: F401
+
+pytestmark = pytest.mark.gpu
+
+# A gradient row sums P (dP - Delta) terms that cancel, so rounded inputs move it more than
+# an output row; its error is measured against the tensor's typical row (RMS row norm) where
+# the row itself is smaller than a tenth of that.
+TOL_ROW = {"bfloat16": 4e-2, "float16": 2e-2}
+
+
+def _ragged_mask(rng, mask_heads, b=1):
+    qb = np.array([0, 70, 128, 150, 256, 300, 431, 512])
+    kb = np.array([0, 64, 100, 228, 237, 300, 400, 512])
+    dense = rng.random((b, mask_heads, 7, 7)) < 0.45
+    dense[:, 0, 2] = False  # a query block that selects nothing
+    dense[..., 0, 0] = True
+    dense[:, -1, :, 3] = False  # a key block no query of the last mask head selects
+    return BlockMask.from_dense(dense, q_bounds=qb, kv_bounds=kb)
+
+
+def check_gradients(got, ref, dtype, name):
+    g, r = _to_numpy(got), ref
+    assert g.shape == r.shape, name
+    assert not np.isnan(g).any(), f"{name} has NaN (unwritten or broken)"
+    err = np.linalg.norm(g - r) / max(np.linalg.norm(r), 1e-30)
+    assert err <= TOL[dtype], f"{name}: relative error {err:.2e}"
+    g2, r2 = g.reshape(-1, g.shape[-1]), r.reshape(-1, r.shape[-1])
+    norm = np.linalg.norm(r2, axis=1)
+    empty = norm == 0
+    assert not np.abs(g2[empty]).any(), f"{name}: a row with no selected pair is not zero"
+    floor = 0.1 * np.sqrt(np.mean(norm ** 2))
+    rows = np.linalg.norm(g2 - r2, axis=1)[~empty] / np.maximum(norm[~empty], floor)
+    worst = rows.max(initial=0.0)
+    assert worst <= TOL_ROW[dtype], f"{name}: worst row's relative error {worst:.2e}"
+    return err, worst
+
+
+def _backward_case(mask, *, dtype="bfloat16", b=1, hq=4, hkv=2, d=64, layout="bhld", seed=0,
+                   scale=None):
+    rng = np.random.default_rng(seed)
+    (q, k, v), (qe, ke, ve) = _inputs(rng, "cupy", dtype, b, hq, hkv, mask.seq_len_q,
+                                      mask.seq_len_kv, d, layout)
+    (dout, _, _), (de, _, _) = _inputs(rng, "cupy", dtype, b, hq, hkv, mask.seq_len_q, 16, d,
+                                       layout)
+    out, lse = tessera.attention(q, k, v, mask, return_lse=True, layout=layout, scale=scale)
+    grads = tessera.attention_backward(q, k, v, out, lse, dout, mask, scale=scale, layout=layout)
+    want = reference.attention_backward(qe, ke, ve, de, mask, scale=scale, layout=layout)
+    for got, ref, name in zip(grads, want, ("dq", "dk", "dv")):
+        check_gradients(got, ref, dtype, name)
+    return (q, k, v, out, lse, dout), grads
+
+
+CASES = [(d, dtype, heads, layout) for d in (64, 96, 128) for dtype in ("bfloat16", "float16")
+         for heads, layout in ((1, "bhld"), (2, "blhd"), (4, "bhld"))]
+
+
+@pytest.mark.parametrize("d,dtype,mask_heads,layout", CASES,
+                         ids=[f"d{d}-{t}-mh{h}-{lay}" for d, t, h, lay in CASES])
+def test_backward_equals_the_float64_reference(d, dtype, mask_heads, layout):
+    """Ragged blocks, an empty query block, a key block nobody selects, GQA 4:2 with one mask,
+    one per kv head or one per query head."""
+    rng = np.random.default_rng(d + mask_heads)
+    _backward_case(_ragged_mask(rng, mask_heads), dtype=dtype, d=d, layout=layout,
+                   seed=mask_heads, scale=0.09 if mask_heads == 2 else None)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_uniform_and_variable_blocks_batched(d):
+    """128-token blocks at 30% and random variable blocks (32-256 tokens), batch 2, MHA."""
+    rng = np.random.default_rng(d)
+    uniform = BlockMask.from_dense(rng.random((2, 2, 8, 8)) < 0.3, block_size=128)
+    _backward_case(uniform, b=2, hq=2, hkv=2, d=d, seed=1)
+    bounds = lambda: np.concatenate([[0], np.cumsum(rng.integers(32, 257, 9))])  # noqa: E731
+    variable = BlockMask.from_dense(rng.random((2, 1, 9, 9)) < 0.3, q_bounds=bounds(),
+                                    kv_bounds=bounds())
+    _backward_case(variable, b=2, hq=3, hkv=1, d=d, seed=2)
+
+
+def test_backward_is_bitwise_repeatable_and_a_plan_runs_the_same():
+    """No atomics: two runs give the same bits; Plan.run_backward equals attention_backward."""
+    rng = np.random.default_rng(7)
+    mask = _ragged_mask(rng, 2)
+    (q, k, v, out, lse, dout), first = _backward_case(mask, d=128, seed=3)
+    again = tessera.attention_backward(q, k, v, out, lse, dout, mask)
+    p = tessera.plan(mask, num_q_heads=4, num_kv_heads=2, head_dim=128)
+    planned = p.run_backward(q, k, v, out, lse, dout)
+    for a, b_, c in zip(first, again, planned):
+        assert (a.view(np.uint16) == b_.view(np.uint16)).all()
+        assert (a.view(np.uint16) == c.view(np.uint16)).all()
+
+
+def test_bad_gradient_inputs_are_refused_by_name():
+    import cupy as cp
+
+    rng = np.random.default_rng(0)
+    mask = _ragged_mask(rng, 1)
+    (q, k, v, out, lse, dout), _ = _backward_case(mask, d=64, seed=0)
+    with pytest.raises(ValueError, match=r"dout must have q's shape \(1, 4, 512, 64\)"):
+        tessera.attention_backward(q, k, v, out, lse, dout[:, :2], mask)
+    with pytest.raises(TypeError, match="out must be bfloat16 like q"):
+        tessera.attention_backward(q, k, v, out.astype(cp.float32), lse, dout, mask)
+    with pytest.raises(ValueError, match="lse must be the forward's contiguous float32 LSE"):
+        tessera.attention_backward(q, k, v, out, lse[:, :, :100], dout, mask)
+    with pytest.raises(ValueError, match="dout must be contiguous in the head dim"):
+        tessera.attention_backward(q, k, v, out, lse, dout[..., ::-1], mask)
+
+
+def test_torch_autograd_through_tessera_attention():
+    """loss.backward() through tessera.attention on CUDA tensors (blhd, GQA) gives the float64
+    reference's gradients of the same loss."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(5)
+    mask = _ragged_mask(rng, 2)
+    (q, k, v), (qe, ke, ve) = _inputs(rng, "torch", "bfloat16", 1, 4, 2, 512, 512, 64, "blhd")
+    q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
+    w = torch.randn(1, 512, 4, 64, device="cuda").to(torch.bfloat16)
+    out = tessera.attention(q, k, v, mask, layout="blhd")
+    (out.float() * w.float()).sum().backward()
+    we = w.float().cpu().numpy().astype(np.float64)
+    want = reference.attention_backward(qe, ke, ve, we, mask, layout="blhd")
+    for x, ref, name in zip((q, k, v), want, ("dq", "dk", "dv")):
+        assert x.grad is not None and x.grad.dtype == torch.bfloat16, name
+        check_gradients(x.grad, ref, "bfloat16", name)

@@ -1,0 +1,56 @@
+"""The backward pass's task queues (runtime/backward.py): one task per gradient row, a kv head's
+group of query heads in one key-major task, positions that never leave their head."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tessera
+from tessera import BlockMask
+from tessera.runtime.backward import BACKWARD_BLOCK_M, backward_queues
+from tessera.runtime.plan import checked_shape
+from tessera.runtime.queue import Span, Task, records
+
+
+def _queues(dense, qb, kb, hq, hkv, d=64):
+    mask = BlockMask.from_dense(dense, q_bounds=np.asarray(qb), kv_bounds=np.asarray(kb))
+    shape = checked_shape(mask, hq, hkv, d, None, dense.shape[0], "bfloat16", "bhld")
+    return mask, backward_queues(mask, shape)
+
+
+@pytest.mark.parametrize("mask_heads", [1, 2, 4])
+def test_key_major_tasks_hold_a_groups_query_heads(mask_heads):
+    rng = np.random.default_rng(mask_heads)
+    qb, kb = [0, 70, 128, 150, 256, 300], [0, 64, 100, 228, 237, 300]
+    dense = rng.random((2, mask_heads, 5, 5)) < 0.5
+    dense[..., 0, 0] = True
+    mask, bq = _queues(dense, qb, kb, hq=4, hkv=2)
+    assert bq.group == 2 and bq.seq_q == 300 and bq.dkdv.heads_per_task == 1
+    tasks, spans = records(bq.dkdv.tasks, Task), records(bq.dkdv.spans, Span)
+    assert set(int(h) for h in tasks.q_head0) == {0, 2}  # each group's first query head
+    # Every key row of every (batch, kv head) in exactly one tile of at most 64 keys.
+    rows = np.zeros((2, 2, 300), int)
+    for t in tasks:
+        assert 0 < t.q_end - t.q_start <= BACKWARD_BLOCK_M
+        rows[t.batch, t.q_head0 // 2, t.q_start:t.q_end] += 1
+        for s in spans[t.span_begin:t.span_end]:
+            head = int(s.k_start) // 300
+            assert head < 2 and (int(s.k_end) - 1) // 300 == head  # never leaves its head
+            # the span's query rows of that head select the task's keys in the logical mask
+            mh = (t.q_head0 + head) * mask_heads // 4
+            qblk = np.searchsorted(qb, np.arange(s.k_start, s.k_end) % 300, side="right") - 1
+            kblk = np.searchsorted(kb, np.arange(max(t.q_start, s.r_start),
+                                                 min(t.q_end, s.r_end)), side="right") - 1
+            assert dense[t.batch, mh][np.ix_(qblk, kblk)].all()
+    assert (rows == 1).all()
+    # Longest first.
+    assert (np.diff(tasks.cost.astype(np.int64)) <= 0).all()
+
+
+def test_query_major_queue_splits_nothing():
+    dense = np.ones((1, 1, 8, 8), bool)  # equal tasks: a forward plan would fill the last wave
+    mask, bq = _queues(dense, np.arange(9) * 128, np.arange(9) * 128, hq=3, hkv=3)
+    assert bq.dq.num_slots == 0 and bq.dq.combine.shape[0] == 0
+    p = tessera.plan(mask, num_q_heads=3, head_dim=64)
+    assert p.backward_queues() is p.backward_queues()  # kept on the plan
