@@ -24,7 +24,8 @@ from .launch import AttentionShape, LaunchState, caller_stream, check_operands
 from .operands import Operands, bhld_view, check_scale, describe, describe_like_q
 from .settings import config
 
-__all__ = ["BackwardLaunchable", "run_backward_plan", "dq_block_n"]
+__all__ = ["BackwardLaunchable", "run_backward_plan", "dq_block_n", "backward_kernels",
+           "SM90_BLOCK_M"]
 
 _LOG2E = 1.4426950408889634
 _DELTA_THREADS = 256  # bsa_bwd_delta's launch bound: 8 rows a CTA, a warp each
@@ -38,15 +39,35 @@ class BackwardLaunchable(Protocol):
     @property
     def shape(self) -> AttentionShape: ...
 
-    def backward_queues(self, dq_block_n: int | None = None) -> Any: ...
+    def backward_queues(self, block_m: int = 64,
+                        block_n: tuple[int, int] | None = None) -> Any: ...
 
 
 def dq_block_n(head_dim: int, cc: int) -> int | None:
-    """The dQ kernel's key step on compute capability ``cc``: None (the default,
+    """The portable dQ kernel's key step on compute capability ``cc``: None (the default,
     :func:`~tessera.cuda.variants.backward_block_n`) where its shared memory fits the GPU's
     per-block limit, else 32 (head dim 128 on sm_86 / sm_89, 99 KiB a block)."""
     v = Variant.bwd_sm80("bsa_bwd_dq_sm80", head_dim=head_dim, bf16=True)
     return None if smem_bytes(v) <= smem_limit_bytes(cc) else 32
+
+
+# Rows of a Hopper backward task: two warpgroups of 64 (a key tile's K and V, or a query tile's
+# Q and dO, read by both from shared memory).
+SM90_BLOCK_M = 128
+
+
+def backward_kernels(cc: int, head_dim: int, bf16: bool) -> tuple[Variant, Variant]:
+    """The backward pass's (dK/dV, dQ) kernels on compute capability ``cc``: the Hopper family
+    on sm_90 (unless ``config.portable_backward``), the portable one elsewhere. Their BM and
+    BN are the queues' tile rows and steps."""
+    if cc == 90 and not config.portable_backward:
+        return (Variant.bwd_sm90("bsa_bwd_dkdv_sm90", head_dim=head_dim, bf16=bf16,
+                                 block_m=SM90_BLOCK_M),
+                Variant.bwd_sm90("bsa_bwd_dq_sm90", head_dim=head_dim, bf16=bf16,
+                                 block_m=SM90_BLOCK_M))
+    return (Variant.bwd_sm80("bsa_bwd_dkdv_sm80", head_dim=head_dim, bf16=bf16),
+            Variant.bwd_sm80("bsa_bwd_dq_sm80", head_dim=head_dim, bf16=bf16,
+                             block_n=dq_block_n(head_dim, cc)))
 
 
 def run_backward_plan(p: BackwardLaunchable, q: Any, k: Any, v: Any, out: Any, lse: Any,
@@ -75,16 +96,17 @@ def run_backward_plan(p: BackwardLaunchable, q: Any, k: Any, v: Any, out: Any, l
         return _launch(p, ops, o_desc, do_desc, ld, scale)
 
 
-def _device_queues(p: BackwardLaunchable, cp: Any, dq_bn: int | None) -> tuple[Any, Any]:
-    """``p``'s backward queues on the current device, (dq, dkdv) as (tasks, spans, count)
-    (copied once per plan, device and dQ step)."""
-    key = (cp.cuda.Device().id, dq_bn)
+def _device_queues(p: BackwardLaunchable, cp: Any, block_m: int, block_n: tuple[int, int]
+                   ) -> tuple[Any, Any]:
+    """``p``'s backward queues on the current device, (dq, dkdv) as (tasks, spans, count,
+    tile rows) (copied once per plan, device, tile rows and steps)."""
+    key = (cp.cuda.Device().id, block_m, block_n)
     got = p.launch_state.backward_queues.get(key)
     if got is None:
         if capturing():
             raise RuntimeError("a CUDA graph is being captured and this plan's backward pass "
                                "has not run on this GPU yet: run it once before capturing")
-        bq = p.backward_queues(dq_bn)
+        bq = p.backward_queues(block_m, block_n)
         got = p.launch_state.backward_queues[key] = tuple(
             (cp.ascontiguousarray(cp.asarray(x.tasks, dtype=cp.int32)),
              cp.ascontiguousarray(cp.asarray(x.spans, dtype=cp.int32)),
@@ -101,13 +123,13 @@ def _launch(p: BackwardLaunchable, ops: Operands, o_desc: Any, do_desc: Any, lse
     _, hkv, lkv, _ = ops.shape_kv
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     bf16 = ops.q.dtype == "bfloat16"
-    cc = device_cc()
-    dq_bn = dq_block_n(d, cc)
+    dkdv_variant, dq_variant = backward_kernels(device_cc(), d, bf16)
+    block_n = (dq_variant.macro("BN"), dkdv_variant.macro("BN"))
     layout = shape.layout
     stream = caller_stream(ops)
     i64, i32, f32, ptr = np.int64, np.int32, np.float32, np.uint64
     with stream:
-        dq_queue, kv_queue = _device_queues(p, cp, dq_bn)
+        dq_queue, kv_queue = _device_queues(p, cp, dq_variant.macro("BM"), block_n)
 
         def grad(rows: int, heads: int):
             want = (b, heads, rows, d) if layout == "bhld" else (b, rows, heads, d)
@@ -136,11 +158,10 @@ def _launch(p: BackwardLaunchable, ops: Operands, o_desc: Any, do_desc: Any, lse
                     ptr(dk[0].ptr), *map(i64, dk[2][:3]),
                     ptr(dv[0].ptr), *map(i64, dv[2][:3]),
                     i32(hq), i32(lq))
-        for kernel, (tasks, spans, n_tasks, tile_rows), bn in (
-                ("bsa_bwd_dkdv_sm80", kv_queue, None), ("bsa_bwd_dq_sm80", dq_queue, dq_bn)):
+        for v, (tasks, spans, n_tasks, tile_rows) in ((dkdv_variant, kv_queue),
+                                                      (dq_variant, dq_queue)):
             if not n_tasks:
                 continue
-            v = Variant.bwd_sm80(kernel, head_dim=d, bf16=bf16, block_n=bn)
             load_kernel(v)((n_tasks,), (v.threads,),
                            (tasks, spans, *operands, i32(tile_rows), i32(hq // hkv), f32(scale),
                             f32(scale * _LOG2E), i32(n_tasks)),

@@ -32,6 +32,8 @@ class Settings:
             that a small mask's tasks queue up behind few CTAs, each running several.
         use_tma: the producer variant copies K/V by TMA wherever the operands allow; False
             keeps every launch on cp.async (an A/B switch for benchmarks and tests).
+        portable_backward: the backward pass runs the portable kernels (sm80/bwd.cu) on sm_90
+            GPUs too, instead of the Hopper ones (an A/B switch for benchmarks and tests).
         request_plans_kept: sync-free plans ``tessera.attention`` keeps for the next request of
             the same geometry, shapes and stream (least recently used dropped first); 0 plans
             every request anew.
@@ -46,6 +48,7 @@ class Settings:
     poison_outputs: bool = False
     persistent_grid_cap: int | None = None
     use_tma: bool = True
+    portable_backward: bool = False
     request_plans_kept: int = 8
     request_selection_refresh: int = 16
 
@@ -53,7 +56,7 @@ class Settings:
         if name not in {f.name for f in fields(self)}:
             raise AttributeError(f"tessera.config has no setting {name!r} (settings: "
                                  f"{', '.join(f.name for f in fields(self))})")
-        if name in ("poison_outputs", "use_tma"):
+        if name in ("poison_outputs", "use_tma", "portable_backward"):
             if not isinstance(value, (bool, np.bool_)):
                 raise TypeError(f"config.{name} must be True or False, got {value!r}")
             value = bool(value)

@@ -15,15 +15,18 @@ from dataclasses import dataclass, field
 from .device import SM90_SMEM_PER_SM, SM90_SMEM_RESERVED, smem_limit_bytes
 
 __all__ = ["Variant", "smem_bytes", "ROW_GROUP", "WIDE_BN", "WIDE_SPANS", "WIDE_SLACK",
-           "has_wide_step", "PARAMETERS", "SM80", "SM90", "SM80_BWD", "BACKWARD_KERNELS",
-           "backward_block_n", "config_header"]
+           "has_wide_step", "PARAMETERS", "SM80", "SM90", "SM80_BWD", "SM90_BWD",
+           "BACKWARD_KERNELS", "SM90_BACKWARD_KERNELS", "backward_block_n", "config_header"]
 
 # The sources of the two attention families, and of the portable backward pass.
 SM80 = "sm80/bsa.cu"
 SM90 = "sm90/bsa.cu"
 SM80_BWD = "sm80/bwd.cu"
-# The backward source's kernels (sm80/bwd.cu), in launch order.
+SM90_BWD = "sm90/bwd.cu"
+# The backward sources' kernels, in launch order (the Hopper pass starts with the portable
+# source's Delta kernel too).
 BACKWARD_KERNELS = ("bsa_bwd_delta", "bsa_bwd_dkdv_sm80", "bsa_bwd_dq_sm80")
+SM90_BACKWARD_KERNELS = ("bsa_bwd_dkdv_sm90", "bsa_bwd_dq_sm90")
 
 
 def backward_block_n(head_dim: int, key_major: bool) -> int:
@@ -179,6 +182,8 @@ class Variant:
         if self.source == SM90:
             return (self.macro("BM") // 64 * self.rings
                     + dict(self.macros).get("PRODUCER", 0)) * 128
+        if self.source == SM90_BWD:
+            return self.macro("BM") // 64 * 128
         return self.macro("WARPS") * 32
 
     @property
@@ -210,6 +215,18 @@ class Variant:
         return cls(SM80_BWD, kernel, (
             ("BM", block_m), ("BN", bn), ("D", head_dim), ("WARPS", block_m // 16), ("MT", 1),
             ("STAGES", stages), ("BF16", int(bf16))))
+
+    @classmethod
+    def bwd_sm90(cls, kernel: str, *, head_dim: int, bf16: bool, block_m: int = 128,
+                 block_n: int = 64) -> "Variant":
+        """A kernel of the Hopper backward (sm90/bwd.cu, sm_90a only): 64 rows a warpgroup,
+        ``block_m`` rows a task, ``block_n`` columns a step, a cp.async double buffer.
+        ``kernel`` is one of :data:`SM90_BACKWARD_KERNELS`."""
+        if kernel not in SM90_BACKWARD_KERNELS:
+            raise ValueError(f"sm90/bwd.cu has {', '.join(SM90_BACKWARD_KERNELS)}, got "
+                             f"{kernel!r}")
+        return cls(SM90_BWD, kernel, (("BM", block_m), ("BN", block_n), ("D", head_dim),
+                                      ("STAGES", 2), ("BF16", int(bf16))))
 
     @classmethod
     def pooled_topk(cls, kernel: str, element: str = "float32") -> "Variant":
@@ -252,6 +269,9 @@ def smem_bytes(v: Variant) -> int:
             return 0
         lds, bn, stages = v.macro("D") + 8, v.macro("BN"), v.macro("STAGES")
         return 2 * lds * (2 * v.macro("BM") + stages * 2 * bn) + stages * 2 * bn * 4
+    if v.source == SM90_BWD:  # the same, unpadded (swizzled), plus 1 KiB to align the tiles
+        d, bn, stages = v.macro("D"), v.macro("BN"), v.macro("STAGES")
+        return 1024 + 2 * d * (2 * v.macro("BM") + stages * 2 * bn) + stages * 2 * bn * 4
     if v.source == SM90:  # tiles unpadded (swizzled), plus 1 KiB to align them
         d, stages = v.macro("D"), v.macro("STAGES")
         macros = dict(v.macros)
@@ -293,6 +313,7 @@ PARAMETERS: dict[str, dict[str, int | None]] = {
            "WIDE_SPANS": WIDE_SPANS, "WIDE_SLACK": WIDE_SLACK},
     SM80_BWD: {"BM": None, "BN": None, "D": None, "WARPS": None, "MT": None, "STAGES": None,
                "BF16": None, "MIN_BLOCKS": 1},
+    SM90_BWD: {"BM": None, "BN": None, "D": None, "STAGES": None, "BF16": None, "MIN_BLOCKS": 1},
     "combine.cu": {"BF16": None},
     "pooled_topk.cu": {"F32": 0, "BF16": 1},
     "plan.cu": {},

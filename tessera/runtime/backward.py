@@ -28,11 +28,7 @@ from .regime.choice import RegimeChoice
 from .regime.value import Regime
 from .tasks import NEVER_SPLIT_RATIO
 
-__all__ = ["BackwardQueues", "BackwardPlan", "BACKWARD_BLOCK_M", "backward_regime",
-           "backward_queues"]
-
-# Rows of a backward tile (keys for dK/dV, query rows for dQ): four warps of 16.
-BACKWARD_BLOCK_M = 64
+__all__ = ["BackwardQueues", "BackwardPlan", "backward_regime", "backward_queues"]
 
 
 @dataclass(frozen=True)
@@ -46,6 +42,7 @@ class BackwardQueues:
             and R_START..R_END the key rows they apply to.
         group: query heads per kv head.
         seq_q: query tokens (the position stride of a head in ``dkdv``'s spans).
+        block_m: rows a task holds (packed query heads' rows in ``dq``, keys in ``dkdv``).
         block_n: (dQ step in keys, dK/dV step in query rows) the queues' costs count.
     """
 
@@ -53,6 +50,7 @@ class BackwardQueues:
     dkdv: TaskQueue
     group: int
     seq_q: int
+    block_m: int
     block_n: tuple[int, int]
 
 
@@ -68,28 +66,32 @@ class BackwardPlan:
     launch_state: LaunchState = field(default_factory=LaunchState, repr=False)
     _queues: dict = field(default_factory=dict, repr=False)
 
-    def backward_queues(self, dq_block_n: int | None = None) -> BackwardQueues:
+    def backward_queues(self, block_m: int = 64, block_n: tuple[int, int] | None = None
+                        ) -> BackwardQueues:
         """The queues (:func:`backward_queues`), planned on the host at the first call."""
-        got = self._queues.get(dq_block_n)
+        key = (block_m, block_n)
+        got = self._queues.get(key)
         if got is None:
-            got = self._queues[dq_block_n] = backward_queues(self.mask, self.shape,
-                                                             dq_block_n=dq_block_n)
+            got = self._queues[key] = backward_queues(self.mask, self.shape, block_m=block_m,
+                                                      block_n=block_n)
         return got
 
 
-def backward_regime(head_dim: int, key_major: bool, block_n: int | None = None) -> Regime:
-    """The regime the backward queues are organized with: 64-row portable tiles, no merged
-    rows (a key tile is then the same for every query head of a group), no splits."""
-    bn = backward_block_n(head_dim, key_major) if block_n is None else block_n
-    return Regime(family="sm80", block_m=BACKWARD_BLOCK_M, block_n=bn, num_warps=4, stages=2,
-                  combine_threshold=0.0, split_ratio=NEVER_SPLIT_RATIO)
+def backward_regime(block_m: int, block_n: int) -> Regime:
+    """The regime the backward queues are organized with: ``block_m``-row tiles (64: the
+    portable kernels', 128: the Hopper kernels'), ``block_n``-wide steps (what the costs
+    count), no merged rows (a key tile is then the same for every query head of a group), no
+    splits."""
+    return Regime(family="sm80", block_m=block_m, block_n=block_n, num_warps=block_m // 16,
+                  stages=2, combine_threshold=0.0, split_ratio=NEVER_SPLIT_RATIO)
 
 
-def backward_queues(mask: BlockMask, shape: PlanShape, *, dq_block_n: int | None = None
-                    ) -> BackwardQueues:
-    """Both queues of ``mask``'s backward pass for ``shape``, planned on the host (a device
-    mask is copied back once). ``dq_block_n``: the dQ kernel's key step where the device
-    needs a narrower one than :func:`~tessera.cuda.variants.backward_block_n`'s."""
+def backward_queues(mask: BlockMask, shape: PlanShape, *, block_m: int = 64,
+                    block_n: tuple[int, int] | None = None) -> BackwardQueues:
+    """Both queues of ``mask``'s backward pass for ``shape`` with ``block_m``-row tasks,
+    planned on the host (a device mask is copied back once). ``block_n``: the kernels' steps
+    (dQ's, dK/dV's); None: the portable kernels'
+    (:func:`~tessera.cuda.variants.backward_block_n`)."""
     host = mask.to_host()
     planner = ArrayPlanner()
 
@@ -97,16 +99,19 @@ def backward_queues(mask: BlockMask, shape: PlanShape, *, dq_block_n: int | None
         choice = RegimeChoice(regime, True, True, 0, False)
         return planner.organize(host, shape, PlanMode.EXACT, choice, direction).exact[1]
 
-    dq_regime = backward_regime(shape.head_dim, False, dq_block_n)
-    # Key tiles at multiples of 64 keys whatever each head selects, so that the query heads of
-    # a group cut the same tiles (a span applies to the key rows that select it).
-    kv_regime = backward_regime(shape.head_dim, True).with_(align_tiles=True)
+    if block_n is None:
+        block_n = (backward_block_n(shape.head_dim, False), backward_block_n(shape.head_dim, True))
+    dq_regime = backward_regime(block_m, block_n[0])
+    # Key tiles at multiples of block_m keys whatever each head selects, so that the query
+    # heads of a group cut the same tiles (a span applies to the key rows that select it).
+    kv_regime = backward_regime(block_m, block_n[1]).with_(align_tiles=True)
     dq = organized(Direction.QUERY_MAJOR, dq_regime)
     per_head = organized(Direction.KEY_MAJOR, kv_regime)
     group = shape.num_q_heads // shape.num_kv_heads
     seq_q = int(mask.q_bounds[-1])
     dkdv = _group_key_tiles(per_head, group, seq_q, int(mask.kv_bounds[-1]), shape)
-    return BackwardQueues(dq, dkdv, group, seq_q, (dq_regime.block_n, kv_regime.block_n))
+    return BackwardQueues(dq, dkdv, group, seq_q, block_m,
+                          (dq_regime.block_n, kv_regime.block_n))
 
 
 def _group_key_tiles(queue: TaskQueue, group: int, seq_q: int, seq_kv: int,

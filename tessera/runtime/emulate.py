@@ -21,7 +21,6 @@ import numpy as np
 from .._array import to_numpy
 from ..operands import checked_dout, checked_like_output, host_operands
 from .plan import Plan
-from .backward import BACKWARD_BLOCK_M
 from .queue import Combine, Span, Task, records
 
 __all__ = ["EmulationResult", "BackwardResult", "run", "run_backward"]
@@ -221,8 +220,8 @@ class BackwardResult:
 
 
 def run_backward(plan: Plan, q: Any, k: Any, v: Any, dout: Any, *,
-                 scale: float | None = None, out: Any = None,
-                 lse: Any = None) -> BackwardResult:
+                 scale: float | None = None, out: Any = None, lse: Any = None,
+                 block_m: int = 64) -> BackwardResult:
     """The backward pass of ``plan`` on the CPU in float64, by the two task queues the backward
     kernels walk (``Plan.backward_queues``): dQ by the query-major queue, dK and dV by the
     key-major one, each recomputing P from the forward's LSE.
@@ -245,15 +244,15 @@ def run_backward(plan: Plan, q: Any, k: Any, v: Any, dout: Any, *,
                          f"{None if lse3 is None else lse3.shape}")
     bw = _Backward(plan, q4, k4, v4, do4, lse3, (do4 * out4).sum(axis=3),
                    1.0 / np.sqrt(q4.shape[3]) if scale is None else float(scale))
-    bq = plan.backward_queues()
+    bq = plan.backward_queues(block_m)
     qspans = records(bq.dq.spans, Span)
     for task in records(bq.dq.tasks, Task):
         bw.query_major(task, qspans[task.span_begin:task.span_end], bq.dq.tile_rows,
-                       bq.block_n[0])
+                       bq.block_m, bq.block_n[0])
     kspans = records(bq.dkdv.spans, Span)
     for task in records(bq.dkdv.tasks, Task):
         bw.key_major(task, kspans[task.span_begin:task.span_end], bq.dkdv.tile_rows,
-                     bq.block_n[1], bq.seq_q)
+                     bq.block_m, bq.block_n[1], bq.seq_q)
     grads = (bw.dq, bw.dk, bw.dv)
     if plan.layout == "blhd":
         grads = tuple(g.transpose(0, 2, 1, 3) for g in grads)
@@ -280,11 +279,12 @@ class _Backward(_PlanWalk):
         with np.errstate(invalid="ignore", over="ignore"):
             return np.where(ok & np.isfinite(lse), np.exp(s - lse), 0.0)
 
-    def query_major(self, task: Any, spans: np.recarray, tile_rows: int, bn: int) -> None:
-        """dQ of a task's rows (BACKWARD_BLOCK_M of them: packed heads x tile tokens): its key
-        spans walked ``bn`` keys at a time."""
+    def query_major(self, task: Any, spans: np.recarray, tile_rows: int, bm: int,
+                    bn: int) -> None:
+        """dQ of a task's ``bm`` rows (packed heads x tile tokens): its key spans walked ``bn``
+        keys at a time."""
         b, tr = task.batch, tile_rows
-        rows = np.arange(BACKWARD_BLOCK_M)
+        rows = np.arange(bm)
         head, tok = task.q_head0 + rows // tr, task.q_start + rows % tr
         real = tok < task.q_end
         tok_c = np.minimum(tok, self.q4.shape[2] - 1)
@@ -301,12 +301,12 @@ class _Backward(_PlanWalk):
             self.dq[b, head[real], tok[real]] += (self.scale * ds @ kk)[real]
         self.dq_writers[b, head[real], tok[real]] += 1
 
-    def key_major(self, task: Any, spans: np.recarray, tile_rows: int, bn: int,
+    def key_major(self, task: Any, spans: np.recarray, tile_rows: int, bm: int, bn: int,
                   seq_q: int) -> None:
         """dK and dV of a key tile of a kv head: the query chunks of every query head of its
         group that select it (positions head in group x seq_q + token), ``bn`` at a time."""
         b = task.batch
-        key = task.q_start + np.arange(BACKWARD_BLOCK_M) % tile_rows
+        key = task.q_start + np.arange(bm) % tile_rows
         real = key < task.q_end
         key_c = np.minimum(key, self.k4.shape[2] - 1)
         kvh = task.q_head0 // self.group

@@ -255,15 +255,16 @@ class Plan:
         With ``out``/``lse`` given the run writes them in place and allocates nothing."""
         return run_plan(self, q, k, v, scale=scale, return_lse=return_lse, out=out, lse=lse)
 
-    def backward_queues(self, dq_block_n: int | None = None) -> BackwardQueues:
-        """The backward pass's task queues of this plan's mask (``runtime.backward``): planned
-        on the host at the first call (a device mask is read back once), then kept until the
-        plan takes another mask."""
+    def backward_queues(self, block_m: int = 64, block_n: tuple[int, int] | None = None
+                        ) -> BackwardQueues:
+        """The backward pass's task queues of this plan's mask with ``block_m``-row tasks
+        (``runtime.backward``): planned on the host at the first call (a device mask is read
+        back once), then kept until the plan takes another mask."""
         if self._backward is None:
             shape = checked_shape(self.mask, self.num_q_heads, self.num_kv_heads, self.head_dim,
                                   self.head_dim_v, self.batch, self.dtype, self.layout)
             self._backward = BackwardPlan(self.mask, shape, self.launch_state)
-        return self._backward.backward_queues(dq_block_n)
+        return self._backward.backward_queues(block_m, block_n)
 
     def run_backward(self, q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, *,
                      scale: float | None = None) -> tuple[Any, Any, Any]:

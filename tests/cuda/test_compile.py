@@ -520,3 +520,19 @@ def test_backward_kernels_compile_without_spills(target, kernel, d, tmp_path, mo
         assert res.spill_bytes == 0 and res.stack_bytes == 0 and res.registers <= 255
         limit = {"sm_86": 101376, "sm_89": 101376}.get(target, 166912)
         assert variants.smem_bytes(v) <= limit
+
+
+@pytest.mark.parametrize("kernel,d", [(k, d) for k in variants.SM90_BACKWARD_KERNELS
+                                      for d in HEAD_DIMS])
+def test_sm90_backward_kernels_compile_without_spills(kernel, d, tmp_path, monkeypatch):
+    """The Hopper backward (sm90/bwd.cu) at the launch's tile for sm_90 builds for sm_90a in
+    both element types: no spills, no serialized wgmma (the loader refuses both), within the
+    per-block shared memory."""
+    from tessera.backward_launch import backward_kernels
+
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    for bf16 in (True, False):
+        v = next(x for x in backward_kernels(90, d, bf16) if x.kernel == kernel)
+        res = loader.compile_variant(v, "sm_90a")
+        assert res.spill_bytes == 0 and res.stack_bytes == 0 and res.registers <= 255
+        assert variants.smem_bytes(v) <= 232448

@@ -1,8 +1,9 @@
 """GPU: tessera.attention_backward and Plan.run_backward against the float64 reference's
 gradients on fresh random inputs, outputs poisoned first (every element must be written): ragged
 and variable blocks, empty rows and unselected keys, GQA with a mask per kv or query head, both
-layouts, bf16 and fp16, head dims 64, 96 and 128; bitwise repeatable; torch autograd through
-tessera.attention. Marked ``gpu``: skipped where there is no GPU."""
+layouts, bf16 and fp16, head dims 64, 96 and 128, the device's kernels and (on sm_90) the
+portable ones too; bitwise repeatable; torch autograd through tessera.attention. Marked ``gpu``:
+skipped where there is no GPU."""
 
 from __future__ import annotations
 
@@ -67,9 +68,21 @@ CASES = [(d, dtype, heads, layout) for d in (64, 96, 128) for dtype in ("bfloat1
          for heads, layout in ((1, "bhld"), (2, "blhd"), (4, "bhld"))]
 
 
+@pytest.fixture(params=["device", "portable"])
+def family(request):
+    """The device's backward kernels, and the portable ones where they differ (sm_90)."""
+    if request.param == "portable":
+        from tessera.cuda.loader import device_cc
+
+        if device_cc() != 90:
+            pytest.skip("the device's kernels are the portable ones")
+    with tessera.config.override(portable_backward=request.param == "portable"):
+        yield request.param
+
+
 @pytest.mark.parametrize("d,dtype,mask_heads,layout", CASES,
                          ids=[f"d{d}-{t}-mh{h}-{lay}" for d, t, h, lay in CASES])
-def test_backward_equals_the_float64_reference(d, dtype, mask_heads, layout):
+def test_backward_equals_the_float64_reference(d, dtype, mask_heads, layout, family):
     """Ragged blocks, an empty query block, a key block nobody selects, GQA 4:2 with one mask,
     one per kv head or one per query head."""
     rng = np.random.default_rng(d + mask_heads)
@@ -77,9 +90,10 @@ def test_backward_equals_the_float64_reference(d, dtype, mask_heads, layout):
                    seed=mask_heads, scale=0.09 if mask_heads == 2 else None)
 
 
-@pytest.mark.parametrize("d", [64, 128])
-def test_uniform_and_variable_blocks_batched(d):
-    """128-token blocks at 30% and random variable blocks (32-256 tokens), batch 2, MHA."""
+@pytest.mark.parametrize("d", [64, 96, 128])
+def test_uniform_and_variable_blocks_batched(d, family):
+    """128-token blocks at 30% and random variable blocks (32-256 tokens), batch 2, MHA and
+    GQA 3:1."""
     rng = np.random.default_rng(d)
     uniform = BlockMask.from_dense(rng.random((2, 2, 8, 8)) < 0.3, block_size=128)
     _backward_case(uniform, b=2, hq=2, hkv=2, d=d, seed=1)
@@ -89,7 +103,7 @@ def test_uniform_and_variable_blocks_batched(d):
     _backward_case(variable, b=2, hq=3, hkv=1, d=d, seed=2)
 
 
-def test_backward_is_bitwise_repeatable_and_a_plan_runs_the_same():
+def test_backward_is_bitwise_repeatable_and_a_plan_runs_the_same(family):
     """No atomics: two runs give the same bits; Plan.run_backward equals attention_backward."""
     rng = np.random.default_rng(7)
     mask = _ragged_mask(rng, 2)

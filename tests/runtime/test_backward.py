@@ -8,31 +8,32 @@ import pytest
 
 import tessera
 from tessera import BlockMask
-from tessera.runtime.backward import BACKWARD_BLOCK_M, backward_queues
+from tessera.runtime.backward import backward_queues
 from tessera.runtime.plan import checked_shape
 from tessera.runtime.queue import Span, Task, records
 
 
-def _queues(dense, qb, kb, hq, hkv, d=64):
+def _queues(dense, qb, kb, hq, hkv, d=64, block_m=64):
     mask = BlockMask.from_dense(dense, q_bounds=np.asarray(qb), kv_bounds=np.asarray(kb))
     shape = checked_shape(mask, hq, hkv, d, None, dense.shape[0], "bfloat16", "bhld")
-    return mask, backward_queues(mask, shape)
+    return mask, backward_queues(mask, shape, block_m=block_m)
 
 
-@pytest.mark.parametrize("mask_heads", [1, 2, 4])
-def test_key_major_tasks_hold_a_groups_query_heads(mask_heads):
+@pytest.mark.parametrize("mask_heads,block_m", [(1, 64), (2, 128), (4, 64), (4, 128)])
+def test_key_major_tasks_hold_a_groups_query_heads(mask_heads, block_m):
     rng = np.random.default_rng(mask_heads)
     qb, kb = [0, 70, 128, 150, 256, 300], [0, 64, 100, 228, 237, 300]
     dense = rng.random((2, mask_heads, 5, 5)) < 0.5
     dense[..., 0, 0] = True
-    mask, bq = _queues(dense, qb, kb, hq=4, hkv=2)
+    mask, bq = _queues(dense, qb, kb, hq=4, hkv=2, block_m=block_m)
     assert bq.group == 2 and bq.seq_q == 300 and bq.dkdv.heads_per_task == 1
+    assert bq.block_m == block_m and bq.dkdv.tile_rows == block_m
     tasks, spans = records(bq.dkdv.tasks, Task), records(bq.dkdv.spans, Span)
     assert set(int(h) for h in tasks.q_head0) == {0, 2}  # each group's first query head
     # Every key row of every (batch, kv head) in exactly one tile of at most 64 keys.
     rows = np.zeros((2, 2, 300), int)
     for t in tasks:
-        assert 0 < t.q_end - t.q_start <= BACKWARD_BLOCK_M
+        assert 0 < t.q_end - t.q_start <= block_m and t.q_start % block_m == 0
         rows[t.batch, t.q_head0 // 2, t.q_start:t.q_end] += 1
         for s in spans[t.span_begin:t.span_end]:
             head = int(s.k_start) // 300

@@ -8,6 +8,7 @@
 #pragma once
 
 #include "common/element.cuh"
+#include "common/memory.cuh"
 #include "common/task.cuh"
 
 // Every backward kernel takes the same arguments (tessera/launch_backward.py passes them): the
@@ -86,4 +87,34 @@ __device__ __forceinline__ void store_gradient_rows(u16* rows, i64 sl,
       *reinterpret_cast<u32*>(rows + tok1 * sl + col) =
           pack2(acc[nt][2] * factor, acc[nt][3] * factor);
   }
+}
+
+// The LSE and Delta of a walk's current chunk of BN_ query positions (float32 [B, Hq, Lq] rows
+// of the task's first query head, `lse_rows` and `delta_rows`: a key-major position counts the
+// head in the group times seq_q) into shared `lse` and `delta` (cp.async, committed with the
+// chunk's tiles); columns past the span end repeat its last row, as the chunk's copies of Q and
+// dO do. Threads tid < 2 * BN_ copy one value each.
+template <int BN_, typename Walk_>
+__device__ __forceinline__ void load_row_values(u32 lse, u32 delta, const float* lse_rows,
+                                                const float* delta_rows, const Walk_& w,
+                                                int tid) {
+  if (tid < BN_) {
+    cp_async4(lse + 4 * tid, lse_rows + w.row_key(tid));
+  } else if (tid < 2 * BN_) {
+    cp_async4(delta + 4 * (tid - BN_), delta_rows + w.row_key(tid - BN_));
+  }
+}
+
+// The chunk's LSE (in log2 units) and Delta at the columns the thread holds (8 nt + 2 t, + 1),
+// from the shared arrays load_row_values filled.
+template <int NB>
+__device__ __forceinline__ void column_values(ColumnValues<NB>& lse2, ColumnValues<NB>& delta,
+                                              const float* lse, const float* dlt, int t) {
+#pragma unroll
+  for (int nt = 0; nt < NB; ++nt)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      lse2.v[nt][e] = lse[nt * 8 + 2 * t + e] * LOG2E;
+      delta.v[nt][e] = dlt[nt * 8 + 2 * t + e];
+    }
 }

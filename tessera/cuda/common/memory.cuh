@@ -17,6 +17,10 @@ template <int BYTES>
 __device__ __forceinline__ void cp_async16_at(u32 dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1+%2], 16;" ::"r"(dst), "l"(src), "n"(BYTES));
 }
+// 4-byte asynchronous global->shared copy (per-row floats: the backward's LSE and Delta).
+__device__ __forceinline__ void cp_async4(u32 dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }

@@ -16,8 +16,8 @@
 // task). One warp owns 16 rows (MT = 1) and recomputes P from the LSE (common/backward.cuh).
 //
 // Roles: traits.cuh (the variant's constants), loads.cuh (the chunk pipeline's copies),
-// bwd_loads.cuh (resident tiles, the chunk's LSE and Delta), mma.cuh (ldmatrix and mma.sync),
-// common/backward.cuh (P, dS and the gradient store); the main loops are this file's.
+// bwd_loads.cuh (resident tiles), mma.cuh (ldmatrix and mma.sync), common/backward.cuh (P, dS,
+// the chunk's LSE and Delta, the gradient store); the main loops are this file's.
 //
 // Shared memory (dynamic): two resident tiles of BM x (D + 8) elements, then STAGES x {two chunk
 // tiles of BN x (D + 8)}, then STAGES x {BN LSE, BN Delta} floats (the key-major kernel's).
@@ -32,6 +32,7 @@
 namespace {
 constexpr int RESIDENT = 2 * BM * LDS;  // elements of the two resident tiles
 static_assert(MT == 1, "the backward kernels own 16 rows a warp");
+static_assert(NT >= 2 * BN, "a thread for each of a chunk's LSE and Delta values");
 
 // Per-thread ldmatrix byte offsets (see bsa.cu): A fragments of a resident tile (the warp's
 // rows), B fragments of a chunk read as rows (k_frag) or transposed (v_frag).
@@ -225,8 +226,8 @@ bsa_bwd_dkdv_sm80(TESSERA_BWD_PARAMS) {
     const i64 back = (i64)hl * seq_q;
     load_kv(stages + st * STAGE, q_rows + hl * q_sh - back * q_sl, q_sl,
             do_rows + hl * do_sh - back * do_sl, do_sl, load_walk, tid);
-    load_row_values(values + st * 2 * BN, values + st * 2 * BN + BN, lse_rows, delta_rows,
-                    load_walk, tid);
+    const u32 vals = smem_addr(values + st * 2 * BN);
+    load_row_values<BN>(vals, vals + 4 * BN, lse_rows, delta_rows, load_walk, tid);
   };
 #pragma unroll
   for (int st = 0; st < STAGES - 1; ++st) {
@@ -263,13 +264,7 @@ bsa_bwd_dkdv_sm80(TESSERA_BWD_PARAMS) {
     if (tile_real && key_base < hi && key_base + 16 > lo) {  // warp-uniform
       // The chunk's LSE in log2 units, each thread's columns (its P's and dS's).
       ColumnValues<BN / 8> lse2, delta;
-#pragma unroll
-      for (int nt = 0; nt < BN / 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          lse2.v[nt][e] = lse_cols[nt * 8 + 2 * t + e] * LOG2E;
-          delta.v[nt][e] = lse_cols[BN + nt * 8 + 2 * t + e];
-        }
+      column_values(lse2, delta, lse_cols, lse_cols + BN, t);
       float s[BN / 8][4], dp[BN / 8][4];
       rows_times_chunk(s, smem_addr(k_tile), qs, f);   // S^T = K Q^T
       probabilities(s, walk.kpos, walk.k1, k0 >= lo && k0 < hi, k1 >= lo && k1 < hi, t,

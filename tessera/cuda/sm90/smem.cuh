@@ -1,5 +1,5 @@
-// The Hopper family's shared memory: the tiles' swizzled layout, the wgmma descriptors that read
-// them, and where a ring's tiles, barriers and task-index words sit.
+// The Hopper forward's shared memory: where a ring's tiles, barriers and task-index words sit
+// (the tiles' swizzled layout and the wgmma descriptors that read them: layout.cuh).
 //
 // Q_BUFS x Q (BM x D), then STAGES x {K, V} (KV_ROWS x D each: BN keys, or WIDE_BN with the wide
 // step) -- with rings that for each ring in turn --, every tile in the layout wgmma reads: rows
@@ -11,52 +11,12 @@
 #pragma once
 
 #include "common/memory.cuh"
+#include "sm90/layout.cuh"
 #include "sm90/traits.cuh"
-#include "sm90/wgmma.cuh"
 
 namespace {
-// Byte offset of 16-byte piece `piece` (along D) of row `row` in a tile of ROWS rows. The XOR
-// is the hardware's swizzle of address bits [4, 4 + log2(PPC)) by bits [7, ...), which the
-// tile's 1024-byte alignment makes the same on offsets as on addresses.
-template <int ROWS>
-__device__ __forceinline__ u32 tile_offset(int row, int piece) {
-  const u32 o = (u32)((piece / PPC) * ROWS * SW + row * SW + (piece % PPC) * 16);
-  return o ^ (((o >> 7) & (PPC - 1)) << 4);
-}
-
-// wgmma shared-memory matrix descriptor, held as its two words: the low one the start address
-// and the leading byte offset, the high one the stride byte offset and the swizzle mode (1:
-// 128-byte, 2: 64-byte), all byte counts >> 4. A tile's descriptor is built once and each
-// operand slice addressed as a byte offset from it: one integer add per wgmma on the issue path
-// instead of rebuilding the fields. The add cannot carry out of the 14-bit start-address field,
-// since shared addresses stay below 256 KB.
-struct SmemDesc {
-  u32 lo, hi;
-  __device__ __forceinline__ u64 at(u32 byte_offset) const {
-    return ((u64)hi << 32) | (u64)(lo + (byte_offset >> 4));
-  }
-};
-__device__ __forceinline__ SmemDesc smem_desc(u32 addr, u32 lbo, u32 sbo) {
-  constexpr u32 mode = SW == 128 ? 1 : 2;
-  return {((addr & 0x3FFFF) >> 4) | ((lbo >> 4) << 16), (sbo >> 4) | (mode << 30)};
-}
-
-// K-major operand (rows of D elements: Q or K) of a tile of ROWS rows: its descriptor, and the
-// byte offset of the 16 columns of step kk. Within a chunk the step is a plain byte offset: the
-// hardware applies the swizzle to the address it forms.
-__device__ __forceinline__ SmemDesc k_major_desc(u32 base) { return smem_desc(base, 16, 8 * SW); }
-template <int ROWS>
-__device__ __forceinline__ u32 k_major_step(int kk) {
-  constexpr int STEPS_PER_CHUNK = SW / 32;
-  return (u32)((kk / STEPS_PER_CHUNK) * ROWS * SW + (kk % STEPS_PER_CHUNK) * 32);
-}
-
-// N-major operand V (keys x D, D contiguous): chunks of D are LBO apart, groups of 8 keys SBO
-// apart; keys 16 kk .. 16 kk + 15 start kk * 16 * SW bytes in.
-__device__ __forceinline__ SmemDesc v_desc(u32 base) {
-  return smem_desc(base, KV_ROWS * SW, 8 * SW);
-}
-__device__ __forceinline__ u32 v_step(int kk) { return (u32)(kk * 16 * SW); }
+// V, N-major (keys x D): a K/V stage's tile of KV_ROWS rows (layout.cuh's n_major_desc).
+__device__ __forceinline__ SmemDesc v_desc(u32 base) { return n_major_desc<KV_ROWS>(base); }
 
 // Where one ring's tiles and (producer variant) barriers sit: full[STAGES], empty[STAGES],
 // Q full[Q_BUFS], Q empty[Q_BUFS], then four task-index words (scheduler.cuh: two published to

@@ -1,6 +1,6 @@
 // How the Hopper family's threads wait for one another: mbarriers (stage and Q hand-overs
-// between producer and consumers), named barriers (the consumers' issue turns), the async-proxy
-// fence, and the register reallocation between producer and consumers.
+// between producer and consumers), named barriers (the consumers' issue turns), and the
+// register reallocation between producer and consumers (the async-proxy fence: layout.cuh).
 #pragma once
 
 #include "sm90/traits.cuh"
@@ -59,12 +59,6 @@ __device__ __forceinline__ void mbar_wait(u32 bar, int parity) {
 __device__ __forceinline__ void mbar_arrive_expect_tx(u32 bar, u32 bytes) {
   asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}"
                ::"r"(bar), "r"(bytes) : "memory");
-}
-
-// Makes this thread's completed cp.async writes visible to the tensor cores' (async proxy)
-// reads that follow the next barrier.
-__device__ __forceinline__ void fence_async_smem() {
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
 // Register reallocation (PRODUCER_REGS, CONSUMER_REGS: traits.cuh).

@@ -63,6 +63,7 @@
 
 #include "common/tile.cuh"
 #include "common/walk.cuh"
+#include "sm90/layout.cuh"  // SW, PPC
 
 namespace {
 constexpr int WGS = BM / 64;  // consumer warpgroups of a task (they own the rows)
@@ -77,8 +78,6 @@ constexpr int LOADERS = WS ? 128 : NT;  // threads that issue the copies
 // copy and arrive, so only its warp stays: the other three would only poll the same barriers,
 // taking issue slots from the consumer warps of their SM sub-partitions.
 constexpr int PRODUCER_THREADS = Config::TMA ? 32 : LOADERS;
-constexpr int SW = D % 64 == 0 ? 128 : 64;  // swizzle span and chunk width, bytes
-constexpr int PPC = SW / 16;                // 16-byte pieces per chunk row
 constexpr int CPR = D / 8;                  // 16-byte pieces per row
 constexpr int WIDE_BN = Config::WIDE_BN;
 constexpr bool WIDE = WIDE_BN != 0;
