@@ -1,6 +1,6 @@
 """Running a plan's backward pass on the GPU: the gradient inputs checked, the backward queues on
-the device, and the three kernels of ``cuda/sm80/bwd.cu`` (Delta, dK/dV, dQ) on the caller's
-stream.
+the device, and the three kernels (``cuda/bwd_delta.cu``, then dK/dV and dQ of the Hopper or the
+portable family: ``cuda/sm90/bwd_*.cu``, ``cuda/sm80/bwd_*.cu``) on the caller's stream.
 
 A plan reaches this module through :func:`run_backward_plan` (``Plan.run_backward``); it reads
 the plan's shape, mask and its backward queues (``runtime/backward.py``, asked of the plan),
@@ -144,7 +144,7 @@ def _launch(p: BackwardLaunchable, ops: Operands, o_desc: Any, do_desc: Any, lse
         do_str = bhld_view(do_desc, layout, "dout")[1]
         rows = b * hq * lq
         delta = cp.empty(rows, dtype=cp.float32)
-        fn = load_kernel(Variant.bwd_sm80("bsa_bwd_delta", head_dim=d, bf16=bf16))
+        fn = load_kernel(Variant.bwd_delta(head_dim=d, bf16=bf16))
         per_cta = _DELTA_THREADS // 32
         fn((-(-rows // per_cta),), (_DELTA_THREADS,),
            (ptr(o_desc.ptr), *map(i64, o_str[:3]), ptr(do_desc.ptr), *map(i64, do_str[:3]),

@@ -32,7 +32,7 @@ class Settings:
             that a small mask's tasks queue up behind few CTAs, each running several.
         use_tma: the producer variant copies K/V by TMA wherever the operands allow; False
             keeps every launch on cp.async (an A/B switch for benchmarks and tests).
-        portable_backward: the backward pass runs the portable kernels (sm80/bwd.cu) on sm_90
+        portable_backward: the backward pass runs the portable kernels (sm80/bwd_*.cu) on sm_90
             GPUs too, instead of the Hopper ones (an A/B switch for benchmarks and tests).
         request_plans_kept: sync-free plans ``tessera.attention`` keeps for the next request of
             the same geometry, shapes and stream (least recently used dropped first); 0 plans

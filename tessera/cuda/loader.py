@@ -25,7 +25,8 @@ from typing import Any
 from ..distribution import install_hint
 from .._array import cupy_or_none
 from .device import device_cc
-from .variants import SM90, SM90_BWD, Variant, config_header, smem_bytes
+from .variants import (BACKWARD_SOURCES, SM90, SM90_BACKWARD_KERNELS, Variant, config_header,
+                       smem_bytes)
 
 __all__ = ["CompileResult", "BuildError", "CI_TARGETS", "compile_variant", "target_for",
            "load_kernel", "blocks_per_sm", "nvrtc_version", "cache_dir"]
@@ -36,7 +37,7 @@ HEADERS = tuple(sorted(p.relative_to(SOURCE_DIR).as_posix() for p in SOURCE_DIR.
 # Targets CI compiles every variant for (no GPU needed): Ampere, Ada, Hopper, Blackwell.
 CI_TARGETS = ("sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a")
 # Sources built for sm_90a alone (wgmma exists on no other target).
-SM90A_ONLY = (SM90, SM90_BWD)
+SM90A_ONLY = (SM90,) + tuple(BACKWARD_SOURCES[k] for k in SM90_BACKWARD_KERNELS)
 
 
 class BuildError(RuntimeError):

@@ -15,18 +15,21 @@ from dataclasses import dataclass, field
 from .device import SM90_SMEM_PER_SM, SM90_SMEM_RESERVED, smem_limit_bytes
 
 __all__ = ["Variant", "smem_bytes", "ROW_GROUP", "WIDE_BN", "WIDE_SPANS", "WIDE_SLACK",
-           "has_wide_step", "PARAMETERS", "SM80", "SM90", "SM80_BWD", "SM90_BWD",
+           "has_wide_step", "PARAMETERS", "SM80", "SM90", "BACKWARD_SOURCES", "BWD_DELTA",
            "BACKWARD_KERNELS", "SM90_BACKWARD_KERNELS", "backward_block_n", "config_header"]
 
 # The sources of the two attention families, and of the portable backward pass.
 SM80 = "sm80/bsa.cu"
 SM90 = "sm90/bsa.cu"
-SM80_BWD = "sm80/bwd.cu"
-SM90_BWD = "sm90/bwd.cu"
-# The backward sources' kernels, in launch order (the Hopper pass starts with the portable
-# source's Delta kernel too).
-BACKWARD_KERNELS = ("bsa_bwd_delta", "bsa_bwd_dkdv_sm80", "bsa_bwd_dq_sm80")
+# The backward pass: Delta (every GPU), then dK/dV and dQ of either family -- each kernel its own
+# source, so each compiles (and is checked for spills) at its own tile.
+BWD_DELTA = "bwd_delta.cu"
+BACKWARD_SOURCES = {"bsa_bwd_dkdv_sm80": "sm80/bwd_dkdv.cu", "bsa_bwd_dq_sm80": "sm80/bwd_dq.cu",
+                    "bsa_bwd_dkdv_sm90": "sm90/bwd_dkdv.cu", "bsa_bwd_dq_sm90": "sm90/bwd_dq.cu"}
+BACKWARD_KERNELS = ("bsa_bwd_dkdv_sm80", "bsa_bwd_dq_sm80")
 SM90_BACKWARD_KERNELS = ("bsa_bwd_dkdv_sm90", "bsa_bwd_dq_sm90")
+_SM80_BACKWARD = tuple(BACKWARD_SOURCES[k] for k in BACKWARD_KERNELS)
+_SM90_BACKWARD = tuple(BACKWARD_SOURCES[k] for k in SM90_BACKWARD_KERNELS)
 
 
 def backward_block_n(head_dim: int, key_major: bool) -> int:
@@ -182,7 +185,7 @@ class Variant:
         if self.source == SM90:
             return (self.macro("BM") // 64 * self.rings
                     + dict(self.macros).get("PRODUCER", 0)) * 128
-        if self.source == SM90_BWD:
+        if self.source in _SM90_BACKWARD:
             return self.macro("BM") // 64 * 128
         return self.macro("WARPS") * 32
 
@@ -204,29 +207,36 @@ class Variant:
     @classmethod
     def bwd_sm80(cls, kernel: str, *, head_dim: int, bf16: bool, block_m: int = 64,
                  block_n: int | None = None, stages: int = 2) -> "Variant":
-        """A kernel of the portable backward (sm80/bwd.cu, runs on sm_80 and newer): 16 rows a
-        warp, ``block_m`` rows a task (64: what a tile of the backward queues holds), its step
+        """A kernel of the portable backward (sm80/bwd_*.cu, runs on sm_80 and newer): 16 rows
+        a warp, ``block_m`` rows a task (64: what a tile of the backward queues holds), its step
         ``block_n`` (None: :func:`backward_block_n`). ``kernel`` is one of
-        :data:`BACKWARD_KERNELS`; the Delta kernel shares the dQ kernel's module."""
+        :data:`BACKWARD_KERNELS`."""
         if kernel not in BACKWARD_KERNELS:
-            raise ValueError(f"sm80/bwd.cu has {', '.join(BACKWARD_KERNELS)}, got {kernel!r}")
+            raise ValueError(f"the portable backward has {', '.join(BACKWARD_KERNELS)}, got "
+                             f"{kernel!r}")
         bn = backward_block_n(head_dim, kernel == "bsa_bwd_dkdv_sm80") if block_n is None \
             else block_n
-        return cls(SM80_BWD, kernel, (
+        return cls(BACKWARD_SOURCES[kernel], kernel, (
             ("BM", block_m), ("BN", bn), ("D", head_dim), ("WARPS", block_m // 16), ("MT", 1),
             ("STAGES", stages), ("BF16", int(bf16))))
 
     @classmethod
     def bwd_sm90(cls, kernel: str, *, head_dim: int, bf16: bool, block_m: int = 128,
                  block_n: int = 64) -> "Variant":
-        """A kernel of the Hopper backward (sm90/bwd.cu, sm_90a only): 64 rows a warpgroup,
+        """A kernel of the Hopper backward (sm90/bwd_*.cu, sm_90a only): 64 rows a warpgroup,
         ``block_m`` rows a task, ``block_n`` columns a step, a cp.async double buffer.
         ``kernel`` is one of :data:`SM90_BACKWARD_KERNELS`."""
         if kernel not in SM90_BACKWARD_KERNELS:
-            raise ValueError(f"sm90/bwd.cu has {', '.join(SM90_BACKWARD_KERNELS)}, got "
+            raise ValueError(f"the Hopper backward has {', '.join(SM90_BACKWARD_KERNELS)}, got "
                              f"{kernel!r}")
-        return cls(SM90_BWD, kernel, (("BM", block_m), ("BN", block_n), ("D", head_dim),
-                                      ("STAGES", 2), ("BF16", int(bf16))))
+        return cls(BACKWARD_SOURCES[kernel], kernel, (
+            ("BM", block_m), ("BN", block_n), ("D", head_dim), ("STAGES", 2),
+            ("BF16", int(bf16))))
+
+    @classmethod
+    def bwd_delta(cls, *, head_dim: int, bf16: bool) -> "Variant":
+        """The backward pass's Delta = rowsum(dO * O) kernel (bwd_delta.cu, every GPU)."""
+        return cls(BWD_DELTA, "bsa_bwd_delta", (("D", head_dim), ("BF16", int(bf16))))
 
     @classmethod
     def pooled_topk(cls, kernel: str, element: str = "float32") -> "Variant":
@@ -264,12 +274,10 @@ def smem_bytes(v: Variant) -> int:
     if v.source == SM80:
         lds = v.macro("D") + 8
         return 2 * lds * (v.macro("BM") + v.macro("STAGES") * 2 * v.macro("BN"))
-    if v.source == SM80_BWD:  # two resident tiles, the chunk stages, each stage's LSE and Delta
-        if v.kernel == "bsa_bwd_delta":
-            return 0
+    if v.source in _SM80_BACKWARD:  # two resident tiles, the chunk stages, their LSE and Delta
         lds, bn, stages = v.macro("D") + 8, v.macro("BN"), v.macro("STAGES")
         return 2 * lds * (2 * v.macro("BM") + stages * 2 * bn) + stages * 2 * bn * 4
-    if v.source == SM90_BWD:  # the same, unpadded (swizzled), plus 1 KiB to align the tiles
+    if v.source in _SM90_BACKWARD:  # the same, unpadded (swizzled), plus 1 KiB to align tiles
         d, bn, stages = v.macro("D"), v.macro("BN"), v.macro("STAGES")
         return 1024 + 2 * d * (2 * v.macro("BM") + stages * 2 * bn) + stages * 2 * bn * 4
     if v.source == SM90:  # tiles unpadded (swizzled), plus 1 KiB to align them
@@ -311,9 +319,11 @@ PARAMETERS: dict[str, dict[str, int | None]] = {
            "Q_BUFFERS": 1, "MIN_BLOCKS": 1, "TMA": 0, "RINGS": 1, "SMEM_ALIGNED": 0,
            "PACK_KEYS": 0, "GUARD": 1, "PV_WAIT_ANCHOR": 0, "WHOLE_TASKS": 0, "WIDE_BN": 0,
            "WIDE_SPANS": WIDE_SPANS, "WIDE_SLACK": WIDE_SLACK},
-    SM80_BWD: {"BM": None, "BN": None, "D": None, "WARPS": None, "MT": None, "STAGES": None,
-               "BF16": None, "MIN_BLOCKS": 1},
-    SM90_BWD: {"BM": None, "BN": None, "D": None, "STAGES": None, "BF16": None, "MIN_BLOCKS": 1},
+    **{src: {"BM": None, "BN": None, "D": None, "WARPS": None, "MT": None, "STAGES": None,
+             "BF16": None, "MIN_BLOCKS": 1} for src in _SM80_BACKWARD},
+    **{src: {"BM": None, "BN": None, "D": None, "STAGES": None, "BF16": None, "MIN_BLOCKS": 1}
+       for src in _SM90_BACKWARD},
+    BWD_DELTA: {"D": None, "BF16": None},
     "combine.cu": {"BF16": None},
     "pooled_topk.cu": {"F32": 0, "BF16": 1},
     "plan.cu": {},

@@ -1,5 +1,5 @@
-"""The backward pass's task queues: what the backward kernels (``cuda/sm80/bwd.cu``) walk,
-organized by the same planners as the forward, in both directions.
+"""The backward pass's task queues: what the backward kernels (``cuda/sm80/bwd_*.cu``,
+``cuda/sm90/bwd_*.cu``) walk, organized by the same planners as the forward, in both directions.
 
 - ``dq``: query-major, as the forward's (tiles of query rows, GQA heads packed, each walking
   the key spans its rows select), never split: each dQ row has one task.

@@ -499,23 +499,24 @@ def test_every_kernel_source_ships_in_the_package():
     assert not missing, missing
 
 
-BACKWARD = [(t, kernel, d) for t in loader.CI_TARGETS for kernel in variants.BACKWARD_KERNELS
-            for d in HEAD_DIMS]
+BACKWARD = [(t, kernel, d) for t in loader.CI_TARGETS
+            for kernel in variants.BACKWARD_KERNELS + ("bsa_bwd_delta",) for d in HEAD_DIMS]
 
 
 @pytest.mark.parametrize("target,kernel,d", BACKWARD,
                          ids=[f"{t}-{k}-d{d}" for t, k, d in BACKWARD])
 def test_backward_kernels_compile_without_spills(target, kernel, d, tmp_path, monkeypatch):
-    """Every backward kernel (sm80/bwd.cu) builds for every target in both element types with
-    no spills, and fits the target's shared memory: the dQ kernel at the key step the launch
-    takes there (backward_launch.dq_block_n)."""
+    """Every portable backward kernel (bwd_delta.cu, sm80/bwd_*.cu) builds for every target in
+    both element types with no spills, and fits the target's shared memory: the dQ kernel at
+    the key step the launch takes there (backward_launch.dq_block_n)."""
     from tessera.backward_launch import dq_block_n
 
     monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
     cc = int(target[3:].rstrip("a"))
     bn = dq_block_n(d, cc) if kernel == "bsa_bwd_dq_sm80" else None
     for bf16 in (True, False):
-        v = variants.Variant.bwd_sm80(kernel, head_dim=d, bf16=bf16, block_n=bn)
+        v = (variants.Variant.bwd_delta(head_dim=d, bf16=bf16) if kernel == "bsa_bwd_delta"
+             else variants.Variant.bwd_sm80(kernel, head_dim=d, bf16=bf16, block_n=bn))
         res = loader.compile_variant(v, target)
         assert res.spill_bytes == 0 and res.stack_bytes == 0 and res.registers <= 255
         limit = {"sm_86": 101376, "sm_89": 101376}.get(target, 166912)
@@ -525,7 +526,7 @@ def test_backward_kernels_compile_without_spills(target, kernel, d, tmp_path, mo
 @pytest.mark.parametrize("kernel,d", [(k, d) for k in variants.SM90_BACKWARD_KERNELS
                                       for d in HEAD_DIMS])
 def test_sm90_backward_kernels_compile_without_spills(kernel, d, tmp_path, monkeypatch):
-    """The Hopper backward (sm90/bwd.cu) at the launch's tile for sm_90 builds for sm_90a in
+    """The Hopper backward (sm90/bwd_*.cu) at the launch's tile for sm_90 builds for sm_90a in
     both element types: no spills, no serialized wgmma (the loader refuses both), within the
     per-block shared memory."""
     from tessera.backward_launch import backward_kernels

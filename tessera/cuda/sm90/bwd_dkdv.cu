@@ -1,0 +1,112 @@
+// Hopper block-sparse attention backward, dK and dV (sm_90a): the key-major queue
+// (tessera/runtime/backward.py), a CTA holding BM keys' K and V (64 a warpgroup) and walking the
+// query spans of every query head of the kv head's group, BN query rows at a time:
+// S^T = K Q^T and dP^T = V dO^T (K-major operands), P^T from the LSE, dV += P^T dO,
+// dS^T = P^T (dP^T - Delta), dK += dS^T Q (P^T and dS^T from registers, dO and Q read N-major);
+// dK and dV written once (one task a row). Same queues, arguments and launch order as the
+// portable backward (sm80/bwd_dkdv.cu).
+//
+// Roles: bwd_mma.cuh (the products, tiles), bwd_loads.cuh (copies into the swizzled layout),
+// layout.cuh (the layout, descriptors), common/backward.cuh (P, dS, the chunk's LSE and Delta,
+// the gradient store); the main loop is this file's.
+#include "variant.cuh"
+#include "sm90/bwd_mma.cuh"
+
+extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS)
+bsa_bwd_dkdv_sm90(TESSERA_BWD_PARAMS) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  if ((int)blockIdx.x >= num_tasks) return;
+  // A key-major task (sm80/bwd_dkdv.cu says what its fields hold).
+  const int* tk = tasks + (i64)blockIdx.x * TASK_FIELDS;
+  const int b = tk[TASK_BATCH], h0 = tk[TASK_Q_HEAD0];
+  const int key_start = tk[TASK_Q_START], key_end = tk[TASK_Q_END];
+  const int se = tk[TASK_SPAN_END];
+  const int kvh = h0 / group;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int wg = __shfl_sync(0xffffffffu, warp / 4, 0);  // warp-uniform: kept in uniform regs
+  const Tiles tiles(smem_raw);
+  const float* values = reinterpret_cast<const float*>(smem_raw + (tiles.values -
+                                                                   smem_addr(smem_raw)));
+  const u16* k_rows = k_ptr + b * k_sb + kvh * k_sh;
+  const u16* v_rows = v_ptr + b * v_sb + kvh * v_sh;
+  const u16* q_rows = q_ptr + b * q_sb + h0 * q_sh;
+  const u16* do_rows = do_ptr + b * do_sb + h0 * do_sh;
+  const float* lse_rows = lse_ptr + ((i64)b * num_q_heads + h0) * seq_q;
+  const float* delta_rows = delta_ptr + ((i64)b * num_q_heads + h0) * seq_q;
+  Walk load_walk;
+  load_walk.open(spans, tk[TASK_SPAN_BEGIN], se);
+  Walk walk = load_walk;
+
+  const auto key_row = [&](int r) { return min(key_start + r, key_end - 1); };
+  load_tile<BM, NT>(tiles.a, [&](int r) { return k_rows + key_row(r) * k_sl; }, tid);
+  load_tile<BM, NT>(tiles.b, [&](int r) { return v_rows + key_row(r) * v_sl; }, tid);
+  // A chunk's Q and dO rows: positions are head-in-group * seq_q + token (see sm80/bwd_dkdv.cu).
+  const auto load_chunk = [&](int st) {
+    const int hl = load_walk.kpos / seq_q;
+    const i64 back = (i64)hl * seq_q;
+    const u16* qh = q_rows + hl * q_sh - back * q_sl;
+    const u16* dh = do_rows + hl * do_sh - back * do_sl;
+    load_tile<BN, NT>(tiles.chunk(st), [&](int r) { return qh + load_walk.row_key(r) * q_sl; },
+                      tid);
+    load_tile<BN, NT>(tiles.chunk(st) + CHUNK_BYTES,
+                      [&](int r) { return dh + load_walk.row_key(r) * do_sl; }, tid);
+    load_row_values<BN>(tiles.lse(st), tiles.lse(st) + 4 * BN, lse_rows, delta_rows, load_walk,
+                        tid);
+  };
+  if (load_walk.more(se)) {
+    load_chunk(0);
+    load_walk.next(spans, se);
+  }
+  cp_async_commit();
+
+  const int key_base = key_start + warp * 16;
+  const int k0 = key_base + g, k1 = k0 + 8;
+  const SmemDesc k_desc = k_major_desc(tiles.a + (u32)(wg * 64 * SW));
+  const SmemDesc v_desc = k_major_desc(tiles.b + (u32)(wg * 64 * SW));
+  float dk[D / 8][4], dv[D / 8][4];
+  zero(dk);
+  zero(dv);
+
+  for (int c = 0; walk.more(se); ++c) {
+    cp_async_wait<0>();  // chunk c (and with the first, K and V) has landed
+    fence_async_smem();
+    __syncthreads();     // ... for every thread; and chunk c - 1's stage is free
+    if (load_walk.more(se)) {
+      load_chunk((c + 1) % STAGES);
+      load_walk.next(spans, se);
+    }
+    cp_async_commit();
+    const int st = c % STAGES;
+    const u32 qs = tiles.chunk(st), dos = qs + CHUNK_BYTES;
+    const int lo = max(walk.row_lo(spans), key_start);
+    const int hi = min(walk.row_hi(spans), key_end);
+    float s[BN / 8][4], dp[BN / 8][4];
+    wgmma_fence();
+    issue_rows_times_chunk(s, k_desc, qs);   // S^T = K Q^T
+    issue_rows_times_chunk(dp, v_desc, dos); // dP^T = V dO^T
+    ColumnValues<BN / 8> lse2, delta;
+    const float* vals = values + st * 2 * BN;
+    column_values(lse2, delta, vals, vals + BN, t);
+    wgmma_wait<1>();
+    wgmma_hold<BN / 2>(&s[0][0]);
+    probabilities(s, walk.kpos, walk.k1, k0 >= lo && k0 < hi, k1 >= lo && k1 < hi, t,
+                  scale_log2, lse2);
+    u32 w[BN / 16][4];
+    fragments(w, s);
+    issue_weights_times_chunk(dv, w, dos);   // dV += P^T dO
+    wgmma_wait<1>();
+    wgmma_hold<BN / 2>(&dp[0][0]);
+    score_gradients(s, dp, delta);
+    wgmma_wait<0>();                         // P^T's fragments are free again
+    wgmma_hold<D / 2>(&dv[0][0]);
+    fragments(w, s);
+    issue_weights_times_chunk(dk, w, qs);    // dK += dS^T Q
+    wgmma_wait<0>();
+    wgmma_hold<D / 2>(&dk[0][0]);
+    walk.next(spans, se);
+  }
+  cp_async_wait<0>();
+  store_gradient_rows<D>(dk_ptr + b * dk_sb + kvh * dk_sh, dk_sl, dk, k0, key_end, t, scale);
+  store_gradient_rows<D>(dv_ptr + b * dv_sb + kvh * dv_sh, dv_sl, dv, k0, key_end, t, 1.f);
+}

@@ -1,0 +1,73 @@
+// The Hopper backward's matrix steps and tiles (sm90/bwd_dq.cu, sm90/bwd_dkdv.cu): warpgroup MMA
+// (wgmma) reading every operand but P and dS straight from swizzled shared memory (layout.cuh),
+// a cp.async double buffer. Each warpgroup issues its own products (a 64-row slice of the tile)
+// and waits only for its own; one CTA barrier a chunk hands the stages over.
+//
+// Shared memory (dynamic, 1 KiB of slack to align the tiles): two resident tiles of BM x D,
+// then STAGES x {two chunk tiles of BN x D}, then STAGES x {BN LSE, BN Delta} floats.
+// tessera/cuda/variants.py's smem_bytes mirrors this formula.
+#pragma once
+
+#include "common/backward.cuh"
+#include "common/softmax.cuh"
+#include "common/walk.cuh"
+#include "sm90/bwd_loads.cuh"
+
+namespace {
+constexpr int WGS = BM / 64;  // warpgroups, 64 rows each
+constexpr int NT = WGS * 128;
+constexpr int TILE_BYTES = BM * D * 2;
+constexpr int CHUNK_BYTES = BN * D * 2;
+constexpr int STAGE_BYTES = 2 * CHUNK_BYTES;
+static_assert(BM % 64 == 0 && BN % 64 == 0, "64 rows a warpgroup, 64-wide steps");
+static_assert(STAGES == 2, "a double buffer: chunk j + 1 loads while chunk j computes");
+static_assert(TILE_BYTES % 1024 == 0 && CHUNK_BYTES % 1024 == 0, "tiles 1024-byte aligned");
+static_assert(NT >= 2 * BN, "a thread for each of a chunk's LSE and Delta values");
+using Walk = ChunkWalk<BN>;
+
+// Where the tiles sit: 1024-aligned from the dynamic shared memory's start.
+struct Tiles {
+  u32 a, b, stages, values;  // resident tiles, chunk stages, per-stage LSE and Delta
+  __device__ __forceinline__ explicit Tiles(const unsigned char* smem_raw) {
+    a = (smem_addr(smem_raw) + 1023u) & ~1023u;
+    b = a + TILE_BYTES;
+    stages = b + TILE_BYTES;
+    values = stages + STAGES * STAGE_BYTES;
+  }
+  __device__ __forceinline__ u32 chunk(int st) const { return stages + (u32)(st * STAGE_BYTES); }
+  __device__ __forceinline__ u32 lse(int st) const { return values + (u32)(st * 2 * BN * 4); }
+};
+
+// acc = A (the warpgroup's 64 rows of a resident tile, K-major) times B^T (a chunk, K-major):
+// D / 16 wgmma of BN columns, committed as one group.
+__device__ __forceinline__ void issue_rows_times_chunk(float (&acc)[BN / 8][4], const SmemDesc& a,
+                                                       u32 chunk) {
+  const SmemDesc b = k_major_desc(chunk);
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+    Wgmma<BN>::ss(&acc[0][0], a.at(k_major_step<BM>(kk)), b.at(k_major_step<BN>(kk)), kk > 0);
+  wgmma_commit();
+}
+
+// acc += W (BN columns of the thread's m16n8 values, as A fragments) times a chunk read N-major
+// (BN x D): BN / 16 wgmma of D columns, committed as one group.
+__device__ __forceinline__ void issue_weights_times_chunk(float (&acc)[D / 8][4],
+                                                          const u32 (&w)[BN / 16][4], u32 chunk) {
+  const SmemDesc b = n_major_desc<BN>(chunk);
+  wgmma_hold<D / 2>(&acc[0][0]);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk) Wgmma<D>::rs(&acc[0][0], w[kk], b.at(v_step(kk)), 1);
+  wgmma_commit();
+}
+
+__device__ __forceinline__ void fragments(u32 (&w)[BN / 16][4], const float (&s)[BN / 8][4]) {
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk) p_fragment(w[kk], s, kk);
+}
+
+__device__ __forceinline__ void zero(float (&acc)[D / 8][4]) {
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+}
+}  // namespace
