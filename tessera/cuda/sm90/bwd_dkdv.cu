@@ -12,6 +12,13 @@
 #include "variant.cuh"
 #include "sm90/bwd_mma.cuh"
 
+namespace {
+// dS^T's fragments in registers of their own, so that dK += dS^T Q is issued while dV += P^T dO
+// still reads P^T's; at head dim 128 the second set takes the kernel past 255 registers, and
+// dK waits for dV instead.
+constexpr bool DS_FRAGMENTS_OWN = D < 128;
+}  // namespace
+
 extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS)
 bsa_bwd_dkdv_sm90(TESSERA_BWD_PARAMS) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -85,24 +92,33 @@ bsa_bwd_dkdv_sm90(TESSERA_BWD_PARAMS) {
     wgmma_fence();
     issue_rows_times_chunk(s, k_desc, qs);   // S^T = K Q^T
     issue_rows_times_chunk(dp, v_desc, dos); // dP^T = V dO^T
-    ColumnValues<BN / 8> lse2, delta;
     const float* vals = values + st * 2 * BN;
+    ColumnValues<BN / 8> lse2, delta;
     column_values(lse2, delta, vals, vals + BN, t);
     wgmma_wait<1>();
     wgmma_hold<BN / 2>(&s[0][0]);
     probabilities(s, walk.kpos, walk.k1, k0 >= lo && k0 < hi, k1 >= lo && k1 < hi, t,
                   scale_log2, lse2);
-    u32 w[BN / 16][4];
-    fragments(w, s);
-    issue_weights_times_chunk(dv, w, dos);   // dV += P^T dO
+    u32 pw[BN / 16][4];
+    fragments(pw, s);
+    issue_weights_times_chunk(dv, pw, dos);  // dV += P^T dO
     wgmma_wait<1>();
     wgmma_hold<BN / 2>(&dp[0][0]);
     score_gradients(s, dp, delta);
-    wgmma_wait<0>();                         // P^T's fragments are free again
+    if constexpr (!DS_FRAGMENTS_OWN) {       // P^T's fragments, once the dV has read them
+      wgmma_wait<0>();
+      wgmma_hold<D / 2>(&dv[0][0]);
+    }
+    if constexpr (DS_FRAGMENTS_OWN) {
+      u32 dsw[BN / 16][4];
+      fragments(dsw, s);
+      issue_weights_times_chunk(dk, dsw, qs);  // dK += dS^T Q
+    } else {
+      fragments(pw, s);
+      issue_weights_times_chunk(dk, pw, qs);
+    }
+    wgmma_wait<0>();  // before the next chunk's barrier: its copies refill this chunk's stage
     wgmma_hold<D / 2>(&dv[0][0]);
-    fragments(w, s);
-    issue_weights_times_chunk(dk, w, qs);    // dK += dS^T Q
-    wgmma_wait<0>();
     wgmma_hold<D / 2>(&dk[0][0]);
     walk.next(spans, se);
   }
