@@ -224,13 +224,14 @@ class Variant:
     def bwd_sm90(cls, kernel: str, *, head_dim: int, bf16: bool, block_m: int = 128,
                  block_n: int = 64) -> "Variant":
         """A kernel of the Hopper backward (sm90/bwd_*.cu, sm_90a only): 64 rows a warpgroup,
-        ``block_m`` rows a task, ``block_n`` columns a step, a cp.async double buffer.
-        ``kernel`` is one of :data:`SM90_BACKWARD_KERNELS`."""
+        ``block_m`` rows a task, ``block_n`` columns a step, three cp.async stages (a chunk's
+        last product runs into the next chunk). ``kernel`` is one of
+        :data:`SM90_BACKWARD_KERNELS`."""
         if kernel not in SM90_BACKWARD_KERNELS:
             raise ValueError(f"the Hopper backward has {', '.join(SM90_BACKWARD_KERNELS)}, got "
                              f"{kernel!r}")
         return cls(BACKWARD_SOURCES[kernel], kernel, (
-            ("BM", block_m), ("BN", block_n), ("D", head_dim), ("STAGES", 2),
+            ("BM", block_m), ("BN", block_n), ("D", head_dim), ("STAGES", 3),
             ("BF16", int(bf16))))
 
     @classmethod

@@ -105,16 +105,15 @@ __device__ __forceinline__ void load_row_values(u32 lse, u32 delta, const float*
   }
 }
 
-// The chunk's LSE (in log2 units) and Delta at the columns the thread holds (8 nt + 2 t, + 1),
-// from the shared arrays load_row_values filled.
+// A chunk's per-column values at the columns the thread holds (8 nt + 2 t, + 1) times `factor`,
+// from a shared array load_row_values filled: its LSE in log2 units (factor LOG2E), its Delta.
 template <int NB>
-__device__ __forceinline__ void column_values(ColumnValues<NB>& lse2, ColumnValues<NB>& delta,
-                                              const float* lse, const float* dlt, int t) {
+__device__ __forceinline__ ColumnValues<NB> column_values(const float* values, int t,
+                                                          float factor) {
+  ColumnValues<NB> out;
 #pragma unroll
   for (int nt = 0; nt < NB; ++nt)
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      lse2.v[nt][e] = lse[nt * 8 + 2 * t + e] * LOG2E;
-      delta.v[nt][e] = dlt[nt * 8 + 2 * t + e];
-    }
+    for (int e = 0; e < 2; ++e) out.v[nt][e] = values[nt * 8 + 2 * t + e] * factor;
+  return out;
 }

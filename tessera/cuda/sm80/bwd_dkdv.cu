@@ -84,8 +84,8 @@ bsa_bwd_dkdv_sm80(TESSERA_BWD_PARAMS) {
     const int hi = min(walk.row_hi(spans), key_end);
     if (tile_real && key_base < hi && key_base + 16 > lo) {  // warp-uniform
       // The chunk's LSE in log2 units, each thread's columns (its P's and dS's).
-      ColumnValues<BN / 8> lse2, delta;
-      column_values(lse2, delta, lse_cols, lse_cols + BN, t);
+      const ColumnValues<BN / 8> lse2 = column_values<BN / 8>(lse_cols, t, LOG2E);
+      const ColumnValues<BN / 8> delta = column_values<BN / 8>(lse_cols + BN, t, 1.f);
       float s[BN / 8][4], dp[BN / 8][4];
       rows_times_chunk(s, smem_addr(k_tile), qs, f);   // S^T = K Q^T
       probabilities(s, walk.kpos, walk.k1, k0 >= lo && k0 < hi, k1 >= lo && k1 < hi, t,

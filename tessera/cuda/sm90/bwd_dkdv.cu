@@ -74,11 +74,16 @@ bsa_bwd_dkdv_sm90(TESSERA_BWD_PARAMS) {
   float dk[D / 8][4], dv[D / 8][4];
   zero(dk);
   zero(dv);
+  // P^T's and dS^T's fragments: a chunk's dK is left in flight into the next chunk, whose
+  // first wait takes it, so they outlive the iteration.
+  u32 pw[BN / 16][4], dsw[BN / 16][4];
+  const bool walked = walk.more(se);
 
   for (int c = 0; walk.more(se); ++c) {
     cp_async_wait<0>();  // chunk c (and with the first, K and V) has landed
     fence_async_smem();
-    __syncthreads();     // ... for every thread; and chunk c - 1's stage is free
+    __syncthreads();     // ... for every thread; chunk c - 2's stage is free (c - 1's may still
+                         // be read by its dK)
     if (load_walk.more(se)) {
       load_chunk((c + 1) % STAGES);
       load_walk.next(spans, se);
@@ -93,34 +98,33 @@ bsa_bwd_dkdv_sm90(TESSERA_BWD_PARAMS) {
     issue_rows_times_chunk(s, k_desc, qs);   // S^T = K Q^T
     issue_rows_times_chunk(dp, v_desc, dos); // dP^T = V dO^T
     const float* vals = values + st * 2 * BN;
-    ColumnValues<BN / 8> lse2, delta;
-    column_values(lse2, delta, vals, vals + BN, t);
-    wgmma_wait<1>();
+    wgmma_wait<1>();  // the previous chunk's dV and dK, and S^T
+    wgmma_hold<D / 2>(&dv[0][0]);
+    wgmma_hold<D / 2>(&dk[0][0]);
     wgmma_hold<BN / 2>(&s[0][0]);
     probabilities(s, walk.kpos, walk.k1, k0 >= lo && k0 < hi, k1 >= lo && k1 < hi, t,
-                  scale_log2, lse2);
-    u32 pw[BN / 16][4];
+                  scale_log2, column_values<BN / 8>(vals, t, LOG2E));
     fragments(pw, s);
     issue_weights_times_chunk(dv, pw, dos);  // dV += P^T dO
     wgmma_wait<1>();
     wgmma_hold<BN / 2>(&dp[0][0]);
-    score_gradients(s, dp, delta);
-    if constexpr (!DS_FRAGMENTS_OWN) {       // P^T's fragments, once the dV has read them
-      wgmma_wait<0>();
-      wgmma_hold<D / 2>(&dv[0][0]);
-    }
+    score_gradients(s, dp, column_values<BN / 8>(vals + BN, t, 1.f));
     if constexpr (DS_FRAGMENTS_OWN) {
-      u32 dsw[BN / 16][4];
       fragments(dsw, s);
       issue_weights_times_chunk(dk, dsw, qs);  // dK += dS^T Q
     } else {
+      wgmma_wait<0>();  // P^T's fragments, once the dV has read them
+      wgmma_hold<D / 2>(&dv[0][0]);
       fragments(pw, s);
       issue_weights_times_chunk(dk, pw, qs);
     }
-    wgmma_wait<0>();  // before the next chunk's barrier: its copies refill this chunk's stage
+    walk.next(spans, se);
+  }
+  if (walked) {  // the last chunk's products (a task with no spans has none in flight: a wait
+                 // shared with that path has ptxas serialize every wgmma)
+    wgmma_wait<0>();
     wgmma_hold<D / 2>(&dv[0][0]);
     wgmma_hold<D / 2>(&dk[0][0]);
-    walk.next(spans, se);
   }
   cp_async_wait<0>();
   store_gradient_rows<D>(dk_ptr + b * dk_sb + kvh * dk_sh, dk_sl, dk, k0, key_end, t, scale);

@@ -49,6 +49,8 @@ bsa_bwd_dq_sm90(TESSERA_BWD_PARAMS) {
   const SmemDesc do_desc = k_major_desc(tiles.b + (u32)(wg * 64 * SW));
   float dq[D / 8][4];
   zero(dq);
+  u32 w[BN / 16][4];  // dS's fragments, read by a chunk's dQ left in flight into the next chunk
+  const bool walked = walk.more(se);
 
   for (int c = 0; walk.more(se); ++c) {
     cp_async_wait<0>();
@@ -66,19 +68,21 @@ bsa_bwd_dq_sm90(TESSERA_BWD_PARAMS) {
     wgmma_fence();
     issue_rows_times_chunk(s, q_desc, ks);    // S = Q K^T
     issue_rows_times_chunk(dp, do_desc, vs);  // dP = dO V^T
-    wgmma_wait<1>();
+    wgmma_wait<1>();  // the previous chunk's dQ, and S
+    wgmma_hold<D / 2>(&dq[0][0]);
     wgmma_hold<BN / 2>(&s[0][0]);
     probabilities(s, walk.kpos, walk.k1, t0 >= lo && t0 < hi, t1 >= lo && t1 < hi, t,
                   scale_log2, lse);
     wgmma_wait<0>();
     wgmma_hold<BN / 2>(&dp[0][0]);
     score_gradients(s, dp, delta);
-    u32 w[BN / 16][4];
     fragments(w, s);
     issue_weights_times_chunk(dq, w, ks);     // dQ += dS K
+    walk.next(spans, se);
+  }
+  if (walked) {  // the last chunk's dQ (none in flight for a task with no spans)
     wgmma_wait<0>();
     wgmma_hold<D / 2>(&dq[0][0]);
-    walk.next(spans, se);
   }
   cp_async_wait<0>();
   if (tok_base < q_end)

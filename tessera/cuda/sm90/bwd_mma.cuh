@@ -1,7 +1,7 @@
 // The Hopper backward's matrix steps and tiles (sm90/bwd_dq.cu, sm90/bwd_dkdv.cu): warpgroup MMA
 // (wgmma) reading every operand but P and dS straight from swizzled shared memory (layout.cuh),
-// a cp.async double buffer. Each warpgroup issues its own products (a 64-row slice of the tile)
-// and waits only for its own; one CTA barrier a chunk hands the stages over.
+// three cp.async stages. Each warpgroup issues its own products (a 64-row slice of the tile) and
+// waits only for its own; one CTA barrier a chunk hands the stages over.
 //
 // Shared memory (dynamic, 1 KiB of slack to align the tiles): two resident tiles of BM x D,
 // then STAGES x {two chunk tiles of BN x D}, then STAGES x {BN LSE, BN Delta} floats.
@@ -20,7 +20,9 @@ constexpr int TILE_BYTES = BM * D * 2;
 constexpr int CHUNK_BYTES = BN * D * 2;
 constexpr int STAGE_BYTES = 2 * CHUNK_BYTES;
 static_assert(BM % 64 == 0 && BN % 64 == 0, "64 rows a warpgroup, 64-wide steps");
-static_assert(STAGES == 2, "a double buffer: chunk j + 1 loads while chunk j computes");
+// Chunk c + 1 loads while chunk c computes and chunk c - 1's last product (dK or dQ, left in
+// flight into chunk c) may still read its stage.
+static_assert(STAGES == 3, "chunks c - 1, c and c + 1 in shared memory at once");
 static_assert(TILE_BYTES % 1024 == 0 && CHUNK_BYTES % 1024 == 0, "tiles 1024-byte aligned");
 static_assert(NT >= 2 * BN, "a thread for each of a chunk's LSE and Delta values");
 using Walk = ChunkWalk<BN>;
