@@ -46,7 +46,7 @@ from ..cuda.device import device_cc
 from ..families.common import variable_bounds
 from ..runtime.regime import regime_from_name
 from .args import positive_int, require_matplotlib
-from . import bench_distributed, peers
+from . import bench_backward, bench_distributed, peers
 from .timing import cuda_time_ms, interleaved_ms
 from .workloads import FAMILIES, WORKLOADS, example_mask
 
@@ -114,6 +114,22 @@ def _progress(i: int, n: int, label: str) -> None:
         sys.stderr.write("\n")
 
 
+def case_blocks(shape: str, case: str, heads: int, rng: np.random.Generator | None = None):
+    """A mask of ``case`` (a name of :data:`CASES` or a mask family) for ``shape`` with
+    ``heads`` query heads: (bool block matrix on the GPU, q bounds, kv bounds); a uniform case
+    of blocks under 128 tokens runs at the length padded to whole blocks (``bounds[-1]``)."""
+    import torch  # noqa: PLC0415
+
+    rng = np.random.default_rng(0) if rng is None else rng
+    L = WORKLOADS[shape].seq_len
+    if case in CASES:
+        c = CASES[case]
+        qb = kb = variable_bounds(rng, L, *c.sizes) if c.sizes is not None else c.bounds(L)
+        return torch.from_numpy(c.make(rng, heads, qb.size - 1)).cuda(), qb, kb
+    host, qb, kb = _family_blocks(shape, case, heads)
+    return torch.from_numpy(host).cuda(), qb, kb
+
+
 def _family_blocks(shape: str, family: str, heads: int, seed: int = 0):
     """A family mask for ``shape`` as (host bool block matrix [H', nQB, nKB] with H' = 1 or
     ``heads``, q bounds, kv bounds) — what a sparse-attention method hands over each step."""
@@ -176,24 +192,13 @@ def run(shapes: list[str], cases: list[str], reps: int = 20, flex: bool = True,
             _progress(step, total, f"{shape} {case}")
             step += 1
             q, k, v = qkv
-            if case in CASES and CASES[case].sizes is not None:
-                c = CASES[case]
-                qb = kb = variable_bounds(rng, L, *c.sizes)
-                blocks = torch.from_numpy(c.make(rng, h, qb.size - 1)).cuda()
-            elif case in CASES:
-                c = CASES[case]
-                qb = kb = c.bounds(L)
-                length = int(qb[-1])
-                if length != L:
-                    if length not in padded:
-                        padded[length] = tuple(torch.randn(batch, h, length, d, device="cuda",
-                                                           dtype=torch.bfloat16)
-                                               for _ in range(3))
-                    q, k, v = padded[length]
-                blocks = torch.from_numpy(c.make(rng, h, qb.size - 1)).cuda()
-            else:
-                host, qb, kb = _family_blocks(shape, case, h)
-                blocks = torch.from_numpy(host).cuda()
+            blocks, qb, kb = case_blocks(shape, case, h, rng)
+            length = int(qb[-1])
+            if length != L:
+                if length not in padded:
+                    padded[length] = tuple(torch.randn(batch, h, length, d, device="cuda",
+                                                       dtype=torch.bfloat16) for _ in range(3))
+                q, k, v = padded[length]
 
             if host_mask:
                 blocks = blocks.cpu().numpy()
@@ -400,6 +405,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="leave out the dense SDPA baselines (slow at 100k+ tokens)")
     ap.add_argument("--json", help="write the figures as JSON here")
     ap.add_argument("--png", help="write a bar chart here (needs matplotlib)")
+    ap.add_argument("--backward", action="store_true",
+                    help="the backward pass against FlexAttention's, cuDNN BSA's and "
+                         "FlashAttention-4's (see tessera.tools.bench_backward)")
     ap.add_argument("--distributed", action="store_true",
                     help="sequence-parallel attention over the GPUs of a torchrun launch "
                          "(cases: random-10, mixed-heads; see tessera.tools.bench_distributed)")
@@ -409,6 +417,9 @@ def main(argv: list[str] | None = None) -> int:
     for s in shapes:
         if s not in WORKLOADS:
             ap.error(f"unknown shape {s!r}; choose from {', '.join(WORKLOADS)}")
+    if args.backward and (args.regime or args.png or args.host_mask or args.distributed):
+        ap.error("--backward takes --shape, --case, --family, --heads, --reps, --rounds and "
+                 "--json")
     if args.distributed:
         if args.family or args.regime or args.png or args.host_mask:
             ap.error("--distributed takes --shape, --case, --reps and --json only")
@@ -442,6 +453,15 @@ def main(argv: list[str] | None = None) -> int:
         print("bench needs a CUDA GPU; none is visible. `python -m tessera demo` runs on the "
               "CPU emulator instead.")
         return 1
+    if args.backward:
+        rows = bench_backward.run(shapes, cases + families, case_blocks, heads=args.heads,
+                                  rounds=args.rounds, reps=args.reps)
+        print(bench_backward.table(rows))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(dict(date=time.strftime("%Y-%m-%d"), gpu=torch.cuda.get_device_name(),
+                               backward=True, rows=rows), f, indent=1)
+        return 0
     rows = run(shapes, cases + families, args.reps, flex=not args.no_flex, heads=args.heads,
                regime=regime, rounds=args.rounds, sdpa=not args.no_sdpa,
                host_mask=args.host_mask)

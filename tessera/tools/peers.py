@@ -17,7 +17,7 @@ from ..mask import BlockMask
 
 __all__ = ["PEER_TOLERANCE", "relative_difference", "compiled_flex", "flex_block_mask",
            "flex_kernel_options", "CudnnBsaInputs", "cudnn_bsa_available", "cudnn_bsa_inputs",
-           "run_cudnn_bsa", "fa4_available", "FLEX_COMPILES"]
+           "run_cudnn_bsa", "run_cudnn_bsa_backward", "fa4_available", "FLEX_COMPILES"]
 
 # A peer whose output differs from Tessera's by more than this (relative, whole tensor) is
 # computing another mask or another function: bf16 rounding alone stays near 5e-3.
@@ -67,14 +67,14 @@ def compiled_flex() -> Any:
     return torch.compile(flex_attention, dynamic=False)
 
 
-def flex_block_mask(mask: BlockMask, device: Any) -> Any:
+def flex_block_mask(mask: BlockMask, device: Any, backward: bool = False) -> Any:
     """A FlexAttention BlockMask computing exactly ``mask``. Uniform 64- or 128-token blocks
     are Flex's tiles as they are, all full (no mask_mod, Flex's fastest path: the compiled
     kernel visits only those tiles -- eager Flex, which ignores the block structure, would not
     compute the mask); any other geometry is coarsened to 128-token tiles, those wholly inside
-    selected blocks full, the rest partial with a token-exact mask_mod. Forward only: no
-    query-major lists (``compute_q_blocks=False``: only Flex's backward reads them, and they
-    take a vmap, which a custom op's body under torch.compile cannot run)."""
+    selected blocks full, the rest partial with a token-exact mask_mod. Without ``backward``
+    no query-major lists (``compute_q_blocks=False``: only Flex's backward reads them, and
+    they take a vmap, which a custom op's body under torch.compile cannot run)."""
     import torch
     from torch.nn.attention.flex_attention import BlockMask as FlexMask
 
@@ -87,7 +87,7 @@ def flex_block_mask(mask: BlockMask, device: Any) -> Any:
         n, idx = lists(dense)
         return FlexMask.from_kv_blocks(torch.zeros_like(n), torch.zeros_like(idx), n, idx,
                                        BLOCK_SIZE=uniform[0], seq_lengths=seq,
-                                       compute_q_blocks=False)
+                                       compute_q_blocks=backward)
     oq = _tile_overlaps(mask.q_bounds, 128, device)
     ok = _tile_overlaps(mask.kv_bounds, 128, device)
     pairs = oq.T @ dense.float() @ ok  # selected token pairs per tile pair
@@ -104,7 +104,7 @@ def flex_block_mask(mask: BlockMask, device: Any) -> Any:
 
     (pn, pi), (fn_, fi) = lists(partial), lists(full)
     return FlexMask.from_kv_blocks(pn, pi, fn_, fi, BLOCK_SIZE=128, mask_mod=mask_mod,
-                                   seq_lengths=seq, compute_q_blocks=False)
+                                   seq_lengths=seq, compute_q_blocks=backward)
 
 
 def flex_kernel_options(block_mask: Any) -> dict | None:
@@ -173,11 +173,25 @@ def cudnn_bsa_inputs(mask: BlockMask, batch: int, heads: int, device: Any,
                           "auto" if block == 64 else 1)
 
 
-def run_cudnn_bsa(q: Any, k: Any, v: Any, inputs: CudnnBsaInputs) -> Any:
-    """cuDNN BSA's forward on ``[B, H, L, D]`` q/k/v with :func:`cudnn_bsa_inputs`."""
+def run_cudnn_bsa(q: Any, k: Any, v: Any, inputs: CudnnBsaInputs,
+                  return_lse: bool = False) -> Any:
+    """cuDNN BSA's forward on ``[B, H, L, D]`` q/k/v with :func:`cudnn_bsa_inputs` (and its
+    LSE with ``return_lse``: what its backward reads)."""
     from cudnn.block_sparse_attention import block_sparse_attention_forward
 
     res = block_sparse_attention_forward(
         q, k, v, inputs.index, q2k_block_nums=inputs.nums, sparse_block_size=inputs.block,
         allow_empty_block_nums=True, layout="bhsd", kv_splits=inputs.kv_splits)
-    return res["o_tensor"]
+    return (res["o_tensor"], res["lse_tensor"]) if return_lse else res["o_tensor"]
+
+
+def run_cudnn_bsa_backward(q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any,
+                           inputs: CudnnBsaInputs) -> tuple[Any, Any, Any]:
+    """cuDNN BSA's backward (``block_sparse_attention_backward``: bf16, MHA, head dim 128 on
+    sm90) from its own forward's ``out`` and ``lse``: (dq, dk, dv)."""
+    from cudnn.block_sparse_attention import block_sparse_attention_backward
+
+    res = block_sparse_attention_backward(
+        dout, q, k, v, out, lse, inputs.index, q2k_block_nums=inputs.nums,
+        sparse_block_size=inputs.block, layout="bhsd")
+    return res["dq_tensor"], res["dk_tensor"], res["dv_tensor"]
