@@ -99,7 +99,7 @@ def test_the_constructor_on_csr_arrays(data):
                               "num_kv_heads"]), value=ODD, seed=st.integers(0, 9))
 def test_plan_then_emulate(which, value, seed):
     """tessera.plan with one argument replaced: refused by name, or a plan whose emulation is
-    the float64 reference of the mask."""
+    the float64 reference of the mask, forward and backward."""
     # Valid but enormous shapes (a billion heads) plan for minutes in gigabytes: left out;
     # past a launch's tasks they are refused at once, which the draws keep.
     assume(not (isinstance(value, (int, np.integer)) and 4096 < value <= MAX_TASKS))
@@ -128,6 +128,14 @@ def test_plan_then_emulate(which, value, seed):
     got = tessera.emulate.run(p, q, k, v).out
     ref = reference.attention(q, k, v, mask, layout=p.layout)
     np.testing.assert_allclose(got, ref, rtol=1e-9, atol=1e-9)
+    # ... and its backward queues (either kernel family's tiles) the reference's gradients, each
+    # gradient row written by one task.
+    dout = rng.standard_normal(shape(hq))
+    bw = tessera.emulate.run_backward(p, q, k, v, dout, block_m=64 * (1 + seed % 2))
+    want = reference.attention_backward(q, k, v, dout, mask, layout=p.layout)
+    for g, w in zip((bw.dq, bw.dk, bw.dv), want):
+        np.testing.assert_allclose(g, w, rtol=1e-9, atol=1e-9)
+    assert (bw.dq_writers == 1).all() and (bw.dkv_writers == 1).all()
 
 
 @FUZZ

@@ -1,6 +1,6 @@
 """GPU: seeded random cases over geometry x dtype x head dim x layout x GQA x score range against
-the float64 reference (worst row included, outputs poisoned first), non-finite inputs, and one
-run past 2**31 elements. ``TESSERA_FUZZ_CASES`` sets how many random cases run (default 24);
+the float64 reference (worst row included, outputs poisoned first), the forward's and the
+backward's, non-finite inputs, and one run past 2**31 elements. ``TESSERA_FUZZ_CASES`` sets how many random cases run (default 24);
 the whole file also runs under compute-sanitizer (docs/benchmarking.md)."""
 
 from __future__ import annotations
@@ -36,6 +36,35 @@ def _random_geometry(rng):
         16, 300, size=int(rng.integers(1, 8)))
     return dict(q_bounds=np.r_[0, np.cumsum(qs)], kv_bounds=np.r_[0, np.cumsum(ks)]), qs.size, \
         ks.size
+
+
+@pytest.mark.parametrize("case", range(CASES))
+def test_random_backward_matches_the_reference(case):
+    """The backward pass on the forward fuzz's kind of case (bf16 / fp16, every head dim,
+    layout, GQA, mask heads, uniform ragged or variable blocks, score range)."""
+    from tests.gpu.test_gpu_backward import check_gradients
+
+    rng = np.random.default_rng(5000 + case)
+    geo, nq, nk = _random_geometry(rng)
+    hkv = int(rng.choice([1, 2]))
+    hq = hkv * int(rng.choice([1, 2, 4]))
+    mask_heads = int(rng.choice(sorted({1, hkv, hq})))
+    dense = rng.random((mask_heads, nq, nk)) < rng.choice([0.1, 0.4, 0.8, 1.0])
+    mask = tessera.BlockMask.from_dense(dense, **geo)
+    dtype = str(rng.choice(["bfloat16", "float16"]))
+    d = int(rng.choice([64, 96, 128]))
+    layout = str(rng.choice(["bhld", "blhd"]))
+    b = int(rng.choice([1, 2]))
+    (q, k, v), (qe, ke, ve) = _inputs(rng, "cupy", dtype, b, hq, hkv, mask.seq_len_q,
+                                      mask.seq_len_kv, d, layout)
+    (do, _, _), (de, _, _) = _inputs(rng, "cupy", dtype, b, hq, hkv, mask.seq_len_q, 16, d,
+                                     layout)
+    scale = float(rng.choice([1.0, 3.0])) / np.sqrt(d)
+    out, lse = tessera.attention(q, k, v, mask, layout=layout, scale=scale, return_lse=True)
+    grads = tessera.attention_backward(q, k, v, out, lse, do, mask, layout=layout, scale=scale)
+    want = reference.attention_backward(qe, ke, ve, de, mask, layout=layout, scale=scale)
+    for g, w, name in zip(grads, want, ("dq", "dk", "dv")):
+        check_gradients(g, w, dtype, name)
 
 
 @pytest.mark.parametrize("case", range(CASES))
