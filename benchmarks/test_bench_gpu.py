@@ -1,4 +1,5 @@
-"""GPU pytest-benchmark suite: kernel-only and request time per model shape x mask family.
+"""GPU pytest-benchmark suite: kernel-only and request time per model shape x mask family, the
+forward's and the backward's.
 
     PYTHONPATH=. python -m pytest benchmarks/test_bench_gpu.py --benchmark-enable \
         --benchmark-json=bench_gpu.json -q
@@ -8,7 +9,9 @@ Marked ``gpu`` (skipped without one). Inputs are CuPy fp16 (no PyTorch needed). 
 the device (planning + launches + kernels every call; a kept plan replanned where the regime
 was chosen by the geometry); "captured request" replays
 that request captured into a CUDA graph (the planner's kernels and the attention kernel, no host
-work). Every timed call ends with a device synchronize so the wall-clock pytest-benchmark
+work); "backward" times ``Plan.run_backward`` (its queues planned once) from the forward's output
+and LSE, "backward request" ``tessera.attention_backward`` (the queues planned on the host every
+call). Every timed call ends with a device synchronize so the wall-clock pytest-benchmark
 measures includes the GPU work.
 Useful FLOPs for a row = 4 * D * ``extra_info["useful_pairs"]``.
 
@@ -87,3 +90,30 @@ def test_captured_request(benchmark, shape, family):
     benchmark.extra_info.update(useful_pairs=int(mask.selected_pairs(1, q.shape[1]).sum()))
     benchmark(lambda: (graph.launch(stream), stream.synchronize()))
     tessera.release_captured_memory()  # (the graph is never launched again)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_backward(benchmark, shape, family):
+    import cupy as cp
+
+    q, k, v, mask, p = _case(shape, family)
+    sync = cp.cuda.Device().synchronize
+    out, lse = p.run(q, k, v, return_lse=True)
+    dout = cp.ones_like(out)
+    p.run_backward(q, k, v, out, lse, dout)  # (plans the backward queues)
+    benchmark.extra_info.update(useful_pairs=int(mask.selected_pairs(1, q.shape[1]).sum()))
+    benchmark(lambda: (p.run_backward(q, k, v, out, lse, dout), sync()))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_backward_request(benchmark, shape, family):
+    import cupy as cp
+
+    q, k, v, mask, p = _case(shape, family)
+    sync = cp.cuda.Device().synchronize
+    out, lse = p.run(q, k, v, return_lse=True)
+    dout = cp.ones_like(out)
+    benchmark.extra_info.update(useful_pairs=int(mask.selected_pairs(1, q.shape[1]).sum()))
+    benchmark(lambda: (tessera.attention_backward(q, k, v, out, lse, dout, mask), sync()))
