@@ -16,14 +16,14 @@
 namespace {
 constexpr int WGS = BM / 64;  // warpgroups, 64 rows each
 constexpr int NT = WGS * 128;
-constexpr int TILE_BYTES = BM * D * 2;
+constexpr int RESIDENT_BYTES = BM * D * 2;
 constexpr int CHUNK_BYTES = BN * D * 2;
 constexpr int STAGE_BYTES = 2 * CHUNK_BYTES;
 static_assert(BM % 64 == 0 && BN % 64 == 0, "64 rows a warpgroup, 64-wide steps");
 // Chunk c + 1 loads while chunk c computes and chunk c - 1's last product (dK or dQ, left in
 // flight into chunk c) may still read its stage.
 static_assert(STAGES == 3, "chunks c - 1, c and c + 1 in shared memory at once");
-static_assert(TILE_BYTES % 1024 == 0 && CHUNK_BYTES % 1024 == 0, "tiles 1024-byte aligned");
+static_assert(RESIDENT_BYTES % 1024 == 0 && CHUNK_BYTES % 1024 == 0, "tiles 1024-byte aligned");
 static_assert(NT >= 2 * BN, "a thread for each of a chunk's LSE and Delta values");
 using Walk = ChunkWalk<BN>;
 
@@ -32,8 +32,8 @@ struct Tiles {
   u32 a, b, stages, values;  // resident tiles, chunk stages, per-stage LSE and Delta
   __device__ __forceinline__ explicit Tiles(const unsigned char* smem_raw) {
     a = (smem_addr(smem_raw) + 1023u) & ~1023u;
-    b = a + TILE_BYTES;
-    stages = b + TILE_BYTES;
+    b = a + RESIDENT_BYTES;
+    stages = b + RESIDENT_BYTES;
     values = stages + STAGES * STAGE_BYTES;
   }
   __device__ __forceinline__ u32 chunk(int st) const { return stages + (u32)(st * STAGE_BYTES); }
