@@ -1,7 +1,8 @@
 """GPU: seeded random cases over geometry x dtype x head dim x layout x GQA x score range against
 the float64 reference (worst row included, outputs poisoned first), the forward's and the
-backward's, non-finite inputs, and one run past 2**31 elements. ``TESSERA_FUZZ_CASES`` sets how many random cases run (default 24);
-the whole file also runs under compute-sanitizer (docs/benchmarking.md)."""
+backward's, non-finite inputs, and one run past 2**31 elements. ``TESSERA_FUZZ_CASES`` sets how
+many random cases run (default 24); the whole file also runs under compute-sanitizer
+(docs/benchmarking.md)."""
 
 from __future__ import annotations
 
