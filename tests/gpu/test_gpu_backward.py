@@ -32,12 +32,18 @@ def _ragged_mask(rng, mask_heads, b=1):
     return BlockMask.from_dense(dense, q_bounds=qb, kv_bounds=kb)
 
 
-def check_gradients(got, ref, dtype, name):
+def check_gradients(got, ref, dtype, name, rows_ref=None):
+    """The whole tensor against ``ref`` (float64 from the exact inputs), every row against
+    ``rows_ref`` (default ``ref``): where the softmax is sharp, a dQ row's terms cancel and
+    Delta = rowsum(dO * O) read from the forward's rounded output moves it further than bf16
+    rounding of the row itself (the float64 emulation with that output rounded shows the same),
+    so the fuzz checks its rows against float64 from the kernel's own out and LSE."""
     g, r = _to_numpy(got), ref
     assert g.shape == r.shape, name
     assert not np.isnan(g).any(), f"{name} has NaN (unwritten or broken)"
     err = np.linalg.norm(g - r) / max(np.linalg.norm(r), 1e-30)
     assert err <= TOL[dtype], f"{name}: relative error {err:.2e}"
+    r = r if rows_ref is None else rows_ref
     g2, r2 = g.reshape(-1, g.shape[-1]), r.reshape(-1, r.shape[-1])
     norm = np.linalg.norm(r2, axis=1)
     empty = norm == 0
