@@ -56,11 +56,13 @@ def dq_block_n(head_dim: int, cc: int) -> int | None:
 SM90_BLOCK_M = 128
 
 
-def backward_kernels(cc: int, head_dim: int, bf16: bool) -> tuple[Variant, Variant]:
+def backward_kernels(cc: int, head_dim: int, bf16: bool, portable: bool | None = None
+                     ) -> tuple[Variant, Variant]:
     """The backward pass's (dK/dV, dQ) kernels on compute capability ``cc``: the Hopper family
-    on sm_90 (unless ``config.portable_backward``), the portable one elsewhere. Their BM and
-    BN are the queues' tile rows and steps."""
-    if cc == 90 and not config.portable_backward:
+    on sm_90 (unless ``portable``; None: ``config.portable_backward``), the portable one
+    elsewhere. Their BM and BN are the queues' tile rows and steps."""
+    portable = config.portable_backward if portable is None else portable
+    if cc == 90 and not portable:
         return (Variant.bwd_sm90("bsa_bwd_dkdv_sm90", head_dim=head_dim, bf16=bf16,
                                  block_m=SM90_BLOCK_M),
                 Variant.bwd_sm90("bsa_bwd_dq_sm90", head_dim=head_dim, bf16=bf16,

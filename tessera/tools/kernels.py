@@ -1,7 +1,8 @@
 """``python -m tessera kernels``: the machine code of every attention kernel variant a plan can
 launch (:func:`regimes_in_use`: the heuristic's picks, the committed regime tables' entries, the
-profiler's candidates, in their TMA and whole-span forms where they have them) compiled for the
-CI targets (no GPU needed): registers, machine-code bytes and a hash of the machine code.
+profiler's candidates, in their TMA and whole-span forms where they have them; the backward
+pass's kernels, both families on sm_90) compiled for the CI targets (no GPU needed): registers,
+machine-code bytes and a hash of the machine code.
 
 ``--json PATH`` writes them; ``--against OLD.json`` compares with an earlier run, so a change to
 the kernel sources that should not change the code (a move, a rename) shows that it did not, or
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..backward_launch import backward_kernels
 from ..cuda import loader
 from ..cuda.variants import Variant
 from ..dtypes import SUPPORTED_HEAD_DIMS
@@ -75,7 +77,7 @@ def variants_in_use(targets: tuple[str, ...] = tuple(_ARCHES.values()), *,
                     bf16: tuple[bool, ...] = (True, False)) -> list[tuple[str, Variant]]:
     """(target, variant) of every kernel a plan can launch on the given targets, sorted by
     label: each of :func:`regimes_in_use` in the element types ``bf16`` says, in its TMA form
-    too where it has one."""
+    too where it has one, and the backward pass's kernels (on sm_90 both families')."""
     found: set[tuple[str, Variant]] = set()
     for arch, target in _ARCHES.items():
         if target not in targets:
@@ -85,6 +87,10 @@ def variants_in_use(targets: tuple[str, ...] = tuple(_ARCHES.values()), *,
                 for b in bf16:
                     for tma in ((False, True) if r.tma_capable else (False,)):
                         found.add((target, r.variant(d, b, tma)))
+            for b in bf16:
+                found.add((target, Variant.bwd_delta(head_dim=d, bf16=b)))
+                for portable in ((False, True) if arch == 90 else (False,)):
+                    found.update((target, v) for v in backward_kernels(arch, d, b, portable))
     return sorted(found, key=lambda tv: (tv[0], tv[1].label))
 
 

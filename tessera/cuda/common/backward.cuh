@@ -117,3 +117,24 @@ __device__ __forceinline__ ColumnValues<NB> column_values(const float* values, i
     for (int e = 0; e < 2; ++e) out.v[nt][e] = values[nt * 8 + 2 * t + e] * factor;
   return out;
 }
+
+// The warp's 16 rows of a query-major task (one head, 16 consecutive tokens: tile_rows is a
+// multiple of 16), the thread's two of them (g and g + 8) and their LSE (log2 units) and
+// Delta.
+struct WarpRows {
+  int head, tok_base, t0, t1;
+  RowValues lse, delta;
+  __device__ __forceinline__ WarpRows(const Task& task, int warp, int g, int tile_rows,
+                                      const float* lse_ptr, const float* delta_ptr,
+                                      int num_q_heads, int seq_q) {
+    head = task.h0 + warp * 16 / tile_rows;
+    tok_base = task.q_start + warp * 16 % tile_rows;
+    t0 = tok_base + g;
+    t1 = t0 + 8;
+    const float* lse_row = lse_ptr + ((i64)task.b * num_q_heads + head) * seq_q;
+    const float* delta_row = delta_ptr + ((i64)task.b * num_q_heads + head) * seq_q;
+    const int end = task.q_end;
+    lse = {t0 < end ? lse_row[t0] * LOG2E : 0.f, t1 < end ? lse_row[t1] * LOG2E : 0.f};
+    delta = {t0 < end ? delta_row[t0] : 0.f, t1 < end ? delta_row[t1] : 0.f};
+  }
+};

@@ -39,16 +39,9 @@ bsa_bwd_dq_sm80(TESSERA_BWD_PARAMS) {
     cp_async_commit();
   }
 
-  // The warp's 16 rows: one head, 16 consecutive tokens (tile_rows is a multiple of 16).
-  const int head = task.h0 + warp * 16 / tile_rows;
-  const int tok_base = q_start + warp * 16 % tile_rows;
+  const WarpRows rows(task, warp, g, tile_rows, lse_ptr, delta_ptr, num_q_heads, seq_q);
+  const int head = rows.head, tok_base = rows.tok_base, t0 = rows.t0, t1 = rows.t1;
   const bool tile_real = tok_base < q_end;
-  const int t0 = tok_base + g, t1 = t0 + 8;
-  const float* lse_row = lse_ptr + ((i64)b * num_q_heads + head) * seq_q;
-  const float* delta_row = delta_ptr + ((i64)b * num_q_heads + head) * seq_q;
-  const RowValues lse{t0 < q_end ? lse_row[t0] * LOG2E : 0.f,
-                      t1 < q_end ? lse_row[t1] * LOG2E : 0.f};
-  const RowValues delta{t0 < q_end ? delta_row[t0] : 0.f, t1 < q_end ? delta_row[t1] : 0.f};
 
   float dq[D / 8][4];
   zero(dq);
@@ -72,9 +65,9 @@ bsa_bwd_dq_sm80(TESSERA_BWD_PARAMS) {
       float s[BN / 8][4], dp[BN / 8][4];
       rows_times_chunk(s, smem_addr(q_tile), ks, f);        // S = Q K^T
       probabilities(s, walk.kpos, walk.k1, t0 >= lo && t0 < hi, t1 >= lo && t1 < hi, t,
-                    scale_log2, lse);
+                    scale_log2, rows.lse);
       rows_times_chunk(dp, smem_addr(do_tile), vs, f);      // dP = dO V^T
-      score_gradients(s, dp, delta);
+      score_gradients(s, dp, rows.delta);
       add_weights_times_chunk(dq, s, ks, f);                // dQ += dS K
     }
     __syncthreads();  // everyone is done with this stage before it is refilled

@@ -36,15 +36,8 @@ bsa_bwd_dq_sm90(TESSERA_BWD_PARAMS) {
   }
   cp_async_commit();
 
-  // The warp's 16 rows: one head, 16 consecutive tokens (tile_rows is a multiple of 16).
-  const int head = task.h0 + warp * 16 / tile_rows;
-  const int tok_base = q_start + warp * 16 % tile_rows;
-  const int t0 = tok_base + g, t1 = t0 + 8;
-  const float* lse_row = lse_ptr + ((i64)b * num_q_heads + head) * seq_q;
-  const float* delta_row = delta_ptr + ((i64)b * num_q_heads + head) * seq_q;
-  const RowValues lse{t0 < q_end ? lse_row[t0] * LOG2E : 0.f,
-                      t1 < q_end ? lse_row[t1] * LOG2E : 0.f};
-  const RowValues delta{t0 < q_end ? delta_row[t0] : 0.f, t1 < q_end ? delta_row[t1] : 0.f};
+  const WarpRows rows(task, warp, g, tile_rows, lse_ptr, delta_ptr, num_q_heads, seq_q);
+  const int head = rows.head, tok_base = rows.tok_base, t0 = rows.t0, t1 = rows.t1;
   const SmemDesc q_desc = k_major_desc(tiles.a + (u32)(wg * 64 * SW));
   const SmemDesc do_desc = k_major_desc(tiles.b + (u32)(wg * 64 * SW));
   float dq[D / 8][4];
@@ -72,10 +65,10 @@ bsa_bwd_dq_sm90(TESSERA_BWD_PARAMS) {
     wgmma_hold<D / 2>(&dq[0][0]);
     wgmma_hold<BN / 2>(&s[0][0]);
     probabilities(s, walk.kpos, walk.k1, t0 >= lo && t0 < hi, t1 >= lo && t1 < hi, t,
-                  scale_log2, lse);
+                  scale_log2, rows.lse);
     wgmma_wait<0>();
     wgmma_hold<BN / 2>(&dp[0][0]);
-    score_gradients(s, dp, delta);
+    score_gradients(s, dp, rows.delta);
     fragments(w, s);
     issue_weights_times_chunk(dq, w, ks);     // dQ += dS K
     walk.next(spans, se);
