@@ -19,9 +19,10 @@ from .capture import capture_memory_if, capturing, stream_capturing
 from .cuda.device import device_cc, smem_limit_bytes
 from .cuda.loader import load_kernel
 from .cuda.variants import Variant, smem_bytes
-from .interop import empty_like_caller, from_any
+from .interop import empty_like_caller
 from .launch import AttentionShape, LaunchState, caller_stream, check_operands
-from .operands import Operands, bhld_view, check_scale, describe, describe_like_q
+from .operands import (Operands, bhld_view, check_scale, describe, describe_like_q,
+                       describe_lse)
 from .settings import config
 
 __all__ = ["BackwardLaunchable", "run_backward_plan", "dq_block_n", "backward_kernels",
@@ -84,13 +85,7 @@ def run_backward_plan(p: BackwardLaunchable, q: Any, k: Any, v: Any, out: Any, l
     check_operands(p, ops)
     o_desc = describe_like_q(out, "out", ops, shape.layout)
     do_desc = describe_like_q(dout, "dout", ops, shape.layout)
-    b, hq, lq, d = ops.shape_q
-    ld = from_any(lse, "lse", ops.stream_ptr)
-    if ld.shape != (b, hq, lq) or ld.dtype != "float32" or ld.strides != (hq * lq, lq, 1):
-        raise ValueError(f"lse must be the forward's contiguous float32 LSE of shape "
-                         f"{(b, hq, lq)}, got {ld.dtype} {ld.shape} strides {ld.strides}")
-    if ld.device_id != ops.q.device_id:
-        raise ValueError(f"lse is on device {ld.device_id} but q is on {ops.q.device_id}")
+    ld = describe_lse(lse, ops, "the forward's contiguous float32 LSE")
     cp = cupy_or_none()
     with cp.cuda.Device(ops.q.device_id), \
             capture_memory_if(stream_capturing(ops.stream_ptr), ops.q.framework,

@@ -18,8 +18,8 @@ from .interop import (DeviceTensor, as_array, current_stream_ptr, device_of, fra
 from .mask import BlockMask
 
 __all__ = ["Operands", "Outputs", "describe", "describe_outputs", "describe_like_q",
-           "check_scale", "check_mask",
-           "bhld_view", "host_operands", "checked_dout", "LAYOUTS"]
+           "describe_lse", "check_scale", "check_mask", "bhld_view", "host_operands",
+           "checked_dout", "LAYOUTS"]
 
 LAYOUTS = ("bhld", "blhd")
 
@@ -197,18 +197,26 @@ def describe_outputs(ops: Operands, layout: str, out: Any, lse: Any) -> Outputs:
                                  "while they write out")
         given.out = (od, out)
     if lse is not None:
-        ld = from_any(lse, "lse", ops.stream_ptr)
-        if ld.shape != (b, hq, lq) or ld.dtype != "float32" or ld.strides != (hq * lq, lq, 1):
-            raise ValueError(f"lse must be a contiguous float32 array of shape {(b, hq, lq)}, "
-                             f"got {ld.dtype} {ld.shape} strides {ld.strides}")
-        if ld.device_id != ops.q.device_id:
-            raise ValueError(f"lse is on device {ld.device_id} but q is on {ops.q.device_id}")
+        ld = describe_lse(lse, ops, "a contiguous float32 array")
         for name, t in (("q", ops.q), ("k", ops.k), ("v", ops.v)) + (
                 (("out", given.out[0]),) if given.out is not None else ()):
             if _overlap(ld, t):
                 raise ValueError(f"lse overlaps {name} in memory")
         given.lse = (ld, lse)
     return given
+
+
+def describe_lse(lse: Any, ops: Operands, role: str) -> DeviceTensor:
+    """An LSE the caller gives (an output to write, or the forward's for a backward pass):
+    float32 ``[B, Hq, Lq]``, contiguous, on q's device; ValueError saying it is ``role``."""
+    ld = from_any(lse, "lse", ops.stream_ptr)
+    b, hq, lq, _ = ops.shape_q
+    if ld.shape != (b, hq, lq) or ld.dtype != "float32" or ld.strides != (hq * lq, lq, 1):
+        raise ValueError(f"lse must be {role} of shape {(b, hq, lq)}, got {ld.dtype} "
+                         f"{ld.shape} strides {ld.strides}")
+    if ld.device_id != ops.q.device_id:
+        raise ValueError(f"lse is on device {ld.device_id} but q is on {ops.q.device_id}")
+    return ld
 
 
 def describe_like_q(x: Any, name: str, ops: Operands, layout: str) -> DeviceTensor:

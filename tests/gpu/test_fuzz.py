@@ -40,13 +40,9 @@ def _random_geometry(rng):
         ks.size
 
 
-@pytest.mark.parametrize("case", range(CASES))
-def test_random_backward_matches_the_reference(case):
-    """The backward pass on the forward fuzz's kind of case (bf16 / fp16, every head dim,
-    layout, GQA, mask heads, uniform ragged or variable blocks, score range)."""
-    from tests.gpu.test_gpu_backward import check_gradients
-
-    rng = np.random.default_rng(5000 + case)
+def _random_case(rng):
+    """(mask, dtype, head dim, layout, batch, query heads, kv heads) of one random case: GQA up
+    to 4:1, one mask or one per kv or query head, densities from 10% to every block."""
     geo, nq, nk = _random_geometry(rng)
     hkv = int(rng.choice([1, 2]))
     hq = hkv * int(rng.choice([1, 2, 4]))
@@ -57,6 +53,17 @@ def test_random_backward_matches_the_reference(case):
     d = int(rng.choice([64, 96, 128]))
     layout = str(rng.choice(["bhld", "blhd"]))
     b = int(rng.choice([1, 2]))
+    return mask, dtype, d, layout, b, hq, hkv
+
+
+@pytest.mark.parametrize("case", range(CASES))
+def test_random_backward_matches_the_reference(case):
+    """The backward pass on the forward fuzz's kind of case (bf16 / fp16, every head dim,
+    layout, GQA, mask heads, uniform ragged or variable blocks, score range)."""
+    from tests.gpu.test_gpu_backward import check_gradients
+
+    rng = np.random.default_rng(5000 + case)
+    mask, dtype, d, layout, b, hq, hkv = _random_case(rng)
     (q, k, v), (qe, ke, ve) = _inputs(rng, "cupy", dtype, b, hq, hkv, mask.seq_len_q,
                                       mask.seq_len_kv, d, layout)
     (do, _, _), (de, _, _) = _inputs(rng, "cupy", dtype, b, hq, hkv, mask.seq_len_q, 16, d,
@@ -76,16 +83,7 @@ def test_random_backward_matches_the_reference(case):
 @pytest.mark.parametrize("case", range(CASES))
 def test_random_case_matches_the_reference(case):
     rng = np.random.default_rng(1000 + case)
-    geo, nq, nk = _random_geometry(rng)
-    hkv = int(rng.choice([1, 2]))
-    hq = hkv * int(rng.choice([1, 2, 4]))
-    mask_heads = int(rng.choice(sorted({1, hkv, hq})))
-    dense = rng.random((mask_heads, nq, nk)) < rng.choice([0.1, 0.4, 0.8, 1.0])
-    mask = tessera.BlockMask.from_dense(dense, **geo)
-    dtype = str(rng.choice(["bfloat16", "float16"]))
-    d = int(rng.choice([64, 96, 128]))
-    layout = str(rng.choice(["bhld", "blhd"]))
-    b = int(rng.choice([1, 2]))
+    mask, dtype, d, layout, b, hq, hkv = _random_case(rng)
     fw = "cupy"
     (q, k, v), (qe, ke, ve) = _inputs(rng, fw, dtype, b, hq, hkv, mask.seq_len_q,
                                       mask.seq_len_kv, d, layout)
