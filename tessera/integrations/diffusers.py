@@ -670,7 +670,7 @@ def _route_call(q: Any, k: Any, v: Any, mask: Any, mark: _Mark, scale: float | N
     """A marked call routed: through the custom op (one opaque node of a compiled block), or,
     where autograd records (q, k or v require grad: a fine-tuning step), by the same call
     made directly, so that the gradient flows through the reorders and Tessera's attention
-    (``torch_attention``: float64 on CPU tensors; CUDA tensors are refused there)."""
+    (``torch_attention``: the GPU kernels' backward on CUDA tensors, float64 on CPU ones)."""
     import torch
 
     ordered = _sessions[mark.transformer]._ordered

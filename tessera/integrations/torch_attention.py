@@ -1,10 +1,10 @@
-"""Attention on torch tensors for the integrations: ``tessera.attention`` on CUDA tensors; on CPU
+"""Attention on torch tensors for the integrations: ``tessera.attention`` on CUDA tensors
+(differentiable there: its backward is the GPU kernels', ``tessera.attention_backward``); on CPU
 ones the plan a GPU would run, executed by the CPU emulator in float64 (where the integrations'
 CPU tests run the same code paths), with one warning that this path checks correctness, not
-speed. On CPU tensors the result is differentiable: the backward pass is the emulator's, by
-the plan's query-major and key-major task queues (``emulate.run_backward``), in float64 -- what
-a fine-tuning step's tests run without a GPU. The GPU kernels have no backward pass yet, and
-CUDA tensors that require grad are refused (``operands.refuse_gradients``)."""
+speed. On CPU tensors the result is differentiable too: the backward pass is the emulator's, by
+the backward queues the GPU kernels walk (``emulate.run_backward``), in float64 -- what a
+fine-tuning step's tests run without a GPU."""
 
 from __future__ import annotations
 
