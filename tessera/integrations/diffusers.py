@@ -210,6 +210,7 @@ class Session:
     _calls_before: int = field(default=0, repr=False)  # routed calls when this forward began
     _unrouted_before: int = field(default=0, repr=False)  # and calls left to the model
     _warned_unrouted: bool = field(default=False, repr=False)
+    _replaying: bool = field(default=False, repr=False)  # a compiled backward's recomputation
 
     @property
     def step(self) -> int:
@@ -371,9 +372,15 @@ class Session:
     def _scheduled_dense(self, layer: int) -> bool:
         """Whether layer ``layer``'s call of this step stays the model's own (counted)."""
         if self.schedule.dense(self.step, layer):
-            self.stats.dense_calls += 1
+            self._count("dense_calls")
             return True
         return False
+
+    def _count(self, calls: str) -> None:
+        """One more call in ``stats.<calls>``, but for a compiled backward's recomputation of
+        a call the forward counted already."""
+        if not self._replaying:
+            setattr(self.stats, calls, getattr(self.stats, calls) + 1)
 
     def _geometries(self, q: Any, k: Any, mask: Any, layout: str) -> list | None:
         """This call's token layouts (one, or one per batch element where they differ), from
@@ -422,11 +429,11 @@ class Session:
         layout = self._routes[layer].layout
         geos = self._geometries(q, k, mask, layout)
         if geos is None:
-            self.stats.unrouted_calls += 1
+            self._count("unrouted_calls")
             return own()
         if self._scheduled_dense(layer):
             return own()
-        self.stats.sparse_calls += 1
+        self._count("sparse_calls")
         if len(geos) == 1:
             return self._sparse(q, k, v, geos[0], layout, scale, ordered)
         import torch
@@ -466,7 +473,7 @@ class Session:
                 "what Tessera supports")
         lm = self.method.layer_mask(geo)
         mask = self._device_mask(lm.mask)
-        self.stats.sparse_calls += 1
+        self._count("sparse_calls")
         if cp.ring_degree == 1:
             mode, udeg = "ulysses", None
         elif cp.ulysses_degree == 1:
@@ -668,13 +675,16 @@ def _routed_call(transformer: int, layer: int, q: Any, k: Any, v: Any, attn_mask
 def _route_call(q: Any, k: Any, v: Any, mask: Any, mark: _Mark, scale: float | None,
                 enable_gqa: bool, backend: str | None) -> Any:
     """A marked call routed: through the custom op (one opaque node of a compiled block), or,
-    where autograd records (q, k or v require grad: a fine-tuning step), by the same call
-    made directly, so that the gradient flows through the reorders and Tessera's attention
-    (``torch_attention``: the GPU kernels' backward on CUDA tensors, float64 on CPU ones)."""
+    eagerly where autograd records (q, k or v require grad: a fine-tuning step), by the same
+    call made directly, so that the gradient flows through the reorders and Tessera's
+    attention (``torch_attention``: the GPU kernels' backward on CUDA tensors, float64 on CPU
+    ones) with nothing computed twice. Under torch.compile such a call stays the op, whose
+    autograd formula recomputes the call with gradients (:func:`_register_op`)."""
     import torch
 
     ordered = _sessions[mark.transformer]._ordered
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+    if (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+            and not torch.compiler.is_compiling()):
         return _routed_call(mark.transformer, int(mark.layer), q, k, v, mask, scale,
                             enable_gqa, backend, ordered)
     return _op(q, k, v, mask, mark.layer, mark.transformer, scale, enable_gqa, backend,
@@ -688,6 +698,23 @@ def _backend_name(value: str) -> Any:
 
 
 _op: Any = None  # torch.ops.tessera.routed_attention once registered (_register_op)
+
+
+@contextlib.contextmanager
+def _recording_in_op() -> Iterator[None]:
+    """Autograd recording inside a custom op's implementation, which torch runs below the
+    autograd dispatch keys: the routed call's backward recomputes the call there. (torch's
+    private dispatch-key guard, which the public API does not expose.)"""
+    import torch
+
+    c = torch._C
+    excluded = c._dispatch_tls_local_exclude_set()
+    for key in (c.DispatchKey.ADInplaceOrView, c.DispatchKey.AutogradOther,
+                c.DispatchKey.AutogradCPU, c.DispatchKey.AutogradCUDA):
+        excluded = excluded.remove(key)
+    with c._ForceDispatchKeyGuard(c._dispatch_tls_local_include_set(), excluded), \
+            torch.enable_grad():
+        yield
 
 
 def _register_op() -> None:
@@ -706,14 +733,57 @@ def _register_op() -> None:
                "-> Tensor")
     def routed_attention(q, k, v, attn_mask, layer, transformer, scale, enable_gqa, backend,
                          ordered):
-        return _routed_call(transformer, int(layer), q, k, v, attn_mask, scale, enable_gqa,
-                            backend, ordered)
+        with torch.no_grad():  # (the op's gradient is its registered formula's)
+            return _routed_call(transformer, int(layer), q, k, v, attn_mask, scale,
+                                enable_gqa, backend, ordered)
 
     @routed_attention.register_fake
     def _(q, k, v, attn_mask, layer, transformer, scale, enable_gqa, backend, ordered):
         # the output: q's shape with v's head dim, contiguous (the real op returns it so)
         return q.new_empty((*q.shape[:-1], v.shape[-1]))
 
+    # The op's gradient, an op itself (a compiled backward holds it as one opaque node): the
+    # call recomputed with autograd recording -- the same route, Tessera's backward pass where
+    # Tessera ran it -- and differentiated; the recomputation is not counted in the stats.
+    @torch.library.custom_op(
+        "tessera::routed_attention_backward", mutates_args=(),
+        schema="(Tensor grad, Tensor q, Tensor k, Tensor v, Tensor? attn_mask, Tensor layer, "
+               "int transformer, float? scale, bool enable_gqa, str? backend, bool ordered) "
+               "-> (Tensor, Tensor, Tensor)")
+    def routed_attention_backward(grad, q, k, v, attn_mask, layer, transformer, scale,
+                                  enable_gqa, backend, ordered):
+        session = _sessions.get(transformer)
+        leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+        replaying = session is not None and not session._replaying
+        if replaying:
+            session._replaying = True
+        try:
+            with _recording_in_op():
+                out = _routed_call(transformer, int(layer), *leaves, attn_mask, scale,
+                                   enable_gqa, backend, ordered)
+                grads = torch.autograd.grad(out, leaves, grad, allow_unused=True)
+        finally:
+            if replaying:
+                session._replaying = False
+        return tuple(torch.zeros_like(x) if g is None else g.contiguous()
+                     for g, x in zip(grads, (q, k, v)))
+
+    @routed_attention_backward.register_fake
+    def _(grad, q, k, v, attn_mask, layer, transformer, scale, enable_gqa, backend, ordered):
+        return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+    def setup_context(ctx, inputs, output):
+        q, k, v, attn_mask, layer, *rest = inputs
+        ctx.save_for_backward(q, k, v, attn_mask, layer)
+        ctx.rest = rest
+
+    def backward(ctx, grad):
+        q, k, v, attn_mask, layer = ctx.saved_tensors
+        grads = torch.ops.tessera.routed_attention_backward(grad, q, k, v, attn_mask, layer,
+                                                            *ctx.rest)
+        return (*grads, None, None, None, None, None, None, None)
+
+    routed_attention.register_autograd(backward, setup_context=setup_context)
     _op = torch.ops.tessera.routed_attention
 
 
