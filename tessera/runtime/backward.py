@@ -9,7 +9,7 @@
   of such a span is ``head_in_group * seq_q + token``: one span never leaves its head.
 
 One writer per gradient row makes the pass deterministic without floating-point atomics or
-an fp32 gradient buffer (docs/decisions.md, "Backward: two passes, one writer a row").
+an fp32 gradient buffer (docs/decisions.md, "Backward").
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ class BackwardQueues:
 @dataclass
 class BackwardPlan:
     """A mask's backward pass for one attention shape: its queues, made at the first run that
-    needs them and kept (per dQ step), and the device state of its launches -- what
+    needs them and kept (per tile rows and steps), and the device state of its launches -- what
     ``backward_launch.run_backward_plan`` reads. ``tessera.attention_backward`` makes one per
     call; a :class:`~tessera.runtime.plan.Plan` keeps one for its mask."""
 
