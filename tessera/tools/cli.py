@@ -18,6 +18,7 @@ import scipy
 import tessera
 
 from .._array import cupy_or_none
+from ..backward_launch import backward_kernels
 from ..cuda import device
 from ..cuda.loader import CI_TARGETS, cache_dir, nvrtc_version, target_for
 from ..cuda.tma import driver_encodes_maps
@@ -65,6 +66,16 @@ def _gpu_lines() -> tuple[list[str], int | None]:
     return lines, cc
 
 
+def _backward_line(cc: int | None) -> str:
+    """Which backward kernels this GPU runs (``backward_launch.backward_kernels``)."""
+    if cc is None:
+        return "the sm90 kernels on sm_90, the portable ones elsewhere (no GPU here)"
+    dkdv, _ = backward_kernels(cc, 128, True)
+    family = "sm90 (wgmma)" if dkdv.source.startswith("sm90/") else "sm80 (mma.sync)"
+    return (f"the {family} kernels on this GPU ({dkdv.macro('BM')}-row tasks"
+            + ("; config.portable_backward forces the sm80 ones)" if cc == 90 else ")"))
+
+
 def info() -> int:
     """Print versions, the GPU (if any), kernel targets and regime tables."""
 
@@ -75,6 +86,8 @@ def info() -> int:
         print(line)
     print("Kernel families: sm80 (mma.sync, runs on sm_80 and newer); sm90 (wgmma, sm_90 "
           "only, the default there); combine")
+    print("Backward pass (tessera.attention_backward, torch autograd, jax.grad): "
+          + _backward_line(cc))
     print(f"Compile targets checked in CI: {', '.join(CI_TARGETS)} (sm90 family: sm_90a)")
 
     print("TMA copies (sm90 family, producer variants of the span-by-span walk): " + (

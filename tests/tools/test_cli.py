@@ -20,6 +20,15 @@ def test_info_in_process(capsys):
     # Whether TMA copies are possible here, as the driver lookup answers.
     assert ("the driver encodes tensor maps" in out) == (_driver_encoder() is not None)
     assert "TMA copies" in out
+    assert "Backward pass (tessera.attention_backward, torch autograd, jax.grad): the " in out
+
+
+def test_info_names_the_backward_kernels_of_a_gpu():
+    from tessera.tools import cli
+
+    assert cli._backward_line(90).startswith("the sm90 (wgmma) kernels on this GPU (128-row")
+    assert "portable_backward" in cli._backward_line(90)
+    assert cli._backward_line(86) == "the sm80 (mma.sync) kernels on this GPU (64-row tasks)"
 
 
 def test_info_says_the_diffusers_release_and_the_families(monkeypatch):
