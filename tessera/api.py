@@ -16,9 +16,9 @@ import sys
 from typing import Any, Iterator
 
 from ._array import cupy_or_none
+from .backward_launch import run_backward_plan
 from .capture import capture_memory_if, stream_capturing
 from .cuda import device
-from .backward_launch import run_backward_plan
 from .launch import caller_stream, run
 from .mask import BlockMask, bounds_key
 from .operands import Operands, check_mask, check_scale, describe
