@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 from typing import Any, Iterator
 
 from ._array import cupy_or_none
-from .backward_launch import run_backward_plan
+from .backward_launch import run_backward
 from .capture import capture_memory_if, stream_capturing
 from .cuda import device
 from .launch import caller_stream, run
 from .mask import BlockMask, bounds_key
-from .operands import Operands, check_mask, check_scale, describe
+from .operands import Operands, check_mask, check_scale, describe, gradient_recorded
 from .runtime.backward import BackwardPlan
 from .runtime.cache import PlanCache, RequestKey
 from .runtime.mode import PlanMode
@@ -52,7 +51,7 @@ def attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *, scale: float | N
     if not isinstance(block_mask, BlockMask):
         raise TypeError(f"block_mask must be a tessera.BlockMask, got {type(block_mask).__name__}")
     check_scale(scale)
-    if _records_gradients(q, k, v):
+    if gradient_recorded(q, k, v) is not None:
         out, lse = _autograd_function().apply(q, k, v, block_mask, scale, layout, regime)
         return (out, lse) if return_lse else out
     ops = describe(q, k, v, layout)
@@ -106,15 +105,7 @@ def attention_backward(q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any,
     with cupy_or_none().cuda.Device(ops.q.device_id):
         shape = checked_shape(block_mask, hq, hkv, d, None, b, ops.q.dtype, layout)
         with caller_stream(ops), block_mask.reading():
-            return run_backward_plan(BackwardPlan(block_mask, shape), q, k, v, out, lse, dout,
-                                     scale=scale)
-
-
-def _records_gradients(q: Any, k: Any, v: Any) -> bool:
-    """Whether autograd records a torch q, k or v that requires grad."""
-    torch = sys.modules.get("torch")  # (a torch tensor means torch is imported)
-    return torch is not None and torch.is_grad_enabled() and any(
-        isinstance(x, torch.Tensor) and x.requires_grad for x in (q, k, v))
+            return run_backward(BackwardPlan(block_mask, shape), ops, out, lse, dout, scale)
 
 
 _Function: Any = None  # the autograd Function, made at first use (torch is optional)

@@ -25,8 +25,8 @@ from .operands import (Operands, bhld_view, check_scale, describe, describe_like
                        describe_lse)
 from .settings import config
 
-__all__ = ["BackwardLaunchable", "run_backward_plan", "dq_block_n", "backward_kernels",
-           "SM90_BLOCK_M"]
+__all__ = ["BackwardLaunchable", "run_backward_plan", "run_backward", "dq_block_n",
+           "backward_kernels", "SM90_BLOCK_M"]
 
 _LOG2E = 1.4426950408889634
 _DELTA_THREADS = 256  # bsa_bwd_delta's launch bound: 8 rows a CTA, a warp each
@@ -80,11 +80,19 @@ def run_backward_plan(p: BackwardLaunchable, q: Any, k: Any, v: Any, out: Any, l
     dtype, shape and layout, rows 16-byte aligned); ``lse`` is the forward's float32
     ``[B, Hq, Lq]`` (contiguous). Everything is checked before anything is launched."""
     check_scale(scale)
-    shape = p.shape
-    ops = describe(q, k, v, shape.layout)
+    ops = describe(q, k, v, p.shape.layout)
     check_operands(p, ops)
-    o_desc = describe_like_q(out, "out", ops, shape.layout)
-    do_desc = describe_like_q(dout, "dout", ops, shape.layout)
+    return run_backward(p, ops, out, lse, dout, scale)
+
+
+def run_backward(p: BackwardLaunchable, ops: Operands, out: Any, lse: Any, dout: Any,
+                 scale: float | None) -> tuple[Any, Any, Any]:
+    """:func:`run_backward_plan` once q, k and v are described and checked against ``p``
+    (``tessera.attention_backward``, which has done both): the gradient inputs checked, then
+    the launches on q's device."""
+    layout = p.shape.layout
+    o_desc = describe_like_q(out, "out", ops, layout)
+    do_desc = describe_like_q(dout, "dout", ops, layout)
     ld = describe_lse(lse, ops, "the forward's contiguous float32 LSE")
     cp = cupy_or_none()
     with cp.cuda.Device(ops.q.device_id), \

@@ -18,7 +18,7 @@ from .interop import (DeviceTensor, as_array, current_stream_ptr, device_of, fra
 from .mask import BlockMask
 
 __all__ = ["Operands", "Outputs", "describe", "describe_outputs", "describe_like_q",
-           "describe_lse", "check_scale", "check_mask", "bhld_view", "host_operands",
+           "describe_lse", "gradient_recorded", "refuse_gradients", "check_scale", "check_mask", "bhld_view", "host_operands",
            "checked_dout", "LAYOUTS"]
 
 LAYOUTS = ("bhld", "blhd")
@@ -59,19 +59,26 @@ def bhld_view(t: DeviceTensor, layout: str, name: str
     return tuple(t.shape[i] for i in perm), tuple(t.strides[i] for i in perm)
 
 
+def gradient_recorded(q: Any, k: Any, v: Any) -> str | None:
+    """The name of the first of q, k, v that is a torch tensor requiring grad while autograd
+    records (None: no gradient is asked of this call)."""
+    torch = sys.modules.get("torch")  # (a torch tensor means torch is imported)
+    if torch is None or not torch.is_grad_enabled():
+        return None
+    return next((name for name, x in (("q", q), ("k", k), ("v", v))
+                 if isinstance(x, torch.Tensor) and x.requires_grad), None)
+
+
 def refuse_gradients(q: Any, k: Any, v: Any) -> None:
     """Refuse torch tensors that require grad while autograd records, where no gradient would
     be recorded (``Plan.run``; ``tessera.attention`` takes them through its autograd Function
     first): an output without a backward would train nothing, silently."""
-    torch = sys.modules.get("torch")  # (a torch tensor means torch is imported)
-    if torch is None or not torch.is_grad_enabled():
-        return
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if getattr(x, "requires_grad", False) and isinstance(x, torch.Tensor):
-            raise ValueError(f"{name} requires grad, but Plan.run records no gradient: call "
-                             "tessera.attention (differentiable on torch tensors), or run the "
-                             "plan under torch.no_grad() with return_lse=True and compute the "
-                             "gradients with Plan.run_backward")
+    name = gradient_recorded(q, k, v)
+    if name is not None:
+        raise ValueError(f"{name} requires grad, but Plan.run records no gradient: call "
+                         "tessera.attention (differentiable on torch tensors), or run the "
+                         "plan under torch.no_grad() with return_lse=True and compute the "
+                         "gradients with Plan.run_backward")
 
 
 def describe(q: Any, k: Any, v: Any, layout: str) -> Operands:
