@@ -283,14 +283,8 @@ def _peers(q, k, v, ours, m, new_mask, flex_fn, shape, case, row: dict,
     found: list[_Peer] = []
 
     def checked(name, out) -> bool:
-        diff = peers.relative_difference(out, ours)
-        row[f"{name}_diff"] = diff
-        if diff > peers.PEER_TOLERANCE:
-            row[f"{name}_differs"] = True
-            print(f"\n{name} differs from Tessera on {shape}/{case} by {diff:.2e}: not timed",
-                  file=sys.stderr)
-            return False
-        return True
+        return peers.agrees(row, name, peers.relative_difference(out, ours),
+                            f"on {shape}/{case}")
 
     if flex_fn is not None:
         try:

@@ -8,6 +8,7 @@ else is flagged, not timed. Needs torch."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,7 +16,7 @@ import numpy as np
 
 from ..mask import BlockMask
 
-__all__ = ["PEER_TOLERANCE", "relative_difference", "compiled_flex", "flex_block_mask",
+__all__ = ["PEER_TOLERANCE", "relative_difference", "agrees", "compiled_flex", "flex_block_mask",
            "flex_kernel_options", "CudnnBsaInputs", "cudnn_bsa_available", "cudnn_bsa_inputs",
            "run_cudnn_bsa", "run_cudnn_bsa_backward", "fa4_available", "FLEX_COMPILES"]
 
@@ -28,6 +29,19 @@ def relative_difference(a: Any, b: Any) -> float:
     """``|a - b| / |b|`` over whole tensors, in float32."""
     a, b = a.float(), b.float()
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def agrees(row: dict, name: str, diff: float, what: str) -> bool:
+    """Whether a peer's output is within PEER_TOLERANCE of Tessera's (its relative difference
+    ``diff``, recorded in ``row`` as ``<name>_diff``); one further away computes something
+    else: flagged (``<name>_differs``) and said on stderr (``what`` names the comparison), so
+    that it is not timed."""
+    row[f"{name}_diff"] = diff
+    if diff > PEER_TOLERANCE:
+        row[f"{name}_differs"] = True
+        print(f"\n{name} differs from Tessera {what} by {diff:.2e}: not timed", file=sys.stderr)
+        return False
+    return True
 
 
 def _dense_on(mask: BlockMask, device: Any) -> Any:

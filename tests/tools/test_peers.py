@@ -102,3 +102,12 @@ def test_compiled_flex_keeps_a_compile_per_length(monkeypatch):
     monkeypatch.setattr(config, name, 8)
     assert callable(peers.compiled_flex())
     assert getattr(config, name) == peers.FLEX_COMPILES
+
+
+def test_agrees_records_the_difference_and_flags_a_peer_too_far(capsys):
+    row = {}
+    assert peers.agrees(row, "flex", 5e-3, "on x/y")
+    assert row == {"flex_diff": 5e-3}
+    assert not peers.agrees(row, "bsa", 0.5, "on x/y")
+    assert row["bsa_differs"] and row["bsa_diff"] == 0.5
+    assert "bsa differs from Tessera on x/y by 5.00e-01: not timed" in capsys.readouterr().err
