@@ -18,8 +18,8 @@ from .interop import (DeviceTensor, as_array, current_stream_ptr, device_of, fra
 from .mask import BlockMask
 
 __all__ = ["Operands", "Outputs", "describe", "describe_outputs", "describe_like_q",
-           "describe_lse", "gradient_recorded", "refuse_gradients", "check_scale", "check_mask", "bhld_view", "host_operands",
-           "checked_dout", "LAYOUTS"]
+           "describe_lse", "gradient_recorded", "refuse_gradients", "check_scale", "check_mask",
+           "bhld_view", "host_operands", "checked_dout", "LAYOUTS"]
 
 LAYOUTS = ("bhld", "blhd")
 
