@@ -89,8 +89,9 @@ def attention_backward(q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any,
     ``dout`` are like q (dtype, shape, layout, rows 16-byte aligned); ``lse`` float32
     ``[B, Hq, Lq]``, contiguous. Gradients come back in the caller's type and layout, q's dtype.
     Deterministic: every gradient row is written by one task, no atomics. The mask's backward
-    queues are planned on the host (a device mask is read back once a call); a plan for a
-    static mask keeps them (:meth:`Plan.run_backward`).
+    queues are planned on the device without a synchronization (a device mask, MHA), else on
+    the host (a device mask read back once a call); a plan for a static mask keeps them
+    (:meth:`Plan.run_backward`).
     """
     if not isinstance(block_mask, BlockMask):
         raise TypeError(f"block_mask must be a tessera.BlockMask, got {type(block_mask).__name__}")

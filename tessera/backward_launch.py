@@ -103,8 +103,9 @@ def run_backward(p: BackwardLaunchable, ops: Operands, out: Any, lse: Any, dout:
 
 def _device_queues(p: BackwardLaunchable, cp: Any, block_m: int, block_n: tuple[int, int]
                    ) -> tuple[Any, Any]:
-    """``p``'s backward queues on the current device, (dq, dkdv) as (tasks, spans, count,
-    tile rows) (copied once per plan, device, tile rows and steps)."""
+    """``p``'s backward queues on the current device, (dq, dkdv) as (tasks, spans, rows,
+    device task count or None, tile rows): planned once per plan, device, tile rows and steps;
+    host queues copied there, the planner kernels' used as they are."""
     key = (cp.cuda.Device().id, block_m, block_n)
     got = p.launch_state.backward_queues.get(key)
     if got is None:
@@ -115,7 +116,7 @@ def _device_queues(p: BackwardLaunchable, cp: Any, block_m: int, block_n: tuple[
         got = p.launch_state.backward_queues[key] = tuple(
             (cp.ascontiguousarray(cp.asarray(x.tasks, dtype=cp.int32)),
              cp.ascontiguousarray(cp.asarray(x.spans, dtype=cp.int32)),
-             int(x.tasks.shape[0]), int(x.tile_rows))
+             int(x.tasks.shape[0]), x.count, int(x.tile_rows))
             for x in (bq.dq, bq.dkdv))
     return got
 
@@ -163,13 +164,15 @@ def _launch(p: BackwardLaunchable, ops: Operands, o_desc: Any, do_desc: Any, lse
                     ptr(dk[0].ptr), *map(i64, dk[2][:3]),
                     ptr(dv[0].ptr), *map(i64, dv[2][:3]),
                     i32(hq), i32(lq))
-        for v, (tasks, spans, n_tasks, tile_rows) in ((dkdv_variant, kv_queue),
-                                                      (dq_variant, dq_queue)):
-            if not n_tasks:
+        for v, (tasks, spans, n_rows, count, tile_rows) in ((dkdv_variant, kv_queue),
+                                                             (dq_variant, dq_queue)):
+            if not n_rows:
                 continue
-            load_kernel(v)((n_tasks,), (v.threads,),
+            # A device count: the grid covers the queue's rows, CTAs past the count return.
+            load_kernel(v)((n_rows,), (v.threads,),
                            (tasks, spans, *operands, i32(tile_rows), i32(hq // hkv), f32(scale),
-                            f32(scale * _LOG2E), i32(n_tasks)),
+                            f32(scale * _LOG2E), i32(n_rows),
+                            ptr(0 if count is None else count.data.ptr)),
                            shared_mem=smem_bytes(v), stream=stream)
         return dq[1](stream), dk[1](stream), dv[1](stream)
 

@@ -10,6 +10,13 @@
 
 One writer per gradient row makes the pass deterministic without floating-point atomics or
 an fp32 gradient buffer (docs/decisions.md, "Backward").
+
+Where they are planned: a device mask of an MHA shape is planned by the planner kernels
+(``planners.DevicePlanner``) in both directions without reading anything back -- the queues are
+the planner's bounded buffers with their task counts on the device, which the kernels read --
+so a training step's backward never waits for the GPU. Otherwise (a host mask, GQA, whose
+dK/dV tasks merge a group's key tiles on the host, or a mask too large for the planner
+kernels) the queues are planned on the host, a device mask read back once.
 """
 
 from __future__ import annotations
@@ -18,11 +25,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .._array import to_numpy
 from ..cuda.variants import backward_block_n
 from ..launch import LaunchState
 from ..mask import BlockMask
 from .mode import Direction, PlanMode
-from .planners import ArrayPlanner, PlanShape
+from .planners import ArrayPlanner, DevicePlanner, PlanShape
 from .queue import Span, Task, TaskQueue
 from .regime.choice import RegimeChoice
 from .regime.value import Regime
@@ -33,7 +41,8 @@ __all__ = ["BackwardQueues", "BackwardPlan", "backward_regime", "backward_queues
 
 @dataclass(frozen=True)
 class BackwardQueues:
-    """The two queues of one mask's backward pass (host arrays; see the module docstring).
+    """The two queues of one mask's backward pass (see the module docstring): host arrays, or
+    the device planner's buffers with the task count on the device (``TaskQueue.count``).
 
     Attributes:
         dq: the query-major queue (tile_rows query tokens of each of heads_per_task heads).
@@ -53,6 +62,28 @@ class BackwardQueues:
     block_m: int
     block_n: tuple[int, int]
 
+    @property
+    def on_device(self) -> bool:
+        """Whether the planner kernels wrote the queues (their task counts on the device)."""
+        return self.dq.count is not None
+
+    def settled(self) -> "BackwardQueues":
+        """The same queues as exact host arrays (a device queue is cut at its task count: one
+        copy, which waits for the planner's kernels)."""
+        return BackwardQueues(_settled(self.dq), _settled(self.dkdv), self.group, self.seq_q,
+                              self.block_m, self.block_n)
+
+
+def _settled(queue: TaskQueue) -> TaskQueue:
+    """``queue`` on the host, cut at its task count and at the spans its tasks read."""
+    tasks = to_numpy(queue.tasks)
+    if queue.count is not None:
+        tasks = tasks[:int(to_numpy(queue.count)[0])]
+    n_spans = int(tasks[:, Task.SPAN_END].max()) if len(tasks) else 0
+    return TaskQueue(tasks=tasks, spans=to_numpy(queue.spans)[:n_spans],
+                     combine=to_numpy(queue.combine), num_slots=queue.num_slots,
+                     heads_per_task=queue.heads_per_task, tile_rows=queue.tile_rows)
+
 
 @dataclass
 class BackwardPlan:
@@ -68,7 +99,7 @@ class BackwardPlan:
 
     def backward_queues(self, block_m: int = 64, block_n: tuple[int, int] | None = None
                         ) -> BackwardQueues:
-        """The queues (:func:`backward_queues`), planned on the host at the first call."""
+        """The queues (:func:`backward_queues`), planned at the first call and kept."""
         key = (block_m, block_n)
         got = self._queues.get(key)
         if got is None:
@@ -88,10 +119,20 @@ def backward_regime(block_m: int, block_n: int) -> Regime:
 
 def backward_queues(mask: BlockMask, shape: PlanShape, *, block_m: int = 64,
                     block_n: tuple[int, int] | None = None) -> BackwardQueues:
-    """Both queues of ``mask``'s backward pass for ``shape`` with ``block_m``-row tasks,
-    planned on the host (a device mask is copied back once). ``block_n``: the kernels' steps
-    (dQ's, dK/dV's); None: the portable kernels'
+    """Both queues of ``mask``'s backward pass for ``shape`` with ``block_m``-row tasks: by
+    the planner kernels without a synchronization where they apply (a device mask, MHA), else
+    on the host (a device mask is copied back once; see the module docstring). ``block_n``:
+    the kernels' steps (dQ's, dK/dV's); None: the portable kernels'
     (:func:`~tessera.cuda.variants.backward_block_n`)."""
+    if block_n is None:
+        block_n = (backward_block_n(shape.head_dim, False), backward_block_n(shape.head_dim, True))
+    group = shape.num_q_heads // shape.num_kv_heads
+    dq_regime = backward_regime(block_m, block_n[0])
+    if group == 1:
+        planned = _on_device(mask, shape, dq_regime, backward_regime(block_m, block_n[1]))
+        if planned is not None:
+            return BackwardQueues(*planned, 1, int(mask.q_bounds[-1]), block_m,
+                                  (dq_regime.block_n, block_n[1]))
     host = mask.to_host()
     planner = ArrayPlanner()
 
@@ -99,10 +140,6 @@ def backward_queues(mask: BlockMask, shape: PlanShape, *, block_m: int = 64,
         choice = RegimeChoice(regime, True, True, 0, False)
         return planner.organize(host, shape, PlanMode.EXACT, choice, direction).exact[1]
 
-    if block_n is None:
-        block_n = (backward_block_n(shape.head_dim, False), backward_block_n(shape.head_dim, True))
-    group = shape.num_q_heads // shape.num_kv_heads
-    dq_regime = backward_regime(block_m, block_n[0])
     # The query heads of a group must cut the same key tiles. A head's tiles start at the
     # bounds of its runs of key blocks, which differ between heads unless every block bound is
     # a multiple of block_m; then tiles are aligned at multiples of block_m whatever each head
@@ -116,6 +153,26 @@ def backward_queues(mask: BlockMask, shape: PlanShape, *, block_m: int = 64,
     dkdv = _group_key_tiles(per_head, group, seq_q, int(mask.kv_bounds[-1]), shape)
     return BackwardQueues(dq, dkdv, group, seq_q, block_m,
                           (dq_regime.block_n, kv_regime.block_n))
+
+
+def _on_device(mask: BlockMask, shape: PlanShape, dq_regime: Regime, kv_regime: Regime
+               ) -> tuple[TaskQueue, TaskQueue] | None:
+    """An MHA shape's (dq, dkdv) queues by the planner kernels, sync-free (no task splits);
+    None where they do not apply (a host mask, dense rows past their limit). With one query
+    head per kv head a key-major task of the planner is already the dK/dV task: its query
+    positions are the head's tokens."""
+    planner = DevicePlanner()
+    queues = []
+    for direction, regime in ((Direction.QUERY_MAJOR, dq_regime),
+                              (Direction.KEY_MAJOR, kv_regime)):
+        choice = RegimeChoice(regime, True, True, 0, False)
+        if not planner.applies(mask, choice):
+            return None
+        got = planner.organize(mask, shape, PlanMode.REQUEST, choice, direction)
+        if got is None:
+            return None
+        queues.append(got.launch_queue)
+    return queues[0], queues[1]
 
 
 def _group_key_tiles(queue: TaskQueue, group: int, seq_q: int, seq_kv: int,

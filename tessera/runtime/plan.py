@@ -258,8 +258,9 @@ class Plan:
     def backward_queues(self, block_m: int = 64, block_n: tuple[int, int] | None = None
                         ) -> BackwardQueues:
         """The backward pass's task queues of this plan's mask with ``block_m``-row tasks
-        (``runtime.backward``): planned on the host at the first call (a device mask is read
-        back once), then kept until the plan takes another mask."""
+        (``runtime.backward``): planned at the first call (by the planner kernels without a
+        synchronization where they apply, else on the host), then kept until the plan takes
+        another mask."""
         if self._backward is None:
             shape = checked_shape(self.mask, self.num_q_heads, self.num_kv_heads, self.head_dim,
                                   self.head_dim_v, self.batch, self.dtype, self.layout)

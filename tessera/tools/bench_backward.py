@@ -14,7 +14,7 @@ the forward's output and LSE, its queues planned already; the peers' the same (t
 alone). "fwd+bwd" = the forward that saves what the backward reads, then the backward. Both
 timed in interleaved rounds with every peer (:func:`~tessera.tools.timing.interleaved_ms`).
 "request" = ``tessera.attention_backward`` on a new mask object: the backward queues planned
-on the host, then the kernels. Useful FLOP/s count the backward as 2.5x the forward's
+(by the planner kernels for an MHA shape, without a synchronization), then the kernels. Useful FLOP/s count the backward as 2.5x the forward's
 4 * D * selected pairs (the convention of the FlashAttention papers).
 """
 

@@ -154,3 +154,58 @@ def test_torch_autograd_through_tessera_attention():
     for x, ref, name in zip((q, k, v), want, ("dq", "dk", "dv")):
         assert x.grad is not None and x.grad.dtype == torch.bfloat16, name
         check_gradients(x.grad, ref, "bfloat16", name)
+
+
+@pytest.mark.parametrize("geometry", ["ragged", "uniform64"])
+def test_a_device_mask_is_planned_on_the_device(geometry, family):
+    """An MHA device mask's backward queues come from the planner kernels (task counts left
+    on the device): the gradients are the reference's and, the same tasks walking each row in
+    the same order, bitwise those of the host-planned queues of the same mask."""
+    import cupy as cp
+
+    from tessera.runtime.backward import BackwardPlan
+    from tessera.runtime.plan import checked_shape
+
+    rng = np.random.default_rng(21)
+    if geometry == "ragged":
+        host = _ragged_mask(rng, 3, b=2)
+    else:
+        host = BlockMask.from_dense(rng.random((2, 1, 10, 9)) < 0.3, block_size=64,
+                                    seq_len_q=600, seq_len_kv=560)
+    dense = host.to_dense()
+    device = BlockMask.from_dense(cp.asarray(dense), q_bounds=host.q_bounds,
+                                  kv_bounds=host.kv_bounds)
+    for d in (64, 128):
+        (q, k, v, out, lse, dout), on_device = _backward_case(device, b=2, hq=3, hkv=3, d=d,
+                                                              seed=d)
+        on_host = tessera.attention_backward(q, k, v, out, lse, dout, host)
+        for a, b_ in zip(on_device, on_host):
+            assert (a.view(np.uint16) == b_.view(np.uint16)).all()
+    shape = checked_shape(device, 3, 3, 128, None, 2, "bfloat16", "bhld")
+    assert BackwardPlan(device, shape).backward_queues(128).on_device
+
+
+def test_a_backward_request_never_waits_for_the_gpu():
+    """At a model's shape (Wan-1.3B: 12 heads x 256 query blocks of 128 tokens) with the GPU
+    busy for a long while, the backward of a new device mask is planned and launched without
+    the host waiting for the GPU, and gives the gradients of the host-planned queues."""
+    torch = pytest.importorskip("torch")
+    h, n = 12, 256
+    L = n * 128
+    blocks = torch.rand(h, n, n, device="cuda") < 0.1
+    q, k, v, dout = (torch.randn(1, h, L, 128, device="cuda", dtype=torch.bfloat16)
+                     for _ in range(4))
+    mask = BlockMask.from_dense(blocks, block_size=128)
+    out, lse = tessera.attention(q, k, v, mask, return_lse=True)
+    host = BlockMask.from_dense(blocks.cpu().numpy(), block_size=128)
+    want = tessera.attention_backward(q, k, v, out, lse, dout, host)  # compiles the kernels
+    torch.cuda.synchronize()
+    torch.cuda._sleep(2_000_000_000)  # ~1 s of GPU time on the current stream
+    busy = torch.cuda.Event()
+    busy.record()
+    got = tessera.attention_backward(q, k, v, out, lse, dout,
+                                     BlockMask.from_dense(blocks, block_size=128))
+    assert not busy.query(), "the backward request waited for the GPU"
+    torch.cuda.synchronize()
+    for a, b_ in zip(got, want):
+        torch.testing.assert_close(a, b_, rtol=0, atol=0)

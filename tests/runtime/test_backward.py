@@ -11,6 +11,7 @@ from tessera import BlockMask
 from tessera.runtime.backward import backward_queues
 from tessera.runtime.plan import checked_shape
 from tessera.runtime.queue import Span, Task, records
+from tests.runtime.runtime_helpers import PLANNER_STAND_INS
 
 
 def _queues(dense, qb, kb, hq, hkv, d=64, block_m=64):
@@ -77,3 +78,74 @@ def test_block_aligned_bounds_need_no_aligned_tiles(block_m):
     assert got.pairs_outside == 0 and (got.dkv_writers == 1).all()
     for g, w in zip((got.dq, got.dk, got.dv), want):
         np.testing.assert_allclose(g, w, rtol=0, atol=1e-10 * max(1.0, np.abs(w).max()))
+
+
+def _sorted_rows(a):
+    return a[np.lexsort(a.T[::-1])]
+
+
+@pytest.mark.parametrize("block_m", [64, 128])
+@pytest.mark.parametrize("geo,mask_heads", [
+    (dict(block_size=128, seq_len_q=300, seq_len_kv=300), 1),
+    (dict(q_bounds=np.array([0, 70, 128, 150, 256, 300]),
+          kv_bounds=np.array([0, 64, 100, 228, 237, 300])), 3),
+    (dict(block_size=64, seq_len_q=300, seq_len_kv=280), 3)])
+def test_an_mha_device_mask_is_planned_by_the_planner_kernels(monkeypatch, geo, mask_heads,
+                                                              block_m):
+    """A device mask of an MHA shape takes the planner kernels (numpy stand-ins here) in both
+    directions, sync-free: the queues carry their task counts, and cut at them they hold the
+    host planner's tasks and spans (in the planner's launch order), by which the emulated
+    backward is the reference's with one writer a row."""
+    from tessera.cuda import loader
+    from tessera.runtime import mapping
+
+    rng = np.random.default_rng(block_m + mask_heads)
+    n_q = len(geo["q_bounds"]) - 1 if "q_bounds" in geo else -(-300 // geo["block_size"])
+    n_kv = len(geo["kv_bounds"]) - 1 if "kv_bounds" in geo else \
+        -(-geo["seq_len_kv"] // geo["block_size"])
+    dense = rng.random((2, mask_heads, n_q, n_kv)) < 0.4
+    dense[..., 0, :] = False  # an empty query block
+    dense[..., :, 1] = False  # keys nothing selects
+    mask = BlockMask.from_dense(dense, **geo)
+    shape = checked_shape(mask, 3, 3, 64, None, 2, "bfloat16", "bhld")
+    host = backward_queues(mask, shape, block_m=block_m)
+    assert not host.on_device
+    monkeypatch.setattr(loader, "load_kernel", lambda v: PLANNER_STAND_INS[v.kernel])
+    monkeypatch.setattr(mapping, "use_device_planner", lambda xp: True)
+    got = backward_queues(mask, shape, block_m=block_m)
+    assert got.on_device and got.dkdv.count is not None
+    exact = got.settled()
+    for name in ("dq", "dkdv"):
+        g, h = getattr(exact, name), getattr(host, name)
+        assert g.tasks.shape[0] <= getattr(got, name).tasks.shape[0]  # within the capacity
+        assert int(np.asarray(getattr(got, name).count)[0]) == h.tasks.shape[0]
+
+        def spans_of(q):  # each task with its spans, independent of where they are stored
+            return sorted((tuple(t[[Task.BATCH, Task.Q_HEAD0, Task.Q_START, Task.Q_END]]),
+                           tuple(map(tuple, q.spans[t[Task.SPAN_BEGIN]:t[Task.SPAN_END]])))
+                          for t in q.tasks)
+        assert spans_of(g) == spans_of(h), name
+    p = tessera.plan(mask, num_q_heads=3, head_dim=64, batch=2)
+    q, dout = rng.standard_normal((2, 2, 3, 300, 64))
+    k, v = rng.standard_normal((2, 2, 3, mask.seq_len_kv, 64))
+    emulated = tessera.emulate.run_backward(p, q, k, v, dout, block_m=block_m)
+    assert p.backward_queues(block_m).on_device
+    want = tessera.reference.attention_backward(q, k, v, dout, mask)
+    assert emulated.pairs_outside == 0
+    assert (emulated.dkv_writers == 1).all() and (emulated.dq_writers <= 1).all()
+    for g, w in zip((emulated.dq, emulated.dk, emulated.dv), want):
+        np.testing.assert_allclose(g, w, rtol=0, atol=1e-10 * max(1.0, np.abs(w).max()))
+
+
+def test_gqa_backward_queues_stay_on_the_host(monkeypatch):
+    """GQA's dK/dV tasks merge a group's key tiles on the host: the queues are host arrays
+    even where the planner kernels apply."""
+    from tessera.cuda import loader
+    from tessera.runtime import mapping
+
+    monkeypatch.setattr(loader, "load_kernel", lambda v: PLANNER_STAND_INS[v.kernel])
+    monkeypatch.setattr(mapping, "use_device_planner", lambda xp: True)
+    dense = np.random.default_rng(0).random((1, 1, 4, 4)) < 0.5
+    dense[..., 0, 0] = True
+    mask, bq = _queues(dense, np.arange(5) * 128, np.arange(5) * 128, hq=4, hkv=2)
+    assert not bq.on_device and bq.group == 2

@@ -11,12 +11,13 @@
 #include "common/memory.cuh"
 #include "common/task.cuh"
 
-// Every backward kernel takes the same arguments (tessera/launch_backward.py passes them): the
+// Every backward kernel takes the same arguments (tessera/backward_launch.py passes them): the
 // task queue of its direction, q/k/v/dO as [B, H, L, D] strides in elements, the forward's LSE
 // (natural log) and Delta as contiguous float32 [B, Hq, Lq], the gradients' strides, the query
 // heads and tokens (a key-major task's query positions are head-in-group * seq_q + token), rows
 // per tile of one head, query heads per kv head, the softmax scale and its product with
-// log2(e), and the number of tasks.
+// log2(e), the queue's rows and the number of tasks: `task_count` on the device for a queue the
+// device planner wrote (the grid covers the queue's rows; see task_total), else null.
 #define TESSERA_BWD_PARAMS                                                                   \
   const int *__restrict__ tasks, const int *__restrict__ spans, const u16 *q_ptr, i64 q_sb,  \
       i64 q_sh, i64 q_sl, const u16 *k_ptr, i64 k_sb, i64 k_sh, i64 k_sl, const u16 *v_ptr,   \
@@ -24,7 +25,8 @@
       const float *__restrict__ lse_ptr, const float *__restrict__ delta_ptr, u16 *dq_ptr,    \
       i64 dq_sb, i64 dq_sh, i64 dq_sl, u16 *dk_ptr, i64 dk_sb, i64 dk_sh, i64 dk_sl,          \
       u16 *dv_ptr, i64 dv_sb, i64 dv_sh, i64 dv_sl, int num_q_heads, int seq_q,               \
-      int tile_rows, int group, float scale, float scale_log2, int num_tasks
+      int tile_rows, int group, float scale, float scale_log2, int num_tasks,                \
+      const i64 *__restrict__ task_count
 
 constexpr float LOG2E = 1.4426950408889634f;
 

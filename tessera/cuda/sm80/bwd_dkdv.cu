@@ -11,7 +11,7 @@
 extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS)
 bsa_bwd_dkdv_sm80(TESSERA_BWD_PARAMS) {
   extern __shared__ __align__(16) u16 smem[];
-  if ((int)blockIdx.x >= num_tasks) return;
+  if ((int)blockIdx.x >= task_total(task_count, num_tasks)) return;
   // A key-major task: rows are keys [Q_START, Q_END) of kv head Q_HEAD0 / group; its spans are
   // query positions (head in group * seq_q + token) restricted to key rows [R_START, R_END).
   const int* tk = tasks + (i64)blockIdx.x * TASK_FIELDS;

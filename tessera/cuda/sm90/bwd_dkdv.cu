@@ -22,7 +22,7 @@ constexpr bool DS_FRAGMENTS_OWN = D < 128;
 extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS)
 bsa_bwd_dkdv_sm90(TESSERA_BWD_PARAMS) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  if ((int)blockIdx.x >= num_tasks) return;
+  if ((int)blockIdx.x >= task_total(task_count, num_tasks)) return;
   // A key-major task (sm80/bwd_dkdv.cu says what its fields hold).
   const int* tk = tasks + (i64)blockIdx.x * TASK_FIELDS;
   const int b = tk[TASK_BATCH], h0 = tk[TASK_Q_HEAD0];

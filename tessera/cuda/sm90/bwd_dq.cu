@@ -10,7 +10,7 @@
 extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS)
 bsa_bwd_dq_sm90(TESSERA_BWD_PARAMS) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  if ((int)blockIdx.x >= num_tasks) return;
+  if ((int)blockIdx.x >= task_total(task_count, num_tasks)) return;
   const Operand q{q_ptr, q_sb, q_sh, q_sl}, dout{do_ptr, do_sb, do_sh, do_sl};
   const Task task(tasks, blockIdx.x, k_ptr, k_sb, k_sh, v_ptr, v_sb, v_sh, group);
   const int b = task.b, q_start = task.q_start, q_end = task.q_end, se = task.span_end;
