@@ -126,9 +126,9 @@ def _peers(q, k, v, do, ours, m, flex_fn, row: dict, dense: bool
             def flex(*xs):
                 return flex_fn(*xs, block_mask=fm, kernel_options=opts)
 
-            of = flex(*leaves)
-            if checked("flex", _grads(of, leaves, do)):
-                found["flex"] = (lambda: _grads(of, leaves, do),
+            flex_out = flex(*leaves)
+            if checked("flex", _grads(flex_out, leaves, do)):
+                found["flex"] = (lambda: _grads(flex_out, leaves, do),
                                  lambda: _grads(flex(*leaves), leaves, do))
         except Exception as exc:
             print(f"Flex backward failed: {exc}", file=sys.stderr)
@@ -160,10 +160,10 @@ def _peers(q, k, v, do, ours, m, flex_fn, row: dict, dense: bool
                 res = flash_attn_func(*xs)
                 return res[0] if isinstance(res, tuple) else res
 
-            of = fa4(*blhd)
-            grads = tuple(g.transpose(1, 2) for g in _grads(of, blhd, do_blhd))
+            fa4_out = fa4(*blhd)
+            grads = tuple(g.transpose(1, 2) for g in _grads(fa4_out, blhd, do_blhd))
             if checked("fa4", grads):
-                found["fa4"] = (lambda: _grads(of, blhd, do_blhd),
+                found["fa4"] = (lambda: _grads(fa4_out, blhd, do_blhd),
                                 lambda: _grads(fa4(*blhd), blhd, do_blhd))
         except Exception as exc:
             print(f"FlashAttention-4 backward failed: {exc}", file=sys.stderr)
