@@ -1,7 +1,7 @@
 """The front door: ``tessera.attention``, one call that plans a new mask and runs it, keeping
 sync-free plans between requests of the same geometry so a model's layer loop replans instead
 of planning anew; ``tessera.attention_backward``, its gradients. On torch tensors that require
-grad, ``tessera.attention`` is an autograd Function whose backward is
+grad, ``tessera.attention`` is differentiable (``autograd.py``), its backward
 ``attention_backward``.
 
 Every check on the inputs happens before anything is launched (``operands.py``) and raises a
@@ -15,6 +15,7 @@ import os
 from typing import Any, Iterator
 
 from ._array import cupy_or_none
+from .autograd import differentiable
 from .backward_launch import run_backward
 from .capture import capture_memory_if, stream_capturing
 from .cuda import device
@@ -44,15 +45,20 @@ def attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *, scale: float | N
     Unless ``regime`` is given, a request never splits heavy tasks (``PlanMode.REQUEST``:
     the split costs milliseconds of host planning, more than it saves), so a device mask is
     planned without waiting for the GPU. Inside a CUDA-graph capture the whole request is
-    captured (after one warm-up request outside it; ``PlanMode.CAPTURE``). Torch tensors that
-    require grad while autograd records take an autograd Function: the output is
-    differentiable, its backward :func:`attention_backward`.
+    captured (after one warm-up request outside it; ``PlanMode.CAPTURE``). On torch tensors that
+    require grad (while autograd records) the output is differentiable (``autograd.py``), its
+    backward :func:`attention_backward`.
     """
     if not isinstance(block_mask, BlockMask):
         raise TypeError(f"block_mask must be a tessera.BlockMask, got {type(block_mask).__name__}")
     check_scale(scale)
     if gradient_recorded(q, k, v) is not None:
-        out, lse = _autograd_function().apply(q, k, v, block_mask, scale, layout, regime)
+        out, lse = differentiable(
+            lambda q_, k_, v_: attention(q_, k_, v_, block_mask, scale=scale, return_lse=True,
+                                         layout=layout, regime=regime),
+            lambda q_, k_, v_, o, lse_, do: attention_backward(
+                q_, k_, v_, o, lse_, do, block_mask, scale=scale, layout=layout),
+            q, k, v)
         return (out, lse) if return_lse else out
     ops = describe(q, k, v, layout)
     b, hq, lq, d = ops.shape_q
@@ -107,43 +113,6 @@ def attention_backward(q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any,
         shape = checked_shape(block_mask, hq, hkv, d, None, b, ops.q.dtype, layout)
         with caller_stream(ops), block_mask.reading():
             return run_backward(BackwardPlan(block_mask, shape), ops, out, lse, dout, scale)
-
-
-_Function: Any = None  # the autograd Function, made at first use (torch is optional)
-
-
-def _autograd_function() -> Any:
-    """Tessera's attention as a torch autograd Function: forward ``(out, lse)`` by
-    :func:`attention`, backward by :func:`attention_backward` from the saved out and LSE (the
-    LSE takes no gradient)."""
-    global _Function
-    if _Function is not None:
-        return _Function
-    import torch
-
-    class TesseraAttention(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, q, k, v, mask, scale, layout, regime):
-            out, lse = attention(q, k, v, mask, scale=scale, return_lse=True, layout=layout,
-                                 regime=regime)
-            ctx.save_for_backward(q, k, v, out, lse)
-            ctx.settings = (mask, scale, layout)
-            ctx.mark_non_differentiable(lse)
-            return out, lse
-
-        @staticmethod
-        def backward(ctx, dout, _dlse):
-            q, k, v, out, lse = ctx.saved_tensors
-            mask, scale, layout = ctx.settings
-            dout = dout.contiguous()
-            if dout.data_ptr() % 16:  # (a view into a larger buffer)
-                dout = dout.clone()
-            dq, dk, dv = attention_backward(q, k, v, out, lse, dout, mask, scale=scale,
-                                            layout=layout)
-            return dq, dk, dv, None, None, None, None
-
-    _Function = TesseraAttention
-    return _Function
 
 
 # The plans tessera.attention keeps between requests (config.request_plans_kept bounds it).

@@ -1,6 +1,8 @@
 """Running a plan's backward pass on the GPU: the gradient inputs checked, the backward queues on
-the device, and the three kernels (``cuda/bwd_delta.cu``, then dK/dV and dQ of the Hopper or the
-portable family: ``cuda/sm90/bwd_*.cu``, ``cuda/sm80/bwd_*.cu``) on the caller's stream.
+the device, and the kernels on the caller's stream: Delta (``cuda/bwd_rows.cu``), then dK/dV
+and dQ of the Hopper or the portable family (``cuda/sm90/bwd_*.cu``, ``cuda/sm80/bwd_*.cu``) --
+or, on the Hopper family unless ``config.deterministic_backward``, dK/dV summing dQ by atomics
+into float32, then dQ's conversion (``bwd_rows.cu``).
 
 A plan reaches this module through :func:`run_backward_plan` (``Plan.run_backward``); it reads
 the plan's shape, mask and its backward queues (``runtime/backward.py``, asked of the plan),
@@ -30,6 +32,7 @@ __all__ = ["BackwardLaunchable", "run_backward_plan", "run_backward", "dq_block_
 
 _LOG2E = 1.4426950408889634
 _DELTA_THREADS = 256  # bsa_bwd_delta's launch bound: 8 rows a CTA, a warp each
+_CONVERT_THREADS = 256  # bsa_bwd_dq_convert's launch bound: four columns a thread
 
 
 class BackwardLaunchable(Protocol):
@@ -57,17 +60,22 @@ def dq_block_n(head_dim: int, cc: int) -> int | None:
 SM90_BLOCK_M = 128
 
 
-def backward_kernels(cc: int, head_dim: int, bf16: bool, portable: bool | None = None
-                     ) -> tuple[Variant, Variant]:
+def backward_kernels(cc: int, head_dim: int, bf16: bool, portable: bool | None = None,
+                     deterministic: bool | None = None) -> tuple[Variant, Variant | None]:
     """The backward pass's (dK/dV, dQ) kernels on compute capability ``cc``: the Hopper family
     on sm_90 (unless ``portable``; None: ``config.portable_backward``), the portable one
-    elsewhere. Their BM and BN are the queues' tile rows and steps."""
+    elsewhere. Their BM and BN are the queues' tile rows and steps. The Hopper dK/dV kernel
+    sums dQ by atomics and there is no dQ kernel (None), unless ``deterministic`` (None:
+    ``config.deterministic_backward``)."""
     portable = config.portable_backward if portable is None else portable
+    deterministic = config.deterministic_backward if deterministic is None else deterministic
     if cc == 90 and not portable:
-        return (Variant.bwd_sm90("bsa_bwd_dkdv_sm90", head_dim=head_dim, bf16=bf16,
-                                 block_m=SM90_BLOCK_M),
-                Variant.bwd_sm90("bsa_bwd_dq_sm90", head_dim=head_dim, bf16=bf16,
-                                 block_m=SM90_BLOCK_M))
+        dkdv = Variant.bwd_sm90("bsa_bwd_dkdv_sm90", head_dim=head_dim, bf16=bf16,
+                                block_m=SM90_BLOCK_M, atomic_dq=not deterministic)
+        if not deterministic:
+            return dkdv, None
+        return dkdv, Variant.bwd_sm90("bsa_bwd_dq_sm90", head_dim=head_dim, bf16=bf16,
+                                      block_m=SM90_BLOCK_M)
     return (Variant.bwd_sm80("bsa_bwd_dkdv_sm80", head_dim=head_dim, bf16=bf16),
             Variant.bwd_sm80("bsa_bwd_dq_sm80", head_dim=head_dim, bf16=bf16,
                              block_n=dq_block_n(head_dim, cc)))
@@ -130,12 +138,14 @@ def _launch(p: BackwardLaunchable, ops: Operands, o_desc: Any, do_desc: Any, lse
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     bf16 = ops.q.dtype == "bfloat16"
     dkdv_variant, dq_variant = backward_kernels(device_cc(), d, bf16)
-    block_n = (dq_variant.macro("BN"), dkdv_variant.macro("BN"))
+    block_m = dkdv_variant.macro("BM")
+    # (With dQ by atomics the query-major queue is planned but not walked.)
+    block_n = ((dq_variant or dkdv_variant).macro("BN"), dkdv_variant.macro("BN"))
     layout = shape.layout
     stream = caller_stream(ops)
     i64, i32, f32, ptr = np.int64, np.int32, np.float32, np.uint64
     with stream:
-        dq_queue, kv_queue = _device_queues(p, cp, dq_variant.macro("BM"), block_n)
+        dq_queue, kv_queue = _device_queues(p, cp, block_m, block_n)
 
         def grad(rows: int, heads: int):
             want = (b, heads, rows, d) if layout == "bhld" else (b, rows, heads, d)
@@ -164,15 +174,24 @@ def _launch(p: BackwardLaunchable, ops: Operands, o_desc: Any, do_desc: Any, lse
                     ptr(dk[0].ptr), *map(i64, dk[2][:3]),
                     ptr(dv[0].ptr), *map(i64, dv[2][:3]),
                     i32(hq), i32(lq))
+        # dQ by atomics: float32 sums, zeroed (rows no task reaches keep a zero gradient).
+        sums = None if dq_variant else cp.zeros(rows * d, dtype=cp.float32)
         for v, (tasks, spans, n_rows, count, tile_rows) in ((dkdv_variant, kv_queue),
                                                              (dq_variant, dq_queue)):
-            if not n_rows:
+            if v is None or not n_rows:
                 continue
             # A device count: the grid covers the queue's rows, CTAs past the count return.
             load_kernel(v)((n_rows,), (v.threads,),
                            (tasks, spans, *operands, i32(tile_rows), i32(hq // hkv), f32(scale),
                             f32(scale * _LOG2E), i32(n_rows),
-                            ptr(0 if count is None else count.data.ptr)),
+                            ptr(0 if count is None else count.data.ptr),
+                            ptr(0 if sums is None else sums.data.ptr)),
                            shared_mem=smem_bytes(v), stream=stream)
+        if sums is not None:
+            fn = load_kernel(Variant.bwd_dq_convert(head_dim=d, bf16=bf16))
+            quads = rows * d // 4
+            fn((-(-quads // _CONVERT_THREADS),), (_CONVERT_THREADS,),
+               (sums, ptr(dq[0].ptr), *map(i64, dq[2][:3]), i32(hq), i32(lq), i64(rows),
+                f32(scale)), stream=stream)
         return dq[1](stream), dk[1](stream), dv[1](stream)
 

@@ -71,14 +71,14 @@ def gradient_recorded(q: Any, k: Any, v: Any) -> str | None:
 
 def refuse_gradients(q: Any, k: Any, v: Any) -> None:
     """Refuse torch tensors that require grad while autograd records, where no gradient would
-    be recorded (``Plan.run``; ``tessera.attention`` takes them through its autograd Function
-    first): an output without a backward would train nothing, silently."""
+    be recorded (``tessera.attention`` and ``Plan.run`` take them through ``autograd.py``
+    first; the backward passes record none): an output without a backward would train
+    nothing, silently."""
     name = gradient_recorded(q, k, v)
     if name is not None:
-        raise ValueError(f"{name} requires grad, but Plan.run records no gradient: call "
-                         "tessera.attention (differentiable on torch tensors), or run the "
-                         "plan under torch.no_grad() with return_lse=True and compute the "
-                         "gradients with Plan.run_backward")
+        raise ValueError(f"{name} requires grad, but this call records no gradient (a backward "
+                         "pass's gradients have none of their own): run it under "
+                         "torch.no_grad()")
 
 
 def describe(q: Any, k: Any, v: Any, layout: str) -> Operands:

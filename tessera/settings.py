@@ -34,6 +34,10 @@ class Settings:
             keeps every launch on cp.async (an A/B switch for benchmarks and tests).
         portable_backward: the backward pass runs the portable kernels (sm80/bwd_*.cu) on sm_90
             GPUs too, instead of the Hopper ones (an A/B switch for benchmarks and tests).
+        deterministic_backward: the backward pass computes dQ in a pass of its own, each row
+            by one task (no floating-point atomics: bitwise repeatable), where the Hopper
+            kernels otherwise sum it by atomics during the dK/dV pass (fewer matrix products;
+            the sum's order varies between runs). The portable kernels always do the former.
         request_plans_kept: sync-free plans ``tessera.attention`` keeps for the next request of
             the same geometry, shapes and stream (least recently used dropped first); 0 plans
             every request anew.
@@ -49,6 +53,7 @@ class Settings:
     persistent_grid_cap: int | None = None
     use_tma: bool = True
     portable_backward: bool = False
+    deterministic_backward: bool = False
     request_plans_kept: int = 8
     request_selection_refresh: int = 16
 
@@ -56,7 +61,7 @@ class Settings:
         if name not in {f.name for f in fields(self)}:
             raise AttributeError(f"tessera.config has no setting {name!r} (settings: "
                                  f"{', '.join(f.name for f in fields(self))})")
-        if name in ("poison_outputs", "use_tma", "portable_backward"):
+        if name in ("poison_outputs", "use_tma", "portable_backward", "deterministic_backward"):
             if not isinstance(value, (bool, np.bool_)):
                 raise TypeError(f"config.{name} must be True or False, got {value!r}")
             value = bool(value)

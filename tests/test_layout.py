@@ -12,8 +12,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "tessera"
 
 # Lowest first; a module may import from its own layer or any layer below, never above.
 LAYERS: list[tuple[str, ...]] = [
-    ("tessera._array", "tessera.checks", "tessera.distribution", "tessera.dtypes",
-     "tessera.settings",
+    ("tessera._array", "tessera.autograd", "tessera.checks", "tessera.distribution",
+     "tessera.dtypes", "tessera.settings",
      "tessera.runtime.queue",
      "tessera.cuda", "tessera.cuda.gen_wgmma", "tessera.runtime"),
     ("tessera.cuda.device",),

@@ -19,7 +19,8 @@ HEADER = """\
 //
 // Warpgroup matrix multiply-accumulate (sm_90a), fp32 accumulators, bf16 or fp16 operands (the
 // variant's Config::BF16). Wgmma<N>::ss: D(64xN) (+)= A(64x16, shared, K-major) * B(16xN,
-// shared, K-major); Wgmma<N>::rs: D (+)= A(64x16, registers) * B(16xN, shared, N-major). The
+// shared, K-major); Wgmma<N>::rs: D (+)= A(64x16, registers) * B(16xN, shared, N-major);
+// Wgmma<N>::tt: D (+)= A(64x16, shared, M-major) * B(16xN, shared, N-major). The
 // accumulator layout per warp of the warpgroup is mma.sync's m16n8 C fragment repeated over N/8
 // column octets, so d[4*j + e] is row 16*warp + lane/4 (+8 for e >= 2), column
 // 8*j + 2*(lane%4) + (e&1).
@@ -66,14 +67,16 @@ def _outs(n: int) -> str:
 def _width(n: int) -> str:
     r = n // 2
 
-    def ss(ab: str) -> str:
-        return (f'      asm volatile(\n'
-                f'          "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{r + 2}, 0;\\n"\n'
-                f'          "wgmma.mma_async.sync.aligned.m64n{n}k16.f32{ab} "\n'
-                f'          "{_regs(r, 0)}, "\n'
-                f'          "%{r}, %{r + 1}, p, 1, 1, 0, 0;\\n}}\\n"\n'
-                f'          : {_outs(r)}\n'
-                f'          : "l"(a), "l"(b), "r"(accumulate));\n')
+    def shared(transposed: int):
+        def form(ab: str) -> str:
+            return (f'      asm volatile(\n'
+                    f'          "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{r + 2}, 0;\\n"\n'
+                    f'          "wgmma.mma_async.sync.aligned.m64n{n}k16.f32{ab} "\n'
+                    f'          "{_regs(r, 0)}, "\n'
+                    f'          "%{r}, %{r + 1}, p, 1, 1, {transposed}, {transposed};\\n}}\\n"\n'
+                    f'          : {_outs(r)}\n'
+                    f'          : "l"(a), "l"(b), "r"(accumulate));\n')
+        return form
 
     def rs(ab: str) -> str:
         return (f'      asm volatile(\n'
@@ -93,9 +96,11 @@ def _width(n: int) -> str:
     fn = "  __device__ static __forceinline__ void"
     return (f"template <>\nstruct Wgmma<{n}> {{\n"
             f"{fn} ss(float* d, u64 a, u64 b, int accumulate) {{\n"
-            f"{both(ss)}  }}\n"
+            f"{both(shared(0))}  }}\n"
             f"{fn} rs(float* d, const u32* a, u64 b, int accumulate) {{\n"
-            f"{both(rs)}  }}\n}};\n")
+            f"{both(rs)}  }}\n"
+            f"{fn} tt(float* d, u64 a, u64 b, int accumulate) {{\n"
+            f"{both(shared(1))}  }}\n}};\n")
 
 
 def render() -> str:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from .device import SM90_SMEM_PER_SM, SM90_SMEM_RESERVED, smem_limit_bytes
 
 __all__ = ["Variant", "smem_bytes", "ROW_GROUP", "WIDE_BN", "WIDE_SPANS", "WIDE_SLACK",
-           "has_wide_step", "PARAMETERS", "SM80", "SM90", "BACKWARD_SOURCES", "BWD_DELTA",
+           "has_wide_step", "PARAMETERS", "SM80", "SM90", "BACKWARD_SOURCES", "BWD_ROWS",
            "BACKWARD_KERNELS", "SM90_BACKWARD_KERNELS", "backward_block_n", "config_header"]
 
 # The sources of the two attention families, and of the portable backward pass.
@@ -23,7 +23,7 @@ SM80 = "sm80/bsa.cu"
 SM90 = "sm90/bsa.cu"
 # The backward pass: Delta (every GPU), then dK/dV and dQ of either family -- each kernel its own
 # source, so each compiles (and is checked for spills) at its own tile.
-BWD_DELTA = "bwd_delta.cu"
+BWD_ROWS = "bwd_rows.cu"
 BACKWARD_SOURCES = {"bsa_bwd_dkdv_sm80": "sm80/bwd_dkdv.cu", "bsa_bwd_dq_sm80": "sm80/bwd_dq.cu",
                     "bsa_bwd_dkdv_sm90": "sm90/bwd_dkdv.cu", "bsa_bwd_dq_sm90": "sm90/bwd_dq.cu"}
 BACKWARD_KERNELS = ("bsa_bwd_dkdv_sm80", "bsa_bwd_dq_sm80")
@@ -222,22 +222,31 @@ class Variant:
 
     @classmethod
     def bwd_sm90(cls, kernel: str, *, head_dim: int, bf16: bool, block_m: int = 128,
-                 block_n: int = 64) -> "Variant":
+                 block_n: int = 64, atomic_dq: bool = False) -> "Variant":
         """A kernel of the Hopper backward (sm90/bwd_*.cu, sm_90a only): 64 rows a warpgroup,
         ``block_m`` rows a task, ``block_n`` columns a step, three cp.async stages (a chunk's
         last product runs into the next chunk). ``kernel`` is one of
-        :data:`SM90_BACKWARD_KERNELS`."""
+        :data:`SM90_BACKWARD_KERNELS`. ``atomic_dq`` (the dK/dV kernel only): it also sums dQ
+        into float32 by atomic adds, and no dQ kernel runs."""
         if kernel not in SM90_BACKWARD_KERNELS:
             raise ValueError(f"the Hopper backward has {', '.join(SM90_BACKWARD_KERNELS)}, got "
                              f"{kernel!r}")
+        if atomic_dq and kernel != "bsa_bwd_dkdv_sm90":
+            raise ValueError("atomic_dq is a variant of the dK/dV kernel (bsa_bwd_dkdv_sm90)")
         return cls(BACKWARD_SOURCES[kernel], kernel, (
             ("BM", block_m), ("BN", block_n), ("D", head_dim), ("STAGES", 3),
-            ("BF16", int(bf16))))
+            ("BF16", int(bf16))) + ((("ATOMIC_DQ", 1),) if atomic_dq else ()))
 
     @classmethod
     def bwd_delta(cls, *, head_dim: int, bf16: bool) -> "Variant":
-        """The backward pass's Delta = rowsum(dO * O) kernel (bwd_delta.cu, every GPU)."""
-        return cls(BWD_DELTA, "bsa_bwd_delta", (("D", head_dim), ("BF16", int(bf16))))
+        """The backward pass's Delta = rowsum(dO * O) kernel (bwd_rows.cu, every GPU)."""
+        return cls(BWD_ROWS, "bsa_bwd_delta", (("D", head_dim), ("BF16", int(bf16))))
+
+    @classmethod
+    def bwd_dq_convert(cls, *, head_dim: int, bf16: bool) -> "Variant":
+        """dQ from the float32 sums of the dK/dV kernel's atomic variant (bwd_rows.cu, the
+        same module as :meth:`bwd_delta`'s)."""
+        return cls(BWD_ROWS, "bsa_bwd_dq_convert", (("D", head_dim), ("BF16", int(bf16))))
 
     @classmethod
     def pooled_topk(cls, kernel: str, element: str = "float32") -> "Variant":
@@ -280,7 +289,8 @@ def smem_bytes(v: Variant) -> int:
         return 2 * lds * (2 * v.macro("BM") + stages * 2 * bn) + stages * 2 * bn * 4
     if v.source in _SM90_BACKWARD:  # the same, unpadded (swizzled), plus 1 KiB to align tiles
         d, bn, stages = v.macro("D"), v.macro("BN"), v.macro("STAGES")
-        return 1024 + 2 * d * (2 * v.macro("BM") + stages * 2 * bn) + stages * 2 * bn * 4
+        ds = 2 * v.macro("BM") * bn if dict(v.macros).get("ATOMIC_DQ") else 0  # dS^T's tile
+        return 1024 + 2 * d * (2 * v.macro("BM") + stages * 2 * bn) + ds + stages * 2 * bn * 4
     if v.source == SM90:  # tiles unpadded (swizzled), plus 1 KiB to align them
         d, stages = v.macro("D"), v.macro("STAGES")
         macros = dict(v.macros)
@@ -322,9 +332,9 @@ PARAMETERS: dict[str, dict[str, int | None]] = {
            "WIDE_SPANS": WIDE_SPANS, "WIDE_SLACK": WIDE_SLACK},
     **{src: {"BM": None, "BN": None, "D": None, "WARPS": None, "MT": None, "STAGES": None,
              "BF16": None, "MIN_BLOCKS": 1} for src in _SM80_BACKWARD},
-    **{src: {"BM": None, "BN": None, "D": None, "STAGES": None, "BF16": None, "MIN_BLOCKS": 1}
-       for src in _SM90_BACKWARD},
-    BWD_DELTA: {"D": None, "BF16": None},
+    **{src: {"BM": None, "BN": None, "D": None, "STAGES": None, "BF16": None, "MIN_BLOCKS": 1,
+             "ATOMIC_DQ": 0} for src in _SM90_BACKWARD},
+    BWD_ROWS: {"D": None, "BF16": None},
     "combine.cu": {"BF16": None},
     "pooled_topk.cu": {"F32": 0, "BF16": 1},
     "plan.cu": {},

@@ -25,12 +25,14 @@ from typing import Any, Callable
 import numpy as np
 
 from .._array import to_numpy
+from ..autograd import differentiable
 from ..backward_launch import run_backward_plan
 from ..capture import capture_memory_if, stream_capturing
 from ..cuda.device import check_arch
 from ..dtypes import SUPPORTED_HEAD_DIMS, checked_dtype
 from ..launch import MAX_TASKS, AttentionShape, LaunchState, run_plan
 from ..mask import BlockMask
+from ..operands import gradient_recorded
 from . import mapping
 from .backward import BackwardPlan, BackwardQueues
 from .device_planner import SyncFreePlan
@@ -252,8 +254,21 @@ class Plan:
     def run(self, q: Any, k: Any, v: Any, *, scale: float | None = None,
             return_lse: bool = False, out: Any = None, lse: Any = None):
         """Execute on the GPU (``launch.run_plan``); needs CuPy and a CUDA device.
-        With ``out``/``lse`` given the run writes them in place and allocates nothing."""
-        return run_plan(self, q, k, v, scale=scale, return_lse=return_lse, out=out, lse=lse)
+        With ``out``/``lse`` given the run writes them in place and allocates nothing. On torch
+        tensors that require grad (while autograd records) the output is differentiable, its
+        backward :meth:`run_backward` (``autograd.py``): a fixed mask trains with its plan."""
+        name = gradient_recorded(q, k, v)
+        if name is None:
+            return run_plan(self, q, k, v, scale=scale, return_lse=return_lse, out=out, lse=lse)
+        if out is not None or lse is not None:
+            raise ValueError(f"{name} requires grad: a differentiable run makes its own out and "
+                             "lse (pass neither, or run under torch.no_grad())")
+        got = differentiable(
+            lambda q_, k_, v_: run_plan(self, q_, k_, v_, scale=scale, return_lse=True),
+            lambda q_, k_, v_, o, lse_, do: run_backward_plan(self, q_, k_, v_, o, lse_, do,
+                                                              scale=scale),
+            q, k, v)
+        return got if return_lse else got[0]
 
     def backward_queues(self, block_m: int = 64, block_n: tuple[int, int] | None = None
                         ) -> BackwardQueues:

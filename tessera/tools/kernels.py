@@ -89,8 +89,11 @@ def variants_in_use(targets: tuple[str, ...] = tuple(_ARCHES.values()), *,
                         found.add((target, r.variant(d, b, tma)))
             for b in bf16:
                 found.add((target, Variant.bwd_delta(head_dim=d, bf16=b)))
+                found.add((target, Variant.bwd_dq_convert(head_dim=d, bf16=b)))
                 for portable in ((False, True) if arch == 90 else (False,)):
-                    found.update((target, v) for v in backward_kernels(arch, d, b, portable))
+                    for det in (False, True):
+                        found.update((target, v) for v in backward_kernels(arch, d, b, portable,
+                                                                           det) if v)
     return sorted(found, key=lambda tv: (tv[0], tv[1].label))
 
 

@@ -500,13 +500,14 @@ def test_every_kernel_source_ships_in_the_package():
 
 
 BACKWARD = [(t, kernel, d) for t in loader.CI_TARGETS
-            for kernel in variants.BACKWARD_KERNELS + ("bsa_bwd_delta",) for d in HEAD_DIMS]
+            for kernel in variants.BACKWARD_KERNELS + ("bsa_bwd_delta", "bsa_bwd_dq_convert")
+            for d in HEAD_DIMS]
 
 
 @pytest.mark.parametrize("target,kernel,d", BACKWARD,
                          ids=[f"{t}-{k}-d{d}" for t, k, d in BACKWARD])
 def test_backward_kernels_compile_without_spills(target, kernel, d, tmp_path, monkeypatch):
-    """Every portable backward kernel (bwd_delta.cu, sm80/bwd_*.cu) builds for every target in
+    """Every portable backward kernel (bwd_rows.cu, sm80/bwd_*.cu) builds for every target in
     both element types with no spills, and fits the target's shared memory: the dQ kernel at
     the key step the launch takes there (backward_launch.dq_block_n)."""
     from tessera.backward_launch import dq_block_n
@@ -516,6 +517,8 @@ def test_backward_kernels_compile_without_spills(target, kernel, d, tmp_path, mo
     bn = dq_block_n(d, cc) if kernel == "bsa_bwd_dq_sm80" else None
     for bf16 in (True, False):
         v = (variants.Variant.bwd_delta(head_dim=d, bf16=bf16) if kernel == "bsa_bwd_delta"
+             else variants.Variant.bwd_dq_convert(head_dim=d, bf16=bf16)
+             if kernel == "bsa_bwd_dq_convert"
              else variants.Variant.bwd_sm80(kernel, head_dim=d, bf16=bf16, block_n=bn))
         res = loader.compile_variant(v, target)
         assert res.spill_bytes == 0 and res.stack_bytes == 0 and res.registers <= 255
@@ -523,17 +526,26 @@ def test_backward_kernels_compile_without_spills(target, kernel, d, tmp_path, mo
         assert variants.smem_bytes(v) <= limit
 
 
-@pytest.mark.parametrize("kernel,d", [(k, d) for k in variants.SM90_BACKWARD_KERNELS
-                                      for d in HEAD_DIMS])
-def test_sm90_backward_kernels_compile_without_spills(kernel, d, tmp_path, monkeypatch):
-    """The Hopper backward (sm90/bwd_*.cu) at the launch's tile for sm_90 builds for sm_90a in
-    both element types: no spills, no serialized wgmma (the loader refuses both), within the
-    per-block shared memory."""
+SM90_BACKWARD = [(k, d, det) for k in variants.SM90_BACKWARD_KERNELS for d in HEAD_DIMS
+                 for det in (False, True) if det or k == "bsa_bwd_dkdv_sm90"]
+
+
+@pytest.mark.parametrize("kernel,d,deterministic", SM90_BACKWARD,
+                         ids=[f"{k}-d{d}-{'two-pass' if det else 'atomic'}"
+                              for k, d, det in SM90_BACKWARD])
+def test_sm90_backward_kernels_compile_without_spills(kernel, d, deterministic, tmp_path,
+                                                      monkeypatch):
+    """The Hopper backward (sm90/bwd_*.cu) at the launch's tile for sm_90 -- the dK/dV kernel
+    with dQ by atomics, and both kernels of the deterministic two passes -- builds for sm_90a
+    in both element types: no spills, no serialized wgmma (the loader refuses both), within
+    the per-block shared memory."""
     from tessera.backward_launch import backward_kernels
 
     monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
     for bf16 in (True, False):
-        v = next(x for x in backward_kernels(90, d, bf16) if x.kernel == kernel)
+        v = next(x for x in backward_kernels(90, d, bf16, deterministic=deterministic)
+                 if x is not None and x.kernel == kernel)
+        assert bool(dict(v.macros).get("ATOMIC_DQ")) == (not deterministic)
         res = loader.compile_variant(v, "sm_90a")
         assert res.spill_bytes == 0 and res.stack_bytes == 0 and res.registers <= 255
         assert variants.smem_bytes(v) <= 232448

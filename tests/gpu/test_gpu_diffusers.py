@@ -291,3 +291,30 @@ def test_a_fine_tuning_step_on_the_gpu_backpropagates_through_tessera():
             w -= (1e-2 * g / g.norm()).to(w.dtype)
         after = model(**x)[0].float().square().mean()
     assert not torch.equal(after, before)
+
+
+@pytest.mark.parametrize("method", [M.SlidingTile(tile=(2, 4, 4), window=(1, 3, 3)),
+                                    M.TopKCubes(topk=2)], ids=["sliding-tile", "top-k"])
+def test_a_compiled_fine_tuning_step_on_the_gpu_equals_the_eager_one(method):
+    """Blocks compiled whole (fullgraph) on the GPU, autograd recording: the routed op's
+    gradient (the call recomputed with autograd: Tessera's forward, then its backward kernels)
+    gives the eager step's query-projection gradients, bf16, with a fixed host mask (sliding
+    tile: a kept plan) and a mask made every call (top-k: a device mask)."""
+    model, twin = (models.build("wan-1.3b", tiny=True) for _ in range(2))  # (same weights)
+    x = models.inputs("wan-1.3b", model, tiny=True)
+    torch._dynamo.reset()
+    s = td.enable(model, method)
+    td.compile_blocks(model, fullgraph=True)
+    e = td.enable(twin, method)
+
+    def grads(m):
+        m.zero_grad()
+        m(**x)[0].float().square().mean().backward()
+        return [a.to_q.weight.grad.float().clone() for a in td.self_attention_layers(m)]
+
+    got, want = grads(model), grads(twin)
+    assert s.stats.sparse_calls == e.stats.sparse_calls == len(got)
+    for g, w in zip(got, want):
+        assert torch.isfinite(g).all() and bool(w.abs().sum() > 0)
+        assert float((g - w).norm() / w.norm()) < 2e-2
+    torch._dynamo.reset()

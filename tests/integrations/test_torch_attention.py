@@ -76,17 +76,24 @@ def test_gradients_on_cpu_tensors_are_the_float64_backward(layout, monkeypatch):
 
 
 def test_tensors_that_require_grad_take_the_autograd_path_or_are_refused_by_name():
-    """tessera.attention on torch tensors that require grad goes through its autograd Function,
-    whose forward checks them as tessera.attention does (here: not on a GPU); Plan.run records
-    no gradient, so it refuses them by name before anything else (no silent gradient-less
-    output); under no_grad the usual checks follow."""
+    """tessera.attention and Plan.run on torch tensors that require grad go through the autograd
+    Function, whose forward checks them as a plain call does (here: not on a GPU); a backward
+    pass records no gradient, so it refuses them by name before anything else (no silent
+    gradient-less output); under no_grad the usual checks follow."""
     mask = tessera.BlockMask.from_dense(np.ones((1, 2, 2), bool), block_size=64)
     q = torch.randn(1, 1, 128, 64, requires_grad=True)
     with pytest.raises(ValueError, match="q must be on a CUDA device"):
         tessera.attention(q, q.detach(), q.detach(), mask)
     p = tessera.plan(mask, num_q_heads=1, head_dim=64)
-    with pytest.raises(ValueError, match="q requires grad, but Plan.run records no gradient"):
+    with pytest.raises(ValueError, match="q must be on a CUDA device"):
         p.run(q, q.detach(), q.detach())
+    with pytest.raises(ValueError, match="q requires grad: a differentiable run makes its own"):
+        p.run(q, q.detach(), q.detach(), out=torch.empty_like(q))
+    x = q.detach()
+    with pytest.raises(ValueError, match="q requires grad, but this call records no gradient"):
+        p.run_backward(q, x, x, x, x[..., 0], x)
+    with pytest.raises(ValueError, match="k requires grad, but this call records no gradient"):
+        tessera.attention_backward(x, q, x, x, x[..., 0], x, mask)
     with torch.no_grad(), pytest.raises((ValueError, RuntimeError)) as info:
         p.run(q, q, q)
     assert "requires grad" not in str(info.value)

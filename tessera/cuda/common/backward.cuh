@@ -17,7 +17,8 @@
 // heads and tokens (a key-major task's query positions are head-in-group * seq_q + token), rows
 // per tile of one head, query heads per kv head, the softmax scale and its product with
 // log2(e), the queue's rows and the number of tasks: `task_count` on the device for a queue the
-// device planner wrote (the grid covers the queue's rows; see task_total), else null.
+// device planner wrote (the grid covers the queue's rows; see task_total), else null; and
+// `dq_sums`, float32 [B, Hq, Lq, D] zeroed, where a dK/dV kernel sums dQ by atomics (else null).
 #define TESSERA_BWD_PARAMS                                                                   \
   const int *__restrict__ tasks, const int *__restrict__ spans, const u16 *q_ptr, i64 q_sb,  \
       i64 q_sh, i64 q_sl, const u16 *k_ptr, i64 k_sb, i64 k_sh, i64 k_sl, const u16 *v_ptr,   \
@@ -26,7 +27,7 @@
       i64 dq_sb, i64 dq_sh, i64 dq_sl, u16 *dk_ptr, i64 dk_sb, i64 dk_sh, i64 dk_sl,          \
       u16 *dv_ptr, i64 dv_sb, i64 dv_sh, i64 dv_sl, int num_q_heads, int seq_q,               \
       int tile_rows, int group, float scale, float scale_log2, int num_tasks,                \
-      const i64 *__restrict__ task_count
+      const i64 *__restrict__ task_count, float *__restrict__ dq_sums
 
 constexpr float LOG2E = 1.4426950408889634f;
 

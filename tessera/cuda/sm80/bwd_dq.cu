@@ -2,7 +2,7 @@
 // (tessera/runtime/backward.py), one CTA a tile of query rows (packed heads as the forward's), Q
 // and dO resident, walking its key spans BN keys at a time: S = Q K^T and dP = dO V^T, P from
 // the LSE, dS = P (dP - Delta), dQ += dS K, accumulated in registers and written once (one task
-// a row: no atomics). Launched after bwd_delta.cu's Delta and the dK/dV kernel
+// a row: no atomics). Launched after bwd_rows.cu's Delta and the dK/dV kernel
 // (tessera/backward_launch.py).
 //
 // Roles: traits.cuh (the variant's constants), loads.cuh (the K/V chunk pipeline), bwd_loads.cuh

@@ -4,19 +4,23 @@
 // S^T = K Q^T and dP^T = V dO^T (K-major operands), P^T from the LSE, dV += P^T dO,
 // dS^T = P^T (dP^T - Delta), dK += dS^T Q (P^T and dS^T from registers, dO and Q read N-major);
 // dK and dV written once (one task a row). Same queues, arguments and launch order as the
-// portable backward (sm80/bwd_dkdv.cu).
+// portable backward (sm80/bwd_dkdv.cu). With Config::ATOMIC_DQ it also sums dQ = dS K into
+// float32 by atomics (bwd_atomic_dq.cuh), and no dQ kernel runs.
 //
-// Roles: bwd_mma.cuh (the products, tiles), bwd_loads.cuh (copies into the swizzled layout),
-// layout.cuh (the layout, descriptors), common/backward.cuh (P, dS, the chunk's LSE and Delta,
-// the gradient store); the main loop is this file's.
+// Roles: bwd_mma.cuh (the products, tiles), bwd_atomic_dq.cuh (dQ by atomics), bwd_loads.cuh
+// (copies into the swizzled layout), layout.cuh (the layout, descriptors), common/backward.cuh
+// (P, dS, the chunk's LSE and Delta, the gradient store); the main loop is this file's.
 #include "variant.cuh"
-#include "sm90/bwd_mma.cuh"
+#include "sm90/bwd_atomic_dq.cuh"
 
 namespace {
 // dS^T's fragments in registers of their own, so that dK += dS^T Q is issued while dV += P^T dO
 // still reads P^T's; at head dim 128 the second set takes the kernel past 255 registers, and
 // dK waits for dV instead.
 constexpr bool DS_FRAGMENTS_OWN = D < 128;
+// With dQ by atomics at head dim 128, dK is issued before the partial dQ and both are waited
+// for in the chunk: held in flight, dK's fragments beside the partial spill (255 registers).
+constexpr bool DQ_AFTER_DK = D == 128;
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS)
@@ -109,14 +113,35 @@ bsa_bwd_dkdv_sm90(TESSERA_BWD_PARAMS) {
     wgmma_wait<1>();
     wgmma_hold<BN / 2>(&dp[0][0]);
     score_gradients(s, dp, column_values<BN / 8>(vals + BN, t, 1.f));
-    if constexpr (DS_FRAGMENTS_OWN) {
-      fragments(dsw, s);
-      issue_weights_times_chunk(dk, dsw, qs);  // dK += dS^T Q
-    } else {
+    auto& ds_frag = DS_FRAGMENTS_OWN ? dsw : pw;
+    if constexpr (!DS_FRAGMENTS_OWN) {
       wgmma_wait<0>();  // P^T's fragments, once the dV has read them
       wgmma_hold<D / 2>(&dv[0][0]);
-      fragments(pw, s);
-      issue_weights_times_chunk(dk, pw, qs);
+    }
+    fragments(ds_frag, s);
+    float dq[DQ_N / 8][4];  // (ATOMIC_DQ) the partial dQ
+    if constexpr (Config::ATOMIC_DQ) {
+      store_score_gradients(tiles.ds, ds_frag, warp, g, t);
+      score_gradients_stored(wg);
+    }
+    // dK += dS^T Q, with dQ by atomics: after the partial dQ, so that waiting for that leaves dK
+    // in flight into the next chunk -- except where dK's fragments, held until it completes,
+    // would take the kernel past 255 registers beside the partial (DQ_AFTER_DK).
+    if constexpr (Config::ATOMIC_DQ && !DQ_AFTER_DK) issue_scores_times_keys(dq, tiles, wg);
+    issue_weights_times_chunk(dk, ds_frag, qs);
+    if constexpr (Config::ATOMIC_DQ && DQ_AFTER_DK) issue_scores_times_keys(dq, tiles, wg);
+    if constexpr (Config::ATOMIC_DQ) {
+      if constexpr (DQ_AFTER_DK) {
+        wgmma_wait<0>();
+        wgmma_hold<D / 2>(&dk[0][0]);
+      } else {
+        wgmma_wait<1>();  // the partial dQ (dK stays in flight)
+      }
+      wgmma_hold<DQ_N / 2>(&dq[0][0]);
+      const int hl = walk.kpos / seq_q;
+      float* rows = dq_sums + ((i64)b * num_q_heads + h0 + hl) * seq_q * D;
+      add_partial_dq(rows, dq, walk.kpos - hl * seq_q, walk.k1 - hl * seq_q, wg, warp % 4, g,
+                     t);
     }
     walk.next(spans, se);
   }

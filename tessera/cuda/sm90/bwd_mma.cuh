@@ -4,8 +4,9 @@
 // waits only for its own; one CTA barrier a chunk hands the stages over.
 //
 // Shared memory (dynamic, 1 KiB of slack to align the tiles): two resident tiles of BM x D,
-// then STAGES x {two chunk tiles of BN x D}, then STAGES x {BN LSE, BN Delta} floats.
-// tessera/cuda/variants.py's smem_bytes mirrors this formula.
+// then STAGES x {two chunk tiles of BN x D}, then (Config::ATOMIC_DQ) dS^T's tile of BM x BN,
+// then STAGES x {BN LSE, BN Delta} floats. tessera/cuda/variants.py's smem_bytes mirrors this
+// formula.
 #pragma once
 
 #include "common/backward.cuh"
@@ -19,6 +20,7 @@ constexpr int NT = WGS * 128;
 constexpr int RESIDENT_BYTES = BM * D * 2;
 constexpr int CHUNK_BYTES = BN * D * 2;
 constexpr int STAGE_BYTES = 2 * CHUNK_BYTES;
+constexpr int DS_BYTES = Config::ATOMIC_DQ ? BM * BN * 2 : 0;
 static_assert(BM % 64 == 0 && BN % 64 == 0, "64 rows a warpgroup, 64-wide steps");
 // Chunk c + 1 loads while chunk c computes and chunk c - 1's last product (dK or dQ, left in
 // flight into chunk c) may still read its stage.
@@ -29,12 +31,13 @@ using Walk = ChunkWalk<BN>;
 
 // Where the tiles sit: 1024-aligned from the dynamic shared memory's start.
 struct Tiles {
-  u32 a, b, stages, values;  // resident tiles, chunk stages, per-stage LSE and Delta
+  u32 a, b, stages, ds, values;  // resident tiles, chunk stages, dS^T, per-stage LSE and Delta
   __device__ __forceinline__ explicit Tiles(const unsigned char* smem_raw) {
     a = (smem_addr(smem_raw) + 1023u) & ~1023u;
     b = a + RESIDENT_BYTES;
     stages = b + RESIDENT_BYTES;
-    values = stages + STAGES * STAGE_BYTES;
+    ds = stages + STAGES * STAGE_BYTES;
+    values = ds + DS_BYTES;
   }
   __device__ __forceinline__ u32 chunk(int st) const { return stages + (u32)(st * STAGE_BYTES); }
   __device__ __forceinline__ u32 lse(int st) const { return values + (u32)(st * 2 * BN * 4); }

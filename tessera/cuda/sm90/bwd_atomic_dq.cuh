@@ -1,0 +1,86 @@
+// The Hopper dK/dV kernel's dQ by atomics (Config::ATOMIC_DQ; sm90/bwd_dkdv.cu): the warpgroups
+// write their rows of dS^T (the chunk's BN query columns for the tile's keys) to shared memory,
+// multiply them, read as dS (queries as M), by K's rows (read N-major), and add the partial dQ
+// (float32) to `dq_sums` with vector reductions; bwd_rows.cu's bsa_bwd_dq_convert scales and
+// converts the sums once every task has run. Five matrix products a chunk instead of the
+// two-pass backward's seven, at the price of float32 atomics (the sum's order varies between
+// runs).
+#pragma once
+
+#include "sm90/bwd_mma.cuh"
+
+namespace {
+// At head dim 128 the two warpgroups split dQ's columns, each D / 2 of them over all BM keys
+// (a D-wide partial a warpgroup spills there, 255 registers); at 64 and 96 each takes its own
+// 64 keys and every column (a column split would start inside a swizzle chunk), twice the
+// atomics.
+constexpr bool DQ_COLUMN_SPLIT = D == 128;
+constexpr int DQ_N = DQ_COLUMN_SPLIT ? D / WGS : D;  // a warpgroup's dQ columns
+constexpr int DQ_KEYS = DQ_COLUMN_SPLIT ? BM : 64;   // the keys its partial sums
+static_assert(!DQ_COLUMN_SPLIT || (WGS == 2 && SW == 128), "one swizzle chunk a warpgroup");
+
+// dS^T's fragments (the A fragments fragments() made: key rows g and g + 8 of the warp's 16,
+// query columns 16 kk + 2 t (+1) and + 8) into rows of the tile (BM keys of BN queries, the
+// swizzled layout of layout.cuh), which the dQ product reads M-major.
+__device__ __forceinline__ void store_score_gradients(u32 tile, const u32 (&w)[BN / 16][4],
+                                                      int warp, int g, int t) {
+  const int r0 = warp * 16 + g;
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {  // columns 16 kk + 8 half + 2 t
+      const int piece = 2 * kk + half;
+      asm volatile("st.shared.u32 [%0], %1;" ::"r"(tile + tile_offset<BM>(r0, piece) + 4 * t),
+                   "r"(w[kk][2 * half]) : "memory");
+      asm volatile("st.shared.u32 [%0], %1;" ::"r"(tile + tile_offset<BM>(r0 + 8, piece) + 4 * t),
+                   "r"(w[kk][2 * half + 1]) : "memory");
+    }
+  }
+}
+
+// Makes the stored dS^T rows visible to the dQ product's reads: a fence into the async proxy,
+// then the threads whose rows it reads (the CTA, or the warpgroup) wait for each other on named
+// barrier 1 (the CTA) or 1 + wg (the CTA's __syncthreads uses 0).
+__device__ __forceinline__ void score_gradients_stored(int wg) {
+  fence_async_smem();
+  if constexpr (DQ_COLUMN_SPLIT)
+    asm volatile("bar.sync 1, %0;" ::"n"(NT) : "memory");
+  else
+    asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
+}
+
+// Warpgroup wg's partial dQ = dS (read M-major from the dS^T tile: BN query rows by DQ_KEYS
+// keys) times those keys' rows of K (read N-major, its DQ_N columns): DQ_KEYS / 16 wgmma,
+// committed as one group.
+__device__ __forceinline__ void issue_scores_times_keys(float (&acc)[DQ_N / 8][4],
+                                                        const Tiles& tiles, int wg) {
+  const u32 keys = DQ_COLUMN_SPLIT ? 0u : (u32)(wg * 64 * SW);       // its first key row
+  const u32 columns = DQ_COLUMN_SPLIT ? (u32)(wg * BM * SW) : 0u;    // its swizzle chunk
+  const SmemDesc a = n_major_desc<BM>(tiles.ds + keys);
+  const SmemDesc b = n_major_desc<BM>(tiles.a + keys + columns);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < DQ_KEYS / 16; ++kk)
+    Wgmma<DQ_N>::tt(&acc[0][0], a.at(v_step(kk)), b.at(v_step(kk)), kk > 0);
+  wgmma_commit();
+}
+
+// Adds warpgroup wg's partial dQ (rows: query tokens `first` + 0 .. BN - 1 of the head whose
+// float32 sums start at `rows`, those at or past `end` left out) to the sums.
+__device__ __forceinline__ void add_partial_dq(float* rows, const float (&acc)[DQ_N / 8][4],
+                                               int first, int end, int wg, int warp_in_wg,
+                                               int g, int t) {
+  const int q0 = first + warp_in_wg * 16 + g;
+  const int c0 = (DQ_COLUMN_SPLIT ? wg * DQ_N : 0) + 2 * t;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int q = q0 + 8 * half;
+    if (q >= end) continue;
+    float* row = rows + (i64)q * D + c0;
+#pragma unroll
+    for (int j = 0; j < DQ_N / 8; ++j)
+      asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(row + 8 * j),
+                   "f"(acc[j][2 * half]), "f"(acc[j][2 * half + 1]) : "memory");
+  }
+}
+}  // namespace
