@@ -221,10 +221,12 @@ class BackwardResult:
 
 def run_backward(plan: Plan, q: Any, k: Any, v: Any, dout: Any, *,
                  scale: float | None = None, out: Any = None, lse: Any = None,
-                 block_m: int = 64) -> BackwardResult:
+                 block_m: int = 64, atomic_dq: bool = False) -> BackwardResult:
     """The backward pass of ``plan`` on the CPU in float64, by the two task queues the backward
     kernels walk (``Plan.backward_queues``): dQ by the query-major queue, dK and dV by the
-    key-major one, each recomputing P from the forward's LSE.
+    key-major one, each recomputing P from the forward's LSE. ``atomic_dq``: as the Hopper
+    dK/dV kernel with dQ by atomics, the key-major tasks add dQ too (``dq_writers`` then
+    counts the tasks adding to each row) and the query-major queue is not walked.
     ``out`` and ``lse``: the forward's output and LSE ``[B, Hq, Lq]``, given back as a backward
     kernel takes them (Delta = rowsum(dO * O) from ``out``); None: the forward run here."""
     q4, k4, v4 = (to_numpy(x).astype(np.float64)
@@ -246,13 +248,13 @@ def run_backward(plan: Plan, q: Any, k: Any, v: Any, dout: Any, *,
                    1.0 / np.sqrt(q4.shape[3]) if scale is None else float(scale))
     bq = plan.backward_queues(block_m).settled()
     qspans = records(bq.dq.spans, Span)
-    for task in records(bq.dq.tasks, Task):
+    for task in records(bq.dq.tasks, Task) if not atomic_dq else ():
         bw.query_major(task, qspans[task.span_begin:task.span_end], bq.dq.tile_rows,
                        bq.block_m, bq.block_n[0])
     kspans = records(bq.dkdv.spans, Span)
     for task in records(bq.dkdv.tasks, Task):
         bw.key_major(task, kspans[task.span_begin:task.span_end], bq.dkdv.tile_rows,
-                     bq.block_m, bq.block_n[1], bq.seq_q)
+                     bq.block_m, bq.block_n[1], bq.seq_q, atomic_dq)
     grads = (bw.dq, bw.dk, bw.dv)
     if plan.layout == "blhd":
         grads = tuple(g.transpose(0, 2, 1, 3) for g in grads)
@@ -302,9 +304,10 @@ class _Backward(_PlanWalk):
         self.dq_writers[b, head[real], tok[real]] += 1
 
     def key_major(self, task: Any, spans: np.recarray, tile_rows: int, bm: int, bn: int,
-                  seq_q: int) -> None:
+                  seq_q: int, adds_dq: bool = False) -> None:
         """dK and dV of a key tile of a kv head: the query chunks of every query head of its
-        group that select it (positions head in group x seq_q + token), ``bn`` at a time."""
+        group that select it (positions head in group x seq_q + token), ``bn`` at a time;
+        with ``adds_dq`` each chunk's partial dQ = scale * dS K added to its query rows."""
         b = task.batch
         key = task.q_start + np.arange(bm) % tile_rows
         real = key < task.q_end
@@ -322,6 +325,9 @@ class _Backward(_PlanWalk):
             dst = pt * (vv @ dd.T - self.delta[b, h, qs_c][None, :])
             self.dv[b, kvh, key[real]] += (pt @ dd)[real]
             self.dk[b, kvh, key[real]] += (self.scale * dst @ qq)[real]
+            if adds_dq:  # (a chunk's valid positions are distinct tokens of one head)
+                self.dq[b, h, qs_c[q_ok]] += (self.scale * dst.T @ kk)[q_ok]
+                self.dq_writers[b, h, qs_c[q_ok]] += 1
         self.dkv_writers[b, kvh, key[real]] += 1
 
     def _count(self, b: int, head: Any, tok: np.ndarray, keys: np.ndarray,
