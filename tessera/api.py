@@ -94,9 +94,9 @@ def attention_backward(q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any,
     and Delta = rowsum(dO * O) read from ``out``, so a backward costs no forward. ``out`` and
     ``dout`` are like q (dtype, shape, layout, rows 16-byte aligned); ``lse`` float32
     ``[B, Hq, Lq]``, contiguous. Gradients come back in the caller's type and layout, q's dtype.
-    dK and dV rows are each written by one task; dQ is summed by float32 atomics on the Hopper
-    kernels (its order varies between runs) unless ``tessera.config.deterministic_backward``
-    (then, as on other GPUs, each dQ row has one task too: bitwise repeatable). The mask's
+    Every gradient row is written by one task (bitwise repeatable); with
+    ``tessera.config.deterministic_backward`` off the Hopper kernels sum dQ by float32 atomics
+    instead (fewer products; its order varies between runs). The mask's
     backward queues are planned on the device without a synchronization (a device mask, MHA), else on
     the host (a device mask read back once a call); a plan for a static mask keeps them
     (:meth:`Plan.run_backward`).

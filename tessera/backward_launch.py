@@ -1,8 +1,8 @@
 """Running a plan's backward pass on the GPU: the gradient inputs checked, the backward queues on
 the device, and the kernels on the caller's stream: Delta (``cuda/bwd_rows.cu``), then dK/dV
 and dQ of the Hopper or the portable family (``cuda/sm90/bwd_*.cu``, ``cuda/sm80/bwd_*.cu``) --
-or, on the Hopper family unless ``config.deterministic_backward``, dK/dV summing dQ by atomics
-into float32, then dQ's conversion (``bwd_rows.cu``).
+or, on the Hopper family with ``config.deterministic_backward`` off, dK/dV summing dQ by
+atomics into float32, then dQ's conversion (``bwd_rows.cu``).
 
 A plan reaches this module through :func:`run_backward_plan` (``Plan.run_backward``); it reads
 the plan's shape, mask and its backward queues (``runtime/backward.py``, asked of the plan),
@@ -64,9 +64,9 @@ def backward_kernels(cc: int, head_dim: int, bf16: bool, portable: bool | None =
                      deterministic: bool | None = None) -> tuple[Variant, Variant | None]:
     """The backward pass's (dK/dV, dQ) kernels on compute capability ``cc``: the Hopper family
     on sm_90 (unless ``portable``; None: ``config.portable_backward``), the portable one
-    elsewhere. Their BM and BN are the queues' tile rows and steps. The Hopper dK/dV kernel
-    sums dQ by atomics and there is no dQ kernel (None), unless ``deterministic`` (None:
-    ``config.deterministic_backward``)."""
+    elsewhere. Their BM and BN are the queues' tile rows and steps. Unless ``deterministic``
+    (None: ``config.deterministic_backward``) the Hopper dK/dV kernel sums dQ by atomics and
+    there is no dQ kernel (None)."""
     portable = config.portable_backward if portable is None else portable
     deterministic = config.deterministic_backward if deterministic is None else deterministic
     if cc == 90 and not portable:

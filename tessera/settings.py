@@ -35,9 +35,10 @@ class Settings:
         portable_backward: the backward pass runs the portable kernels (sm80/bwd_*.cu) on sm_90
             GPUs too, instead of the Hopper ones (an A/B switch for benchmarks and tests).
         deterministic_backward: the backward pass computes dQ in a pass of its own, each row
-            by one task (no floating-point atomics: bitwise repeatable), where the Hopper
-            kernels otherwise sum it by atomics during the dK/dV pass (fewer matrix products;
-            the sum's order varies between runs). The portable kernels always do the former.
+            by one task (no floating-point atomics: bitwise repeatable); False: the Hopper
+            kernels sum it by float32 atomics during the dK/dV pass instead (fewer matrix
+            products; the sum's order varies between runs; not yet the default: see
+            docs/decisions.md, "Backward"). The portable kernels always take one pass each.
         request_plans_kept: sync-free plans ``tessera.attention`` keeps for the next request of
             the same geometry, shapes and stream (least recently used dropped first); 0 plans
             every request anew.
@@ -53,7 +54,7 @@ class Settings:
     persistent_grid_cap: int | None = None
     use_tma: bool = True
     portable_backward: bool = False
-    deterministic_backward: bool = False
+    deterministic_backward: bool = True
     request_plans_kept: int = 8
     request_selection_refresh: int = 16
 

@@ -9,9 +9,9 @@
   of such a span is ``head_in_group * seq_q + token``: one span never leaves its head.
 
 One writer per gradient row makes the pass deterministic without floating-point atomics or
-an fp32 gradient buffer (docs/decisions.md, "Backward"). The Hopper dK/dV kernel may instead
-sum dQ by atomics as it walks the key-major queue (``config.deterministic_backward`` off);
-the query-major queue is then planned but not walked.
+an fp32 gradient buffer (docs/decisions.md, "Backward"). With ``config.deterministic_backward``
+off the Hopper dK/dV kernel sums dQ by atomics as it walks the key-major queue instead; the
+query-major queue is then planned but not walked.
 
 Where they are planned: a device mask of an MHA shape is planned by the planner kernels
 (``planners.DevicePlanner``) in both directions without reading anything back -- the queues are

@@ -11,9 +11,9 @@ of dQ, dK, dV), and one that differs is flagged, not timed.
 
 "backward" = one run of a plan's backward pass (``Plan.run_backward``: Delta, dK/dV, dQ) from
 the forward's output and LSE, its queues planned already; the peers' the same (their backward
-alone). Where Tessera's default sums dQ by atomics (the Hopper kernels), its deterministic mode
-(``config.deterministic_backward``) is timed beside it ("det", and its time over the
-default's). "fwd+bwd" = the forward that saves what the backward reads, then the backward. Both
+alone). On the Hopper kernels the other dQ mode than the default (dQ summed by atomics, or
+the deterministic two passes: ``config.deterministic_backward``) is timed beside it ("alt",
+``other_mode``, and its time over the default's). "fwd+bwd" = the forward that saves what the backward reads, then the backward. Both
 timed in interleaved rounds with every peer (:func:`~tessera.tools.timing.interleaved_ms`).
 "request" = ``tessera.attention_backward`` on a new mask object: the backward queues planned
 (by the planner kernels for an MHA shape, without a synchronization), then the kernels. Useful FLOP/s count the backward as 2.5x the forward's
@@ -83,16 +83,20 @@ def run(shapes: list[str], cases: list[str], make_mask: MaskMaker, *, heads: int
                 o, l_ = p.run(q, k, v, return_lse=True)
                 return p.run_backward(q, k, v, o, l_, do)
 
-            def deterministic():
-                with tessera.config.override(deterministic_backward=True):
+            other = not tessera.config.deterministic_backward  # the other dQ mode
+
+            def other_mode():
+                with tessera.config.override(deterministic_backward=other):
                     return p.run_backward(q, k, v, out, lse, do)
 
             calls = {"tessera": lambda: p.run_backward(q, k, v, out, lse, do),
                      "tessera_fwdbwd": fwd_bwd}
-            if backward_kernels(device_cc(), d, True)[1] is None:  # (dQ by atomics here)
-                row["deterministic_diff"] = max(
-                    peers.relative_difference(g, o) for g, o in zip(deterministic(), ours))
-                calls["tessera_deterministic"] = deterministic
+            if backward_kernels(device_cc(), d, True, deterministic=False)[1] is None:
+                # (the Hopper kernels: both dQ modes run here)
+                row["other_mode"] = "deterministic" if other else "atomic"
+                row["other_diff"] = max(
+                    peers.relative_difference(g, o) for g, o in zip(other_mode(), ours))
+                calls["tessera_other"] = other_mode
             for name, (bwd, both) in found.items():
                 calls[name] = bwd
                 calls[f"{name}_fwdbwd"] = both
@@ -100,9 +104,9 @@ def run(shapes: list[str], cases: list[str], make_mask: MaskMaker, *, heads: int
             ms = {name: statistics.median(t) for name, t in rounds_ms.items()}
             row.update(tessera_ms=ms["tessera"], tessera_tflops=flops / ms["tessera"] / 1e9,
                        tessera_fwdbwd_ms=ms["tessera_fwdbwd"])
-            if "tessera_deterministic" in ms:
-                row.update(deterministic_ms=ms["tessera_deterministic"],
-                           deterministic_vs_default=ms["tessera_deterministic"] / ms["tessera"])
+            if "tessera_other" in ms:
+                row.update(other_ms=ms["tessera_other"],
+                           other_vs_default=ms["tessera_other"] / ms["tessera"])
             for name in found:
                 row.update({f"{name}_ms": ms[name], f"{name}_tflops": flops / ms[name] / 1e9,
                             f"bwd_vs_{name}": ms[name] / ms["tessera"],
@@ -189,7 +193,7 @@ def table(rows: list[dict]) -> str:
     """The figures as a fixed-width table: Tessera's backward (ms, useful TFLOP/s), the peers'
     and their ratios to it (above 1: Tessera is faster), forward + backward, the request."""
     nan = float("nan")
-    head = (f"{'shape':15} {'case':12} {'dens':>5} {'bwd':>7} {'TF/s':>5} {'det':>7} "
+    head = (f"{'shape':15} {'case':12} {'dens':>5} {'bwd':>7} {'TF/s':>5} {'alt':>7} "
             f"{'x':>5} {'flex':>7} "
             f"{'x':>5} {'bsa':>7} {'x':>5} {'fa4':>7} {'x':>5} {'f+b':>7} {'flex x':>6} "
             f"{'bsa x':>6} {'request':>8}")
@@ -198,8 +202,8 @@ def table(rows: list[dict]) -> str:
         g = lambda key: r.get(key, nan)  # noqa: E731
         out.append(
             f"{r['shape']:15} {r['case']:12} {r['density']:5.2f} {r['tessera_ms']:7.3f} "
-            f"{r['tessera_tflops']:5.0f} {g('deterministic_ms'):7.3f} "
-            f"{g('deterministic_vs_default'):5.2f} {g('flex_ms'):7.3f} {g('bwd_vs_flex'):5.2f} "
+            f"{r['tessera_tflops']:5.0f} {g('other_ms'):7.3f} "
+            f"{g('other_vs_default'):5.2f} {g('flex_ms'):7.3f} {g('bwd_vs_flex'):5.2f} "
             f"{g('cudnn_bsa_ms'):7.3f} {g('bwd_vs_cudnn_bsa'):5.2f} {g('fa4_ms'):7.3f} "
             f"{g('bwd_vs_fa4'):5.2f} {r['tessera_fwdbwd_ms']:7.3f} {g('fwdbwd_vs_flex'):6.2f} "
             f"{g('fwdbwd_vs_cudnn_bsa'):6.2f} {r['tessera_request_ms']:8.3f}")

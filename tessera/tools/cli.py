@@ -73,7 +73,7 @@ def _backward_line(cc: int | None) -> str:
     dkdv, _ = backward_kernels(cc, 128, True)
     family = "sm90 (wgmma)" if dkdv.source.startswith("sm90/") else "sm80 (mma.sync)"
     return (f"the {family} kernels on this GPU ({dkdv.macro('BM')}-row tasks"
-            + ("; dQ by atomics unless config.deterministic_backward; "
+            + ("; dQ by atomics with config.deterministic_backward off; "
                "config.portable_backward forces the sm80 ones)" if cc == 90 else ")"))
 
 
