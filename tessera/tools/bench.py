@@ -412,8 +412,8 @@ def main(argv: list[str] | None = None) -> int:
         if s not in WORKLOADS:
             ap.error(f"unknown shape {s!r}; choose from {', '.join(WORKLOADS)}")
     if args.backward and (args.regime or args.png or args.host_mask or args.distributed):
-        ap.error("--backward takes --shape, --case, --family, --heads, --reps, --rounds and "
-                 "--json")
+        ap.error("--backward takes --shape, --case, --family, --heads, --reps, --rounds, "
+                 "--no-flex and --json")
     if args.distributed:
         if args.family or args.regime or args.png or args.host_mask:
             ap.error("--distributed takes --shape, --case, --reps and --json only")
@@ -449,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if args.backward:
         rows = bench_backward.run(shapes, cases + families, case_blocks, heads=args.heads,
-                                  rounds=args.rounds, reps=args.reps)
+                                  rounds=args.rounds, reps=args.reps, flex=not args.no_flex)
         print(bench_backward.table(rows))
         if args.json:
             with open(args.json, "w") as f:

@@ -47,14 +47,15 @@ MaskMaker = Callable[[str, str, int], tuple[Any, Any, Any]]
 
 
 def run(shapes: list[str], cases: list[str], make_mask: MaskMaker, *, heads: int | None = None,
-        rounds: int = 8, reps: int = 10, batch: int = 1) -> list[dict]:
-    """Time Tessera's backward and every installed peer's on each (shape, case); one dict of
-    figures per pair (``<peer>_ms``, ``bwd_vs_<peer>``, ``<peer>_fwdbwd_ms``, ...)."""
+        rounds: int = 8, reps: int = 10, batch: int = 1, flex: bool = True) -> list[dict]:
+    """Time Tessera's backward and every installed peer's (FlexAttention's unless ``flex`` is
+    False) on each (shape, case); one dict of figures per pair (``<peer>_ms``,
+    ``bwd_vs_<peer>``, ``<peer>_fwdbwd_ms``, ...)."""
     import torch
 
     flex_fn = None
     try:
-        flex_fn = peers.compiled_flex()
+        flex_fn = peers.compiled_flex() if flex else None
     except Exception as exc:  # pragma: no cover - depends on the torch build
         print(f"FlexAttention unavailable: {exc}", file=sys.stderr)
     rows: list[dict] = []
