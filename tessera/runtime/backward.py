@@ -66,7 +66,8 @@ class BackwardQueues:
 
     @property
     def on_device(self) -> bool:
-        """Whether the planner kernels wrote the queues (their task counts on the device)."""
+        """Whether the task counts stay on the device (the planner kernels' sync-free
+        buffers, which the kernels read up to the counts)."""
         return self.dq.count is not None
 
     def settled(self) -> "BackwardQueues":
@@ -131,7 +132,9 @@ def backward_queues(mask: BlockMask, shape: PlanShape, *, block_m: int = 64,
     group = shape.num_q_heads // shape.num_kv_heads
     dq_regime = backward_regime(block_m, block_n[0])
     if group == 1:
-        planned = _on_device(mask, shape, dq_regime, backward_regime(block_m, block_n[1]))
+        # (The planner kernels read the mask on the current stream, after its writes.)
+        with mask.reading():
+            planned = _on_device(mask, shape, dq_regime, backward_regime(block_m, block_n[1]))
         if planned is not None:
             return BackwardQueues(*planned, 1, int(mask.q_bounds[-1]), block_m,
                                   (dq_regime.block_n, block_n[1]))
