@@ -13,12 +13,14 @@ an fp32 gradient buffer (docs/decisions.md, "Backward"). With ``config.determini
 off the Hopper dK/dV kernel sums dQ by atomics as it walks the key-major queue instead; the
 query-major queue is then planned but not walked.
 
-Where they are planned: a device mask of an MHA shape is planned by the planner kernels
+Where they are planned: a device mask is planned by the planner kernels
 (``planners.DevicePlanner``) in both directions without reading anything back -- the queues are
 the planner's bounded buffers with their task counts on the device, which the kernels read --
-so a training step's backward never waits for the GPU. Otherwise (a host mask, GQA, whose
-dK/dV tasks merge a group's key tiles on the host, or a mask too large for the planner
-kernels) the queues are planned on the host, a device mask read back once.
+so a training step's backward never waits for the GPU. For GQA the key-major tiles are aligned
+(every head of a group cuts the same ones) and array operations on the device merge a group's
+tasks (:func:`_group_on_device`; the host's form is :func:`_group_key_tiles`). A host mask, or
+one too large for the planner kernels or the merge's bounded buffers, is planned on the host (a
+device mask read back once).
 """
 
 from __future__ import annotations
@@ -27,13 +29,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .._array import to_numpy
+from .._array import array_module, to_numpy
 from ..cuda.variants import backward_block_n
 from ..launch import LaunchState
 from ..mask import BlockMask
 from .mode import Direction, PlanMode
 from .planners import ArrayPlanner, DevicePlanner, PlanShape
-from .queue import Span, Task, TaskQueue
+from .device_planner import SYNC_FREE_WORKSPACE_LIMIT
+from .queue import Combine, Span, Task, TaskQueue
 from .regime.choice import RegimeChoice
 from .regime.value import Regime
 from .tasks import NEVER_SPLIT_RATIO
@@ -131,13 +134,15 @@ def backward_queues(mask: BlockMask, shape: PlanShape, *, block_m: int = 64,
         block_n = (backward_block_n(shape.head_dim, False), backward_block_n(shape.head_dim, True))
     group = shape.num_q_heads // shape.num_kv_heads
     dq_regime = backward_regime(block_m, block_n[0])
-    if group == 1:
-        # (The planner kernels read the mask on the current stream, after its writes.)
-        with mask.reading():
-            planned = _on_device(mask, shape, dq_regime, backward_regime(block_m, block_n[1]))
-        if planned is not None:
-            return BackwardQueues(*planned, 1, int(mask.q_bounds[-1]), block_m,
-                                  (dq_regime.block_n, block_n[1]))
+    seq_q, seq_kv = int(mask.q_bounds[-1]), int(mask.kv_bounds[-1])
+    # (The planner kernels read the mask on the current stream, after its writes.)
+    with mask.reading():
+        planned = _on_device(mask, shape, dq_regime,
+                             backward_regime(block_m, block_n[1]).with_(align_tiles=group > 1))
+        if planned is not None and group > 1:
+            planned = (planned[0], _group_on_device(planned[1], group, seq_q, seq_kv, shape))
+    if planned is not None and planned[1] is not None:
+        return BackwardQueues(*planned, group, seq_q, block_m, (dq_regime.block_n, block_n[1]))
     host = mask.to_host()
     planner = ArrayPlanner()
 
@@ -154,18 +159,18 @@ def backward_queues(mask: BlockMask, shape: PlanShape, *, block_m: int = 64,
     kv_regime = backward_regime(block_m, block_n[1]).with_(align_tiles=aligned)
     dq = organized(Direction.QUERY_MAJOR, dq_regime)
     per_head = organized(Direction.KEY_MAJOR, kv_regime)
-    seq_q = int(mask.q_bounds[-1])
-    dkdv = _group_key_tiles(per_head, group, seq_q, int(mask.kv_bounds[-1]), shape)
+    dkdv = _group_key_tiles(per_head, group, seq_q, seq_kv, shape)
     return BackwardQueues(dq, dkdv, group, seq_q, block_m,
                           (dq_regime.block_n, kv_regime.block_n))
 
 
 def _on_device(mask: BlockMask, shape: PlanShape, dq_regime: Regime, kv_regime: Regime
                ) -> tuple[TaskQueue, TaskQueue] | None:
-    """An MHA shape's (dq, dkdv) queues by the planner kernels, sync-free (no task splits);
-    None where they do not apply (a host mask, dense rows past their limit). With one query
-    head per kv head a key-major task of the planner is already the dK/dV task: its query
-    positions are the head's tokens."""
+    """The (dq, key-major) queues by the planner kernels, sync-free (no task splits); None
+    where they do not apply (a host mask, dense rows past their limit). The key-major tasks
+    hold one query head each: with one query head per kv head such a task is already the
+    dK/dV task (its query positions are the head's tokens); with GQA a group's are merged
+    (:func:`_group_on_device`)."""
     planner = DevicePlanner()
     queues = []
     for direction, regime in ((Direction.QUERY_MAJOR, dq_regime),
@@ -178,6 +183,61 @@ def _on_device(mask: BlockMask, shape: PlanShape, dq_regime: Regime, kv_regime: 
             return None
         queues.append(got.launch_queue)
     return queues[0], queues[1]
+
+
+def _group_on_device(queue: TaskQueue, group: int, seq_q: int, seq_kv: int,
+                     shape: PlanShape) -> TaskQueue | None:
+    """:func:`_group_key_tiles` on a sync-free key-major queue of aligned tiles, by array
+    operations that read nothing back: every (batch, query head) has a task for each tile of
+    ``tile_rows`` keys, so the merged tasks -- one per (batch, kv head, tile) -- are known
+    from the shape, and each (merged task, head in group) pair's spans get a slot of a
+    bounded spans buffer (the per-head spans times the most (batch, head) pairs reading one
+    stored mask head). None where that buffer would exceed SYNC_FREE_WORKSPACE_LIMIT."""
+    xp = array_module(queue.tasks)
+    tasks, src_spans, bm = queue.tasks, queue.spans, queue.tile_rows
+    per_head = -(-seq_kv // bm)  # aligned tiles of each (batch, query head)
+    hkv = shape.num_kv_heads
+    n_merged = shape.batch * hkv * per_head
+    reuse = int(np.bincount(shape.batch_of).max()) * int(np.bincount(shape.head_of).max())
+    cap_spans = int(src_spans.shape[0]) * reuse
+    if 4 * len(Span) * cap_spans > SYNC_FREE_WORKSPACE_LIMIT or not n_merged:
+        return None
+    i64 = np.int64
+    col = lambda f: tasks[:, f].astype(i64)  # noqa: E731
+    valid = xp.arange(tasks.shape[0]) < queue.count[0]  # (rows past the count: garbage)
+    head = col(Task.Q_HEAD0)
+    slots = n_merged * group  # one per (merged task, head in group); slot `slots`: the rest
+    key = xp.where(valid, ((col(Task.BATCH) * hkv + head // group) * per_head
+                           + col(Task.Q_START) // bm) * group + head % group, slots)
+    count, owner, cost = (xp.zeros(slots + 1, i64) for _ in range(3))
+    count[key] = xp.where(valid, col(Task.SPAN_END) - col(Task.SPAN_BEGIN), 0)
+    owner[key] = xp.arange(tasks.shape[0])
+    cost[key] = xp.where(valid, col(Task.COST), 0)
+    ends = xp.cumsum(count[:slots])
+    starts = ends - count[:slots]
+    # Each span slot j: the (merged task, head) pair whose range holds it, the span it copies.
+    j = xp.arange(cap_spans)
+    pair = xp.minimum(xp.searchsorted(ends, j, side="right"), slots - 1)
+    src = col(Task.SPAN_BEGIN)[owner[pair]] + j - starts[pair]
+    spans = src_spans[xp.clip(src, 0, src_spans.shape[0] - 1)].astype(np.int32)
+    shift = ((pair % group) * seq_q).astype(np.int32)  # positions: head in group x seq_q
+    spans[:, Span.K_START] += shift
+    spans[:, Span.K_END] += shift
+    m = xp.arange(n_merged)
+    out = xp.empty((n_merged, len(Task)), np.int32)
+    out[:, Task.BATCH] = m // (hkv * per_head)
+    out[:, Task.Q_HEAD0] = (m // per_head) % hkv * group
+    out[:, Task.Q_START] = m % per_head * bm
+    out[:, Task.Q_END] = xp.minimum(m % per_head * bm + bm, seq_kv)
+    out[:, Task.SPAN_BEGIN] = starts[m * group]
+    out[:, Task.SPAN_END] = ends[m * group + group - 1]
+    out[:, Task.SLOT] = -1
+    out[:, Task.COST] = xp.minimum(cost[:slots].reshape(n_merged, group).sum(axis=1),
+                                   np.iinfo(np.int32).max)
+    longest = xp.argsort(-out[:, Task.COST].astype(i64))
+    return TaskQueue(tasks=xp.ascontiguousarray(out[longest]), spans=spans,
+                     combine=xp.zeros((0, len(Combine)), np.int32), num_slots=0,
+                     heads_per_task=1, tile_rows=bm)
 
 
 def _group_key_tiles(queue: TaskQueue, group: int, seq_q: int, seq_kv: int,

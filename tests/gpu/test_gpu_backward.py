@@ -177,12 +177,13 @@ def test_torch_autograd_through_tessera_attention():
         check_gradients(x.grad, ref, "bfloat16", name)
 
 
+@pytest.mark.parametrize("hq,hkv", [(3, 3), (6, 3)], ids=["mha", "gqa"])
 @pytest.mark.parametrize("geometry", ["ragged", "uniform64"])
-def test_a_device_mask_is_planned_on_the_device(geometry, family):
-    """An MHA device mask's backward queues come from the planner kernels (task counts left
-    on the device): the gradients are the reference's and, the same tasks walking each row in
-    the same order, those of the host-planned queues of the same mask (bitwise without
-    atomics)."""
+def test_a_device_mask_is_planned_on_the_device(geometry, hq, hkv, family):
+    """A device mask's backward queues come from the planner kernels (task counts left on the
+    device; GQA's groups merged by array operations on the device): the gradients are the
+    reference's and, the same tasks walking each row in the same order, those of the
+    host-planned queues of the same mask (bitwise without atomics)."""
     import cupy as cp
 
     from tessera.runtime.backward import BackwardPlan
@@ -198,11 +199,11 @@ def test_a_device_mask_is_planned_on_the_device(geometry, family):
     device = BlockMask.from_dense(cp.asarray(dense), q_bounds=host.q_bounds,
                                   kv_bounds=host.kv_bounds)
     for d in (64, 128):
-        (q, k, v, out, lse, dout), on_device = _backward_case(device, b=2, hq=3, hkv=3, d=d,
+        (q, k, v, out, lse, dout), on_device = _backward_case(device, b=2, hq=hq, hkv=hkv, d=d,
                                                               seed=d)
         on_host = tessera.attention_backward(q, k, v, out, lse, dout, host)
         assert_same_gradients(on_device, on_host, _bitwise(family))
-    shape = checked_shape(device, 3, 3, 128, None, 2, "bfloat16", "bhld")
+    shape = checked_shape(device, hq, hkv, 128, None, 2, "bfloat16", "bhld")
     assert BackwardPlan(device, shape).backward_queues(128).on_device
 
 

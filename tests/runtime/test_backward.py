@@ -137,18 +137,48 @@ def test_an_mha_device_mask_is_planned_by_the_planner_kernels(monkeypatch, geo, 
         np.testing.assert_allclose(g, w, rtol=0, atol=1e-10 * max(1.0, np.abs(w).max()))
 
 
-def test_gqa_backward_queues_stay_on_the_host(monkeypatch):
-    """GQA's dK/dV tasks merge a group's key tiles on the host: the queues are host arrays
-    even where the planner kernels apply."""
+@pytest.mark.parametrize("block_m", [64, 128])
+@pytest.mark.parametrize("hq,hkv,mask_heads,batch", [(4, 2, 1, 1), (4, 2, 2, 2), (6, 2, 6, 2),
+                                                     (3, 1, 3, 1)])
+def test_a_gqa_device_mask_merges_its_groups_on_the_device(monkeypatch, hq, hkv, mask_heads,
+                                                           batch, block_m):
+    """GQA with a device mask (planner kernels as numpy stand-ins): the key-major tiles are
+    aligned, the group's tasks merged by array operations with the task count left on the
+    device, and the merged queue holds the host's tasks and spans; the emulated backward by it
+    is the reference's, one writer a dK/dV row."""
     from tessera.cuda import loader
     from tessera.runtime import mapping
 
+    rng = np.random.default_rng(hq * 100 + mask_heads * 10 + batch + block_m)
+    qb, kb = [0, 70, 128, 150, 256, 300], [0, 64, 100, 228, 237, 300]
+    dense = rng.random((batch if mask_heads == hq else 1, mask_heads, 5, 5)) < 0.45
+    dense[..., 0, 0] = True
+    dense[..., :, 3] = False  # keys nothing selects
+    mask = BlockMask.from_dense(dense, q_bounds=np.asarray(qb), kv_bounds=np.asarray(kb))
+    shape = checked_shape(mask, hq, hkv, 64, None, batch, "bfloat16", "bhld")
+    host = backward_queues(mask, shape, block_m=block_m)
     monkeypatch.setattr(loader, "load_kernel", lambda v: PLANNER_STAND_INS[v.kernel])
     monkeypatch.setattr(mapping, "use_device_planner", lambda xp: True)
-    dense = np.random.default_rng(0).random((1, 1, 4, 4)) < 0.5
-    dense[..., 0, 0] = True
-    mask, bq = _queues(dense, np.arange(5) * 128, np.arange(5) * 128, hq=4, hkv=2)
-    assert not bq.on_device and bq.group == 2
+    got = backward_queues(mask, shape, block_m=block_m)
+    assert got.on_device and got.group == hq // hkv
+    exact = got.settled()
+
+    def spans_of(q):  # each task with its spans, independent of where they are stored
+        return sorted((tuple(t[[Task.BATCH, Task.Q_HEAD0, Task.Q_START, Task.Q_END]]),
+                       tuple(map(tuple, q.spans[t[Task.SPAN_BEGIN]:t[Task.SPAN_END]])))
+                      for t in q.tasks)
+    assert spans_of(exact.dkdv) == spans_of(host.dkdv)
+    p = tessera.plan(mask, num_q_heads=hq, num_kv_heads=hkv, head_dim=64, batch=batch)
+    q, dout = rng.standard_normal((2, batch, hq, 300, 64))
+    k, v = rng.standard_normal((2, batch, hkv, 300, 64))
+    want = tessera.reference.attention_backward(q, k, v, dout, mask)
+    for atomic in (False, True):
+        emulated = tessera.emulate.run_backward(p, q, k, v, dout, block_m=block_m,
+                                                atomic_dq=atomic)
+        assert emulated.pairs_outside == 0 and (emulated.dkv_writers == 1).all()
+        for g, w in zip((emulated.dq, emulated.dk, emulated.dv), want):
+            np.testing.assert_allclose(g, w, rtol=0, atol=1e-10 * max(1.0, np.abs(w).max()))
+    assert p.backward_queues(block_m).on_device
 
 
 @pytest.mark.parametrize("hq,hkv,mask_heads", [(2, 2, 2), (4, 2, 4), (3, 1, 1)])
