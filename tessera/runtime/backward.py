@@ -187,8 +187,8 @@ def _on_device(mask: BlockMask, shape: PlanShape, dq_regime: Regime, kv_regime: 
 
 def _group_on_device(queue: TaskQueue, group: int, seq_q: int, seq_kv: int,
                      shape: PlanShape) -> TaskQueue | None:
-    """:func:`_group_key_tiles` on a sync-free key-major queue of aligned tiles, by array
-    operations that read nothing back: every (batch, query head) has a task for each tile of
+    """:func:`_group_key_tiles` on the planner kernels' key-major queue of aligned tiles (its
+    task count on the device, or exact), by array operations that read nothing back: every (batch, query head) has a task for each tile of
     ``tile_rows`` keys, so the merged tasks -- one per (batch, kv head, tile) -- are known
     from the shape, and each (merged task, head in group) pair's spans get a slot of a
     bounded spans buffer (the per-head spans times the most (batch, head) pairs reading one
@@ -204,7 +204,9 @@ def _group_on_device(queue: TaskQueue, group: int, seq_q: int, seq_kv: int,
         return None
     i64 = np.int64
     col = lambda f: tasks[:, f].astype(i64)  # noqa: E731
-    valid = xp.arange(tasks.shape[0]) < queue.count[0]  # (rows past the count: garbage)
+    # Rows past a device count are garbage (a one-sync plan's queue is exact: no count).
+    valid = xp.arange(tasks.shape[0]) < (tasks.shape[0] if queue.count is None
+                                         else queue.count[0])
     head = col(Task.Q_HEAD0)
     slots = n_merged * group  # one per (merged task, head in group); slot `slots`: the rest
     key = xp.where(valid, ((col(Task.BATCH) * hkv + head // group) * per_head

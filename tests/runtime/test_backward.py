@@ -179,6 +179,15 @@ def test_a_gqa_device_mask_merges_its_groups_on_the_device(monkeypatch, hq, hkv,
         for g, w in zip((emulated.dq, emulated.dk, emulated.dv), want):
             np.testing.assert_allclose(g, w, rtol=0, atol=1e-10 * max(1.0, np.abs(w).max()))
     assert p.backward_queues(block_m).on_device
+    # Past the sync-free buffers' limit the planner reads its counts back and sizes the arrays
+    # exactly (no device count): the merge takes that queue too.
+    from tessera.runtime import backward, device_planner
+
+    monkeypatch.setattr(device_planner, "SYNC_FREE_WORKSPACE_LIMIT", 0)
+    monkeypatch.setattr(backward, "_group_key_tiles", None)  # (not the host's merge)
+    exact_plan = backward_queues(mask, shape, block_m=block_m)
+    assert not exact_plan.on_device
+    assert spans_of(exact_plan.settled().dkdv) == spans_of(host.dkdv)
 
 
 @pytest.mark.parametrize("hq,hkv,mask_heads", [(2, 2, 2), (4, 2, 4), (3, 1, 1)])
