@@ -126,8 +126,9 @@ def backward_regime(block_m: int, block_n: int) -> Regime:
 def backward_queues(mask: BlockMask, shape: PlanShape, *, block_m: int = 64,
                     block_n: tuple[int, int] | None = None) -> BackwardQueues:
     """Both queues of ``mask``'s backward pass for ``shape`` with ``block_m``-row tasks: by
-    the planner kernels without a synchronization where they apply (a device mask, MHA), else
-    on the host (a device mask is copied back once; see the module docstring). ``block_n``:
+    the planner kernels without a synchronization where they apply (a device mask; GQA's
+    groups merged on the device), else on the host (a device mask is copied back once; see
+    the module docstring). ``block_n``:
     the kernels' steps (dQ's, dK/dV's); None: the portable kernels'
     (:func:`~tessera.cuda.variants.backward_block_n`)."""
     if block_n is None:

@@ -16,8 +16,9 @@ the deterministic two passes: ``config.deterministic_backward``) is timed beside
 ``other_mode``, and its time over the default's). "fwd+bwd" = the forward that saves what the backward reads, then the backward. Both
 timed in interleaved rounds with every peer (:func:`~tessera.tools.timing.interleaved_ms`).
 "request" = ``tessera.attention_backward`` on a new mask object: the backward queues planned
-(by the planner kernels for an MHA shape, without a synchronization), then the kernels. Useful FLOP/s count the backward as 2.5x the forward's
-4 * D * selected pairs (the convention of the FlashAttention papers).
+(by the planner kernels, without a synchronization), then the kernels. Useful FLOP/s count
+the backward as 2.5x the forward's 4 * D * selected pairs (the convention of the
+FlashAttention papers).
 """
 
 from __future__ import annotations
