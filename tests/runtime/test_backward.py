@@ -80,8 +80,12 @@ def test_block_aligned_bounds_need_no_aligned_tiles(block_m):
         np.testing.assert_allclose(g, w, rtol=0, atol=1e-10 * max(1.0, np.abs(w).max()))
 
 
-def _sorted_rows(a):
-    return a[np.lexsort(a.T[::-1])]
+def _tasks_with_spans(queue):
+    """Each task of ``queue`` with its spans, sorted: independent of task order and of where
+    the spans are stored."""
+    return sorted((tuple(t[[Task.BATCH, Task.Q_HEAD0, Task.Q_START, Task.Q_END]]),
+                   tuple(map(tuple, queue.spans[t[Task.SPAN_BEGIN]:t[Task.SPAN_END]])))
+                  for t in queue.tasks)
 
 
 @pytest.mark.parametrize("block_m", [64, 128])
@@ -119,12 +123,7 @@ def test_an_mha_device_mask_is_planned_by_the_planner_kernels(monkeypatch, geo, 
         g, h = getattr(exact, name), getattr(host, name)
         assert g.tasks.shape[0] <= getattr(got, name).tasks.shape[0]  # within the capacity
         assert int(np.asarray(getattr(got, name).count)[0]) == h.tasks.shape[0]
-
-        def spans_of(q):  # each task with its spans, independent of where they are stored
-            return sorted((tuple(t[[Task.BATCH, Task.Q_HEAD0, Task.Q_START, Task.Q_END]]),
-                           tuple(map(tuple, q.spans[t[Task.SPAN_BEGIN]:t[Task.SPAN_END]])))
-                          for t in q.tasks)
-        assert spans_of(g) == spans_of(h), name
+        assert _tasks_with_spans(g) == _tasks_with_spans(h), name
     p = tessera.plan(mask, num_q_heads=3, head_dim=64, batch=2)
     q, dout = rng.standard_normal((2, 2, 3, 300, 64))
     k, v = rng.standard_normal((2, 2, 3, mask.seq_len_kv, 64))
@@ -162,12 +161,7 @@ def test_a_gqa_device_mask_merges_its_groups_on_the_device(monkeypatch, hq, hkv,
     got = backward_queues(mask, shape, block_m=block_m)
     assert got.on_device and got.group == hq // hkv
     exact = got.settled()
-
-    def spans_of(q):  # each task with its spans, independent of where they are stored
-        return sorted((tuple(t[[Task.BATCH, Task.Q_HEAD0, Task.Q_START, Task.Q_END]]),
-                       tuple(map(tuple, q.spans[t[Task.SPAN_BEGIN]:t[Task.SPAN_END]])))
-                      for t in q.tasks)
-    assert spans_of(exact.dkdv) == spans_of(host.dkdv)
+    assert _tasks_with_spans(exact.dkdv) == _tasks_with_spans(host.dkdv)
     p = tessera.plan(mask, num_q_heads=hq, num_kv_heads=hkv, head_dim=64, batch=batch)
     q, dout = rng.standard_normal((2, batch, hq, 300, 64))
     k, v = rng.standard_normal((2, batch, hkv, 300, 64))
@@ -187,7 +181,7 @@ def test_a_gqa_device_mask_merges_its_groups_on_the_device(monkeypatch, hq, hkv,
     monkeypatch.setattr(backward, "_group_key_tiles", None)  # (not the host's merge)
     exact_plan = backward_queues(mask, shape, block_m=block_m)
     assert not exact_plan.on_device
-    assert spans_of(exact_plan.settled().dkdv) == spans_of(host.dkdv)
+    assert _tasks_with_spans(exact_plan.settled().dkdv) == _tasks_with_spans(host.dkdv)
 
 
 @pytest.mark.parametrize("hq,hkv,mask_heads", [(2, 2, 2), (4, 2, 4), (3, 1, 1)])
