@@ -13,8 +13,9 @@ of dQ, dK, dV), and one that differs is flagged, not timed.
 the forward's output and LSE, its queues planned already; the peers' the same (their backward
 alone). On the Hopper kernels the other dQ mode than the default (dQ summed by atomics, or
 the deterministic two passes: ``config.deterministic_backward``) is timed beside it ("alt",
-``other_mode``, and its time over the default's). "fwd+bwd" = the forward that saves what the backward reads, then the backward. Both
-timed in interleaved rounds with every peer (:func:`~tessera.tools.timing.interleaved_ms`).
+``other_mode``, and its time over the default's). "fwd+bwd" = the forward that saves what the
+backward reads, then the backward. Both timed in interleaved rounds with every peer
+(:func:`~tessera.tools.timing.interleaved_ms`).
 "request" = ``tessera.attention_backward`` on a new mask object: the backward queues planned
 (by the planner kernels, without a synchronization), then the kernels. Useful FLOP/s count
 the backward as 2.5x the forward's 4 * D * selected pairs (the convention of the
