@@ -11,6 +11,7 @@ so the planning layer stays above it.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Protocol
 
@@ -18,6 +19,7 @@ import numpy as np
 
 from ._array import cupy_or_none
 from .capture import capture_memory_if, capturing, stream_capturing
+from .cuda import tma
 from .cuda.device import device_cc, smem_limit_bytes
 from .cuda.loader import load_kernel
 from .cuda.variants import Variant, smem_bytes
@@ -61,21 +63,23 @@ SM90_BLOCK_M = 128
 
 
 def backward_kernels(cc: int, head_dim: int, bf16: bool, portable: bool | None = None,
-                     deterministic: bool | None = None) -> tuple[Variant, Variant | None]:
+                     deterministic: bool | None = None, tma: bool = False
+                     ) -> tuple[Variant, Variant | None]:
     """The backward pass's (dK/dV, dQ) kernels on compute capability ``cc``: the Hopper family
     on sm_90 (unless ``portable``; None: ``config.portable_backward``), the portable one
     elsewhere. Their BM and BN are the queues' tile rows and steps. Unless ``deterministic``
     (None: ``config.deterministic_backward``) the Hopper dK/dV kernel sums dQ by atomics and
-    there is no dQ kernel (None)."""
+    there is no dQ kernel (None). ``tma``: the Hopper kernels copy their chunks by TMA (the
+    launch passes the tensor maps)."""
     portable = config.portable_backward if portable is None else portable
     deterministic = config.deterministic_backward if deterministic is None else deterministic
     if cc == 90 and not portable:
         dkdv = Variant.bwd_sm90("bsa_bwd_dkdv_sm90", head_dim=head_dim, bf16=bf16,
-                                block_m=SM90_BLOCK_M, atomic_dq=not deterministic)
+                                block_m=SM90_BLOCK_M, atomic_dq=not deterministic, tma=tma)
         if not deterministic:
             return dkdv, None
         return dkdv, Variant.bwd_sm90("bsa_bwd_dq_sm90", head_dim=head_dim, bf16=bf16,
-                                      block_m=SM90_BLOCK_M)
+                                      block_m=SM90_BLOCK_M, tma=tma)
     return (Variant.bwd_sm80("bsa_bwd_dkdv_sm80", head_dim=head_dim, bf16=bf16),
             Variant.bwd_sm80("bsa_bwd_dq_sm80", head_dim=head_dim, bf16=bf16,
                              block_n=dq_block_n(head_dim, cc)))
@@ -129,6 +133,22 @@ def _device_queues(p: BackwardLaunchable, cp: Any, block_m: int, block_n: tuple[
     return got
 
 
+_NO_MAPS = np.zeros((), dtype=tma.CHUNK_MAPS_DTYPE)[()]  # the ChunkMaps of a cp.async launch
+
+
+@functools.lru_cache(maxsize=64)  # a training step's layers reuse their buffers: encode once
+def _chunk_maps(q: tuple, dout: tuple, k: tuple, v: tuple, bf16: bool, kv_rows: int,
+                q_rows: int):
+    """The (dK/dV, dQ) kernels' ChunkMaps: boxes of the dK/dV kernel's ``kv_rows`` query rows of
+    Q and dO, and of the dQ kernel's ``q_rows`` keys of K and V; None when TMA cannot read one
+    of the operands (strides, alignment, no driver support)."""
+    try:
+        return (tma.chunk_maps(q, dout, bf16=bf16, rows=kv_rows),
+                tma.chunk_maps(k, v, bf16=bf16, rows=q_rows))
+    except tma.TensorMapError:
+        return None
+
+
 def _launch(p: BackwardLaunchable, ops: Operands, o_desc: Any, do_desc: Any, lse_desc: Any,
             scale: float | None) -> tuple[Any, Any, Any]:
     cp = cupy_or_none()
@@ -137,7 +157,20 @@ def _launch(p: BackwardLaunchable, ops: Operands, o_desc: Any, do_desc: Any, lse
     _, hkv, lkv, _ = ops.shape_kv
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     bf16 = ops.q.dtype == "bfloat16"
-    dkdv_variant, dq_variant = backward_kernels(device_cc(), d, bf16)
+    cc = device_cc()
+    # The chunk operands' tensor maps (dK/dV: Q and dO; dQ: K and V), or None where TMA cannot
+    # read them: then the cp.async kernels.
+    maps = None
+    if cc == 90 and config.use_tma and not config.portable_backward:
+        dkdv_tma, dq_tma = backward_kernels(cc, d, bf16, tma=True)
+        kv_rows = dkdv_tma.macro("BN")
+        maps = _chunk_maps((ops.q.ptr, ops.shape_q, tuple(ops.strides_q)),
+                           (do_desc.ptr, ops.shape_q,
+                            tuple(bhld_view(do_desc, shape.layout, "dout")[1])),
+                           (ops.k.ptr, ops.shape_kv, tuple(ops.strides_k)),
+                           (ops.v.ptr, ops.shape_kv, tuple(ops.strides_v)), bf16, kv_rows,
+                           (dq_tma or dkdv_tma).macro("BN"))
+    dkdv_variant, dq_variant = backward_kernels(cc, d, bf16, tma=maps is not None)
     block_m = dkdv_variant.macro("BM")
     # (With dQ by atomics the query-major queue is planned but not walked.)
     block_n = ((dq_variant or dkdv_variant).macro("BN"), dkdv_variant.macro("BN"))
@@ -176,8 +209,9 @@ def _launch(p: BackwardLaunchable, ops: Operands, o_desc: Any, do_desc: Any, lse
                     i32(hq), i32(lq))
         # dQ by atomics: float32 sums, zeroed (rows no task reaches keep a zero gradient).
         sums = None if dq_variant else cp.zeros(rows * d, dtype=cp.float32)
-        for v, (tasks, spans, n_rows, count, tile_rows) in ((dkdv_variant, kv_queue),
-                                                             (dq_variant, dq_queue)):
+        for v, (tasks, spans, n_rows, count, tile_rows), chunk_maps in (
+                (dkdv_variant, kv_queue, maps[0] if maps else _NO_MAPS),
+                (dq_variant, dq_queue, maps[1] if maps else _NO_MAPS)):
             if v is None or not n_rows:
                 continue
             # A device count: the grid covers the queue's rows, CTAs past the count return.
@@ -185,7 +219,7 @@ def _launch(p: BackwardLaunchable, ops: Operands, o_desc: Any, do_desc: Any, lse
                            (tasks, spans, *operands, i32(tile_rows), i32(hq // hkv), f32(scale),
                             f32(scale * _LOG2E), i32(n_rows),
                             ptr(0 if count is None else count.data.ptr),
-                            ptr(0 if sums is None else sums.data.ptr)),
+                            ptr(0 if sums is None else sums.data.ptr), chunk_maps),
                            shared_mem=smem_bytes(v), stream=stream)
         if sums is not None:
             fn = load_kernel(Variant.bwd_dq_convert(head_dim=d, bf16=bf16))

@@ -30,8 +30,9 @@ class Settings:
         persistent_grid_cap: most CTAs a persistent kernel is launched with (None: as many as
             the GPU holds at once; 0: one per task, i.e. not persistent). Tests set it low so
             that a small mask's tasks queue up behind few CTAs, each running several.
-        use_tma: the producer variant copies K/V by TMA wherever the operands allow; False
-            keeps every launch on cp.async (an A/B switch for benchmarks and tests).
+        use_tma: the producer variant copies K/V (and the Hopper backward its chunks) by TMA
+            wherever the operands allow; False keeps every launch on cp.async (an A/B switch
+            for benchmarks and tests).
         portable_backward: the backward pass runs the portable kernels (sm80/bwd_*.cu) on sm_90
             GPUs too, instead of the Hopper ones (an A/B switch for benchmarks and tests).
         deterministic_backward: the backward pass computes dQ in a pass of its own, each row

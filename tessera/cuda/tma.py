@@ -11,7 +11,9 @@ when it is a multiple of 64 elements, else 64) by ``rows`` tokens, with the hard
 that span -- the layout that file's ``tile_offset`` computes for its cp.async copies.
 
 Used by the sm90 TMA variants (``TMA``): one producer thread issues the Q and K/V copies, which
-leaves the producer warpgroup 24 registers and the consumers the rest.
+leaves the producer warpgroup 24 registers and the consumers the rest. The Hopper backward's
+TMA variants copy their chunks the same way, one thread of the CTA issuing them
+(:func:`chunk_maps`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import numpy as np
 from .device import driver_library
 
 __all__ = ["TileMap", "tile_map", "encode", "launch_maps", "MAPS_DTYPE", "TensorMapError",
-           "driver_encodes_maps"]
+           "driver_encodes_maps", "chunk_maps", "CHUNK_MAPS_DTYPE"]
 
 # CUtensorMapDataType, CUtensorMapSwizzle and friends (cuda.h, CUDA 12 and 13).
 DATA_TYPE_FLOAT16 = 6
@@ -143,3 +145,18 @@ def launch_maps(q, k, v, *, bf16: bool, tile_rows: int, heads_per_task: int, blo
         m = tile_map(shape, strides, bf16=bf16, rows=rows, heads=heads)
         blobs.append(encode(m, int(address), encoder))
     return np.frombuffer(b"".join(blobs), dtype=MAPS_DTYPE)[0]
+
+
+# The backward kernels' ChunkMaps parameter (common/backward.cuh): the maps of the two operands
+# their chunks copy (dK/dV: Q and dO; dQ: K and V), 128 bytes each.
+CHUNK_MAPS_DTYPE = np.dtype([("maps", np.uint64, (2 * TENSOR_MAP_BYTES // 8,))])
+
+
+def chunk_maps(a, b, *, bf16: bool, rows: int, encoder=None) -> np.void:
+    """The ChunkMaps argument of a backward launch that copies its chunks by TMA: ``a`` and
+    ``b`` are (address, [B, H, L, D] shape, element strides) of the two operands a chunk holds,
+    ``rows`` tokens of one head a box. Raises TensorMapError when one cannot be described (the
+    launch then takes the cp.async variant)."""
+    blobs = [encode(tile_map(shape, strides, bf16=bf16, rows=rows), int(address), encoder)
+             for address, shape, strides in (a, b)]
+    return np.frombuffer(b"".join(blobs), dtype=CHUNK_MAPS_DTYPE)[0]

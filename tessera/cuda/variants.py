@@ -222,12 +222,12 @@ class Variant:
 
     @classmethod
     def bwd_sm90(cls, kernel: str, *, head_dim: int, bf16: bool, block_m: int = 128,
-                 block_n: int = 64, atomic_dq: bool = False) -> "Variant":
+                 block_n: int = 64, atomic_dq: bool = False, tma: bool = False) -> "Variant":
         """A kernel of the Hopper backward (sm90/bwd_*.cu, sm_90a only): 64 rows a warpgroup,
-        ``block_m`` rows a task, ``block_n`` columns a step, three cp.async stages (a chunk's
-        last product runs into the next chunk). ``kernel`` is one of
-        :data:`SM90_BACKWARD_KERNELS`. ``atomic_dq`` (the dK/dV kernel only): it also sums dQ
-        into float32 by atomic adds, and no dQ kernel runs."""
+        ``block_m`` rows a task, ``block_n`` columns a step, three stages of chunks copied by
+        cp.async or, with ``tma``, by TMA (a chunk's last product runs into the next chunk).
+        ``kernel`` is one of :data:`SM90_BACKWARD_KERNELS`. ``atomic_dq`` (the dK/dV kernel
+        only): it also sums dQ into float32 by atomic adds, and no dQ kernel runs."""
         if kernel not in SM90_BACKWARD_KERNELS:
             raise ValueError(f"the Hopper backward has {', '.join(SM90_BACKWARD_KERNELS)}, got "
                              f"{kernel!r}")
@@ -235,7 +235,8 @@ class Variant:
             raise ValueError("atomic_dq is a variant of the dK/dV kernel (bsa_bwd_dkdv_sm90)")
         return cls(BACKWARD_SOURCES[kernel], kernel, (
             ("BM", block_m), ("BN", block_n), ("D", head_dim), ("STAGES", 3),
-            ("BF16", int(bf16))) + ((("ATOMIC_DQ", 1),) if atomic_dq else ()))
+            ("BF16", int(bf16))) + ((("ATOMIC_DQ", 1),) if atomic_dq else ())
+            + ((("TMA", 1),) if tma else ()))
 
     @classmethod
     def bwd_delta(cls, *, head_dim: int, bf16: bool) -> "Variant":
@@ -289,8 +290,11 @@ def smem_bytes(v: Variant) -> int:
         return 2 * lds * (2 * v.macro("BM") + stages * 2 * bn) + stages * 2 * bn * 4
     if v.source in _SM90_BACKWARD:  # the same, unpadded (swizzled), plus 1 KiB to align tiles
         d, bn, stages = v.macro("D"), v.macro("BN"), v.macro("STAGES")
-        ds = 2 * v.macro("BM") * bn if dict(v.macros).get("ATOMIC_DQ") else 0  # dS^T's tile
-        return 1024 + 2 * d * (2 * v.macro("BM") + stages * 2 * bn) + ds + stages * 2 * bn * 4
+        macros = dict(v.macros)
+        ds = 2 * v.macro("BM") * bn if macros.get("ATOMIC_DQ") else 0  # dS^T's tile
+        barriers = 8 * stages if macros.get("TMA") else 0  # a stage's mbarrier
+        return (1024 + 2 * d * (2 * v.macro("BM") + stages * 2 * bn) + ds + stages * 2 * bn * 4
+                + barriers)
     if v.source == SM90:  # tiles unpadded (swizzled), plus 1 KiB to align them
         d, stages = v.macro("D"), v.macro("STAGES")
         macros = dict(v.macros)
@@ -333,7 +337,7 @@ PARAMETERS: dict[str, dict[str, int | None]] = {
     **{src: {"BM": None, "BN": None, "D": None, "WARPS": None, "MT": None, "STAGES": None,
              "BF16": None, "MIN_BLOCKS": 1} for src in _SM80_BACKWARD},
     **{src: {"BM": None, "BN": None, "D": None, "STAGES": None, "BF16": None, "MIN_BLOCKS": 1,
-             "ATOMIC_DQ": 0} for src in _SM90_BACKWARD},
+             "ATOMIC_DQ": 0, "TMA": 0} for src in _SM90_BACKWARD},
     BWD_ROWS: {"D": None, "BF16": None},
     "combine.cu": {"BF16": None},
     "pooled_topk.cu": {"F32": 0, "BF16": 1},

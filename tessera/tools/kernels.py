@@ -92,8 +92,9 @@ def variants_in_use(targets: tuple[str, ...] = tuple(_ARCHES.values()), *,
                 found.add((target, Variant.bwd_dq_convert(head_dim=d, bf16=b)))
                 for portable in ((False, True) if arch == 90 else (False,)):
                     for det in (False, True):
-                        found.update((target, v) for v in backward_kernels(arch, d, b, portable,
-                                                                           det) if v)
+                        for tma in ((False, True) if arch == 90 and not portable else (False,)):
+                            found.update((target, v) for v in backward_kernels(
+                                arch, d, b, portable, det, tma) if v)
     return sorted(found, key=lambda tv: (tv[0], tv[1].label))
 
 

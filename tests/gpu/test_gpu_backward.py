@@ -74,23 +74,25 @@ CASES = [(d, dtype, heads, layout) for d in (64, 96, 128) for dtype in ("bfloat1
          for heads, layout in ((1, "bhld"), (2, "blhd"), (4, "bhld"))]
 
 
-@pytest.fixture(params=["device", "atomic", "portable"])
+@pytest.fixture(params=["device", "atomic", "cp.async", "atomic-cp.async", "portable"])
 def family(request):
     """The device's backward kernels (two passes), and where they differ (sm_90) the Hopper
-    dK/dV kernel summing dQ by atomics and the portable kernels."""
+    dK/dV kernel summing dQ by atomics, each with its chunks copied by TMA (where the operands
+    allow: every case here) and by cp.async, and the portable kernels."""
     if request.param != "device":
         from tessera.cuda.loader import device_cc
 
         if device_cc() != 90:
             pytest.skip("the device's kernels are the portable ones")
     with tessera.config.override(portable_backward=request.param == "portable",
-                                 deterministic_backward=request.param != "atomic"):
+                                 deterministic_backward="atomic" not in request.param,
+                                 use_tma="cp.async" not in request.param):
         yield request.param
 
 
 def _bitwise(family: str) -> bool:
     """Whether ``family``'s gradients repeat bit for bit (no floating-point atomics)."""
-    return family != "atomic"
+    return "atomic" not in family
 
 
 def assert_same_gradients(got, want, bitwise: bool) -> None:
@@ -113,6 +115,34 @@ def test_backward_equals_the_float64_reference(d, dtype, mask_heads, layout, fam
     rng = np.random.default_rng(d + mask_heads)
     _backward_case(_ragged_mask(rng, mask_heads), dtype=dtype, d=d, layout=layout,
                    seed=mask_heads, scale=0.09 if mask_heads == 2 else None)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_rows_and_keys_no_pair_selects_may_hold_inf(d, family):
+    """Inf in the q and dO rows of a query block nothing selects and (but with dQ by atomics)
+    in the K and V rows of a key block nobody selects: those rows' dQ and dK/dV are zero and
+    every other gradient equals the reference's. (A TMA chunk copies the rows that follow a
+    span: the kernels zero those that a product multiplies by zero weights, as 0 x Inf is NaN.
+    dQ by atomics multiplies the whole key tile's K, unselected rows too: docs/errors.md.)"""
+    rng = np.random.default_rng(d)
+    qb = np.array([0, 70, 128, 150, 256, 300, 431, 512])
+    kb = np.array([0, 64, 100, 228, 237, 300, 400, 512])
+    dense = rng.random((1, 2, 7, 7)) < 0.5
+    dense[..., 0, :2] = True
+    dense[..., 2, :] = False  # query rows 128-149: nothing selected
+    dense[..., :, 2] = False  # keys 100-227: nobody selects them
+    mask = BlockMask.from_dense(dense, q_bounds=qb, kv_bounds=kb)
+    (q, k, v), (qe, ke, ve) = _inputs(rng, "cupy", "bfloat16", 1, 4, 2, 512, 512, d, "bhld")
+    (dout, _, _), (de, _, _) = _inputs(rng, "cupy", "bfloat16", 1, 4, 2, 512, 16, d, "bhld")
+    want = reference.attention_backward(qe, ke, ve, de, mask)
+    for x in (q, dout):
+        x[:, :, 128:150] = float("inf")
+    for x in (k, v) if "atomic" not in family else ():
+        x[:, :, 100:228] = float("inf")
+    out, lse = tessera.attention(q, k, v, mask, return_lse=True)
+    grads = tessera.attention_backward(q, k, v, out, lse, dout, mask)
+    for got, ref, name in zip(grads, want, ("dq", "dk", "dv")):
+        check_gradients(got, ref, "bfloat16", name)
 
 
 @pytest.mark.parametrize("d", [64, 96, 128])

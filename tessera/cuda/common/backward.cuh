@@ -11,6 +11,13 @@
 #include "common/memory.cuh"
 #include "common/task.cuh"
 
+// Tensor maps (driver-encoded CUtensorMap, 128 bytes each) of the two operands a backward
+// chunk holds -- dK/dV's Q and dO, dQ's K and V -- as tessera/cuda/tma.py's chunk_maps encodes
+// them: boxes of BN tokens of one head.
+struct alignas(128) ChunkMaps {
+  unsigned long long a[16], b[16];
+};
+
 // Every backward kernel takes the same arguments (tessera/backward_launch.py passes them): the
 // task queue of its direction, q/k/v/dO as [B, H, L, D] strides in elements, the forward's LSE
 // (natural log) and Delta as contiguous float32 [B, Hq, Lq], the gradients' strides, the query
@@ -18,7 +25,9 @@
 // per tile of one head, query heads per kv head, the softmax scale and its product with
 // log2(e), the queue's rows and the number of tasks: `task_count` on the device for a queue the
 // device planner wrote (the grid covers the queue's rows; see task_total), else null; and
-// `dq_sums`, float32 [B, Hq, Lq, D] zeroed, where a dK/dV kernel sums dQ by atomics (else null).
+// `dq_sums`, float32 [B, Hq, Lq, D] zeroed, where a dK/dV kernel sums dQ by atomics (else null);
+// and the tensor maps of the two operands a chunk holds, for the variants that copy chunks by
+// TMA (zeros for the others).
 #define TESSERA_BWD_PARAMS                                                                   \
   const int *__restrict__ tasks, const int *__restrict__ spans, const u16 *q_ptr, i64 q_sb,  \
       i64 q_sh, i64 q_sl, const u16 *k_ptr, i64 k_sb, i64 k_sh, i64 k_sl, const u16 *v_ptr,   \
@@ -27,7 +36,8 @@
       i64 dq_sb, i64 dq_sh, i64 dq_sl, u16 *dk_ptr, i64 dk_sb, i64 dk_sh, i64 dk_sl,          \
       u16 *dv_ptr, i64 dv_sb, i64 dv_sh, i64 dv_sl, int num_q_heads, int seq_q,               \
       int tile_rows, int group, float scale, float scale_log2, int num_tasks,                \
-      const i64 *__restrict__ task_count, float *__restrict__ dq_sums
+      const i64 *__restrict__ task_count, float *__restrict__ dq_sums,                      \
+      const __grid_constant__ ChunkMaps chunk_maps
 
 constexpr float LOG2E = 1.4426950408889634f;
 

@@ -48,6 +48,7 @@ bsa_bwd_dkdv_sm90(TESSERA_BWD_PARAMS) {
   Walk load_walk;
   load_walk.open(spans, tk[TASK_SPAN_BEGIN], se);
   Walk walk = load_walk;
+  init_stage_barriers(tiles, tid);
 
   const auto key_row = [&](int r) { return min(key_start + r, key_end - 1); };
   load_tile<BM, NT>(tiles.a, [&](int r) { return k_rows + key_row(r) * k_sl; }, tid);
@@ -55,13 +56,23 @@ bsa_bwd_dkdv_sm90(TESSERA_BWD_PARAMS) {
   // A chunk's Q and dO rows: positions are head-in-group * seq_q + token (see sm80/bwd_dkdv.cu).
   const auto load_chunk = [&](int st) {
     const int hl = load_walk.kpos / seq_q;
-    const i64 back = (i64)hl * seq_q;
-    const u16* qh = q_rows + hl * q_sh - back * q_sl;
-    const u16* dh = do_rows + hl * do_sh - back * do_sl;
-    load_tile<BN, NT>(tiles.chunk(st), [&](int r) { return qh + load_walk.row_key(r) * q_sl; },
-                      tid);
-    load_tile<BN, NT>(tiles.chunk(st) + CHUNK_BYTES,
-                      [&](int r) { return dh + load_walk.row_key(r) * do_sl; }, tid);
+    if constexpr (TMA) {
+      if (tid == 0) {
+        const u32 bar = tiles.full(st);
+        const int tok = load_walk.kpos - hl * seq_q;
+        mbar_arrive_expect_tx(bar, STAGE_BYTES);
+        tma_load_chunk<BN>(tiles.chunk(st), chunk_maps.a, tok, h0 + hl, b, bar);
+        tma_load_chunk<BN>(tiles.chunk(st) + CHUNK_BYTES, chunk_maps.b, tok, h0 + hl, b, bar);
+      }
+    } else {
+      const i64 back = (i64)hl * seq_q;
+      const u16* qh = q_rows + hl * q_sh - back * q_sl;
+      const u16* dh = do_rows + hl * do_sh - back * do_sl;
+      load_tile<BN, NT>(tiles.chunk(st),
+                        [&](int r) { return qh + load_walk.row_key(r) * q_sl; }, tid);
+      load_tile<BN, NT>(tiles.chunk(st) + CHUNK_BYTES,
+                        [&](int r) { return dh + load_walk.row_key(r) * do_sl; }, tid);
+    }
     load_row_values<BN>(tiles.lse(st), tiles.lse(st) + 4 * BN, lse_rows, delta_rows, load_walk,
                         tid);
   };
@@ -84,10 +95,10 @@ bsa_bwd_dkdv_sm90(TESSERA_BWD_PARAMS) {
   const bool walked = walk.more(se);
 
   for (int c = 0; walk.more(se); ++c) {
-    cp_async_wait<0>();  // chunk c (and with the first, K and V) has landed
-    fence_async_smem();
-    __syncthreads();     // ... for every thread; chunk c - 2's stage is free (c - 1's may still
-                         // be read by its dK)
+    // Chunk c (and with the first, K and V) has landed for every thread, its rows past the
+    // span zeroed where TMA copied them (dK and dV multiply them by zero weights); chunk c - 2's
+    // stage is free (c - 1's may still be read by its dK).
+    wait_for_chunk<2>(tiles, c, walk.k1 - walk.kpos, tid);
     if (load_walk.more(se)) {
       load_chunk((c + 1) % STAGES);
       load_walk.next(spans, se);

@@ -21,14 +21,26 @@ bsa_bwd_dq_sm90(TESSERA_BWD_PARAMS) {
   Walk load_walk;
   load_walk.open(spans, task.span_begin, se);
   Walk walk = load_walk;
+  init_stage_barriers(tiles, tid);
 
   load_tile<BM, NT>(tiles.a, [&](int r) { return task.q_row(q, r, tile_rows); }, tid);
   load_tile<BM, NT>(tiles.b, [&](int r) { return task.q_row(dout, r, tile_rows); }, tid);
   const auto load_chunk = [&](int st) {
-    load_tile<BN, NT>(tiles.chunk(st),
-                      [&](int r) { return task.k_head + load_walk.row_key(r) * k_sl; }, tid);
-    load_tile<BN, NT>(tiles.chunk(st) + CHUNK_BYTES,
-                      [&](int r) { return task.v_head + load_walk.row_key(r) * v_sl; }, tid);
+    if constexpr (TMA) {
+      if (tid == 0) {
+        const u32 bar = tiles.full(st);
+        mbar_arrive_expect_tx(bar, STAGE_BYTES);
+        tma_load_chunk<BN>(tiles.chunk(st), chunk_maps.a, load_walk.kpos, task.h0 / group, b,
+                           bar);
+        tma_load_chunk<BN>(tiles.chunk(st) + CHUNK_BYTES, chunk_maps.b, load_walk.kpos,
+                           task.h0 / group, b, bar);
+      }
+    } else {
+      load_tile<BN, NT>(tiles.chunk(st),
+                        [&](int r) { return task.k_head + load_walk.row_key(r) * k_sl; }, tid);
+      load_tile<BN, NT>(tiles.chunk(st) + CHUNK_BYTES,
+                        [&](int r) { return task.v_head + load_walk.row_key(r) * v_sl; }, tid);
+    }
   };
   if (load_walk.more(se)) {
     load_chunk(0);
@@ -46,9 +58,9 @@ bsa_bwd_dq_sm90(TESSERA_BWD_PARAMS) {
   const bool walked = walk.more(se);
 
   for (int c = 0; walk.more(se); ++c) {
-    cp_async_wait<0>();
-    fence_async_smem();
-    __syncthreads();
+    // Chunk c has landed, its K rows past the span zeroed where TMA copied them (dQ multiplies
+    // them by zero weights; V's only meet masked scores).
+    wait_for_chunk<1>(tiles, c, walk.k1 - walk.kpos, tid);
     if (load_walk.more(se)) {
       load_chunk((c + 1) % STAGES);
       load_walk.next(spans, se);

@@ -1,12 +1,13 @@
 // The Hopper backward's matrix steps and tiles (sm90/bwd_dq.cu, sm90/bwd_dkdv.cu): warpgroup MMA
 // (wgmma) reading every operand but P and dS straight from swizzled shared memory (layout.cuh),
-// three cp.async stages. Each warpgroup issues its own products (a 64-row slice of the tile) and
-// waits only for its own; one CTA barrier a chunk hands the stages over.
+// three stages of chunks copied by cp.async or (Config::TMA) by TMA. Each warpgroup issues its
+// own products (a 64-row slice of the tile) and waits only for its own; one CTA barrier a chunk
+// hands the stages over.
 //
 // Shared memory (dynamic, 1 KiB of slack to align the tiles): two resident tiles of BM x D,
 // then STAGES x {two chunk tiles of BN x D}, then (Config::ATOMIC_DQ) dS^T's tile of BM x BN,
-// then STAGES x {BN LSE, BN Delta} floats. tessera/cuda/variants.py's smem_bytes mirrors this
-// formula.
+// then STAGES x {BN LSE, BN Delta} floats, then (Config::TMA) an mbarrier a stage.
+// tessera/cuda/variants.py's smem_bytes mirrors this formula.
 #pragma once
 
 #include "common/backward.cuh"
@@ -21,6 +22,11 @@ constexpr int RESIDENT_BYTES = BM * D * 2;
 constexpr int CHUNK_BYTES = BN * D * 2;
 constexpr int STAGE_BYTES = 2 * CHUNK_BYTES;
 constexpr int DS_BYTES = Config::ATOMIC_DQ ? BM * BN * 2 : 0;
+// Chunks by TMA: one thread issues a chunk's copies, which complete on the stage's mbarrier
+// (the LSE and Delta, and the resident tiles, stay cp.async copies of every thread). A box is
+// BN consecutive rows: rows past the span's end hold rows no task's pair selects, zeroed where
+// a product would multiply them by a zero weight (wait_for_chunk: 0 x Inf is NaN).
+constexpr bool TMA = Config::TMA != 0;
 static_assert(BM % 64 == 0 && BN % 64 == 0, "64 rows a warpgroup, 64-wide steps");
 // Chunk c + 1 loads while chunk c computes and chunk c - 1's last product (dK or dQ, left in
 // flight into chunk c) may still read its stage.
@@ -41,7 +47,36 @@ struct Tiles {
   }
   __device__ __forceinline__ u32 chunk(int st) const { return stages + (u32)(st * STAGE_BYTES); }
   __device__ __forceinline__ u32 lse(int st) const { return values + (u32)(st * 2 * BN * 4); }
+  // (TMA) the mbarrier stage st's copies complete on
+  __device__ __forceinline__ u32 full(int st) const {
+    return values + (u32)(STAGES * 2 * BN * 4 + 8 * st);
+  }
 };
+
+// (TMA) Stage st's barriers set up by one thread; the CTA barrier that follows makes them
+// visible before any thread waits on one or a copy completes on one.
+__device__ __forceinline__ void init_stage_barriers(const Tiles& tiles, int tid) {
+  if (TMA && tid == 0)
+    for (int st = 0; st < STAGES; ++st) mbar_init(tiles.full(st), 1);
+  if (TMA) __syncthreads();
+}
+
+// Waits until chunk c's copies into its stage have landed (the thread's own cp.async copies,
+// and with TMA the stage's bulk copies), zeroes rows `valid` .. BN - 1 of the stage's first
+// ZERO_TILES tiles (TMA rows past the span's end, which a product multiplies by zero weights),
+// and makes all of it visible to every thread's wgmma after the CTA barrier.
+template <int ZERO_TILES>
+__device__ __forceinline__ void wait_for_chunk(const Tiles& tiles, int c, int valid, int tid) {
+  cp_async_wait<0>();
+  if constexpr (TMA) {
+    const int st = c % STAGES;
+    mbar_wait(tiles.full(st), (c / STAGES) & 1);
+    if (valid < BN)  // (uniform: a partial chunk)
+      zero_rows<BN, NT, ZERO_TILES, CHUNK_BYTES>(tiles.chunk(st), valid, tid);
+  }
+  fence_async_smem();
+  __syncthreads();
+}
 
 // acc = A (the warpgroup's 64 rows of a resident tile, K-major) times B^T (a chunk, K-major):
 // D / 16 wgmma of BN columns, committed as one group.

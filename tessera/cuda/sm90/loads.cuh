@@ -85,15 +85,6 @@ __device__ __forceinline__ void load_q(u32 qs, const Task& task, const Operand& 
   }
 }
 
-// One box of a 4-D tensor map (coordinates innermost first) into shared memory at `dst`,
-// completing on `bar` with its byte count.
-__device__ __forceinline__ void tma_load_4d(u32 dst, const void* map, int c0, int c1, int c2,
-                                            int c3, u32 bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%2, %3, %4, %5}], [%6];" ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2),
-      "r"(c3), "r"(bar) : "memory");
-}
 // A chunk's K and V (W keys from `key0` of kv head `kvh`, batch `b`): per SW-byte column chunk
 // of the tile, W / KV_BOX boxes (the maps' boxes are SW / 2 elements by KV_BOX rows, swizzled
 // as tile_offset lays them out).

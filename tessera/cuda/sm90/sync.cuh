@@ -1,8 +1,10 @@
-// How the Hopper family's threads wait for one another: mbarriers (stage and Q hand-overs
-// between producer and consumers), named barriers (the consumers' issue turns), and the
-// register reallocation between producer and consumers (the async-proxy fence: layout.cuh).
+// How the Hopper forward's threads wait for one another: mbarriers (stage and Q hand-overs
+// between producer and consumers: barriers.cuh), named barriers (the consumers' issue turns),
+// and the register reallocation between producer and consumers (the async-proxy fence:
+// layout.cuh).
 #pragma once
 
+#include "sm90/barriers.cuh"
 #include "sm90/traits.cuh"
 
 namespace {
@@ -35,30 +37,6 @@ __device__ __forceinline__ void pass_issue_turn(int wg) {
     if (WS) named_bar_arrive(1 + (wg + 1) % WGS, 256);
     else if (wg == 0) named_bar_arrive(1, 256);
   }
-}
-
-__device__ __forceinline__ void mbar_init(u32 bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(u32 bar) {
-  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}" ::"r"(bar)
-               : "memory");
-}
-// Arrives on `bar` once every cp.async this thread issued before has completed (the TMA
-// producer's copies complete on the barriers by byte count instead).
-__device__ __forceinline__ void mbar_arrive_on_copies(u32 bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(u32 bar, int parity) {
-  asm volatile(
-      "{\n.reg .pred p;\nWAIT:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      "@!p bra WAIT;\n}" ::"r"(bar), "r"(parity) : "memory");
-}
-// Expects `bytes` more on `bar` (the TMA copies' completion) and arrives once.
-__device__ __forceinline__ void mbar_arrive_expect_tx(u32 bar, u32 bytes) {
-  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}"
-               ::"r"(bar), "r"(bytes) : "memory");
 }
 
 // Register reallocation (PRODUCER_REGS, CONSUMER_REGS: traits.cuh).
