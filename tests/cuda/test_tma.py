@@ -99,6 +99,26 @@ def test_launch_maps_for_q_k_v():
                         encoder=fake_encoder([]))
 
 
+def test_chunk_maps_of_a_backward_launch():
+    """A backward kernel's ChunkMaps: boxes of `rows` tokens of one head of the two operands a
+    chunk holds (dK/dV: Q and dO in the blhd layout here), 256 bytes in that order
+    (common/backward.cuh's ChunkMaps); an operand TMA cannot read is refused."""
+    calls = []
+    strides = (500 * 8 * 96, 96, 8 * 96, 1)  # blhd, in (b, h, l, d) order
+    q = (0x10000, (2, 8, 500, 96), strides)
+    dout = (0x20000, (2, 8, 500, 96), strides)
+    maps = tma.chunk_maps(q, dout, bf16=False, rows=64, encoder=fake_encoder(calls))
+    assert maps.dtype == tma.CHUNK_MAPS_DTYPE and len(bytes(maps)) == 256
+    assert [c["address"] for c in calls] == [0x10000, 0x20000]
+    for c in calls:
+        assert c["box"] == [32, 64, 1, 1] and c["dims"] == [96, 500, 8, 2]
+        assert c["strides"] == [2 * 8 * 96, 2 * 96, 2 * 500 * 8 * 96]
+        assert (c["data_type"], c["swizzle"]) == (6, 2)  # fp16, 64-byte swizzle
+    odd = (0x30000, (1, 2, 100, 64), (100 * 2 * 68, 68, 2 * 68, 1))  # heads 136 bytes apart
+    with pytest.raises(tma.TensorMapError, match="multiple of 16"):
+        tma.chunk_maps(q, odd, bf16=True, rows=64, encoder=fake_encoder([]))
+
+
 def test_launch_without_a_driver_keeps_cp_async(monkeypatch):
     """No driver encoder (CPU machines, old drivers): the launch's maps are None, so it takes
     the cp.async variant."""
