@@ -45,6 +45,9 @@ class BackwardLaunchable(Protocol):
     @property
     def shape(self) -> AttentionShape: ...
 
+    @property
+    def sm90_tile_rows(self) -> int: ...
+
     def backward_queues(self, block_m: int = 64,
                         block_n: tuple[int, int] | None = None) -> Any: ...
 
@@ -58,28 +61,31 @@ def dq_block_n(head_dim: int, cc: int) -> int | None:
 
 
 # Rows of a Hopper backward task: two warpgroups of 64 (a key tile's K and V, or a query tile's
-# Q and dO, read by both from shared memory).
+# Q and dO, read by both from shared memory); one for masks of small blocks (sm90_tile_rows).
 SM90_BLOCK_M = 128
 
 
 def backward_kernels(cc: int, head_dim: int, bf16: bool, portable: bool | None = None,
-                     deterministic: bool | None = None, tma: bool = False
-                     ) -> tuple[Variant, Variant | None]:
+                     deterministic: bool | None = None, tma: bool = False,
+                     block_m: int = SM90_BLOCK_M) -> tuple[Variant, Variant | None]:
     """The backward pass's (dK/dV, dQ) kernels on compute capability ``cc``: the Hopper family
     on sm_90 (unless ``portable``; None: ``config.portable_backward``), the portable one
     elsewhere. Their BM and BN are the queues' tile rows and steps. Unless ``deterministic``
     (None: ``config.deterministic_backward``) the Hopper dK/dV kernel sums dQ by atomics and
     there is no dQ kernel (None). ``tma``: the Hopper kernels copy their chunks by TMA (the
-    launch passes the tensor maps)."""
+    launch passes the tensor maps). ``block_m``: the Hopper kernels' task rows, 128 or 64
+    (a mask's ``sm90_tile_rows``); dQ by atomics at head dim 128 takes 128."""
     portable = config.portable_backward if portable is None else portable
     deterministic = config.deterministic_backward if deterministic is None else deterministic
     if cc == 90 and not portable:
+        if not deterministic and head_dim == 128:
+            block_m = SM90_BLOCK_M  # its two warpgroups split dQ's columns
         dkdv = Variant.bwd_sm90("bsa_bwd_dkdv_sm90", head_dim=head_dim, bf16=bf16,
-                                block_m=SM90_BLOCK_M, atomic_dq=not deterministic, tma=tma)
+                                block_m=block_m, atomic_dq=not deterministic, tma=tma)
         if not deterministic:
             return dkdv, None
         return dkdv, Variant.bwd_sm90("bsa_bwd_dq_sm90", head_dim=head_dim, bf16=bf16,
-                                      block_m=SM90_BLOCK_M, tma=tma)
+                                      block_m=block_m, tma=tma)
     return (Variant.bwd_sm80("bsa_bwd_dkdv_sm80", head_dim=head_dim, bf16=bf16),
             Variant.bwd_sm80("bsa_bwd_dq_sm80", head_dim=head_dim, bf16=bf16,
                              block_n=dq_block_n(head_dim, cc)))
@@ -160,9 +166,10 @@ def _launch(p: BackwardLaunchable, ops: Operands, o_desc: Any, do_desc: Any, lse
     cc = device_cc()
     # The chunk operands' tensor maps (dK/dV: Q and dO; dQ: K and V), or None where TMA cannot
     # read them: then the cp.async kernels.
+    rows = p.sm90_tile_rows if cc == 90 else SM90_BLOCK_M
     maps = None
     if cc == 90 and config.use_tma and not config.portable_backward:
-        dkdv_tma, dq_tma = backward_kernels(cc, d, bf16, tma=True)
+        dkdv_tma, dq_tma = backward_kernels(cc, d, bf16, tma=True, block_m=rows)
         kv_rows = dkdv_tma.macro("BN")
         maps = _chunk_maps((ops.q.ptr, ops.shape_q, tuple(ops.strides_q)),
                            (do_desc.ptr, ops.shape_q,
@@ -170,7 +177,7 @@ def _launch(p: BackwardLaunchable, ops: Operands, o_desc: Any, do_desc: Any, lse
                            (ops.k.ptr, ops.shape_kv, tuple(ops.strides_k)),
                            (ops.v.ptr, ops.shape_kv, tuple(ops.strides_v)), bf16, kv_rows,
                            (dq_tma or dkdv_tma).macro("BN"))
-    dkdv_variant, dq_variant = backward_kernels(cc, d, bf16, tma=maps is not None)
+    dkdv_variant, dq_variant = backward_kernels(cc, d, bf16, tma=maps is not None, block_m=rows)
     block_m = dkdv_variant.macro("BM")
     # (With dQ by atomics the query-major queue is planned but not walked.)
     block_n = ((dq_variant or dkdv_variant).macro("BN"), dkdv_variant.macro("BN"))

@@ -224,19 +224,28 @@ class Variant:
     def bwd_sm90(cls, kernel: str, *, head_dim: int, bf16: bool, block_m: int = 128,
                  block_n: int = 64, atomic_dq: bool = False, tma: bool = False) -> "Variant":
         """A kernel of the Hopper backward (sm90/bwd_*.cu, sm_90a only): 64 rows a warpgroup,
-        ``block_m`` rows a task, ``block_n`` columns a step, three stages of chunks copied by
-        cp.async or, with ``tma``, by TMA (a chunk's last product runs into the next chunk).
-        ``kernel`` is one of :data:`SM90_BACKWARD_KERNELS`. ``atomic_dq`` (the dK/dV kernel
-        only): it also sums dQ into float32 by atomic adds, and no dQ kernel runs."""
+        ``block_m`` rows a task (128, or 64 for masks of 64-token blocks), ``block_n`` columns a
+        step, stages of chunks copied by cp.async or, with ``tma``, by TMA: three (a chunk's
+        last product runs into the next chunk), or two for 64-row tasks at head dim 128, whose
+        shared memory then fits two CTAs an SM. ``kernel`` is one of
+        :data:`SM90_BACKWARD_KERNELS`. ``atomic_dq`` (the dK/dV kernel only): it also sums dQ
+        into float32 by atomic adds, and no dQ kernel runs (at head dim 128 in 128-row tasks
+        only, whose two warpgroups split dQ's columns)."""
         if kernel not in SM90_BACKWARD_KERNELS:
             raise ValueError(f"the Hopper backward has {', '.join(SM90_BACKWARD_KERNELS)}, got "
                              f"{kernel!r}")
+        if block_m not in (64, 128):
+            raise ValueError(f"block_m must be 64 or 128 (a warpgroup or two), got {block_m!r}")
         if atomic_dq and kernel != "bsa_bwd_dkdv_sm90":
             raise ValueError("atomic_dq is a variant of the dK/dV kernel (bsa_bwd_dkdv_sm90)")
+        if atomic_dq and head_dim == 128 and block_m != 128:
+            raise ValueError("dQ by atomics at head dim 128 takes 128-row tasks (block_m=128)")
+        small = block_m == 64
         return cls(BACKWARD_SOURCES[kernel], kernel, (
-            ("BM", block_m), ("BN", block_n), ("D", head_dim), ("STAGES", 3),
-            ("BF16", int(bf16))) + ((("ATOMIC_DQ", 1),) if atomic_dq else ())
-            + ((("TMA", 1),) if tma else ()))
+            ("BM", block_m), ("BN", block_n), ("D", head_dim),
+            ("STAGES", 2 if small and head_dim == 128 else 3), ("BF16", int(bf16)))
+            + ((("MIN_BLOCKS", 2),) if small else ())
+            + ((("ATOMIC_DQ", 1),) if atomic_dq else ()) + ((("TMA", 1),) if tma else ()))
 
     @classmethod
     def bwd_delta(cls, *, head_dim: int, bf16: bool) -> "Variant":

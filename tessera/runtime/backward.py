@@ -41,7 +41,8 @@ from .regime.choice import RegimeChoice
 from .regime.value import Regime
 from .tasks import NEVER_SPLIT_RATIO
 
-__all__ = ["BackwardQueues", "BackwardPlan", "backward_regime", "backward_queues"]
+__all__ = ["BackwardQueues", "BackwardPlan", "backward_regime", "backward_queues",
+           "sm90_tile_rows", "SM90_SMALL_BLOCK_TOKENS"]
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,14 @@ class BackwardPlan:
     shape: PlanShape
     launch_state: LaunchState = field(default_factory=LaunchState, repr=False)
     _queues: dict = field(default_factory=dict, repr=False)
+    _sm90_tile_rows: int | None = field(default=None, repr=False)
+
+    @property
+    def sm90_tile_rows(self) -> int:
+        """The Hopper kernels' task rows for this mask (:func:`sm90_tile_rows`), kept."""
+        if self._sm90_tile_rows is None:
+            self._sm90_tile_rows = sm90_tile_rows(self.mask)
+        return self._sm90_tile_rows
 
     def backward_queues(self, block_m: int = 64, block_n: tuple[int, int] | None = None
                         ) -> BackwardQueues:
@@ -114,9 +123,25 @@ class BackwardPlan:
         return got
 
 
+# The Hopper backward's task rows where the mask's blocks are this small (median, on both axes):
+# 64 (one warpgroup, two CTAs an SM) rather than 128. A 128-row task would hold two blocks whose
+# spans differ, computing about twice the useful pairs (docs/decisions.md, Backward).
+SM90_SMALL_BLOCK_TOKENS = 64
+
+
+def sm90_tile_rows(mask: BlockMask) -> int:
+    """Rows of a Hopper backward task for ``mask``: 64 where its median query and key blocks
+    are both at most :data:`SM90_SMALL_BLOCK_TOKENS` tokens (the 64-token blocks of top-k and
+    VSA-style masks), else 128."""
+    q = float(np.median(np.diff(mask.q_bounds)))
+    kv = float(np.median(np.diff(mask.kv_bounds)))
+    return 64 if max(q, kv) <= SM90_SMALL_BLOCK_TOKENS else 128
+
+
 def backward_regime(block_m: int, block_n: int) -> Regime:
     """The regime the backward queues are organized with: ``block_m``-row tiles (64: the
-    portable kernels', 128: the Hopper kernels'), ``block_n``-wide steps (what the costs
+    portable kernels' and the Hopper kernels' for small blocks, 128: the Hopper kernels'
+    otherwise), ``block_n``-wide steps (what the costs
     count), no merged rows (a key tile is then the same for every query head of a group), no
     splits."""
     return Regime(family="sm80", block_m=block_m, block_n=block_n, num_warps=block_m // 16,

@@ -276,11 +276,19 @@ class Plan:
         (``runtime.backward``): planned at the first call (by the planner kernels without a
         synchronization where they apply, else on the host), then kept until the plan takes
         another mask."""
+        return self._backward_plan().backward_queues(block_m, block_n)
+
+    @property
+    def sm90_tile_rows(self) -> int:
+        """Rows of this mask's Hopper backward tasks (``runtime.backward.sm90_tile_rows``)."""
+        return self._backward_plan().sm90_tile_rows
+
+    def _backward_plan(self) -> BackwardPlan:
         if self._backward is None:
             shape = checked_shape(self.mask, self.num_q_heads, self.num_kv_heads, self.head_dim,
                                   self.head_dim_v, self.batch, self.dtype, self.layout)
             self._backward = BackwardPlan(self.mask, shape, self.launch_state)
-        return self._backward.backward_queues(block_m, block_n)
+        return self._backward
 
     def run_backward(self, q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, *,
                      scale: float | None = None) -> tuple[Any, Any, Any]:

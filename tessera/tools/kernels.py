@@ -92,9 +92,11 @@ def variants_in_use(targets: tuple[str, ...] = tuple(_ARCHES.values()), *,
                 found.add((target, Variant.bwd_dq_convert(head_dim=d, bf16=b)))
                 for portable in ((False, True) if arch == 90 else (False,)):
                     for det in (False, True):
-                        for tma in ((False, True) if arch == 90 and not portable else (False,)):
-                            found.update((target, v) for v in backward_kernels(
-                                arch, d, b, portable, det, tma) if v)
+                        hopper = arch == 90 and not portable
+                        for tma in ((False, True) if hopper else (False,)):
+                            for rows in ((128, 64) if hopper else (128,)):
+                                found.update((target, v) for v in backward_kernels(
+                                    arch, d, b, portable, det, tma, rows) if v)
     return sorted(found, key=lambda tv: (tv[0], tv[1].label))
 
 

@@ -526,26 +526,33 @@ def test_backward_kernels_compile_without_spills(target, kernel, d, tmp_path, mo
         assert variants.smem_bytes(v) <= limit
 
 
-SM90_BACKWARD = [(k, d, det) for k in variants.SM90_BACKWARD_KERNELS for d in HEAD_DIMS
-                 for det in (False, True) if det or k == "bsa_bwd_dkdv_sm90"]
+SM90_BACKWARD = [(k, d, det, tma, rows) for k in variants.SM90_BACKWARD_KERNELS
+                 for d in HEAD_DIMS for det in (False, True) for tma in (False, True)
+                 for rows in (128, 64) if det or k == "bsa_bwd_dkdv_sm90"]
 
 
-@pytest.mark.parametrize("kernel,d,deterministic", SM90_BACKWARD,
-                         ids=[f"{k}-d{d}-{'two-pass' if det else 'atomic'}"
-                              for k, d, det in SM90_BACKWARD])
-def test_sm90_backward_kernels_compile_without_spills(kernel, d, deterministic, tmp_path,
-                                                      monkeypatch):
-    """The Hopper backward (sm90/bwd_*.cu) at the launch's tile for sm_90 -- the dK/dV kernel
-    with dQ by atomics, and both kernels of the deterministic two passes -- builds for sm_90a
-    in both element types: no spills, no serialized wgmma (the loader refuses both), within
-    the per-block shared memory."""
+@pytest.mark.parametrize("kernel,d,deterministic,tma,rows", SM90_BACKWARD,
+                         ids=[f"{k}-d{d}-{'two-pass' if det else 'atomic'}-"
+                              f"{'tma' if tma else 'cp.async'}-bm{rows}"
+                              for k, d, det, tma, rows in SM90_BACKWARD])
+def test_sm90_backward_kernels_compile_without_spills(kernel, d, deterministic, tma, rows,
+                                                      tmp_path, monkeypatch):
+    """The Hopper backward (sm90/bwd_*.cu) at the launch's tiles for sm_90 -- the dK/dV kernel
+    with dQ by atomics, and both kernels of the deterministic two passes; chunks by cp.async
+    and by TMA; 128- and 64-row tasks -- builds for sm_90a in both element types: no spills,
+    no serialized wgmma (the loader refuses both), within the per-block shared memory, and
+    the 64-row tasks' two CTAs within an SM's."""
     from tessera.backward_launch import backward_kernels
 
     monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
     for bf16 in (True, False):
-        v = next(x for x in backward_kernels(90, d, bf16, deterministic=deterministic)
+        v = next(x for x in backward_kernels(90, d, bf16, deterministic=deterministic, tma=tma,
+                                             block_m=rows)
                  if x is not None and x.kernel == kernel)
         assert bool(dict(v.macros).get("ATOMIC_DQ")) == (not deterministic)
+        assert bool(dict(v.macros).get("TMA")) == tma
         res = loader.compile_variant(v, "sm_90a")
         assert res.spill_bytes == 0 and res.stack_bytes == 0 and res.registers <= 255
         assert variants.smem_bytes(v) <= 232448
+        if v.macro("BM") == 64:  # (dQ by atomics at head dim 128 keeps 128 rows)
+            assert 2 * (variants.smem_bytes(v) + 1024) <= 233472  # 1 KiB a CTA reserved

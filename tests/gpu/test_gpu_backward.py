@@ -147,15 +147,27 @@ def test_rows_and_keys_no_pair_selects_may_hold_inf(d, family):
 
 @pytest.mark.parametrize("d", [64, 96, 128])
 def test_uniform_and_variable_blocks_batched(d, family):
-    """128-token blocks at 30% and random variable blocks (32-256 tokens), batch 2, MHA and
-    GQA 3:1."""
+    """128- and 64-token blocks at 30% and random variable blocks (32-256 tokens, and 24-64:
+    the Hopper kernels' 64-row tasks, partial chunks), batch 2, MHA and GQA 3:1."""
+    from tessera.runtime.backward import sm90_tile_rows
+
     rng = np.random.default_rng(d)
     uniform = BlockMask.from_dense(rng.random((2, 2, 8, 8)) < 0.3, block_size=128)
     _backward_case(uniform, b=2, hq=2, hkv=2, d=d, seed=1)
-    bounds = lambda: np.concatenate([[0], np.cumsum(rng.integers(32, 257, 9))])  # noqa: E731
-    variable = BlockMask.from_dense(rng.random((2, 1, 9, 9)) < 0.3, q_bounds=bounds(),
-                                    kv_bounds=bounds())
+    small = BlockMask.from_dense(rng.random((2, 2, 12, 12)) < 0.3, block_size=64)
+    assert sm90_tile_rows(small) == 64
+    _backward_case(small, b=2, hq=2, hkv=2, d=d, seed=3)
+
+    def bounds(lo, hi, n):
+        return np.concatenate([[0], np.cumsum(rng.integers(lo, hi + 1, n))])
+
+    variable = BlockMask.from_dense(rng.random((2, 1, 9, 9)) < 0.3, q_bounds=bounds(32, 256, 9),
+                                    kv_bounds=bounds(32, 256, 9))
     _backward_case(variable, b=2, hq=3, hkv=1, d=d, seed=2)
+    short = BlockMask.from_dense(rng.random((2, 1, 14, 14)) < 0.4, q_bounds=bounds(24, 64, 14),
+                                 kv_bounds=bounds(24, 64, 14))
+    assert sm90_tile_rows(short) == 64
+    _backward_case(short, b=2, hq=3, hkv=1, d=d, seed=4)
 
 
 @pytest.mark.parametrize("d", [64, 128])

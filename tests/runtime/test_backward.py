@@ -205,3 +205,44 @@ def test_dq_summed_by_the_key_major_tasks_is_the_references(hq, hkv, mask_heads)
         assert (got.dq_writers[..., 128:150] == 0).all() and (got.dq_writers[..., :70] > 0).all()
         for g, w in zip((got.dq, got.dk, got.dv), want):
             np.testing.assert_allclose(g, w, rtol=0, atol=1e-10 * max(1.0, np.abs(w).max()))
+
+
+@pytest.mark.parametrize("q_block,kv_block,rows", [(64, 64, 64), (128, 128, 128), (64, 128, 128),
+                                                   (48, 64, 64)])
+def test_hopper_tasks_take_64_rows_for_masks_of_small_blocks(q_block, kv_block, rows):
+    """64-row Hopper backward tasks where both axes' median block is at most 64 tokens (a
+    128-row task would hold two blocks whose spans differ), else 128; a plan and a one-off
+    backward plan agree."""
+    from tessera.runtime.backward import BackwardPlan, sm90_tile_rows
+
+    rng = np.random.default_rng(q_block + kv_block)
+    m = BlockMask.from_dense(rng.random((1, 8, 8)) < 0.5, q_bounds=np.arange(9) * q_block,
+                             kv_bounds=np.arange(9) * kv_block)
+    assert sm90_tile_rows(m) == rows
+    p = tessera.plan(m, num_q_heads=2, head_dim=64)
+    assert p.sm90_tile_rows == rows
+    shape = checked_shape(m, 2, 2, 64, 64, 1, "bfloat16", "bhld")
+    assert BackwardPlan(m, shape).sm90_tile_rows == rows
+
+
+def test_the_hopper_backward_kernels_of_each_tile():
+    """backward_kernels: 64- or 128-row Hopper tasks as asked, except dQ by atomics at head dim
+    128 (its two warpgroups split dQ's columns); the portable kernels keep theirs."""
+    from tessera.backward_launch import backward_kernels
+    from tessera.cuda.variants import Variant
+
+    for d in (64, 96, 128):
+        for det in (True, False):
+            for rows in (64, 128):
+                got = [v for v in backward_kernels(90, d, True, False, det, block_m=rows) if v]
+                want = 128 if not det and d == 128 else rows
+                assert [v.macro("BM") for v in got] == [want] * (2 if det else 1)
+                assert all(v.macro("STAGES") == (2 if want == 64 and d == 128 else 3)
+                           for v in got)
+    portable = backward_kernels(80, 128, True, block_m=128)
+    assert [v.macro("BM") for v in portable] == [64, 64]
+    with pytest.raises(ValueError, match="block_m must be 64 or 128"):
+        Variant.bwd_sm90("bsa_bwd_dq_sm90", head_dim=64, bf16=True, block_m=192)
+    with pytest.raises(ValueError, match="128-row tasks"):
+        Variant.bwd_sm90("bsa_bwd_dkdv_sm90", head_dim=128, bf16=True, block_m=64,
+                         atomic_dq=True)

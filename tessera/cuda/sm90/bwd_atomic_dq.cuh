@@ -17,7 +17,8 @@ namespace {
 constexpr bool DQ_COLUMN_SPLIT = D == 128;
 constexpr int DQ_N = DQ_COLUMN_SPLIT ? D / WGS : D;  // a warpgroup's dQ columns
 constexpr int DQ_KEYS = DQ_COLUMN_SPLIT ? BM : 64;   // the keys its partial sums
-static_assert(!DQ_COLUMN_SPLIT || (WGS == 2 && SW == 128), "one swizzle chunk a warpgroup");
+static_assert(!Config::ATOMIC_DQ || !DQ_COLUMN_SPLIT || (WGS == 2 && SW == 128),
+              "one swizzle chunk a warpgroup (head dim 128: 128-row tasks)");
 
 // dS^T's fragments (the A fragments fragments() made: key rows g and g + 8 of the warp's 16,
 // query columns 16 kk + 2 t (+1) and + 8) into rows of the tile (BM keys of BN queries, the

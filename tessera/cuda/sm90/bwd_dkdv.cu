@@ -96,8 +96,8 @@ bsa_bwd_dkdv_sm90(TESSERA_BWD_PARAMS) {
 
   for (int c = 0; walk.more(se); ++c) {
     // Chunk c (and with the first, K and V) has landed for every thread, its rows past the
-    // span zeroed where TMA copied them (dK and dV multiply them by zero weights); chunk c - 2's
-    // stage is free (c - 1's may still be read by its dK).
+    // span zeroed where TMA copied them (dK and dV multiply them by zero weights); chunk
+    // c + 1 - STAGES's stage is free (with three stages c - 1's may still be read by its dK).
     wait_for_chunk<2>(tiles, c, walk.k1 - walk.kpos, tid);
     if (load_walk.more(se)) {
       load_chunk((c + 1) % STAGES);
@@ -153,6 +153,11 @@ bsa_bwd_dkdv_sm90(TESSERA_BWD_PARAMS) {
       float* rows = dq_sums + ((i64)b * num_q_heads + h0 + hl) * seq_q * D;
       add_partial_dq(rows, dq, walk.kpos - hl * seq_q, walk.k1 - hl * seq_q, wg, warp % 4, g,
                      t);
+    }
+    if constexpr (!LAST_IN_FLIGHT) {  // (two stages) the next copy overwrites this chunk's
+      wgmma_wait<0>();
+      wgmma_hold<D / 2>(&dv[0][0]);
+      wgmma_hold<D / 2>(&dk[0][0]);
     }
     walk.next(spans, se);
   }

@@ -83,6 +83,10 @@ bsa_bwd_dq_sm90(TESSERA_BWD_PARAMS) {
     score_gradients(s, dp, rows.delta);
     fragments(w, s);
     issue_weights_times_chunk(dq, w, ks);     // dQ += dS K
+    if constexpr (!LAST_IN_FLIGHT) {  // (two stages) the next copy overwrites this chunk's
+      wgmma_wait<0>();
+      wgmma_hold<D / 2>(&dq[0][0]);
+    }
     walk.next(spans, se);
   }
   if (walked) {  // the last chunk's dQ (none in flight for a task with no spans)

@@ -31,9 +31,9 @@ __device__ __forceinline__ void tma_load_chunk(u32 tile, const void* map, int ro
     tma_load_4d(tile + (u32)(p * BN_ * SW), map, p * SW / 2, row0, head, b, bar);
 }
 
-// Zeroes rows `from` .. ROWS - 1 of the TILES tiles from `tile` on, TILE_BYTES apart (every
+// Zeroes rows `from` .. ROWS - 1 of the TILES tiles from `tile` on, APART apart (every
 // thread of the CTA, NT_ of them).
-template <int ROWS, int NT_, int TILES, int TILE_BYTES>
+template <int ROWS, int NT_, int TILES, int APART>
 __device__ __forceinline__ void zero_rows(u32 tile, int from, int tid) {
   constexpr int CPR = D / 8;  // 16-byte pieces a row
   constexpr int STEP = NT_ / CPR;  // rows zeroed at once; a thread keeps its piece of each
@@ -42,7 +42,7 @@ __device__ __forceinline__ void zero_rows(u32 tile, int from, int tid) {
     const u32 at = tile + tile_offset<ROWS>(r, tid % CPR);
 #pragma unroll
     for (int t = 0; t < TILES; ++t)
-      asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(at + (u32)(t * TILE_BYTES)),
+      asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(at + (u32)(t * APART)),
                    "r"(0) : "memory");
   }
 }

@@ -1,8 +1,8 @@
 // The Hopper backward's matrix steps and tiles (sm90/bwd_dq.cu, sm90/bwd_dkdv.cu): warpgroup MMA
 // (wgmma) reading every operand but P and dS straight from swizzled shared memory (layout.cuh),
-// three stages of chunks copied by cp.async or (Config::TMA) by TMA. Each warpgroup issues its
-// own products (a 64-row slice of the tile) and waits only for its own; one CTA barrier a chunk
-// hands the stages over.
+// two or three stages of chunks copied by cp.async or (Config::TMA) by TMA. Each warpgroup
+// issues its own products (a 64-row slice of the tile) and waits only for its own; one CTA
+// barrier a chunk hands the stages over.
 //
 // Shared memory (dynamic, 1 KiB of slack to align the tiles): two resident tiles of BM x D,
 // then STAGES x {two chunk tiles of BN x D}, then (Config::ATOMIC_DQ) dS^T's tile of BM x BN,
@@ -28,9 +28,11 @@ constexpr int DS_BYTES = Config::ATOMIC_DQ ? BM * BN * 2 : 0;
 // a product would multiply them by a zero weight (wait_for_chunk: 0 x Inf is NaN).
 constexpr bool TMA = Config::TMA != 0;
 static_assert(BM % 64 == 0 && BN % 64 == 0, "64 rows a warpgroup, 64-wide steps");
-// Chunk c + 1 loads while chunk c computes and chunk c - 1's last product (dK or dQ, left in
-// flight into chunk c) may still read its stage.
-static_assert(STAGES == 3, "chunks c - 1, c and c + 1 in shared memory at once");
+// Chunk c + 1 loads while chunk c computes. With three stages chunk c - 1's last product (dK
+// or dQ) is left in flight into chunk c, still reading its stage; with two (64-row tasks at
+// head dim 128, two CTAs an SM) every chunk waits for its products before the next barrier.
+static_assert(STAGES == 2 || STAGES == 3, "two or three stages");
+constexpr bool LAST_IN_FLIGHT = STAGES == 3;
 static_assert(RESIDENT_BYTES % 1024 == 0 && CHUNK_BYTES % 1024 == 0, "tiles 1024-byte aligned");
 static_assert(NT >= 2 * BN, "a thread for each of a chunk's LSE and Delta values");
 using Walk = ChunkWalk<BN>;
