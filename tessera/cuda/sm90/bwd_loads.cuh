@@ -31,7 +31,7 @@ __device__ __forceinline__ void tma_load_chunk(u32 tile, const void* map, int ro
     tma_load_4d(tile + (u32)(p * BN_ * SW), map, p * SW / 2, row0, head, b, bar);
 }
 
-// Zeroes rows `from` .. ROWS - 1 of the TILES tiles from `tile` on, APART apart (every
+// Zeroes rows `from` .. ROWS - 1 of the TILES tiles from `tile` on, APART bytes apart (every
 // thread of the CTA, NT_ of them).
 template <int ROWS, int NT_, int TILES, int APART>
 __device__ __forceinline__ void zero_rows(u32 tile, int from, int tid) {
