@@ -10,8 +10,8 @@ the device (planning + launches + kernels every call; a kept plan replanned wher
 was chosen by the geometry); "captured request" replays
 that request captured into a CUDA graph (the planner's kernels and the attention kernel, no host
 work); "backward" times ``Plan.run_backward`` (its queues planned once) from the forward's output
-and LSE, "backward request" ``tessera.attention_backward`` (the queues planned on the host every
-call). Every timed call ends with a device synchronize so the wall-clock pytest-benchmark
+and LSE, "backward request" ``tessera.attention_backward`` (the queues planned every call: by
+the planner kernels, with no synchronization, for a mask on the device). Every timed call ends with a device synchronize so the wall-clock pytest-benchmark
 measures includes the GPU work.
 Useful FLOPs for a row = 4 * D * ``extra_info["useful_pairs"]``.
 
