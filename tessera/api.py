@@ -96,7 +96,7 @@ def attention_backward(q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any,
     ``[B, Hq, Lq]``, contiguous. Gradients come back in the caller's type and layout, q's dtype.
     Every gradient row is written by one task (bitwise repeatable); with
     ``tessera.config.deterministic_backward`` off the Hopper kernels sum dQ by float32 atomics
-    instead (fewer products; its order varies between runs). A device mask's backward queues
+    instead (its order varies between runs). A device mask's backward queues
     are planned on the device without a synchronization (a host mask's on the host); a plan
     for a static mask keeps them (:meth:`Plan.run_backward`).
     """

@@ -38,9 +38,9 @@ class Settings:
         deterministic_backward: the backward pass computes dQ in a pass of its own, each row
             by one task (no floating-point atomics: bitwise repeatable); False: the Hopper
             kernels sum it by float32 atomics during the dK/dV pass instead (fewer matrix
-            products; the sum's order varies between runs; not yet run on a GPU, hence not the
-            default: docs/decisions.md, "Backward"). The portable kernels always take one pass
-            each.
+            products, yet slower on the H100 than the two passes with TMA copies; the sum's
+            order varies between runs: docs/decisions.md, "Backward"). The portable kernels
+            always take one pass each.
         request_plans_kept: sync-free plans ``tessera.attention`` keeps for the next request of
             the same geometry, shapes and stream (least recently used dropped first); 0 plans
             every request anew.
