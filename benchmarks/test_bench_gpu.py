@@ -6,13 +6,14 @@ forward's and the backward's.
 
 Marked ``gpu`` (skipped without one). Inputs are CuPy fp16 (no PyTorch needed). "kernel" times
 ``Plan.run`` of a plan made once; "request" times ``tessera.attention`` with the mask already on
-the device (planning + launches + kernels every call; a kept plan replanned where the regime
-was chosen by the geometry); "captured request" replays
-that request captured into a CUDA graph (the planner's kernels and the attention kernel, no host
-work); "backward" times ``Plan.run_backward`` (its queues planned once) from the forward's output
-and LSE, "backward request" ``tessera.attention_backward`` (the queues planned every call: by
-the planner kernels, with no synchronization, for a mask on the device). Every timed call ends with a device synchronize so the wall-clock pytest-benchmark
-measures includes the GPU work.
+the device (planning + launches + kernels every call; a kept plan replanned where the regime was
+chosen by the geometry); "captured request" replays that request captured into a CUDA graph (the
+planner's kernels and the attention kernel, no host work); "backward" times ``Plan.run_backward``
+(its queues planned once) from the forward's output and LSE, "forward+backward" the forward that
+saves its LSE and then that, "backward request" ``tessera.attention_backward`` (the queues planned
+every call: by the planner kernels, with no synchronization, for a mask on the device). Every timed
+call ends with a device synchronize so the wall-clock pytest-benchmark measures includes the GPU
+work.
 Useful FLOPs for a row = 4 * D * ``extra_info["useful_pairs"]``.
 
 Run on the H200: figures in benchmarks/RESULTS.md.
@@ -104,6 +105,25 @@ def test_backward(benchmark, shape, family):
     p.run_backward(q, k, v, out, lse, dout)  # (plans the backward queues)
     benchmark.extra_info.update(useful_pairs=int(mask.selected_pairs(1, q.shape[1]).sum()))
     benchmark(lambda: (p.run_backward(q, k, v, out, lse, dout), sync()))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_forward_backward(benchmark, shape, family):
+    import cupy as cp
+
+    q, k, v, mask, p = _case(shape, family)
+    sync = cp.cuda.Device().synchronize
+    out, lse = p.run(q, k, v, return_lse=True)
+    dout = cp.ones_like(out)
+    p.run_backward(q, k, v, out, lse, dout)  # (plans the backward queues)
+
+    def step():
+        o, m = p.run(q, k, v, return_lse=True)
+        return p.run_backward(q, k, v, o, m, dout)
+
+    benchmark.extra_info.update(useful_pairs=int(mask.selected_pairs(1, q.shape[1]).sum()))
+    benchmark(lambda: (step(), sync()))
 
 
 @pytest.mark.parametrize("family", FAMILIES)
