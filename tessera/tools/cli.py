@@ -19,6 +19,7 @@ import tessera
 
 from .._array import cupy_or_none
 from ..backward_launch import backward_kernels
+from ..runtime.backward import SM90_SMALL_BLOCK_TOKENS
 from ..cuda import device
 from ..cuda.loader import CI_TARGETS, cache_dir, nvrtc_version, target_for
 from ..cuda.tma import driver_encodes_maps
@@ -72,9 +73,12 @@ def _backward_line(cc: int | None) -> str:
         return "the sm90 kernels on sm_90, the portable ones elsewhere (no GPU here)"
     dkdv, _ = backward_kernels(cc, 128, True)
     family = "sm90 (wgmma)" if dkdv.source.startswith("sm90/") else "sm80 (mma.sync)"
-    return (f"the {family} kernels on this GPU ({dkdv.macro('BM')}-row tasks"
-            + ("; dQ by atomics with config.deterministic_backward off; "
-               "config.portable_backward forces the sm80 ones)" if cc == 90 else ")"))
+    if cc != 90:
+        return f"the {family} kernels on this GPU ({dkdv.macro('BM')}-row tasks)"
+    return (f"the {family} kernels on this GPU ({dkdv.macro('BM')}-row tasks, 64 for masks of "
+            f"blocks up to {SM90_SMALL_BLOCK_TOKENS} tokens; chunks by TMA with config.use_tma "
+            "where the operands allow; dQ by atomics with config.deterministic_backward off; "
+            "config.portable_backward forces the sm80 ones)")
 
 
 def info() -> int:

@@ -28,6 +28,8 @@ def test_info_names_the_backward_kernels_of_a_gpu():
 
     assert cli._backward_line(90).startswith("the sm90 (wgmma) kernels on this GPU (128-row")
     assert "portable_backward" in cli._backward_line(90)
+    assert "64 for masks of blocks up to 64 tokens" in cli._backward_line(90)
+    assert "chunks by TMA" in cli._backward_line(90)
     assert cli._backward_line(86) == "the sm80 (mma.sync) kernels on this GPU (64-row tasks)"
 
 
