@@ -300,8 +300,10 @@ class _DrawnTopK(M.TopKCubes):
     from them)."""
 
     def _family_mask(self, geo, q, k, ordered):
-        g = torch.Generator(device=q.device).manual_seed(0)
-        drawn = [torch.randn(x.shape, generator=g, device=x.device).to(x.dtype) for x in (q, k)]
+        import cupy as cp
+
+        rs = cp.random.RandomState(0)
+        drawn = [rs.standard_normal(tuple(x.shape), dtype=cp.float32) for x in (q, k)]
         return super()._family_mask(geo, *drawn, ordered)
 
 
