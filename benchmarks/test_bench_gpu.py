@@ -93,47 +93,41 @@ def test_captured_request(benchmark, shape, family):
     tessera.release_captured_memory()  # (the graph is never launched again)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("shape", SHAPES)
-def test_backward(benchmark, shape, family):
+def _backward_case(benchmark, shape: str, family: str):
+    """One cell's operands, the forward's out and LSE, a dout, and the device synchronize each
+    timed call ends with; the useful pairs recorded."""
     import cupy as cp
 
     q, k, v, mask, p = _case(shape, family)
-    sync = cp.cuda.Device().synchronize
     out, lse = p.run(q, k, v, return_lse=True)
     dout = cp.ones_like(out)
-    p.run_backward(q, k, v, out, lse, dout)  # (plans the backward queues)
     benchmark.extra_info.update(useful_pairs=int(mask.selected_pairs(1, q.shape[1]).sum()))
+    return (q, k, v, mask, p), (out, lse, dout), cp.cuda.Device().synchronize
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_backward(benchmark, shape, family):
+    (q, k, v, _, p), (out, lse, dout), sync = _backward_case(benchmark, shape, family)
+    p.run_backward(q, k, v, out, lse, dout)  # (plans the backward queues)
     benchmark(lambda: (p.run_backward(q, k, v, out, lse, dout), sync()))
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("shape", SHAPES)
 def test_forward_backward(benchmark, shape, family):
-    import cupy as cp
-
-    q, k, v, mask, p = _case(shape, family)
-    sync = cp.cuda.Device().synchronize
-    out, lse = p.run(q, k, v, return_lse=True)
-    dout = cp.ones_like(out)
+    (q, k, v, _, p), (out, lse, dout), sync = _backward_case(benchmark, shape, family)
     p.run_backward(q, k, v, out, lse, dout)  # (plans the backward queues)
 
     def step():
         o, m = p.run(q, k, v, return_lse=True)
         return p.run_backward(q, k, v, o, m, dout)
 
-    benchmark.extra_info.update(useful_pairs=int(mask.selected_pairs(1, q.shape[1]).sum()))
     benchmark(lambda: (step(), sync()))
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("shape", SHAPES)
 def test_backward_request(benchmark, shape, family):
-    import cupy as cp
-
-    q, k, v, mask, p = _case(shape, family)
-    sync = cp.cuda.Device().synchronize
-    out, lse = p.run(q, k, v, return_lse=True)
-    dout = cp.ones_like(out)
-    benchmark.extra_info.update(useful_pairs=int(mask.selected_pairs(1, q.shape[1]).sum()))
+    (q, k, v, mask, _), (out, lse, dout), sync = _backward_case(benchmark, shape, family)
     benchmark(lambda: (tessera.attention_backward(q, k, v, out, lse, dout, mask), sync()))

@@ -55,7 +55,7 @@ struct Tiles {
   }
 };
 
-// (TMA) Stage st's barriers set up by one thread; the CTA barrier that follows makes them
+// (TMA) The stages' barriers set up by one thread; the CTA barrier that follows makes them
 // visible before any thread waits on one or a copy completes on one.
 __device__ __forceinline__ void init_stage_barriers(const Tiles& tiles, int tid) {
   if (TMA && tid == 0)
