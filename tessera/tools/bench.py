@@ -402,6 +402,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backward", action="store_true",
                     help="the backward pass against FlexAttention's, cuDNN BSA's and "
                          "FlashAttention-4's (see tessera.tools.bench_backward)")
+    ap.add_argument("--kv-heads", type=positive_int, default=None,
+                    help="(--backward) GQA: kv heads, dividing the query heads (default: MHA)")
+    ap.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16",
+                    help="(--backward) the inputs' element type (default bfloat16)")
     ap.add_argument("--distributed", action="store_true",
                     help="sequence-parallel attention over the GPUs of a torchrun launch "
                          "(cases: random-10, mixed-heads; see tessera.tools.bench_distributed)")
@@ -412,8 +416,15 @@ def main(argv: list[str] | None = None) -> int:
         if s not in WORKLOADS:
             ap.error(f"unknown shape {s!r}; choose from {', '.join(WORKLOADS)}")
     if args.backward and (args.regime or args.png or args.host_mask or args.distributed):
-        ap.error("--backward takes --shape, --case, --family, --heads, --reps, --rounds, "
-                 "--no-flex and --json")
+        ap.error("--backward takes --shape, --case, --family, --heads, --kv-heads, --dtype, "
+                 "--reps, --rounds, --no-flex and --json")
+    if not args.backward and (args.kv_heads or args.dtype != "bfloat16"):
+        ap.error("--kv-heads and --dtype are options of --backward")
+    if args.kv_heads:
+        for s in shapes:
+            h = args.heads or WORKLOADS[s].heads
+            if h % args.kv_heads:
+                ap.error(f"--kv-heads {args.kv_heads} does not divide {s}'s {h} query heads")
     if args.distributed:
         if args.family or args.regime or args.png or args.host_mask:
             ap.error("--distributed takes --shape, --case, --reps and --json only")
@@ -449,7 +460,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if args.backward:
         rows = bench_backward.run(shapes, cases + families, case_blocks, heads=args.heads,
-                                  rounds=args.rounds, reps=args.reps, flex=not args.no_flex)
+                                  rounds=args.rounds, reps=args.reps, flex=not args.no_flex,
+                                  kv_heads=args.kv_heads, dtype=args.dtype)
         print(bench_backward.table(rows))
         if args.json:
             with open(args.json, "w") as f:

@@ -49,11 +49,18 @@ MaskMaker = Callable[[str, str, int], tuple[Any, Any, Any]]
 
 
 def run(shapes: list[str], cases: list[str], make_mask: MaskMaker, *, heads: int | None = None,
-        rounds: int = 8, reps: int = 10, batch: int = 1, flex: bool = True) -> list[dict]:
+        rounds: int = 8, reps: int = 10, batch: int = 1, flex: bool = True,
+        kv_heads: int | None = None, dtype: str = "bfloat16") -> list[dict]:
     """Time Tessera's backward and every installed peer's (FlexAttention's unless ``flex`` is
     False) on each (shape, case); one dict of figures per pair (``<peer>_ms``,
-    ``bwd_vs_<peer>``, ``<peer>_fwdbwd_ms``, ...)."""
+    ``bwd_vs_<peer>``, ``<peer>_fwdbwd_ms``, ...). ``kv_heads``: GQA with that many kv heads
+    (None: MHA); ``dtype``: "bfloat16" or "float16" (cuDNN's backward takes MHA bf16 only,
+    so it sits out the others)."""
     import torch
+
+    if dtype not in ("bfloat16", "float16"):
+        raise ValueError(f"dtype must be 'bfloat16' or 'float16', got {dtype!r}")
+    element = getattr(torch, dtype)
 
     flex_fn = None
     try:
@@ -64,22 +71,29 @@ def run(shapes: list[str], cases: list[str], make_mask: MaskMaker, *, heads: int
     for shape in shapes:
         w = WORKLOADS[shape]
         h, d = heads or w.heads, w.head_dim
+        hkv = kv_heads or h
+        if h % hkv:
+            raise ValueError(f"kv_heads must divide the query heads ({h} on {shape}), got "
+                             f"{kv_heads}")
         for case in cases:
             blocks, qb, kb = make_mask(shape, case, h)
             length = int(qb[-1])
-            q, k, v, do = (torch.randn(batch, h, length, d, device="cuda", dtype=torch.bfloat16)
-                           for _ in range(4))
+            q, do = (torch.randn(batch, h, length, d, device="cuda", dtype=element)
+                     for _ in range(2))
+            k, v = (torch.randn(batch, hkv, length, d, device="cuda", dtype=element)
+                    for _ in range(2))
 
             def new_mask():
                 return tessera.BlockMask.from_dense(blocks, q_bounds=qb, kv_bounds=kb)
 
             m = new_mask()
             flops = BACKWARD_FLOPS * 4 * d * int(m.selected_pairs(batch, h).sum())
-            p = tessera.plan(m, num_q_heads=h, head_dim=d, batch=batch)
+            p = tessera.plan(m, num_q_heads=h, num_kv_heads=hkv, head_dim=d, batch=batch,
+                             dtype=dtype)
             out, lse = p.run(q, k, v, return_lse=True)
             ours = p.run_backward(q, k, v, out, lse, do)
             row = dict(shape=shape, case=case, density=round(m.density, 4), tokens=length,
-                       useful_tflop=flops / 1e12)
+                       useful_tflop=flops / 1e12, heads=h, kv_heads=hkv, dtype=dtype)
             found = _peers(q, k, v, do, ours, m, flex_fn, row, dense=case == "dense")
 
             def fwd_bwd():
@@ -130,6 +144,8 @@ def _grads(outputs: Any, inputs: tuple, do: Any) -> tuple:
 
 def _peers(q, k, v, do, ours, m, flex_fn, row: dict, dense: bool
            ) -> dict[str, tuple[Callable[[], Any], Callable[[], Any]]]:
+    import torch
+
     """Each installed peer's (backward, forward + backward) calls on mask ``m``, its gradients
     compared with Tessera's ``ours`` first: a peer further than PEER_TOLERANCE from them (the
     worst of dQ, dK, dV) is flagged in ``row`` (``<peer>_differs``), not returned."""
@@ -144,9 +160,10 @@ def _peers(q, k, v, do, ours, m, flex_fn, row: dict, dense: bool
         try:
             fm = peers.flex_block_mask(m, q.device, backward=True)
             opts = peers.flex_kernel_options(fm)
+            gqa = q.shape[1] != k.shape[1]
 
             def flex(*xs):
-                return flex_fn(*xs, block_mask=fm, kernel_options=opts)
+                return flex_fn(*xs, block_mask=fm, kernel_options=opts, enable_gqa=gqa)
 
             flex_out = flex(*leaves)
             if checked("flex", _grads(flex_out, leaves, do)):
@@ -157,7 +174,9 @@ def _peers(q, k, v, do, ours, m, flex_fn, row: dict, dense: bool
     if peers.cudnn_bsa_available():
         try:
             inputs = peers.cudnn_bsa_inputs(m, q.shape[0], q.shape[1], q.device, k.shape[1])
-            if inputs is not None and q.shape[-1] == 128 and q.shape[1] == k.shape[1]:
+            # (its sm90 backward: bf16, MHA, head dim 128)
+            if (inputs is not None and q.shape[-1] == 128 and q.shape[1] == k.shape[1]
+                    and q.dtype == torch.bfloat16):
                 oc, lc = peers.run_cudnn_bsa(q, k, v, inputs, return_lse=True)
                 if checked("cudnn_bsa", peers.run_cudnn_bsa_backward(q, k, v, oc, lc, do,
                                                                      inputs)):
@@ -196,15 +215,20 @@ def table(rows: list[dict]) -> str:
     """The figures as a fixed-width table: Tessera's backward (ms, useful TFLOP/s), the peers'
     and their ratios to it (above 1: Tessera is faster), forward + backward, the request."""
     nan = float("nan")
-    head = (f"{'shape':15} {'case':12} {'dens':>5} {'bwd':>7} {'TF/s':>5} {'alt':>7} "
+    head = (f"{'shape':22} {'case':12} {'dens':>5} {'bwd':>7} {'TF/s':>5} {'alt':>7} "
             f"{'x':>5} {'flex':>7} "
             f"{'x':>5} {'bsa':>7} {'x':>5} {'fa4':>7} {'x':>5} {'f+b':>7} {'flex x':>6} "
             f"{'bsa x':>6} {'request':>8}")
     out = [head]
     for r in rows:
         g = lambda key: r.get(key, nan)  # noqa: E731
+        shape = r["shape"]  # GQA's kv heads and fp16 marked
+        if r.get("kv_heads") not in (None, r.get("heads")):
+            shape += f"/kv{r['kv_heads']}"
+        if r.get("dtype") == "float16":
+            shape += "/fp16"
         out.append(
-            f"{r['shape']:15} {r['case']:12} {r['density']:5.2f} {r['tessera_ms']:7.3f} "
+            f"{shape:22} {r['case']:12} {r['density']:5.2f} {r['tessera_ms']:7.3f} "
             f"{r['tessera_tflops']:5.0f} {g('other_ms'):7.3f} "
             f"{g('other_vs_default'):5.2f} {g('flex_ms'):7.3f} {g('bwd_vs_flex'):5.2f} "
             f"{g('cudnn_bsa_ms'):7.3f} {g('bwd_vs_cudnn_bsa'):5.2f} {g('fa4_ms'):7.3f} "

@@ -25,6 +25,23 @@ def test_backward_takes_only_its_options(capsys):
         with pytest.raises(SystemExit):
             bench.main(["--backward", *extra])
         assert "--backward takes" in capsys.readouterr().err
+    for argv, said in ((["--kv-heads", "2"], "options of --backward"),
+                       (["--dtype", "float16"], "options of --backward"),
+                       (["--backward", "--shape", "wan-1.3b-480p", "--kv-heads", "5"],
+                        "does not divide wan-1.3b-480p's 12 query heads"),
+                       (["--backward", "--dtype", "float32"], "invalid choice")):
+        with pytest.raises(SystemExit):
+            bench.main(argv)
+        assert said in capsys.readouterr().err
+
+
+def test_table_marks_gqa_and_fp16_rows():
+    row = dict(shape="wan-1.3b-480p", case="random-10", density=0.1, tessera_ms=6.0,
+               tessera_tflops=300.0, tessera_fwdbwd_ms=9.0, tessera_request_ms=7.0, heads=12,
+               kv_heads=4, dtype="float16")
+    assert "wan-1.3b-480p/kv4/fp16" in bench_backward.table([row])
+    mha = dict(row, kv_heads=12, dtype="bfloat16")
+    assert bench_backward.table([mha]).splitlines()[1].split()[0] == "wan-1.3b-480p"
 
 
 @pytest.mark.gpu
