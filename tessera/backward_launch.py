@@ -164,9 +164,9 @@ def _launch(p: BackwardLaunchable, ops: Operands, o_desc: Any, do_desc: Any, lse
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     bf16 = ops.q.dtype == "bfloat16"
     cc = device_cc()
+    rows = p.sm90_tile_rows if cc == 90 else SM90_BLOCK_M
     # The chunk operands' tensor maps (dK/dV: Q and dO; dQ: K and V), or None where TMA cannot
     # read them: then the cp.async kernels.
-    rows = p.sm90_tile_rows if cc == 90 else SM90_BLOCK_M
     maps = None
     if cc == 90 and config.use_tma and not config.portable_backward:
         dkdv_tma, dq_tma = backward_kernels(cc, d, bf16, tma=True, block_m=rows)

@@ -141,9 +141,8 @@ def sm90_tile_rows(mask: BlockMask) -> int:
 def backward_regime(block_m: int, block_n: int) -> Regime:
     """The regime the backward queues are organized with: ``block_m``-row tiles (64: the
     portable kernels' and the Hopper kernels' for small blocks, 128: the Hopper kernels'
-    otherwise), ``block_n``-wide steps (what the costs
-    count), no merged rows (a key tile is then the same for every query head of a group), no
-    splits."""
+    otherwise), ``block_n``-wide steps (what the costs count), no merged rows (a key tile is
+    then the same for every query head of a group), no splits."""
     return Regime(family="sm80", block_m=block_m, block_n=block_n, num_warps=block_m // 16,
                   stages=2, combine_threshold=0.0, split_ratio=NEVER_SPLIT_RATIO)
 
