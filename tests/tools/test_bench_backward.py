@@ -59,3 +59,16 @@ def test_a_small_run_times_what_agrees():
     assert math.isfinite(row["useful_tflop"])
     if "other_ms" in row:  # (sm_90: both dQ modes)
         assert row["other_diff"] < 1e-2 and row["other_ms"] > 0
+
+
+@pytest.mark.gpu
+def test_a_gqa_fp16_run_leaves_cudnn_out():
+    """GQA (two query heads on one kv head) in fp16: Tessera's rows are timed, Flex (with
+    enable_gqa) only where its gradients agreed, and cuDNN's backward -- MHA bf16 only -- never."""
+    pytest.importorskip("torch")
+    (row,) = bench_backward.run(["cogvideox-5b"], ["random-10"], bench.case_blocks, heads=2,
+                                rounds=1, reps=1, kv_heads=1, dtype="float16")
+    assert (row["heads"], row["kv_heads"], row["dtype"]) == (2, 1, "float16")
+    assert row["tessera_ms"] > 0 and "cudnn_bsa_ms" not in row
+    if "flex_diff" in row and not row.get("flex_differs"):
+        assert row["flex_diff"] < 2e-2 and row["flex_ms"] > 0
