@@ -164,24 +164,25 @@ def _launch(p: BackwardLaunchable, ops: Operands, o_desc: Any, do_desc: Any, lse
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     bf16 = ops.q.dtype == "bfloat16"
     cc = device_cc()
-    rows = p.sm90_tile_rows if cc == 90 else SM90_BLOCK_M
+    layout = shape.layout
+    o_str = bhld_view(o_desc, layout, "out")[1]
+    do_str = bhld_view(do_desc, layout, "dout")[1]
+    task_rows = p.sm90_tile_rows if cc == 90 else SM90_BLOCK_M
     # The chunk operands' tensor maps (dK/dV: Q and dO; dQ: K and V), or None where TMA cannot
     # read them: then the cp.async kernels.
     maps = None
     if cc == 90 and config.use_tma and not config.portable_backward:
-        dkdv_tma, dq_tma = backward_kernels(cc, d, bf16, tma=True, block_m=rows)
-        kv_rows = dkdv_tma.macro("BN")
+        dkdv_tma, dq_tma = backward_kernels(cc, d, bf16, tma=True, block_m=task_rows)
         maps = _chunk_maps((ops.q.ptr, ops.shape_q, tuple(ops.strides_q)),
-                           (do_desc.ptr, ops.shape_q,
-                            tuple(bhld_view(do_desc, shape.layout, "dout")[1])),
+                           (do_desc.ptr, ops.shape_q, tuple(do_str)),
                            (ops.k.ptr, ops.shape_kv, tuple(ops.strides_k)),
-                           (ops.v.ptr, ops.shape_kv, tuple(ops.strides_v)), bf16, kv_rows,
-                           (dq_tma or dkdv_tma).macro("BN"))
-    dkdv_variant, dq_variant = backward_kernels(cc, d, bf16, tma=maps is not None, block_m=rows)
+                           (ops.v.ptr, ops.shape_kv, tuple(ops.strides_v)), bf16,
+                           dkdv_tma.macro("BN"), (dq_tma or dkdv_tma).macro("BN"))
+    dkdv_variant, dq_variant = backward_kernels(cc, d, bf16, tma=maps is not None,
+                                                block_m=task_rows)
     block_m = dkdv_variant.macro("BM")
     # (With dQ by atomics the query-major queue is planned but not walked.)
     block_n = ((dq_variant or dkdv_variant).macro("BN"), dkdv_variant.macro("BN"))
-    layout = shape.layout
     stream = caller_stream(ops)
     i64, i32, f32, ptr = np.int64, np.int32, np.float32, np.uint64
     with stream:
@@ -196,8 +197,6 @@ def _launch(p: BackwardLaunchable, ops: Operands, o_desc: Any, do_desc: Any, lse
             return desc, finish, bhld_view(desc, layout, "gradient")[1]
 
         dq, dk, dv = grad(lq, hq), grad(lkv, hkv), grad(lkv, hkv)
-        o_str = bhld_view(o_desc, layout, "out")[1]
-        do_str = bhld_view(do_desc, layout, "dout")[1]
         rows = b * hq * lq
         delta = cp.empty(rows, dtype=cp.float32)
         fn = load_kernel(Variant.bwd_delta(head_dim=d, bf16=bf16))

@@ -152,9 +152,8 @@ def backward_queues(mask: BlockMask, shape: PlanShape, *, block_m: int = 64,
     """Both queues of ``mask``'s backward pass for ``shape`` with ``block_m``-row tasks: by
     the planner kernels without a synchronization where they apply (a device mask; GQA's
     groups merged on the device), else on the host (a device mask is copied back once; see
-    the module docstring). ``block_n``:
-    the kernels' steps (dQ's, dK/dV's); None: the portable kernels'
-    (:func:`~tessera.cuda.variants.backward_block_n`)."""
+    the module docstring). ``block_n``: the kernels' steps (dQ's, dK/dV's); None: the portable
+    kernels' (:func:`~tessera.cuda.variants.backward_block_n`)."""
     if block_n is None:
         block_n = (backward_block_n(shape.head_dim, False), backward_block_n(shape.head_dim, True))
     group = shape.num_q_heads // shape.num_kv_heads
@@ -213,11 +212,12 @@ def _on_device(mask: BlockMask, shape: PlanShape, dq_regime: Regime, kv_regime: 
 def _group_on_device(queue: TaskQueue, group: int, seq_q: int, seq_kv: int,
                      shape: PlanShape) -> TaskQueue | None:
     """:func:`_group_key_tiles` on the planner kernels' key-major queue of aligned tiles (its
-    task count on the device, or exact), by array operations that read nothing back: every (batch, query head) has a task for each tile of
-    ``tile_rows`` keys, so the merged tasks -- one per (batch, kv head, tile) -- are known
-    from the shape, and each (merged task, head in group) pair's spans get a slot of a
-    bounded spans buffer (the per-head spans times the most (batch, head) pairs reading one
-    stored mask head). None where that buffer would exceed SYNC_FREE_WORKSPACE_LIMIT."""
+    task count on the device, or exact), by array operations that read nothing back: every
+    (batch, query head) has a task for each tile of ``tile_rows`` keys, so the merged tasks --
+    one per (batch, kv head, tile) -- are known from the shape, and each (merged task, head in
+    group) pair's spans get a slot of a bounded spans buffer (the per-head spans times the most
+    (batch, head) pairs reading one stored mask head). None where that buffer would exceed
+    SYNC_FREE_WORKSPACE_LIMIT."""
     xp = array_module(queue.tasks)
     tasks, src_spans, bm = queue.tasks, queue.spans, queue.tile_rows
     per_head = -(-seq_kv // bm)  # aligned tiles of each (batch, query head)
