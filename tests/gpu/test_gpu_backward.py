@@ -201,22 +201,38 @@ def test_bad_gradient_inputs_are_refused_by_name():
         tessera.attention_backward(q, k, v, out, lse, dout[..., ::-1], mask)
 
 
+def _leaves(rng, hq, hkv, d, layout):
+    """bf16 torch q, k, v on the GPU (512 tokens) that require grad, their exact float64
+    values, and a random weight w of the output's shape (the loss is sum(out * w))."""
+    import torch
+
+    (q, k, v), exact = _inputs(rng, "torch", "bfloat16", 1, hq, hkv, 512, 512, d, layout)
+    shape = (1, hq, 512, d) if layout == "bhld" else (1, 512, hq, d)
+    w = torch.randn(*shape, device="cuda").to(torch.bfloat16)
+    return tuple(x.detach().requires_grad_() for x in (q, k, v)), exact, w
+
+
+def _check_leaf_gradients(leaves, exact, w, mask, layout) -> None:
+    """The leaves' bf16 gradients of sum(out * w) against the float64 reference's."""
+    import torch
+
+    we = w.float().cpu().numpy().astype(np.float64)
+    want = reference.attention_backward(*exact, we, mask, layout=layout)
+    for x, ref, name in zip(leaves, want, ("dq", "dk", "dv")):
+        assert x.grad is not None and x.grad.dtype == torch.bfloat16, name
+        check_gradients(x.grad, ref, "bfloat16", name)
+
+
 def test_torch_autograd_through_tessera_attention():
     """loss.backward() through tessera.attention on CUDA tensors (blhd, GQA) gives the float64
     reference's gradients of the same loss."""
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     rng = np.random.default_rng(5)
     mask = _ragged_mask(rng, 2)
-    (q, k, v), (qe, ke, ve) = _inputs(rng, "torch", "bfloat16", 1, 4, 2, 512, 512, 64, "blhd")
-    q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
-    w = torch.randn(1, 512, 4, 64, device="cuda").to(torch.bfloat16)
+    (q, k, v), exact, w = _leaves(rng, 4, 2, 64, "blhd")
     out = tessera.attention(q, k, v, mask, layout="blhd")
     (out.float() * w.float()).sum().backward()
-    we = w.float().cpu().numpy().astype(np.float64)
-    want = reference.attention_backward(qe, ke, ve, we, mask, layout="blhd")
-    for x, ref, name in zip((q, k, v), want, ("dq", "dk", "dv")):
-        assert x.grad is not None and x.grad.dtype == torch.bfloat16, name
-        check_gradients(x.grad, ref, "bfloat16", name)
+    _check_leaf_gradients((q, k, v), exact, w, mask, "blhd")
 
 
 @pytest.mark.parametrize("hq,hkv", [(3, 3), (6, 3)], ids=["mha", "gqa"])
@@ -277,17 +293,11 @@ def test_a_backward_request_never_waits_for_the_gpu():
 def test_torch_autograd_through_a_plans_run():
     """Plan.run on tensors that require grad is differentiable: its backward is the plan's
     run_backward (the queues kept on the plan), the float64 reference's gradients."""
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     rng = np.random.default_rng(6)
     mask = _ragged_mask(rng, 1)
-    (q, k, v), (qe, ke, ve) = _inputs(rng, "torch", "bfloat16", 1, 2, 2, 512, 512, 128, "bhld")
-    q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
-    w = torch.randn(1, 2, 512, 128, device="cuda").to(torch.bfloat16)
+    (q, k, v), exact, w = _leaves(rng, 2, 2, 128, "bhld")
     p = tessera.plan(mask, num_q_heads=2, head_dim=128)
     (p.run(q, k, v).float() * w.float()).sum().backward()
     assert p.launch_state.backward_queues  # planned once, kept for the next step
-    want = reference.attention_backward(qe, ke, ve, w.float().cpu().numpy().astype(np.float64),
-                                        mask)
-    for x, ref, name in zip((q, k, v), want, ("dq", "dk", "dv")):
-        assert x.grad is not None and x.grad.dtype == torch.bfloat16, name
-        check_gradients(x.grad, ref, "bfloat16", name)
+    _check_leaf_gradients((q, k, v), exact, w, mask, "bhld")

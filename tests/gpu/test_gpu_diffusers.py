@@ -18,7 +18,8 @@ from tessera.integrations import methods as M  # noqa: E402
 from tessera.tools import models  # noqa: E402
 from tessera.tools.peers import relative_difference  # noqa: E402
 from tessera.tools.pipeline import flex_attention_runner  # noqa: E402
-from tests.integrations.test_diffusers import session_for  # noqa: E402
+from tests.integrations.test_diffusers import (  # noqa: E402
+    compiled_and_eager_query_grads, session_for)
 from tests.integrations.test_methods import _in_model_order  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -314,19 +315,7 @@ def test_a_compiled_fine_tuning_step_on_the_gpu_equals_the_eager_one(method):
     gradient (the call recomputed with autograd: Tessera's forward, then its backward kernels)
     gives the eager step's query-projection gradients, bf16, with a fixed host mask (sliding
     tile: a kept plan) and a mask made every call (top-k: a device mask)."""
-    model, twin = (models.build("wan-1.3b", tiny=True) for _ in range(2))  # (same weights)
-    x = models.inputs("wan-1.3b", model, tiny=True)
-    torch._dynamo.reset()
-    s = td.enable(model, method)
-    td.compile_blocks(model, fullgraph=True)
-    e = td.enable(twin, method)
-
-    def grads(m):
-        m.zero_grad()
-        m(**x)[0].float().square().mean().backward()
-        return [a.to_q.weight.grad.float().clone() for a in td.self_attention_layers(m)]
-
-    got, want = grads(model), grads(twin)
+    (got, s), (want, e) = compiled_and_eager_query_grads(method, {}, {})
     assert s.stats.sparse_calls == e.stats.sparse_calls == len(got)
     for g, w in zip(got, want):
         assert torch.isfinite(g).all() and bool(w.abs().sum() > 0)

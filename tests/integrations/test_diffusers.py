@@ -678,15 +678,14 @@ def test_the_whole_transformer_compiled_runs_its_layout_hook_eagerly():
     torch._dynamo.reset()
 
 
-@pytest.mark.parametrize("method", [M.SlidingTile(tile=(2, 4, 4), window=(1, 3, 3)),
-                                    M.TopKCubes(topk=2)], ids=["sliding-tile", "top-k"])
-def test_a_compiled_fine_tuning_step_backpropagates_through_the_op(method):
-    """Blocks compiled whole (fullgraph) with autograd recording: the routed call stays the
-    custom op, whose gradient recomputes the call with autograd (its recomputation not counted
-    in the stats); the query projections' gradients equal the eager Tessera step's."""
-    model, twin = (models.build("wan-1.3b", tiny=True, device="cpu", dtype=torch.float32)
+def compiled_and_eager_query_grads(method: M.Method, build: dict, inputs: dict):
+    """One fine-tuning step of a tiny Wan transformer with ``method`` enabled, twice from the
+    same weights: blocks compiled whole (fullgraph), then eager. Each step's query-projection
+    gradients (float32) with its session, (compiled, eager); ``build`` and ``inputs`` go to
+    ``models.build`` and ``models.inputs``."""
+    model, twin = (models.build("wan-1.3b", tiny=True, **build)
                    for _ in range(2))  # (same weights)
-    x = models.inputs("wan-1.3b", model, tiny=True, text_valid=10)
+    x = models.inputs("wan-1.3b", model, tiny=True, **inputs)
     torch._dynamo.reset()
     s = td.enable(model, method)
     td.compile_blocks(model, fullgraph=True)
@@ -694,11 +693,21 @@ def test_a_compiled_fine_tuning_step_backpropagates_through_the_op(method):
 
     def grads(m):
         m.zero_grad()
-        m(**x)[0].square().mean().backward()
-        return [a.to_q.weight.grad.clone() for a in td.self_attention_layers(m)]
+        m(**x)[0].float().square().mean().backward()
+        return [a.to_q.weight.grad.float().clone() for a in td.self_attention_layers(m)]
 
-    got, want = grads(model), grads(twin)
-    n = _layers(model)
+    return (grads(model), s), (grads(twin), e)
+
+
+@pytest.mark.parametrize("method", [M.SlidingTile(tile=(2, 4, 4), window=(1, 3, 3)),
+                                    M.TopKCubes(topk=2)], ids=["sliding-tile", "top-k"])
+def test_a_compiled_fine_tuning_step_backpropagates_through_the_op(method):
+    """Blocks compiled whole (fullgraph) with autograd recording: the routed call stays the
+    custom op, whose gradient recomputes the call with autograd (its recomputation not counted
+    in the stats); the query projections' gradients equal the eager Tessera step's."""
+    (got, s), (want, e) = compiled_and_eager_query_grads(
+        method, dict(device="cpu", dtype=torch.float32), dict(text_valid=10))
+    n = len(got)
     assert s.stats.sparse_calls == e.stats.sparse_calls == n
     assert all(bool(w.abs().sum() > 0) for w in want)
     for g, w in zip(got, want):
