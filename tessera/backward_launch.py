@@ -20,7 +20,7 @@ import numpy as np
 from ._array import cupy_or_none
 from .capture import capture_memory_if, capturing, stream_capturing
 from .cuda import tma
-from .cuda.device import device_cc, smem_limit_bytes
+from .cuda.device import SM90_SMEM_PER_SM, SM90_SMEM_RESERVED, device_cc, smem_limit_bytes
 from .cuda.loader import load_kernel
 from .cuda.variants import Variant, smem_bytes
 from .interop import empty_like_caller
@@ -83,6 +83,11 @@ def backward_kernels(cc: int, head_dim: int, bf16: bool, portable: bool | None =
         dkdv = Variant.bwd_sm90("bsa_bwd_dkdv_sm90", head_dim=head_dim, bf16=bf16,
                                 block_m=block_m, atomic_dq=not deterministic, tma=tma)
         if not deterministic:
+            if dkdv.min_blocks * (smem_bytes(dkdv) + SM90_SMEM_RESERVED) > SM90_SMEM_PER_SM:
+                # the partial dQ's float32 tile leaves no room for two 64-row CTAs an SM (head
+                # dim 96): each thread adds its own values instead
+                dkdv = Variant.bwd_sm90("bsa_bwd_dkdv_sm90", head_dim=head_dim, bf16=bf16,
+                                        block_m=block_m, atomic_dq=True, tma=tma, bulk_dq=False)
             return dkdv, None
         return dkdv, Variant.bwd_sm90("bsa_bwd_dq_sm90", head_dim=head_dim, bf16=bf16,
                                       block_m=block_m, tma=tma)

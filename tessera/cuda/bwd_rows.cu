@@ -3,7 +3,7 @@
 // output gradient; last, where the dK/dV kernel summed dQ by atomics, dQ from those sums.
 // Variant parameters: Config::D, Config::BF16.
 #include "variant.cuh"
-#include "common/element.cuh"
+#include "common/backward.cuh"
 
 namespace {
 constexpr int D = Config::D;
@@ -34,8 +34,9 @@ bsa_bwd_delta(const u16* o_ptr, i64 o_sb, i64 o_sh, i64 o_sl, const u16* do_ptr,
 }
 
 
-// dQ = scale * the float32 sums (contiguous [B, Hq, Lq, D]) in the element type at dQ's strides;
-// a thread per four columns of a row.
+// dQ = scale * the float32 sums (contiguous [B, Hq, Lq, D], each row's columns permuted by
+// dq_sum_column) in the element type at dQ's strides; a thread per four columns of a row (a
+// permutation of 32-byte pieces keeps four columns together).
 extern "C" __global__ void __launch_bounds__(256)
 bsa_bwd_dq_convert(const float* __restrict__ sums, u16* dq_ptr, i64 dq_sb, i64 dq_sh, i64 dq_sl,
                    int num_q_heads, int seq_q, i64 rows, float scale) {
@@ -47,7 +48,7 @@ bsa_bwd_dq_convert(const float* __restrict__ sums, u16* dq_ptr, i64 dq_sb, i64 d
   const int tok = (int)(row % seq_q);
   const i64 bh = row / seq_q;
   const int h = (int)(bh % num_q_heads), b = (int)(bh / num_q_heads);
-  const float4 x = *reinterpret_cast<const float4*>(sums + row * D + c);
+  const float4 x = *reinterpret_cast<const float4*>(sums + row * D + dq_sum_column(tok, c));
   const uint2 packed = {pack2(x.x * scale, x.y * scale), pack2(x.z * scale, x.w * scale)};
   *reinterpret_cast<uint2*>(dq_ptr + b * dq_sb + h * dq_sh + tok * dq_sl + c) = packed;
 }

@@ -25,7 +25,8 @@ struct alignas(128) ChunkMaps {
 // per tile of one head, query heads per kv head, the softmax scale and its product with
 // log2(e), the queue's rows and the number of tasks: `task_count` on the device for a queue the
 // device planner wrote (the grid covers the queue's rows; see task_total), else null; and
-// `dq_sums`, float32 [B, Hq, Lq, D] zeroed, where a dK/dV kernel sums dQ by atomics (else null);
+// `dq_sums`, float32 [B, Hq, Lq, D] zeroed (each row's columns permuted: dq_sum_column), where a
+// dK/dV kernel sums dQ by atomics (else null);
 // and the tensor maps of the two operands a chunk holds, for the variants that copy chunks by
 // TMA (zeros for the others).
 #define TESSERA_BWD_PARAMS                                                                   \
@@ -40,6 +41,12 @@ struct alignas(128) ChunkMaps {
       const __grid_constant__ ChunkMaps chunk_maps
 
 constexpr float LOG2E = 1.4426950408889634f;
+
+// Where column c of query row `tok` (its token) sits in its row of `dq_sums`: at c ^ 8 (tok & 3),
+// the row's 32-byte pieces permuted within each 128 bytes, so that a warp's stores of eight
+// rows of a partial dQ into shared memory (rows a multiple of 128 bytes apart, the layout a
+// bulk reduce copies) fall on distinct banks pairwise; bsa_bwd_dq_convert reads it back.
+__device__ __forceinline__ int dq_sum_column(int tok, int c) { return c ^ ((tok & 3) << 3); }
 
 // The value of accumulator element e of key octet nt (both compile-time after unrolling):
 // per row of the thread's two (g, g + 8) -- the dQ direction's LSE and Delta, whose rows are

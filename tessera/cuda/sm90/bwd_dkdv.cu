@@ -5,7 +5,9 @@
 // dS^T = P^T (dP^T - Delta), dK += dS^T Q (P^T and dS^T from registers, dO and Q read N-major);
 // dK and dV written once (one task a row). Same queues, arguments and launch order as the
 // portable backward (sm80/bwd_dkdv.cu). With Config::ATOMIC_DQ it also sums dQ = dS K into
-// float32 by atomics (bwd_atomic_dq.cuh), and no dQ kernel runs.
+// float32 by atomics (bwd_atomic_dq.cuh), and no dQ kernel runs: with Config::BULK_DQ a chunk's
+// partial dQ is stored to shared memory in the chunk and added by one bulk reduce after the next
+// chunk's CTA barrier (or the loop's last barrier).
 //
 // Roles: bwd_mma.cuh (the products, tiles), bwd_atomic_dq.cuh (dQ by atomics), bwd_loads.cuh
 // (copies into the swizzled layout), layout.cuh (the layout, descriptors), common/backward.cuh
@@ -19,8 +21,9 @@ namespace {
 // dK waits for dV instead.
 constexpr bool DS_FRAGMENTS_OWN = D < 128;
 // With dQ by atomics at head dim 128, dK is issued before the partial dQ and both are waited
-// for in the chunk: held in flight, dK's fragments beside the partial spill (255 registers).
-constexpr bool DQ_AFTER_DK = D == 128;
+// for in the chunk: held in flight, dK's fragments beside the partial spill (255 registers) --
+// except with the partial added by bulk reduce from chunks copied by TMA (254 registers).
+constexpr bool DQ_AFTER_DK = D == 128 && !(Config::BULK_DQ && TMA);
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS)
@@ -93,12 +96,28 @@ bsa_bwd_dkdv_sm90(TESSERA_BWD_PARAMS) {
   // first wait takes it, so they outlive the iteration.
   u32 pw[BN / 16][4], dsw[BN / 16][4];
   const bool walked = walk.more(se);
+  // (BULK_DQ) The previous chunk's partial dQ, stored and not yet added: its query positions
+  // (pending_end 0: none); kept as two positions, since a pointer costs the registers that
+  // head dim 128's cp.async variant lacks.
+  int pending_first = 0, pending_end = 0;
+  const bool dq_adder = adds_partial_dq(tid);
+  const auto add_pending_dq = [&]() {
+    const int hl = pending_first / seq_q;
+    float* rows = dq_sums + (((i64)b * num_q_heads + h0 + hl) * seq_q + pending_first -
+                             (i64)hl * seq_q) * D;
+    reduce_partial_dq(rows, partial_dq_tile(tiles, wg), pending_end - pending_first);
+  };
 
   for (int c = 0; walk.more(se); ++c) {
     // Chunk c (and with the first, K and V) has landed for every thread, its rows past the
     // span zeroed where TMA copied them (dK and dV multiply them by zero weights); chunk
-    // c + 1 - STAGES's stage is free (with three stages c - 1's may still be read by its dK).
+    // c + 1 - STAGES's stage is free (with three stages c - 1's may still be read by its dK);
+    // (BULK_DQ) chunk c - 1's partial dQ is stored and visible to a bulk reduce.
     wait_for_chunk<2>(tiles, c, walk.k1 - walk.kpos, tid);
+    if constexpr (Config::ATOMIC_DQ && BULK_DQ) {
+      if (pending_end && dq_adder) add_pending_dq();
+      pending_end = 0;
+    }
     if (load_walk.more(se)) {
       load_chunk((c + 1) % STAGES);
       load_walk.next(spans, se);
@@ -133,6 +152,8 @@ bsa_bwd_dkdv_sm90(TESSERA_BWD_PARAMS) {
     float dq[DQ_N / 8][4];  // (ATOMIC_DQ) the partial dQ
     if constexpr (Config::ATOMIC_DQ) {
       store_score_gradients(tiles.ds, ds_frag, warp, g, t);
+      // (BULK_DQ) the barrier also tells the warpgroups that the partial dQ's tile is free
+      if (BULK_DQ && dq_adder) partial_dq_read();
       score_gradients_stored(wg);
     }
     // dK += dS^T Q, with dQ by atomics: after the partial dQ, so that waiting for that leaves dK
@@ -150,9 +171,15 @@ bsa_bwd_dkdv_sm90(TESSERA_BWD_PARAMS) {
       }
       wgmma_hold<DQ_N / 2>(&dq[0][0]);
       const int hl = walk.kpos / seq_q;
+      const int first = walk.kpos - hl * seq_q, end = walk.k1 - hl * seq_q;
       float* rows = dq_sums + ((i64)b * num_q_heads + h0 + hl) * seq_q * D;
-      add_partial_dq(rows, dq, walk.kpos - hl * seq_q, walk.k1 - hl * seq_q, wg, warp % 4, g,
-                     t);
+      if constexpr (BULK_DQ) {
+        store_partial_dq(partial_dq_tile(tiles, wg), dq, first, wg, warp % 4, g, t);
+        pending_first = walk.kpos;
+        pending_end = walk.k1;
+      } else {
+        add_partial_dq(rows, dq, first, end, wg, warp % 4, g, t);
+      }
     }
     if constexpr (!LAST_IN_FLIGHT) {  // (two stages) the next copy overwrites this chunk's
       wgmma_wait<0>();
@@ -166,6 +193,14 @@ bsa_bwd_dkdv_sm90(TESSERA_BWD_PARAMS) {
     wgmma_wait<0>();
     wgmma_hold<D / 2>(&dv[0][0]);
     wgmma_hold<D / 2>(&dk[0][0]);
+  }
+  if constexpr (Config::ATOMIC_DQ && BULK_DQ) {  // the last chunk's partial dQ
+    if (pending_end) {
+      fence_async_smem();
+      __syncthreads();
+      if (dq_adder) add_pending_dq();
+    }
+    if (dq_adder) partial_dq_done();
   }
   cp_async_wait<0>();
   store_gradient_rows<D>(dk_ptr + b * dk_sb + kvh * dk_sh, dk_sl, dk, k0, key_end, t, scale);

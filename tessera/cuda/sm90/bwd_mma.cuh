@@ -5,8 +5,9 @@
 // barrier a chunk hands the stages over.
 //
 // Shared memory (dynamic, 1 KiB of slack to align the tiles): two resident tiles of BM x D,
-// then STAGES x {two chunk tiles of BN x D}, then (Config::ATOMIC_DQ) dS^T's tile of BM x BN,
-// then STAGES x {BN LSE, BN Delta} floats, then (Config::TMA) an mbarrier a stage.
+// then STAGES x {two chunk tiles of BN x D}, then (Config::ATOMIC_DQ) dS^T's tile of BM x BN
+// and (with Config::BULK_DQ) the partial dQ's float32 tiles of BN x D (bwd_atomic_dq.cuh), then
+// STAGES x {BN LSE, BN Delta} floats, then (Config::TMA) an mbarrier a stage.
 // tessera/cuda/variants.py's smem_bytes mirrors this formula.
 #pragma once
 
@@ -22,6 +23,15 @@ constexpr int RESIDENT_BYTES = BM * D * 2;
 constexpr int CHUNK_BYTES = BN * D * 2;
 constexpr int STAGE_BYTES = 2 * CHUNK_BYTES;
 constexpr int DS_BYTES = Config::ATOMIC_DQ ? BM * BN * 2 : 0;
+// dQ by atomics: at head dim 128 the two warpgroups split dQ's columns, each D / 2 of them over
+// all BM keys (a D-wide partial a warpgroup spills there, 255 registers); at 64 and 96 each
+// takes its own 64 keys and every column (a column split would start inside a swizzle chunk),
+// twice the atomics. With Config::BULK_DQ the partial goes through a float32 tile of BN x D:
+// the CTA's one (column split) or one a warpgroup.
+constexpr bool DQ_COLUMN_SPLIT = D == 128;
+constexpr int DQ_TILE_BYTES = BN * D * 4;
+constexpr int DQ_BYTES = Config::ATOMIC_DQ && Config::BULK_DQ
+                             ? DQ_TILE_BYTES * (DQ_COLUMN_SPLIT ? 1 : WGS) : 0;
 // Chunks by TMA: one thread issues a chunk's copies, which complete on the stage's mbarrier
 // (the LSE and Delta, and the resident tiles, stay cp.async copies of every thread). A box is
 // BN consecutive rows: rows past the span's end hold rows no task's pair selects, zeroed where
@@ -39,13 +49,15 @@ using Walk = ChunkWalk<BN>;
 
 // Where the tiles sit: 1024-aligned from the dynamic shared memory's start.
 struct Tiles {
-  u32 a, b, stages, ds, values;  // resident tiles, chunk stages, dS^T, per-stage LSE and Delta
+  // resident tiles, chunk stages, dS^T, the partial dQ, per-stage LSE and Delta
+  u32 a, b, stages, ds, dq, values;
   __device__ __forceinline__ explicit Tiles(const unsigned char* smem_raw) {
     a = (smem_addr(smem_raw) + 1023u) & ~1023u;
     b = a + RESIDENT_BYTES;
     stages = b + RESIDENT_BYTES;
     ds = stages + STAGES * STAGE_BYTES;
-    values = ds + DS_BYTES;
+    dq = ds + DS_BYTES;
+    values = dq + DQ_BYTES;
   }
   __device__ __forceinline__ u32 chunk(int st) const { return stages + (u32)(st * STAGE_BYTES); }
   __device__ __forceinline__ u32 lse(int st) const { return values + (u32)(st * 2 * BN * 4); }
