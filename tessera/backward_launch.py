@@ -48,8 +48,8 @@ class BackwardLaunchable(Protocol):
     @property
     def sm90_tile_rows(self) -> int: ...
 
-    def backward_queues(self, block_m: int = 64,
-                        block_n: tuple[int, int] | None = None) -> Any: ...
+    def backward_queues(self, block_m: int = 64, block_n: tuple[int, int] | None = None,
+                        query_major: bool = True) -> Any: ...
 
 
 def dq_block_n(head_dim: int, cc: int) -> int | None:
@@ -124,19 +124,21 @@ def run_backward(p: BackwardLaunchable, ops: Operands, out: Any, lse: Any, dout:
         return _launch(p, ops, o_desc, do_desc, ld, scale)
 
 
-def _device_queues(p: BackwardLaunchable, cp: Any, block_m: int, block_n: tuple[int, int]
-                   ) -> tuple[Any, Any]:
+def _device_queues(p: BackwardLaunchable, cp: Any, block_m: int, block_n: tuple[int, int],
+                   query_major: bool) -> tuple[Any, Any]:
     """``p``'s backward queues on the current device, (dq, dkdv) as (tasks, spans, rows,
-    device task count or None, tile rows): planned once per plan, device, tile rows and steps;
-    host queues copied there, the planner kernels' used as they are."""
-    key = (cp.cuda.Device().id, block_m, block_n)
+    device task count or None, tile rows) -- dq None unless ``query_major`` (dQ by atomics
+    walks no query-major queue) -- planned once per plan, device, tile rows and steps; host
+    queues copied there, the planner kernels' used as they are."""
+    key = (cp.cuda.Device().id, block_m, block_n, query_major)
     got = p.launch_state.backward_queues.get(key)
     if got is None:
         if capturing():
             raise RuntimeError("a CUDA graph is being captured and this plan's backward pass "
                                "has not run on this GPU yet: run it once before capturing")
-        bq = p.backward_queues(block_m, block_n)
+        bq = p.backward_queues(block_m, block_n, query_major)
         got = p.launch_state.backward_queues[key] = tuple(
+            None if x is None or not query_major and x is bq.dq else
             (cp.ascontiguousarray(cp.asarray(x.tasks, dtype=cp.int32)),
              cp.ascontiguousarray(cp.asarray(x.spans, dtype=cp.int32)),
              int(x.tasks.shape[0]), x.count, int(x.tile_rows))
@@ -186,12 +188,11 @@ def _launch(p: BackwardLaunchable, ops: Operands, o_desc: Any, do_desc: Any, lse
     dkdv_variant, dq_variant = backward_kernels(cc, d, bf16, tma=maps is not None,
                                                 block_m=task_rows)
     block_m = dkdv_variant.macro("BM")
-    # (With dQ by atomics the query-major queue is planned but not walked.)
     block_n = ((dq_variant or dkdv_variant).macro("BN"), dkdv_variant.macro("BN"))
     stream = caller_stream(ops)
     i64, i32, f32, ptr = np.int64, np.int32, np.float32, np.uint64
     with stream:
-        dq_queue, kv_queue = _device_queues(p, cp, block_m, block_n)
+        dq_queue, kv_queue = _device_queues(p, cp, block_m, block_n, dq_variant is not None)
 
         def grad(rows: int, heads: int):
             want = (b, heads, rows, d) if layout == "bhld" else (b, rows, heads, d)
@@ -220,11 +221,11 @@ def _launch(p: BackwardLaunchable, ops: Operands, o_desc: Any, do_desc: Any, lse
                     i32(hq), i32(lq))
         # dQ by atomics: float32 sums, zeroed (rows no task reaches keep a zero gradient).
         sums = None if dq_variant else cp.zeros(rows * d, dtype=cp.float32)
-        for v, (tasks, spans, n_rows, count, tile_rows), chunk_maps in (
-                (dkdv_variant, kv_queue, maps[0] if maps else _NO_MAPS),
-                (dq_variant, dq_queue, maps[1] if maps else _NO_MAPS)):
-            if v is None or not n_rows:
+        for v, queue, chunk_maps in ((dkdv_variant, kv_queue, maps[0] if maps else _NO_MAPS),
+                                     (dq_variant, dq_queue, maps[1] if maps else _NO_MAPS)):
+            if v is None or not queue[2]:
                 continue
+            tasks, spans, n_rows, count, tile_rows = queue
             # A device count: the grid covers the queue's rows, CTAs past the count return.
             load_kernel(v)((n_rows,), (v.threads,),
                            (tasks, spans, *operands, i32(tile_rows), i32(hq // hkv), f32(scale),

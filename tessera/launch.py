@@ -85,8 +85,9 @@ class LaunchState:
         kernels: per (device id, head dim, bf16, TMA form), the attention kernel a run
             launches there (:class:`_Kernel`, resolved once).
         tma_box_rows: per (head dim, bf16), the TMA form's K/V box rows (its tensor maps').
-        backward_queues: per (device id, tile rows, steps), the backward pass's queues copied
-            there (``backward_launch.py``); emptied when the plan takes another mask.
+        backward_queues: per (device id, tile rows, steps, whether the query-major queue is
+            walked), the backward pass's queues copied there (``backward_launch.py``); emptied
+            when the plan takes another mask.
     """
 
     ready: StreamMark | None = None
@@ -96,7 +97,8 @@ class LaunchState:
     kernel_args: dict[float, tuple] = field(default_factory=dict)
     kernels: dict[tuple[int, int, bool, bool], "_Kernel"] = field(default_factory=dict)
     tma_box_rows: dict[tuple[int, bool], int] = field(default_factory=dict)
-    backward_queues: dict[tuple[int, int, tuple[int, int]], tuple] = field(default_factory=dict)
+    backward_queues: dict[tuple[int, int, tuple[int, int], bool], tuple] = field(
+        default_factory=dict)
 
     def record_planned(self, xp: Any) -> None:
         """Note where the planner's work was enqueued (CuPy's current stream): runs on another

@@ -11,7 +11,7 @@
 One writer per gradient row makes the pass deterministic without floating-point atomics or
 an fp32 gradient buffer (docs/decisions.md, "Backward"). With ``config.deterministic_backward``
 off the Hopper dK/dV kernel sums dQ by atomics as it walks the key-major queue instead; the
-query-major queue is then planned but not walked.
+query-major queue is then not planned (``query_major=False``).
 
 Where they are planned: a device mask is planned by the planner kernels
 (``planners.DevicePlanner``) in both directions without reading anything back -- the queues are
@@ -51,7 +51,8 @@ class BackwardQueues:
     the device planner's buffers with the task count on the device (``TaskQueue.count``).
 
     Attributes:
-        dq: the query-major queue (tile_rows query tokens of each of heads_per_task heads).
+        dq: the query-major queue (tile_rows query tokens of each of heads_per_task heads);
+            None where it was not asked for (dQ summed by the dK/dV kernel).
         dkdv: the key-major queue: Q_HEAD0 is the group's first query head, Q_START..Q_END a
             key tile, spans' K_START..K_END query positions (head in group x seq_q + token)
             and R_START..R_END the key rows they apply to.
@@ -61,7 +62,7 @@ class BackwardQueues:
         block_n: (dQ step in keys, dK/dV step in query rows) the queues' costs count.
     """
 
-    dq: TaskQueue
+    dq: TaskQueue | None
     dkdv: TaskQueue
     group: int
     seq_q: int
@@ -72,13 +73,14 @@ class BackwardQueues:
     def on_device(self) -> bool:
         """Whether the task counts stay on the device (the planner kernels' sync-free
         buffers, which the kernels read up to the counts)."""
-        return self.dq.count is not None
+        return any(x is not None and x.count is not None for x in (self.dq, self.dkdv))
 
     def settled(self) -> "BackwardQueues":
         """The same queues as exact host arrays (a device queue is cut at its task count: one
         copy, which waits for the planner's kernels)."""
-        return BackwardQueues(_settled(self.dq), _settled(self.dkdv), self.group, self.seq_q,
-                              self.block_m, self.block_n)
+        return BackwardQueues(None if self.dq is None else _settled(self.dq),
+                              _settled(self.dkdv), self.group, self.seq_q, self.block_m,
+                              self.block_n)
 
 
 def _settled(queue: TaskQueue) -> TaskQueue:
@@ -112,14 +114,17 @@ class BackwardPlan:
             self._sm90_tile_rows = sm90_tile_rows(self.mask)
         return self._sm90_tile_rows
 
-    def backward_queues(self, block_m: int = 64, block_n: tuple[int, int] | None = None
-                        ) -> BackwardQueues:
-        """The queues (:func:`backward_queues`), planned at the first call and kept."""
-        key = (block_m, block_n)
-        got = self._queues.get(key)
+    def backward_queues(self, block_m: int = 64, block_n: tuple[int, int] | None = None,
+                        query_major: bool = True) -> BackwardQueues:
+        """The queues (:func:`backward_queues`), planned at the first call and kept; a call
+        without the query-major queue takes the kept queues of one with it."""
+        got = self._queues.get((block_m, block_n, True))
+        if got is None and not query_major:
+            got = self._queues.get((block_m, block_n, False))
         if got is None:
-            got = self._queues[key] = backward_queues(self.mask, self.shape, block_m=block_m,
-                                                      block_n=block_n)
+            got = self._queues[(block_m, block_n, query_major)] = backward_queues(
+                self.mask, self.shape, block_m=block_m, block_n=block_n,
+                query_major=query_major)
         return got
 
 
@@ -148,12 +153,14 @@ def backward_regime(block_m: int, block_n: int) -> Regime:
 
 
 def backward_queues(mask: BlockMask, shape: PlanShape, *, block_m: int = 64,
-                    block_n: tuple[int, int] | None = None) -> BackwardQueues:
-    """Both queues of ``mask``'s backward pass for ``shape`` with ``block_m``-row tasks: by
-    the planner kernels without a synchronization where they apply (a device mask; GQA's
-    groups merged on the device), else on the host (a device mask is copied back once; see
-    the module docstring). ``block_n``: the kernels' steps (dQ's, dK/dV's); None: the portable
-    kernels' (:func:`~tessera.cuda.variants.backward_block_n`)."""
+                    block_n: tuple[int, int] | None = None,
+                    query_major: bool = True) -> BackwardQueues:
+    """Both queues of ``mask``'s backward pass for ``shape`` with ``block_m``-row tasks (or,
+    unless ``query_major``, the key-major one alone: dQ summed by the dK/dV kernel): by the
+    planner kernels without a synchronization where they apply (a device mask; GQA's groups
+    merged on the device), else on the host (a device mask is copied back once; see the module
+    docstring). ``block_n``: the kernels' steps (dQ's, dK/dV's); None: the portable kernels'
+    (:func:`~tessera.cuda.variants.backward_block_n`)."""
     if block_n is None:
         block_n = (backward_block_n(shape.head_dim, False), backward_block_n(shape.head_dim, True))
     group = shape.num_q_heads // shape.num_kv_heads
@@ -161,7 +168,7 @@ def backward_queues(mask: BlockMask, shape: PlanShape, *, block_m: int = 64,
     seq_q, seq_kv = int(mask.q_bounds[-1]), int(mask.kv_bounds[-1])
     # (The planner kernels read the mask on the current stream, after its writes.)
     with mask.reading():
-        planned = _on_device(mask, shape, dq_regime,
+        planned = _on_device(mask, shape, dq_regime if query_major else None,
                              backward_regime(block_m, block_n[1]).with_(align_tiles=group > 1))
         if planned is not None and group > 1:
             planned = (planned[0], _group_on_device(planned[1], group, seq_q, seq_kv, shape))
@@ -181,24 +188,27 @@ def backward_queues(mask: BlockMask, shape: PlanShape, *, block_m: int = 64,
     # dense Wan layer 0.18 s of 0.24): taken only where it is needed.
     aligned = group > 1 and bool(np.any(np.asarray(host.kv_bounds[:-1]) % block_m))
     kv_regime = backward_regime(block_m, block_n[1]).with_(align_tiles=aligned)
-    dq = organized(Direction.QUERY_MAJOR, dq_regime)
+    dq = organized(Direction.QUERY_MAJOR, dq_regime) if query_major else None
     per_head = organized(Direction.KEY_MAJOR, kv_regime)
     dkdv = _group_key_tiles(per_head, group, seq_q, seq_kv, shape)
     return BackwardQueues(dq, dkdv, group, seq_q, block_m,
                           (dq_regime.block_n, kv_regime.block_n))
 
 
-def _on_device(mask: BlockMask, shape: PlanShape, dq_regime: Regime, kv_regime: Regime
-               ) -> tuple[TaskQueue, TaskQueue] | None:
-    """The (dq, key-major) queues by the planner kernels, sync-free (no task splits); None
-    where they do not apply (a host mask, dense rows past their limit). The key-major tasks
-    hold one query head each: with one query head per kv head such a task is already the
+def _on_device(mask: BlockMask, shape: PlanShape, dq_regime: Regime | None,
+               kv_regime: Regime) -> tuple[TaskQueue | None, TaskQueue] | None:
+    """The (dq, key-major) queues by the planner kernels, sync-free (no task splits; no dq
+    queue without ``dq_regime``); None where they do not apply (a host mask, dense rows past
+    their limit). The key-major tasks hold one query head each: with one query head per kv head such a task is already the
     dK/dV task (its query positions are the head's tokens); with GQA a group's are merged
     (:func:`_group_on_device`)."""
     planner = DevicePlanner()
     queues = []
     for direction, regime in ((Direction.QUERY_MAJOR, dq_regime),
                               (Direction.KEY_MAJOR, kv_regime)):
+        if regime is None:
+            queues.append(None)
+            continue
         choice = RegimeChoice(regime, True, True, 0, False)
         if not planner.applies(mask, choice):
             return None

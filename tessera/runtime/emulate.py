@@ -246,8 +246,8 @@ def run_backward(plan: Plan, q: Any, k: Any, v: Any, dout: Any, *,
                          f"{None if lse3 is None else lse3.shape}")
     bw = _Backward(plan, q4, k4, v4, do4, lse3, (do4 * out4).sum(axis=3),
                    1.0 / np.sqrt(q4.shape[3]) if scale is None else float(scale))
-    bq = plan.backward_queues(block_m).settled()
-    qspans = records(bq.dq.spans, Span)
+    bq = plan.backward_queues(block_m, query_major=not atomic_dq).settled()
+    qspans = records(bq.dq.spans, Span) if not atomic_dq else []
     for task in records(bq.dq.tasks, Task) if not atomic_dq else ():
         bw.query_major(task, qspans[task.span_begin:task.span_end], bq.dq.tile_rows,
                        bq.block_m, bq.block_n[0])

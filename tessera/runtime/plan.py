@@ -270,13 +270,13 @@ class Plan:
             q, k, v)
         return got if return_lse else got[0]
 
-    def backward_queues(self, block_m: int = 64, block_n: tuple[int, int] | None = None
-                        ) -> BackwardQueues:
+    def backward_queues(self, block_m: int = 64, block_n: tuple[int, int] | None = None,
+                        query_major: bool = True) -> BackwardQueues:
         """The backward pass's task queues of this plan's mask with ``block_m``-row tasks
-        (``runtime.backward``): planned at the first call (by the planner kernels without a
-        synchronization where they apply, else on the host), then kept until the plan takes
-        another mask."""
-        return self._backward_plan().backward_queues(block_m, block_n)
+        (``runtime.backward``; unless ``query_major``, the key-major one alone may be planned):
+        planned at the first call (by the planner kernels without a synchronization where they
+        apply, else on the host), then kept until the plan takes another mask."""
+        return self._backward_plan().backward_queues(block_m, block_n, query_major)
 
     @property
     def sm90_tile_rows(self) -> int:

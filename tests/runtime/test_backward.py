@@ -207,6 +207,36 @@ def test_dq_summed_by_the_key_major_tasks_is_the_references(hq, hkv, mask_heads)
             np.testing.assert_allclose(g, w, rtol=0, atol=1e-10 * max(1.0, np.abs(w).max()))
 
 
+@pytest.mark.parametrize("device", [False, True])
+def test_dq_by_atomics_plans_no_query_major_queue(device, monkeypatch):
+    """Without the query-major queue (dQ summed by the dK/dV kernel) only the key-major one is
+    planned, on the host or by the planner kernels (its count kept on the device), and it is
+    the full pair's; a plan keeps each, and a call without the query-major queue takes a kept
+    full pair."""
+    rng = np.random.default_rng(7)
+    dense = rng.random((1, 2, 5, 5)) < 0.5
+    dense[..., 0, 0] = True
+    mask = BlockMask.from_dense(dense, q_bounds=np.asarray([0, 70, 128, 150, 256, 300]),
+                                kv_bounds=np.asarray([0, 64, 100, 228, 237, 300]))
+    shape = checked_shape(mask, 2, 2, 64, None, 1, "bfloat16", "bhld")
+    full = backward_queues(mask, shape, block_m=64)
+    if device:
+        from tessera.cuda import loader
+        from tessera.runtime import mapping
+
+        monkeypatch.setattr(loader, "load_kernel", lambda v: PLANNER_STAND_INS[v.kernel])
+        monkeypatch.setattr(mapping, "use_device_planner", lambda xp: True)
+    alone = backward_queues(mask, shape, block_m=64, query_major=False)
+    assert alone.dq is None and alone.on_device == device
+    assert alone.settled().dq is None
+    assert _tasks_with_spans(alone.settled().dkdv) == _tasks_with_spans(full.dkdv)
+    p = tessera.plan(mask, num_q_heads=2, head_dim=64)
+    kept = p.backward_queues(64, query_major=False)
+    assert kept.dq is None and p.backward_queues(64, query_major=False) is kept
+    both = p.backward_queues(64)
+    assert both.dq is not None and p.backward_queues(64, query_major=False) is both
+
+
 @pytest.mark.parametrize("q_block,kv_block,rows", [(64, 64, 64), (128, 128, 128), (64, 128, 128),
                                                    (48, 64, 64)])
 def test_hopper_tasks_take_64_rows_for_masks_of_small_blocks(q_block, kv_block, rows):
