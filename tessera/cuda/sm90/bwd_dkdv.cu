@@ -176,7 +176,7 @@ bsa_bwd_dkdv_sm90(TESSERA_BWD_PARAMS) {
       if constexpr (BULK_DQ) {
         store_partial_dq(partial_dq_tile(tiles, wg), dq, first, wg, warp % 4, g, t);
         pending_first = walk.kpos;
-        pending_end = walk.k1;
+        pending_end = min(walk.k1, walk.kpos + BN);  // (k1 ends the span)
       } else {
         add_partial_dq(rows, dq, first, end, wg, warp % 4, g, t);
       }
