@@ -94,9 +94,9 @@ def attention_backward(q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any,
     and Delta = rowsum(dO * O) read from ``out``, so a backward costs no forward. ``out`` and
     ``dout`` are like q (dtype, shape, layout, rows 16-byte aligned); ``lse`` float32
     ``[B, Hq, Lq]``, contiguous. Gradients come back in the caller's type and layout, q's dtype.
-    Every gradient row is written by one task (bitwise repeatable); with
-    ``tessera.config.deterministic_backward`` off the Hopper kernels sum dQ by float32 atomics
-    instead (its order varies between runs). A device mask's backward queues
+    On the Hopper kernels dQ is summed by float32 atomics where that is faster (its order
+    varies between runs); ``tessera.config.deterministic_backward`` has every gradient row
+    written by one task instead (bitwise repeatable). A device mask's backward queues
     are planned on the device without a synchronization (a host mask's on the host); a plan
     for a static mask keeps them (:meth:`Plan.run_backward`).
     """

@@ -1,8 +1,8 @@
 """Running a plan's backward pass on the GPU: the gradient inputs checked, the backward queues on
 the device, and the kernels on the caller's stream: Delta (``cuda/bwd_rows.cu``), then dK/dV
 and dQ of the Hopper or the portable family (``cuda/sm90/bwd_*.cu``, ``cuda/sm80/bwd_*.cu``) --
-or, on the Hopper family with ``config.deterministic_backward`` off, dK/dV summing dQ by
-atomics into float32, then dQ's conversion (``bwd_rows.cu``).
+or, on the Hopper family in 128-row tasks unless ``config.deterministic_backward``, dK/dV
+summing dQ by atomics into float32, then dQ's conversion (``bwd_rows.cu``).
 
 A plan reaches this module through :func:`run_backward_plan` (``Plan.run_backward``); it reads
 the plan's shape, mask and its backward queues (``runtime/backward.py``, asked of the plan),
@@ -20,7 +20,7 @@ import numpy as np
 from ._array import cupy_or_none
 from .capture import capture_memory_if, capturing, stream_capturing
 from .cuda import tma
-from .cuda.device import SM90_SMEM_PER_SM, SM90_SMEM_RESERVED, device_cc, smem_limit_bytes
+from .cuda.device import device_cc, smem_limit_bytes
 from .cuda.loader import load_kernel
 from .cuda.variants import Variant, smem_bytes
 from .interop import empty_like_caller
@@ -71,23 +71,20 @@ def backward_kernels(cc: int, head_dim: int, bf16: bool, portable: bool | None =
     """The backward pass's (dK/dV, dQ) kernels on compute capability ``cc``: the Hopper family
     on sm_90 (unless ``portable``; None: ``config.portable_backward``), the portable one
     elsewhere. Their BM and BN are the queues' tile rows and steps. Unless ``deterministic``
-    (None: ``config.deterministic_backward``) the Hopper dK/dV kernel sums dQ by atomics and
-    there is no dQ kernel (None). ``tma``: the Hopper kernels copy their chunks by TMA (the
-    launch passes the tensor maps). ``block_m``: the Hopper kernels' task rows, 128 or 64
-    (a mask's ``sm90_tile_rows``); dQ by atomics at head dim 128 takes 128."""
+    (None: ``config.deterministic_backward``) the Hopper dK/dV kernel of 128-row tasks sums dQ
+    by atomics and there is no dQ kernel (None). ``tma``: the Hopper kernels copy their chunks
+    by TMA (the launch passes the tensor maps). ``block_m``: the Hopper kernels' task rows, 128
+    or 64 (a mask's ``sm90_tile_rows``)."""
     portable = config.portable_backward if portable is None else portable
     deterministic = config.deterministic_backward if deterministic is None else deterministic
     if cc == 90 and not portable:
-        if not deterministic and head_dim == 128:
-            block_m = SM90_BLOCK_M  # its two warpgroups split dQ's columns
+        # dQ by atomics (five products, not seven) where it runs faster: 128-row tasks. The
+        # 64-row tasks of small-block masks keep the two passes: at head dim 128 dQ by atomics
+        # needs 128-row tasks (its warpgroups split dQ's columns), 1.6x slower there.
+        atomic = not deterministic and block_m == SM90_BLOCK_M
         dkdv = Variant.bwd_sm90("bsa_bwd_dkdv_sm90", head_dim=head_dim, bf16=bf16,
-                                block_m=block_m, atomic_dq=not deterministic, tma=tma)
-        if not deterministic:
-            if dkdv.min_blocks * (smem_bytes(dkdv) + SM90_SMEM_RESERVED) > SM90_SMEM_PER_SM:
-                # the partial dQ's float32 tile leaves no room for two 64-row CTAs an SM (head
-                # dim 96): each thread adds its own values instead
-                dkdv = Variant.bwd_sm90("bsa_bwd_dkdv_sm90", head_dim=head_dim, bf16=bf16,
-                                        block_m=block_m, atomic_dq=True, tma=tma, bulk_dq=False)
+                                block_m=block_m, atomic_dq=atomic, tma=tma)
+        if atomic:
             return dkdv, None
         return dkdv, Variant.bwd_sm90("bsa_bwd_dq_sm90", head_dim=head_dim, bf16=bf16,
                                       block_m=block_m, tma=tma)

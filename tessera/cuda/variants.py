@@ -222,17 +222,16 @@ class Variant:
 
     @classmethod
     def bwd_sm90(cls, kernel: str, *, head_dim: int, bf16: bool, block_m: int = 128,
-                 block_n: int = 64, atomic_dq: bool = False, tma: bool = False,
-                 bulk_dq: bool = True) -> "Variant":
+                 block_n: int = 64, atomic_dq: bool = False, tma: bool = False) -> "Variant":
         """A kernel of the Hopper backward (sm90/bwd_*.cu, sm_90a only): 64 rows a warpgroup,
         ``block_m`` rows a task (128, or 64 for masks of 64-token blocks), ``block_n`` columns a
         step, stages of chunks copied by cp.async or, with ``tma``, by TMA: three (a chunk's
         last product runs into the next chunk), or two for 64-row tasks at head dim 128, whose
         shared memory then fits two CTAs an SM. ``kernel`` is one of
         :data:`SM90_BACKWARD_KERNELS`. ``atomic_dq`` (the dK/dV kernel only): it also sums dQ
-        into float32 by atomic adds, and no dQ kernel runs (at head dim 128 in 128-row tasks
-        only, whose two warpgroups split dQ's columns): with ``bulk_dq`` a chunk's partial dQ
-        goes through shared memory and one bulk reduce, else every thread adds its values."""
+        into float32 by atomic adds (a chunk's partial through shared memory and one bulk
+        reduce), and no dQ kernel runs; 128-row tasks only (at head dim 128 its two warpgroups
+        split dQ's columns; on the masks that take 64-row tasks the two passes are faster)."""
         if kernel not in SM90_BACKWARD_KERNELS:
             raise ValueError(f"the Hopper backward has {', '.join(SM90_BACKWARD_KERNELS)}, got "
                              f"{kernel!r}")
@@ -240,15 +239,14 @@ class Variant:
             raise ValueError(f"block_m must be 64 or 128 (a warpgroup or two), got {block_m!r}")
         if atomic_dq and kernel != "bsa_bwd_dkdv_sm90":
             raise ValueError("atomic_dq is a variant of the dK/dV kernel (bsa_bwd_dkdv_sm90)")
-        if atomic_dq and head_dim == 128 and block_m != 128:
-            raise ValueError("dQ by atomics at head dim 128 takes 128-row tasks (block_m=128)")
+        if atomic_dq and block_m != 128:
+            raise ValueError("dQ by atomics takes 128-row tasks (block_m=128)")
         small = block_m == 64
         return cls(BACKWARD_SOURCES[kernel], kernel, (
             ("BM", block_m), ("BN", block_n), ("D", head_dim),
             ("STAGES", 2 if small and head_dim == 128 else 3), ("BF16", int(bf16)))
             + ((("MIN_BLOCKS", 2),) if small else ())
-            + ((("ATOMIC_DQ", 1),) + ((("BULK_DQ", 0),) if not bulk_dq else ())
-               if atomic_dq else ()) + ((("TMA", 1),) if tma else ()))
+            + ((("ATOMIC_DQ", 1),) if atomic_dq else ()) + ((("TMA", 1),) if tma else ()))
 
     @classmethod
     def bwd_delta(cls, *, head_dim: int, bf16: bool) -> "Variant":
@@ -304,7 +302,7 @@ def smem_bytes(v: Variant) -> int:
         d, bn, stages = v.macro("D"), v.macro("BN"), v.macro("STAGES")
         macros = dict(v.macros)
         ds = 2 * v.macro("BM") * bn if macros.get("ATOMIC_DQ") else 0  # dS^T's tile
-        if macros.get("ATOMIC_DQ") and macros.get("BULK_DQ", 1):  # the partial dQ's tiles
+        if macros.get("ATOMIC_DQ"):  # the partial dQ's float32 tiles
             ds += 4 * bn * d * (1 if d == 128 else v.macro("BM") // 64)
         barriers = 8 * stages if macros.get("TMA") else 0  # a stage's mbarrier
         return (1024 + 2 * d * (2 * v.macro("BM") + stages * 2 * bn) + ds + stages * 2 * bn * 4
@@ -351,7 +349,7 @@ PARAMETERS: dict[str, dict[str, int | None]] = {
     **{src: {"BM": None, "BN": None, "D": None, "WARPS": None, "MT": None, "STAGES": None,
              "BF16": None, "MIN_BLOCKS": 1} for src in _SM80_BACKWARD},
     **{src: {"BM": None, "BN": None, "D": None, "STAGES": None, "BF16": None, "MIN_BLOCKS": 1,
-             "ATOMIC_DQ": 0, "BULK_DQ": 1, "TMA": 0} for src in _SM90_BACKWARD},
+             "ATOMIC_DQ": 0, "TMA": 0} for src in _SM90_BACKWARD},
     BWD_ROWS: {"D": None, "BF16": None},
     "combine.cu": {"BF16": None},
     "pooled_topk.cu": {"F32": 0, "BF16": 1},

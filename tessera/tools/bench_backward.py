@@ -11,9 +11,9 @@ of dQ, dK, dV), and one that differs is flagged, not timed.
 
 "backward" = one run of a plan's backward pass (``Plan.run_backward``: Delta, dK/dV, dQ) from
 the forward's output and LSE, its queues planned already; the peers' the same (their backward
-alone). On the Hopper kernels the other dQ mode than the default (dQ summed by atomics, or
-the deterministic two passes: ``config.deterministic_backward``) is timed beside it ("alt",
-``other_mode``, and its time over the default's). "fwd+bwd" = the forward that saves what the
+alone). On the Hopper kernels in 128-row tasks the other dQ mode than the default (dQ summed
+by atomics, or the deterministic two passes: ``config.deterministic_backward``) is timed beside
+it ("alt", ``other_mode``, and its time over the default's). "fwd+bwd" = the forward that saves what the
 backward reads, then the backward. Both timed in interleaved rounds with every peer
 (:func:`~tessera.tools.timing.interleaved_ms`).
 "request" = ``tessera.attention_backward`` on a new mask object: the backward queues planned
@@ -108,8 +108,9 @@ def run(shapes: list[str], cases: list[str], make_mask: MaskMaker, *, heads: int
 
             calls = {"tessera": lambda: p.run_backward(q, k, v, out, lse, do),
                      "tessera_fwdbwd": fwd_bwd}
-            if backward_kernels(device_cc(), d, True, deterministic=False)[1] is None:
-                # (the Hopper kernels: both dQ modes run here)
+            if backward_kernels(device_cc(), d, True, deterministic=False,
+                                block_m=p.sm90_tile_rows)[1] is None:
+                # (the Hopper kernels in 128-row tasks: both dQ modes run here)
                 row["other_mode"] = "deterministic" if other else "atomic"
                 row["other_diff"] = max(
                     peers.relative_difference(g, o) for g, o in zip(other_mode(), ours))

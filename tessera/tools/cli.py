@@ -77,7 +77,8 @@ def _backward_line(cc: int | None) -> str:
         return f"the {family} kernels on this GPU ({dkdv.macro('BM')}-row tasks)"
     return (f"the {family} kernels on this GPU ({dkdv.macro('BM')}-row tasks, 64 for masks of "
             f"blocks up to {SM90_SMALL_BLOCK_TOKENS} tokens; chunks by TMA with config.use_tma "
-            "where the operands allow; dQ by atomics with config.deterministic_backward off; "
+            "where the operands allow; dQ by atomics in 128-row tasks unless "
+            "config.deterministic_backward; "
             "config.portable_backward forces the sm80 ones)")
 
 

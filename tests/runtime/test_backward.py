@@ -256,8 +256,9 @@ def test_hopper_tasks_take_64_rows_for_masks_of_small_blocks(q_block, kv_block, 
 
 
 def test_the_hopper_backward_kernels_of_each_tile():
-    """backward_kernels: 64- or 128-row Hopper tasks as asked, except dQ by atomics at head dim
-    128 (its two warpgroups split dQ's columns); the portable kernels keep theirs."""
+    """backward_kernels: 64- or 128-row Hopper tasks as asked; unless deterministic, dQ summed
+    by atomics in 128-row tasks (one kernel) while 64-row tasks keep the two passes; the
+    portable kernels keep theirs."""
     from tessera.backward_launch import backward_kernels
     from tessera.cuda.variants import Variant
 
@@ -265,14 +266,16 @@ def test_the_hopper_backward_kernels_of_each_tile():
         for det in (True, False):
             for rows in (64, 128):
                 got = [v for v in backward_kernels(90, d, True, False, det, block_m=rows) if v]
-                want = 128 if not det and d == 128 else rows
-                assert [v.macro("BM") for v in got] == [want] * (2 if det else 1)
-                assert all(v.macro("STAGES") == (2 if want == 64 and d == 128 else 3)
+                atomic = not det and rows == 128
+                assert [v.macro("BM") for v in got] == [rows] * (1 if atomic else 2)
+                assert [bool(dict(v.macros).get("ATOMIC_DQ")) for v in got][0] == atomic
+                assert all(v.macro("STAGES") == (2 if rows == 64 and d == 128 else 3)
                            for v in got)
     portable = backward_kernels(80, 128, True, block_m=128)
     assert [v.macro("BM") for v in portable] == [64, 64]
     with pytest.raises(ValueError, match="block_m must be 64 or 128"):
         Variant.bwd_sm90("bsa_bwd_dq_sm90", head_dim=64, bf16=True, block_m=192)
-    with pytest.raises(ValueError, match="128-row tasks"):
-        Variant.bwd_sm90("bsa_bwd_dkdv_sm90", head_dim=128, bf16=True, block_m=64,
-                         atomic_dq=True)
+    for d in (64, 128):
+        with pytest.raises(ValueError, match="128-row tasks"):
+            Variant.bwd_sm90("bsa_bwd_dkdv_sm90", head_dim=d, bf16=True, block_m=64,
+                             atomic_dq=True)

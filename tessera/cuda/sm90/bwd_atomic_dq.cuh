@@ -1,9 +1,9 @@
 // The Hopper dK/dV kernel's dQ by atomics (Config::ATOMIC_DQ; sm90/bwd_dkdv.cu): the warpgroups
 // write their rows of dS^T (the chunk's BN query columns for the tile's keys) to shared memory,
 // multiply them, read as dS (queries as M), by K's rows (read N-major), and add the partial dQ
-// (float32) to `dq_sums`: with Config::BULK_DQ through a float32 tile in shared memory that one
-// thread adds with a bulk reduce (one L2 operation stream a chunk, issued once the next chunk's
-// CTA barrier has seen every thread's stores), else by vector reductions from every thread.
+// (float32) to `dq_sums` through a float32 tile in shared memory that one thread adds with a
+// bulk reduce, issued once the next chunk's CTA barrier has seen every thread's stores (every
+// thread adding its own values by vector reductions ran 1.12-1.27x slower: docs/decisions.md).
 // bwd_rows.cu's bsa_bwd_dq_convert scales and converts the sums once every task has run. Five
 // matrix products a chunk instead of the two-pass backward's seven, at the price of float32
 // atomics (the sum's order varies between runs).
@@ -12,7 +12,6 @@
 #include "sm90/bwd_mma.cuh"
 
 namespace {
-constexpr bool BULK_DQ = Config::BULK_DQ != 0;
 constexpr int DQ_N = DQ_COLUMN_SPLIT ? D / WGS : D;  // a warpgroup's dQ columns
 constexpr int DQ_KEYS = DQ_COLUMN_SPLIT ? BM : 64;   // the keys its partial sums
 static_assert(!Config::ATOMIC_DQ || !DQ_COLUMN_SPLIT || (WGS == 2 && SW == 128),
@@ -64,28 +63,7 @@ __device__ __forceinline__ void issue_scores_times_keys(float (&acc)[DQ_N / 8][4
   wgmma_commit();
 }
 
-// Adds warpgroup wg's partial dQ (rows: query tokens `first` + 0 .. BN - 1 of the head whose
-// float32 sums start at `rows`, those at or past `end` left out) to the sums by vector
-// reductions.
-__device__ __forceinline__ void add_partial_dq(float* rows, const float (&acc)[DQ_N / 8][4],
-                                               int first, int end, int wg, int warp_in_wg,
-                                               int g, int t) {
-  const int q0 = first + warp_in_wg * 16 + g;
-  const int c0 = (DQ_COLUMN_SPLIT ? wg * DQ_N : 0) + 2 * t;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int q = q0 + 8 * half;
-    if (q >= end) continue;
-    float* row = rows + (i64)q * D;
-#pragma unroll
-    for (int j = 0; j < DQ_N / 8; ++j)
-      asm volatile("red.global.add.v2.f32 [%0], {%1, %2};"
-                   ::"l"(row + dq_sum_column(q, c0 + 8 * j)), "f"(acc[j][2 * half]),
-                   "f"(acc[j][2 * half + 1]) : "memory");
-  }
-}
-
-// (BULK_DQ) The float32 tile warpgroup wg's partial dQ goes through, and whether thread `tid`
+// The float32 tile warpgroup wg's partial dQ goes through, and whether thread `tid`
 // adds it to the sums (one thread a tile).
 __device__ __forceinline__ u32 partial_dq_tile(const Tiles& tiles, int wg) {
   return tiles.dq + (DQ_COLUMN_SPLIT ? 0u : (u32)(wg * DQ_TILE_BYTES));
@@ -94,7 +72,7 @@ __device__ __forceinline__ bool adds_partial_dq(int tid) {
   return DQ_COLUMN_SPLIT ? tid == 0 : tid % 128 == 0;
 }
 
-// (BULK_DQ) Warpgroup wg's partial dQ into its float32 tile: row r holds query token first + r,
+// Warpgroup wg's partial dQ into its float32 tile: row r holds query token first + r,
 // laid out as that token's row of the sums (dq_sum_column), so that one bulk reduce adds the
 // chunk's rows. Two wavefronts a warp's 256 bytes (the permutation spreads its eight rows).
 __device__ __forceinline__ void store_partial_dq(u32 tile, const float (&acc)[DQ_N / 8][4],
@@ -114,7 +92,7 @@ __device__ __forceinline__ void store_partial_dq(u32 tile, const float (&acc)[DQ
   }
 }
 
-// (BULK_DQ, the adding thread) Adds the tile's first `rows` rows to the sums from `dst` on (rows
+// (The adding thread) Adds the tile's first `rows` rows to the sums from `dst` on (rows
 // D floats apart in both), as one bulk group: its stores must be visible to the async proxy
 // (fence_async_smem, then a barrier) before, and the tile is rewritten only after
 // partial_dq_read.
@@ -123,11 +101,11 @@ __device__ __forceinline__ void reduce_partial_dq(float* dst, u32 tile, int rows
                ::"l"(dst), "r"(tile), "r"(rows * D * 4) : "memory");
   asm volatile("cp.async.bulk.commit_group;" ::: "memory");
 }
-// (BULK_DQ, the adding thread) Waits until its bulk reduces have read their tiles.
+// (The adding thread) Waits until its bulk reduces have read their tiles.
 __device__ __forceinline__ void partial_dq_read() {
   asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
 }
-// (BULK_DQ, the adding thread) Waits until its bulk reduces have completed.
+// (The adding thread) Waits until its bulk reduces have completed.
 __device__ __forceinline__ void partial_dq_done() {
   asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 }

@@ -5,9 +5,9 @@
 // dS^T = P^T (dP^T - Delta), dK += dS^T Q (P^T and dS^T from registers, dO and Q read N-major);
 // dK and dV written once (one task a row). Same queues, arguments and launch order as the
 // portable backward (sm80/bwd_dkdv.cu). With Config::ATOMIC_DQ it also sums dQ = dS K into
-// float32 by atomics (bwd_atomic_dq.cuh), and no dQ kernel runs: with Config::BULK_DQ a chunk's
-// partial dQ is stored to shared memory in the chunk and added by one bulk reduce after the next
-// chunk's CTA barrier (or the loop's last barrier).
+// float32 by atomics (bwd_atomic_dq.cuh), and no dQ kernel runs: a chunk's partial dQ is stored
+// to shared memory in the chunk and added by one bulk reduce after the next chunk's CTA barrier
+// (or the loop's last barrier).
 //
 // Roles: bwd_mma.cuh (the products, tiles), bwd_atomic_dq.cuh (dQ by atomics), bwd_loads.cuh
 // (copies into the swizzled layout), layout.cuh (the layout, descriptors), common/backward.cuh
@@ -22,8 +22,8 @@ namespace {
 constexpr bool DS_FRAGMENTS_OWN = D < 128;
 // With dQ by atomics at head dim 128, dK is issued before the partial dQ and both are waited
 // for in the chunk: held in flight, dK's fragments beside the partial spill (255 registers) --
-// except with the partial added by bulk reduce from chunks copied by TMA (254 registers).
-constexpr bool DQ_AFTER_DK = D == 128 && !(Config::BULK_DQ && TMA);
+// except with chunks copied by TMA (254 registers).
+constexpr bool DQ_AFTER_DK = D == 128 && !TMA;
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS)
@@ -96,7 +96,7 @@ bsa_bwd_dkdv_sm90(TESSERA_BWD_PARAMS) {
   // first wait takes it, so they outlive the iteration.
   u32 pw[BN / 16][4], dsw[BN / 16][4];
   const bool walked = walk.more(se);
-  // (BULK_DQ) The previous chunk's partial dQ, stored and not yet added: its query positions
+  // (ATOMIC_DQ) The previous chunk's partial dQ, stored and not yet added: its query positions
   // (pending_end 0: none); kept as two positions, since a pointer costs the registers that
   // head dim 128's cp.async variant lacks.
   int pending_first = 0, pending_end = 0;
@@ -112,9 +112,9 @@ bsa_bwd_dkdv_sm90(TESSERA_BWD_PARAMS) {
     // Chunk c (and with the first, K and V) has landed for every thread, its rows past the
     // span zeroed where TMA copied them (dK and dV multiply them by zero weights); chunk
     // c + 1 - STAGES's stage is free (with three stages c - 1's may still be read by its dK);
-    // (BULK_DQ) chunk c - 1's partial dQ is stored and visible to a bulk reduce.
+    // (ATOMIC_DQ) chunk c - 1's partial dQ is stored and visible to a bulk reduce.
     wait_for_chunk<2>(tiles, c, walk.k1 - walk.kpos, tid);
-    if constexpr (Config::ATOMIC_DQ && BULK_DQ) {
+    if constexpr (Config::ATOMIC_DQ) {
       if (pending_end && dq_adder) add_pending_dq();
       pending_end = 0;
     }
@@ -152,8 +152,8 @@ bsa_bwd_dkdv_sm90(TESSERA_BWD_PARAMS) {
     float dq[DQ_N / 8][4];  // (ATOMIC_DQ) the partial dQ
     if constexpr (Config::ATOMIC_DQ) {
       store_score_gradients(tiles.ds, ds_frag, warp, g, t);
-      // (BULK_DQ) the barrier also tells the warpgroups that the partial dQ's tile is free
-      if (BULK_DQ && dq_adder) partial_dq_read();
+      // the barrier also tells the warpgroups that the partial dQ's tile is free
+      if (dq_adder) partial_dq_read();
       score_gradients_stored(wg);
     }
     // dK += dS^T Q, with dQ by atomics: after the partial dQ, so that waiting for that leaves dK
@@ -170,16 +170,10 @@ bsa_bwd_dkdv_sm90(TESSERA_BWD_PARAMS) {
         wgmma_wait<1>();  // the partial dQ (dK stays in flight)
       }
       wgmma_hold<DQ_N / 2>(&dq[0][0]);
-      const int hl = walk.kpos / seq_q;
-      const int first = walk.kpos - hl * seq_q, end = walk.k1 - hl * seq_q;
-      float* rows = dq_sums + ((i64)b * num_q_heads + h0 + hl) * seq_q * D;
-      if constexpr (BULK_DQ) {
-        store_partial_dq(partial_dq_tile(tiles, wg), dq, first, wg, warp % 4, g, t);
-        pending_first = walk.kpos;
-        pending_end = min(walk.k1, walk.kpos + BN);  // (k1 ends the span)
-      } else {
-        add_partial_dq(rows, dq, first, end, wg, warp % 4, g, t);
-      }
+      const int first = walk.kpos - walk.kpos / seq_q * seq_q;  // (its token)
+      store_partial_dq(partial_dq_tile(tiles, wg), dq, first, wg, warp % 4, g, t);
+      pending_first = walk.kpos;
+      pending_end = min(walk.k1, walk.kpos + BN);  // (k1 ends the span)
     }
     if constexpr (!LAST_IN_FLIGHT) {  // (two stages) the next copy overwrites this chunk's
       wgmma_wait<0>();
@@ -194,7 +188,7 @@ bsa_bwd_dkdv_sm90(TESSERA_BWD_PARAMS) {
     wgmma_hold<D / 2>(&dv[0][0]);
     wgmma_hold<D / 2>(&dk[0][0]);
   }
-  if constexpr (Config::ATOMIC_DQ && BULK_DQ) {  // the last chunk's partial dQ
+  if constexpr (Config::ATOMIC_DQ) {  // the last chunk's partial dQ
     if (pending_end) {
       fence_async_smem();
       __syncthreads();

@@ -6,8 +6,8 @@
 //
 // Shared memory (dynamic, 1 KiB of slack to align the tiles): two resident tiles of BM x D,
 // then STAGES x {two chunk tiles of BN x D}, then (Config::ATOMIC_DQ) dS^T's tile of BM x BN
-// and (with Config::BULK_DQ) the partial dQ's float32 tiles of BN x D (bwd_atomic_dq.cuh), then
-// STAGES x {BN LSE, BN Delta} floats, then (Config::TMA) an mbarrier a stage.
+// and the partial dQ's float32 tiles of BN x D (bwd_atomic_dq.cuh), then STAGES x {BN LSE,
+// BN Delta} floats, then (Config::TMA) an mbarrier a stage.
 // tessera/cuda/variants.py's smem_bytes mirrors this formula.
 #pragma once
 
@@ -26,12 +26,11 @@ constexpr int DS_BYTES = Config::ATOMIC_DQ ? BM * BN * 2 : 0;
 // dQ by atomics: at head dim 128 the two warpgroups split dQ's columns, each D / 2 of them over
 // all BM keys (a D-wide partial a warpgroup spills there, 255 registers); at 64 and 96 each
 // takes its own 64 keys and every column (a column split would start inside a swizzle chunk),
-// twice the atomics. With Config::BULK_DQ the partial goes through a float32 tile of BN x D:
-// the CTA's one (column split) or one a warpgroup.
+// twice the atomics. The partial goes through a float32 tile of BN x D: the CTA's one (column
+// split) or one a warpgroup.
 constexpr bool DQ_COLUMN_SPLIT = D == 128;
 constexpr int DQ_TILE_BYTES = BN * D * 4;
-constexpr int DQ_BYTES = Config::ATOMIC_DQ && Config::BULK_DQ
-                             ? DQ_TILE_BYTES * (DQ_COLUMN_SPLIT ? 1 : WGS) : 0;
+constexpr int DQ_BYTES = Config::ATOMIC_DQ ? DQ_TILE_BYTES * (DQ_COLUMN_SPLIT ? 1 : WGS) : 0;
 // Chunks by TMA: one thread issues a chunk's copies, which complete on the stage's mbarrier
 // (the LSE and Delta, and the resident tiles, stay cp.async copies of every thread). A box is
 // BN consecutive rows: rows past the span's end hold rows no task's pair selects, zeroed where
