@@ -2,7 +2,9 @@
 
 12 heads, 32,760 tokens, 10% block density (random, seed 0), numpy on the host:
 ``tessera.plan`` with 64- and 128-token blocks, ``BlockMask.from_dense`` of the 64-token mask,
-and a dense layer (every 128-token block selected) made into a mask and planned each call.
+a dense layer (every 128-token block selected) made into a mask and planned each call, and the
+backward pass's queues of the 128-token mask (the Hopper kernels' 128-row tasks), both or the
+key-major one alone (dQ summed by atomics).
 
     PYTHONPATH=. python -m pytest benchmarks/test_bench_plan.py --benchmark-enable -q
 
@@ -71,3 +73,16 @@ def test_bench_plan_wan_dense_layer(benchmark):
     # One group and one span a head: the arithmetic mapping of a mask selecting every block.
     assert plan.tiles.num_groups == HEADS and plan.tiles.num_spans == HEADS
     benchmark.extra_info.update(num_tasks=plan.queue.num_tasks, num_tiles=plan.tiles.num_tiles)
+
+
+@pytest.mark.parametrize("query_major", [True, False], ids=["both-queues", "key-major-only"])
+def test_bench_backward_queues_wan(benchmark, query_major):
+    from tessera.runtime.backward import backward_queues
+    from tessera.runtime.plan import checked_shape
+
+    mask = wan_mask(128)
+    shape = checked_shape(mask, HEADS, HEADS, HEAD_DIM, None, 1, "bfloat16", "bhld")
+    benchmark.group = "backward_queues"
+    bq = benchmark(lambda: backward_queues(mask, shape, block_m=128, block_n=(64, 64),
+                                           query_major=query_major))
+    assert (bq.dq is not None) == query_major and bq.dkdv.tasks.shape[0] > 0
