@@ -279,3 +279,30 @@ def test_the_hopper_backward_kernels_of_each_tile():
         with pytest.raises(ValueError, match="128-row tasks"):
             Variant.bwd_sm90("bsa_bwd_dkdv_sm90", head_dim=d, bf16=True, block_m=64,
                              atomic_dq=True)
+
+
+@pytest.mark.parametrize("name", ["wan-random-10", "cogvideox-random-10-text", "wan-radial",
+                                  "wan-sliding-tile"])
+def test_key_major_tasks_of_model_masks_stay_within_an_sms_share(name):
+    """Why a heavy key column is not split: on model-shaped masks (12 or 48 heads, text keys
+    every query selects, a sink frame) the longest key-major task holds at most a fifth of one
+    SM's share of the chunks (132 SMs), so the longest-first order leaves no tail it would cut
+    (docs/decisions.md, Backward)."""
+    from tessera.families.radial_decay import radial
+    from tessera.families.random_masks import random_blocks
+    from tessera.families.tile_windows import sliding_tile
+
+    mask, heads, d = {
+        "wan-random-10": lambda: (random_blocks(12, 32760, 128, 0.1).mask, 12, 128),
+        "cogvideox-random-10-text": lambda: (random_blocks(48, 17776, 128, 0.1,
+                                                           text_tokens=226).mask, 48, 64),
+        "wan-radial": lambda: (radial((21, 30, 52), 128).mask, 12, 128),
+        "wan-sliding-tile": lambda: (sliding_tile((21, 30, 52)).mask, 12, 128),
+    }[name]()
+    shape = checked_shape(mask, heads, heads, d, None, 1, "bfloat16", "bhld")
+    bq = backward_queues(mask, shape, block_m=128, block_n=(64, 64), query_major=False)
+    tasks, spans = bq.dkdv.tasks, bq.dkdv.spans
+    chunks = -(-(spans[:, Span.K_END] - spans[:, Span.K_START]) // 64)
+    per_task = np.array([chunks[a:b].sum() for a, b in
+                         zip(tasks[:, Task.SPAN_BEGIN], tasks[:, Task.SPAN_END])])
+    assert per_task.max() <= 0.2 * per_task.sum() / 132, (per_task.max(), per_task.sum())
