@@ -135,7 +135,7 @@ def _device_queues(p: BackwardLaunchable, cp: Any, block_m: int, block_n: tuple[
                                "has not run on this GPU yet: run it once before capturing")
         bq = p.backward_queues(block_m, block_n, query_major)
         got = p.launch_state.backward_queues[key] = tuple(
-            None if x is None or not query_major and x is bq.dq else
+            None if x is None or (not query_major and x is bq.dq) else
             (cp.ascontiguousarray(cp.asarray(x.tasks, dtype=cp.int32)),
              cp.ascontiguousarray(cp.asarray(x.spans, dtype=cp.int32)),
              int(x.tasks.shape[0]), x.count, int(x.tile_rows))
