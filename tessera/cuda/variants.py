@@ -301,9 +301,9 @@ def smem_bytes(v: Variant) -> int:
     if v.source in _SM90_BACKWARD:  # the same, unpadded (swizzled), plus 1 KiB to align tiles
         d, bn, stages = v.macro("D"), v.macro("BN"), v.macro("STAGES")
         macros = dict(v.macros)
-        ds = 2 * v.macro("BM") * bn if macros.get("ATOMIC_DQ") else 0  # dS^T's tile
-        if macros.get("ATOMIC_DQ"):  # the partial dQ's float32 tiles
-            ds += 4 * bn * d * (1 if d == 128 else v.macro("BM") // 64)
+        ds = 0
+        if macros.get("ATOMIC_DQ"):  # dS^T's tile, the partial dQ's float32 tiles
+            ds = 2 * v.macro("BM") * bn + 4 * bn * d * (1 if d == 128 else v.macro("BM") // 64)
         barriers = 8 * stages if macros.get("TMA") else 0  # a stage's mbarrier
         return (1024 + 2 * d * (2 * v.macro("BM") + stages * 2 * bn) + ds + stages * 2 * bn * 4
                 + barriers)

@@ -199,9 +199,9 @@ def _on_device(mask: BlockMask, shape: PlanShape, dq_regime: Regime | None,
                kv_regime: Regime) -> tuple[TaskQueue | None, TaskQueue] | None:
     """The (dq, key-major) queues by the planner kernels, sync-free (no task splits; no dq
     queue without ``dq_regime``); None where they do not apply (a host mask, dense rows past
-    their limit). The key-major tasks hold one query head each: with one query head per kv head such a task is already the
-    dK/dV task (its query positions are the head's tokens); with GQA a group's are merged
-    (:func:`_group_on_device`)."""
+    their limit). The key-major tasks hold one query head each: with one query head per kv
+    head such a task is already the dK/dV task (its query positions are the head's tokens);
+    with GQA a group's are merged (:func:`_group_on_device`)."""
     planner = DevicePlanner()
     queues = []
     for direction, regime in ((Direction.QUERY_MAJOR, dq_regime),

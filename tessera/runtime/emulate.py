@@ -247,10 +247,11 @@ def run_backward(plan: Plan, q: Any, k: Any, v: Any, dout: Any, *,
     bw = _Backward(plan, q4, k4, v4, do4, lse3, (do4 * out4).sum(axis=3),
                    1.0 / np.sqrt(q4.shape[3]) if scale is None else float(scale))
     bq = plan.backward_queues(block_m, query_major=not atomic_dq).settled()
-    qspans = records(bq.dq.spans, Span) if not atomic_dq else []
-    for task in records(bq.dq.tasks, Task) if not atomic_dq else ():
-        bw.query_major(task, qspans[task.span_begin:task.span_end], bq.dq.tile_rows,
-                       bq.block_m, bq.block_n[0])
+    if not atomic_dq:  # (dQ by atomics: the key-major tasks add it, no query-major queue)
+        qspans = records(bq.dq.spans, Span)
+        for task in records(bq.dq.tasks, Task):
+            bw.query_major(task, qspans[task.span_begin:task.span_end], bq.dq.tile_rows,
+                           bq.block_m, bq.block_n[0])
     kspans = records(bq.dkdv.spans, Span)
     for task in records(bq.dkdv.tasks, Task):
         bw.key_major(task, kspans[task.span_begin:task.span_end], bq.dkdv.tile_rows,

@@ -13,9 +13,9 @@ of dQ, dK, dV), and one that differs is flagged, not timed.
 the forward's output and LSE, its queues planned already; the peers' the same (their backward
 alone). On the Hopper kernels in 128-row tasks the other dQ mode than the default (dQ summed
 by atomics, or the deterministic two passes: ``config.deterministic_backward``) is timed beside
-it ("alt", ``other_mode``, and its time over the default's). "fwd+bwd" = the forward that saves what the
-backward reads, then the backward. Both timed in interleaved rounds with every peer
-(:func:`~tessera.tools.timing.interleaved_ms`).
+it ("alt", ``other_mode``, and its time over the default's). "fwd+bwd" = the forward that
+saves what the backward reads, then the backward. Both timed in interleaved rounds with every
+peer (:func:`~tessera.tools.timing.interleaved_ms`).
 "request" = ``tessera.attention_backward`` on a new mask object: the backward queues planned
 (by the planner kernels, without a synchronization), then the kernels. Useful FLOP/s count
 the backward as 2.5x the forward's 4 * D * selected pairs (the convention of the
@@ -145,11 +145,11 @@ def _grads(outputs: Any, inputs: tuple, do: Any) -> tuple:
 
 def _peers(q, k, v, do, ours, m, flex_fn, row: dict, dense: bool
            ) -> dict[str, tuple[Callable[[], Any], Callable[[], Any]]]:
-    import torch
-
     """Each installed peer's (backward, forward + backward) calls on mask ``m``, its gradients
     compared with Tessera's ``ours`` first: a peer further than PEER_TOLERANCE from them (the
     worst of dQ, dK, dV) is flagged in ``row`` (``<peer>_differs``), not returned."""
+    import torch
+
     found: dict[str, tuple[Callable[[], Any], Callable[[], Any]]] = {}
 
     def checked(name: str, grads: tuple) -> bool:

@@ -3,8 +3,7 @@ gradients on fresh random inputs, outputs poisoned first (every element must be 
 and variable blocks, empty rows and unselected keys, GQA with a mask per kv or query head, both
 layouts, bf16 and fp16, head dims 64, 96 and 128, the device's kernels and (on sm_90) the
 portable ones too; bitwise repeatable (dQ but where it is summed by atomics); torch autograd
-through tessera.attention. Marked ``gpu``:
-skipped where there is no GPU."""
+through tessera.attention. Marked ``gpu``: skipped where there is no GPU."""
 
 from __future__ import annotations
 
