@@ -15,12 +15,12 @@ from .mask import BlockMask
 from .runtime import emulate
 from .runtime.mode import PlanMode
 from .runtime.plan import Plan, plan
-from .runtime.regime import Regime, use_table
+from .runtime.regime import BackwardRegime, Regime, use_table
 from .settings import config
 
 __version__ = "0.1.0"
 
-__all__ = ["BlockMask", "CapturedMemory", "Plan", "PlanMode", "Regime", "attention",
+__all__ = ["BackwardRegime", "BlockMask", "CapturedMemory", "Plan", "PlanMode", "Regime", "attention",
            "attention_backward", "config",
            "emulate", "families", "plan", "reference", "release_captured_memory", "require_gpu",
            "use_table", "__version__"]

@@ -27,6 +27,7 @@ from .runtime.cache import PlanCache, RequestKey
 from .runtime.mode import PlanMode
 from .runtime.plan import Plan, checked_shape, plan, plan_selected
 from .runtime.regime import ENV_TABLE, selected_regime, selection_generation
+from .runtime.regime.backward import BackwardRegime, check_backward_regime_argument
 from .settings import config
 
 __all__ = ["attention", "attention_backward", "request_plans", "kept_plans"]
@@ -85,7 +86,8 @@ def attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *, scale: float | N
 
 def attention_backward(q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any,
                        block_mask: BlockMask, *, scale: float | None = None,
-                       layout: str = "bhld") -> tuple[Any, Any, Any]:
+                       layout: str = "bhld",
+                       regime: BackwardRegime | None = None) -> tuple[Any, Any, Any]:
     """The gradients ``(dq, dk, dv)`` of ``tessera.attention(q, k, v, block_mask)`` for the
     output gradient ``dout``, exactly on the mask (keys no row selects get zero dK and dV, rows
     that select nothing zero dQ; GQA sums a group's query heads into its kv head).
@@ -98,11 +100,14 @@ def attention_backward(q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any,
     varies between runs); ``tessera.config.deterministic_backward`` has every gradient row
     written by one task instead (bitwise repeatable). A device mask's backward queues
     are planned on the device without a synchronization (a host mask's on the host); a plan
-    for a static mask keeps them (:meth:`Plan.run_backward`).
+    for a static mask keeps them (:meth:`Plan.run_backward`). ``regime``: a
+    :class:`~tessera.BackwardRegime` to run (None: the regime table's backward section where
+    it answers, else the heuristic; a device mask's density is not read for it).
     """
     if not isinstance(block_mask, BlockMask):
         raise TypeError(f"block_mask must be a tessera.BlockMask, got {type(block_mask).__name__}")
     check_scale(scale)
+    check_backward_regime_argument(regime)
     ops = describe(q, k, v, layout)
     b, hq, lq, d = ops.shape_q
     hkv = ops.shape_kv[1]
@@ -113,7 +118,8 @@ def attention_backward(q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any,
     with cupy_or_none().cuda.Device(ops.q.device_id):
         shape = checked_shape(block_mask, hq, hkv, d, None, b, ops.q.dtype, layout)
         with caller_stream(ops), block_mask.reading():
-            return run_backward(BackwardPlan(block_mask, shape), ops, out, lse, dout, scale)
+            return run_backward(BackwardPlan(block_mask, shape, read_mask=False), ops, out, lse,
+                                dout, scale, regime)
 
 
 # The plans tessera.attention keeps between requests (config.request_plans_kept bounds it).

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from ._array import cupy_or_none
 from .capture import capture_memory_if, capturing, stream_capturing
 from .cuda import tma
-from .cuda.device import device_cc, smem_limit_bytes
+from .cuda.device import device_cc
 from .cuda.loader import load_kernel
 from .cuda.variants import Variant, smem_bytes
 from .interop import empty_like_caller
@@ -29,8 +29,10 @@ from .operands import (Operands, bhld_view, check_scale, describe, describe_like
                        describe_lse)
 from .settings import config
 
-__all__ = ["BackwardLaunchable", "run_backward_plan", "run_backward", "dq_block_n",
-           "backward_kernels", "SM90_BLOCK_M"]
+if TYPE_CHECKING:  # the planning layer's value, read here by its fields and kernels()
+    from .runtime.regime.backward import BackwardRegime
+
+__all__ = ["BackwardLaunchable", "run_backward_plan", "run_backward"]
 
 _LOG2E = 1.4426950408889634
 _DELTA_THREADS = 256  # bsa_bwd_delta's launch bound: 8 rows a CTA, a warp each
@@ -45,80 +47,49 @@ class BackwardLaunchable(Protocol):
     @property
     def shape(self) -> AttentionShape: ...
 
-    @property
-    def sm90_tile_rows(self) -> int: ...
+    def backward_regime(self, arch: int | None, *, deterministic: bool = False,
+                        portable: bool = False) -> BackwardRegime: ...
 
     def backward_queues(self, block_m: int = 64, block_n: tuple[int, int] | None = None,
                         query_major: bool = True) -> Any: ...
 
 
-def dq_block_n(head_dim: int, cc: int) -> int | None:
-    """The portable dQ kernel's key step on compute capability ``cc``: None (the default,
-    :func:`~tessera.cuda.variants.backward_block_n`) where its shared memory fits the GPU's
-    per-block limit, else 32 (head dim 128 on sm_86 / sm_89, 99 KiB a block)."""
-    v = Variant.bwd_sm80("bsa_bwd_dq_sm80", head_dim=head_dim, bf16=True)
-    return None if smem_bytes(v) <= smem_limit_bytes(cc) else 32
-
-
-# Rows of a Hopper backward task: two warpgroups of 64 (a key tile's K and V, or a query tile's
-# Q and dO, read by both from shared memory); one for masks of small blocks (sm90_tile_rows).
-SM90_BLOCK_M = 128
-
-
-def backward_kernels(cc: int, head_dim: int, bf16: bool, portable: bool | None = None,
-                     deterministic: bool | None = None, tma: bool = False,
-                     block_m: int = SM90_BLOCK_M) -> tuple[Variant, Variant | None]:
-    """The backward pass's (dK/dV, dQ) kernels on compute capability ``cc``: the Hopper family
-    on sm_90 (unless ``portable``; None: ``config.portable_backward``), the portable one
-    elsewhere. Their BM and BN are the queues' tile rows and steps. Unless ``deterministic``
-    (None: ``config.deterministic_backward``) the Hopper dK/dV kernel of 128-row tasks sums dQ
-    by atomics and there is no dQ kernel (None). ``tma``: the Hopper kernels copy their chunks
-    by TMA (the launch passes the tensor maps). ``block_m``: the Hopper kernels' task rows, 128
-    or 64 (a mask's ``sm90_tile_rows``)."""
-    portable = config.portable_backward if portable is None else portable
-    deterministic = config.deterministic_backward if deterministic is None else deterministic
-    if cc == 90 and not portable:
-        # dQ by atomics (five products, not seven) where it runs faster: 128-row tasks. The
-        # 64-row tasks of small-block masks keep the two passes: at head dim 128 dQ by atomics
-        # needs 128-row tasks (its warpgroups split dQ's columns), 1.6x slower there.
-        atomic = not deterministic and block_m == SM90_BLOCK_M
-        dkdv = Variant.bwd_sm90("bsa_bwd_dkdv_sm90", head_dim=head_dim, bf16=bf16,
-                                block_m=block_m, atomic_dq=atomic, tma=tma)
-        if atomic:
-            return dkdv, None
-        return dkdv, Variant.bwd_sm90("bsa_bwd_dq_sm90", head_dim=head_dim, bf16=bf16,
-                                      block_m=block_m, tma=tma)
-    return (Variant.bwd_sm80("bsa_bwd_dkdv_sm80", head_dim=head_dim, bf16=bf16),
-            Variant.bwd_sm80("bsa_bwd_dq_sm80", head_dim=head_dim, bf16=bf16,
-                             block_n=dq_block_n(head_dim, cc)))
-
-
 def run_backward_plan(p: BackwardLaunchable, q: Any, k: Any, v: Any, out: Any, lse: Any,
-                      dout: Any, *, scale: float | None = None) -> tuple[Any, Any, Any]:
+                      dout: Any, *, scale: float | None = None,
+                      regime: BackwardRegime | None = None) -> tuple[Any, Any, Any]:
     """The gradients ``(dq, dk, dv)`` of ``p``'s attention for the output gradient ``dout``
     (``Plan.run_backward``), in q's type and layout. ``out`` and ``dout`` are like q (its
     dtype, shape and layout, rows 16-byte aligned); ``lse`` is the forward's float32
-    ``[B, Hq, Lq]`` (contiguous). Everything is checked before anything is launched."""
+    ``[B, Hq, Lq]`` (contiguous). ``regime``: the backward regime to run (None: the plan's
+    selection). Everything is checked before anything is launched."""
     check_scale(scale)
     ops = describe(q, k, v, p.shape.layout)
     check_operands(p, ops)
-    return run_backward(p, ops, out, lse, dout, scale)
+    return run_backward(p, ops, out, lse, dout, scale, regime)
 
 
 def run_backward(p: BackwardLaunchable, ops: Operands, out: Any, lse: Any, dout: Any,
-                 scale: float | None) -> tuple[Any, Any, Any]:
+                 scale: float | None, regime: BackwardRegime | None = None
+                 ) -> tuple[Any, Any, Any]:
     """:func:`run_backward_plan` once q, k and v are described and checked against ``p``
-    (``tessera.attention_backward``, which has done both): the gradient inputs checked, then
-    the launches on q's device."""
+    (``tessera.attention_backward``, which has done both): the gradient inputs and the regime
+    checked, then the launches on q's device."""
     layout = p.shape.layout
     o_desc = describe_like_q(out, "out", ops, layout)
     do_desc = describe_like_q(dout, "dout", ops, layout)
     ld = describe_lse(lse, ops, "the forward's contiguous float32 LSE")
     cp = cupy_or_none()
-    with cp.cuda.Device(ops.q.device_id), \
-            capture_memory_if(stream_capturing(ops.stream_ptr), ops.q.framework,
-                              ops.q.device_id):
-        return _launch(p, ops, o_desc, do_desc, ld, scale)
+    with cp.cuda.Device(ops.q.device_id):
+        cc = device_cc()
+        if regime is None:
+            regime = p.backward_regime(cc, deterministic=config.deterministic_backward,
+                                       portable=config.portable_backward)
+        elif not regime.runs_on(cc):
+            raise ValueError(f"regime {regime.name} runs on sm_90 only; this GPU is sm_{cc} "
+                             "(the sm80 family runs everywhere)")
+        with capture_memory_if(stream_capturing(ops.stream_ptr), ops.q.framework,
+                               ops.q.device_id):
+            return _launch(p, ops, o_desc, do_desc, ld, scale, regime, cc)
 
 
 def _device_queues(p: BackwardLaunchable, cp: Any, block_m: int, block_n: tuple[int, int],
@@ -160,30 +131,27 @@ def _chunk_maps(q: tuple, dout: tuple, k: tuple, v: tuple, bf16: bool, kv_rows: 
 
 
 def _launch(p: BackwardLaunchable, ops: Operands, o_desc: Any, do_desc: Any, lse_desc: Any,
-            scale: float | None) -> tuple[Any, Any, Any]:
+            scale: float | None, regime: BackwardRegime, cc: int) -> tuple[Any, Any, Any]:
     cp = cupy_or_none()
     shape = p.shape
     b, hq, lq, d = ops.shape_q
     _, hkv, lkv, _ = ops.shape_kv
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     bf16 = ops.q.dtype == "bfloat16"
-    cc = device_cc()
     layout = shape.layout
     o_str = bhld_view(o_desc, layout, "out")[1]
     do_str = bhld_view(do_desc, layout, "dout")[1]
-    task_rows = p.sm90_tile_rows if cc == 90 else SM90_BLOCK_M
     # The chunk operands' tensor maps (dK/dV: Q and dO; dQ: K and V), or None where TMA cannot
     # read them: then the cp.async kernels.
     maps = None
-    if cc == 90 and config.use_tma and not config.portable_backward:
-        dkdv_tma, dq_tma = backward_kernels(cc, d, bf16, tma=True, block_m=task_rows)
+    if regime.tma and config.use_tma:
+        dkdv_tma, dq_tma = regime.kernels(d, bf16, cc, tma=True)
         maps = _chunk_maps((ops.q.ptr, ops.shape_q, tuple(ops.strides_q)),
                            (do_desc.ptr, ops.shape_q, tuple(do_str)),
                            (ops.k.ptr, ops.shape_kv, tuple(ops.strides_k)),
                            (ops.v.ptr, ops.shape_kv, tuple(ops.strides_v)), bf16,
                            dkdv_tma.macro("BN"), (dq_tma or dkdv_tma).macro("BN"))
-    dkdv_variant, dq_variant = backward_kernels(cc, d, bf16, tma=maps is not None,
-                                                block_m=task_rows)
+    dkdv_variant, dq_variant = regime.kernels(d, bf16, cc, tma=maps is not None)
     block_m = dkdv_variant.macro("BM")
     block_n = ((dq_variant or dkdv_variant).macro("BN"), dkdv_variant.macro("BN"))
     stream = caller_stream(ops)

@@ -37,12 +37,13 @@ from .mode import Direction, PlanMode
 from .planners import ArrayPlanner, DevicePlanner, PlanShape
 from .device_planner import SYNC_FREE_WORKSPACE_LIMIT
 from .queue import Combine, Span, Task, TaskQueue
+from .regime.backward import BackwardRegime
 from .regime.choice import RegimeChoice
+from .regime.selection import select_backward_regime, selection_generation
 from .regime.value import Regime
 from .tasks import NEVER_SPLIT_RATIO
 
-__all__ = ["BackwardQueues", "BackwardPlan", "backward_regime", "backward_queues",
-           "sm90_tile_rows", "SM90_SMALL_BLOCK_TOKENS"]
+__all__ = ["BackwardQueues", "BackwardPlan", "backward_regime", "backward_queues"]
 
 
 @dataclass(frozen=True)
@@ -96,23 +97,33 @@ def _settled(queue: TaskQueue) -> TaskQueue:
 
 @dataclass
 class BackwardPlan:
-    """A mask's backward pass for one attention shape: its queues, made at the first run that
-    needs them and kept (per tile rows and steps), and the device state of its launches -- what
+    """A mask's backward pass for one attention shape: its backward regime and queues, chosen
+    and made at the first run that needs them and kept (per GPU architecture and mode; per tile
+    rows and steps), and the device state of its launches -- what
     ``backward_launch.run_backward_plan`` reads. ``tessera.attention_backward`` makes one per
-    call; a :class:`~tessera.runtime.plan.Plan` keeps one for its mask."""
+    call; a :class:`~tessera.runtime.plan.Plan` keeps one for its mask. ``read_mask`` False:
+    the regime selection reads nothing of a device mask (a request never waits for the GPU)."""
 
     mask: BlockMask
     shape: PlanShape
     launch_state: LaunchState = field(default_factory=LaunchState, repr=False)
+    read_mask: bool = True
     _queues: dict = field(default_factory=dict, repr=False)
-    _sm90_tile_rows: int | None = field(default=None, repr=False)
+    _regimes: dict = field(default_factory=dict, repr=False)
 
-    @property
-    def sm90_tile_rows(self) -> int:
-        """The Hopper kernels' task rows for this mask (:func:`sm90_tile_rows`), kept."""
-        if self._sm90_tile_rows is None:
-            self._sm90_tile_rows = sm90_tile_rows(self.mask)
-        return self._sm90_tile_rows
+    def backward_regime(self, arch: int | None, *, deterministic: bool = False,
+                        portable: bool = False) -> BackwardRegime:
+        """The backward regime for ``arch`` (:func:`~tessera.runtime.regime.selection.
+        select_backward_regime`), chosen once per architecture, mode and table in force."""
+        key = (arch, deterministic, portable, selection_generation())
+        got = self._regimes.get(key)
+        if got is None:
+            s = self.shape
+            got = self._regimes[key] = select_backward_regime(
+                self.mask, arch=arch, head_dim=s.head_dim, dtype=s.dtype,
+                num_q_heads=s.num_q_heads, batch=s.batch, deterministic=deterministic,
+                portable=portable, read_mask=self.read_mask)
+        return got
 
     def backward_queues(self, block_m: int = 64, block_n: tuple[int, int] | None = None,
                         query_major: bool = True) -> BackwardQueues:
@@ -126,21 +137,6 @@ class BackwardPlan:
                 self.mask, self.shape, block_m=block_m, block_n=block_n,
                 query_major=query_major)
         return got
-
-
-# The Hopper backward's task rows where the mask's blocks are this small (median, on both axes):
-# 64 (one warpgroup, two CTAs an SM) rather than 128. A 128-row task would hold two blocks whose
-# spans differ, computing about twice the useful pairs (docs/decisions.md, Backward).
-SM90_SMALL_BLOCK_TOKENS = 64
-
-
-def sm90_tile_rows(mask: BlockMask) -> int:
-    """Rows of a Hopper backward task for ``mask``: 64 where its median query and key blocks
-    are both at most :data:`SM90_SMALL_BLOCK_TOKENS` tokens (the 64-token blocks of top-k and
-    VSA-style masks), else 128."""
-    q = float(np.median(np.diff(mask.q_bounds)))
-    kv = float(np.median(np.diff(mask.kv_bounds)))
-    return 64 if max(q, kv) <= SM90_SMALL_BLOCK_TOKENS else 128
 
 
 def backward_regime(block_m: int, block_n: int) -> Regime:

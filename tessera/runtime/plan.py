@@ -41,6 +41,7 @@ from .mode import PlanMode
 from .queue import Span, Task, TaskQueue, records
 from .planners import PLANNERS, Organized, PlanShape
 from .regime import ROW_GROUP, Regime
+from .regime.backward import BackwardRegime, check_backward_regime_argument
 from .regime.choice import RegimeChoice, regime_for_mode
 from .tasks import NEVER_SPLIT_RATIO, fill_last_wave, task_groups
 
@@ -105,6 +106,8 @@ class Plan:
     device_plan: SyncFreePlan | None = field(repr=False, default=None)
     # The launches' device state (queues per device, task counters, ...; ``launch.py``).
     launch_state: LaunchState = field(default_factory=LaunchState, repr=False)
+    # What the plan may do (its backward regime selection reads a device mask in EXACT only).
+    mode: PlanMode = PlanMode.EXACT
     # The backward pass of this plan's mask (made at its first backward run).
     _backward: BackwardPlan | None = field(default=None, repr=False)
 
@@ -278,24 +281,32 @@ class Plan:
         apply, else on the host), then kept until the plan takes another mask."""
         return self._backward_plan().backward_queues(block_m, block_n, query_major)
 
-    @property
-    def sm90_tile_rows(self) -> int:
-        """Rows of this mask's Hopper backward tasks (``runtime.backward.sm90_tile_rows``)."""
-        return self._backward_plan().sm90_tile_rows
+    def backward_regime(self, arch: int | None, *, deterministic: bool = False,
+                        portable: bool = False) -> BackwardRegime:
+        """The backward regime this plan's mask runs on ``arch`` (the regime table's backward
+        section, else the heuristic: ``regime.selection.select_backward_regime``), chosen once.
+        A plan made by a request reads nothing of a device mask for it."""
+        return self._backward_plan().backward_regime(arch, deterministic=deterministic,
+                                                     portable=portable)
 
     def _backward_plan(self) -> BackwardPlan:
         if self._backward is None:
             shape = checked_shape(self.mask, self.num_q_heads, self.num_kv_heads, self.head_dim,
                                   self.head_dim_v, self.batch, self.dtype, self.layout)
-            self._backward = BackwardPlan(self.mask, shape, self.launch_state)
+            self._backward = BackwardPlan(self.mask, shape, self.launch_state,
+                                          read_mask=self.mode is PlanMode.EXACT)
         return self._backward
 
     def run_backward(self, q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, *,
-                     scale: float | None = None) -> tuple[Any, Any, Any]:
+                     scale: float | None = None,
+                     regime: BackwardRegime | None = None) -> tuple[Any, Any, Any]:
         """The gradients ``(dq, dk, dv)`` of this plan's attention for the output gradient
         ``dout``, from the forward's ``out`` and ``lse`` (``run(..., return_lse=True)``), on
-        the GPU (``backward_launch.run_backward_plan``), each in q's type and layout."""
-        return run_backward_plan(self, q, k, v, out, lse, dout, scale=scale)
+        the GPU (``backward_launch.run_backward_plan``), each in q's type and layout.
+        ``regime``: a :class:`~tessera.BackwardRegime` to run instead of the selected one
+        (:meth:`backward_regime`)."""
+        check_backward_regime_argument(regime)
+        return run_backward_plan(self, q, k, v, out, lse, dout, scale=scale, regime=regime)
 
 
 def _same_bounds(a: np.ndarray, b: np.ndarray) -> bool:
@@ -415,7 +426,7 @@ def _plan(mask: BlockMask, shape: PlanShape, mode: PlanMode, regime: Regime | No
              head_dim_v=shape.head_dim, dtype=shape.dtype, layout=shape.layout,
              launch_queue=done.launch_queue, in_flight=choice.in_flight,
              regime_by_geometry=choice.by_geometry, _exact=done.exact,
-             device_plan=done.device_plan)
+             device_plan=done.device_plan, mode=mode)
     p._planned()
     return p
 

@@ -30,7 +30,6 @@ from typing import Any, Callable
 
 import tessera
 
-from ..backward_launch import backward_kernels
 from ..cuda.device import device_cc
 from . import peers
 from .timing import cuda_time_ms, interleaved_ms
@@ -108,8 +107,7 @@ def run(shapes: list[str], cases: list[str], make_mask: MaskMaker, *, heads: int
 
             calls = {"tessera": lambda: p.run_backward(q, k, v, out, lse, do),
                      "tessera_fwdbwd": fwd_bwd}
-            if backward_kernels(device_cc(), d, True, deterministic=False,
-                                block_m=p.sm90_tile_rows)[1] is None:
+            if p.backward_regime(device_cc()).dq == "atomics":
                 # (the Hopper kernels in 128-row tasks: both dQ modes run here)
                 row["other_mode"] = "deterministic" if other else "atomic"
                 row["other_diff"] = max(

@@ -18,12 +18,11 @@ import scipy
 import tessera
 
 from .._array import cupy_or_none
-from ..backward_launch import backward_kernels
-from ..runtime.backward import SM90_SMALL_BLOCK_TOKENS
 from ..cuda import device
 from ..cuda.loader import CI_TARGETS, cache_dir, nvrtc_version, target_for
 from ..cuda.tma import driver_encodes_maps
 from ..runtime.plan import plan
+from ..runtime.regime.backward import SM90_SMALL_BLOCK_TOKENS, default_backward_regime
 from ..runtime.regime import (
     TABLES_DIR,  # noqa: F401 - tables/ beside the package
     default_regime,
@@ -68,18 +67,20 @@ def _gpu_lines() -> tuple[list[str], int | None]:
 
 
 def _backward_line(cc: int | None) -> str:
-    """Which backward kernels this GPU runs (``backward_launch.backward_kernels``)."""
+    """Which backward regime this GPU's heuristic runs (``default_backward_regime``)."""
     if cc is None:
         return "the sm90 kernels on sm_90, the portable ones elsewhere (no GPU here)"
-    dkdv, _ = backward_kernels(cc, 128, True)
-    family = "sm90 (wgmma)" if dkdv.source.startswith("sm90/") else "sm80 (mma.sync)"
-    if cc != 90:
-        return f"the {family} kernels on this GPU ({dkdv.macro('BM')}-row tasks)"
-    return (f"the {family} kernels on this GPU ({dkdv.macro('BM')}-row tasks, 64 for masks of "
-            f"blocks up to {SM90_SMALL_BLOCK_TOKENS} tokens; chunks by TMA with config.use_tma "
-            "where the operands allow; dQ by atomics in 128-row tasks unless "
-            "config.deterministic_backward; "
-            "config.portable_backward forces the sm80 ones)")
+    r = default_backward_regime(cc, 128, 128,
+                                deterministic=tessera.config.deterministic_backward,
+                                portable=tessera.config.portable_backward)
+    family = "sm90 (wgmma)" if r.family == "sm90" else "sm80 (mma.sync)"
+    if r.family != "sm90":
+        return f"the {family} kernels on this GPU ({r.name}: {r.block_m}-row tasks)"
+    return (f"the {family} kernels on this GPU ({r.name}: {r.block_m}-row tasks, 64 for masks "
+            f"of blocks up to {SM90_SMALL_BLOCK_TOKENS} tokens; chunks by TMA with "
+            "config.use_tma where the operands allow; dQ by atomics in 128-row tasks unless "
+            "config.deterministic_backward; config.portable_backward forces the sm80 ones); "
+            "the regime table's backward section decides where it answers")
 
 
 def info() -> int:

@@ -23,13 +23,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ..backward_launch import backward_kernels
 from ..cuda import loader
 from ..cuda.variants import Variant
 from ..dtypes import SUPPORTED_HEAD_DIMS
 from ..mask import BlockMask
 from ..runtime.regime import (TABLES_DIR, Regime, RegimeTable, candidate_regimes,
                               default_regime, regime_fits, whole_span_pick)
+from ..runtime.regime.backward import candidate_backward_regimes
 from ..runtime.regime.heuristic import SM90_ROWS192_D64
 
 __all__ = ["KernelCode", "regimes_in_use", "variants_in_use", "machine_code", "text_section",
@@ -90,13 +90,9 @@ def variants_in_use(targets: tuple[str, ...] = tuple(_ARCHES.values()), *,
             for b in bf16:
                 found.add((target, Variant.bwd_delta(head_dim=d, bf16=b)))
                 found.add((target, Variant.bwd_dq_convert(head_dim=d, bf16=b)))
-                for portable in ((False, True) if arch == 90 else (False,)):
-                    for det in (False, True):
-                        hopper = arch == 90 and not portable
-                        for tma in ((False, True) if hopper else (False,)):
-                            for rows in ((128, 64) if hopper else (128,)):
-                                found.update((target, v) for v in backward_kernels(
-                                    arch, d, b, portable, det, tma, rows) if v)
+                for r in candidate_backward_regimes(arch) + (
+                        candidate_backward_regimes(None) if arch == 90 else []):
+                    found.update((target, v) for v in r.kernels(d, b, arch) if v)
     return sorted(found, key=lambda tv: (tv[0], tv[1].label))
 
 

@@ -509,8 +509,8 @@ BACKWARD = [(t, kernel, d) for t in loader.CI_TARGETS
 def test_backward_kernels_compile_without_spills(target, kernel, d, tmp_path, monkeypatch):
     """Every portable backward kernel (bwd_rows.cu, sm80/bwd_*.cu) builds for every target in
     both element types with no spills, and fits the target's shared memory: the dQ kernel at
-    the key step the launch takes there (backward_launch.dq_block_n)."""
-    from tessera.backward_launch import dq_block_n
+    the key step the launch takes there (runtime.regime.backward.dq_block_n)."""
+    from tessera.runtime.regime.backward import dq_block_n
 
     monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
     cc = int(target[3:].rstrip("a"))
@@ -542,13 +542,12 @@ def test_sm90_backward_kernels_compile_without_spills(kernel, d, deterministic, 
     by cp.async and by TMA; 128- and 64-row tasks -- builds for sm_90a in both element types:
     no spills, no serialized wgmma (the loader refuses both), within the per-block shared
     memory, and the 64-row tasks' two CTAs within an SM's."""
-    from tessera.backward_launch import backward_kernels
+    from tessera.runtime.regime.backward import BackwardRegime
 
     monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    regime = BackwardRegime("sm90", rows, "passes" if deterministic else "atomics", tma)
     for bf16 in (True, False):
-        v = next(x for x in backward_kernels(90, d, bf16, deterministic=deterministic, tma=tma,
-                                             block_m=rows)
-                 if x is not None and x.kernel == kernel)
+        v = next(x for x in regime.kernels(d, bf16, 90) if x is not None and x.kernel == kernel)
         assert bool(dict(v.macros).get("ATOMIC_DQ")) == (not deterministic)
         assert bool(dict(v.macros).get("TMA")) == tma
         res = loader.compile_variant(v, "sm_90a")

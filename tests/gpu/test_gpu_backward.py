@@ -149,7 +149,12 @@ def test_rows_and_keys_no_pair_selects_may_hold_inf(d, family):
 def test_uniform_and_variable_blocks_batched(d, family):
     """128- and 64-token blocks at 30% and random variable blocks (32-256 tokens, and 24-64:
     the Hopper kernels' 64-row tasks, partial chunks), batch 2, MHA and GQA 3:1."""
-    from tessera.runtime.backward import sm90_tile_rows
+    from tessera.runtime.regime.backward import default_backward_regime
+    from tessera.runtime.regime.heuristic import typical_q_block
+
+    def sm90_tile_rows(m):  # the heuristic's rows (the tests run without a table's backward)
+        return default_backward_regime(90, typical_q_block(m.q_bounds),
+                                       typical_q_block(m.kv_bounds)).block_m
 
     rng = np.random.default_rng(d)
     uniform = BlockMask.from_dense(rng.random((2, 2, 8, 8)) < 0.3, block_size=128)
@@ -270,7 +275,6 @@ def test_a_backward_request_never_waits_for_the_gpu():
     busy for a long while, the backward of a new device mask is planned and launched without
     the host waiting for the GPU, and gives the gradients of the host-planned queues (bit for
     bit, but dQ where the default mode sums it by atomics)."""
-    from tessera.backward_launch import backward_kernels
     from tessera.cuda.loader import device_cc
 
     torch = pytest.importorskip("torch")
@@ -291,7 +295,8 @@ def test_a_backward_request_never_waits_for_the_gpu():
                                      BlockMask.from_dense(blocks, block_size=128))
     assert not busy.query(), "the backward request waited for the GPU"
     torch.cuda.synchronize()
-    atomic = backward_kernels(device_cc(), 128, True, block_m=128)[1] is None
+    atomic = tessera.plan(host, num_q_heads=h, head_dim=128).backward_regime(
+        device_cc(), deterministic=tessera.config.deterministic_backward).dq == "atomics"
     assert_same_gradients(got, want, not atomic)
     assert_same_gradients(got[1:], want[1:], True)
 

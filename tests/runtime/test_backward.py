@@ -242,36 +242,42 @@ def test_dq_by_atomics_plans_no_query_major_queue(device, monkeypatch):
 def test_hopper_tasks_take_64_rows_for_masks_of_small_blocks(q_block, kv_block, rows):
     """64-row Hopper backward tasks where both axes' median block is at most 64 tokens (a
     128-row task would hold two blocks whose spans differ), else 128; a plan and a one-off
-    backward plan agree."""
-    from tessera.runtime.backward import BackwardPlan, sm90_tile_rows
+    backward plan agree (no regime table in force)."""
+    from tessera.runtime.backward import BackwardPlan
 
     rng = np.random.default_rng(q_block + kv_block)
     m = BlockMask.from_dense(rng.random((1, 8, 8)) < 0.5, q_bounds=np.arange(9) * q_block,
                              kv_bounds=np.arange(9) * kv_block)
-    assert sm90_tile_rows(m) == rows
     p = tessera.plan(m, num_q_heads=2, head_dim=64)
-    assert p.sm90_tile_rows == rows
     shape = checked_shape(m, 2, 2, 64, 64, 1, "bfloat16", "bhld")
-    assert BackwardPlan(m, shape).sm90_tile_rows == rows
+    tessera.use_table(None)
+    try:
+        assert p.backward_regime(90).block_m == rows
+        assert BackwardPlan(m, shape).backward_regime(90).block_m == rows
+        assert p.backward_regime(86).block_m == 64  # the portable kernels' rows
+    finally:
+        tessera.use_table("auto")
 
 
 def test_the_hopper_backward_kernels_of_each_tile():
-    """backward_kernels: 64- or 128-row Hopper tasks as asked; unless deterministic, dQ summed
-    by atomics in 128-row tasks (one kernel) while 64-row tasks keep the two passes; the
-    portable kernels keep theirs."""
-    from tessera.backward_launch import backward_kernels
+    """The default backward regime's kernels: 64- or 128-row Hopper tasks as the blocks ask;
+    unless deterministic, dQ summed by atomics in 128-row tasks (one kernel) while 64-row tasks
+    keep the two passes; the portable kernels keep theirs."""
     from tessera.cuda.variants import Variant
+    from tessera.runtime.regime.backward import default_backward_regime
 
     for d in (64, 96, 128):
         for det in (True, False):
             for rows in (64, 128):
-                got = [v for v in backward_kernels(90, d, True, False, det, block_m=rows) if v]
+                r = default_backward_regime(90, rows, rows, deterministic=det)
+                got = [v for v in r.kernels(d, True, 90) if v]
                 atomic = not det and rows == 128
+                assert r.deterministic == (not atomic)
                 assert [v.macro("BM") for v in got] == [rows] * (1 if atomic else 2)
                 assert [bool(dict(v.macros).get("ATOMIC_DQ")) for v in got][0] == atomic
                 assert all(v.macro("STAGES") == (2 if rows == 64 and d == 128 else 3)
                            for v in got)
-    portable = backward_kernels(80, 128, True, block_m=128)
+    portable = default_backward_regime(80, 128, 128).kernels(128, True, 80)
     assert [v.macro("BM") for v in portable] == [64, 64]
     with pytest.raises(ValueError, match="block_m must be 64 or 128"):
         Variant.bwd_sm90("bsa_bwd_dq_sm90", head_dim=64, bf16=True, block_m=192)

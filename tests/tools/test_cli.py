@@ -30,7 +30,8 @@ def test_info_names_the_backward_kernels_of_a_gpu():
     assert "portable_backward" in cli._backward_line(90)
     assert "64 for masks of blocks up to 64 tokens" in cli._backward_line(90)
     assert "chunks by TMA" in cli._backward_line(90)
-    assert cli._backward_line(86) == "the sm80 (mma.sync) kernels on this GPU (64-row tasks)"
+    assert cli._backward_line(86) == ("the sm80 (mma.sync) kernels on this GPU "
+                                      "(bwd_sm80_64_passes: 64-row tasks)")
 
 
 def test_info_says_the_diffusers_release_and_the_families(monkeypatch):

@@ -41,6 +41,7 @@ from ...cuda import device
 from ...dtypes import dtype_name
 from ...mask import bounds_key
 from . import features
+from .backward import BackwardRegime, default_backward_regime
 from .heuristic import (ROWS128_MIN_DENSITY_D64, SM90_PACKED_D64, SM90_ROWS64_D64,
                         SM90_ROWS128, SM90_ROWS192_D64,
                         align_may_pay, align_pays, blocks_ragged, default_regime,
@@ -52,6 +53,7 @@ from .table import TABLES_DIR, RegimeTable, gpu_slug
 from .value import Regime
 
 __all__ = ["use_table", "active_table", "select_regime", "selected_regime", "table_pick",
+           "select_backward_regime",
            "heuristic_choice", "aligned_pick", "packed_pick", "planned_pick", "whole_span_pick",
            "selection_generation", "describe_table_in_use", "ring_rule_sm_count", "ENV_TABLE"]
 
@@ -164,7 +166,7 @@ def active_table(arch: int | None) -> RegimeTable | None:
             _warn_once(f"regime table {table.describe()} was profiled on {table.gpu}, but this "
                        f"GPU is {here}; using the heuristic default regime")
             table = None
-        elif default_regime(arch).family not in table.families:
+        elif len(table) and default_regime(arch).family not in table.families:
             # A table that never measured this GPU's own kernel family would steer plans to a
             # slower one (the H200 table predates the sm90 family): profile again.
             _warn_once(f"regime table {table.describe()} has no {default_regime(arch).family} "
@@ -445,6 +447,45 @@ def table_pick(table: RegimeTable, mask_features: features.MaskFeatures,
         return None
     return planned_pick(found, lambda: align_pays(mask, 128),
                         lambda r: pack_pays(mask, r.block_n, r.block_m))
+
+
+def select_backward_regime(mask: Any, *, arch: int | None, head_dim: int, dtype: Any,
+                           num_q_heads: int, batch: int, deterministic: bool = False,
+                           portable: bool = False, read_mask: bool = True) -> BackwardRegime:
+    """The backward regime of ``mask`` for this attention shape on ``arch``: the backward
+    section of the regime table in force (:func:`active_table`) where it answers the mask's
+    geometry, else the heuristic :func:`~tessera.runtime.regime.backward.default_backward_regime`.
+    ``deterministic``: among bitwise-repeatable regimes only; ``portable``: the portable
+    kernels (no lookup). ``read_mask`` False with a device mask: nothing is read back (a
+    backward request never waits for the GPU), so the lookup knows the geometry and shapes but
+    not the density: the vote of the geometry's entries at every density
+    (:meth:`RegimeTable.lookup_unread`). A host mask's features are always measured (no
+    synchronization)."""
+    if arch is None and mask.on_device:
+        arch = device.device_arch()
+    heuristic = default_backward_regime(arch, typical_q_block(mask.q_bounds),
+                                        typical_q_block(mask.kv_bounds),
+                                        deterministic=deterministic, portable=portable)
+    table = None if portable else active_table(arch)
+    section = table.backward if table is not None else None
+    dtype = dtype_name(dtype)
+    if section is None or not section.covers(int(arch), int(head_dim), dtype,
+                                             features.mask_geometry(mask)):
+        return heuristic
+    try:
+        if read_mask or not mask.on_device:
+            found = section.lookup(features.mask_features(
+                mask, head_dim=head_dim, dtype=dtype, arch=arch, num_q_heads=num_q_heads,
+                batch=batch), deterministic=deterministic)
+        else:
+            found = section.lookup_unread(features.geometry_features(
+                mask, head_dim=head_dim, dtype=dtype, arch=arch, num_q_heads=num_q_heads,
+                batch=batch), deterministic=deterministic)
+    except Exception as exc:  # a table must never break planning
+        _warn_once(f"regime table backward lookup failed ({type(exc).__name__}: {exc}); "
+                   "using the heuristic default backward regime")
+        found = None
+    return found if found is not None and found.runs_on(arch) else heuristic
 
 
 def describe_table_in_use(arch: int | None) -> str:

@@ -10,13 +10,14 @@ import os
 import re
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from ...cuda.device import smem_limit_bytes
 from .features import (BATCH_HEADS_BUCKETS, BLOCK_BUCKETS, DENSITY_BUCKETS, IMBALANCE_BUCKETS,
                        SEQ_BUCKETS, MaskFeatures)
+from .backward import backward_regime_from_name, checked_backward_regime
 from .slots import regime_fits
 from .value import Regime, checked_regime, regime_from_name
 
@@ -66,6 +67,21 @@ def _finite(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
+# What a table's entries hold, by section: the forward's regimes, or (the ``backward`` section)
+# backward regimes. (parse an entry's regime, parse a candidate's name, whether it runs.)
+_SECTIONS = {
+    "forward": (checked_regime, regime_from_name,
+                lambda r, head_dim, arch: regime_fits(r, head_dim, arch)),
+    "backward": (checked_backward_regime, backward_regime_from_name,
+                 lambda r, head_dim, arch: r.runs_on(arch)),
+}
+
+
+# A lookup that reads nothing of the mask (a backward request's device mask) knows neither its
+# density nor its row imbalance: its key says so.
+UNREAD = "?"
+
+
 class RegimeTable:
     """A profiled map from :class:`MaskFeatures` to the fastest :class:`Regime`.
 
@@ -78,7 +94,10 @@ class RegimeTable:
                       "ms": <chosen regime's time>, "oracle_ms": <best time per mask>, ...}]}
 
     Entries may carry more fields (the profiler writes the heuristic's time, the masks behind
-    the entry and every candidate's time). All entries share one architecture.
+    the entry and every candidate's time). All entries share one architecture. An optional
+    ``"backward": {"provenance": ..., "entries": [...]}`` holds the same kind of entries whose
+    regimes are :class:`~tessera.runtime.regime.backward.BackwardRegime` (``python -m tessera
+    profile --backward``); it is :attr:`backward`, a table of ``section="backward"``.
 
     :meth:`lookup`, for tables whose entries carry every candidate's measurements (what the
     profiler writes): a smoothed vote. Each entry of the same arch, head dim and dtype weighs
@@ -96,8 +115,13 @@ class RegimeTable:
     """
 
     def __init__(self, entries: list[dict], provenance: dict | None = None, *,
-                 source: str = "<table>") -> None:
+                 source: str = "<table>", section: str = "forward",
+                 backward: "RegimeTable | None" = None) -> None:
         self.source = source
+        if section not in _SECTIONS:
+            raise ValueError(f"section must be one of {list(_SECTIONS)}, got {section!r}")
+        self.section = section
+        checked, self._from_name, fits = _SECTIONS[section]
         if provenance is None:
             provenance = {}
         if not isinstance(provenance, dict):
@@ -108,7 +132,7 @@ class RegimeTable:
         self.provenance = dict(provenance)
         self._entries: dict[str, dict] = {}
         self._features: dict[str, MaskFeatures] = {}
-        self._regimes: dict[str, Regime] = {}
+        self._regimes: dict[str, Any] = {}
         for i, e in enumerate(entries):
             where = f"{source}: entry {i}"
             if not isinstance(e, dict):
@@ -118,13 +142,14 @@ class RegimeTable:
                 raise ValueError(f"{where}: missing fields {missing}")
             try:
                 feats = MaskFeatures.from_dict(e["features"])
-                regime = checked_regime(e["regime"])
+                regime = checked(e["regime"])
             except ValueError as exc:
                 raise ValueError(f"{where}: {exc}") from None
-            if not regime_fits(regime, feats.head_dim, feats.arch):
-                raise ValueError(f"{where}: regime {regime.name} needs more shared memory at "
-                                 f"head dim {feats.head_dim} than sm_{feats.arch} allows "
-                                 f"({smem_limit_bytes(feats.arch)} bytes)")
+            if not fits(regime, feats.head_dim, feats.arch):
+                raise ValueError(f"{where}: regime {regime.name} does not run at head dim "
+                                 f"{feats.head_dim} on sm_{feats.arch} (its family, or more "
+                                 f"shared memory than the {smem_limit_bytes(feats.arch)} "
+                                 f"bytes a block there)")
             for f in ("ms", "oracle_ms"):
                 v = e[f]
                 if isinstance(v, bool) or not isinstance(v, (int, float)) or not \
@@ -146,11 +171,26 @@ class RegimeTable:
         archs = {f.arch for f in self._features.values()}
         if "arch" in self.provenance:
             archs.add(self.provenance["arch"])
+        if backward is not None:
+            if backward.section != "backward":
+                raise ValueError(f"{source}: the backward section must hold backward regimes")
+            if backward.arch is not None:
+                archs.add(backward.arch)
         if len(archs) > 1:
             raise ValueError(f"{source}: entries and provenance name several architectures "
                              f"{sorted(archs, key=str)}; a table is for one GPU")
         self.arch: int | None = archs.pop() if archs else None
+        #: The backward regimes' section (a table of ``section="backward"``), or None.
+        self.backward = backward
         self._index = self._precompute()
+        # Backward sections: the answers among bitwise-repeatable regimes only
+        # (config.deterministic_backward), and those for a mask nothing is read of.
+        self._deterministic = (self._precompute(lambda r: r.deterministic)
+                               if section == "backward" else self._index)
+        self._unread = ({**self._precompute_smoothed(unread=True),
+                         **self._precompute_smoothed(lambda r: r.deterministic, unread=True,
+                                                     tag="deterministic")}
+                        if section == "backward" and self._smoothed else {})
         # The (arch, head dim, dtype, geometry) groups some lookup answers: with the smoothed
         # rule a geometry without evidence of its kind has none.
         # (One key parsed a group: a key's last four parts are its buckets.)
@@ -158,23 +198,35 @@ class RegimeTable:
         self._answered = {MaskFeatures.from_key(k).group for k in one_key.values()}
 
     # ------------------------------------------------------------------ lookup
-    def _precompute(self) -> dict[str, Regime]:
-        """Every key a lookup can answer (see the class docstring for the two rules)."""
-        if self._entries and all(isinstance(e.get("candidates"), dict) and e["candidates"]
-                                 for e in self._entries.values()):
-            return self._precompute_smoothed()
-        return self._precompute_nearest()
+    @property
+    def _smoothed(self) -> bool:
+        """Whether every entry carries its candidates' measurements (the smoothed rule)."""
+        return bool(self._entries) and all(isinstance(e.get("candidates"), dict)
+                                           and e["candidates"] for e in self._entries.values())
 
-    def _precompute_smoothed(self) -> dict[str, Regime]:
+    def _precompute(self, keep: Callable[[Any], bool] | None = None) -> dict[str, Any]:
+        """Every key a lookup can answer (see the class docstring for the two rules), among
+        the regimes ``keep`` accepts (None: all)."""
+        if self._smoothed:
+            return self._precompute_smoothed(keep)
+        return self._precompute_nearest(keep)
+
+    def _precompute_smoothed(self, keep: Callable[[Any], bool] | None = None, *,
+                             unread: bool = False, tag: str = "") -> dict[str, Any]:
+        """The smoothed rule's answers. ``unread``: for masks whose density and imbalance are
+        not known (nothing read of them): every entry of the geometry votes whatever its
+        density and imbalance, keyed by :meth:`_unread_key` (``tag`` keeps two such indexes
+        apart)."""
         keys = sorted(self._entries)
         feats = [self._features[k] for k in keys]
-        regimes: dict[str, Regime] = {}
+        regimes: dict[str, Any] = {}
         for k in keys:  # candidate names -> regimes: the entry's own, else parsed from the name
             for name in self._entries[k]["candidates"]:
                 if name not in regimes:
                     own = self._regimes[k]
-                    regimes[name] = own if own.name == name else regime_from_name(name)
-        names = sorted(n for n, r in regimes.items() if r is not None)
+                    regimes[name] = own if own.name == name else self._from_name(name)
+        names = sorted(n for n, r in regimes.items()
+                       if r is not None and (keep is None or keep(r)))
         col = {n: i for i, n in enumerate(names)}
         rel = np.zeros((len(keys), len(names)))
         seen = np.zeros((len(keys), len(names)))
@@ -196,6 +248,10 @@ class RegimeTable:
                                                range(len(IMBALANCE_BUCKETS)),
                                                range(len(BATCH_HEADS_BUCKETS)))),
                         dtype=np.float64)
+        # Which bucket distances count: all four, or (unread) sequence length and batch x heads.
+        counted = np.array([0.0, 1.0, 0.0, 1.0] if unread else [1.0] * 4)
+        if not names:
+            return {}
         for (arch, hd, dt), members in groups.items():
             for geometry in ALL_GEOMETRIES:
                 g = np.array(_geometry_position(geometry), dtype=np.float64)
@@ -204,7 +260,7 @@ class RegimeTable:
                 m = np.array([i for i in members if geo[i][0] == g[0]], dtype=np.int64)
                 if m.size == 0:
                     continue
-                dist = (np.abs(grid[:, None, :] - pos[m][None, :, :]).sum(-1)
+                dist = ((np.abs(grid[:, None, :] - pos[m][None, :, :]) * counted).sum(-1)
                         + GEOMETRY_STEP * np.abs(geo[m] - g).sum(-1)[None, :])
                 w = weight0[m][None, :] * 0.5 ** dist  # [grid, members]
                 num, den = w @ (rel[m] * seen[m]), w @ seen[m]
@@ -214,18 +270,21 @@ class RegimeTable:
                 best = score.argmin(1)  # ties: the first name, names sorted
                 for gi, b in enumerate(best):
                     d, sq, im, bh = (int(x) for x in grid[gi])
-                    key = MaskFeatures(arch, hd, dt, geometry, SEQ_BUCKETS[sq],
-                                       DENSITY_BUCKETS[d], IMBALANCE_BUCKETS[im],
-                                       BATCH_HEADS_BUCKETS[bh]).key()
+                    f = MaskFeatures(arch, hd, dt, geometry, SEQ_BUCKETS[sq],
+                                     DENSITY_BUCKETS[d], IMBALANCE_BUCKETS[im],
+                                     BATCH_HEADS_BUCKETS[bh])
+                    key = self._unread_key(f, tag) if unread else f.key()
                     if np.isfinite(score[gi, b]):
                         index[key] = regimes[names[b]]
         return index
 
-    def _precompute_nearest(self) -> dict[str, Regime]:
-        index = dict(self._regimes)
+    def _precompute_nearest(self, keep: Callable[[Any], bool] | None = None
+                            ) -> dict[str, Any]:
+        index = {k: r for k, r in self._regimes.items() if keep is None or keep(r)}
         groups: dict[tuple, list[tuple[tuple[int, ...], str]]] = {}
         for key, f in sorted(self._features.items()):
-            groups.setdefault(f.group, []).append((f.bucket_index, key))
+            if key in index:
+                groups.setdefault(f.group, []).append((f.bucket_index, key))
         for (arch, hd, dt, geo), members in groups.items():
             for di, d in enumerate(DENSITY_BUCKETS):
                 for si, s in enumerate(SEQ_BUCKETS):
@@ -248,9 +307,23 @@ class RegimeTable:
             return any(g[:3] == (arch, head_dim, dtype) for g in self._answered)
         return (arch, head_dim, dtype, geometry) in self._answered
 
-    def lookup(self, features: MaskFeatures) -> Regime | None:
-        """The regime for ``features`` by the table's rule (class docstring), or None."""
-        return self._index.get(features.key())
+    def lookup(self, features: MaskFeatures, *, deterministic: bool = False) -> Any:
+        """The regime for ``features`` by the table's rule (class docstring), or None.
+        ``deterministic`` (backward sections): among bitwise-repeatable regimes only."""
+        return (self._deterministic if deterministic else self._index).get(features.key())
+
+    @staticmethod
+    def _unread_key(features: MaskFeatures, tag: str = "") -> str:
+        f = features
+        return (f"{tag}|sm{f.arch}/d{f.head_dim}/{f.dtype}/{f.geometry}/L{f.seq_len}"
+                f"/bh{f.batch_heads}")
+
+    def lookup_unread(self, features: MaskFeatures, *, deterministic: bool = False) -> Any:
+        """Backward sections: the regime for a mask of these geometry and shapes whose density
+        and imbalance are unknown (``features``' are ignored): the vote of the geometry's
+        entries at any density. None where the table has none (or is not smoothed)."""
+        return self._unread.get(self._unread_key(features,
+                                                 "deterministic" if deterministic else ""))
 
     def lookup_exact(self, features: MaskFeatures) -> Regime | None:
         return self._regimes.get(features.key())
@@ -271,7 +344,7 @@ class RegimeTable:
         fams = {r.family for r in self._regimes.values()}
         for e in self._entries.values():
             for name in e.get("candidates", {}) or {}:
-                r = regime_from_name(name)
+                r = self._from_name(name)
                 if r is not None:
                     fams.add(r.family)
         return fams
@@ -299,8 +372,17 @@ class RegimeTable:
 
     # ------------------------------------------------------------------ files
     def to_json(self) -> dict[str, Any]:
-        return {"format": TABLE_FORMAT, "version": TABLE_VERSION,
-                "provenance": self.provenance, "entries": self.entries}
+        doc = {"format": TABLE_FORMAT, "version": TABLE_VERSION,
+               "provenance": self.provenance, "entries": self.entries}
+        if self.backward is not None:
+            doc["backward"] = {"provenance": self.backward.provenance,
+                               "entries": self.backward.entries}
+        return doc
+
+    def with_backward(self, backward: "RegimeTable | None") -> "RegimeTable":
+        """This table with ``backward`` as its backward section (None: without one)."""
+        return RegimeTable(self.entries, self.provenance, source=self.source,
+                           backward=backward)
 
     @classmethod
     def from_json(cls, obj: Any, source: str = "<table>") -> "RegimeTable":
@@ -314,12 +396,21 @@ class RegimeTable:
         if obj.get("version") != TABLE_VERSION:
             raise ValueError(f"{source}: version {obj.get('version')!r} is not supported "
                              f"(this Tessera reads version {TABLE_VERSION})")
-        unknown = set(obj) - {"format", "version", "provenance", "entries"}
+        unknown = set(obj) - {"format", "version", "provenance", "entries", "backward"}
         if unknown:
             raise ValueError(f"{source}: unknown top-level fields {sorted(unknown)}")
         if "entries" not in obj:
             raise ValueError(f"{source}: missing 'entries'")
-        return cls(obj["entries"], obj.get("provenance"), source=source)
+        backward = None
+        if "backward" in obj:
+            b = obj["backward"]
+            if not isinstance(b, dict) or "entries" not in b or set(b) - {"provenance",
+                                                                           "entries"}:
+                raise ValueError(f"{source}: backward must be an object of 'provenance' and "
+                                 f"'entries'")
+            backward = cls(b["entries"], b.get("provenance"), source=f"{source} [backward]",
+                           section="backward")
+        return cls(obj["entries"], obj.get("provenance"), source=source, backward=backward)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "RegimeTable":
