@@ -67,6 +67,8 @@ from ..runtime.regime import (
     tasks_in_flight,
     write_json_atomic,
 )
+from ..runtime.regime.backward import candidate_backward_regimes, default_backward_regime
+from ..runtime.regime.heuristic import typical_q_block
 from ..runtime.tasks import NEVER_SPLIT_RATIO
 from .args import positive_float, positive_int
 from .timing import cuda_time_ms
@@ -75,7 +77,7 @@ from .workloads import FAMILIES, WORKLOADS, Workload, example_mask
 __all__ = ["Case", "Timing", "ProfileResult", "ProfilerUnavailable", "build_corpus",
            "build_heldout_corpus", "merge_entry", "profile", "evaluate", "rescore_evaluation",
            "summarize_evaluation",
-           "gpu_timer", "gpu_environment", "DENSITIES", "SMALL_BLOCK_DENSITIES",
+           "gpu_timer", "gpu_backward_timer", "gpu_environment", "DENSITIES", "SMALL_BLOCK_DENSITIES",
            "VARIABLE_DENSITIES", "VARIABLE_SIZES", "TEXTLESS_DENSITIES"]
 
 # Random masks per shape: 128-token blocks at these densities, 64-token blocks and variable
@@ -378,6 +380,15 @@ def _restrictions(kernel_families: Sequence[str] | None,
                 sorted(float(x) for x in combine_thresholds))
 
 
+def _backward_restrictions(kernel_families: Sequence[str] | None, arch: int) -> dict[str, Any]:
+    """The backward profile's restriction as recorded, refused when it leaves no candidate."""
+    if kernel_families is not None and not any(r.family in kernel_families
+                                               for r in candidate_backward_regimes(arch)):
+        raise ValueError(f"no candidate backward regimes of kernel families "
+                         f"{list(kernel_families)} on sm_{arch}")
+    return dict(kernel_families="all" if kernel_families is None else sorted(kernel_families))
+
+
 def _fmt_min(seconds: float) -> str:
     return f"{seconds / 60:.1f}"
 
@@ -397,18 +408,22 @@ class _Measured(NamedTuple):
 
 
 def _measure_case(case: Case, prepare: Callable[[Any], Any] | None, *, dtype: str, arch: int,
-                  batch: int) -> _Measured:
+                  batch: int, backward: bool = False) -> _Measured:
     """Build a case's mask (``prepare``d, e.g. moved to the device), its features and the
-    regime a plan of it takes without a table (``selection.heuristic_choice``)."""
+    regime a plan of it takes without a table (``selection.heuristic_choice``; ``backward``:
+    the default backward regime, dQ by atomics where it runs)."""
     mask = case.build()
     if prepare is not None:
         mask = prepare(mask)
     meas = mask_measures(mask)
     feats = features_from_measures(meas, head_dim=case.head_dim, dtype=dtype, arch=arch,
                                    num_q_heads=case.heads, batch=batch)
-    # The regime plans take without a table: the heuristic with its rules that read the mask.
-    heuristic = heuristic_choice(mask, arch, case.head_dim, num_q_heads=case.heads, batch=batch,
-                                 sm_count=ring_rule_sm_count(arch))[0]
+    if backward:
+        heuristic: Any = default_backward_regime(arch, typical_q_block(mask.q_bounds),
+                                                 typical_q_block(mask.kv_bounds))
+    else:  # the regime plans take without a table: the heuristic with its mask-reading rules
+        heuristic = heuristic_choice(mask, arch, case.head_dim, num_q_heads=case.heads,
+                                     batch=batch, sm_count=ring_rule_sm_count(arch))[0]
     return _Measured(mask, meas, feats, heuristic)
 
 
@@ -464,8 +479,13 @@ def profile(cases: Sequence[Case], *, out: str | Path, arch: int, timer: Timer,
             clock: Callable[[], float] = time.monotonic,
             progress: TextIO | None = sys.stderr,
             kernel_families: Sequence[str] | None = None,
-            combine_thresholds: Sequence[float] | None = None) -> ProfileResult:
+            combine_thresholds: Sequence[float] | None = None,
+            section: str = "forward") -> ProfileResult:
     """Time every candidate regime on every case and write the table to ``out``.
+
+    ``section="backward"``: the backward regimes (``candidate_backward_regimes``, timed by a
+    backward timer such as :func:`gpu_backward_timer`) into the table's backward section; the
+    rest of an existing table file is kept, and ``resume`` / ``overwrite`` apply to the section.
 
     ``kernel_families`` (e.g. ``("sm90",)``) limits the candidates to those kernel families,
     for a GPU where measurements show the others never win (it halves the profile on sm_90);
@@ -483,14 +503,25 @@ def profile(cases: Sequence[Case], *, out: str | Path, arch: int, timer: Timer,
     """
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
-    limits = _restrictions(kernel_families, combine_thresholds, cases, arch)
+    if section not in ("forward", "backward"):
+        raise ValueError(f"section must be 'forward' or 'backward', got {section!r}")
+    backward = section == "backward"
+    limits = (_backward_restrictions(kernel_families, arch) if backward else
+              _restrictions(kernel_families, combine_thresholds, cases, arch))
     out = Path(out)
     provenance = dict(provenance or {})
     sm_count = provenance.get("sms")  # the GPU's, when the caller says (gpu_environment)
     entries: dict[str, dict] = {}
     old_prov: dict = {}
+    whole = RegimeTable.load(out) if out.exists() else None  # (the file's other section kept)
+    if backward and whole is not None and whole.backward is None and not overwrite:
+        resume = True  # a table without a backward section: add one, as a resumed empty one
     if out.exists() and resume:
-        old = RegimeTable.load(out)
+        old = (whole.backward or RegimeTable([], {}, section="backward")) if backward \
+            else whole
+        if backward and whole.arch is not None and whole.arch != arch:
+            raise ValueError(f"{out} was profiled on sm_{whole.arch}, this GPU is sm_{arch}; "
+                             "give another --out")
         old_corpus = old.provenance.get("corpus", {}) if isinstance(
             old.provenance.get("corpus"), dict) else {}
         if old.arch is not None and old.arch != arch:
@@ -525,8 +556,13 @@ def profile(cases: Sequence[Case], *, out: str | Path, arch: int, timer: Timer,
                 "date": time.strftime("%Y-%m-%d %H:%M:%S"),
                 "started": old_prov.get("started", started),
                 "corpus": _corpus_summary(entries, old_corpus, by_label, corpus_extra)}
-        table = RegimeTable(list(entries.values()), prov, source=str(out))
-        table.save(out)
+        table = RegimeTable(list(entries.values()), prov, source=str(out), section=section)
+        if backward:  # the file's forward entries kept (a new file: its GPU, no entries)
+            base = whole if whole is not None else RegimeTable(
+                [], {k: v for k, v in prov.items() if k != "corpus"}, source=str(out))
+            base.with_backward(table).save(out)
+        else:
+            table.with_backward(whole.backward if whole is not None else None).save(out)
         return table
 
     profiled: list[str] = []
@@ -553,13 +589,21 @@ def profile(cases: Sequence[Case], *, out: str | Path, arch: int, timer: Timer,
             break
         _status(progress, f"{head}: building the mask")
         mask, meas, feats, heuristic = _measure_case(case, prepare, dtype=dtype, arch=arch,
-                                                     batch=batch)
-        regimes = candidate_regimes(case.head_dim, arch, kernel_families, combine_thresholds)
+                                                     batch=batch, backward=backward)
+        if backward:
+            regimes = [r for r in candidate_backward_regimes(arch)
+                       if kernel_families is None or r.family in kernel_families]
+            same_plan = None  # (a backward regime has no split policy to share a plan over)
+        else:
+            regimes = candidate_regimes(case.head_dim, arch, kernel_families,
+                                        combine_thresholds)
+
+            def same_plan(r: Regime) -> str:
+                return same_plan_key(r, case, mask, batch, arch, sm_count)
         if heuristic not in regimes:
             regimes.append(heuristic)
         calls += len(regimes)
-        results = _time_regimes(case, mask, regimes, timer, head, progress,
-                                lambda r: same_plan_key(r, case, mask, batch, arch, sm_count))
+        results = _time_regimes(case, mask, regimes, timer, head, progress, same_plan)
         if not results:
             failed.append(case.label)
             _status(progress, f"{head}: no regime ran; not recorded", final=True)
@@ -575,8 +619,10 @@ def profile(cases: Sequence[Case], *, out: str | Path, arch: int, timer: Timer,
         _status(progress, f"{head}: {key} -> {entry['name']} {entry['ms']:.3f} ms{gain}",
                 final=True)
     if table is None:  # nothing new: a resumed table as it was, else an empty one written
-        table = (RegimeTable(list(entries.values()), old_prov, source=str(out))
-                 if resume and out.exists() else write())
+        table = (RegimeTable(list(entries.values()), old_prov, source=str(out),
+                             section=section)
+                 if resume and out.exists() and (whole.backward if backward else whole)
+                 is not None else write())
     return ProfileResult(table=table, profiled=profiled, skipped=skipped, failed=failed,
                          stopped=stopped, elapsed_s=clock() - t0, timings=calls)
 
@@ -837,6 +883,46 @@ def gpu_timer(*, dtype: str = "bfloat16", batch: int = 1, reps: int = 10,
     return timer
 
 
+def gpu_backward_timer(*, dtype: str = "bfloat16", batch: int = 1, reps: int = 10) -> Timer:
+    """A timer of backward regimes for :func:`profile` (``section="backward"``) on the current
+    GPU (needs PyTorch and CuPy).
+
+    Per call: the forward's output and LSE once per mask and shape, then the median of ``reps``
+    CUDA-event timings of ``plan.run_backward`` with the regime (its queues kept: the kernels'
+    time) and of ``tessera.attention_backward`` with it (a request: the queues planned again,
+    on the device for a device mask); planning is the request's time beyond the kernels'.
+    """
+    import torch  # noqa: PLC0415
+
+    from .. import api  # noqa: PLC0415
+
+    tdtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    cache: dict[str, Any] = {}
+
+    def timer(case: Case, mask: Any, regime: Any) -> Timing:
+        shape = (batch, case.heads, mask.seq_len_q, case.head_dim)
+        p = cache.get("plan") if cache.get("mask") is mask else None
+        if p is None or cache.get("shape") != shape:
+            cache.clear()  # free the previous mask's tensors first
+            gen = torch.Generator(device="cuda").manual_seed(0)
+            q, k, v, do = (torch.randn(shape, device="cuda", dtype=tdtype, generator=gen)
+                           for _ in range(4))
+            p = make_plan(mask, num_q_heads=case.heads, head_dim=case.head_dim, batch=batch,
+                          dtype=dtype)
+            out, lse = p.run(q, k, v, return_lse=True)
+            cache.update(mask=mask, shape=shape, plan=p, args=(q, k, v, out, lse, do))
+        args = cache["args"]
+        first = cuda_time_ms(lambda: p.run_backward(*args, regime=regime), reps=1, warmup=1)
+        n = reps if first < 20 else max(3, reps // 3)
+        kernel_ms = cuda_time_ms(lambda: p.run_backward(*args, regime=regime), reps=n,
+                                 warmup=0)
+        request_ms = cuda_time_ms(lambda: api.attention_backward(*args, mask, regime=regime),
+                                  reps=n, warmup=1)
+        return Timing(kernel_ms, max(request_ms - kernel_ms, 0.0))
+
+    return timer
+
+
 # ---------------------------------------------------------------------------- command line
 def _heads_arg(text: str) -> int | None:
     """``--heads``: a positive int, or ``model`` (None: each model's own head count)."""
@@ -891,6 +977,9 @@ def add_arguments(ap: Any) -> None:
     ap.add_argument("--reps", type=positive_int, default=10, help="timed kernel runs per regime")
     ap.add_argument("--list", action="store_true",
                     help="list the corpus and the candidate regimes, time nothing")
+    ap.add_argument("--backward", action="store_true",
+                    help="profile the backward pass's regimes into the table's backward section "
+                         "(the rest of the table file is kept)")
     ap.add_argument("--evaluate", metavar="TABLE",
                     help="instead of profiling: judge TABLE on the held-out corpus (other "
                          "shapes, seeds and family parameters) against the oracle of every "
@@ -919,6 +1008,10 @@ def command(args: Any) -> int:
         for c in cases:
             print(f"{c.label} (head dim {c.head_dim}, {c.heads} heads)")
         for cc in (80, 86, 90):
+            if args.backward:
+                names = [r.name for r in candidate_backward_regimes(cc)]
+                print(f"sm_{cc}: {len(names)} candidate backward regimes: {', '.join(names)}")
+                continue
             for d in sorted({c.head_dim for c in cases}):
                 n = len(candidate_regimes(d, cc, split(args.kernel_families), thresholds))
                 print(f"sm_{cc} head dim {d}: {n} candidate regimes")
@@ -929,13 +1022,19 @@ def command(args: Any) -> int:
         print(exc)
         return 1
     if args.evaluate:
+        if args.backward:
+            print("--evaluate judges the forward regimes; --backward profiles only")
+            return 2
         return _evaluate_command(args, cases, arch, prov)
     out = Path(args.out) if args.out else TABLES_DIR / f"{gpu_slug(prov['gpu'])}.json"
     print(f"profiling {len(cases)} masks on {prov['gpu']} (sm_{arch}) into {out}, budget "
           f"{args.budget_minutes:g} min", file=sys.stderr)
     try:
+        options = _gpu_run_options(args, prov)
+        if args.backward:
+            options["timer"] = gpu_backward_timer(dtype=args.dtype, reps=args.reps)
         res = profile(cases, out=out, arch=arch, objective=args.objective,
-                      **_gpu_run_options(args, prov))
+                      section="backward" if args.backward else "forward", **options)
     except (FileExistsError, ValueError) as exc:
         print(exc)
         return 1
