@@ -26,7 +26,8 @@ def test_info_in_process(capsys):
 def test_info_names_the_backward_kernels_of_a_gpu():
     from tessera.tools import cli
 
-    assert cli._backward_line(90).startswith("the sm90 (wgmma) kernels on this GPU (128-row")
+    assert cli._backward_line(90).startswith(
+        "the sm90 (wgmma) kernels on this GPU (bwd_sm90_128_atomics_tma: 128-row")
     assert "portable_backward" in cli._backward_line(90)
     assert "64 for masks of blocks up to 64 tokens" in cli._backward_line(90)
     assert "chunks by TMA" in cli._backward_line(90)

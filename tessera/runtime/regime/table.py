@@ -364,8 +364,10 @@ class RegimeTable:
         """One line: where the table came from, which GPU and when."""
         p = self.provenance
         arch = f"sm_{self.arch}" if self.arch else "arch ?"
+        backward = (f", backward section {len(self.backward)} entries"
+                    if self.backward is not None else "")
         return (f"{self.source} ({p.get('gpu', 'GPU ?')}, {arch}, {p.get('date', 'date ?')}, "
-                f"{len(self)} entries)")
+                f"{len(self)} entries{backward})")
 
     def __repr__(self) -> str:
         return f"RegimeTable({self.describe()})"
