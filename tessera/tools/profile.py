@@ -77,8 +77,8 @@ from .workloads import FAMILIES, WORKLOADS, Workload, example_mask
 __all__ = ["Case", "Timing", "ProfileResult", "ProfilerUnavailable", "build_corpus",
            "build_heldout_corpus", "merge_entry", "profile", "evaluate", "rescore_evaluation",
            "summarize_evaluation",
-           "gpu_timer", "gpu_backward_timer", "gpu_environment", "DENSITIES", "SMALL_BLOCK_DENSITIES",
-           "VARIABLE_DENSITIES", "VARIABLE_SIZES", "TEXTLESS_DENSITIES"]
+           "gpu_timer", "gpu_backward_timer", "gpu_environment", "DENSITIES",
+           "SMALL_BLOCK_DENSITIES", "VARIABLE_DENSITIES", "VARIABLE_SIZES", "TEXTLESS_DENSITIES"]
 
 # Random masks per shape: 128-token blocks at these densities, 64-token blocks and variable
 # blocks (VARIABLE_SIZES: the geometry packed keys and aligned tiles are for) at the others.

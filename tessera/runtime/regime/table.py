@@ -15,9 +15,9 @@ from typing import Any, Callable
 import numpy as np
 
 from ...cuda.device import smem_limit_bytes
+from .backward import backward_regime_from_name, checked_backward_regime
 from .features import (BATCH_HEADS_BUCKETS, BLOCK_BUCKETS, DENSITY_BUCKETS, IMBALANCE_BUCKETS,
                        SEQ_BUCKETS, MaskFeatures)
-from .backward import backward_regime_from_name, checked_backward_regime
 from .slots import regime_fits
 from .value import Regime, checked_regime, regime_from_name
 
@@ -75,11 +75,6 @@ _SECTIONS = {
     "backward": (checked_backward_regime, backward_regime_from_name,
                  lambda r, head_dim, arch: r.runs_on(arch)),
 }
-
-
-# A lookup that reads nothing of the mask (a backward request's device mask) knows neither its
-# density nor its row imbalance: its key says so.
-UNREAD = "?"
 
 
 class RegimeTable:
