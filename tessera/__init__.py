@@ -20,7 +20,7 @@ from .settings import config
 
 __version__ = "0.1.0"
 
-__all__ = ["BackwardRegime", "BlockMask", "CapturedMemory", "Plan", "PlanMode", "Regime", "attention",
-           "attention_backward", "config",
+__all__ = ["BackwardRegime", "BlockMask", "CapturedMemory", "Plan", "PlanMode", "Regime",
+           "attention", "attention_backward", "config",
            "emulate", "families", "plan", "reference", "release_captured_memory", "require_gpu",
            "use_table", "__version__"]
