@@ -190,6 +190,36 @@ def test_backward_is_bitwise_repeatable_and_a_plan_runs_the_same(family, d):
         assert_same_gradients(first[1:], other[1:], True)
 
 
+@pytest.mark.parametrize("d", [64, 128])
+def test_every_backward_regime_given_computes_the_references_gradients(d):
+    """Each regime the profiler times (``candidate_backward_regimes``: on sm_90 128- and 64-row
+    tasks, dQ by atomics or two passes, chunks by TMA or cp.async; the portable one) given to
+    ``attention_backward`` and ``Plan.run_backward``: float64's gradients, poisoned outputs,
+    GQA on a ragged mask; one that does not run on this GPU is refused by name."""
+    from tessera.cuda.loader import device_cc
+    from tessera.runtime.regime.backward import BackwardRegime, candidate_backward_regimes
+
+    cc = device_cc()
+    mask = _ragged_mask(np.random.default_rng(d), 2)
+    rng = np.random.default_rng(d + 1)
+    (q, k, v), (qe, ke, ve) = _inputs(rng, "cupy", "bfloat16", 1, 4, 2, 512, 512, d, "bhld")
+    (dout, _, _), (de, _, _) = _inputs(rng, "cupy", "bfloat16", 1, 4, 2, 512, 16, d, "bhld")
+    out, lse = tessera.attention(q, k, v, mask, return_lse=True)
+    want = reference.attention_backward(qe, ke, ve, de, mask)
+    p = tessera.plan(mask, num_q_heads=4, num_kv_heads=2, head_dim=d)
+    regimes = candidate_backward_regimes(cc) + (candidate_backward_regimes(None) if cc == 90
+                                                else [])
+    for r in regimes:
+        for how, grads in (("attention_backward", tessera.attention_backward(
+                               q, k, v, out, lse, dout, mask, regime=r)),
+                           ("run_backward", p.run_backward(q, k, v, out, lse, dout, regime=r))):
+            for got, ref, name in zip(grads, want, ("dq", "dk", "dv")):
+                check_gradients(got, ref, "bfloat16", f"{r.name} {how} {name}")
+    if cc != 90:
+        with pytest.raises(ValueError, match="runs on sm_90 only"):
+            p.run_backward(q, k, v, out, lse, dout, regime=BackwardRegime())
+
+
 def test_bad_gradient_inputs_are_refused_by_name():
     import cupy as cp
 
