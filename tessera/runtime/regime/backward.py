@@ -10,7 +10,7 @@ from typing import Any
 
 from ...cuda.device import smem_limit_bytes
 from ...cuda.variants import Variant, smem_bytes
-from .value import KNOWN_FAMILIES
+from .value import KNOWN_FAMILIES, checked_value
 
 __all__ = ["BackwardRegime", "BACKWARD_DQ", "SM90_SMALL_BLOCK_TOKENS", "backward_regime_from_name",
            "candidate_backward_regimes", "check_backward_regime_argument",
@@ -167,12 +167,7 @@ def check_backward_regime_argument(regime: Any) -> None:
 
 def checked_backward_regime(d: Any) -> BackwardRegime:
     """A table entry's backward regime (``ValueError`` naming the problem)."""
-    if not isinstance(d, dict):
-        raise ValueError(f"backward regime must be an object, got {type(d).__name__}")
-    try:
-        return BackwardRegime.from_dict(d)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"backward regime: {exc}") from None
+    return checked_value(d, BackwardRegime, "backward regime")
 
 
 def backward_regime_from_name(name: str) -> BackwardRegime | None:

@@ -14,7 +14,8 @@ import numpy as np
 
 from ...cuda.variants import ROW_GROUP, Variant
 
-__all__ = ["Regime", "KNOWN_FAMILIES", "ROW_GROUP", "regime_from_name", "checked_regime"]
+__all__ = ["Regime", "KNOWN_FAMILIES", "ROW_GROUP", "regime_from_name", "checked_regime",
+           "checked_value"]
 
 
 # Kernel families: "sm80" (mma.sync, every target) and "sm90" (wgmma, Hopper only).
@@ -237,16 +238,21 @@ def _field_value(name: str, v: Any, want: type) -> Any:
     return want(v)
 
 
-def checked_regime(d: Any) -> Regime:
+def checked_value(d: Any, cls: type, what: str) -> Any:
+    """A table entry's ``what`` (a regime value of type ``cls``) from its JSON object:
+    ``ValueError`` naming ``what`` and the problem."""
     if not isinstance(d, dict):
-        raise ValueError(f"regime must be an object, got {type(d).__name__}")
-    unknown = set(d) - set(Regime.__dataclass_fields__)
-    if unknown:
-        raise ValueError(f"regime: unknown fields {sorted(unknown)}")
+        raise ValueError(f"{what} must be an object, got {type(d).__name__}")
     try:
-        return Regime.from_dict(d)
+        return cls.from_dict(d)
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"regime: {exc}") from None
+        msg = str(exc)
+        raise ValueError(msg if msg.startswith(f"{what}:") else f"{what}: {msg}") from None
+
+
+def checked_regime(d: Any) -> Regime:
+    """A table entry's forward regime (``ValueError`` naming the problem)."""
+    return checked_value(d, Regime, "regime")
 
 
 def regime_from_name(name: str) -> Regime | None:
