@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -29,8 +29,10 @@ from .operands import (Operands, bhld_view, check_scale, describe, describe_like
                        describe_lse)
 from .settings import config
 
-if TYPE_CHECKING:  # the planning layer's value, read here by its fields and kernels()
-    from .runtime.regime.backward import BackwardRegime
+# A backward regime (``runtime.regime.backward.BackwardRegime``, the planning layer's value) is
+# read here by its fields and ``kernels()`` only: typed ``Any`` so that this layer imports
+# nothing above it.
+BackwardRegime = Any
 
 __all__ = ["BackwardLaunchable", "run_backward_plan", "run_backward"]
 

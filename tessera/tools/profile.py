@@ -43,6 +43,7 @@ import numpy as np
 
 from ..distribution import install_hint
 from .. import __version__
+from ..api import attention_backward
 from .. import families as mask_families
 from .._array import cupy_or_none
 from ..cuda.device import current_gpu_name, device_cc, device_sm_count
@@ -894,8 +895,6 @@ def gpu_backward_timer(*, dtype: str = "bfloat16", batch: int = 1, reps: int = 1
     """
     import torch  # noqa: PLC0415
 
-    from .. import api  # noqa: PLC0415
-
     tdtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
     cache: dict[str, Any] = {}
 
@@ -916,7 +915,7 @@ def gpu_backward_timer(*, dtype: str = "bfloat16", batch: int = 1, reps: int = 1
         n = reps if first < 20 else max(3, reps // 3)
         kernel_ms = cuda_time_ms(lambda: p.run_backward(*args, regime=regime), reps=n,
                                  warmup=0)
-        request_ms = cuda_time_ms(lambda: api.attention_backward(*args, mask, regime=regime),
+        request_ms = cuda_time_ms(lambda: attention_backward(*args, mask, regime=regime),
                                   reps=n, warmup=1)
         return Timing(kernel_ms, max(request_ms - kernel_ms, 0.0))
 

@@ -129,40 +129,7 @@ class RegimeTable:
         self._features: dict[str, MaskFeatures] = {}
         self._regimes: dict[str, Any] = {}
         for i, e in enumerate(entries):
-            where = f"{source}: entry {i}"
-            if not isinstance(e, dict):
-                raise ValueError(f"{where}: must be an object, got {type(e).__name__}")
-            missing = [f for f in ENTRY_REQUIRED if f not in e]
-            if missing:
-                raise ValueError(f"{where}: missing fields {missing}")
-            try:
-                feats = MaskFeatures.from_dict(e["features"])
-                regime = checked(e["regime"])
-            except ValueError as exc:
-                raise ValueError(f"{where}: {exc}") from None
-            if not fits(regime, feats.head_dim, feats.arch):
-                raise ValueError(f"{where}: regime {regime.name} does not run at head dim "
-                                 f"{feats.head_dim} on sm_{feats.arch} (its family, or more "
-                                 f"shared memory than the {smem_limit_bytes(feats.arch)} "
-                                 f"bytes a block there)")
-            for f in ("ms", "oracle_ms"):
-                v = e[f]
-                if isinstance(v, bool) or not isinstance(v, (int, float)) or not \
-                        math.isfinite(v) or v < 0:
-                    raise ValueError(f"{where}: {f} must be a finite number >= 0, got {v!r}")
-            key = feats.key()
-            if "key" in e and e["key"] != key:
-                raise ValueError(f"{where}: key {e['key']!r} does not match its features "
-                                 f"({key!r})")
-            if key in self._entries:
-                raise ValueError(f"{where}: duplicate features {key!r}")
-            entry = dict(e)
-            entry["key"] = key
-            entry["features"] = feats.to_dict()
-            entry["regime"] = regime.to_dict()
-            self._entries[key] = entry
-            self._features[key] = feats
-            self._regimes[key] = regime
+            self._add_entry(e, f"{source}: entry {i}", checked, fits)
         archs = {f.arch for f in self._features.values()}
         if "arch" in self.provenance:
             archs.add(self.provenance["arch"])
@@ -191,6 +158,43 @@ class RegimeTable:
         # (One key parsed a group: a key's last four parts are its buckets.)
         one_key = {k.rsplit("/", 4)[0]: k for k in self._index}
         self._answered = {MaskFeatures.from_key(k).group for k in one_key.values()}
+
+    def _add_entry(self, e: Any, where: str, checked: Callable[[Any], Any],
+                   fits: Callable[[Any, int, int], bool]) -> None:
+        """Validate one entry (``ValueError`` saying ``where`` and what is wrong) and keep it."""
+        if not isinstance(e, dict):
+            raise ValueError(f"{where}: must be an object, got {type(e).__name__}")
+        missing = [f for f in ENTRY_REQUIRED if f not in e]
+        if missing:
+            raise ValueError(f"{where}: missing fields {missing}")
+        try:
+            feats = MaskFeatures.from_dict(e["features"])
+            regime = checked(e["regime"])
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+        if not fits(regime, feats.head_dim, feats.arch):
+            raise ValueError(f"{where}: regime {regime.name} does not run at head dim "
+                             f"{feats.head_dim} on sm_{feats.arch} (its family, or more "
+                             f"shared memory than the {smem_limit_bytes(feats.arch)} "
+                             f"bytes a block there)")
+        for f in ("ms", "oracle_ms"):
+            v = e[f]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not \
+                    math.isfinite(v) or v < 0:
+                raise ValueError(f"{where}: {f} must be a finite number >= 0, got {v!r}")
+        key = feats.key()
+        if "key" in e and e["key"] != key:
+            raise ValueError(f"{where}: key {e['key']!r} does not match its features "
+                             f"({key!r})")
+        if key in self._entries:
+            raise ValueError(f"{where}: duplicate features {key!r}")
+        entry = dict(e)
+        entry["key"] = key
+        entry["features"] = feats.to_dict()
+        entry["regime"] = regime.to_dict()
+        self._entries[key] = entry
+        self._features[key] = feats
+        self._regimes[key] = regime
 
     # ------------------------------------------------------------------ lookup
     @property
