@@ -92,7 +92,10 @@ def run(shapes: list[str], cases: list[str], make_mask: MaskMaker, *, heads: int
             out, lse = p.run(q, k, v, return_lse=True)
             ours = p.run_backward(q, k, v, out, lse, do)
             row = dict(shape=shape, case=case, density=round(m.density, 4), tokens=length,
-                       useful_tflop=flops / 1e12, heads=h, kv_heads=hkv, dtype=dtype)
+                       useful_tflop=flops / 1e12, heads=h, kv_heads=hkv, dtype=dtype,
+                       regime=p.backward_regime(
+                           device_cc(), deterministic=tessera.config.deterministic_backward,
+                           portable=tessera.config.portable_backward).name)
             found = _peers(q, k, v, do, ours, m, flex_fn, row, dense=case == "dense")
 
             def fwd_bwd():
@@ -212,12 +215,13 @@ def _peers(q, k, v, do, ours, m, flex_fn, row: dict, dense: bool
 
 def table(rows: list[dict]) -> str:
     """The figures as a fixed-width table: Tessera's backward (ms, useful TFLOP/s), the peers'
-    and their ratios to it (above 1: Tessera is faster), forward + backward, the request."""
+    and their ratios to it (above 1: Tessera is faster), forward + backward, the request, and
+    the backward regime the plan took."""
     nan = float("nan")
     head = (f"{'shape':22} {'case':12} {'dens':>5} {'bwd':>7} {'TF/s':>5} {'alt':>7} "
             f"{'x':>5} {'flex':>7} "
             f"{'x':>5} {'bsa':>7} {'x':>5} {'fa4':>7} {'x':>5} {'f+b':>7} {'flex x':>6} "
-            f"{'bsa x':>6} {'request':>8}")
+            f"{'bsa x':>6} {'request':>8} regime")
     out = [head]
     for r in rows:
         g = lambda key: r.get(key, nan)  # noqa: E731
@@ -232,5 +236,6 @@ def table(rows: list[dict]) -> str:
             f"{g('other_vs_default'):5.2f} {g('flex_ms'):7.3f} {g('bwd_vs_flex'):5.2f} "
             f"{g('cudnn_bsa_ms'):7.3f} {g('bwd_vs_cudnn_bsa'):5.2f} {g('fa4_ms'):7.3f} "
             f"{g('bwd_vs_fa4'):5.2f} {r['tessera_fwdbwd_ms']:7.3f} {g('fwdbwd_vs_flex'):6.2f} "
-            f"{g('fwdbwd_vs_cudnn_bsa'):6.2f} {r['tessera_request_ms']:8.3f}")
+            f"{g('fwdbwd_vs_cudnn_bsa'):6.2f} {r['tessera_request_ms']:8.3f} "
+            f"{r.get('regime', '')}")
     return "\n".join(out)
