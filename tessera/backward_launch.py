@@ -186,8 +186,14 @@ def _launch(p: BackwardLaunchable, ops: Operands, o_desc: Any, do_desc: Any, lse
                     ptr(dk[0].ptr), *map(i64, dk[2][:3]),
                     ptr(dv[0].ptr), *map(i64, dv[2][:3]),
                     i32(hq), i32(lq))
-        # dQ by atomics: float32 sums, zeroed (rows no task reaches keep a zero gradient).
-        sums = None if dq_variant else cp.zeros(rows * d, dtype=cp.float32)
+        # dQ by atomics: float32 sums, zeroed (rows no task reaches keep a zero gradient), from
+        # the caller's allocator like the gradients: a torch caller's cached blocks come back
+        # stream-ordered, where a new block of CuPy's pool (100+ MB at a model's shape) is a
+        # cudaMalloc, which may wait for the GPU.
+        sums = None
+        if dq_variant is None:
+            sums, _ = empty_like_caller(ops.q, (rows * d,), "float32")
+            cp.cuda.runtime.memsetAsync(sums.ptr, 0, rows * d * 4, stream.ptr)
         for v, queue, chunk_maps in ((dkdv_variant, kv_queue, maps[0] if maps else _NO_MAPS),
                                      (dq_variant, dq_queue, maps[1] if maps else _NO_MAPS)):
             if v is None or not queue[2]:
@@ -198,13 +204,13 @@ def _launch(p: BackwardLaunchable, ops: Operands, o_desc: Any, do_desc: Any, lse
                            (tasks, spans, *operands, i32(tile_rows), i32(hq // hkv), f32(scale),
                             f32(scale * _LOG2E), i32(n_rows),
                             ptr(0 if count is None else count.data.ptr),
-                            ptr(0 if sums is None else sums.data.ptr), chunk_maps),
+                            ptr(0 if sums is None else sums.ptr), chunk_maps),
                            shared_mem=smem_bytes(v), stream=stream)
         if sums is not None:
             fn = load_kernel(Variant.bwd_dq_convert(head_dim=d, bf16=bf16))
             quads = rows * d // 4
             fn((-(-quads // _CONVERT_THREADS),), (_CONVERT_THREADS,),
-               (sums, ptr(dq[0].ptr), *map(i64, dq[2][:3]), i32(hq), i32(lq), i64(rows),
+               (ptr(sums.ptr), ptr(dq[0].ptr), *map(i64, dq[2][:3]), i32(hq), i32(lq), i64(rows),
                 f32(scale)), stream=stream)
         return dq[1](stream), dk[1](stream), dv[1](stream)
 

@@ -535,10 +535,12 @@ def profile(cases: Sequence[Case], *, out: str | Path, arch: int, timer: Timer,
         heads = sorted({c.heads for c in cases})
         for name, now in (("objective", objective), ("dtype", dtype), ("batch", batch),
                           ("heads", heads), *limits.items()):
-            # A table that predates a restriction was profiled without it.
-            if old_corpus.get(name, "all" if name in limits else now) != now:
-                raise ValueError(f"{out} was profiled with {name}={old_corpus[name]!r}, "
-                                 f"this run has {now!r}; give another --out")
+            # A table that predates a restriction was profiled without it (a section with no
+            # entries yet, with anything).
+            was = old_corpus.get(name, "all" if name in limits and len(old) else now)
+            if was != now:
+                raise ValueError(f"{out} was profiled with {name}={was!r}, this run has "
+                                 f"{now!r}; give another --out")
         entries = {e["key"]: e for e in old.entries}
         old_prov = old.provenance
     elif out.exists() and not overwrite:

@@ -83,7 +83,7 @@ def _profiled(tmp_path, forward=True):
         RegimeTable([entry], {"gpu": "Fake GPU", "arch": 90}).save(out)
     cases = [_case("a", 0.2, 0), _case("b", 0.5, 1), _case("c", 0.1, 2, block=64)]
     res = prof.profile(cases, out=out, arch=90, timer=FakeBackwardTimer(), section="backward",
-                       provenance={"gpu": "Fake GPU"}, progress=None)
+                       provenance={"gpu": "Fake GPU"}, progress=None, kernel_families=("sm90",))
     return out, res
 
 
@@ -102,8 +102,12 @@ def test_a_backward_profile_writes_the_backward_section_and_keeps_the_rest(tmp_p
         assert e["default"] in (ATOMIC.name, "bwd_sm90_64_passes_tma")
     assert RegimeTable.from_json(table.to_json()).to_json() == table.to_json()
     again = prof.profile([_case("a", 0.2, 0)], out=out, arch=90, timer=FakeBackwardTimer(),
-                         section="backward", resume=True, progress=None)
+                         section="backward", resume=True, progress=None,
+                         kernel_families=("sm90",))
     assert again.skipped == ["a"] and again.timings == 0
+    with pytest.raises(ValueError, match="kernel_families"):  # resumed with another limit
+        prof.profile([_case("a", 0.2, 0)], out=out, arch=90, timer=FakeBackwardTimer(),
+                     section="backward", resume=True, progress=None)
     with pytest.raises(FileExistsError):
         prof.profile([_case("a", 0.2, 0)], out=out, arch=90, timer=FakeBackwardTimer(),
                      section="backward", progress=None)
