@@ -83,14 +83,14 @@ def run_backward(p: BackwardLaunchable, ops: Operands, out: Any, lse: Any, dout:
     cp = cupy_or_none()
     with cp.cuda.Device(ops.q.device_id):
         cc = device_cc()
-        if regime is None:
-            regime = p.backward_regime(cc, deterministic=config.deterministic_backward,
-                                       portable=config.portable_backward)
-        elif not regime.runs_on(cc):
+        if regime is not None and not regime.runs_on(cc):
             raise ValueError(f"regime {regime.name} runs on sm_90 only; this GPU is sm_{cc} "
                              "(the sm80 family runs everywhere)")
         with capture_memory_if(stream_capturing(ops.stream_ptr), ops.q.framework,
                                ops.q.device_id):
+            if regime is None:  # (inside a capture the selection reads nothing back)
+                regime = p.backward_regime(cc, deterministic=config.deterministic_backward,
+                                           portable=config.portable_backward)
             return _launch(p, ops, o_desc, do_desc, ld, scale, regime, cc)
 
 

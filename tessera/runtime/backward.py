@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .._array import array_module, to_numpy
+from ..capture import capturing
 from ..cuda.variants import backward_block_n
 from ..launch import LaunchState
 from ..mask import BlockMask
@@ -119,10 +120,11 @@ class BackwardPlan:
         got = self._regimes.get(key)
         if got is None:
             s = self.shape
+            # (Inside a CUDA-graph capture nothing may be read back: the geometry's answer.)
             got = self._regimes[key] = select_backward_regime(
                 self.mask, arch=arch, head_dim=s.head_dim, dtype=s.dtype,
                 num_q_heads=s.num_q_heads, batch=s.batch, deterministic=deterministic,
-                portable=portable, read_mask=self.read_mask)
+                portable=portable, read_mask=self.read_mask and not capturing())
         return got
 
     def backward_queues(self, block_m: int = 64, block_n: tuple[int, int] | None = None,
