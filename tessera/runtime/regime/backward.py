@@ -10,7 +10,7 @@ from typing import Any
 
 from ...cuda.device import smem_limit_bytes
 from ...cuda.variants import Variant, smem_bytes
-from .value import KNOWN_FAMILIES, checked_value
+from .value import KNOWN_FAMILIES, checked_value, from_fields
 
 __all__ = ["BackwardRegime", "BACKWARD_DQ", "SM90_SMALL_BLOCK_TOKENS", "backward_regime_from_name",
            "candidate_backward_regimes", "check_backward_regime_argument",
@@ -117,10 +117,7 @@ class BackwardRegime:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "BackwardRegime":
-        unknown = set(d) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise ValueError(f"backward regime: unknown fields {sorted(unknown)}")
-        return cls(**d)
+        return from_fields(cls, d, "backward regime")
 
 
 def dq_block_n(head_dim: int, cc: int) -> int | None:

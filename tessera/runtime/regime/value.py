@@ -15,7 +15,7 @@ import numpy as np
 from ...cuda.variants import ROW_GROUP, Variant
 
 __all__ = ["Regime", "KNOWN_FAMILIES", "ROW_GROUP", "regime_from_name", "checked_regime",
-           "checked_value"]
+           "checked_value", "from_fields"]
 
 
 # Kernel families: "sm80" (mma.sync, every target) and "sm90" (wgmma, Hopper only).
@@ -207,13 +207,19 @@ class Regime:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Regime":
-        unknown = set(d) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise ValueError(f"regime: unknown fields {sorted(unknown)}")
-        return cls(**d)
+        return from_fields(cls, d, "regime")
 
     def with_(self, **changes: Any) -> "Regime":
         return replace(self, **changes)
+
+
+def from_fields(cls: type, d: dict[str, Any], what: str) -> Any:
+    """A regime value of type ``cls`` from its fields (``ValueError`` naming ``what`` for a
+    field it does not have; the value checks the others)."""
+    unknown = set(d) - set(cls.__dataclass_fields__)
+    if unknown:
+        raise ValueError(f"{what}: unknown fields {sorted(unknown)}")
+    return cls(**d)
 
 
 _KINDS = {bool: "True or False", int: "an int", float: "a finite number", str: "a str"}
