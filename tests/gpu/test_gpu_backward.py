@@ -303,8 +303,9 @@ def test_a_device_mask_is_planned_on_the_device(geometry, hq, hkv, family):
 def test_a_backward_request_never_waits_for_the_gpu():
     """At a model's shape (Wan-1.3B: 12 heads x 256 query blocks of 128 tokens) with the GPU
     busy for a long while, the backward of a new device mask is planned and launched without
-    the host waiting for the GPU, and gives the gradients of the host-planned queues (bit for
-    bit, but dQ where the default mode sums it by atomics)."""
+    the host waiting for the GPU (once a first device mask's request has loaded the planner's
+    kernels: a process's first one waits for that), and gives the gradients of the host-planned
+    queues (bit for bit, but dQ where the default mode sums it by atomics)."""
     from tessera.cuda.loader import device_cc
 
     torch = pytest.importorskip("torch")
@@ -317,6 +318,8 @@ def test_a_backward_request_never_waits_for_the_gpu():
     out, lse = tessera.attention(q, k, v, mask, return_lse=True)
     host = BlockMask.from_dense(blocks.cpu().numpy(), block_size=128)
     want = tessera.attention_backward(q, k, v, out, lse, dout, host)  # compiles the kernels
+    warm = BlockMask.from_dense(torch.rand(h, n, n, device="cuda") < 0.1, block_size=128)
+    tessera.attention_backward(q, k, v, out, lse, dout, warm)  # loads the planner's kernels
     torch.cuda.synchronize()
     torch.cuda._sleep(2_000_000_000)  # ~1 s of GPU time on the current stream
     busy = torch.cuda.Event()
