@@ -59,8 +59,8 @@ class BackwardRegime:
             v = getattr(self, f.name)
             want = {"family": str, "block_m": int, "dq": str, "tma": bool}[f.name]
             if not isinstance(v, want) or (want is int and isinstance(v, bool)):
-                raise TypeError(f"backward regime field {f.name} must be a {want.__name__}, "
-                                f"got {v!r}")
+                kind = {str: "a str", int: "an int", bool: "True or False"}[want]
+                raise TypeError(f"backward regime field {f.name} must be {kind}, got {v!r}")
         if self.family not in KNOWN_FAMILIES:
             raise ValueError(f"backward regime family must be one of {list(KNOWN_FAMILIES)}, "
                              f"got {self.family!r}")

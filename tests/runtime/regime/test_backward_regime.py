@@ -37,7 +37,7 @@ def test_backward_regimes_check_their_fields_and_names():
         BackwardRegime("sm80", 64, "passes", True)
     with pytest.raises(ValueError, match="dq must be one of"):
         BackwardRegime("sm90", 128, "atomic", True)
-    with pytest.raises(TypeError, match="block_m must be a int"):
+    with pytest.raises(TypeError, match="block_m must be an int"):
         BackwardRegime("sm90", 128.0, "passes", True)
     assert ATOMIC.kernels(128, True, 90)[1] is None  # dQ summed by the dK/dV kernel
     assert PASSES_CPA.kernels(128, True, 90)[1].kernel == "bsa_bwd_dq_sm90"
