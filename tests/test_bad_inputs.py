@@ -136,6 +136,18 @@ CASES = [
      "block_mask must be a tessera.BlockMask"),
     ("Plan.run_backward", "numpy arrays", lambda: _plan().run_backward(X, X, X, X, LSE, X),
      ValueError, "q is a host \\(numpy\\) array"),
+    ("tessera.attention_backward", "regime as a name", lambda: tessera.attention_backward(
+        X, X, X, X, LSE, X, M, regime="bwd_sm90_128_atomics_tma"), TypeError,
+     "regime must be None or a tessera.BackwardRegime, got str"),
+    ("Plan.run_backward", "a forward Regime", lambda: _plan().run_backward(
+        X, X, X, X, LSE, X, regime=tessera.Regime()), TypeError,
+     "regime must be None or a tessera.BackwardRegime, got Regime"),
+    ("tessera.BackwardRegime", "block_m=64 with dq='atomics'", lambda: tessera.BackwardRegime(
+        block_m=64), ValueError, "dq='atomics' runs in the sm90 family's 128-row tasks only"),
+    ("tessera.BackwardRegime", "family='sm80' with tma=True", lambda: tessera.BackwardRegime(
+        family="sm80", block_m=64, dq="passes"), ValueError, "tma=True is a copy form"),
+    ("tessera.BackwardRegime", "block_m=128.0", lambda: tessera.BackwardRegime(block_m=128.0),
+     TypeError, "backward regime field block_m must be an int, got 128.0"),
     ("Plan.replan", "a host plan", lambda: _plan().replan(M), ValueError,
      "only a sync-free device plan can be replanned"),
     ("tessera.reference.attention", "complex q", lambda: tessera.reference.attention(
