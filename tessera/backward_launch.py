@@ -153,7 +153,8 @@ def _launch(p: BackwardLaunchable, ops: Operands, o_desc: Any, do_desc: Any, lse
                            (ops.k.ptr, ops.shape_kv, tuple(ops.strides_k)),
                            (ops.v.ptr, ops.shape_kv, tuple(ops.strides_v)), bf16,
                            dkdv_tma.macro("BN"), (dq_tma or dkdv_tma).macro("BN"))
-    dkdv_variant, dq_variant = regime.kernels(d, bf16, cc, tma=maps is not None)
+    dkdv_variant, dq_variant = ((dkdv_tma, dq_tma) if maps is not None
+                                else regime.kernels(d, bf16, cc, tma=False))
     block_m = dkdv_variant.macro("BM")
     block_n = ((dq_variant or dkdv_variant).macro("BN"), dkdv_variant.macro("BN"))
     stream = caller_stream(ops)

@@ -254,9 +254,6 @@ def geometry_features(mask: Any, *, head_dim: int, dtype: Any, arch: int, num_q_
     """The features of ``mask`` that its block bounds and the shape give, reading nothing of
     its selection: density and imbalance are placeholders (the lowest buckets), for lookups
     that ignore them (``RegimeTable.lookup_unread``)."""
-    lq, lkv = int(mask.q_bounds[-1]), int(mask.kv_bounds[-1])
-    m = MaskMeasures(seq_len=max(lq, lkv), density=0.0, imbalance=1.0,
-                     q_block=float(np.median(np.diff(mask.q_bounds))),
-                     uniform=mask.uniform_block_size())
-    return features_from_measures(m, head_dim=head_dim, dtype=dtype_name(dtype), arch=arch,
+    return features_from_measures(_measures(mask, 0, 0), head_dim=head_dim,
+                                  dtype=dtype_name(dtype), arch=arch,
                                   num_q_heads=num_q_heads, batch=batch)
