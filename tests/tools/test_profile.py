@@ -420,9 +420,13 @@ def test_summarize_evaluation_by_hand():
     assert req["gain_vs_best_fixed"] == pytest.approx((2 + 1 + 1.1) / (1 + 1 + 1.2))
     assert req["gain_vs_default"] == pytest.approx((1.2 + 1.5 + 2.1) / (1 + 1 + 1.2))
     assert ker["worst"] == pytest.approx(1.1) and s["exact_keys"] == 2
+    # the heuristic (C) alone: m1 1.2, m2 1.5, m3 2.1/1.1 against the oracle
+    assert req["default_within_5pct"] == 0 and req["default_worst"] == pytest.approx(2.1 / 1.1)
+    assert ker["default_within_5pct"] == 0 and ker["default_worst"] == pytest.approx(2.0)
     assert set(prof.summarize_evaluation(recs, "kernel")) == {"kernel", "exact_keys"}
     text = prof.format_summary(s)
     assert "within 5% of the oracle 67%" in text and "best fixed regime B" in text
+    assert "the heuristic alone: within 5% 0%, worst x1.91" in text
 
 
 def test_evaluate_with_fake_timer_resume_and_budget(tmp_path):
