@@ -15,7 +15,7 @@ from ._array import to_numpy
 from .mask import BlockMask
 from .operands import checked_dout, host_operands
 
-__all__ = ["attention", "attention_backward", "attention_rows"]
+__all__ = ["attention", "attention_backward", "attention_rows", "selected_blocks"]
 
 
 def attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *, scale: float | None = None,
@@ -38,7 +38,7 @@ def attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *, scale: float | N
 
     out = np.zeros((b, hq, lq, dv), dtype=np.float64)
     lse = np.full((b, hq, lq), -np.inf, dtype=np.float64)
-    for bi, h, rows, keys in _selected_blocks(mask, b, hq, hkv):
+    for bi, h, rows, keys in selected_blocks(mask, b, hq, hkv):
         p, row_lse, denom = _softmax_terms(q4[bi, h, rows] @ k4[bi, h // group, keys].T, scale)
         out[bi, h, rows] = (p @ v4[bi, h // group, keys]) / denom
         lse[bi, h, rows] = row_lse[:, 0]
@@ -68,7 +68,7 @@ def attention_backward(q: Any, k: Any, v: Any, dout: Any, block_mask: BlockMask,
     scale = 1.0 / np.sqrt(d) if scale is None else float(scale)
     mask = block_mask.to_host()
     dq, dk, dv = np.zeros_like(q4), np.zeros_like(k4), np.zeros_like(v4)
-    for bi, h, rows, keys in _selected_blocks(mask, b, hq, hkv):
+    for bi, h, rows, keys in selected_blocks(mask, b, hq, hkv):
         g = h // group
         qr, dor = q4[bi, h, rows], do4[bi, h, rows]
         kk, vv = k4[bi, g, keys], v4[bi, g, keys]
@@ -115,9 +115,9 @@ def attention_rows(q: Any, k: Any, v: Any, block_mask: BlockMask, rows: np.ndarr
     return out
 
 
-def _selected_blocks(mask: BlockMask, batch: int, hq: int, hkv: int):
+def selected_blocks(mask: BlockMask, batch: int, hq: int, hkv: int):
     """(batch, query head, query block's rows, its selected keys) of every query block row of
-    host ``mask`` that selects something, in order."""
+    host ``mask`` that selects something, in order: how the host oracles walk a mask."""
     head_of, batch_of = mask.head_index(hq, hkv), mask.batch_index(batch)
     qb, kb, n_q = mask.q_bounds, mask.kv_bounds, mask.num_q_blocks
     for bi in range(batch):

@@ -23,6 +23,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("tessera.streams",),
     ("tessera.mask",),
     ("tessera.operands", "tessera.reference", "tessera.families"),
+    ("tessera.quantization",),
     ("tessera.launch", "tessera.backward_launch"),
     ("tessera.runtime.planner_launches",),
     ("tessera.runtime.mapping",),

@@ -35,6 +35,7 @@ from .args import int_choice, nonnegative_int, positive_int, require_matplotlib
 from .bench import main as bench_main
 from .pipeline import main as pipeline_main
 from .quality import main as quality_main
+from .quant_error import main as quant_error_main
 from .demo import run
 from . import kernels
 from .plot import draw_plan
@@ -226,7 +227,12 @@ def _main(argv: list[str] | None) -> int:
     sub.add_parser("quality", add_help=False,
                    help="a denoising run dense and sparse from the same noise: PSNR and SSIM "
                         "of the latents per step, and the speed-up (see --help there)")
+    sub.add_parser("quant-error", add_help=False,
+                   help="an 8-bit forward's rounding error against float64 per model shape, "
+                        "on the CPU (see --help there)")
     args, rest = ap.parse_known_args(argv)
+    if args.cmd == "quant-error":
+        return quant_error_main(rest)
     if args.cmd == "bench":
         return bench_main(rest)
     if args.cmd == "pipeline":

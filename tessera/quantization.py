@@ -1,0 +1,179 @@
+"""The numbers of an 8-bit forward, on the host: how a scheme rounds Q, K, V and the
+probabilities, and attention computed in float64 from the rounded operands.
+
+Which quantization keeps the error within bounds is a question of numbers, not of kernels, so it
+is answered here, where it runs anywhere: :func:`attention` is the oracle an 8-bit kernel is
+checked against (its only other error is float32 accumulation), and its distance from
+:func:`tessera.reference.attention` is the error the scheme itself costs.
+
+Hopper's tensor cores multiply e4m3 and 8-bit integers at the same rate (twice bf16's), so a
+scheme picks per product:
+
+- ``e4m3`` (PTX ``e4m3``): 4 exponent bits, 3 mantissa bits, largest finite 448, subnormals
+  down to 2^-9; conversions round to nearest even and saturate to +-448 (``cvt.rn.satfinite``).
+  Its relative step (2^-4 to 2^-3) is the same for small and large values.
+- ``int8``: signed integers in [-127, 127] (the probabilities, which are never negative, as
+  unsigned [0, 255]) times a scale: a fixed step over the whole group, so values near the
+  group's largest keep 7 bits, and the step that small values get is what a heavy-tailed group
+  costs; products accumulate exactly in int32.
+- ``16bit`` (P . V only): P and V stay bf16/fp16, as the 16-bit kernels multiply them.
+
+Two exact rewrites make the operands easier to round: ``smooth_k`` subtracts K's per-channel mean
+over the head's tokens (each score of a query row moves by the same q . mean, so the softmax is
+unchanged) and ``rotate`` multiplies Q and K by one orthogonal matrix H along the head dim
+(Q H (K H)^T = Q K^T): a Walsh-Hadamard matrix with fixed random signs, which spreads an outlier
+channel over every channel, so it stops setting every token's scale.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ._array import to_numpy
+from .mask import BlockMask
+from .operands import host_operands
+from .reference import selected_blocks
+
+__all__ = ["E4M3_MAX", "INT8_MAX", "UINT8_MAX", "FORMATS", "Scheme", "round_e4m3", "quantize",
+           "rotation", "attention"]
+
+E4M3_MAX = 448.0
+INT8_MAX = 127.0
+UINT8_MAX = 255.0
+FORMATS = ("e4m3", "int8")
+_PV_FORMATS = FORMATS + ("16bit",)
+_MIN_NORMAL_EXP = -6  # e4m3's smallest normal, 2^-6
+_MANTISSA_BITS = 3
+_ROTATION_SEED = 0x7E55  # the signs of the rotation: fixed, so every run rotates alike
+_ROTATION_BLOCK = 32  # head dims that are not a power of two rotate 32 channels at a time
+
+
+def round_e4m3(x: Any) -> np.ndarray:
+    """``x`` (as float64) rounded to the nearest e4m3 value, ties to even, saturated to +-448;
+    NaN stays NaN."""
+    a = np.asarray(x, dtype=np.float64)
+    mag = np.abs(a)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        _, e = np.frexp(mag)  # mag = f * 2^e with f in [0.5, 1): the binade's exponent is e - 1
+    exp = np.maximum(e.astype(np.int64) - 1, _MIN_NORMAL_EXP)  # subnormals share 2^-6's step
+    step = np.ldexp(1.0, exp - _MANTISSA_BITS)
+    with np.errstate(invalid="ignore", over="ignore"):
+        r = np.minimum(np.round(mag / step) * step, E4M3_MAX)  # np.round: ties to even
+    return np.where(np.isnan(a), np.nan, np.copysign(r, a))
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """How an 8-bit forward rounds. ``qk``: the format of Q and K (scaled per token); ``pv``:
+    the format of P and V (V scaled per channel over the head's tokens, P by its fixed bound:
+    P <= 1 after the row maximum is subtracted), or "16bit"; ``smooth_k`` and ``rotate``: the
+    exact rewrites of the module's docstring."""
+
+    qk: str = "int8"
+    pv: str = "int8"
+    smooth_k: bool = True
+    rotate: bool = True
+
+    def __post_init__(self) -> None:
+        if self.qk not in FORMATS:
+            raise ValueError(f"qk must be one of {FORMATS}, got {self.qk!r}")
+        if self.pv not in _PV_FORMATS:
+            raise ValueError(f"pv must be one of {_PV_FORMATS}, got {self.pv!r}")
+        for name in ("smooth_k", "rotate"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
+
+    @property
+    def name(self) -> str:
+        """E.g. ``qk_int8-pv_e4m3-smooth-rotate``."""
+        return "-".join([f"qk_{self.qk}", f"pv_{self.pv}"] + ["smooth"] * self.smooth_k
+                        + ["rotate"] * self.rotate)
+
+
+def quantize(x: Any, fmt: str, axis: int | tuple[int, ...] = -1, *, unsigned: bool = False
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """``x`` as ``fmt`` values and float64 scales, ``x ~= values * scales``: one scale per
+    slice along ``axis`` (kept as a length-1 axis), its largest magnitude over the format's
+    largest value (1 for a slice of zeros). ``unsigned`` (int8 only): values in [0, 255], for
+    operands never negative."""
+    if fmt not in FORMATS:
+        raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
+    if unsigned and fmt != "int8":
+        raise ValueError("unsigned applies to the int8 format only")
+    a = np.asarray(x, dtype=np.float64)
+    top = E4M3_MAX if fmt == "e4m3" else UINT8_MAX if unsigned else INT8_MAX
+    amax = np.abs(a).max(axis=axis, keepdims=True)
+    scales = np.where(amax > 0, amax / top, 1.0)
+    return _round(a / scales, fmt, unsigned), scales
+
+
+def _round(x: np.ndarray, fmt: str, unsigned: bool = False) -> np.ndarray:
+    """``x``, already scaled into the format's range, rounded to it."""
+    if fmt == "e4m3":
+        return round_e4m3(x)
+    return np.clip(np.round(x), 0.0 if unsigned else -INT8_MAX,
+                   UINT8_MAX if unsigned else INT8_MAX)
+
+
+def rotation(head_dim: int) -> np.ndarray:
+    """The orthogonal ``[head_dim, head_dim]`` matrix ``rotate`` multiplies Q and K by: a
+    Walsh-Hadamard matrix with fixed random column signs, over the whole head dim where that
+    is a power of two, else block-diagonal over 32 channels at a time (96 = 3 x 32)."""
+    if isinstance(head_dim, bool) or not isinstance(head_dim, (int, np.integer)) or head_dim < 1:
+        raise ValueError(f"head_dim must be a positive int, got {head_dim!r}")
+    n = head_dim if head_dim & (head_dim - 1) == 0 else _ROTATION_BLOCK
+    if head_dim % n:
+        raise ValueError(f"head_dim must be a power of two or a multiple of {_ROTATION_BLOCK}, "
+                         f"got {head_dim}")
+    h = np.ones((1, 1))
+    while h.shape[0] < n:
+        h = np.block([[h, h], [h, -h]])
+    signs = np.random.default_rng(_ROTATION_SEED).choice([-1.0, 1.0], size=head_dim)
+    return np.kron(np.eye(head_dim // n), h / np.sqrt(n)) * signs[None, :]
+
+
+def attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *, scheme: Scheme = Scheme(),
+              scale: float | None = None, layout: str = "bhld") -> np.ndarray:
+    """Block-sparse attention from ``scheme``'s rounded operands, computed in float64: what an
+    8-bit kernel of that scheme computes up to float32 accumulation. Arguments and output as
+    :func:`tessera.reference.attention`'s (without the LSE); rows that select nothing are 0.
+
+    Per query block row: S = (Q8 K8^T) sq sk^T, P = exp(scale (S - max)), l = rowsum(P) (P
+    before rounding, as a kernel sums it in float32), O = (P8 V8) sp sv / l, with P8 = P
+    rounded after dividing by its scale sp (1 / 448 for e4m3, 1 / 255 for int8)."""
+    if not isinstance(scheme, Scheme):
+        raise TypeError(f"scheme must be a tessera.quantization.Scheme, got "
+                        f"{type(scheme).__name__}")
+    q4, k4, v4 = (to_numpy(x).astype(np.float64)
+                  for x in host_operands(q, k, v, layout, scale, block_mask))
+    b, hq, lq, d = q4.shape
+    hkv = k4.shape[1]
+    group = hq // hkv
+    scale = 1.0 / np.sqrt(d) if scale is None else float(scale)
+    if scheme.smooth_k:
+        k4 = k4 - k4.mean(axis=2, keepdims=True)
+    if scheme.rotate:
+        r = rotation(d)
+        q4, k4 = q4 @ r, k4 @ r
+    q8, sq = quantize(q4, scheme.qk, -1)
+    k8, sk = quantize(k4, scheme.qk, -1)
+    if scheme.pv == "16bit":
+        v8, sv, p_step = v4, np.ones((b, hkv, 1, 1)), None
+    else:
+        v8, sv = quantize(v4, scheme.pv, 2)
+        p_step = 1.0 / (E4M3_MAX if scheme.pv == "e4m3" else UINT8_MAX)
+
+    out = np.zeros((b, hq, lq, v4.shape[3]))
+    for bi, h, rows, keys in selected_blocks(block_mask.to_host(), b, hq, hkv):
+        g = h // group
+        s = (q8[bi, h, rows] @ k8[bi, g, keys].T) * sq[bi, h, rows] * sk[bi, g, keys, 0]
+        with np.errstate(invalid="ignore", over="ignore"):
+            p = np.exp((s - s.max(axis=1, keepdims=True)) * scale)
+        denom = p.sum(axis=1, keepdims=True)
+        if p_step is not None:
+            p = _round(p / p_step, scheme.pv, unsigned=True) * p_step
+        out[bi, h, rows] = (p @ v8[bi, g, keys]) * sv[bi, g] / denom
+    return out.transpose(0, 2, 1, 3) if layout == "blhd" else out
