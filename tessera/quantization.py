@@ -68,29 +68,41 @@ def round_e4m3(x: Any) -> np.ndarray:
 @dataclass(frozen=True)
 class Scheme:
     """How an 8-bit forward rounds. ``qk``: the format of Q and K (scaled per token); ``pv``:
-    the format of P and V (V scaled per channel over the head's tokens, P by its fixed bound:
-    P <= 1 after the row maximum is subtracted), or "16bit"; ``smooth_k`` and ``rotate``: the
-    exact rewrites of the module's docstring."""
+    the format of P and V (V scaled per channel over the head's tokens), or "16bit";
+    ``smooth_k`` and ``rotate``: the exact rewrites of the module's docstring.
+
+    P is rounded a chunk at a time, as a kernel walks the keys: ``chunk_keys`` consecutive keys
+    of a run of adjacent selected key blocks (a span) from the span's start. With int8 each
+    row's chunk is scaled by its own largest P (``p_per_chunk``; else by 1, the bound of every
+    P), so a chunk far below the row's maximum keeps 8 bits instead of the few the step of 1/255
+    leaves it; e4m3, a floating format, is scaled by 448 either way."""
 
     qk: str = "int8"
     pv: str = "int8"
     smooth_k: bool = True
     rotate: bool = True
+    p_per_chunk: bool = True
+    chunk_keys: int = 128
 
     def __post_init__(self) -> None:
         if self.qk not in FORMATS:
             raise ValueError(f"qk must be one of {FORMATS}, got {self.qk!r}")
         if self.pv not in _PV_FORMATS:
             raise ValueError(f"pv must be one of {_PV_FORMATS}, got {self.pv!r}")
-        for name in ("smooth_k", "rotate"):
+        for name in ("smooth_k", "rotate", "p_per_chunk"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        c = self.chunk_keys
+        if isinstance(c, bool) or not isinstance(c, int) or c not in (64, 128):
+            raise ValueError(f"chunk_keys must be 64 or 128 (a kernel's key step), got {c!r}")
 
     @property
     def name(self) -> str:
-        """E.g. ``qk_int8-pv_e4m3-smooth-rotate``."""
+        """E.g. ``qk_int8-pv_int8-smooth-rotate`` (P per chunk of 128 keys, the defaults, is
+        not spelled; ``-pfixed`` and ``-c64`` say otherwise)."""
         return "-".join([f"qk_{self.qk}", f"pv_{self.pv}"] + ["smooth"] * self.smooth_k
-                        + ["rotate"] * self.rotate)
+                        + ["rotate"] * self.rotate + ["pfixed"] * (not self.p_per_chunk)
+                        + [f"c{self.chunk_keys}"] * (self.chunk_keys != 128))
 
 
 def quantize(x: Any, fmt: str, axis: int | tuple[int, ...] = -1, *, unsigned: bool = False
@@ -142,8 +154,8 @@ def attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *, scheme: Scheme =
     :func:`tessera.reference.attention`'s (without the LSE); rows that select nothing are 0.
 
     Per query block row: S = (Q8 K8^T) sq sk^T, P = exp(scale (S - max)), l = rowsum(P) (P
-    before rounding, as a kernel sums it in float32), O = (P8 V8) sp sv / l, with P8 = P
-    rounded after dividing by its scale sp (1 / 448 for e4m3, 1 / 255 for int8)."""
+    before rounding, as a kernel sums it in float32), O = (P8 V8 sv) / l, P8 being P rounded
+    chunk by chunk (:class:`Scheme`)."""
     if not isinstance(scheme, Scheme):
         raise TypeError(f"scheme must be a tessera.quantization.Scheme, got "
                         f"{type(scheme).__name__}")
@@ -160,11 +172,9 @@ def attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *, scheme: Scheme =
         q4, k4 = q4 @ r, k4 @ r
     q8, sq = quantize(q4, scheme.qk, -1)
     k8, sk = quantize(k4, scheme.qk, -1)
-    if scheme.pv == "16bit":
-        v8, sv, p_step = v4, np.ones((b, hkv, 1, 1)), None
-    else:
-        v8, sv = quantize(v4, scheme.pv, 2)
-        p_step = 1.0 / (E4M3_MAX if scheme.pv == "e4m3" else UINT8_MAX)
+    if scheme.pv != "16bit":
+        v4, sv = quantize(v4, scheme.pv, 2)
+        v4 = v4 * sv  # V8 sv: its rounding is what the oracle keeps
 
     out = np.zeros((b, hq, lq, v4.shape[3]))
     for bi, h, rows, keys in selected_blocks(block_mask.to_host(), b, hq, hkv):
@@ -173,7 +183,25 @@ def attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *, scheme: Scheme =
         with np.errstate(invalid="ignore", over="ignore"):
             p = np.exp((s - s.max(axis=1, keepdims=True)) * scale)
         denom = p.sum(axis=1, keepdims=True)
-        if p_step is not None:
-            p = _round(p / p_step, scheme.pv, unsigned=True) * p_step
-        out[bi, h, rows] = (p @ v8[bi, g, keys]) * sv[bi, g] / denom
+        if scheme.pv != "16bit":
+            p = _round_probabilities(p, keys, scheme)
+        out[bi, h, rows] = (p @ v4[bi, g, keys]) / denom
     return out.transpose(0, 2, 1, 3) if layout == "blhd" else out
+
+
+def _round_probabilities(p: np.ndarray, keys: np.ndarray, scheme: Scheme) -> np.ndarray:
+    """P ``[rows, keys]`` (at most 1) rounded to ``scheme.pv`` a chunk at a time: the chunks of
+    each span of consecutive ``keys``, ``scheme.chunk_keys`` from its start."""
+    if scheme.pv == "e4m3":
+        return round_e4m3(p * E4M3_MAX) / E4M3_MAX
+    starts = np.flatnonzero(np.diff(keys, prepend=keys[0] - 2) != 1)  # where a span starts
+    span_start = starts[np.searchsorted(starts, np.arange(keys.size), side="right") - 1]
+    chunk = (np.arange(keys.size) - span_start) // scheme.chunk_keys + span_start  # its id
+    out = np.empty_like(p)
+    for c in np.unique(chunk):
+        cols = chunk == c
+        top = p[:, cols].max(axis=1, keepdims=True) if scheme.p_per_chunk else np.ones(
+            (p.shape[0], 1))
+        top = np.where(top > 0, top, 1.0)
+        out[:, cols] = np.round(p[:, cols] / top * UINT8_MAX) * (top / UINT8_MAX)
+    return out

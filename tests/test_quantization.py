@@ -146,3 +146,33 @@ def test_scheme_refusals_and_name():
     q, k, v, mask = _case()
     with pytest.raises(TypeError, match="scheme must be"):
         qz.attention(q, k, v, mask, scheme="int8")
+
+
+def test_probabilities_round_a_chunk_at_a_time():
+    """Chunks restart at each span of consecutive keys: each chunk's largest P survives
+    exactly (it is the chunk's scale), and every P lands on its chunk's 1/255 grid."""
+    keys = np.concatenate([np.arange(0, 200), np.arange(300, 364)])  # spans of 200 and 64 keys
+    p = np.random.default_rng(8).uniform(0.001, 0.9, (3, keys.size))
+    s = qz.Scheme(chunk_keys=128)
+    got = qz._round_probabilities(p, keys, s)
+    for cols in (slice(0, 128), slice(128, 200), slice(200, 264)):
+        top = p[:, cols].max(axis=1, keepdims=True)
+        assert (got[:, cols].max(axis=1, keepdims=True) == top).all()
+        codes = got[:, cols] / top * 255
+        assert np.allclose(codes, np.round(codes), atol=1e-9)
+    fixed = qz._round_probabilities(p, keys, qz.Scheme(p_per_chunk=False))
+    assert np.allclose(fixed * 255, np.round(fixed * 255), atol=1e-9)
+    assert np.abs(got - p).max() <= 0.9 / 255 / 2 + 1e-12
+
+
+def test_chunk_scaled_probabilities_beat_a_fixed_step():
+    """Why P is scaled per chunk: on rows of many keys most chunks sit far below the row's
+    largest P, where the fixed step of 1/255 leaves them few bits (docs/decisions.md)."""
+    q, k, v, mask = _case(seed=9, d=64, blocks=16, block=128)
+    ref = reference.attention(q, k, v, mask)
+    err = {c: np.linalg.norm(qz.attention(q, k, v, mask, scheme=qz.Scheme(
+        qk="int8", pv="int8", p_per_chunk=c)) - ref) for c in (True, False)}
+    assert err[False] > 1.2 * err[True]
+    assert qz.Scheme(p_per_chunk=False, chunk_keys=64).name.endswith("-pfixed-c64")
+    with pytest.raises(ValueError, match="chunk_keys must be 64 or 128"):
+        qz.Scheme(chunk_keys=96)

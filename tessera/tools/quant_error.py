@@ -34,8 +34,8 @@ __all__ = ["INPUT_KINDS", "ErrorRow", "inputs", "row_errors", "measure", "scheme
 
 INPUT_KINDS = ("random", "outliers")
 DEFAULT_SCHEMES = ("qk_e4m3-pv_e4m3-smooth", "qk_e4m3-pv_16bit-smooth-rotate",
-                   "qk_int8-pv_e4m3-smooth-rotate", "qk_int8-pv_int8-smooth-rotate",
-                   "qk_int8-pv_16bit-smooth-rotate")
+                   "qk_int8-pv_e4m3-smooth-rotate", "qk_int8-pv_int8-smooth-rotate-pfixed",
+                   "qk_int8-pv_int8-smooth-rotate", "qk_int8-pv_16bit-smooth-rotate")
 _BLOCK = 128
 
 
@@ -54,14 +54,16 @@ def scheme_from_name(name: str) -> quantization.Scheme:
     """The scheme :attr:`tessera.quantization.Scheme.name` gives ``name``."""
     parts = name.split("-")
     if len(parts) < 2 or not parts[0].startswith("qk_") or not parts[1].startswith("pv_"):
-        raise ValueError(f"a scheme name reads qk_<format>-pv_<format>[-smooth][-rotate], got "
+        raise ValueError(f"a scheme name reads qk_<format>-pv_<format>[-flag...], got "
                          f"{name!r}")
     flags = set(parts[2:])
-    if not flags <= {"smooth", "rotate"}:
-        raise ValueError(f"unknown scheme flags {sorted(flags - {'smooth', 'rotate'})} in "
-                         f"{name!r} (smooth, rotate)")
+    known = {"smooth", "rotate", "pfixed", "c64"}
+    if not flags <= known:
+        raise ValueError(f"unknown scheme flags {sorted(flags - known)} in {name!r} "
+                         f"({', '.join(sorted(known))})")
     return quantization.Scheme(qk=parts[0][3:], pv=parts[1][3:], smooth_k="smooth" in flags,
-                               rotate="rotate" in flags)
+                               rotate="rotate" in flags, p_per_chunk="pfixed" not in flags,
+                               chunk_keys=64 if "c64" in flags else 128)
 
 
 def _bf16(x: np.ndarray) -> np.ndarray:
@@ -135,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"comma list of {', '.join(WORKLOADS)}")
     ap.add_argument("--schemes", default=",".join(DEFAULT_SCHEMES),
                     help="comma list of scheme names (qk_<e4m3|int8>-pv_<e4m3|int8|16bit>"
-                         "[-smooth][-rotate])")
+                         "[-smooth][-rotate][-pfixed][-c64]: tessera.quantization.Scheme)")
     ap.add_argument("--heads", type=positive_int, default=2, help="heads a shape (default 2)")
     ap.add_argument("--rows", type=positive_int, default=4,
                     help="query blocks a head (default 4)")
@@ -151,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--schemes: {exc}")
     if not schemes:
         ap.error("--schemes: none given")
-    print(f"{'shape':16} {'input':9} {'scheme':32} {'error':>9} {'worst row':>9}")
+    print(f"{'shape':16} {'input':9} {'scheme':38} {'error':>9} {'worst row':>9}")
     for r in measure(shapes, schemes, heads=args.heads, rows=args.rows, seed=args.seed):
-        print(f"{r.shape:16} {r.kind:9} {r.scheme:32} {r.error:9.2e} {r.worst_row:9.2e}")
+        print(f"{r.shape:16} {r.kind:9} {r.scheme:38} {r.error:9.2e} {r.worst_row:9.2e}")
     return 0

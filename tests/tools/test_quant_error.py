@@ -11,7 +11,8 @@ from tessera.tools.cli import main as cli_main
 
 
 @pytest.mark.parametrize("scheme", [qz.Scheme(), qz.Scheme(qk="e4m3", pv="16bit", rotate=False,
-                                                           smooth_k=False)])
+                                                           smooth_k=False),
+                                    qz.Scheme(p_per_chunk=False, chunk_keys=64)])
 def test_scheme_names_round_trip(scheme):
     assert qe.scheme_from_name(scheme.name) == scheme
 
