@@ -37,8 +37,9 @@ from .mask import BlockMask
 from .operands import host_operands
 from .reference import selected_blocks
 
-__all__ = ["E4M3_MAX", "INT8_MAX", "UINT8_MAX", "FORMATS", "Scheme", "round_e4m3", "quantize",
-           "rotation", "attention"]
+__all__ = ["E4M3_MAX", "INT8_MAX", "UINT8_MAX", "FORMATS", "Scheme", "QuantizedOperands",
+           "round_e4m3", "quantize", "rotation", "rotation_factors", "quantized_operands",
+           "attention"]
 
 E4M3_MAX = 448.0
 INT8_MAX = 127.0
@@ -130,21 +131,73 @@ def _round(x: np.ndarray, fmt: str, unsigned: bool = False) -> np.ndarray:
                    UINT8_MAX if unsigned else INT8_MAX)
 
 
+def rotation_factors(head_dim: int) -> np.ndarray:
+    """Channel j's factor after the Walsh-Hadamard transform of its block: ``sign_j / sqrt(n)``
+    (``n`` the block: the head dim where it is a power of two, else 32), so that rotating a row
+    x is ``factors * H x`` with H the unnormalized Sylvester matrix of each block -- what a
+    kernel computes with butterflies."""
+    if isinstance(head_dim, bool) or not isinstance(head_dim, (int, np.integer)) or head_dim < 1:
+        raise ValueError(f"head_dim must be a positive int, got {head_dim!r}")
+    n = _rotation_block(head_dim)
+    if head_dim % n:
+        raise ValueError(f"head_dim must be a power of two or a multiple of {_ROTATION_BLOCK}, "
+                         f"got {head_dim}")
+    signs = np.random.default_rng(_ROTATION_SEED).choice([-1.0, 1.0], size=head_dim)
+    return signs / np.sqrt(n)
+
+
+def _rotation_block(head_dim: int) -> int:
+    return head_dim if head_dim & (head_dim - 1) == 0 else _ROTATION_BLOCK
+
+
 def rotation(head_dim: int) -> np.ndarray:
     """The orthogonal ``[head_dim, head_dim]`` matrix ``rotate`` multiplies Q and K by: a
     Walsh-Hadamard matrix with fixed random column signs, over the whole head dim where that
     is a power of two, else block-diagonal over 32 channels at a time (96 = 3 x 32)."""
-    if isinstance(head_dim, bool) or not isinstance(head_dim, (int, np.integer)) or head_dim < 1:
-        raise ValueError(f"head_dim must be a positive int, got {head_dim!r}")
-    n = head_dim if head_dim & (head_dim - 1) == 0 else _ROTATION_BLOCK
-    if head_dim % n:
-        raise ValueError(f"head_dim must be a power of two or a multiple of {_ROTATION_BLOCK}, "
-                         f"got {head_dim}")
+    factors = rotation_factors(head_dim)
+    n = _rotation_block(int(head_dim))
     h = np.ones((1, 1))
     while h.shape[0] < n:
         h = np.block([[h, h], [h, -h]])
-    signs = np.random.default_rng(_ROTATION_SEED).choice([-1.0, 1.0], size=head_dim)
-    return np.kron(np.eye(head_dim // n), h / np.sqrt(n)) * signs[None, :]
+    return np.kron(np.eye(head_dim // n), h) * factors[None, :]
+
+
+@dataclass(frozen=True)
+class QuantizedOperands:
+    """A scheme's rounded operands, ``[B, H, L, D]`` each (``bhld`` whatever the inputs'
+    layout), as float64 values of the format (int8 codes as integers), with their scales:
+    ``q_scale`` / ``k_scale`` ``[B, H, L, 1]`` (one a token), ``v_scale`` ``[B, Hkv, 1, D]``
+    (one a channel; ones, and V as given, where P . V stays 16-bit). Q and K are after the
+    scheme's rewrites: x ~= values * scale is the smoothed, rotated operand."""
+
+    q: np.ndarray
+    q_scale: np.ndarray
+    k: np.ndarray
+    k_scale: np.ndarray
+    v: np.ndarray
+    v_scale: np.ndarray
+
+
+def quantized_operands(q: Any, k: Any, v: Any, scheme: Scheme, *, layout: str = "bhld"
+                       ) -> QuantizedOperands:
+    """What ``scheme`` makes of q, k and v before any product (the device's pre-pass computes
+    the same): K smoothed, Q and K rotated where the scheme says, then each rounded."""
+    if not isinstance(scheme, Scheme):
+        raise TypeError(f"scheme must be a tessera.quantization.Scheme, got "
+                        f"{type(scheme).__name__}")
+    q4, k4, v4 = (to_numpy(x).astype(np.float64) for x in host_operands(q, k, v, layout))
+    if scheme.smooth_k:
+        k4 = k4 - k4.mean(axis=2, keepdims=True)
+    if scheme.rotate:
+        r = rotation(q4.shape[-1])
+        q4, k4 = q4 @ r, k4 @ r
+    q8, sq = quantize(q4, scheme.qk, -1)
+    k8, sk = quantize(k4, scheme.qk, -1)
+    if scheme.pv == "16bit":
+        v8, sv = v4, np.ones(v4.shape[:2] + (1, v4.shape[3]))
+    else:
+        v8, sv = quantize(v4, scheme.pv, 2)
+    return QuantizedOperands(q8, sq, k8, sk, v8, sv)
 
 
 def attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *, scheme: Scheme = Scheme(),
@@ -159,22 +212,13 @@ def attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *, scheme: Scheme =
     if not isinstance(scheme, Scheme):
         raise TypeError(f"scheme must be a tessera.quantization.Scheme, got "
                         f"{type(scheme).__name__}")
-    q4, k4, v4 = (to_numpy(x).astype(np.float64)
-                  for x in host_operands(q, k, v, layout, scale, block_mask))
-    b, hq, lq, d = q4.shape
-    hkv = k4.shape[1]
+    ops = quantized_operands(*host_operands(q, k, v, layout, scale, block_mask), scheme)
+    b, hq, lq, d = ops.q.shape
+    hkv = ops.k.shape[1]
     group = hq // hkv
     scale = 1.0 / np.sqrt(d) if scale is None else float(scale)
-    if scheme.smooth_k:
-        k4 = k4 - k4.mean(axis=2, keepdims=True)
-    if scheme.rotate:
-        r = rotation(d)
-        q4, k4 = q4 @ r, k4 @ r
-    q8, sq = quantize(q4, scheme.qk, -1)
-    k8, sk = quantize(k4, scheme.qk, -1)
-    if scheme.pv != "16bit":
-        v4, sv = quantize(v4, scheme.pv, 2)
-        v4 = v4 * sv  # V8 sv: its rounding is what the oracle keeps
+    q8, sq, k8, sk = ops.q, ops.q_scale, ops.k, ops.k_scale
+    v4 = ops.v * ops.v_scale  # V8 sv: its rounding is what the oracle keeps
 
     out = np.zeros((b, hq, lq, v4.shape[3]))
     for bi, h, rows, keys in selected_blocks(block_mask.to_host(), b, hq, hkv):

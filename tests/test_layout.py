@@ -24,7 +24,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("tessera.mask",),
     ("tessera.operands", "tessera.reference", "tessera.families"),
     ("tessera.quantization",),
-    ("tessera.launch", "tessera.backward_launch"),
+    ("tessera.launch", "tessera.backward_launch", "tessera.quantize_launch"),
     ("tessera.runtime.planner_launches",),
     ("tessera.runtime.mapping",),
     ("tessera.runtime.tasks",),

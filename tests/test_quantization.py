@@ -176,3 +176,41 @@ def test_chunk_scaled_probabilities_beat_a_fixed_step():
     assert qz.Scheme(p_per_chunk=False, chunk_keys=64).name.endswith("-pfixed-c64")
     with pytest.raises(ValueError, match="chunk_keys must be 64 or 128"):
         qz.Scheme(chunk_keys=96)
+
+
+@pytest.mark.parametrize("scheme,err,match", [
+    ("int8", TypeError, "scheme must be a tessera.quantization.Scheme"),
+    (qz.Scheme(qk="e4m3"), ValueError, "rounds to int8 only"),
+    (qz.Scheme(pv="16bit"), ValueError, "rounds to int8 only"),
+])
+def test_the_gpu_pre_pass_refuses_a_scheme_before_anything_else(scheme, err, match):
+    """On any machine: the scheme is checked before the operands or the GPU are looked at."""
+    from tessera.quantize_launch import quantize_operands
+
+    with pytest.raises(err, match=match):
+        quantize_operands(None, None, None, scheme=scheme)
+
+
+def test_quantized_operands_are_the_rewritten_operands_rounded():
+    """Host side of the pre-pass: values times steps give the smoothed, rotated operands back
+    within half a step; blhd inputs give the same bhld result; 16-bit P . V keeps V."""
+    q, k, v, _ = _case(seed=10, h=4, hkv=2, d=96)
+    s = qz.Scheme()
+    ops = qz.quantized_operands(q, k, v, s)
+    r = qz.rotation(96)
+    for got, step, exact in ((ops.q, ops.q_scale, q @ r),
+                             (ops.k, ops.k_scale, (k - k.mean(axis=2, keepdims=True)) @ r)):
+        assert np.abs(got * step - exact).max() <= 0.5 * step.max() + 1e-12
+        assert (np.abs(got) <= 127).all() and (got == np.round(got)).all()
+    assert ops.v_scale.shape == (1, 2, 1, 96)
+    t = qz.quantized_operands(*(x.transpose(0, 2, 1, 3) for x in (q, k, v)), s, layout="blhd")
+    assert all((getattr(t, f) == getattr(ops, f)).all() for f in ("q", "k", "v"))
+    kept = qz.quantized_operands(q, k, v, qz.Scheme(pv="16bit"))
+    assert (kept.v == v).all() and (kept.v_scale == 1).all()
+    np.testing.assert_allclose(
+        qz.rotation(128), np.kron(np.eye(1), _sylvester(128)) * qz.rotation_factors(128))
+
+
+def _sylvester(n: int) -> np.ndarray:
+    i = np.arange(n)
+    return (-1.0) ** np.vectorize(lambda x: bin(x).count("1"))(i[:, None] & i[None, :])

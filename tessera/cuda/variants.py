@@ -16,7 +16,8 @@ from .device import SM90_SMEM_PER_SM, SM90_SMEM_RESERVED, smem_limit_bytes
 
 __all__ = ["Variant", "smem_bytes", "ROW_GROUP", "WIDE_BN", "WIDE_SPANS", "WIDE_SLACK",
            "has_wide_step", "PARAMETERS", "SM80", "SM90", "BACKWARD_SOURCES", "BWD_ROWS",
-           "BACKWARD_KERNELS", "SM90_BACKWARD_KERNELS", "backward_block_n", "config_header"]
+           "BACKWARD_KERNELS", "SM90_BACKWARD_KERNELS", "QUANTIZE", "QUANTIZE_KERNELS",
+           "backward_block_n", "config_header"]
 
 # The sources of the two attention families, and of the portable backward pass.
 SM80 = "sm80/bsa.cu"
@@ -27,6 +28,10 @@ BWD_ROWS = "bwd_rows.cu"
 BACKWARD_SOURCES = {"bsa_bwd_dkdv_sm80": "sm80/bwd_dkdv.cu", "bsa_bwd_dq_sm80": "sm80/bwd_dq.cu",
                     "bsa_bwd_dkdv_sm90": "sm90/bwd_dkdv.cu", "bsa_bwd_dq_sm90": "sm90/bwd_dq.cu"}
 BACKWARD_KERNELS = ("bsa_bwd_dkdv_sm80", "bsa_bwd_dq_sm80")
+# The 8-bit forward's pre-pass (every GPU): its kernels, in launch order.
+QUANTIZE = "quantize.cu"
+QUANTIZE_KERNELS = ("quant_channel_partials", "quant_channel_finish", "quant_rows",
+                    "quant_v_transposed")
 SM90_BACKWARD_KERNELS = ("bsa_bwd_dkdv_sm90", "bsa_bwd_dq_sm90")
 _SM80_BACKWARD = tuple(BACKWARD_SOURCES[k] for k in BACKWARD_KERNELS)
 _SM90_BACKWARD = tuple(BACKWARD_SOURCES[k] for k in SM90_BACKWARD_KERNELS)
@@ -254,6 +259,14 @@ class Variant:
         return cls(BWD_ROWS, "bsa_bwd_delta", (("D", head_dim), ("BF16", int(bf16))))
 
     @classmethod
+    def quantize(cls, kernel: str, *, head_dim: int, bf16: bool) -> "Variant":
+        """A kernel of the 8-bit forward's pre-pass (quantize.cu, every GPU): one of
+        :data:`QUANTIZE_KERNELS`."""
+        if kernel not in QUANTIZE_KERNELS:
+            raise ValueError(f"quantize.cu has {', '.join(QUANTIZE_KERNELS)}, got {kernel!r}")
+        return cls(QUANTIZE, kernel, (("D", head_dim), ("BF16", int(bf16))))
+
+    @classmethod
     def bwd_dq_convert(cls, *, head_dim: int, bf16: bool) -> "Variant":
         """dQ from the float32 sums of the dK/dV kernel's atomic variant (bwd_rows.cu, the
         same module as :meth:`bwd_delta`'s)."""
@@ -351,6 +364,7 @@ PARAMETERS: dict[str, dict[str, int | None]] = {
     **{src: {"BM": None, "BN": None, "D": None, "STAGES": None, "BF16": None, "MIN_BLOCKS": 1,
              "ATOMIC_DQ": 0, "TMA": 0} for src in _SM90_BACKWARD},
     BWD_ROWS: {"D": None, "BF16": None},
+    QUANTIZE: {"D": None, "BF16": None},
     "combine.cu": {"BF16": None},
     "pooled_topk.cu": {"F32": 0, "BF16": 1},
     "plan.cu": {},

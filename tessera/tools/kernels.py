@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from ..cuda import loader
-from ..cuda.variants import Variant
+from ..cuda.variants import QUANTIZE_KERNELS, Variant
 from ..dtypes import SUPPORTED_HEAD_DIMS
 from ..mask import BlockMask
 from ..runtime.regime import (TABLES_DIR, Regime, RegimeTable, candidate_regimes,
@@ -90,6 +90,8 @@ def variants_in_use(targets: tuple[str, ...] = tuple(_ARCHES.values()), *,
             for b in bf16:
                 found.add((target, Variant.bwd_delta(head_dim=d, bf16=b)))
                 found.add((target, Variant.bwd_dq_convert(head_dim=d, bf16=b)))
+                found.update((target, Variant.quantize(kn, head_dim=d, bf16=b))
+                             for kn in QUANTIZE_KERNELS)
                 for r in candidate_backward_regimes(arch) + (
                         candidate_backward_regimes(None) if arch == 90 else []):
                     found.update((target, v) for v in r.kernels(d, b, arch) if v)

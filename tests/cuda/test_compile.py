@@ -526,6 +526,21 @@ def test_backward_kernels_compile_without_spills(target, kernel, d, tmp_path, mo
         assert variants.smem_bytes(v) <= limit
 
 
+PRE_PASS = [(t, d) for t in loader.CI_TARGETS for d in HEAD_DIMS]
+
+
+@pytest.mark.parametrize("target,d", PRE_PASS, ids=[f"{t}-d{d}" for t, d in PRE_PASS])
+def test_quantize_kernels_compile_without_spills(target, d, tmp_path, monkeypatch):
+    """The 8-bit forward's pre-pass (quantize.cu) builds for every target in both element
+    types with no spills."""
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    for kernel in variants.QUANTIZE_KERNELS:
+        for bf16 in (True, False):
+            res = loader.compile_variant(variants.Variant.quantize(kernel, head_dim=d, bf16=bf16),
+                                         target)
+            assert res.spill_bytes == 0 and res.stack_bytes == 0 and res.registers <= 255
+
+
 SM90_BACKWARD = [(k, d, det, tma, rows) for k in variants.SM90_BACKWARD_KERNELS
                  for d in HEAD_DIMS for det in (False, True) for tma in (False, True)
                  for rows in (128, 64) if det or (k == "bsa_bwd_dkdv_sm90" and rows == 128)]
@@ -555,3 +570,10 @@ def test_sm90_backward_kernels_compile_without_spills(kernel, d, deterministic, 
         assert variants.smem_bytes(v) <= 232448
         if v.macro("BM") == 64:
             assert 2 * (variants.smem_bytes(v) + 1024) <= 233472  # 1 KiB a CTA reserved
+
+
+def test_quantize_variant_refuses_an_unknown_kernel():
+    with pytest.raises(ValueError, match="quantize.cu has quant_channel_partials"):
+        variants.Variant.quantize("quant_everything", head_dim=64, bf16=True)
+    v = variants.Variant.quantize("quant_rows", head_dim=96, bf16=False)
+    assert v.source == variants.QUANTIZE and v.macro("D") == 96 and v.macro("BF16") == 0

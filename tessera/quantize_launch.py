@@ -1,0 +1,113 @@
+"""The 8-bit forward's pre-pass on the GPU: q, k, v rounded as a :class:`quantization.Scheme`
+says, by the kernels of ``cuda/quantize.cu``, on the caller's stream and without a host
+synchronization. The numbers are :func:`tessera.quantization.quantized_operands`', in float32
+(a code may differ by one where float64 lands on a rounding boundary).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ._array import cupy_or_none
+from .capture import device_copy
+from .cuda.loader import load_kernel
+from .cuda.variants import Variant
+from .operands import describe
+from .quantization import Scheme, rotation_factors
+from .settings import config
+from .streams import cupy_stream
+
+__all__ = ["QuantizedOnDevice", "quantize_operands", "PAD_KEYS"]
+
+_THREADS = 256  # every pre-pass kernel's launch bound
+_CHUNK_TOKENS = 512  # tokens a partial of the channel statistics covers
+PAD_KEYS = 64  # the transposed V's rows are padded to a multiple of this many keys (zeros)
+
+
+@dataclass(frozen=True)
+class QuantizedOnDevice:
+    """The pre-pass's output (CuPy arrays on the inputs' device): ``q`` / ``k`` int8
+    ``[B, H, L, D]`` (contiguous, after the scheme's rewrites), their steps ``q_scale`` /
+    ``k_scale`` float32 ``[B, H, L]``; ``v_t`` int8 ``[B, Hkv, D, L_pad]``, V transposed (keys
+    contiguous, ``L_pad`` the key count rounded up to :data:`PAD_KEYS`, zeros past it), its steps
+    ``v_scale`` float32 ``[B, Hkv, D]``."""
+
+    q: Any
+    q_scale: Any
+    k: Any
+    k_scale: Any
+    v_t: Any
+    v_scale: Any
+
+
+def _checked_scheme(scheme: Any) -> Scheme:
+    if not isinstance(scheme, Scheme):
+        raise TypeError(f"scheme must be a tessera.quantization.Scheme, got "
+                        f"{type(scheme).__name__}")
+    if scheme.qk != "int8" or scheme.pv != "int8":
+        raise ValueError(f"the GPU pre-pass rounds to int8 only (qk='int8', pv='int8'), got "
+                         f"scheme {scheme.name}")
+    return scheme
+
+
+def quantize_operands(q: Any, k: Any, v: Any, *, scheme: Scheme = Scheme(),
+                      layout: str = "bhld") -> QuantizedOnDevice:
+    """q, k, v (bf16 or fp16 CUDA tensors, ``layout``) rounded by ``scheme`` on the GPU:
+    K's channel means and V's channel steps first (two launches, summed in a fixed order, so
+    every run gives the same codes), then Q's and K's rows and V transposed."""
+    scheme = _checked_scheme(scheme)
+    ops = describe(q, k, v, layout)
+    cp = cupy_or_none()
+    b, hq, lq, d = ops.shape_q
+    _, hkv, lkv, _ = ops.shape_kv
+    bf16 = ops.q.dtype == "bfloat16"
+
+    def kernel(name: str) -> Any:
+        return load_kernel(Variant.quantize(name, head_dim=d, bf16=bf16))
+
+    i64, i32, ptr = np.int64, np.int32, np.uint64
+    pad = -(-lkv // PAD_KEYS) * PAD_KEYS
+    chunks = -(-lkv // _CHUNK_TOKENS)
+    stream = cupy_stream(ops.stream_ptr, ops.q.device_id)
+    with cp.cuda.Device(ops.q.device_id), stream:
+        out = QuantizedOnDevice(
+            cp.empty((b, hq, lq, d), cp.int8), cp.empty((b, hq, lq), cp.float32),
+            cp.empty((b, hkv, lkv, d), cp.int8), cp.empty((b, hkv, lkv), cp.float32),
+            cp.empty((b, hkv, d, pad), cp.int8), cp.empty((b, hkv, d), cp.float32))
+        if config.poison_outputs:  # NaN steps, codes -128 (no code is): nothing unwritten passes
+            for a in vars(out).values():
+                a.fill(np.nan if a.dtype == cp.float32 else -128)
+        k_sums = cp.empty((b * hkv, chunks, d), cp.float32)
+        v_amax = cp.empty_like(k_sums)
+        k_mean = cp.empty((b * hkv, d), cp.float32)
+        kv = (ptr(ops.k.ptr), *map(i64, ops.strides_k[:3]),
+              ptr(ops.v.ptr), *map(i64, ops.strides_v[:3]))
+        kernel("quant_channel_partials")((chunks, b * hkv), (_THREADS,), (
+            *kv, i32(hkv), i32(lkv), i32(_CHUNK_TOKENS), k_sums, v_amax))
+        n = b * hkv * d
+        kernel("quant_channel_finish")((-(-n // _THREADS),), (_THREADS,), (
+            k_sums, v_amax, i32(chunks), i32(lkv), i64(n), k_mean, out.v_scale))
+        factors = (device_copy(("rotation", d), lambda: cp.asarray(
+            rotation_factors(d), dtype=cp.float32), cp) if scheme.rotate else None)
+        rows = kernel("quant_rows")
+        per_cta = _THREADS // 32
+        for x, strides, heads, seq, mean, dst, scales in (
+                (ops.q, ops.strides_q, hq, lq, None, out.q, out.q_scale),
+                (ops.k, ops.strides_k, hkv, lkv, k_mean if scheme.smooth_k else None, out.k,
+                 out.k_scale)):
+            count = b * heads * seq
+            rows((-(-count // per_cta),), (_THREADS,), (
+                ptr(x.ptr), *map(i64, strides[:3]), i32(heads), i32(seq), i64(count),
+                _or_null(mean), _or_null(factors), dst, scales))
+        kernel("quant_v_transposed")((pad // PAD_KEYS, b * hkv), (_THREADS,), (
+            ptr(ops.v.ptr), *map(i64, ops.strides_v[:3]), i32(hkv), i32(lkv), i32(pad),
+            out.v_scale, out.v_t))
+    return out
+
+
+def _or_null(a: Any) -> Any:
+    """A device array argument, or a null pointer for none."""
+    return np.uint64(0) if a is None else a
