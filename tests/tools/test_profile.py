@@ -429,6 +429,27 @@ def test_summarize_evaluation_by_hand():
     assert "the heuristic alone: within 5% 0%, worst x1.91" in text
 
 
+def test_the_request_objective_compares_what_requests_run():
+    """A request never splits a task, so the request objective times every regime by its
+    never-split form: a split policy's timing (its host planning included) is neither the
+    oracle nor what the heuristic's pick costs a request; kernel time keeps every form."""
+    plain = "sm90_128x128_w12_s3[combine_threshold=0.0]"
+    never = prof.request_form(plain)
+    assert never == "sm90_128x128_w12_s3[combine_threshold=0.0,split_ratio=1000000000.0]"
+    packed = "sm90_64x64_w8_s3[combine_threshold=0.0,pack_keys=True]"
+    assert prof.request_form(packed) == packed and prof.request_form("A") == "A"
+    split2 = "sm90_128x128_w12_s3[combine_threshold=0.0,split_ratio=2.0]"
+    rec = dict(label="m", chosen=split2, default=plain, exact=True,
+               times={plain: [0.5, 3.0], never: [1.0, 0.2], split2: [0.4, 3.0],
+                      packed: [1.1, 0.2]})
+    s = prof.summarize_evaluation([rec], "request")
+    # requests run `never` for both picks: the oracle among never (1.2) and packed (1.3)
+    assert s["request"]["within_5pct"] == 1 and s["request"]["default_within_5pct"] == 1
+    assert s["request"]["worst"] == pytest.approx(1.0)
+    assert s["kernel"]["worst"] == pytest.approx(1.0)  # split2's 0.4 is the kernel oracle
+    assert s["kernel"]["default_worst"] == pytest.approx(0.5 / 0.4)
+
+
 def test_evaluate_with_fake_timer_resume_and_budget(tmp_path):
     fav = Regime(block_m=128, block_n=32, split_ratio=2.0, combine_threshold=0.0)
     train = [small_case("a", density=0.1, seed=0)]
