@@ -55,7 +55,7 @@ _ROTATION_BLOCK = 32  # head dims that are not a power of two rotate 32 channels
 def round_e4m3(x: Any) -> np.ndarray:
     """``x`` (as float64) rounded to the nearest e4m3 value, ties to even, saturated to +-448;
     NaN stays NaN."""
-    a = np.asarray(x, dtype=np.float64)
+    a = _real_array(x, "x")
     mag = np.abs(a)
     with np.errstate(divide="ignore", invalid="ignore"):
         _, e = np.frexp(mag)  # mag = f * 2^e with f in [0.5, 1): the binade's exponent is e - 1
@@ -116,11 +116,31 @@ def quantize(x: Any, fmt: str, axis: int | tuple[int, ...] = -1, *, unsigned: bo
         raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
     if unsigned and fmt != "int8":
         raise ValueError("unsigned applies to the int8 format only")
-    a = np.asarray(x, dtype=np.float64)
+    a = _real_array(x, "x")
+    if a.ndim == 0:
+        raise ValueError("x must have at least one axis, got a scalar")
+    for ax in (axis,) if isinstance(axis, (int, np.integer)) else axis:
+        if isinstance(ax, bool) or not isinstance(ax, (int, np.integer)) or not (
+                -a.ndim <= ax < a.ndim):
+            raise ValueError(f"axis must be an int (or ints) in [-{a.ndim}, {a.ndim}) for x of "
+                             f"{a.ndim} axes, got {axis!r}")
     top = E4M3_MAX if fmt == "e4m3" else UINT8_MAX if unsigned else INT8_MAX
     amax = np.abs(a).max(axis=axis, keepdims=True)
     scales = np.where(amax > 0, amax / top, 1.0)
     return _round(a / scales, fmt, unsigned), scales
+
+
+def _real_array(x: Any, name: str) -> np.ndarray:
+    """``x`` as float64, or a TypeError naming it where it holds no real numbers."""
+    try:
+        a = np.asarray(x)
+    except (TypeError, ValueError):
+        a = None
+    if a is None or not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.integer)
+                         or a.dtype == np.bool_):
+        raise TypeError(f"{name} must hold real numbers, got {type(x).__name__}"
+                        + (f" of {a.dtype}" if isinstance(x, np.ndarray) else ""))
+    return a.astype(np.float64)
 
 
 def _round(x: np.ndarray, fmt: str, unsigned: bool = False) -> np.ndarray:

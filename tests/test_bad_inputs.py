@@ -9,7 +9,8 @@ import pytest
 import scipy.sparse as sp
 
 import tessera
-from tessera import BlockMask, families
+from tessera import BlockMask, families, quantization
+from tessera.quantize_launch import quantize_operands
 from tessera.integrations import distributed, methods, presets
 
 M = BlockMask.from_dense(np.ones((2, 2), bool), block_size=64)
@@ -257,6 +258,23 @@ CASES = [
      r"sizes must be \(lo, hi\) ints with 0 < lo <= hi, or None, got \(64, 32\)"),
     ("families.random_blocks", "density=1.5", lambda: families.random_blocks(
         2, 4000, density=1.5), ValueError, r"density must be in \[0, 1\], got 1.5"),
+    ("quantization.Scheme", "qk='fp8'", lambda: quantization.Scheme(qk="fp8"), ValueError,
+     r"qk must be one of \('e4m3', 'int8'\), got 'fp8'"),
+    ("quantization.Scheme", "chunk_keys=100", lambda: quantization.Scheme(chunk_keys=100),
+     ValueError, "chunk_keys must be 64 or 128"),
+    ("quantization.quantize", "fmt='fp4'", lambda: quantization.quantize(X, "fp4"), ValueError,
+     r"fmt must be one of \('e4m3', 'int8'\), got 'fp4'"),
+    ("quantization.quantize", "axis=4", lambda: quantization.quantize(X, "int8", 4), ValueError,
+     r"axis must be an int \(or ints\) in \[-4, 4\)"),
+    ("quantization.round_e4m3", "a string", lambda: quantization.round_e4m3("1.5"), TypeError,
+     "x must hold real numbers"),
+    ("quantization.rotation", "head_dim=80", lambda: quantization.rotation(80), ValueError,
+     "head_dim must be a power of two or a multiple of 32, got 80"),
+    ("quantization.attention", "scheme='int8'", lambda: quantization.attention(
+        X, X, X, M, scheme="int8"), TypeError, "scheme must be a tessera.quantization.Scheme"),
+    ("quantize_launch.quantize_operands", "an e4m3 scheme", lambda: quantize_operands(
+        X, X, X, scheme=quantization.Scheme(qk="e4m3")), ValueError,
+     r"the GPU pre-pass rounds to int8 only"),
     ("distributed.head_units", "balance='even'", lambda: distributed.head_units(
         M, M.to_dense(), 1, 2, "even"), ValueError,
      r"balance must be one of \('pairs', 'heads'\), got 'even'"),
