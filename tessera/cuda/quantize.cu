@@ -22,7 +22,9 @@ static_assert(D % 32 == 0 && (POW2 || D == 96), "head dim 64, 96 or 128");
 // Channel of a lane's e-th value: consecutive channels where one block spans the head dim (its
 // low bits then index the lane's own values, so the first butterflies stay in the thread),
 // else one channel of each 32-channel block (a block's butterflies across the lanes).
-__device__ __forceinline__ int channel(int lane, int e) { return POW2 ? lane * E + e : e * 32 + lane; }
+__device__ __forceinline__ int channel(int lane, int e) {
+  return POW2 ? lane * E + e : e * 32 + lane;
+}
 
 __device__ __forceinline__ float warp_max(float x) {
 #pragma unroll
