@@ -227,7 +227,8 @@ class Variant:
 
     @classmethod
     def bwd_sm90(cls, kernel: str, *, head_dim: int, bf16: bool, block_m: int = 128,
-                 block_n: int = 64, atomic_dq: bool = False, tma: bool = False) -> "Variant":
+                 block_n: int = 64, atomic_dq: bool = False, tma: bool = False,
+                 dq_buffers: int = 1) -> "Variant":
         """A kernel of the Hopper backward (sm90/bwd_*.cu, sm_90a only): 64 rows a warpgroup,
         ``block_m`` rows a task (128, or 64 for masks of 64-token blocks), ``block_n`` columns a
         step, stages of chunks copied by cp.async or, with ``tma``, by TMA: three (a chunk's
@@ -236,7 +237,10 @@ class Variant:
         :data:`SM90_BACKWARD_KERNELS`. ``atomic_dq`` (the dK/dV kernel only): it also sums dQ
         into float32 by atomic adds (a chunk's partial through shared memory and one bulk
         reduce), and no dQ kernel runs; 128-row tasks only (at head dim 128 its two warpgroups
-        split dQ's columns; on the masks that take 64-row tasks the two passes are faster)."""
+        split dQ's columns; on the masks that take 64-row tasks the two passes are faster).
+        ``dq_buffers`` (dQ by atomics at head dim 64, where shared memory holds two): 2 puts
+        alternate chunks' partial dQ in two tiles, so a chunk waits for the bulk reduce issued
+        a chunk earlier instead of its own predecessor's, just issued."""
         if kernel not in SM90_BACKWARD_KERNELS:
             raise ValueError(f"the Hopper backward has {', '.join(SM90_BACKWARD_KERNELS)}, got "
                              f"{kernel!r}")
@@ -246,12 +250,16 @@ class Variant:
             raise ValueError("atomic_dq is a variant of the dK/dV kernel (bsa_bwd_dkdv_sm90)")
         if atomic_dq and block_m != 128:
             raise ValueError("dQ by atomics takes 128-row tasks (block_m=128)")
+        if dq_buffers not in (1, 2) or (dq_buffers == 2 and not (atomic_dq and head_dim == 64)):
+            raise ValueError(f"dq_buffers must be 1, or 2 with dQ by atomics at head dim 64 "
+                             f"(where shared memory holds two tiles), got {dq_buffers!r}")
         small = block_m == 64
         return cls(BACKWARD_SOURCES[kernel], kernel, (
             ("BM", block_m), ("BN", block_n), ("D", head_dim),
             ("STAGES", 2 if small and head_dim == 128 else 3), ("BF16", int(bf16)))
             + ((("MIN_BLOCKS", 2),) if small else ())
-            + ((("ATOMIC_DQ", 1),) if atomic_dq else ()) + ((("TMA", 1),) if tma else ()))
+            + ((("ATOMIC_DQ", 1),) if atomic_dq else ()) + ((("TMA", 1),) if tma else ())
+            + ((("DQ_BUFFERS", 2),) if dq_buffers == 2 else ()))
 
     @classmethod
     def bwd_delta(cls, *, head_dim: int, bf16: bool) -> "Variant":
@@ -316,7 +324,8 @@ def smem_bytes(v: Variant) -> int:
         macros = dict(v.macros)
         ds = 0
         if macros.get("ATOMIC_DQ"):  # dS^T's tile, the partial dQ's float32 tiles
-            ds = 2 * v.macro("BM") * bn + 4 * bn * d * (1 if d == 128 else v.macro("BM") // 64)
+            ds = 2 * v.macro("BM") * bn + 4 * bn * d * (1 if d == 128 else v.macro("BM") // 64
+                                                        ) * macros.get("DQ_BUFFERS", 1)
         barriers = 8 * stages if macros.get("TMA") else 0  # a stage's mbarrier
         return (1024 + 2 * d * (2 * v.macro("BM") + stages * 2 * bn) + ds + stages * 2 * bn * 4
                 + barriers)
@@ -362,7 +371,7 @@ PARAMETERS: dict[str, dict[str, int | None]] = {
     **{src: {"BM": None, "BN": None, "D": None, "WARPS": None, "MT": None, "STAGES": None,
              "BF16": None, "MIN_BLOCKS": 1} for src in _SM80_BACKWARD},
     **{src: {"BM": None, "BN": None, "D": None, "STAGES": None, "BF16": None, "MIN_BLOCKS": 1,
-             "ATOMIC_DQ": 0, "TMA": 0} for src in _SM90_BACKWARD},
+             "ATOMIC_DQ": 0, "TMA": 0, "DQ_BUFFERS": 1} for src in _SM90_BACKWARD},
     BWD_ROWS: {"D": None, "BF16": None},
     QUANTIZE: {"D": None, "BF16": None},
     "combine.cu": {"BF16": None},

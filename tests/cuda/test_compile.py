@@ -572,6 +572,24 @@ def test_sm90_backward_kernels_compile_without_spills(kernel, d, deterministic, 
             assert 2 * (variants.smem_bytes(v) + 1024) <= 233472  # 1 KiB a CTA reserved
 
 
+@pytest.mark.parametrize("tma", [False, True])
+def test_two_partial_dq_sets_compile_without_spills(tma, tmp_path, monkeypatch):
+    """The atomic dK/dV kernel with two sets of partial-dQ tiles (head dim 64) builds for sm_90a
+    with no spills and fits an SM's shared memory; other head dims refuse it by name."""
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    for bf16 in (True, False):
+        v = variants.Variant.bwd_sm90("bsa_bwd_dkdv_sm90", head_dim=64, bf16=bf16, atomic_dq=True,
+                                      tma=tma, dq_buffers=2)
+        res = loader.compile_variant(v, "sm_90a")
+        assert res.spill_bytes == 0 and res.stack_bytes == 0
+        one = variants.Variant.bwd_sm90("bsa_bwd_dkdv_sm90", head_dim=64, bf16=bf16,
+                                        atomic_dq=True, tma=tma)
+        assert variants.smem_bytes(v) == variants.smem_bytes(one) + 2 * 64 * 64 * 4 <= 232448
+    with pytest.raises(ValueError, match="dq_buffers must be 1, or 2 with dQ by atomics"):
+        variants.Variant.bwd_sm90("bsa_bwd_dkdv_sm90", head_dim=128, bf16=True, atomic_dq=True,
+                                  dq_buffers=2)
+
+
 def test_quantize_variant_refuses_an_unknown_kernel():
     with pytest.raises(ValueError, match="quantize.cu has quant_channel_partials"):
         variants.Variant.quantize("quant_everything", head_dim=64, bf16=True)

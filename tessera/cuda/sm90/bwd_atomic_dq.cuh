@@ -63,10 +63,11 @@ __device__ __forceinline__ void issue_scores_times_keys(float (&acc)[DQ_N / 8][4
   wgmma_commit();
 }
 
-// The float32 tile warpgroup wg's partial dQ goes through, and whether thread `tid`
-// adds it to the sums (one thread a tile).
-__device__ __forceinline__ u32 partial_dq_tile(const Tiles& tiles, int wg) {
-  return tiles.dq + (DQ_COLUMN_SPLIT ? 0u : (u32)(wg * DQ_TILE_BYTES));
+// The float32 tile warpgroup wg's partial dQ of chunk c goes through (set c % DQ_BUFFERS),
+// and whether thread `tid` adds it to the sums (one thread a tile).
+__device__ __forceinline__ u32 partial_dq_tile(const Tiles& tiles, int wg, int c) {
+  return tiles.dq + (u32)((c % DQ_BUFFERS) * DQ_SET_BYTES) +
+         (DQ_COLUMN_SPLIT ? 0u : (u32)(wg * DQ_TILE_BYTES));
 }
 __device__ __forceinline__ bool adds_partial_dq(int tid) {
   return DQ_COLUMN_SPLIT ? tid == 0 : tid % 128 == 0;
@@ -101,9 +102,11 @@ __device__ __forceinline__ void reduce_partial_dq(float* dst, u32 tile, int rows
                ::"l"(dst), "r"(tile), "r"(rows * D * 4) : "memory");
   asm volatile("cp.async.bulk.commit_group;" ::: "memory");
 }
-// (The adding thread) Waits until its bulk reduces have read their tiles.
+// (The adding thread) Waits until its bulk reduces but the newest PENDING have read their
+// tiles: with two sets, the one that read the set the chunk is about to rewrite.
+template <int PENDING>
 __device__ __forceinline__ void partial_dq_read() {
-  asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(PENDING) : "memory");
 }
 // (The adding thread) Waits until its bulk reduces have completed.
 __device__ __forceinline__ void partial_dq_done() {

@@ -100,12 +100,14 @@ bsa_bwd_dkdv_sm90(TESSERA_BWD_PARAMS) {
   // (pending_end 0: none); kept as two positions, since a pointer costs the registers that
   // head dim 128's cp.async variant lacks.
   int pending_first = 0, pending_end = 0;
+  int pending_chunk = 0;  // (DQ_BUFFERS 2) its chunk, whose parity names its set of tiles
   const bool dq_adder = adds_partial_dq(tid);
   const auto add_pending_dq = [&]() {
     const int hl = pending_first / seq_q;
     float* rows = dq_sums + (((i64)b * num_q_heads + h0 + hl) * seq_q + pending_first -
                              (i64)hl * seq_q) * D;
-    reduce_partial_dq(rows, partial_dq_tile(tiles, wg), pending_end - pending_first);
+    reduce_partial_dq(rows, partial_dq_tile(tiles, wg, pending_chunk),
+                      pending_end - pending_first);
   };
 
   for (int c = 0; walk.more(se); ++c) {
@@ -153,7 +155,7 @@ bsa_bwd_dkdv_sm90(TESSERA_BWD_PARAMS) {
     if constexpr (Config::ATOMIC_DQ) {
       store_score_gradients(tiles.ds, ds_frag, warp, g, t);
       // the barrier also tells the warpgroups that the partial dQ's tile is free
-      if (dq_adder) partial_dq_read();
+      if (dq_adder) partial_dq_read<DQ_BUFFERS - 1>();
       score_gradients_stored(wg);
     }
     // dK += dS^T Q, with dQ by atomics: after the partial dQ, so that waiting for that leaves dK
@@ -171,7 +173,8 @@ bsa_bwd_dkdv_sm90(TESSERA_BWD_PARAMS) {
       }
       wgmma_hold<DQ_N / 2>(&dq[0][0]);
       const int first = walk.kpos - walk.kpos / seq_q * seq_q;  // (its token)
-      store_partial_dq(partial_dq_tile(tiles, wg), dq, first, wg, warp % 4, g, t);
+      store_partial_dq(partial_dq_tile(tiles, wg, c), dq, first, wg, warp % 4, g, t);
+      pending_chunk = c;
       pending_first = walk.kpos;
       pending_end = min(walk.k1, walk.kpos + BN);  // (k1 ends the span)
     }

@@ -6,7 +6,8 @@
 //
 // Shared memory (dynamic, 1 KiB of slack to align the tiles): two resident tiles of BM x D,
 // then STAGES x {two chunk tiles of BN x D}, then (Config::ATOMIC_DQ) dS^T's tile of BM x BN
-// and the partial dQ's float32 tiles of BN x D (bwd_atomic_dq.cuh), then STAGES x {BN LSE,
+// and the partial dQ's float32 tiles of BN x D (bwd_atomic_dq.cuh; DQ_BUFFERS sets of them),
+// then STAGES x {BN LSE,
 // BN Delta} floats, then (Config::TMA) an mbarrier a stage.
 // tessera/cuda/variants.py's smem_bytes mirrors this formula.
 #pragma once
@@ -30,7 +31,13 @@ constexpr int DS_BYTES = Config::ATOMIC_DQ ? BM * BN * 2 : 0;
 // split) or one a warpgroup.
 constexpr bool DQ_COLUMN_SPLIT = D == 128;
 constexpr int DQ_TILE_BYTES = BN * D * 4;
-constexpr int DQ_BYTES = Config::ATOMIC_DQ ? DQ_TILE_BYTES * (DQ_COLUMN_SPLIT ? 1 : WGS) : 0;
+// Config::DQ_BUFFERS = 2: chunk c's partial dQ in set c % 2 of the tiles, so that the bulk
+// reduce a chunk waits for before it rewrites its set is the one issued a chunk earlier.
+constexpr int DQ_BUFFERS = Config::DQ_BUFFERS;
+static_assert(DQ_BUFFERS == 1 || (DQ_BUFFERS == 2 && Config::ATOMIC_DQ && !DQ_COLUMN_SPLIT),
+              "two partial-dQ sets: dQ by atomics, a tile a warpgroup");
+constexpr int DQ_SET_BYTES = DQ_TILE_BYTES * (DQ_COLUMN_SPLIT ? 1 : WGS);
+constexpr int DQ_BYTES = Config::ATOMIC_DQ ? DQ_SET_BYTES * DQ_BUFFERS : 0;
 // Chunks by TMA: one thread issues a chunk's copies, which complete on the stage's mbarrier
 // (the LSE and Delta, and the resident tiles, stay cp.async copies of every thread). A box is
 // BN consecutive rows: rows past the span's end hold rows no task's pair selects, zeroed where

@@ -27,6 +27,9 @@ BACKWARD_DQ = ("atomics", "passes")
 # 64 (one warpgroup, two CTAs an SM) rather than 128. A 128-row task would hold two blocks whose
 # spans differ, computing about twice the useful pairs (docs/decisions.md, Backward).
 SM90_SMALL_BLOCK_TOKENS = 64
+# Sets of partial-dQ tiles the atomic dK/dV kernel alternates, by head dim (Variant.bwd_sm90's
+# dq_buffers; two fit in shared memory at head dim 64 only). One until two are measured faster.
+SM90_DQ_BUFFERS: dict[int, int] = {64: 1}
 
 
 _ROWS = {"sm90": (64, 128), "sm80": (64,)}
@@ -99,7 +102,9 @@ class BackwardRegime:
         if self.family == "sm90":
             atomic = self.dq == "atomics"
             dkdv = Variant.bwd_sm90("bsa_bwd_dkdv_sm90", head_dim=head_dim, bf16=bf16,
-                                    block_m=self.block_m, atomic_dq=atomic, tma=tma)
+                                    block_m=self.block_m, atomic_dq=atomic, tma=tma,
+                                    dq_buffers=SM90_DQ_BUFFERS.get(head_dim, 1) if atomic
+                                    else 1)
             if atomic:
                 return dkdv, None
             return dkdv, Variant.bwd_sm90("bsa_bwd_dq_sm90", head_dim=head_dim, bf16=bf16,
