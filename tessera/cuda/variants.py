@@ -238,9 +238,10 @@ class Variant:
         into float32 by atomic adds (a chunk's partial through shared memory and one bulk
         reduce), and no dQ kernel runs; 128-row tasks only (at head dim 128 its two warpgroups
         split dQ's columns; on the masks that take 64-row tasks the two passes are faster).
-        ``dq_buffers`` (dQ by atomics at head dim 64, where shared memory holds two): 2 puts
-        alternate chunks' partial dQ in two tiles, so a chunk waits for the bulk reduce issued
-        a chunk earlier instead of its own predecessor's, just issued."""
+        ``dq_buffers`` (dQ by atomics at head dims 64 and 128): 2 puts alternate chunks'
+        partial dQ in two sets of tiles, so a chunk waits for the bulk reduce issued a chunk
+        earlier instead of its own predecessor's, just issued; at head dim 128 the second set
+        takes the third stage's shared memory (two stages)."""
         if kernel not in SM90_BACKWARD_KERNELS:
             raise ValueError(f"the Hopper backward has {', '.join(SM90_BACKWARD_KERNELS)}, got "
                              f"{kernel!r}")
@@ -250,13 +251,14 @@ class Variant:
             raise ValueError("atomic_dq is a variant of the dK/dV kernel (bsa_bwd_dkdv_sm90)")
         if atomic_dq and block_m != 128:
             raise ValueError("dQ by atomics takes 128-row tasks (block_m=128)")
-        if dq_buffers not in (1, 2) or (dq_buffers == 2 and not (atomic_dq and head_dim == 64)):
-            raise ValueError(f"dq_buffers must be 1, or 2 with dQ by atomics at head dim 64 "
-                             f"(where shared memory holds two tiles), got {dq_buffers!r}")
+        if dq_buffers not in (1, 2) or (dq_buffers == 2 and not (atomic_dq and head_dim != 96)):
+            raise ValueError(f"dq_buffers must be 1, or 2 with dQ by atomics at head dim 64 or "
+                             f"128 (where shared memory holds two sets), got {dq_buffers!r}")
         small = block_m == 64
         return cls(BACKWARD_SOURCES[kernel], kernel, (
             ("BM", block_m), ("BN", block_n), ("D", head_dim),
-            ("STAGES", 2 if small and head_dim == 128 else 3), ("BF16", int(bf16)))
+            ("STAGES", 2 if head_dim == 128 and (small or dq_buffers == 2) else 3),
+            ("BF16", int(bf16)))
             + ((("MIN_BLOCKS", 2),) if small else ())
             + ((("ATOMIC_DQ", 1),) if atomic_dq else ()) + ((("TMA", 1),) if tma else ())
             + ((("DQ_BUFFERS", 2),) if dq_buffers == 2 else ()))

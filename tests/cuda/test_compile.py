@@ -572,21 +572,26 @@ def test_sm90_backward_kernels_compile_without_spills(kernel, d, deterministic, 
             assert 2 * (variants.smem_bytes(v) + 1024) <= 233472  # 1 KiB a CTA reserved
 
 
-@pytest.mark.parametrize("tma", [False, True])
-def test_two_partial_dq_sets_compile_without_spills(tma, tmp_path, monkeypatch):
-    """The atomic dK/dV kernel with two sets of partial-dQ tiles (head dim 64) builds for sm_90a
-    with no spills and fits an SM's shared memory; other head dims refuse it by name."""
+@pytest.mark.parametrize("d,tma", [(64, False), (64, True), (128, False), (128, True)])
+def test_two_partial_dq_sets_compile_without_spills(d, tma, tmp_path, monkeypatch):
+    """The atomic dK/dV kernel with two sets of partial-dQ tiles builds for sm_90a with no
+    spills and fits an SM's shared memory: at head dim 64 beside three stages, at 128 in place
+    of the third; head dim 96 refuses it by name."""
     monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
     for bf16 in (True, False):
-        v = variants.Variant.bwd_sm90("bsa_bwd_dkdv_sm90", head_dim=64, bf16=bf16, atomic_dq=True,
+        v = variants.Variant.bwd_sm90("bsa_bwd_dkdv_sm90", head_dim=d, bf16=bf16, atomic_dq=True,
                                       tma=tma, dq_buffers=2)
         res = loader.compile_variant(v, "sm_90a")
         assert res.spill_bytes == 0 and res.stack_bytes == 0
-        one = variants.Variant.bwd_sm90("bsa_bwd_dkdv_sm90", head_dim=64, bf16=bf16,
+        one = variants.Variant.bwd_sm90("bsa_bwd_dkdv_sm90", head_dim=d, bf16=bf16,
                                         atomic_dq=True, tma=tma)
-        assert variants.smem_bytes(v) == variants.smem_bytes(one) + 2 * 64 * 64 * 4 <= 232448
+        set_bytes = 64 * d * 4 * (1 if d == 128 else 2)
+        stage_bytes = 2 * 64 * d * 2 + 64 * 2 * 4 + (8 if tma else 0)
+        freed = stage_bytes if d == 128 else 0
+        assert v.macro("STAGES") == (2 if d == 128 else 3)
+        assert variants.smem_bytes(v) == variants.smem_bytes(one) + set_bytes - freed <= 232448
     with pytest.raises(ValueError, match="dq_buffers must be 1, or 2 with dQ by atomics"):
-        variants.Variant.bwd_sm90("bsa_bwd_dkdv_sm90", head_dim=128, bf16=True, atomic_dq=True,
+        variants.Variant.bwd_sm90("bsa_bwd_dkdv_sm90", head_dim=96, bf16=True, atomic_dq=True,
                                   dq_buffers=2)
 
 

@@ -220,25 +220,25 @@ def test_every_backward_regime_given_computes_the_references_gradients(d):
             p.run_backward(q, k, v, out, lse, dout, regime=BackwardRegime())
 
 
-@pytest.mark.parametrize("tma", [True, False])
-def test_two_partial_dq_sets_compute_the_references_gradients(tma, monkeypatch):
-    """dQ by atomics with two sets of partial-dQ tiles (head dim 64, SM90_DQ_BUFFERS): float64's
-    gradients on a ragged GQA mask whose tasks walk many chunks, poisoned outputs."""
+@pytest.mark.parametrize("d,tma", [(64, True), (64, False), (128, True), (128, False)])
+def test_two_partial_dq_sets_compute_the_references_gradients(d, tma, monkeypatch):
+    """dQ by atomics with two sets of partial-dQ tiles (SM90_DQ_BUFFERS): float64's gradients
+    on a ragged GQA mask whose tasks walk many chunks, poisoned outputs."""
     from tessera.cuda.loader import device_cc
     from tessera.runtime.regime import backward as bw
 
     if device_cc() != 90:
         pytest.skip("the Hopper backward runs on sm_90 only")
-    monkeypatch.setattr(bw, "SM90_DQ_BUFFERS", {64: 2})
+    monkeypatch.setattr(bw, "SM90_DQ_BUFFERS", {d: 2})
     monkeypatch.setattr(tessera.config, "poison_outputs", True)
     mask = _ragged_mask(np.random.default_rng(5), 2)
     rng = np.random.default_rng(6)
-    (q, k, v), (qe, ke, ve) = _inputs(rng, "cupy", "bfloat16", 1, 4, 2, 512, 512, 64, "bhld")
-    (dout, _, _), (de, _, _) = _inputs(rng, "cupy", "bfloat16", 1, 4, 2, 512, 16, 64, "bhld")
+    (q, k, v), (qe, ke, ve) = _inputs(rng, "cupy", "bfloat16", 1, 4, 2, 512, 512, d, "bhld")
+    (dout, _, _), (de, _, _) = _inputs(rng, "cupy", "bfloat16", 1, 4, 2, 512, 16, d, "bhld")
     out, lse = tessera.attention(q, k, v, mask, return_lse=True)
     want = reference.attention_backward(qe, ke, ve, de, mask)
     r = bw.BackwardRegime(tma=tma)
-    assert r.dq == "atomics" and r.kernels(64, True, 90)[0].macro("DQ_BUFFERS") == 2
+    assert r.dq == "atomics" and r.kernels(d, True, 90)[0].macro("DQ_BUFFERS") == 2
     grads = tessera.attention_backward(q, k, v, out, lse, dout, mask, regime=r)
     for got, ref, name in zip(grads, want, ("dq", "dk", "dv")):
         check_gradients(got, ref, "bfloat16", f"two sets {name}")

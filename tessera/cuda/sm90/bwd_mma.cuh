@@ -34,8 +34,8 @@ constexpr int DQ_TILE_BYTES = BN * D * 4;
 // Config::DQ_BUFFERS = 2: chunk c's partial dQ in set c % 2 of the tiles, so that the bulk
 // reduce a chunk waits for before it rewrites its set is the one issued a chunk earlier.
 constexpr int DQ_BUFFERS = Config::DQ_BUFFERS;
-static_assert(DQ_BUFFERS == 1 || (DQ_BUFFERS == 2 && Config::ATOMIC_DQ && !DQ_COLUMN_SPLIT),
-              "two partial-dQ sets: dQ by atomics, a tile a warpgroup");
+static_assert(DQ_BUFFERS == 1 || (DQ_BUFFERS == 2 && Config::ATOMIC_DQ),
+              "two partial-dQ sets: dQ by atomics");
 constexpr int DQ_SET_BYTES = DQ_TILE_BYTES * (DQ_COLUMN_SPLIT ? 1 : WGS);
 constexpr int DQ_BYTES = Config::ATOMIC_DQ ? DQ_SET_BYTES * DQ_BUFFERS : 0;
 // Chunks by TMA: one thread issues a chunk's copies, which complete on the stage's mbarrier

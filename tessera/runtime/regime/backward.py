@@ -28,8 +28,9 @@ BACKWARD_DQ = ("atomics", "passes")
 # spans differ, computing about twice the useful pairs (docs/decisions.md, Backward).
 SM90_SMALL_BLOCK_TOKENS = 64
 # Sets of partial-dQ tiles the atomic dK/dV kernel alternates, by head dim (Variant.bwd_sm90's
-# dq_buffers; two fit in shared memory at head dim 64 only). One until two are measured faster.
-SM90_DQ_BUFFERS: dict[int, int] = {64: 1}
+# dq_buffers: two at head dims 64 and 128, at 128 in place of a third stage). One until two
+# are measured faster.
+SM90_DQ_BUFFERS: dict[int, int] = {64: 1, 128: 1}
 
 
 _ROWS = {"sm90": (64, 128), "sm80": (64,)}
