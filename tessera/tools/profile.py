@@ -770,17 +770,21 @@ def request_form(name: str) -> str:
 
 def _as_requested(record: dict) -> dict:
     """An evaluation record as requests see it: every timed regime by its request form (the
-    forms a request can run, where timed), the table's pick and the heuristic's by theirs."""
-    times = {}
-    for n in record["times"]:
-        f = request_form(n)
-        if f in record["times"]:
-            times[f] = record["times"][f]
-    pick = lambda n: request_form(n) if request_form(n) in times else n  # noqa: E731
-    times.update({n: record["times"][n] for n in (record["chosen"], record["default"])
-                  if pick(n) == n})
-    return {**record, "times": times, "chosen": pick(record["chosen"]),
-            "default": pick(record["default"])}
+    forms a request can run, where timed), the table's pick and the heuristic's by theirs (or
+    as they are where their form was not timed)."""
+    timed = record["times"]
+    forms = {n: request_form(n) for n in timed}
+    times = {f: timed[f] for f in forms.values() if f in timed}
+
+    def as_run(name: str) -> str:
+        form = forms.get(name, request_form(name))
+        if form in times:
+            return form
+        times[name] = timed[name]
+        return name
+
+    return {**record, "chosen": as_run(record["chosen"]), "default": as_run(record["default"]),
+            "times": times}
 
 
 def summarize_evaluation(records: Sequence[dict], objective: str = "request") -> dict:
