@@ -103,7 +103,9 @@ __device__ __forceinline__ void reduce_partial_dq(float* dst, u32 tile, int rows
   asm volatile("cp.async.bulk.commit_group;" ::: "memory");
 }
 // (The adding thread) Waits until its bulk reduces but the newest PENDING have read their
-// tiles: with two sets, the one that read the set the chunk is about to rewrite.
+// tiles: with two sets, the one that read the set the chunk is about to rewrite. (On sm_90a
+// this and the wait for completion compile to the same instruction, one DEPBAR on the thread's
+// scoreboard: it likely waits for the reduce's adds into L2 too -- what two sets hide.)
 template <int PENDING>
 __device__ __forceinline__ void partial_dq_read() {
   asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(PENDING) : "memory");
