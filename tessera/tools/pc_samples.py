@@ -16,6 +16,10 @@ A report with the SourceCounters section instead (``--section SourceCounters``) 
 
     python3 -m tessera.tools.pc_samples src.csv [--top 8]
     python3 -m tessera.tools.pc_samples src.csv --executed --per 524288 [--top 30]
+    python3 -m tessera.tools.pc_samples src.csv --column long_scoreboard [--top 8]
+
+``--column`` reads one stall reason's samples (the report's per-reason columns) instead of all:
+the lines where warps wait for that reason, and its share by role and instruction class.
 """
 
 from __future__ import annotations
@@ -130,10 +134,12 @@ class KernelSamples:
         return role, instruction_class(self.sources[i], self.sources[i - 1] if i else "")
 
 
-def read_source_csv(stream: TextIO, columns: tuple[str, ...] = SAMPLES) -> list[KernelSamples]:
+def read_source_csv(stream: TextIO, columns: tuple[str, ...] = SAMPLES,
+                    containing: str | None = None) -> list[KernelSamples]:
     """Every kernel of an ncu source-page CSV export, with its count per SASS line from the first
     of ``columns`` (``SAMPLES``: PC samples; ``EXECUTED``: executed warp instructions) the
-    export has."""
+    export has -- or, given ``containing``, from the one column whose name contains it (one stall
+    reason's samples, e.g. ``"long_scoreboard"``)."""
     kernels: list[KernelSamples] = []
     source_col = sample_col = None
     for row in csv.reader(stream):
@@ -145,6 +151,13 @@ def read_source_csv(stream: TextIO, columns: tuple[str, ...] = SAMPLES) -> list[
             continue
         if "Source" in row:
             source_col = row.index("Source")
+            if containing is not None:
+                found = [i for i, c in enumerate(row) if containing in c]
+                if len(found) != 1:
+                    raise ValueError(f"{len(found)} columns' names contain {containing!r}; "
+                                     f"columns: {row}")
+                sample_col = found[0]
+                continue
             sample_col = next((row.index(c) for c in columns if c in row), None)
             if sample_col is None:
                 what = ("no PC-sample column (take the report with --metrics "
@@ -171,6 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--executed", action="store_true",
                     help="read executed warp instructions (a SourceCounters report) and print "
                          "the consumers' mix by opcode")
+    ap.add_argument("--column",
+                    help="rank lines by the one column whose name contains this (a stall "
+                         "reason's samples, e.g. long_scoreboard) instead of all samples")
     ap.add_argument("--per", type=float, default=1.0,
                     help="with --executed: divide the counts by this (e.g. consumer "
                          "warp-chunks; default 1)")
@@ -179,8 +195,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--top must be at least 0, got {args.top}")
     if not args.per > 0:
         ap.error(f"--per must be positive, got {args.per}")
+    if args.column is not None and args.executed:
+        ap.error("--column ranks PC samples; --executed reads executed instructions")
     with open(args.csv, newline="") as f:
-        kernels = read_source_csv(f, EXECUTED if args.executed else SAMPLES)
+        kernels = read_source_csv(f, EXECUTED if args.executed else SAMPLES, args.column)
     if not kernels:
         what = "executed instructions" if args.executed else "PC samples"
         print(f"{args.csv}: no kernel with {what}", file=sys.stderr)

@@ -136,3 +136,27 @@ def test_a_source_counters_export_is_read_by_its_sample_column_too():
     assert k.samples == [7, 3] and k.shares()[1]["exponentials"] == pytest.approx(0.7)
     (e,) = P.read_source_csv(io.StringIO(text), P.EXECUTED)
     assert e.consumer_opcodes() == {"MUFU": 64, "FADD": 64}
+
+
+def test_one_stall_reasons_samples_rank_the_lines(tmp_path, capsys):
+    """--column reads the one column whose name contains it: the lines where warps wait for
+    that reason; an ambiguous or missing name is refused with the columns listed."""
+    head = ('"Address","Source","smsp__pcsamp_sample_count",'
+            '"smsp__pcsamp_warps_issue_stalled_long_scoreboard",'
+            '"smsp__pcsamp_warps_issue_stalled_barrier"')
+    rows = [("DEPBAR.LE SB0, 0x0", 90, 80, 0), ("BAR.SYNC.DEFER_BLOCKING 0x1, 0x100", 50, 0, 45),
+            ("LDG.E.CONSTANT R17, desc[UR50][R8.64]", 30, 25, 0), ("MUFU.EX2 R1, R1", 30, 0, 0)]
+    text = '"Kernel Name","k",\n' + head + "\n" + "\n".join(
+        f'"0x{i:04x}","{src}","{a}","{b}","{c}"' for i, (src, a, b, c) in enumerate(rows)) + "\n"
+    (k,) = P.read_source_csv(io.StringIO(text), containing="long_scoreboard")
+    assert k.samples == [80, 0, 25, 0] and k.top(1)[0][2].startswith("DEPBAR")
+    for bad in ("stalled", "lg_throttle"):
+        with pytest.raises(ValueError, match="columns' names contain"):
+            P.read_source_csv(io.StringIO(text), containing=bad)
+    path = tmp_path / "src.csv"
+    path.write_text(text)
+    assert P.main([str(path), "--column", "barrier", "--top", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "k: 45 samples" in out and out.count("line ") == 1 and "BAR.SYNC" in out
+    with pytest.raises(SystemExit):
+        P.main([str(path), "--column", "barrier", "--executed"])
