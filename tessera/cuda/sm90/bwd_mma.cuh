@@ -7,8 +7,7 @@
 // Shared memory (dynamic, 1 KiB of slack to align the tiles): two resident tiles of BM x D,
 // then STAGES x {two chunk tiles of BN x D}, then (Config::ATOMIC_DQ) dS^T's tile of BM x BN
 // and the partial dQ's float32 tiles of BN x D (bwd_atomic_dq.cuh; DQ_BUFFERS sets of them),
-// then STAGES x {BN LSE,
-// BN Delta} floats, then (Config::TMA) an mbarrier a stage.
+// then STAGES x {BN LSE, BN Delta} floats, then (Config::TMA) an mbarrier a stage.
 // tessera/cuda/variants.py's smem_bytes mirrors this formula.
 #pragma once
 
