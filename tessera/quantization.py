@@ -38,7 +38,7 @@ from .operands import host_operands
 from .reference import selected_blocks
 
 __all__ = ["E4M3_MAX", "INT8_MAX", "UINT8_MAX", "FORMATS", "Scheme", "QuantizedOperands",
-           "round_e4m3", "quantize", "rotation", "rotation_factors", "quantized_operands",
+           "checked_scheme", "round_e4m3", "quantize", "rotation", "rotation_factors", "quantized_operands",
            "attention"]
 
 E4M3_MAX = 448.0
@@ -104,6 +104,14 @@ class Scheme:
         return "-".join([f"qk_{self.qk}", f"pv_{self.pv}"] + ["smooth"] * self.smooth_k
                         + ["rotate"] * self.rotate + ["pfixed"] * (not self.p_per_chunk)
                         + [f"c{self.chunk_keys}"] * (self.chunk_keys != 128))
+
+
+def checked_scheme(scheme: Any) -> Scheme:
+    """``scheme``, or a TypeError naming the argument where it is no :class:`Scheme`."""
+    if not isinstance(scheme, Scheme):
+        raise TypeError(f"scheme must be a tessera.quantization.Scheme, got "
+                        f"{type(scheme).__name__}")
+    return scheme
 
 
 def quantize(x: Any, fmt: str, axis: int | tuple[int, ...] = -1, *, unsigned: bool = False
@@ -202,9 +210,7 @@ def quantized_operands(q: Any, k: Any, v: Any, scheme: Scheme, *, layout: str = 
                        ) -> QuantizedOperands:
     """What ``scheme`` makes of q, k and v before any product (the device's pre-pass computes
     the same): K smoothed, Q and K rotated where the scheme says, then each rounded."""
-    if not isinstance(scheme, Scheme):
-        raise TypeError(f"scheme must be a tessera.quantization.Scheme, got "
-                        f"{type(scheme).__name__}")
+    checked_scheme(scheme)
     q4, k4, v4 = (to_numpy(x).astype(np.float64) for x in host_operands(q, k, v, layout))
     if scheme.smooth_k:
         k4 = k4 - k4.mean(axis=2, keepdims=True)
@@ -229,9 +235,6 @@ def attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *, scheme: Scheme =
     Per query block row: S = (Q8 K8^T) sq sk^T, P = exp(scale (S - max)), l = rowsum(P) (P
     before rounding, as a kernel sums it in float32), O = (P8 V8 sv) / l, P8 being P rounded
     chunk by chunk (:class:`Scheme`)."""
-    if not isinstance(scheme, Scheme):
-        raise TypeError(f"scheme must be a tessera.quantization.Scheme, got "
-                        f"{type(scheme).__name__}")
     ops = quantized_operands(*host_operands(q, k, v, layout, scale, block_mask), scheme)
     b, hq, lq, d = ops.q.shape
     hkv = ops.k.shape[1]

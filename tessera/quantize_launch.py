@@ -16,7 +16,7 @@ from .capture import device_copy
 from .cuda.loader import load_kernel
 from .cuda.variants import Variant
 from .operands import describe
-from .quantization import Scheme, rotation_factors
+from .quantization import Scheme, checked_scheme, rotation_factors
 from .settings import config
 from .streams import cupy_stream
 
@@ -44,9 +44,8 @@ class QuantizedOnDevice:
 
 
 def _checked_scheme(scheme: Any) -> Scheme:
-    if not isinstance(scheme, Scheme):
-        raise TypeError(f"scheme must be a tessera.quantization.Scheme, got "
-                        f"{type(scheme).__name__}")
+    """``scheme`` if the GPU pre-pass rounds it (int8 both ways), else the error naming it."""
+    checked_scheme(scheme)
     if scheme.qk != "int8" or scheme.pv != "int8":
         raise ValueError(f"the GPU pre-pass rounds to int8 only (qk='int8', pv='int8'), got "
                          f"scheme {scheme.name}")

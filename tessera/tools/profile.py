@@ -777,7 +777,7 @@ def _as_requested(record: dict) -> dict:
     times = {f: timed[f] for f in forms.values() if f in timed}
 
     def as_run(name: str) -> str:
-        form = forms.get(name, request_form(name))
+        form = forms[name] if name in forms else request_form(name)
         if form in times:
             return form
         times[name] = timed[name]

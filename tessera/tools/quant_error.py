@@ -101,8 +101,9 @@ def row_errors(got: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
 def _sampled_mask(heads: int, seq_len: int, rows: int, seed: int) -> BlockMask:
     """A random 10% mask of ``_BLOCK``-token blocks with only ``rows`` query blocks a head kept
     (the rest select nothing, so the references skip them)."""
-    dense = random_blocks(heads, seq_len, _BLOCK, density=0.1, seed=seed).mask.to_dense()
-    dense = np.asarray(dense).reshape(heads, *np.asarray(dense).shape[-2:]).copy()
+    dense = np.asarray(random_blocks(heads, seq_len, _BLOCK, density=0.1, seed=seed)
+                       .mask.to_dense())
+    dense = dense.reshape(heads, *dense.shape[-2:]).copy()
     rng = np.random.default_rng(seed + 1)
     for h in range(heads):
         keep = rng.choice(dense.shape[1], size=min(rows, dense.shape[1]), replace=False)
