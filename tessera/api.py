@@ -22,19 +22,29 @@ from .cuda import device
 from .launch import caller_stream, run
 from .mask import BlockMask, bounds_key
 from .operands import Operands, check_mask, check_scale, describe, gradient_recorded
+from .quantize_launch import quantize_operands
 from .runtime.backward import BackwardPlan
 from .runtime.cache import PlanCache, RequestKey
 from .runtime.mode import PlanMode
 from .runtime.plan import Plan, checked_shape, plan, plan_selected
 from .runtime.regime import ENV_TABLE, selected_regime, selection_generation
 from .runtime.regime.backward import BackwardRegime, check_backward_regime_argument
+from .runtime.regime.heuristic import INT8_REGIME
 from .settings import config
 
-__all__ = ["attention", "attention_backward", "request_plans", "kept_plans"]
+__all__ = ["attention", "attention_backward", "request_plans", "kept_plans", "PRECISIONS"]
+
+# attention's precision argument: None (the operands' own 16-bit type) or "int8" (the 8-bit
+# forward: tessera/quantization.py says how it rounds and what that costs).
+PRECISIONS = (None, "int8")
+# Key blocks of the 8-bit forward start at multiples of this many keys: V's keys are reordered
+# within each 16 (quantize_launch.v_key_order), and a chunk starts where its span does.
+INT8_KEY_ALIGN = 16
 
 
 def attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *, scale: float | None = None,
-              return_lse: bool = False, layout: str = "bhld", regime: Any = None):
+              return_lse: bool = False, layout: str = "bhld", regime: Any = None,
+              precision: str | None = None):
     """Block-sparse attention of ``q`` over ``k``/``v`` exactly on ``block_mask``.
 
     ``q`` is ``[B, Hq, Lq, D]`` (``layout="bhld"``) or ``[B, Lq, Hq, D]`` (``"blhd"``), k/v the
@@ -49,10 +59,21 @@ def attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *, scale: float | N
     captured (after one warm-up request outside it; ``PlanMode.CAPTURE``). On torch tensors that
     require grad (while autograd records) the output is differentiable (``autograd.py``), its
     backward :func:`attention_backward`.
+
+    ``precision="int8"`` (opt-in, Hopper GPUs, head dims 64 and 128, key blocks starting at
+    multiples of 16 tokens; forward only): Q and K rounded to int8 a token at a time (K
+    smoothed, both rotated), P to u8 a chunk at a time, V to int8 a channel at a time, the
+    products on the 8-bit tensor cores -- about 1.5e-2 relative error against float64 on random
+    inputs (:mod:`tessera.quantization`, ``python -m tessera quant-error``). The output keeps
+    q's dtype.
     """
     if not isinstance(block_mask, BlockMask):
         raise TypeError(f"block_mask must be a tessera.BlockMask, got {type(block_mask).__name__}")
     check_scale(scale)
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if precision == "int8":
+        return _attention_int8(q, k, v, block_mask, scale, return_lse, layout, regime)
     if gradient_recorded(q, k, v) is not None:
         out, lse = differentiable(
             lambda q_, k_, v_: attention(q_, k_, v_, block_mask, scale=scale, return_lse=True,
@@ -82,6 +103,44 @@ def attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *, scale: float | N
                 capture_memory_if(capturing, ops.q.framework, ops.q.device_id), \
                 _request_plan(block_mask, ops, layout, regime, capturing) as p:
             return run(p, ops, scale, return_lse)
+
+
+def _attention_int8(q: Any, k: Any, v: Any, block_mask: BlockMask, scale: float | None,
+                    return_lse: bool, layout: str, regime: Any):
+    """The 8-bit forward of :func:`attention` (its arguments checked there): the pre-pass's
+    codes (quantize_launch.py), then the 8-bit kernel over a request plan of INT8_REGIME."""
+    if regime is not None:
+        raise ValueError("regime must be None with precision='int8' (the 8-bit forward runs "
+                         f"its own regime, {INT8_REGIME.name})")
+    if gradient_recorded(q, k, v) is not None:
+        raise ValueError("precision='int8' is forward-only: q, k, v must not require grad while "
+                         "autograd records (detach them, or run under torch.no_grad())")
+    ops = describe(q, k, v, layout)
+    b, hq, lq, d = ops.shape_q
+    _, hkv, lkv, _ = ops.shape_kv
+    check_mask(block_mask, b, hq, hkv, lq, lkv)
+    if d not in (64, 128):
+        raise ValueError(f"precision='int8' takes head dims 64 and 128, got {d}")
+    starts = [int(x) for x in block_mask.kv_bounds[:-1]]
+    off = next((x for x in starts if x % INT8_KEY_ALIGN), None)
+    if off is not None:
+        raise ValueError(f"precision='int8' needs key blocks starting at multiples of "
+                         f"{INT8_KEY_ALIGN} tokens; block_mask has one starting at {off}")
+    if block_mask.on_device and block_mask.device_id != ops.q.device_id:
+        raise ValueError(f"block_mask is on device {block_mask.device_id} but q is on "
+                         f"{ops.q.device_id}")
+    with cupy_or_none().cuda.Device(ops.q.device_id):
+        cc = device.device_cc()
+        if cc != 90:
+            raise ValueError(f"precision='int8' runs on Hopper GPUs (sm_90) only; this device is "
+                             f"sm_{cc}")
+        if stream_capturing(ops.stream_ptr):
+            raise ValueError("precision='int8' cannot be captured into a CUDA graph: its "
+                             "pre-pass copies the rotation's factors to the GPU")
+        with caller_stream(ops), block_mask.reading(), \
+                _request_plan(block_mask, ops, layout, INT8_REGIME, False) as p:
+            quantized = quantize_operands(q, k, v, layout=layout)
+            return run(p, ops, scale, return_lse, quantized=quantized)
 
 
 def attention_backward(q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any,

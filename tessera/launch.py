@@ -82,8 +82,8 @@ class LaunchState:
         task_counters: per the same key, the counter a persistent kernel takes tasks from (the
             legacy default stream is 0 on every device).
         kernel_args: per scale, the attention kernel's last arguments (made once).
-        kernels: per (device id, head dim, bf16, TMA form), the attention kernel a run
-            launches there (:class:`_Kernel`, resolved once).
+        kernels: per (device id, head dim, bf16, TMA form, 8-bit form), the attention kernel a
+            run launches there (:class:`_Kernel`, resolved once).
         tma_box_rows: per (head dim, bf16), the TMA form's K/V box rows (its tensor maps').
         backward_queues: per (device id, tile rows, steps, whether the query-major queue is
             walked), the backward pass's queues copied there (``backward_launch.py``); emptied
@@ -95,7 +95,7 @@ class LaunchState:
     workspaces: dict[tuple[int, int, int], Workspace] = field(default_factory=dict)
     task_counters: dict[tuple[int, int, int], Any] = field(default_factory=dict)
     kernel_args: dict[float, tuple] = field(default_factory=dict)
-    kernels: dict[tuple[int, int, bool, bool], "_Kernel"] = field(default_factory=dict)
+    kernels: dict[tuple[int, int, bool, bool, bool], "_Kernel"] = field(default_factory=dict)
     tma_box_rows: dict[tuple[int, bool], int] = field(default_factory=dict)
     backward_queues: dict[tuple[int, int, tuple[int, int], bool], tuple] = field(
         default_factory=dict)
@@ -262,6 +262,7 @@ def _task_counter(p: Launchable, cp: Any, stream: Any, key: tuple | None = None)
 
 
 _NO_MAPS = np.zeros((), dtype=tma.MAPS_DTYPE)[()]  # the kernels' TmaMaps of a cp.async launch
+_NO_STEPS = np.uint64(0)  # the q_step / v_step arguments of a 16-bit launch
 
 
 @dataclass(frozen=True)
@@ -276,16 +277,18 @@ class _Kernel:
     resident: int  # a persistent variant's largest grid on the device (0: not persistent)
 
 
-def _kernel(p: Launchable, d: int, bf16: bool, tma_form: bool, cc: int, device_id: int) -> _Kernel:
+def _kernel(p: Launchable, d: int, bf16: bool, tma_form: bool, cc: int, device_id: int,
+            int8: bool = False) -> _Kernel:
     """The plan's kernel on the current device ``device_id`` (compute capability ``cc``, which
-    the regime runs on) at head dim ``d``, its TMA form with ``tma_form``: loaded and checked
-    against the device's shared-memory limit at the first run that needs it."""
-    key = (device_id, d, bf16, tma_form)
+    the regime runs on) at head dim ``d``, its TMA form with ``tma_form``, its 8-bit form with
+    ``int8``: loaded and checked against the device's shared-memory limit at the first run that
+    needs it."""
+    key = (device_id, d, bf16, tma_form, int8)
     got = p.launch_state.kernels.get(key)
     if got is not None:
         return got
     r = p.regime
-    fwd = r.variant(d, bf16, tma=tma_form)
+    fwd = r.variant(d, bf16, tma=tma_form, int8=int8)
     limit = smem_limit_bytes(cc)
     if smem_bytes(fwd) > limit:  # the launch would fail with a bare driver error
         raise ValueError(f"regime {r.name} needs {smem_bytes(fwd)} bytes of shared memory at head "
@@ -351,10 +354,29 @@ def _resident_ctas(fwd: Variant, device_id: int) -> int:
     return max(1, blocks_per_sm(fwd) * device_sm_count())
 
 
+def _int8_operands(p: Launchable, quantized: Any) -> tuple[tuple, Any]:
+    """The 8-bit form's q, k, v kernel arguments (pointers and [B, H, L, D] strides; v is V^T,
+    its token stride the padded key count) and its TmaMaps, from the pre-pass's arrays."""
+    def desc(a: Any) -> tuple:
+        return a.data.ptr, a.shape, tuple(x // a.itemsize for x in a.strides)
+    q, k, v_t = desc(quantized.q), desc(quantized.k), desc(quantized.v_t)
+    maps = tma.int8_launch_maps(q, k, v_t, desc(quantized.k_scale),
+                                tile_rows=p.launch_queue.tile_rows,
+                                heads_per_task=p.launch_queue.heads_per_task,
+                                block_n=p.regime.block_n)
+    ptr = np.uint64
+    vsb, vsh, vsd, _ = v_t[2]  # (a channel's row of keys, vsd apart: the kernel's v_sl)
+    args = (ptr(q[0]), *_int64s(q[2][:3]), ptr(k[0]), *_int64s(k[2][:3]),
+            ptr(v_t[0]), *_int64s((vsb, vsh, vsd)))
+    return args, maps
+
+
 def run(p: Launchable, ops: Operands, scale: float | None, return_lse: bool,
-        given: Outputs | None = None):
+        given: Outputs | None = None, quantized: Any = None):
     """Launch ``p``'s kernels on q's device (current) and the caller's stream; returns the
-    caller's outputs (and the LSE with ``return_lse``)."""
+    caller's outputs (and the LSE with ``return_lse``). ``quantized``: the 8-bit forward's
+    operands (``quantize_launch.QuantizedOnDevice``, from ``ops``' q, k, v), which its kernel
+    reads in their place."""
     cp = cupy_or_none()
     b, hq, lq, d = ops.shape_q
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
@@ -363,8 +385,18 @@ def run(p: Launchable, ops: Operands, scale: float | None, return_lse: bool,
     cc = device_cc()
     if not r.runs_on(cc):
         raise ValueError(f"regime {r.name} runs on sm_90 GPUs only; this device is sm_{cc}")
-    maps = _tma_maps(p, ops, bf16) if config.use_tma and r.tma_capable else None
-    kern = _kernel(p, d, bf16, maps is not None, cc, ops.q.device_id)
+    int8 = quantized is not None
+    if int8:
+        operand_args, maps = _int8_operands(p, quantized)
+        steps = (np.uint64(quantized.q_scale.data.ptr), np.uint64(quantized.v_scale.data.ptr))
+    else:
+        maps = _tma_maps(p, ops, bf16) if config.use_tma and r.tma_capable else None
+        ptr = np.uint64
+        operand_args = (ptr(ops.q.ptr), *_int64s(ops.strides_q[:3]),
+                        ptr(ops.k.ptr), *_int64s(ops.strides_k[:3]),
+                        ptr(ops.v.ptr), *_int64s(ops.strides_v[:3]))
+        steps = (_NO_STEPS, _NO_STEPS)
+    kern = _kernel(p, d, bf16, maps is not None, cc, ops.q.device_id, int8)
     fwd, fn, smem, resident = kern.fwd, kern.fn, kern.smem, kern.resident
     if maps is None:
         maps = _NO_MAPS
@@ -400,10 +432,7 @@ def run(p: Launchable, ops: Operands, scale: float | None, return_lse: bool,
 
         launch = p.launch_queue
         i64, i32, ptr = np.int64, np.int32, np.uint64
-        args = (queue.tasks, queue.spans,
-                ptr(ops.q.ptr), *_int64s(ops.strides_q[:3]),
-                ptr(ops.k.ptr), *_int64s(ops.strides_k[:3]),
-                ptr(ops.v.ptr), *_int64s(ops.strides_v[:3]),
+        args = (queue.tasks, queue.spans, *operand_args,
                 ptr(out_desc.ptr), *_int64s(o_str[:3]),
                 ptr(lse_ptr), *_int64s((lse_sb, lse_sh)),
                 work.part_o, work.part_lse, *_plan_args(p, scale))
@@ -421,7 +450,7 @@ def run(p: Launchable, ops: Operands, scale: float | None, return_lse: bool,
                 ctas = -(-n_tasks // fwd.rings)  # (a ringed CTA starts `rings` tasks)
                 grid = ctas if cap == 0 else min(ctas, resident, cap or ctas)
                 counter = _task_counter(p, cp, stream, key)
-            args += (ptr(0 if counter is None else counter.data.ptr), maps)
+            args += (ptr(0 if counter is None else counter.data.ptr), maps, *steps)
             fn((grid,), (fwd.threads,), args, shared_mem=smem, stream=stream)
         n_jobs = int(launch.combine.shape[0])
         if n_jobs:

@@ -20,7 +20,7 @@ from .quantization import Scheme, checked_scheme, rotation_factors
 from .settings import config
 from .streams import cupy_stream
 
-__all__ = ["QuantizedOnDevice", "quantize_operands", "PAD_KEYS"]
+__all__ = ["QuantizedOnDevice", "quantize_operands", "v_key_order", "PAD_KEYS"]
 
 _THREADS = 256  # every pre-pass kernel's launch bound
 _CHUNK_TOKENS = 512  # tokens a partial of the channel statistics covers
@@ -30,10 +30,11 @@ PAD_KEYS = 64  # the transposed V's rows are padded to a multiple of this many k
 @dataclass(frozen=True)
 class QuantizedOnDevice:
     """The pre-pass's output (CuPy arrays on the inputs' device): ``q`` / ``k`` int8
-    ``[B, H, L, D]`` (contiguous, after the scheme's rewrites), their steps ``q_scale`` /
-    ``k_scale`` float32 ``[B, H, L]``; ``v_t`` int8 ``[B, Hkv, D, L_pad]``, V transposed (keys
-    contiguous, ``L_pad`` the key count rounded up to :data:`PAD_KEYS`, zeros past it), its steps
-    ``v_scale`` float32 ``[B, Hkv, D]``."""
+    ``[B, H, L, D]`` (contiguous, after the scheme's rewrites), their steps ``q_scale``
+    float32 ``[B, Hq, Lq]`` and ``k_scale`` float32 ``[B, Hkv, L_pad]`` (zeros past the keys,
+    as the 8-bit kernel copies a chunk); ``v_t`` int8 ``[B, Hkv, D, L_pad]``, V transposed (keys
+    contiguous in :func:`v_key_order`, ``L_pad`` the key count rounded up to :data:`PAD_KEYS`,
+    zeros past it), its steps ``v_scale`` float32 ``[B, Hkv, D]``."""
 
     q: Any
     q_scale: Any
@@ -41,6 +42,19 @@ class QuantizedOnDevice:
     k_scale: Any
     v_t: Any
     v_scale: Any
+
+
+def v_key_order(keys: int) -> np.ndarray:
+    """The key each column of the transposed V holds, for ``keys`` columns (a multiple of 16):
+    within every 16 keys, column 4q + e holds key 2q + e (e < 2) or 8 + 2q + e - 2. A thread's
+    S accumulator holds keys 2q, 2q + 1 of two key octets, and its A fragment of the 8-bit
+    P V takes 4 consecutive keys a register: in this order S's registers are that fragment,
+    with no shuffle between the two products."""
+    if not isinstance(keys, (int, np.integer)) or keys < 0 or keys % 16:
+        raise ValueError(f"keys must be a non-negative multiple of 16, got {keys!r}")
+    f = np.arange(16)
+    within = np.where(f % 4 < 2, 2 * (f // 4) + f % 4, 8 + 2 * (f // 4) + f % 4 - 2)
+    return (np.arange(0, keys, 16)[:, None] + within[None, :]).reshape(-1)
 
 
 def _checked_scheme(scheme: Any) -> Scheme:
@@ -74,7 +88,7 @@ def quantize_operands(q: Any, k: Any, v: Any, *, scheme: Scheme = Scheme(),
     with cp.cuda.Device(ops.q.device_id), stream:
         out = QuantizedOnDevice(
             cp.empty((b, hq, lq, d), cp.int8), cp.empty((b, hq, lq), cp.float32),
-            cp.empty((b, hkv, lkv, d), cp.int8), cp.empty((b, hkv, lkv), cp.float32),
+            cp.empty((b, hkv, lkv, d), cp.int8), cp.zeros((b, hkv, pad), cp.float32),
             cp.empty((b, hkv, d, pad), cp.int8), cp.empty((b, hkv, d), cp.float32))
         if config.poison_outputs:  # NaN steps, codes -128 (no code is): nothing unwritten passes
             for a in vars(out).values():
@@ -100,7 +114,7 @@ def quantize_operands(q: Any, k: Any, v: Any, *, scheme: Scheme = Scheme(),
             count = b * heads * seq
             rows((-(-count // per_cta),), (_THREADS,), (
                 ptr(x.ptr), *map(i64, strides[:3]), i32(heads), i32(seq), i64(count),
-                _or_null(mean), _or_null(factors), dst, scales))
+                _or_null(mean), _or_null(factors), dst, scales, i32(scales.shape[2])))
         kernel("quant_v_transposed")((pad // PAD_KEYS, b * hkv), (_THREADS,), (
             ptr(ops.v.ptr), *map(i64, ops.strides_v[:3]), i32(hkv), i32(lkv), i32(pad),
             out.v_scale, out.v_t))

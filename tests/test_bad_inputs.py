@@ -10,7 +10,7 @@ import scipy.sparse as sp
 
 import tessera
 from tessera import BlockMask, families, quantization
-from tessera.quantize_launch import quantize_operands
+from tessera.quantize_launch import quantize_operands, v_key_order
 from tessera.integrations import distributed, methods, presets
 
 M = BlockMask.from_dense(np.ones((2, 2), bool), block_size=64)
@@ -126,6 +126,12 @@ CASES = [
      ValueError, "scale must be positive and finite"),
     ("tessera.attention", "a dense array as the mask", lambda: tessera.attention(
         X, X, X, np.ones((2, 2), bool)), TypeError, "block_mask must be a tessera.BlockMask"),
+    ("tessera.attention", "precision='fp8'", lambda: tessera.attention(
+        X, X, X, M, precision="fp8"), ValueError,
+     r"precision must be one of \(None, 'int8'\), got 'fp8'"),
+    ("tessera.attention", "precision='int8' with a regime", lambda: tessera.attention(
+        X, X, X, M, precision="int8", regime="sm90_128x128_w12_s3"), ValueError,
+     "regime must be None with precision='int8'"),
     ("Plan.run", "numpy arrays", lambda: _plan().run(X, X, X), ValueError,
      "q is a host \\(numpy\\) array"),
     ("tessera.attention_backward", "numpy arrays", lambda: tessera.attention_backward(
@@ -275,6 +281,8 @@ CASES = [
     ("quantize_launch.quantize_operands", "an e4m3 scheme", lambda: quantize_operands(
         X, X, X, scheme=quantization.Scheme(qk="e4m3")), ValueError,
      r"the GPU pre-pass rounds to int8 only"),
+    ("quantize_launch.v_key_order", "keys=40", lambda: v_key_order(40), ValueError,
+     "keys must be a non-negative multiple of 16, got 40"),
     ("distributed.head_units", "balance='even'", lambda: distributed.head_units(
         M, M.to_dense(), 1, 2, "even"), ValueError,
      r"balance must be one of \('pairs', 'heads'\), got 'even'"),

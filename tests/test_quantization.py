@@ -191,6 +191,22 @@ def test_the_gpu_pre_pass_refuses_a_scheme_before_anything_else(scheme, err, mat
         quantize_operands(None, None, None, scheme=scheme)
 
 
+def test_v_key_order_makes_s_accumulator_registers_the_p_fragment():
+    """Thread q of a quad holds S's keys 2q, 2q + 1 of each key octet (wgmma's accumulator);
+    its u8 A fragment register holds keys 4q .. 4q + 3 of each 16: in v_key_order the columns
+    4q .. 4q + 3 of every 16 keys are the keys the thread holds, in the order it packs them
+    (the first octet's two, then the second's), and every key appears once."""
+    from tessera.quantize_launch import v_key_order
+
+    order = v_key_order(64)
+    assert sorted(order) == list(range(64))
+    for group in range(4):
+        for q in range(4):
+            held = [8 * o + 2 * q + e for o in (2 * group, 2 * group + 1) for e in (0, 1)]
+            assert list(order[16 * group + 4 * q: 16 * group + 4 * q + 4]) == held
+    assert v_key_order(0).size == 0
+
+
 def test_quantized_operands_are_the_rewritten_operands_rounded():
     """Host side of the pre-pass: values times steps give the smoothed, rotated operands back
     within half a step; blhd inputs give the same bhld result; 16-bit P . V keeps V."""

@@ -92,10 +92,12 @@ quant_channel_finish(const float* k_sums, const float* v_amax, int chunks, int s
 // Q or K rounded a token at a time, one warp a row: the channel means subtracted (`mean`
 // [B*H, D], or none), rotated (`factors` [D]: each channel's sign / sqrt(block) after the
 // Walsh-Hadamard butterflies, or none), then int8 codes of step largest |x| / 127 into `out`
-// (contiguous [B, H, L, D]) and that step into `scales` ([B, H, L]).
+// (contiguous [B, H, L, D]) and that step into `scales` ([B, H, steps_len], steps_len >= L: K's
+// rows padded as the transposed V's, which the 8-bit kernel copies a chunk at a time).
 extern "C" __global__ void __launch_bounds__(THREADS)
 quant_rows(const u16* x_ptr, i64 sb, i64 sh, i64 sl, int heads, int seq, i64 rows,
-           const float* mean, const float* factors, signed char* out, float* scales) {
+           const float* mean, const float* factors, signed char* out, float* scales,
+           int steps_len) {
   const i64 row = (i64)blockIdx.x * (THREADS / 32) + threadIdx.x / 32;
   if (row >= rows) return;
   const int lane = threadIdx.x % 32;
@@ -150,12 +152,21 @@ quant_rows(const u16* x_ptr, i64 sb, i64 sh, i64 sl, int heads, int seq, i64 row
 #pragma unroll
     for (int e = 0; e < E; ++e) o[channel(lane, e)] = (signed char)code(v[e], inv);
   }
-  if (lane == 0) scales[row] = scale;
+  if (lane == 0) scales[row / seq * steps_len + row % seq] = scale;
+}
+
+// Which key of its 16-key group column f (0 .. 15) of the transposed V holds: 4q + e holds key
+// 2q + e, or 8 + 2q + e - 2 for e >= 2 -- the keys a thread's S accumulator holds (columns 2q,
+// 2q + 1 of two octets), in the order of its u8 A fragment's four bytes (4q .. 4q + 3), so the
+// 8-bit P V takes P from S's registers without a shuffle (quantize_launch.v_key_order).
+__device__ __forceinline__ int v_column_key(int f) {
+  const int q = f / 4, e = f % 4;
+  return e < 2 ? 2 * q + e : 8 + 2 * q + e - 2;
 }
 
 // V rounded a channel at a time (`v_scale` [B*H, D]) and stored transposed: `out` [B, H, D,
-// seq_pad], keys contiguous, codes past `seq` zero. Grid (seq_pad / V_TOKENS, B*H); a tile of
-// V_TOKENS tokens through shared memory.
+// seq_pad], keys contiguous in the order of v_column_key within each 16 keys, codes past `seq`
+// zero. Grid (seq_pad / V_TOKENS, B*H); a tile of V_TOKENS tokens through shared memory.
 extern "C" __global__ void __launch_bounds__(THREADS)
 quant_v_transposed(const u16* v_ptr, i64 sb, i64 sh, i64 sl, int heads, int seq, int seq_pad,
                    const float* v_scale, signed char* out) {
@@ -174,7 +185,10 @@ quant_v_transposed(const u16* v_ptr, i64 sb, i64 sh, i64 sl, int heads, int seq,
     const int c = i / WORDS, w = i % WORDS;
     u32 word = 0;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) word |= (u32)(unsigned char)tile[c][4 * w + j] << (8 * j);
+    for (int j = 0; j < 4; ++j) {
+      const int col = 4 * w + j;  // (V_TOKENS is a multiple of 16: groups start at 16 k)
+      word |= (u32)(unsigned char)tile[c][col / 16 * 16 + v_column_key(col % 16)] << (8 * j);
+    }
     *reinterpret_cast<u32*>(out + ((i64)bh * D + c) * seq_pad + t0 + 4 * w) = word;
   }
 }

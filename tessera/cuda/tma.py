@@ -26,12 +26,15 @@ import numpy as np
 
 from .device import driver_library
 
-__all__ = ["TileMap", "tile_map", "encode", "launch_maps", "MAPS_DTYPE", "TensorMapError",
-           "driver_encodes_maps", "chunk_maps", "CHUNK_MAPS_DTYPE"]
+__all__ = ["TileMap", "tile_map", "encode", "launch_maps", "int8_launch_maps", "MAPS_DTYPE",
+           "TensorMapError", "driver_encodes_maps", "chunk_maps", "CHUNK_MAPS_DTYPE"]
 
 # CUtensorMapDataType, CUtensorMapSwizzle and friends (cuda.h, CUDA 12 and 13).
+DATA_TYPE_UINT8 = 0  # (a copy moves bytes: the 8-bit form's int8 codes)
 DATA_TYPE_FLOAT16 = 6
+DATA_TYPE_FLOAT32 = 7
 DATA_TYPE_BFLOAT16 = 9
+SWIZZLE_NONE = 0
 SWIZZLE_64B = 2
 SWIZZLE_128B = 3
 INTERLEAVE_NONE = 0
@@ -60,19 +63,21 @@ class TileMap:
 
 
 def tile_map(shape: tuple[int, int, int, int], strides: tuple[int, int, int, int], *,
-             bf16: bool, rows: int, heads: int = 1) -> TileMap:
+             bf16: bool, rows: int, heads: int = 1, int8: bool = False) -> TileMap:
     """The tensor map of a ``[B, H, L, D]`` operand with element ``strides`` whose tiles are
     ``rows`` tokens of ``heads`` consecutive heads by the whole head dim (a Q tile of GQA-packed
     heads lands head-major, as the kernels index its rows). Raises TensorMapError when TMA
     cannot read it: the head dim not contiguous, a byte stride not a multiple of 16 (or too
-    large), a box too big."""
+    large), a box too big. ``int8``: one-byte elements (the 8-bit form's codes; SW is then the
+    row's bytes, 64 or 128)."""
     b, h, l_, d = (int(x) for x in shape)
+    elem = 1 if int8 else 2
     sb, sh, sl, sd = (int(x) for x in strides)
     if sd != 1:
         raise TensorMapError(f"the head dim must be contiguous (stride 1), got stride {sd}")
     if d % 32:
         raise TensorMapError(f"head dim {d} is not a multiple of 32 elements")
-    byte_strides = (2 * sl, 2 * sh, 2 * sb)
+    byte_strides = (elem * sl, elem * sh, elem * sb)
     for name, s in zip(("token", "head", "batch"), byte_strides):
         if s % 16 or not 0 < s < _MAX_STRIDE:
             raise TensorMapError(f"the {name} stride ({s} bytes) must be a positive multiple of "
@@ -80,10 +85,11 @@ def tile_map(shape: tuple[int, int, int, int], strides: tuple[int, int, int, int
     if not 0 < rows <= _MAX_BOX or not 0 < heads <= min(h, _MAX_BOX):
         raise TensorMapError(f"a box holds 1 to {_MAX_BOX} rows of 1 to {min(h, _MAX_BOX)} "
                              f"heads, got {rows} rows of {heads}")
-    sw = 128 if d % 64 == 0 else 64
-    return TileMap(dims=(d, l_, h, b), strides=byte_strides, box=(sw // 2, rows, heads, 1),
+    sw = 128 if d * elem % 128 == 0 else 64
+    return TileMap(dims=(d, l_, h, b), strides=byte_strides, box=(sw // elem, rows, heads, 1),
                    swizzle=SWIZZLE_128B if sw == 128 else SWIZZLE_64B,
-                   data_type=DATA_TYPE_BFLOAT16 if bf16 else DATA_TYPE_FLOAT16)
+                   data_type=DATA_TYPE_UINT8 if int8 else
+                   DATA_TYPE_BFLOAT16 if bf16 else DATA_TYPE_FLOAT16)
 
 
 @functools.lru_cache(maxsize=1)
@@ -129,8 +135,10 @@ def encode(m: TileMap, address: int, encoder=None) -> bytes:
     return ctypes.string_at(aligned, TENSOR_MAP_BYTES)
 
 
-# The kernels' TmaMaps parameter (common/task.cuh): q's, k's and v's maps, 128 bytes each.
-MAPS_DTYPE = np.dtype([("maps", np.uint64, (3 * TENSOR_MAP_BYTES // 8,))])
+# The kernels' TmaMaps parameter (common/task.cuh): q's, k's and v's maps, and the 8-bit form's
+# K steps' (zeros elsewhere), 128 bytes each.
+MAPS_DTYPE = np.dtype([("maps", np.uint64, (4 * TENSOR_MAP_BYTES // 8,))])
+_NO_MAP = bytes(TENSOR_MAP_BYTES)
 
 
 def launch_maps(q, k, v, *, bf16: bool, tile_rows: int, heads_per_task: int, block_n: int,
@@ -144,6 +152,36 @@ def launch_maps(q, k, v, *, bf16: bool, tile_rows: int, heads_per_task: int, blo
                                                   (k, block_n, 1), (v, block_n, 1)):
         m = tile_map(shape, strides, bf16=bf16, rows=rows, heads=heads)
         blobs.append(encode(m, int(address), encoder))
+    return np.frombuffer(b"".join(blobs) + _NO_MAP, dtype=MAPS_DTYPE)[0]
+
+
+def int8_launch_maps(q: tuple, k: tuple, v_t: tuple, k_steps: tuple, *, tile_rows: int,
+                     heads_per_task: int, block_n: int, encoder=None) -> np.void:
+    """The TmaMaps argument of an 8-bit launch (sm90/traits.cuh's INT8), from the pre-pass's
+    arrays (tessera/quantize_launch.py), each (address, shape, element strides): ``q`` and
+    ``k`` int8 ``[B, H, L, D]`` as :func:`launch_maps` describes them; ``v_t`` int8 ``[B, Hkv,
+    D, L_pad]``, a box of ``block_n`` keys by every channel, swizzled over the keys' bytes;
+    ``k_steps`` float32 ``[B, Hkv, L_pad]``, a box of ``block_n`` steps. Raises TensorMapError
+    when one cannot be described."""
+    (qa, qs, qst), (ka, ks, kst) = q, k
+    blobs = [encode(tile_map(qs, qst, bf16=False, rows=tile_rows, heads=heads_per_task,
+                             int8=True), int(qa), encoder),
+             encode(tile_map(ks, kst, bf16=False, rows=block_n, int8=True), int(ka), encoder)]
+    (va, (b, h, d, pad), (vsb, vsh, vsd, vsl)) = v_t
+    if vsl != 1 or pad % 16 or block_n not in (64, 128):
+        raise TensorMapError(f"V^T must have contiguous keys padded to 16 and a box of 64 or 128 "
+                             f"keys, got strides {(vsb, vsh, vsd, vsl)}, {pad} keys, {block_n}")
+    blobs.append(encode(TileMap(dims=(pad, d, h, b), strides=(vsd, vsh, vsb),
+                                box=(block_n, d, 1, 1),
+                                swizzle=SWIZZLE_128B if block_n == 128 else SWIZZLE_64B,
+                                data_type=DATA_TYPE_UINT8), int(va), encoder))
+    (sa, (sb_, sh_, spad), (ssb, ssh, ssl)) = k_steps
+    if ssl != 1 or (4 * spad) % 16:
+        raise TensorMapError(f"the K steps must be contiguous rows of a multiple of 4 floats, got "
+                             f"strides {(ssb, ssh, ssl)}, {spad} keys")
+    blobs.append(encode(TileMap(dims=(spad, sh_, sb_, 1), strides=(4 * ssh, 4 * ssb, 4 * ssb * sb_),
+                                box=(block_n, 1, 1, 1), swizzle=SWIZZLE_NONE,
+                                data_type=DATA_TYPE_FLOAT32), int(sa), encoder))
     return np.frombuffer(b"".join(blobs), dtype=MAPS_DTYPE)[0]
 
 

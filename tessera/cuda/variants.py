@@ -96,7 +96,7 @@ class Variant:
     def bsa_sm90(cls, *, block_m: int, block_n: int, head_dim: int, stages: int,
                  bf16: bool, producer: bool = False, pack_keys: bool = False,
                  tma: bool = False, wide: bool = False, guard: bool = True,
-                 rings: int = 1, whole_tasks: bool = False) -> "Variant":
+                 rings: int = 1, whole_tasks: bool = False, int8: bool = False) -> "Variant":
         """The Hopper family (sm_90a only): 64 rows per consumer warpgroup, plus a producer
         warpgroup that does all copies when ``producer`` -- then with two Q buffers where they
         fit the sm_90 shared-memory limit (all but 128-row tiles with 128-key steps at head dim
@@ -115,7 +115,15 @@ class Variant:
         (``RINGS``), one CTA an SM; two Q buffers each where they fit.
         ``whole_tasks`` (Regime.whole_spans; producer variants of the span-by-span walk): every
         task is one span over all its rows, walked by arithmetic in one loop
-        (``WHOLE_TASKS``): only for plans whose mask selects every block."""
+        (``WHOLE_TASKS``): only for plans whose mask selects every block.
+        ``int8``: the 8-bit forward (``INT8``, sm90/traits.cuh) -- the TMA producer of the
+        span-by-span walk, one ring, no wide step, head dim 64 or 128; integer V holds no Inf or
+        NaN, so it never builds the guard."""
+        if int8 and not (tma and producer and not pack_keys and rings == 1 and not whole_tasks
+                         and head_dim in (64, 128) and block_n in (64, 128)):
+            raise ValueError("the 8-bit form is the TMA producer's, span by span, one ring, at "
+                             f"head dim 64 or 128 and 64- or 128-key steps (got {block_m}x"
+                             f"{block_n}, head dim {head_dim}, rings={rings})")
         if tma and (not producer or pack_keys):
             raise ValueError("TMA copies are the producer's, for the span-by-span walk")
         if whole_tasks and (not producer or pack_keys):
@@ -123,14 +131,16 @@ class Variant:
         if rings not in (1, 2, 3, 4) or (rings > 1 and not (tma and block_m == 64)):
             raise ValueError(f"rings must be 1, or 2-4 for the TMA producer's 64-row tiles, got "
                              f"{rings} ({block_m} rows, tma={tma})")
-        wide = wide and tma and has_wide_step(block_m, block_n, head_dim)
+        wide = wide and tma and not int8 and has_wide_step(block_m, block_n, head_dim)
+        guard = guard and not int8
         macros = (("BM", block_m), ("BN", block_n), ("D", head_dim), ("STAGES", stages),
                   ("BF16", int(bf16))) + ((("PACK_KEYS", 1),) if pack_keys else ()) + (
                   (("TMA", 1),) if tma else ()) + (
                   (("WIDE_BN", WIDE_BN),) if wide else ()) + (() if guard else (("GUARD", 0),)) + (
                   (("PV_WAIT_ANCHOR", 1),)
                   if pv_wait_anchored(block_m, block_n, head_dim, tma, whole_tasks) else ()) + (
-                  (("WHOLE_TASKS", 1),) if whole_tasks else ())
+                  (("WHOLE_TASKS", 1),) if whole_tasks else ()) + (
+                  (("INT8", 1),) if int8 else ())
         if not producer:
             return cls(SM90, "bsa_fwd_sm90", macros)
         def ws(q_buffers: int, min_blocks: int, aligned: bool = False) -> "Variant":
@@ -341,7 +351,9 @@ def smem_bytes(v: Variant) -> int:
         if macros.get("TMA"):
             barriers += 16 * stages
         align = 0 if macros.get("SMEM_ALIGNED") else 1024
-        ring = 2 * d * (q_bufs * v.macro("BM") + stages * 2 * v.kv_rows) + barriers
+        elem, k_steps = (1, 4 * v.kv_rows) if macros.get("INT8") else (2, 0)
+        ring = (elem * d * (q_bufs * v.macro("BM") + stages * 2 * v.kv_rows) + stages * k_steps
+                + barriers)
         return align + v.rings * ring
     return 0
 
@@ -369,6 +381,7 @@ PARAMETERS: dict[str, dict[str, int | None]] = {
     SM90: {"BM": None, "BN": None, "D": None, "STAGES": None, "BF16": None, "PRODUCER": 0,
            "Q_BUFFERS": 1, "MIN_BLOCKS": 1, "TMA": 0, "RINGS": 1, "SMEM_ALIGNED": 0,
            "PACK_KEYS": 0, "GUARD": 1, "PV_WAIT_ANCHOR": 0, "WHOLE_TASKS": 0, "WIDE_BN": 0,
+           "INT8": 0,
            "WIDE_SPANS": WIDE_SPANS, "WIDE_SLACK": WIDE_SLACK},
     **{src: {"BM": None, "BN": None, "D": None, "WARPS": None, "MT": None, "STAGES": None,
              "BF16": None, "MIN_BLOCKS": 1} for src in _SM80_BACKWARD},

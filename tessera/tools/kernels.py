@@ -30,7 +30,7 @@ from ..mask import BlockMask
 from ..runtime.regime import (TABLES_DIR, Regime, RegimeTable, candidate_regimes,
                               default_regime, regime_fits, whole_span_pick)
 from ..runtime.regime.backward import candidate_backward_regimes
-from ..runtime.regime.heuristic import SM90_ROWS192_D64
+from ..runtime.regime.heuristic import INT8_REGIME, SM90_ROWS192_D64
 
 __all__ = ["KernelCode", "regimes_in_use", "variants_in_use", "machine_code", "text_section",
            "compare", "add_arguments", "command"]
@@ -77,7 +77,8 @@ def variants_in_use(targets: tuple[str, ...] = tuple(_ARCHES.values()), *,
                     bf16: tuple[bool, ...] = (True, False)) -> list[tuple[str, Variant]]:
     """(target, variant) of every kernel a plan can launch on the given targets, sorted by
     label: each of :func:`regimes_in_use` in the element types ``bf16`` says, in its TMA form
-    too where it has one, and the backward pass's kernels (on sm_90 both families')."""
+    too where it has one, the 8-bit forward's (sm_90, head dims 64 and 128), and the backward
+    pass's kernels (on sm_90 both families')."""
     found: set[tuple[str, Variant]] = set()
     for arch, target in _ARCHES.items():
         if target not in targets:
@@ -92,6 +93,8 @@ def variants_in_use(targets: tuple[str, ...] = tuple(_ARCHES.values()), *,
                 found.add((target, Variant.bwd_dq_convert(head_dim=d, bf16=b)))
                 found.update((target, Variant.quantize(kn, head_dim=d, bf16=b))
                              for kn in QUANTIZE_KERNELS)
+                if arch == 90 and d in (64, 128):
+                    found.add((target, INT8_REGIME.variant(d, b, tma=True, int8=True)))
                 for r in candidate_backward_regimes(arch) + (
                         candidate_backward_regimes(None) if arch == 90 else []):
                     found.update((target, v) for v in r.kernels(d, b, arch) if v)

@@ -82,14 +82,14 @@ def test_encode_errors():
 
 def test_launch_maps_for_q_k_v():
     """One launch's TmaMaps: Q tiles of tile_rows tokens of the GQA-packed heads, K/V chunks of
-    block_n keys; 384 bytes in q, k, v order (common/task.cuh's TmaMaps)."""
+    block_n keys; 512 bytes in q, k, v order and an empty fourth map (common/task.cuh's TmaMaps)."""
     calls = []
     q = (0x10000, (1, 8, 500, 128), bhld_strides(1, 8, 500, 128))
     k = (0x20000, (1, 2, 700, 128), bhld_strides(1, 2, 700, 128))
     v = (0x30000, (1, 2, 700, 128), bhld_strides(1, 2, 700, 128))
     maps = tma.launch_maps(q, k, v, bf16=True, tile_rows=32, heads_per_task=4, block_n=128,
                            encoder=fake_encoder(calls))
-    assert maps.dtype == tma.MAPS_DTYPE and len(bytes(maps)) == 384
+    assert maps.dtype == tma.MAPS_DTYPE and len(bytes(maps)) == 512 and not any(bytes(maps)[384:])
     assert [c["address"] for c in calls] == [0x10000, 0x20000, 0x30000]
     assert calls[0]["box"] == [64, 32, 4, 1] and calls[0]["dims"] == [128, 500, 8, 1]
     assert calls[1]["box"] == calls[2]["box"] == [64, 128, 1, 1]
@@ -138,4 +138,4 @@ def test_launch_without_a_driver_keeps_cp_async(monkeypatch):
                         strides_v=bhld_strides(1, 2, 256, 128), stream_ptr=0)
     assert launch._tma_maps(p, ops, bf16=True) is None
     launch._encoded_maps.cache_clear()
-    assert len(bytes(launch._NO_MAPS)) == 384 and not any(bytes(launch._NO_MAPS))
+    assert len(bytes(launch._NO_MAPS)) == 512 and not any(bytes(launch._NO_MAPS))

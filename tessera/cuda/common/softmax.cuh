@@ -17,16 +17,12 @@ __device__ __forceinline__ float tree_reduce(float (&v)[N], Op op) {
   return v[0];
 }
 
-// One key chunk for the two rows (g and g + 8 of a 16-row tile) a thread holds: s[NB][4] are raw
-// scores of NB key octets in the m16n8 accumulator layout, keys key0 + 8 * j + 2 * t (+1).
-// Masks keys at or past k_end and rows whose ok flag is false, exponentiates s in place against
-// the running max m (log2 units), adds the row sums to l, and sets al to the factor the output
-// accumulators must be multiplied by (1 when the max did not move). Returns whether any did.
+// Sets to -inf the scores of keys at or past k_end and of rows whose ok flag is false: s[NB][4]
+// are the scores of NB key octets for the two rows (g and g + 8 of a 16-row tile) a thread holds,
+// in the m16n8 accumulator layout, keys key0 + 8 * j + 2 * t (+1).
 template <int NB>
-__device__ __forceinline__ bool softmax_chunk(float (&s)[NB][4], float (&m)[2], float (&l)[2],
-                                              float (&al)[2], int key0, int k_end, bool ok0,
-                                              bool ok1, int t, float scale_log2) {
-  al[0] = al[1] = 1.f;
+__device__ __forceinline__ void mask_scores(float (&s)[NB][4], int key0, int k_end, bool ok0,
+                                            bool ok1, int t) {
   if (key0 + NB * 8 > k_end || !(ok0 && ok1)) {
 #pragma unroll
     for (int nt = 0; nt < NB; ++nt)
@@ -36,6 +32,18 @@ __device__ __forceinline__ bool softmax_chunk(float (&s)[NB][4], float (&m)[2], 
         if (!(key_ok && (e < 2 ? ok0 : ok1))) s[nt][e] = NEG_INF;
       }
   }
+}
+
+// One key chunk for the two rows a thread holds: s[NB][4] are raw scores (mask_scores' layout).
+// Masks them (mask_scores), exponentiates s in place against the running max m (log2 units),
+// adds the row sums to l, and sets al to the factor the output accumulators must be multiplied
+// by (1 when the max did not move). Returns whether any did.
+template <int NB>
+__device__ __forceinline__ bool softmax_chunk(float (&s)[NB][4], float (&m)[2], float (&l)[2],
+                                              float (&al)[2], int key0, int k_end, bool ok0,
+                                              bool ok1, int t, float scale_log2) {
+  al[0] = al[1] = 1.f;
+  mask_scores(s, key0, k_end, ok0, ok1, t);
   // Reductions over the thread's scores run as trees (tree_reduce): a serial chain would leave
   // the consumer warp waiting out each instruction's latency, with little else to issue.
   float mx0, mx1;

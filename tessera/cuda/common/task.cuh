@@ -26,10 +26,14 @@ struct Operand {
 // persistent kernels take tasks from (null for one-task CTAs): zero at the launch, and zero
 // again when the launch ends (the kernel resets it: sm90/scheduler.cuh).
 // Tensor maps (driver-encoded CUtensorMap, 128 bytes each) of q, k and v for kernels that copy
-// by TMA (sm90 variants with Config::TMA); zeros for the others. A __grid_constant__ kernel
-// parameter: the copies read them where the launch put them (param space), no device copy.
+// by TMA (sm90 variants with Config::TMA), and of the K steps for the 8-bit form (INT8); zeros
+// for the others. A __grid_constant__ kernel parameter: the copies read them where the launch
+// put them (param space), no device copy. The 8-bit form's Q and V steps (float32 [B, Hq, Lq]
+// and [B, Hkv, D]) come as q_step and v_step (null for the others), its q and k as int8 [B, H,
+// L, D] and its v as V^T, int8 [B, Hkv, D, L_pad] (v_sl: L_pad), all from the pre-pass
+// (tessera/quantize_launch.py).
 struct alignas(128) TmaMaps {
-  unsigned long long q[16], k[16], v[16];
+  unsigned long long q[16], k[16], v[16], ks[16];
 };
 
 #define TESSERA_BSA_PARAMS                                                        \
@@ -39,7 +43,7 @@ struct alignas(128) TmaMaps {
       i64 o_sl, float *lse_ptr, i64 lse_sb, i64 lse_sh, float *part_o,              \
       float *part_lse, int tile_rows, int group, float scale_log2, int max_tasks,     \
       const i64 *task_count, int *task_counter,                                  \
-      const __grid_constant__ TmaMaps tma_maps
+      const __grid_constant__ TmaMaps tma_maps, const float *q_step, const float *v_step
 
 // The number of tasks (see TESSERA_BSA_PARAMS): a device count is clamped to the queue's rows,
 // so no count makes a kernel read past them.

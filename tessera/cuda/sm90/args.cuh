@@ -21,6 +21,8 @@ struct Args {
   const i64* task_count;
   int* task_counter;
   const TmaMaps& maps;
+  const float* q_step;  // the 8-bit form's steps (TmaMaps says what they are)
+  const float* v_step;
   // Read again where it is used (a cached load) rather than kept live across the register
   // reallocation, where ptxas would spill it.
   __device__ __forceinline__ int num_tasks() const { return task_total(task_count, max_tasks); }

@@ -32,7 +32,8 @@ bsa_fwd_sm90(TESSERA_BSA_PARAMS) {
   const Args a{tasks, spans, Operand{q_ptr, q_sb, q_sh, q_sl}, k_ptr, k_sb, k_sh, k_sl,
                v_ptr, v_sb, v_sh, v_sl,
                Output{o_ptr, o_sb, o_sh, o_sl, lse_ptr, lse_sb, lse_sh, part_o, part_lse},
-               tile_rows, group, scale_log2, max_tasks, task_count, task_counter, tma_maps};
+               tile_rows, group, scale_log2, max_tasks, task_count, task_counter, tma_maps,
+               q_step, v_step};
   if (cta_idle(a)) return;
   const int tid = threadIdx.x, warp = tid / 32;
   // Broadcast from lane 0: the compiler then knows it is warp-uniform and keeps what derives

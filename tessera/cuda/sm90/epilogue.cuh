@@ -18,7 +18,7 @@ namespace {
 // a lone warpgroup syncs its own threads. Only partial chunks pay (`valid` is uniform).
 template <int W>
 __device__ __forceinline__ void zero_v_tail(u32 vs, int valid, int wg, int ring) {
-  if constexpr (TMA) {
+  if constexpr (TMA && !INT8) {  // (integer V holds no Inf)
     if (valid >= W) return;
     if (wg == 0) {
       const int t = thread_index() % 128;
@@ -85,6 +85,20 @@ __device__ __forceinline__ bool stage_v_non_finite(u32 vs, int valid, int bar) {
       " selp.u32 %0, 1, 0, p;\n}"
       : "=r"(any) : "r"(bad), "r"(bar) : "memory");
   return any != 0;
+}
+
+// The 8-bit form: O's columns times V's steps (one a channel of the task's kv head; the V^T
+// operand's rows are channels, v_sl apart, so its row index is the step's).
+__device__ __forceinline__ void scale_by_v_steps(const Args& a, const Task& task,
+                                                 float (&o)[D / 8][4]) {
+  const int t = thread_index() % 4;
+  const float* steps = a.v_step + (task.b * a.v_sb + task.h0 / a.group * a.v_sh) / a.v_sl;
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) {
+    const float2 st = *reinterpret_cast<const float2*>(steps + 8 * i + 2 * t);
+    o[i][0] *= st.x; o[i][1] *= st.y;
+    o[i][2] *= st.x; o[i][3] *= st.y;
+  }
 }
 
 // Every warp runs the epilogue (store_rows writes real rows only): a branch on whether the

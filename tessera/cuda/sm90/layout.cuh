@@ -1,15 +1,16 @@
 // The Hopper family's tiles in shared memory (forward and backward): rows of D elements cut
-// into SW-byte column chunks (SW = 128 when D is a multiple of 64, else 64), chunk-major
-// ([chunk][row][SW bytes]), 16-byte pieces XOR-swizzled by the row within each 8-row group, each
-// tile starting on a 1024-byte boundary -- the layout wgmma reads -- and the descriptors that
-// read them, K-major (rows are the M or N dimension) or N-major (rows are the K dimension).
+// into SW-byte column chunks (SW = 128 when a row's bytes are a multiple of 128, else 64),
+// chunk-major ([chunk][row][SW bytes]), 16-byte pieces XOR-swizzled by the row within each 8-row
+// group, each tile starting on a 1024-byte boundary -- the layout wgmma reads -- and the
+// descriptors that read them, K-major (rows are the M or N dimension) or N-major (rows are the K
+// dimension).
 #pragma once
 
 #include "common/tile.cuh"
 #include "sm90/wgmma.cuh"
 
 namespace {
-constexpr int SW = D % 64 == 0 ? 128 : 64;  // swizzle span and chunk width, bytes
+constexpr int SW = D * ELEM_BYTES % 128 == 0 ? 128 : 64;  // swizzle span and chunk width, bytes
 constexpr int PPC = SW / 16;                // 16-byte pieces per chunk row
 
 // Byte offset of 16-byte piece `piece` (along D) of row `row` in a tile of ROWS rows. The XOR
@@ -33,8 +34,9 @@ struct SmemDesc {
     return ((u64)hi << 32) | (u64)(lo + (byte_offset >> 4));
   }
 };
+template <int SPAN = SW>
 __device__ __forceinline__ SmemDesc smem_desc(u32 addr, u32 lbo, u32 sbo) {
-  constexpr u32 mode = SW == 128 ? 1 : 2;
+  constexpr u32 mode = SPAN == 128 ? 1 : 2;
   return {((addr & 0x3FFFF) >> 4) | ((lbo >> 4) << 16), (sbo >> 4) | (mode << 30)};
 }
 

@@ -86,29 +86,36 @@ __device__ __forceinline__ void load_q(u32 qs, const Task& task, const Operand& 
 }
 
 // A chunk's K and V (W keys from `key0` of kv head `kvh`, batch `b`): per SW-byte column chunk
-// of the tile, W / KV_BOX boxes (the maps' boxes are SW / 2 elements by KV_BOX rows, swizzled
-// as tile_offset lays them out).
+// of the tile, W / KV_BOX boxes (the maps' boxes are SW bytes of elements by KV_BOX rows,
+// swizzled as tile_offset lays them out). The 8-bit form's V^T is one box of W keys by D
+// channels, its K steps (`k_steps`) one of W floats.
 template <int W>
-__device__ __forceinline__ void tma_load_kv(u32 ks, const TmaMaps& maps, int key0, int kvh,
-                                            int b, u32 bar) {
-  mbar_arrive_expect_tx(bar, 2 * W * D * 2);
+__device__ __forceinline__ void tma_load_kv(u32 ks, u32 k_steps, const TmaMaps& maps, int key0,
+                                            int kvh, int b, u32 bar) {
+  constexpr int ELEMS = SW / ELEM_BYTES;  // elements of a chunk row
+  mbar_arrive_expect_tx(bar, 2 * W * D * ELEM_BYTES + (INT8 ? W * 4 : 0));
 #pragma unroll
-  for (int p = 0; p < D * 2 / SW; ++p)
+  for (int p = 0; p < D * ELEM_BYTES / SW; ++p)
 #pragma unroll
     for (int r = 0; r < W / KV_BOX; ++r) {
       const u32 off = (u32)(p * KV_ROWS * SW + r * KV_BOX * SW);
-      tma_load_4d(ks + off, maps.k, p * SW / 2, key0 + r * KV_BOX, kvh, b, bar);
-      tma_load_4d(ks + KV_BYTES + off, maps.v, p * SW / 2, key0 + r * KV_BOX, kvh, b, bar);
+      tma_load_4d(ks + off, maps.k, p * ELEMS, key0 + r * KV_BOX, kvh, b, bar);
+      if constexpr (!INT8)
+        tma_load_4d(ks + KV_BYTES + off, maps.v, p * ELEMS, key0 + r * KV_BOX, kvh, b, bar);
     }
+  if constexpr (INT8) {
+    tma_load_4d(ks + KV_BYTES, maps.v, key0, 0, kvh, b, bar);
+    tma_load_4d(k_steps, maps.ks, key0, kvh, b, 0, bar);
+  }
 }
-// A task's Q tile: the Q map's box is SW / 2 elements by tile_rows tokens by the task's heads
-// (GQA packing), which lands as tile row head * tile_rows + token -- Task::q_row's order. Rows
-// past the task's end read the tokens that follow (never stored) or zeros.
+// A task's Q tile: the Q map's box is SW bytes of elements by tile_rows tokens by the task's
+// heads (GQA packing), which lands as tile row head * tile_rows + token -- Task::q_row's order.
+// Rows past the task's end read the tokens that follow (never stored) or zeros.
 __device__ __forceinline__ void tma_load_q(u32 qs, const TmaMaps& maps, int q_start, int h0,
                                            int b, u32 bar) {
   mbar_arrive_expect_tx(bar, Q_BYTES);
 #pragma unroll
-  for (int p = 0; p < D * 2 / SW; ++p)
-    tma_load_4d(qs + (u32)(p * BM * SW), maps.q, p * SW / 2, q_start, h0, b, bar);
+  for (int p = 0; p < D * ELEM_BYTES / SW; ++p)
+    tma_load_4d(qs + (u32)(p * BM * SW), maps.q, p * SW / ELEM_BYTES, q_start, h0, b, bar);
 }
 }  // namespace

@@ -45,6 +45,53 @@ struct Consumer {
     mbar_arrive(r.q_empty_bar + 8 * qb);
   }
 
+  // The 8-bit form's rows' Q steps times the scale (log2 units), for the thread's rows t0 and
+  // t0 + 8 (padding rows, at or past the task's end, read the first row: never stored).
+  __device__ __forceinline__ void row_steps(const Task& task, int t0, float (&qsl)[2]) const {
+    const int h = task.h0 + twarp * 16 / a.tile_rows;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int tok = t0 + 8 * i < task.q_end ? t0 + 8 * i : task.q_start;
+      // (the int8 q is contiguous [B, Hq, Lq, D]: its row index is the step's)
+      const i64 row = (task.b * a.q.sb + h * a.q.sh + tok * a.q.sl) / D;
+      qsl[i] = a.q_step[row] * a.scale_log2;
+    }
+  }
+
+  // The 8-bit form's products of one step: S = Q K^T (s8) into si, and the previous chunk's
+  // P V (u8 P from pa, V^T from the stage at `vt`) into pv, from zero: O takes it scaled
+  // (fold_pv), each chunk's P being against its own maxima.
+  template <int W>
+  __device__ __forceinline__ void issue_int8(int (&si)[W / 8][4], int (&pv)[D / 8][4],
+                                             const u32 (&pa)[W / PK][4], const SmemDesc& q_desc,
+                                             u32 ks, u32 vt) {
+    wgmma_hold<D / 2>(&pv[0][0]);
+    wgmma_fence();
+    const SmemDesc k_desc = k_major_desc(ks), vd = v8_desc(vt);
+#pragma unroll
+    for (int kk = 0; kk < D / 32; ++kk)
+      Wgmma8<W>::ss(&si[0][0], q_desc.at(k_major_step<BM>(kk)),
+                    k_desc.at(k_major_step<KV_ROWS>(kk)), kk > 0);
+    wgmma_commit();
+#pragma unroll
+    for (int kk = 0; kk < W / PK; ++kk) Wgmma8<D>::rs(&pv[0][0], pa[kk], vd.at(32 * kk), kk > 0);
+    wgmma_commit();
+  }
+
+  // The 8-bit form's last P V of a task, waited for.
+  template <int W>
+  __device__ __forceinline__ void last_pv_int8(int (&pv)[D / 8][4], const u32 (&pa)[W / PK][4],
+                                               u32 vt) {
+    wgmma_hold<D / 2>(&pv[0][0]);
+    wgmma_fence();
+    const SmemDesc vd = v8_desc(vt);
+#pragma unroll
+    for (int kk = 0; kk < W / PK; ++kk) Wgmma8<D>::rs(&pv[0][0], pa[kk], vd.at(32 * kk), kk > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_hold<D / 2>(&pv[0][0]);
+  }
+
   // The task's loop, for its step width W and its walk (WHOLE: whole-span): one instantiation
   // per width and walk.
   //
@@ -94,10 +141,15 @@ struct Consumer {
       }
     }
 
-    u32 pa[W / 16][4];  // P of the previous chunk, bf16/fp16 pairs (A fragments)
+    // P of the previous chunk (A fragments): bf16/fp16 pairs, or the 8-bit form's u8 quads
+    u32 pa[W / PK][4];
 #pragma unroll
-    for (int kk = 0; kk < W / 16; ++kk) pa[kk][0] = pa[kk][1] = pa[kk][2] = pa[kk][3] = 0u;
+    for (int kk = 0; kk < W / PK; ++kk) pa[kk][0] = pa[kk][1] = pa[kk][2] = pa[kk][3] = 0u;
     float s[W / 8][4];
+    // The 8-bit form: S's and the previous chunk's P V int32 products, that P V's factors
+    // (softmax_chunk8), the thread's rows' Q steps times the scale.
+    int si[W / 8][4], pv[D / 8][4];
+    float f_prev[2] = {0.f, 0.f}, qsl[2];
     u32 vs_prev = 0;  // V of the previous chunk of this task
     // jt counts this task's chunks: conditions on it (not on vs_prev) are ones the compiler can
     // prove uniform, which keeps the wgmma under them from being serialized.
@@ -110,6 +162,7 @@ struct Consumer {
     // the chunk's row checks read no thread index between the issue and the softmax.
     const int lane = thread_index() % 32;
     const int t0 = tok_base + lane / 4, quad = lane % 4;
+    if constexpr (INT8) row_steps(task, t0, qsl);
     for (; walk.more(se); ++j, ++jt) {
       if constexpr (WS) {
         mbar_wait(r.full_bar + 8 * (j % STAGES), (j / STAGES) & 1);
@@ -141,17 +194,21 @@ struct Consumer {
       if (guard_prev) kept.keep(o);
 
       wait_issue_turn(wg);
-      wgmma_hold<D / 2>(&o[0][0]);
-      wgmma_fence();
-      const SmemDesc k_desc = k_major_desc(ks), vd = v_desc(jt > 0 ? vs_prev : ks + KV_BYTES);
+      if constexpr (INT8) {
+        issue_int8<W>(si, pv, pa, q_desc, ks, jt > 0 ? vs_prev : ks + KV_BYTES);
+      } else {
+        wgmma_hold<D / 2>(&o[0][0]);
+        wgmma_fence();
+        const SmemDesc k_desc = k_major_desc(ks), vd = v_desc(jt > 0 ? vs_prev : ks + KV_BYTES);
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk)
-        Wgmma<W>::ss(&s[0][0], q_desc.at(k_major_step<BM>(kk)),
-                     k_desc.at(k_major_step<KV_ROWS>(kk)), kk > 0);
-      wgmma_commit();
+        for (int kk = 0; kk < D / 16; ++kk)
+          Wgmma<W>::ss(&s[0][0], q_desc.at(k_major_step<BM>(kk)),
+                       k_desc.at(k_major_step<KV_ROWS>(kk)), kk > 0);
+        wgmma_commit();
 #pragma unroll
-      for (int kk = 0; kk < W / 16; ++kk) Wgmma<D>::rs(&o[0][0], pa[kk], vd.at(v_step(kk)), 1);
-      wgmma_commit();
+        for (int kk = 0; kk < W / 16; ++kk) Wgmma<D>::rs(&o[0][0], pa[kk], vd.at(v_step(kk)), 1);
+        wgmma_commit();
+      }
       if (!prepare_first) prepare();
       pass_issue_turn(wg);
       // Rows this span applies to, clipped to the tile's real rows.
@@ -165,21 +222,37 @@ struct Consumer {
         guard = excluded_rows(t0, lo, hi);
 
       wgmma_wait<overlap_pv<W>() ? 1 : 0>();
-      wgmma_hold<W / 2>(&s[0][0]);
+      if constexpr (INT8) wgmma_hold<W / 2>(&si[0][0]);
+      else wgmma_hold<W / 2>(&s[0][0]);
       // Mask: keys past the span end, rows outside the span's restriction or the tile. A warp
       // with no row in the chunk runs it too, every score masked (P = 0, m and l unchanged):
       // a branch around the softmax had every iteration zero S's registers in advance (32
       // CS2R at head dim 64), for warps that are rare (padding rows, restricted spans).
-      float al[2];
-      softmax_chunk(s, m, l, al, walk.key0(), walk.key_end(), t0 >= lo && t0 < hi,
-                    t0 + 8 >= lo && t0 + 8 < hi, quad, a.scale_log2);
+      float al[2], f[2];
+      if constexpr (INT8) {
+        int8_scores(si, s, r.k_steps + (u32)((j % STAGES) * K_STEP_BYTES), qsl, quad);
+        softmax_chunk8(s, m, l, al, f, walk.key0(), walk.key_end(), t0 >= lo && t0 < hi,
+                       t0 + 8 >= lo && t0 + 8 < hi, quad);
+      } else {
+        softmax_chunk(s, m, l, al, walk.key0(), walk.key_end(), t0 >= lo && t0 < hi,
+                      t0 + 8 >= lo && t0 + 8 < hi, quad, a.scale_log2);
+      }
       if constexpr (PV_WAIT_ANCHOR && overlap_pv<W>())
         order_wait_after(r.q_base, (s[0][0] + s[0][2]) * a.scale_log2);
       wgmma_wait<0>();
       wgmma_hold<D / 2>(&o[0][0]);
       wgmma_hold<W / 2>(&s[0][0]);  // P is rewritten only after the P V that read it is done
+      if constexpr (INT8) {
+        wgmma_hold<D / 2>(&pv[0][0]);
+        fold_pv(o, pv, f_prev);  // (P_{j-1} V_{j-1}, against the max before this chunk's)
+        f_prev[0] = f[0];
+        f_prev[1] = f[1];
 #pragma unroll
-      for (int kk = 0; kk < W / 16; ++kk) p_fragment(pa[kk], s, kk);
+        for (int kk = 0; kk < W / PK; ++kk) p8_fragment(pa[kk], s, kk);
+      } else {
+#pragma unroll
+        for (int kk = 0; kk < W / PK; ++kk) p_fragment(pa[kk], s, kk);
+      }
       if (WS && jt > 0) mbar_arrive(r.empty_bar + 8 * ((j - 1) % STAGES));  // j-1 is done
       if (guard_prev) kept.restore(o, guard_prev);
       if (jt == 0 && guard) kept.restore_zeros(o, guard);  // (the first chunk's P V: see above)
@@ -192,14 +265,19 @@ struct Consumer {
     if constexpr (WS) mbar_arrive(r.q_empty_bar + 8 * qb);
     if (jt > 0) {  // the last chunk's P V (uniform: every thread walked the same spans)
       if (guard_prev) kept.keep(o);
-      wgmma_hold<D / 2>(&o[0][0]);
-      wgmma_fence();
-      const SmemDesc vd = v_desc(vs_prev);
+      if constexpr (INT8) {
+        last_pv_int8<W>(pv, pa, vs_prev);
+        fold_pv(o, pv, f_prev);
+      } else {
+        wgmma_hold<D / 2>(&o[0][0]);
+        wgmma_fence();
+        const SmemDesc vd = v_desc(vs_prev);
 #pragma unroll
-      for (int kk = 0; kk < W / 16; ++kk) Wgmma<D>::rs(&o[0][0], pa[kk], vd.at(v_step(kk)), 1);
-      wgmma_commit();
-      wgmma_wait<0>();
-      wgmma_hold<D / 2>(&o[0][0]);
+        for (int kk = 0; kk < W / 16; ++kk) Wgmma<D>::rs(&o[0][0], pa[kk], vd.at(v_step(kk)), 1);
+        wgmma_commit();
+        wgmma_wait<0>();
+        wgmma_hold<D / 2>(&o[0][0]);
+      }
       if (guard_prev) kept.restore(o, guard_prev);
       if (WS) mbar_arrive(r.empty_bar + 8 * ((j - 1) % STAGES));  // the task's last chunk is done
     }
@@ -247,6 +325,7 @@ struct Consumer {
         else run_task<BN, false>(task, qb, q_desc, idle, tok_base, o, m, l);
       }
       if constexpr (!WS) cp_async_wait<0>();
+      if constexpr (INT8) scale_by_v_steps(a, task, o);
       store_task(a, task, o, m, l);
     }
   }

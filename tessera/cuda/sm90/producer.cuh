@@ -65,7 +65,8 @@ struct Producer {
           if constexpr (STAGED_SPANS)
             stage_chunk_info(r.chunk_info + 16 * st, w.key0(), w.key_end(), w.row_lo(a.spans),
                              w.row_hi(a.spans), w.last(task.span_end));
-          tma_load_kv<W>(r.stage_base + (u32)(st * STAGE_BYTES), a.maps, w.key0(),
+          tma_load_kv<W>(r.stage_base + (u32)(st * STAGE_BYTES),
+                         r.k_steps + (u32)(st * K_STEP_BYTES), a.maps, w.key0(),
                          task.h0 / a.group, task.b, r.full_bar + 8 * st);
         }
       } else {

@@ -54,6 +54,14 @@
 //              tasks keep BN's steps (not explained yet; suspects: a 128-key chunk copied as two
 //              64-key boxes, less L1 beside 181 KB of shared memory -- the 128-key loop's SASS
 //              is the default's) -- hence opt-in (Regime.wide_steps).
+//   INT8       1: the 8-bit forward (TMA producer, span-by-span walk, one ring, head dim 64 or
+//              128): Q and K int8 with a step a token, S = Q K^T by s8 wgmma; P rounded to u8
+//              against each chunk's own row maxima and multiplied by V int8 (a step a channel,
+//              transposed: keys contiguous, in quantize_launch.v_key_order within each 16) by
+//              u8 x s8 wgmma; the int32 products turned to float exactly (the 2^23 trick) and
+//              summed into O in float32 (tessera/quantization.py is its float64 oracle; the
+//              pre-pass, quantize.cu, writes its operands). Integer V holds no Inf or NaN, so
+//              it runs without the guard and without zeroing a partial chunk's tail.
 //   WIDE_SPANS, WIDE_SLACK  the wide step's rule, from the host's mirror of it
 //              (tessera/cuda/variants.py): tasks of more spans than WIDE_SPANS never take it (the
 //              producer reads each span's bounds to decide, before its copies), nor tasks whose
@@ -78,18 +86,31 @@ constexpr int LOADERS = WS ? 128 : NT;  // threads that issue the copies
 // copy and arrive, so only its warp stays: the other three would only poll the same barriers,
 // taking issue slots from the consumer warps of their SM sub-partitions.
 constexpr int PRODUCER_THREADS = Config::TMA ? 32 : LOADERS;
-constexpr int CPR = D / 8;                  // 16-byte pieces per row
+constexpr int CPR = D * ELEM_BYTES / 16;    // 16-byte pieces per row
 constexpr int WIDE_BN = Config::WIDE_BN;
 constexpr bool WIDE = WIDE_BN != 0;
 // Rows of a K/V stage: the widest step's keys. Every K/V tile keeps this row count (its column
 // chunks KV_ROWS * SW bytes apart) whichever width a task steps by, reading its first rows.
 constexpr int KV_ROWS = WIDE ? WIDE_BN : BN;
-constexpr int Q_BYTES = BM * D * 2;
-constexpr int KV_BYTES = KV_ROWS * D * 2;
+constexpr int Q_BYTES = BM * D * ELEM_BYTES;
+// A stage's K tile (keys x D) and V tile (the 8-bit form: V^T, D x keys: the same bytes)
+constexpr int KV_BYTES = KV_ROWS * D * ELEM_BYTES;
 constexpr int STAGE_BYTES = 2 * KV_BYTES;
 constexpr int Q_BUFS = Config::Q_BUFFERS;
-// A ring's tiles: its Q buffers, then its stages (ring r's start RING_BYTES x r in).
-constexpr int RING_BYTES = Q_BUFS * Q_BYTES + STAGES * STAGE_BYTES;
+// The 8-bit form's K steps of a stage (a float a key), after the ring's tiles.
+constexpr int K_STEP_BYTES = INT8 ? KV_ROWS * 4 : 0;
+// A ring's tiles: its Q buffers, then its stages (ring r's start RING_BYTES x r in), then the
+// 8-bit form's K steps.
+constexpr int RING_BYTES = Q_BUFS * Q_BYTES + STAGES * (STAGE_BYTES + K_STEP_BYTES);
+// The 8-bit form's V^T tile: D rows of a step's keys, swizzled over their bytes.
+constexpr int SW_V = INT8 ? (KV_ROWS % 128 == 0 ? 128 : 64) : SW;
+// Keys of one P V product (the k of the wgmma): a P fragment's keys.
+constexpr int PK = INT8 ? 32 : 16;
+static_assert(!INT8 || (Config::TMA && Config::PRODUCER && Config::RINGS == 1 &&
+                        !Config::WIDE_BN && !Config::PACK_KEYS && !Config::WHOLE_TASKS &&
+                        !Config::GUARD && (D == 64 || D == 128) && (BN == 64 || BN == 128)),
+              "the 8-bit form: TMA producer, span-by-span walk, one ring, no guard, head dim 64 "
+              "or 128, 64- or 128-key steps");
 static_assert(Q_BUFS == 1 || (Q_BUFS == 2 && WS), "two Q buffers need the producer");
 static_assert(BM % 64 == 0 && BM >= 64, "64 rows per warpgroup");
 static_assert(BN % 64 == 0, "BN must be a multiple of 64");

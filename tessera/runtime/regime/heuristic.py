@@ -20,7 +20,7 @@ __all__ = ["default_regime", "align_pays", "align_may_pay", "pack_pays", "blocks
            "ALIGN_MAX_PAIR_RATIO",
            "rows192_pay", "ROWS192_MAX_ROW_RATIO", "selects_every_block",
            "ROWS128_MIN_DENSITY_D64",
-           "RINGS_MIN_TASKS", "one_ring_where_few_tasks"]
+           "RINGS_MIN_TASKS", "one_ring_where_few_tasks", "INT8_REGIME"]
 
 
 # sm_90's regimes for blocks of 128 tokens and more: 128-row tiles warp-specialized (two consumer
@@ -29,6 +29,11 @@ __all__ = ["default_regime", "align_pays", "align_may_pay", "pack_pays", "blocks
 # why).
 SM90_ROWS128 = Regime(family="sm90", block_m=128, num_warps=128 // ROW_GROUP + 4, block_n=128,
                       stages=3, combine_threshold=0.0)
+
+
+# The 8-bit forward's regime (precision="int8", both head dims): its kernel is the TMA form of
+# these 128x128 tiles (sm90/traits.cuh's INT8), the one form it is built in; requests never split.
+INT8_REGIME = SM90_ROWS128
 
 
 SM90_ROWS64_D64 = Regime(family="sm90", block_m=64, num_warps=4 * (64 // ROW_GROUP) + 4,

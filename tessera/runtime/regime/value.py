@@ -145,10 +145,11 @@ class Regime:
         return asdict(self)
 
     @functools.lru_cache(maxsize=256)  # noqa: B019 - regimes are few and immutable
-    def variant(self, head_dim: int, bf16: bool = True, tma: bool = False):
+    def variant(self, head_dim: int, bf16: bool = True, tma: bool = False, int8: bool = False):
         """The attention kernel variant (``tessera.cuda.loader.Variant``) this regime runs;
         ``tma``: its TMA-copying form (producer regimes of the span-by-span walk, when the
-        launch can describe the operands: ``tma_capable``)."""
+        launch can describe the operands: ``tma_capable``); ``int8``: its 8-bit form (the sm90
+        TMA form of one ring, tessera/cuda/sm90/traits.cuh's INT8)."""
 
         if self.family == "sm90":
             # Three consumer warpgroups step 128 keys with a TMA producer only: the cp.async
@@ -162,7 +163,7 @@ class Regime:
                                     producer=self.producer, pack_keys=self.pack_keys, tma=tma,
                                     wide=self.wide_steps, guard=self.restricts_rows,
                                     rings=self.rings if tma else 1,
-                                    whole_tasks=self.whole_spans)
+                                    whole_tasks=self.whole_spans, int8=int8)
         return Variant.bsa_sm80(block_m=self.block_m, block_n=self.block_n, head_dim=head_dim,
                                 num_warps=self.num_warps, stages=self.stages, bf16=bf16,
                                 guard=self.restricts_rows)
