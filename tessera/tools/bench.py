@@ -46,7 +46,7 @@ from ..cuda.device import device_cc
 from ..families.common import variable_bounds
 from ..runtime.regime import regime_from_name
 from .args import positive_int, require_matplotlib
-from . import bench_backward, bench_distributed, peers
+from . import bench_backward, bench_distributed, bench_int8, peers
 from .timing import cuda_time_ms, interleaved_ms
 from .workloads import FAMILIES, WORKLOADS, example_mask
 
@@ -406,6 +406,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="(--backward) GQA: kv heads, dividing the query heads (default: MHA)")
     ap.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16",
                     help="(--backward) the inputs' element type (default bfloat16)")
+    ap.add_argument("--precision", choices=("int8",), default=None,
+                    help="the 8-bit forward against the bf16 one and cuDNN's FP8 forward (see "
+                         "tessera.tools.bench_int8)")
     ap.add_argument("--distributed", action="store_true",
                     help="sequence-parallel attention over the GPUs of a torchrun launch "
                          "(cases: random-10, mixed-heads; see tessera.tools.bench_distributed)")
@@ -418,6 +421,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.backward and (args.regime or args.png or args.host_mask or args.distributed):
         ap.error("--backward takes --shape, --case, --family, --heads, --kv-heads, --dtype, "
                  "--reps, --rounds, --no-flex and --json")
+    if args.precision and (args.backward or args.distributed or args.regime or args.png
+                           or args.host_mask):
+        ap.error("--precision takes --shape, --case, --family, --heads, --rounds and --json")
     if not args.backward and (args.kv_heads or args.dtype != "bfloat16"):
         ap.error("--kv-heads and --dtype are options of --backward")
     if args.kv_heads:
@@ -458,6 +464,15 @@ def main(argv: list[str] | None = None) -> int:
         print("bench needs a CUDA GPU; none is visible. `python -m tessera demo` runs on the "
               "CPU emulator instead.")
         return 1
+    if args.precision:
+        rows = bench_int8.run(shapes, cases + families, case_blocks, heads=args.heads,
+                              rounds=args.rounds)
+        print(bench_int8.table(rows))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(dict(date=time.strftime("%Y-%m-%d"), gpu=torch.cuda.get_device_name(),
+                               precision=args.precision, rows=rows), f, indent=1)
+        return 0
     if args.backward:
         rows = bench_backward.run(shapes, cases + families, case_blocks, heads=args.heads,
                                   rounds=args.rounds, reps=args.reps, flex=not args.no_flex,

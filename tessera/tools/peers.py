@@ -18,7 +18,8 @@ from ..mask import BlockMask
 
 __all__ = ["PEER_TOLERANCE", "relative_difference", "agrees", "compiled_flex", "flex_block_mask",
            "flex_kernel_options", "CudnnBsaInputs", "cudnn_bsa_available", "cudnn_bsa_inputs",
-           "run_cudnn_bsa", "run_cudnn_bsa_backward", "fa4_available", "FLEX_COMPILES"]
+           "run_cudnn_bsa", "run_cudnn_bsa_backward", "fa4_available", "FLEX_COMPILES",
+           "cudnn_fp8_runs", "run_cudnn_bsa_fp8"]
 
 # A peer whose output differs from Tessera's by more than this (relative, whole tensor) is
 # computing another mask or another function: bf16 rounding alone stays near 5e-3.
@@ -209,3 +210,25 @@ def run_cudnn_bsa_backward(q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any
         dout, q, k, v, out, lse, inputs.index, q2k_block_nums=inputs.nums,
         sparse_block_size=inputs.block, layout="bhsd")
     return res["dq_tensor"], res["dk_tensor"], res["dv_tensor"]
+
+
+def cudnn_fp8_runs(inputs: CudnnBsaInputs | None, seq_len: int, head_dim: int,
+                   kv_heads_equal: bool) -> bool:
+    """Whether cuDNN's FP8 block-sparse forward (``block_sparse_attention_fp8_forward``, "Sage
+    FP8") runs a mask on sm90: MHA bf16 at head dim 128, the length a multiple of the block, and
+    every query block selecting the same number of key blocks (sm90 takes no per-row counts:
+    top-k masks, not random ones)."""
+    if inputs is None or head_dim != 128 or not kv_heads_equal or seq_len % inputs.block:
+        return False
+    return bool((inputs.nums == inputs.nums.flatten()[0]).all())
+
+
+def run_cudnn_bsa_fp8(q: Any, k: Any, v: Any, inputs: CudnnBsaInputs) -> Any:
+    """cuDNN's FP8 block-sparse forward on bf16 ``[B, H, L, D]`` q/k/v (it quantizes them
+    itself) with :func:`cudnn_bsa_inputs`, where :func:`cudnn_fp8_runs`."""
+    from cudnn.block_sparse_attention import block_sparse_attention_fp8_forward
+
+    res = block_sparse_attention_fp8_forward(
+        q, k, v, inputs.index, block_sparse_num=int(inputs.nums.flatten()[0]),
+        sparse_block_size=inputs.block)
+    return res["o_tensor"]
