@@ -237,7 +237,9 @@ struct Consumer {
         softmax_chunk(s, m, l, al, walk.key0(), walk.key_end(), t0 >= lo && t0 < hi,
                       t0 + 8 >= lo && t0 + 8 < hi, quad, a.scale_log2);
       }
-      if constexpr (PV_WAIT_ANCHOR && overlap_pv<W>())
+      // (The 8-bit form anchors the wait too: without it ptxas issues every exponential after
+      // it, with it all of them before -- its scores' conversion already fills the time before.)
+      if constexpr ((PV_WAIT_ANCHOR || INT8) && overlap_pv<W>())
         order_wait_after(r.q_base, (s[0][0] + s[0][2]) * a.scale_log2);
       wgmma_wait<0>();
       wgmma_hold<D / 2>(&o[0][0]);
