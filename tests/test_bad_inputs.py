@@ -188,6 +188,9 @@ CASES = [
         _plan(), X, X[:, :, :100], X[:, :, :100]), ValueError, "covers \\(128, 128\\) tokens"),
     ("tessera.emulate.run", "a head dim other than the plan's", lambda: tessera.emulate.run(
         _plan(), *(np.zeros((1, 1, 128, 128)),) * 3), ValueError, "differ from the plan's"),
+    ("tessera.emulate.run", "a 16-bit P V scheme", lambda: tessera.emulate.run(
+        _plan(), X, X, X, scheme=quantization.Scheme(pv="16bit")), ValueError,
+     "scheme must round both products to int8"),
     ("tessera.config", "use_tma='yes'", lambda: setattr(tessera.config, "use_tma", "yes"),
      TypeError, "config.use_tma must be True or False"),
     ("tessera.config", "request_selection_refresh=0", lambda: setattr(

@@ -6,7 +6,12 @@ regime, the task's keys end to end, by the same walk as common/walk.cuh's Packed
 softmax, then a direct write or a partial into a workspace slot merged by the combine step.
 Equal to ``tessera.reference.attention`` means the runtime preserved the logical mask; the
 emulator also counts every unmasked pair it computes outside the logical mask (must be zero),
-so exactness never rests on luck. :func:`run_backward` runs the backward pass the same way,
+so exactness never rests on luck. With a :class:`~tessera.quantization.Scheme` it runs the 8-bit
+forward's arithmetic (sm90/traits.cuh's INT8) chunk by chunk: scores from the rounded Q and K,
+P against each chunk's own row maxima rounded to u8, the integer P V folded into the output by
+exp(chunk max - running max) / 255, V's steps at the end -- which is the 8-bit oracle
+(``tessera.quantization.attention``) wherever the plan's chunks are the oracle's.
+:func:`run_backward` runs the backward pass the same way,
 by the queues the backward kernels walk (``runtime/backward.py``: dQ query-major, dK and dV
 key-major with a kv head's group in one task).
 """
@@ -20,6 +25,7 @@ import numpy as np
 
 from .._array import to_numpy
 from ..operands import checked_dout, checked_like_output, host_operands
+from ..quantization import QuantizedOperands, Scheme, checked_scheme, quantized_operands
 from .plan import Plan
 from .queue import Combine, Span, Task, records
 
@@ -83,10 +89,15 @@ def _packed_chunks(spans: np.recarray, bn: int):
         valid = count(si, off)
 
 
-def run(plan: Plan, q: Any, k: Any, v: Any, *, scale: float | None = None) -> EmulationResult:
-    """Execute ``plan`` on the CPU in float64; unwritten outputs stay NaN (poisoned)."""
+def run(plan: Plan, q: Any, k: Any, v: Any, *, scale: float | None = None,
+        scheme: Scheme | None = None) -> EmulationResult:
+    """Execute ``plan`` on the CPU in float64; unwritten outputs stay NaN (poisoned).
+    ``scheme``: the 8-bit forward's arithmetic with that rounding (int8 scores and P V)."""
     if not isinstance(plan, Plan):
         raise TypeError(f"plan must be a tessera.Plan, got {type(plan).__name__}")
+    if scheme is not None and (checked_scheme(scheme).qk, scheme.pv) != ("int8", "int8"):
+        raise ValueError(f"scheme must round both products to int8 (the 8-bit kernel's), got "
+                         f"{scheme.name}")
     q4, k4, v4 = (to_numpy(x).astype(np.float64)
                   for x in host_operands(q, k, v, plan.layout, scale, plan.mask))
     b_, hq, lq, d = q4.shape
@@ -96,7 +107,8 @@ def run(plan: Plan, q: Any, k: Any, v: Any, *, scale: float | None = None) -> Em
         raise ValueError(f"q/k/v shapes (B={b_}, Hq={hq}, Hkv={hkv}, D={d}, Dv={dv}) differ from "
                          f"the plan's (B={plan.batch}, Hq={plan.num_q_heads}, "
                          f"Hkv={plan.num_kv_heads}, D={plan.head_dim}, Dv={plan.head_dim_v})")
-    em = _Emulation(plan, q4, k4, v4, 1.0 / np.sqrt(d) if scale is None else float(scale))
+    em = _Emulation(plan, q4, k4, v4, 1.0 / np.sqrt(d) if scale is None else float(scale),
+                    None if scheme is None else quantized_operands(q4, k4, v4, scheme))
     for task in records(plan.queue.tasks, Task):
         em.run_task(task)
     for job in records(plan.queue.combine, Combine):
@@ -135,8 +147,9 @@ class _Emulation(_PlanWalk):
     outputs and the split partials (NaN until written), and the pair counts."""
 
     def __init__(self, plan: Plan, q4: np.ndarray, k4: np.ndarray, v4: np.ndarray,
-                 scale: float) -> None:
+                 scale: float, codes: QuantizedOperands | None = None) -> None:
         super().__init__(plan, q4, k4, v4, scale)
+        self.codes = codes
         b, hq, lq, _ = q4.shape
         self.tr = plan.queue.tile_rows
         dv = v4.shape[3]
@@ -155,6 +168,9 @@ class _Emulation(_PlanWalk):
     def run_task(self, task: Any) -> None:
         """The task's key chunks through the online softmax, as the kernels run them; its
         output (or its partial, for a split task) written."""
+        if self.codes is not None:
+            self._run_task_int8(task)
+            return
         b, h0, v4, k4 = task.batch, task.q_head0, self.v4, self.k4
         head, tok, real = self._rows(h0, task.q_start, task.q_end)
         tok_c = np.minimum(tok, self.q4.shape[2] - 1)
@@ -184,6 +200,50 @@ class _Emulation(_PlanWalk):
             acc[row_ok] += p[np.ix_(row_ok, key_ok)] @ v4[b, kvh, keys_c[key_ok]]
             m = m_new
         o, row_lse = _normalized(acc, denom, m)
+        if task.slot < 0:
+            self.out[b, head[real], tok[real]] = o[real]
+            self.lse[b, head[real], tok[real]] = row_lse[real]
+        else:
+            self.part_out[task.slot] = o
+            self.part_lse[task.slot] = row_lse
+
+    def _run_task_int8(self, task: Any) -> None:
+        """The 8-bit kernel's task: scores from the codes times their steps; per chunk, P
+        against the chunk's row maxima cm, rounded to u8, its integer product with V's codes
+        folded in by exp(cm - m) / 255; l from the unrounded P; V's steps applied at the end."""
+        c = self.codes
+        b, h0 = task.batch, task.q_head0
+        head, tok, real = self._rows(h0, task.q_start, task.q_end)
+        tok_c = np.minimum(tok, self.q4.shape[2] - 1)
+        kvh = h0 // self.group
+        q8 = c.q[b, head, tok_c] * c.q_scale[b, head, tok_c]  # codes x steps: the kernel's S
+        m = np.full(self.bm, -np.inf)
+        denom = np.zeros(self.bm)
+        acc = np.zeros((self.bm, c.v.shape[3]))
+        for keys, key_ok, r0, r1 in self.walk(self.spans[task.span_begin:task.span_end],
+                                              self.plan.regime.block_n):
+            row_ok = real & (tok >= r0) & (tok < r1)
+            keys_c = np.minimum(keys, c.k.shape[2] - 1)
+            ok = row_ok[:, None] & key_ok[None, :]
+            s = (q8 @ c.k[b, kvh, keys_c].T) * c.k_scale[b, kvh, keys_c, 0] * self.scale
+            s = np.where(ok, s, -np.inf)
+            self.unmasked += int(ok.sum())
+            self.outside += int((ok & ~self._selected(b, head[:, None], tok_c[:, None],
+                                                      keys_c[None, :])).sum())
+            self.masked += int((real[:, None] & ~ok).sum())
+            cm = s.max(axis=1)
+            none = ~np.isfinite(cm)
+            cm_safe = np.where(none, 0.0, cm)
+            m_new = np.maximum(m, cm)
+            m_safe = np.where(np.isfinite(m_new), m_new, 0.0)
+            alpha = np.where(np.isfinite(m), np.exp(m - m_safe), 0.0)
+            g = np.where(none, 0.0, np.exp(cm_safe - m_safe))
+            p = np.exp(s - cm_safe[:, None])  # in [0, 1]; 0 where masked
+            denom = denom * alpha + p.sum(axis=1) * g
+            codes = np.round(p * 255.0)  # (ties to even, as the kernel's float add)
+            acc = acc * alpha[:, None] + (codes @ c.v[b, kvh, keys_c]) * (g / 255.0)[:, None]
+            m = m_new
+        o, row_lse = _normalized(acc * c.v_scale[b, kvh, 0], denom, m)
         if task.slot < 0:
             self.out[b, head[real], tok[real]] = o[real]
             self.lse[b, head[real], tok[real]] = row_lse[real]

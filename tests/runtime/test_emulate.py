@@ -226,3 +226,39 @@ def test_backward_takes_the_forwards_out_and_lse(layout):
         emulate.run_backward(p, q, k, v, dout, out=fwd.out, lse=fwd.lse[:, :1])
     with pytest.raises(ValueError, match="out must have the output's shape"):
         emulate.run_backward(p, q, k, v, dout, out=fwd.out[..., :32], lse=fwd.lse)
+
+
+@pytest.mark.parametrize("block,hq,hkv,lq,lkv,layout", [
+    (128, 2, 2, 700, 900, "bhld"), (64, 4, 2, 512, 640, "blhd"), (128, 2, 1, 256, 1000, "bhld")])
+def test_the_8bit_forward_emulates_its_oracle(block, hq, hkv, lq, lkv, layout):
+    """The 8-bit kernel's arithmetic on the 8-bit regime's plan (chunk-relative P rounded to
+    u8, folded by exp(cm - m) / 255) is the float64 oracle of its scheme: the plan's chunks are
+    the oracle's (spans of adjacent selected blocks, 128 keys from a span's start), so only
+    float64 sums differ; every pair computed is selected, empty rows are 0."""
+    from tessera import quantization as qz
+    from tessera.runtime.regime.heuristic import INT8_REGIME
+
+    rng = np.random.default_rng(block + lq)
+    shape = (lambda h, n: (1, h, n, 64)) if layout == "bhld" else (lambda h, n: (1, n, h, 64))
+    q, k, v = (rng.standard_normal(shape(h, n)) for h, n in ((hq, lq), (hkv, lkv), (hkv, lkv)))
+    dense = rng.random((1, hq, -(-lq // block), -(-lkv // block))) < 0.4
+    dense[0, 0, 1] = False
+    mask = BlockMask.from_dense(dense, block_size=block, seq_len_q=lq, seq_len_kv=lkv)
+    plan = tessera.plan(mask, num_q_heads=hq, num_kv_heads=hkv, head_dim=64, layout=layout,
+                        regime=INT8_REGIME, arch=90)
+    got = emulate.run(plan, q, k, v, scheme=qz.Scheme())
+    assert got.pairs_outside == 0
+    want = qz.attention(q, k, v, mask, layout=layout)
+    np.testing.assert_allclose(got.out, want, rtol=1e-9, atol=1e-12)
+    exact = attention(q, k, v, mask, layout=layout)
+    assert np.linalg.norm(got.out - exact) / np.linalg.norm(exact) < 3e-2  # the scheme's cost
+
+
+def test_the_8bit_emulation_takes_int8_schemes_only():
+    from tessera import quantization as qz
+
+    mask = BlockMask.from_dense(np.ones((1, 1), bool), block_size=64)
+    plan = tessera.plan(mask, num_q_heads=1, head_dim=64)
+    x = np.zeros((1, 1, 64, 64))
+    with pytest.raises(ValueError, match="scheme must round both products to int8"):
+        emulate.run(plan, x, x, x, scheme=qz.Scheme(pv="16bit"))
