@@ -16,11 +16,13 @@ from .runtime import emulate
 from .runtime.mode import PlanMode
 from .runtime.plan import Plan, plan
 from .runtime.regime import BackwardRegime, Regime, use_table
+from .runtime.regime.heuristic import INT8_REGIME
 from .settings import config
 
 __version__ = "0.1.0"
 
-__all__ = ["BackwardRegime", "BlockMask", "CapturedMemory", "Plan", "PlanMode", "Regime",
+__all__ = ["BackwardRegime", "BlockMask", "CapturedMemory", "INT8_REGIME", "Plan", "PlanMode",
+           "Regime",
            "attention", "attention_backward", "config",
            "emulate", "families", "plan", "reference", "release_captured_memory", "require_gpu",
            "use_table", "__version__"]

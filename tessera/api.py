@@ -22,7 +22,7 @@ from .cuda import device
 from .launch import caller_stream, run
 from .mask import BlockMask, bounds_key
 from .operands import Operands, check_mask, check_scale, describe, gradient_recorded
-from .quantize_launch import quantize_operands
+from .quantize_launch import check_int8, quantize_operands
 from .runtime.backward import BackwardPlan
 from .runtime.cache import PlanCache, RequestKey
 from .runtime.mode import PlanMode
@@ -37,9 +37,6 @@ __all__ = ["attention", "attention_backward", "request_plans", "kept_plans", "PR
 # attention's precision argument: None (the operands' own 16-bit type) or "int8" (the 8-bit
 # forward: tessera/quantization.py says how it rounds and what that costs).
 PRECISIONS = (None, "int8")
-# Key blocks of the 8-bit forward start at multiples of this many keys: V's keys are reordered
-# within each 16 (quantize_launch.v_key_order), and a chunk starts where its span does.
-INT8_KEY_ALIGN = 16
 
 
 def attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *, scale: float | None = None,
@@ -119,24 +116,11 @@ def _attention_int8(q: Any, k: Any, v: Any, block_mask: BlockMask, scale: float 
     b, hq, lq, d = ops.shape_q
     _, hkv, lkv, _ = ops.shape_kv
     check_mask(block_mask, b, hq, hkv, lq, lkv)
-    if d not in (64, 128):
-        raise ValueError(f"precision='int8' takes head dims 64 and 128, got {d}")
-    starts = [int(x) for x in block_mask.kv_bounds[:-1]]
-    off = next((x for x in starts if x % INT8_KEY_ALIGN), None)
-    if off is not None:
-        raise ValueError(f"precision='int8' needs key blocks starting at multiples of "
-                         f"{INT8_KEY_ALIGN} tokens; block_mask has one starting at {off}")
     if block_mask.on_device and block_mask.device_id != ops.q.device_id:
         raise ValueError(f"block_mask is on device {block_mask.device_id} but q is on "
                          f"{ops.q.device_id}")
     with cupy_or_none().cuda.Device(ops.q.device_id):
-        cc = device.device_cc()
-        if cc != 90:
-            raise ValueError(f"precision='int8' runs on Hopper GPUs (sm_90) only; this device is "
-                             f"sm_{cc}")
-        if stream_capturing(ops.stream_ptr):
-            raise ValueError("precision='int8' cannot be captured into a CUDA graph: its "
-                             "pre-pass copies the rotation's factors to the GPU")
+        check_int8(block_mask.kv_bounds, d, device.device_cc(), stream_capturing(ops.stream_ptr))
         with caller_stream(ops), block_mask.reading(), \
                 _request_plan(block_mask, ops, layout, INT8_REGIME, False) as p:
             quantized = quantize_operands(q, k, v, layout=layout)

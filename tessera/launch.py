@@ -23,6 +23,7 @@ from .cuda.device import device_cc, device_sm_count, smem_limit_bytes
 from .cuda.loader import blocks_per_sm, load_kernel
 from .cuda.variants import Variant, smem_bytes
 from .interop import empty_like_caller
+from .quantize_launch import check_int8, quantize_operands
 from .operands import (
     Operands,
     Outputs,
@@ -144,16 +145,21 @@ class Launchable(Protocol):
 
 
 def run_plan(p: Launchable, q: Any, k: Any, v: Any, *, scale: float | None = None,
-             return_lse: bool = False, out: Any = None, lse: Any = None):
+             return_lse: bool = False, out: Any = None, lse: Any = None,
+             precision: str | None = None):
     """Run a plan on the GPU (``Plan.run``); q/k/v must match the shapes it was planned for.
 
     ``out`` (same dtype and layout as q, last dim contiguous) and ``lse`` (float32
     ``[B, Hq, Lq]``, contiguous) are written in place when given, so a run allocates nothing
     after the plan's first run on the stream; they are returned as given. A run may be
     captured into a CUDA graph (what it allocates then is the graph's); a host-planned plan
-    must have run on the GPU once before.
+    must have run on the GPU once before. ``precision="int8"``: the 8-bit forward (the
+    pre-pass, then the 8-bit form of the plan's kernel: a regime that has one, such as
+    ``tessera.INT8_REGIME``), not capturable.
     """
     check_scale(scale)
+    if precision not in (None, "int8"):
+        raise ValueError(f"precision must be one of (None, 'int8'), got {precision!r}")
     shape = p.shape
     ops = describe(q, k, v, shape.layout)
     check_operands(p, ops)
@@ -164,7 +170,25 @@ def run_plan(p: Launchable, q: Any, k: Any, v: Any, *, scale: float | None = Non
     with cupy_or_none().cuda.Device(ops.q.device_id), \
             capture_memory_if(stream_capturing(ops.stream_ptr), ops.q.framework,
                               ops.q.device_id):
-        return run(p, ops, scale, return_lse or lse is not None, given)
+        quantized = None
+        if precision == "int8":
+            check_int8(p.mask.kv_bounds, shape.head_dim, device_cc(),
+                       stream_capturing(ops.stream_ptr))
+            check_int8_regime(p.regime, shape.head_dim)
+            with caller_stream(ops):
+                quantized = quantize_operands(q, k, v, layout=shape.layout)
+        return run(p, ops, scale, return_lse or lse is not None, given, quantized)
+
+
+def check_int8_regime(regime: Any, head_dim: int) -> None:
+    """The plan's regime must have an 8-bit form (sm90 TMA producer tiles of one ring, span by
+    span): ValueError naming the regime and the one that has, before anything is launched."""
+    try:
+        regime.variant(head_dim, True, tma=True, int8=True)
+    except ValueError:
+        raise ValueError(f"precision='int8' runs a plan whose regime has an 8-bit form; "
+                         f"{regime.name} has none (plan with regime=tessera.INT8_REGIME)"
+                         ) from None
 
 
 def check_operands(p: Any, ops: Operands) -> None:

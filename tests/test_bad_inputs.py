@@ -10,7 +10,8 @@ import scipy.sparse as sp
 
 import tessera
 from tessera import BlockMask, families, quantization
-from tessera.quantize_launch import quantize_operands, v_key_order
+from tessera.launch import check_int8_regime
+from tessera.quantize_launch import check_int8, quantize_operands, v_key_order
 from tessera.integrations import distributed, methods, presets
 
 M = BlockMask.from_dense(np.ones((2, 2), bool), block_size=64)
@@ -134,6 +135,12 @@ CASES = [
      "regime must be None with precision='int8'"),
     ("Plan.run", "numpy arrays", lambda: _plan().run(X, X, X), ValueError,
      "q is a host \\(numpy\\) array"),
+    ("Plan.run", "precision='fp8'", lambda: _plan().run(X, X, X, precision="fp8"), ValueError,
+     r"precision must be one of \(None, 'int8'\), got 'fp8'"),
+    ("launch.check_int8_regime", "64-row tiles", lambda: check_int8_regime(
+        tessera.Regime(family="sm90", block_m=64, num_warps=8, block_n=64, stages=3,
+                       combine_threshold=0.0), 64), ValueError,
+     "regime has an 8-bit form"),
     ("tessera.attention_backward", "numpy arrays", lambda: tessera.attention_backward(
         X, X, X, X, LSE, X, M), ValueError, "q is a host \\(numpy\\) array"),
     ("tessera.attention_backward", "scale=-1", lambda: tessera.attention_backward(
@@ -284,6 +291,14 @@ CASES = [
     ("quantize_launch.quantize_operands", "an e4m3 scheme", lambda: quantize_operands(
         X, X, X, scheme=quantization.Scheme(qk="e4m3")), ValueError,
      r"the GPU pre-pass rounds to int8 only"),
+    ("quantize_launch.check_int8", "head_dim=96", lambda: check_int8([0, 64], 96, 90),
+     ValueError, r"precision='int8' takes head dims \(64, 128\), got 96"),
+    ("quantize_launch.check_int8", "a key block at 40", lambda: check_int8([0, 40, 128], 64, 90),
+     ValueError, "needs key blocks starting at multiples of 16 tokens"),
+    ("quantize_launch.check_int8", "an sm_80 GPU", lambda: check_int8([0, 64], 64, 80),
+     ValueError, r"runs on Hopper GPUs \(sm_90\) only"),
+    ("quantize_launch.check_int8", "a capture", lambda: check_int8([0, 64], 64, 90, True),
+     ValueError, "cannot be captured into a CUDA graph"),
     ("quantize_launch.v_key_order", "keys=40", lambda: v_key_order(40), ValueError,
      "keys must be a non-negative multiple of 16, got 40"),
     ("distributed.head_units", "balance='even'", lambda: distributed.head_units(

@@ -117,11 +117,11 @@ class Variant:
         task is one span over all its rows, walked by arithmetic in one loop
         (``WHOLE_TASKS``): only for plans whose mask selects every block.
         ``int8``: the 8-bit forward (``INT8``, sm90/traits.cuh) -- the TMA producer of the
-        span-by-span walk, one ring, no wide step, head dim 64 or 128; integer V holds no Inf or
-        NaN, so it never builds the guard."""
+        span-by-span walk, 128-row tiles, no wide step, head dim 64 or 128; integer V holds no
+        Inf or NaN, so it never builds the guard."""
         if int8 and not (tma and producer and not pack_keys and rings == 1 and not whole_tasks
-                         and head_dim in (64, 128) and block_n in (64, 128)):
-            raise ValueError("the 8-bit form is the TMA producer's, span by span, one ring, at "
+                         and block_m == 128 and head_dim in (64, 128) and block_n in (64, 128)):
+            raise ValueError("the 8-bit form is the TMA producer's, span by span, 128 rows, at "
                              f"head dim 64 or 128 and 64- or 128-key steps (got {block_m}x"
                              f"{block_n}, head dim {head_dim}, rings={rings})")
         if tma and (not producer or pack_keys):

@@ -255,14 +255,21 @@ class Plan:
             mean_task_chunks=float(cost.mean()))
 
     def run(self, q: Any, k: Any, v: Any, *, scale: float | None = None,
-            return_lse: bool = False, out: Any = None, lse: Any = None):
+            return_lse: bool = False, out: Any = None, lse: Any = None,
+            precision: str | None = None):
         """Execute on the GPU (``launch.run_plan``); needs CuPy and a CUDA device.
         With ``out``/``lse`` given the run writes them in place and allocates nothing. On torch
         tensors that require grad (while autograd records) the output is differentiable, its
-        backward :meth:`run_backward` (``autograd.py``): a fixed mask trains with its plan."""
+        backward :meth:`run_backward` (``autograd.py``): a fixed mask trains with its plan.
+        ``precision="int8"``: the 8-bit forward (``tessera.attention``'s), forward only, for a
+        plan of a regime with an 8-bit form (``regime=tessera.INT8_REGIME``)."""
         name = gradient_recorded(q, k, v)
-        if name is None:
-            return run_plan(self, q, k, v, scale=scale, return_lse=return_lse, out=out, lse=lse)
+        if name is None or precision is not None:
+            if name is not None:
+                raise ValueError(f"precision={precision!r} is forward-only: {name} requires "
+                                 "grad (detach it, or run under torch.no_grad())")
+            return run_plan(self, q, k, v, scale=scale, return_lse=return_lse, out=out, lse=lse,
+                            precision=precision)
         if out is not None or lse is not None:
             raise ValueError(f"{name} requires grad: a differentiable run makes its own out and "
                              "lse (pass neither, or run under torch.no_grad())")

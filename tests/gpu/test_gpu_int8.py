@@ -89,7 +89,7 @@ def test_int8_forward_with_outlier_channels_and_repeat_runs():
 
 
 @pytest.mark.parametrize("what,d,bounds,words", [
-    ("head dim 96", 96, None, "head dims 64 and 128, got 96"),
+    ("head dim 96", 96, None, r"head dims \(64, 128\), got 96"),
     ("a key block at 40", 64, [0, 40, 128], "key blocks starting at multiples of 16"),
 ])
 def test_int8_refusals(what, d, bounds, words):
@@ -100,3 +100,23 @@ def test_int8_refusals(what, d, bounds, words):
     mask = tessera.BlockMask.from_dense(np.ones(shape, bool), **geo)
     with pytest.raises(ValueError, match=words):
         tessera.attention(q, k, v, mask, precision="int8")
+
+
+def test_a_plan_runs_the_8bit_forward():
+    """Plan.run(precision="int8") on a plan of the 8-bit regime (a fixed mask planned once; its
+    tasks may split, their partials combined) computes the oracle; a plan of another regime is
+    refused by name."""
+    rng = np.random.default_rng(5)
+    (q, k, v), (qe, ke, ve) = _inputs(rng, "cupy", "bfloat16", 1, 2, 2, 2048, 2048, 128, "bhld")
+    dense = rng.random((1, 2, 16, 16)) < 0.3
+    dense[0, 0, 3] = True  # a heavy row, which an exact plan may split
+    mask = tessera.BlockMask.from_dense(dense, block_size=128)
+    p = tessera.plan(mask, num_q_heads=2, head_dim=128, regime=tessera.INT8_REGIME)
+    got = _to_numpy(p.run(q, k, v, precision="int8")).astype(np.float64)
+    assert not np.isnan(got).any()
+    err, row = _rel(got, qz.attention(qe, ke, ve, mask))
+    assert err <= ORACLE_TOL and row <= ORACLE_ROW, f"against the oracle {err:.2e}, row {row:.2e}"
+    other = tessera.plan(mask, num_q_heads=2, head_dim=128, regime=tessera.Regime(
+        family="sm90", block_m=64, num_warps=8, block_n=64, stages=3, combine_threshold=0.0))
+    with pytest.raises(ValueError, match="regime has an 8-bit form"):
+        other.run(q, k, v, precision="int8")

@@ -54,8 +54,8 @@
 //              tasks keep BN's steps (not explained yet; suspects: a 128-key chunk copied as two
 //              64-key boxes, less L1 beside 181 KB of shared memory -- the 128-key loop's SASS
 //              is the default's) -- hence opt-in (Regime.wide_steps).
-//   INT8       1: the 8-bit forward (TMA producer, span-by-span walk, one ring, head dim 64 or
-//              128): Q and K int8 with a step a token, S = Q K^T by s8 wgmma; P rounded to u8
+//   INT8       1: the 8-bit forward (TMA producer, span-by-span walk, 128-row tiles, head dim 64
+//              or 128): Q and K int8 with a step a token, S = Q K^T by s8 wgmma; P rounded to u8
 //              against each chunk's own row maxima and multiplied by V int8 (a step a channel,
 //              transposed: keys contiguous, in quantize_launch.v_key_order within each 16) by
 //              u8 x s8 wgmma; the int32 products turned to float exactly (the 2^23 trick) and
@@ -108,9 +108,10 @@ constexpr int SW_V = INT8 ? (KV_ROWS % 128 == 0 ? 128 : 64) : SW;
 constexpr int PK = INT8 ? 32 : 16;
 static_assert(!INT8 || (Config::TMA && Config::PRODUCER && Config::RINGS == 1 &&
                         !Config::WIDE_BN && !Config::PACK_KEYS && !Config::WHOLE_TASKS &&
-                        !Config::GUARD && (D == 64 || D == 128) && (BN == 64 || BN == 128)),
-              "the 8-bit form: TMA producer, span-by-span walk, one ring, no guard, head dim 64 "
-              "or 128, 64- or 128-key steps");
+                        !Config::GUARD && BM == 128 && (D == 64 || D == 128) &&
+                        (BN == 64 || BN == 128)),
+              "the 8-bit form: TMA producer, span-by-span walk, 128-row tiles, no guard, head "
+              "dim 64 or 128, 64- or 128-key steps");
 static_assert(Q_BUFS == 1 || (Q_BUFS == 2 && WS), "two Q buffers need the producer");
 static_assert(BM % 64 == 0 && BM >= 64, "64 rows per warpgroup");
 static_assert(BN % 64 == 0, "BN must be a multiple of 64");
