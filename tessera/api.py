@@ -57,8 +57,7 @@ def attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *, scale: float | N
     require grad (while autograd records) the output is differentiable (``autograd.py``), its
     backward :func:`attention_backward`.
 
-    ``precision="int8"`` (opt-in, Hopper GPUs, head dims 64 and 128, key blocks starting at
-    multiples of 16 tokens; forward only): Q and K rounded to int8 a token at a time (K
+    ``precision="int8"`` (opt-in, Hopper GPUs, head dims 64 and 128; forward only): Q and K rounded to int8 a token at a time (K
     smoothed, both rotated), P to u8 a chunk at a time, V to int8 a channel at a time, the
     products on the 8-bit tensor cores -- about 1.5e-2 relative error against float64 on random
     inputs (:mod:`tessera.quantization`, ``python -m tessera quant-error``). The output keeps
@@ -120,7 +119,7 @@ def _attention_int8(q: Any, k: Any, v: Any, block_mask: BlockMask, scale: float 
         raise ValueError(f"block_mask is on device {block_mask.device_id} but q is on "
                          f"{ops.q.device_id}")
     with cupy_or_none().cuda.Device(ops.q.device_id):
-        check_int8(block_mask.kv_bounds, d, device.device_cc(), stream_capturing(ops.stream_ptr))
+        check_int8(d, device.device_cc(), stream_capturing(ops.stream_ptr))
         with caller_stream(ops), block_mask.reading(), \
                 _request_plan(block_mask, ops, layout, INT8_REGIME, False) as p:
             quantized = quantize_operands(q, k, v, layout=layout)

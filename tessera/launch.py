@@ -172,8 +172,7 @@ def run_plan(p: Launchable, q: Any, k: Any, v: Any, *, scale: float | None = Non
                               ops.q.device_id):
         quantized = None
         if precision == "int8":
-            check_int8(p.mask.kv_bounds, shape.head_dim, device_cc(),
-                       stream_capturing(ops.stream_ptr))
+            check_int8(shape.head_dim, device_cc(), stream_capturing(ops.stream_ptr))
             check_int8_regime(p.regime, shape.head_dim)
             with caller_stream(ops):
                 quantized = quantize_operands(q, k, v, layout=shape.layout)

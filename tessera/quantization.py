@@ -37,7 +37,8 @@ from .mask import BlockMask
 from .operands import host_operands
 from .reference import selected_blocks
 
-__all__ = ["E4M3_MAX", "INT8_MAX", "UINT8_MAX", "FORMATS", "Scheme", "QuantizedOperands",
+__all__ = ["E4M3_MAX", "INT8_MAX", "UINT8_MAX", "FORMATS", "INT8_CHUNK_ALIGN", "Scheme",
+           "QuantizedOperands",
            "checked_scheme", "round_e4m3", "quantize", "rotation", "rotation_factors", "quantized_operands",
            "attention"]
 
@@ -46,6 +47,9 @@ INT8_MAX = 127.0
 UINT8_MAX = 255.0
 FORMATS = ("e4m3", "int8")
 _PV_FORMATS = FORMATS + ("16bit",)
+# P's chunks start at multiples of this many keys (the 8-bit kernel's V is reordered within each
+# 16 keys, so its chunks' first columns sit there): a span's first chunk starts at or below it.
+INT8_CHUNK_ALIGN = 16
 _MIN_NORMAL_EXP = -6  # e4m3's smallest normal, 2^-6
 _MANTISSA_BITS = 3
 _ROTATION_SEED = 0x7E55  # the signs of the rotation: fixed, so every run rotates alike
@@ -73,7 +77,8 @@ class Scheme:
     ``smooth_k`` and ``rotate``: the exact rewrites of the module's docstring.
 
     P is rounded a chunk at a time, as a kernel walks the keys: ``chunk_keys`` consecutive keys
-    of a run of adjacent selected key blocks (a span) from the span's start. With int8 each
+    of a run of adjacent selected key blocks (a span), from the multiple of 16 keys at or below
+    the span's start (:data:`INT8_CHUNK_ALIGN`), the first chunk holding the span's keys of it. With int8 each
     row's chunk is scaled by its own largest P (``p_per_chunk``; else by 1, the bound of every
     P), so a chunk far below the row's maximum keeps 8 bits instead of the few the step of 1/255
     leaves it; e4m3, a floating format, is scaled by 448 either way."""
@@ -258,12 +263,14 @@ def attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *, scheme: Scheme =
 
 def _round_probabilities(p: np.ndarray, keys: np.ndarray, scheme: Scheme) -> np.ndarray:
     """P ``[rows, keys]`` (at most 1) rounded to ``scheme.pv`` a chunk at a time: the chunks of
-    each span of consecutive ``keys``, ``scheme.chunk_keys`` from its start."""
+    each span of consecutive ``keys``, ``scheme.chunk_keys`` keys from the multiple of
+    INT8_CHUNK_ALIGN at or below its start."""
     if scheme.pv == "e4m3":
         return round_e4m3(p * E4M3_MAX) / E4M3_MAX
     starts = np.flatnonzero(np.diff(keys, prepend=keys[0] - 2) != 1)  # where a span starts
     span_start = starts[np.searchsorted(starts, np.arange(keys.size), side="right") - 1]
-    chunk = (np.arange(keys.size) - span_start) // scheme.chunk_keys + span_start  # its id
+    first = keys[span_start] - keys[span_start] % INT8_CHUNK_ALIGN  # the first chunk's column 0
+    chunk = (keys - first) // scheme.chunk_keys * keys.size + span_start  # unique per span
     out = np.empty_like(p)
     for c in np.unique(chunk):
         cols = chunk == c

@@ -21,15 +21,12 @@ from .settings import config
 from .streams import cupy_stream
 
 __all__ = ["QuantizedOnDevice", "quantize_operands", "v_key_order", "check_int8", "PAD_KEYS",
-           "INT8_HEAD_DIMS", "INT8_KEY_ALIGN"]
+           "INT8_HEAD_DIMS"]
 
 _THREADS = 256  # every pre-pass kernel's launch bound
 _CHUNK_TOKENS = 512  # tokens a partial of the channel statistics covers
 PAD_KEYS = 64  # the transposed V's rows are padded to a multiple of this many keys (zeros)
 INT8_HEAD_DIMS = (64, 128)  # the 8-bit kernel's (sm90/traits.cuh, INT8)
-# Key blocks of the 8-bit forward start at multiples of this many keys: V's keys are reordered
-# within each 16 (v_key_order), and a chunk starts where its span does.
-INT8_KEY_ALIGN = 16
 
 
 @dataclass(frozen=True)
@@ -62,17 +59,12 @@ def v_key_order(keys: int) -> np.ndarray:
     return (np.arange(0, keys, 16)[:, None] + within[None, :]).reshape(-1)
 
 
-def check_int8(kv_bounds: Any, head_dim: int, cc: int | None,
-               capturing: bool = False) -> None:
+def check_int8(head_dim: int, cc: int | None, capturing: bool = False) -> None:
     """Refuse, naming what, an 8-bit forward (``precision="int8"``) its kernel cannot run:
     a GPU other than Hopper (compute capability ``cc``), a head dim other than 64 or 128, a
-    key block starting off a multiple of 16 tokens (``kv_bounds``), a CUDA-graph capture."""
+    CUDA-graph capture."""
     if head_dim not in INT8_HEAD_DIMS:
         raise ValueError(f"precision='int8' takes head dims {INT8_HEAD_DIMS}, got {head_dim}")
-    off = next((int(x) for x in kv_bounds[:-1] if int(x) % INT8_KEY_ALIGN), None)
-    if off is not None:
-        raise ValueError(f"precision='int8' needs key blocks starting at multiples of "
-                         f"{INT8_KEY_ALIGN} tokens; block_mask has one starting at {off}")
     if cc != 90:
         raise ValueError(f"precision='int8' runs on Hopper GPUs (sm_90) only; this device is "
                          f"sm_{cc}")

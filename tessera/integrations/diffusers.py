@@ -68,7 +68,9 @@ import numpy as np
 
 from ..runtime.cache import FixedMaskKey, PlanCache
 from ..runtime.plan import plan
+from ..api import PRECISIONS
 from ..runtime.regime import Regime
+from ..runtime.regime.heuristic import INT8_REGIME
 from ..streams import on_producer_stream
 from ..cuda.device import device_cc
 from ..families import invert_permutation
@@ -171,6 +173,8 @@ class Session:
         scheduler: the pipeline's scheduler, whose ``timesteps`` place each timestep (None:
             steps counted from the first timestep seen).
         regime: an execution plan for every call (None: Tessera's own choice).
+        precision: None (the model's 16-bit type) or "int8" (the 8-bit forward of
+            ``tessera.attention``: inference only, Hopper GPUs, head dims 64 and 128).
         keep_order: tokens reordered once per forward for methods with a fixed order
             (:func:`enable`).
         stats: counts (:class:`Stats`).
@@ -185,6 +189,7 @@ class Session:
     schedule: Schedule
     forwards_per_step: int | None = None
     regime: Any = None
+    precision: str | None = None
     keep_order: bool = False
     scheduler: Any = field(default=None, repr=False)
     stats: Stats = field(default_factory=Stats)
@@ -555,7 +560,7 @@ class Session:
         float64 reference."""
         if not q.is_cuda or mask.on_device:
             return torch_attention.attention(q, k, v, mask, layout=layout, scale=scale,
-                                             regime=self.regime)
+                                             regime=self.regime, precision=self.precision)
         heads = 2 if layout == "blhd" else 1
         key = FixedMaskKey(id(mask), (q.shape[0], q.shape[heads], k.shape[heads], q.shape[-1],
                                       str(q.dtype), layout), q.device.index)
@@ -563,9 +568,10 @@ class Session:
         if p is None or p.mask is not mask:
             p = plan(mask, num_q_heads=q.shape[heads], num_kv_heads=k.shape[heads],
                      head_dim=q.shape[-1], batch=q.shape[0], dtype=q.dtype, layout=layout,
-                     regime=self.regime, arch=device_cc())  # (this GPU's kernels)
+                     regime=INT8_REGIME if self.precision else self.regime,
+                     arch=device_cc())  # (this GPU's kernels)
         self._plans.keep(key, p)
-        return p.run(q, k, v, scale=scale)
+        return p.run(q, k, v, scale=scale, precision=self.precision)
 
 
 def check_context_parallel(method: Method, keep_order: bool,
@@ -959,7 +965,7 @@ _sessions: dict[int, Session] = {}
 
 def enable(transformer: Any, method: Method, *, schedule: Schedule | None = None,
            scheduler: Any = None, forwards_per_step: int | None = None, keep_order: bool = False,
-           regime: Any = None) -> Session:
+           regime: Any = None, precision: str | None = None) -> Session:
     """Run ``transformer``'s self-attention through Tessera with ``method``'s masks; returns the
     :class:`Session` (counts, :meth:`Session.reset`, :meth:`Session.disable`). Enabling again
     replaces the method and schedule. The step each forward is at comes from the timestep it
@@ -967,9 +973,15 @@ def enable(transformer: Any, method: Method, *, schedule: Schedule | None = None
     (``forwards_per_step=N``: N forwards a step, counted). ``keep_order``: for methods with a
     fixed token order (sliding tiles, cubes), reorder the tokens once per forward -- before
     the first block, back after the last -- instead of around every attention call (1.5% of a
-    Wan-1.3B forward on the H200; off by default: docs/integrations.md)."""
+    Wan-1.3B forward on the H200; off by default: docs/integrations.md). ``precision="int8"``:
+    the 8-bit forward for every sparse call (inference only: ``tessera.attention``'s)."""
     if regime is not None and not isinstance(regime, Regime):
         raise TypeError(f"regime must be a tessera.Regime or None, got {type(regime).__name__}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if precision is not None and regime is not None:
+        raise ValueError(f"regime must be None with precision={precision!r} (the 8-bit forward "
+                         f"runs its own regime, {INT8_REGIME.name})")
     family = family_of(transformer)
     if not isinstance(method, Method):
         raise TypeError(f"method must be a tessera.integrations.methods.Method (SlidingTile, "
@@ -1001,7 +1013,7 @@ def enable(transformer: Any, method: Method, *, schedule: Schedule | None = None
     if id(transformer) in _sessions:
         disable(transformer)
     session = Session(transformer, family, method, schedule, forwards_per_step, regime,
-                      keep_order=keep_order, scheduler=scheduler)
+                      precision, keep_order=keep_order, scheduler=scheduler)
     _register_op()
     try:
         _wire(session, attention, routes)
@@ -1047,7 +1059,8 @@ def _wire(session: Session, attention: list, routes: list[_Route]) -> None:
 
 @contextlib.contextmanager
 def sparse(pipe: Any, method: Method, *, schedule: Schedule | None = None,
-           keep_order: bool = False, regime: Any = None) -> Iterator[list[Session]]:
+           keep_order: bool = False, regime: Any = None,
+           precision: str | None = None) -> Iterator[list[Session]]:
     """Tessera on a pipeline's transformers for a ``with`` block, the model's own attention
     after it::
 
@@ -1067,7 +1080,7 @@ def sparse(pipe: Any, method: Method, *, schedule: Schedule | None = None,
         for t in transformers:
             enabled.append(t)
             enable(t, method, schedule=schedule, scheduler=scheduler, keep_order=keep_order,
-                   regime=regime)
+                   regime=regime, precision=precision)
         yield [_sessions[id(t)] for t in transformers]
     finally:
         for t in enabled:
@@ -1095,7 +1108,7 @@ def _adopt_copy(copy: Any, session: Session) -> Session:
                     del hooks[key]
     return enable(copy, session.method, schedule=session.schedule, scheduler=session.scheduler,
                   forwards_per_step=session.forwards_per_step, keep_order=session.keep_order,
-                  regime=session.regime)
+                  regime=session.regime, precision=session.precision)
 
 
 def _set_processor(attn: Any, processor: Any) -> None:

@@ -14,8 +14,11 @@ from typing import Any
 from .. import api, reference
 from ..dtypes import SUPPORTED_HEAD_DIMS
 from ..mask import BlockMask
+from ..quantization import Scheme
+from ..quantize_launch import check_int8
 from ..runtime import emulate
 from ..runtime.plan import plan
+from ..runtime.regime.heuristic import INT8_REGIME
 
 __all__ = ["attention"]
 
@@ -23,15 +26,19 @@ _warned_cpu = False
 
 
 def attention(q: Any, k: Any, v: Any, mask: BlockMask, *, layout: str,
-              scale: float | None = None, return_lse: bool = False, regime: Any = None) -> Any:
+              scale: float | None = None, return_lse: bool = False, regime: Any = None,
+              precision: str | None = None) -> Any:
     """Block-sparse attention of torch ``q``/``k``/``v`` on ``mask``: the output in q's dtype
-    (and with ``return_lse`` the float32 LSE), on q's device."""
+    (and with ``return_lse`` the float32 LSE), on q's device. ``precision="int8"``: the 8-bit
+    forward (on CPU tensors its arithmetic in float64, by the emulator), forward only."""
     if q.is_cuda:
         return api.attention(q, k, v, mask, layout=layout, scale=scale, return_lse=return_lse,
-                             regime=regime)
+                             regime=regime, precision=precision)
     import torch
 
     _warn_cpu_once()
+    if precision is not None:
+        return _emulated_int8(q, k, v, mask, layout, scale, return_lse, regime, precision)
     if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
         out, lse = _differentiable().apply(q, k, v, mask, layout, scale, regime)
     else:
@@ -62,6 +69,28 @@ def _plan_of(q: Any, k: Any, v: Any, mask: BlockMask, layout: str, regime: Any) 
     return plan(mask, num_q_heads=q.shape[heads], num_kv_heads=k.shape[heads], head_dim=d,
                 batch=q.shape[0], dtype="bfloat16", layout=layout, regime=regime,
                 arch=90 if regime is None or getattr(regime, "family", "") == "sm90" else None)
+
+
+def _emulated_int8(q: Any, k: Any, v: Any, mask: BlockMask, layout: str, scale: float | None,
+                   return_lse: bool, regime: Any, precision: str) -> Any:
+    """The 8-bit forward on CPU tensors: the 8-bit regime's plan run by the emulator with the
+    scheme the GPU's pre-pass and kernel compute (``emulate.run(scheme=...)``), refused as the
+    GPU refuses (forward only, head dims 64 and 128)."""
+    import torch
+
+    if precision not in api.PRECISIONS:
+        raise ValueError(f"precision must be one of {api.PRECISIONS}, got {precision!r}")
+    if regime is not None:
+        raise ValueError("regime must be None with precision='int8' (the 8-bit forward runs "
+                         f"its own regime, {INT8_REGIME.name})")
+    if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
+        raise ValueError("precision='int8' is forward-only: q, k, v must not require grad "
+                         "while autograd records (detach them, or run under torch.no_grad())")
+    check_int8(q.shape[-1], 90)  # (as a Hopper GPU would take it)
+    p = _plan_of(q, k, v, mask, layout, INT8_REGIME)
+    res = emulate.run(p, *_host64(q, k, v), scale=scale, scheme=Scheme())
+    out = torch.from_numpy(res.out).to(q.dtype)
+    return (out, torch.from_numpy(res.lse).float()) if return_lse else out
 
 
 def _host64(*xs: Any) -> list:

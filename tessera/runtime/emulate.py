@@ -25,7 +25,8 @@ import numpy as np
 
 from .._array import to_numpy
 from ..operands import checked_dout, checked_like_output, host_operands
-from ..quantization import QuantizedOperands, Scheme, checked_scheme, quantized_operands
+from ..quantization import (INT8_CHUNK_ALIGN, QuantizedOperands, Scheme, checked_scheme,
+                            quantized_operands)
 from .plan import Plan
 from .queue import Combine, Span, Task, records
 
@@ -43,13 +44,15 @@ class EmulationResult:
     pairs_masked: int  # pairs computed on real rows and masked off (edge keys, restrictions)
 
 
-def _span_chunks(spans: np.recarray, bn: int):
-    """Chunks span by span (ChunkWalk): (keys, which are real, the span's row range)."""
+def _span_chunks(spans: np.recarray, bn: int, align: int = 1):
+    """Chunks span by span (ChunkWalk): (keys, which are real, the span's row range); with
+    ``align`` (the 8-bit form's 16) each chunk's first column at a multiple of it, the first
+    chunk's columns before the span not real."""
     for span in spans:
         k0, k1, r0, r1 = span.k_start, span.k_end, span.r_start, span.r_end
-        for c0 in range(k0, k1, bn):
+        for c0 in range(k0 - k0 % align, k1, bn):
             keys = c0 + np.arange(bn)
-            yield keys, keys < k1, r0, r1
+            yield keys, (keys >= k0) & (keys < k1), r0, r1
 
 
 def _packed_chunks(spans: np.recarray, bn: int):
@@ -220,8 +223,8 @@ class _Emulation(_PlanWalk):
         m = np.full(self.bm, -np.inf)
         denom = np.zeros(self.bm)
         acc = np.zeros((self.bm, c.v.shape[3]))
-        for keys, key_ok, r0, r1 in self.walk(self.spans[task.span_begin:task.span_end],
-                                              self.plan.regime.block_n):
+        for keys, key_ok, r0, r1 in _span_chunks(self.spans[task.span_begin:task.span_end],
+                                                 self.plan.regime.block_n, INT8_CHUNK_ALIGN):
             row_ok = real & (tok >= r0) & (tok < r1)
             keys_c = np.minimum(keys, c.k.shape[2] - 1)
             ok = row_ok[:, None] & key_ok[None, :]

@@ -88,17 +88,26 @@ def test_int8_forward_with_outlier_channels_and_repeat_runs():
     assert err <= ORACLE_TOL and row <= ORACLE_ROW, f"against the oracle {err:.2e}, row {row:.2e}"
 
 
-@pytest.mark.parametrize("what,d,bounds,words", [
-    ("head dim 96", 96, None, r"head dims \(64, 128\), got 96"),
-    ("a key block at 40", 64, [0, 40, 128], "key blocks starting at multiples of 16"),
-])
-def test_int8_refusals(what, d, bounds, words):
+def test_int8_forward_on_blocks_of_any_size():
+    """Key blocks of 24 to 200 tokens (spans starting anywhere: a chunk starts at the multiple
+    of 16 keys at or below its span, the keys before it masked) compute the oracle."""
+    rng = np.random.default_rng(11)
+    bounds = np.concatenate([[0], np.cumsum(rng.integers(24, 201, 12))])
+    n = len(bounds) - 1
+    (q, k, v), (qe, ke, ve) = _inputs(rng, "cupy", "bfloat16", 1, 2, 2, int(bounds[-1]),
+                                      int(bounds[-1]), 128, "bhld")
+    mask = tessera.BlockMask.from_dense(rng.random((1, 2, n, n)) < 0.4, q_bounds=bounds,
+                                        kv_bounds=bounds)
+    got = _to_numpy(tessera.attention(q, k, v, mask, precision="int8")).astype(np.float64)
+    err, row = _rel(got, qz.attention(qe, ke, ve, mask))
+    assert err <= ORACLE_TOL and row <= ORACLE_ROW, f"against the oracle {err:.2e}, row {row:.2e}"
+
+
+def test_int8_refuses_head_dim_96():
     rng = np.random.default_rng(0)
-    (q, k, v), _ = _inputs(rng, "cupy", "bfloat16", 1, 1, 1, 128, 128, d, "bhld")
-    geo = (dict(q_bounds=[0, 128], kv_bounds=bounds) if bounds else dict(block_size=64))
-    shape = (1, 1, 1, len(bounds) - 1) if bounds else (1, 1, 2, 2)
-    mask = tessera.BlockMask.from_dense(np.ones(shape, bool), **geo)
-    with pytest.raises(ValueError, match=words):
+    (q, k, v), _ = _inputs(rng, "cupy", "bfloat16", 1, 1, 1, 128, 128, 96, "bhld")
+    mask = tessera.BlockMask.from_dense(np.ones((1, 1, 2, 2), bool), block_size=64)
+    with pytest.raises(ValueError, match=r"head dims \(64, 128\), got 96"):
         tessera.attention(q, k, v, mask, precision="int8")
 
 

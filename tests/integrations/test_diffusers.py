@@ -15,6 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("diffusers")
 
+import tessera  # noqa: E402
 from tessera.integrations import diffusers as td  # noqa: E402
 from tessera.integrations import methods as M  # noqa: E402
 from tessera.tools import models  # noqa: E402
@@ -718,3 +719,25 @@ def test_a_compiled_fine_tuning_step_backpropagates_through_the_op(method):
 def test_compile_blocks_refuses_other_modules():
     with pytest.raises(TypeError, match="transformer must be a diffusers video transformer"):
         td.compile_blocks(torch.nn.Linear(2, 2))
+
+
+def test_the_8bit_forward_through_a_transformer():
+    """precision="int8" routes every sparse call through the 8-bit forward (on the CPU its
+    arithmetic, by the emulator): the output moves off the 16-bit one by the scheme's rounding,
+    no further; bad settings are refused by name before anything is enabled."""
+    model, x = _model("wan-1.3b")
+    method = M.SlidingTile(tile=(2, 4, 4), window=(1, 3, 3))
+    with torch.no_grad():
+        td.enable(model, method)
+        own = model(**x)[0]
+        s = td.enable(model, method, precision="int8")
+        got = model(**x)[0]
+    assert s.stats.sparse_calls == _layers(model) and s.precision == "int8"
+    rel = float((got - own).norm() / own.norm())
+    assert 0 < rel < 3e-2, rel
+    td.disable(model)
+    with pytest.raises(ValueError, match=r"precision must be one of \(None, 'int8'\)"):
+        td.enable(model, method, precision="fp8")
+    with pytest.raises(ValueError, match="regime must be None with precision='int8'"):
+        td.enable(model, method, precision="int8", regime=tessera.INT8_REGIME)
+    assert td.session_of(model) is None

@@ -229,21 +229,32 @@ def test_backward_takes_the_forwards_out_and_lse(layout):
 
 
 @pytest.mark.parametrize("block,hq,hkv,lq,lkv,layout", [
-    (128, 2, 2, 700, 900, "bhld"), (64, 4, 2, 512, 640, "blhd"), (128, 2, 1, 256, 1000, "bhld")])
+    (128, 2, 2, 700, 900, "bhld"), (64, 4, 2, 512, 640, "blhd"), (128, 2, 1, 256, 1000, "bhld"),
+    (None, 2, 2, 0, 0, "bhld")])
 def test_the_8bit_forward_emulates_its_oracle(block, hq, hkv, lq, lkv, layout):
     """The 8-bit kernel's arithmetic on the 8-bit regime's plan (chunk-relative P rounded to
     u8, folded by exp(cm - m) / 255) is the float64 oracle of its scheme: the plan's chunks are
-    the oracle's (spans of adjacent selected blocks, 128 keys from a span's start), so only
-    float64 sums differ; every pair computed is selected, empty rows are 0."""
+    the oracle's (spans of adjacent selected blocks, 128 keys from the multiple of 16 at or
+    below a span's start -- blocks of any size: ``block`` None), so only float64 sums differ;
+    every pair computed is selected, empty rows are 0."""
     from tessera import quantization as qz
     from tessera.runtime.regime.heuristic import INT8_REGIME
 
-    rng = np.random.default_rng(block + lq)
+    rng = np.random.default_rng((block or 7) + lq)
+    geo = {}
+    if block is None:  # blocks of 24 to 200 tokens
+        bounds = np.concatenate([[0], np.cumsum(rng.integers(24, 201, 9))])
+        lq = lkv = int(bounds[-1])
+        geo = dict(q_bounds=bounds, kv_bounds=bounds)
     shape = (lambda h, n: (1, h, n, 64)) if layout == "bhld" else (lambda h, n: (1, n, h, 64))
     q, k, v = (rng.standard_normal(shape(h, n)) for h, n in ((hq, lq), (hkv, lkv), (hkv, lkv)))
-    dense = rng.random((1, hq, -(-lq // block), -(-lkv // block))) < 0.4
+    nq, nk = (9, 9) if block is None else (-(-lq // block), -(-lkv // block))
+    dense = rng.random((1, hq, nq, nk)) < 0.4
     dense[0, 0, 1] = False
-    mask = BlockMask.from_dense(dense, block_size=block, seq_len_q=lq, seq_len_kv=lkv)
+    if block is None:
+        mask = BlockMask.from_dense(dense, **geo)
+    else:
+        mask = BlockMask.from_dense(dense, block_size=block, seq_len_q=lq, seq_len_kv=lkv)
     plan = tessera.plan(mask, num_q_heads=hq, num_kv_heads=hkv, head_dim=64, layout=layout,
                         regime=INT8_REGIME, arch=90)
     got = emulate.run(plan, q, k, v, scheme=qz.Scheme())

@@ -17,18 +17,25 @@ __device__ __forceinline__ float tree_reduce(float (&v)[N], Op op) {
   return v[0];
 }
 
-// Sets to -inf the scores of keys at or past k_end and of rows whose ok flag is false: s[NB][4]
-// are the scores of NB key octets for the two rows (g and g + 8 of a 16-row tile) a thread holds,
-// in the m16n8 accumulator layout, keys key0 + 8 * j + 2 * t (+1).
-template <int NB>
+// Sets to -inf the scores of keys at or past k_end (with LOWER, also of keys below k_lo) and of
+// rows whose ok flag is false: s[NB][4] are the scores of NB key octets for the two rows (g and
+// g + 8 of a 16-row tile) a thread holds, in the m16n8 accumulator layout, keys
+// key0 + 8 * j + 2 * t (+1).
+template <int NB, bool LOWER = false>
 __device__ __forceinline__ void mask_scores(float (&s)[NB][4], int key0, int k_end, bool ok0,
-                                            bool ok1, int t) {
-  if (key0 + NB * 8 > k_end || !(ok0 && ok1)) {
+                                            bool ok1, int t, int k_lo = 0) {
+  if (key0 + NB * 8 > k_end || !(ok0 && ok1) || (LOWER && key0 < k_lo)) {
 #pragma unroll
     for (int nt = 0; nt < NB; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const bool key_ok = key0 + nt * 8 + 2 * t + (e & 1) < k_end;
+        bool key_ok;
+        if constexpr (LOWER) {
+          const int key = key0 + nt * 8 + 2 * t + (e & 1);
+          key_ok = key >= k_lo && key < k_end;
+        } else {
+          key_ok = key0 + nt * 8 + 2 * t + (e & 1) < k_end;
+        }
         if (!(key_ok && (e < 2 ? ok0 : ok1))) s[nt][e] = NEG_INF;
       }
   }

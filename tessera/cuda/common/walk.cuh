@@ -19,9 +19,13 @@ struct SpanPosition {
 
 // Span by span, bn keys at a time. Kept to three registers (the row restriction is read from
 // the span when a chunk is computed): two walks, loading and computing, are live at once.
-template <int BN_>
+// ALIGN_ (a power of two; 1 but in the Hopper 8-bit form) puts every chunk's first column at a
+// multiple of ALIGN_ keys: a span's first chunk starts at or below the span, its columns before
+// the span masked like those past its end.
+template <int BN_, int ALIGN_ = 1>
 struct ChunkWalk : SpanPosition {
-  int k1, kpos;
+  int k1, kpos;  // the span's end; the chunk's first key of the span (the span's start, then
+                 // the chunk's first column)
   __device__ __forceinline__ void open(const int* spans, int s, int se) {
     si = s;
     if (si < se) {
@@ -30,15 +34,20 @@ struct ChunkWalk : SpanPosition {
     }
   }
   __device__ __forceinline__ void next(const int* spans, int se) {
-    kpos += BN_;
+    kpos = chunk_start() + BN_;
     if (kpos >= k1) open(spans, si + 1, se);
   }
+  // The key of the current chunk's first column.
+  __device__ __forceinline__ int chunk_start() const { return kpos & -ALIGN_; }
   // Whether the current chunk is the task's last (next would leave no span).
-  __device__ __forceinline__ bool last(int se) const { return kpos + BN_ >= k1 && si + 1 >= se; }
+  __device__ __forceinline__ bool last(int se) const {
+    return chunk_start() + BN_ >= k1 && si + 1 >= se;
+  }
   // The key row r of the current chunk is copied from: rows past the span end repeat its last
   // key (finite data; their scores are masked), so no read leaves the span.
-  __device__ __forceinline__ i64 row_key(int r) const { return min(kpos + r, k1 - 1); }
-  // Keys of the current chunk's columns: kpos + c, those at or past k1 masked.
+  __device__ __forceinline__ i64 row_key(int r) const { return min(chunk_start() + r, k1 - 1); }
+  // The chunk's keys of the span, [key0, key_end): column c holds key chunk_start() + c; those
+  // outside are masked.
   __device__ __forceinline__ int key0() const { return kpos; }
   __device__ __forceinline__ int key_end() const { return k1; }
   // Row -> key for a loader thread (rows asked in increasing order).
@@ -87,6 +96,7 @@ struct PackedWalk : SpanPosition {
   }
   // Columns are positions in the chunk; those at or past `valid` are masked.
   __device__ __forceinline__ int key0() const { return 0; }
+  __device__ __forceinline__ int chunk_start() const { return 0; }
   __device__ __forceinline__ int key_end() const { return valid; }
   // Row -> key for a loader thread (rows asked in increasing order): walks the spans from the
   // chunk's start; rows past the task's keys repeat its last key (finite data, masked).
@@ -130,6 +140,7 @@ struct PackedCount {
   __device__ __forceinline__ void next(const int*, int) { left -= BN_; }
   __device__ __forceinline__ bool more(int) const { return left > 0; }
   __device__ __forceinline__ int key0() const { return 0; }
+  __device__ __forceinline__ int chunk_start() const { return 0; }
   __device__ __forceinline__ int key_end() const { return left < BN_ ? left : BN_; }
   __device__ __forceinline__ int row_lo(const int*) const { return lo; }
   __device__ __forceinline__ int row_hi(const int*) const { return hi; }

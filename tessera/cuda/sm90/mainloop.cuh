@@ -231,8 +231,8 @@ struct Consumer {
       float al[2], f[2];
       if constexpr (INT8) {
         int8_scores(si, s, r.k_steps + (u32)((j % STAGES) * K_STEP_BYTES), qsl, quad);
-        softmax_chunk8(s, m, l, al, f, walk.key0(), walk.key_end(), t0 >= lo && t0 < hi,
-                       t0 + 8 >= lo && t0 + 8 < hi, quad);
+        softmax_chunk8(s, m, l, al, f, walk.chunk_start(), walk.key0(), walk.key_end(),
+                       t0 >= lo && t0 < hi, t0 + 8 >= lo && t0 + 8 < hi, quad);
       } else {
         softmax_chunk(s, m, l, al, walk.key0(), walk.key_end(), t0 >= lo && t0 < hi,
                       t0 + 8 >= lo && t0 + 8 < hi, quad, a.scale_log2);

@@ -66,7 +66,7 @@ struct Producer {
             stage_chunk_info(r.chunk_info + 16 * st, w.key0(), w.key_end(), w.row_lo(a.spans),
                              w.row_hi(a.spans), w.last(task.span_end));
           tma_load_kv<W>(r.stage_base + (u32)(st * STAGE_BYTES),
-                         r.k_steps + (u32)(st * K_STEP_BYTES), a.maps, w.key0(),
+                         r.k_steps + (u32)(st * K_STEP_BYTES), a.maps, w.chunk_start(),
                          task.h0 / a.group, task.b, r.full_bar + 8 * st);
         }
       } else {

@@ -200,7 +200,12 @@ static_assert(WS || WGS <= 2, "three consumer warpgroups need the producer varia
 // WalkOf: the walk of the threads that copy K/V; ComputeWalkOf: the consumers' (which need no
 // key positions: with packed keys, only each chunk's key count) unless a TMA producer stages
 // the chunks' fields for them (StagedWalk, walks.cuh).
-template <int W> using WalkOf = typename Select<PACKED, PackedWalk<W>, ChunkWalk<W>>::type;
-template <int W> using ComputeWalkOf = typename Select<PACKED, PackedCount<W>, ChunkWalk<W>>::type;
+// The 8-bit form's chunks start at multiples of 16 keys (CHUNK_ALIGN): V's keys are reordered
+// within each 16 (quantize_launch.v_key_order), P's fragment columns with them.
+constexpr int CHUNK_ALIGN = INT8 ? 16 : 1;
+template <int W>
+using WalkOf = typename Select<PACKED, PackedWalk<W>, ChunkWalk<W, CHUNK_ALIGN>>::type;
+template <int W>
+using ComputeWalkOf = typename Select<PACKED, PackedCount<W>, ChunkWalk<W, CHUNK_ALIGN>>::type;
 using Walk = WalkOf<BN>;
 }  // namespace

@@ -61,6 +61,7 @@ struct StagedWalk {
   }
   __device__ __forceinline__ void next(const int*, int) {}
   __device__ __forceinline__ int key0() const { return k0; }
+  __device__ __forceinline__ int chunk_start() const { return k0 & -CHUNK_ALIGN; }
   __device__ __forceinline__ int key_end() const { return k1; }
   __device__ __forceinline__ int row_lo(const int*) const { return lo; }
   __device__ __forceinline__ int row_hi(const int*) const { return hi; }
@@ -97,6 +98,7 @@ struct WholeSpanWalk {
   __device__ __forceinline__ void read(u32) {}
   __device__ __forceinline__ void next(const int*, int) { kpos += W; }
   __device__ __forceinline__ int key0() const { return kpos; }
+  __device__ __forceinline__ int chunk_start() const { return kpos; }
   __device__ __forceinline__ int key_end() const { return k1; }
   __device__ __forceinline__ int row_lo(const int*) const { return (int)0x80000000u; }
   __device__ __forceinline__ int row_hi(const int*) const { return 0x7fffffff; }
