@@ -38,12 +38,13 @@ import numpy as np
 from tessera.runtime.regime import regime_from_name
 
 _ML = "sm90/mainloop.cuh"
-_SOFTMAX_CALL = ("      softmax_chunk(s, m, l, al, walk.key0(), walk.key_end(), "
+_SOFTMAX_CALL = ("        softmax_chunk(s, m, l, al, walk.key0(), walk.key_end(), "
                  "t0 >= lo && t0 < hi,\n"
-                 "                    t0 + 8 >= lo && t0 + 8 < hi, quad, a.scale_log2);")
-_PV_ISSUE = ("      for (int kk = 0; kk < W / 16; ++kk) "
+                 "                      t0 + 8 >= lo && t0 + 8 < hi, quad, a.scale_log2);")
+_PV_ISSUE = ("        for (int kk = 0; kk < W / 16; ++kk) "
              "Wgmma<D>::rs(&o[0][0], pa[kk], vd.at(v_step(kk)), 1);\n"
-             "      wgmma_commit();\n"
+             "        wgmma_commit();\n"
+             "      }\n"
              "      if (!prepare_first) prepare();\n"
              "      pass_issue_turn(wg);")
 
@@ -93,7 +94,7 @@ _WHOLE_SPANS = "constexpr bool WHOLE_SPANS = !WHOLE_TASKS && STAGED_SPANS && RIN
 # name -> (what it shows, ((source file under tessera/cuda, text, replacement), ...))
 PATCHES: dict[str, tuple[str, tuple[tuple[str, str, str], ...]]] = {
     "softmax": ("no softmax: P is the raw scores (the matrix work and its feed alone)",
-                ((_ML, _SOFTMAX_CALL, "      al[0] = al[1] = 1.f;"),)),
+                ((_ML, _SOFTMAX_CALL, "        al[0] = al[1] = 1.f;"),)),
     "exp": ("exponentials replaced by their arguments (the MUFU's work gone, the rest kept)",
             (("common/types.cuh", 'asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));',
               "y = x;"),)),
@@ -138,12 +139,12 @@ PATCHES: dict[str, tuple[str, tuple[tuple[str, str, str], ...]]] = {
                       "instead of after the wait for that product",
                       ((_ML, "    GuardedRows<D / 8> kept;\n",
                         "    GuardedRows<D / 8> kept;\n    float al[2] = {1.f, 1.f};\n"),
-                       (_ML, "      float al[2];\n      softmax_chunk(", "      softmax_chunk("),
+                       (_ML, "      float al[2], f[2];\n", "      float f[2];\n"),
                        (_ML, "      if (guard_prev) kept.keep(o);\n\n"
                         "      wait_issue_turn(wg);", "      wait_issue_turn(wg);"),
                        (_ML, "#pragma unroll\n" + _PV_ISSUE,
-                        _RESCALE + "      if (guard_prev) kept.keep(o);\n"
-                        "      wgmma_hold<D / 2>(&o[0][0]);\n      wgmma_fence();\n"
+                        _RESCALE + "        if (guard_prev) kept.keep(o);\n"
+                        "        wgmma_hold<D / 2>(&o[0][0]);\n        wgmma_fence();\n"
                         "#pragma unroll\n" + _PV_ISSUE),
                        (_ML, "      guard_prev = guard;\n      rescale_o(o, al);\n",
                         "      guard_prev = guard;\n"),
@@ -181,14 +182,12 @@ PATCHES: dict[str, tuple[str, tuple[tuple[str, str, str], ...]]] = {
                       (("sm90/traits.cuh", _WHOLE_SPANS, "constexpr bool WHOLE_SPANS = false;"),)),
     "p-late": ("P converted after O's rescale, not right after the wait for the previous "
                "P V (ptxas then converts it after every exponential, not between them)",
-               ((_ML, "      vs_prev = ks + KV_BYTES;",
-                 "#pragma unroll\n      for (int kk = 0; kk < W / 16; ++kk) "
-                 "p_fragment(pa[kk], s, kk);\n      vs_prev = ks + KV_BYTES;"),
-                (_ML, "      wgmma_hold<W / 2>(&s[0][0]);  // P is rewritten only "
-                 "after the P V that read it is done\n#pragma unroll\n      for (int kk = 0; "
-                 "kk < W / 16; ++kk) p_fragment(pa[kk], s, kk);\n",
-                 "      wgmma_hold<W / 2>(&s[0][0]);  // P is rewritten only after the P V "
-                 "that read it is done\n"))),
+               ((_ML, "#pragma unroll\n        for (int kk = 0; kk < W / PK; ++kk) "
+                 "p_fragment(pa[kk], s, kk);\n", ""),
+                (_ML, "      vs_prev = ks + KV_BYTES;",
+                 "      if constexpr (!INT8) {\n#pragma unroll\n"
+                 "        for (int kk = 0; kk < W / PK; ++kk) p_fragment(pa[kk], s, kk);\n"
+                 "      }\n      vs_prev = ks + KV_BYTES;"))),
     "pv-wait-sums": ("the P V wait held after the row sums (every exponential ahead of it), "
                      "not after the first exponentials, where the variant holds it",
                      ((_ML, "order_wait_after(r.q_base, (s[0][0] + s[0][2]) * "
