@@ -78,13 +78,7 @@ def attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *, scale: float | N
                 q_, k_, v_, o, lse_, do, block_mask, scale=scale, layout=layout),
             q, k, v)
         return (out, lse) if return_lse else out
-    ops = describe(q, k, v, layout)
-    b, hq, lq, d = ops.shape_q
-    _, hkv, lkv, _ = ops.shape_kv
-    check_mask(block_mask, b, hq, hkv, lq, lkv)
-    if block_mask.on_device and block_mask.device_id != ops.q.device_id:
-        raise ValueError(f"block_mask is on device {block_mask.device_id} but q is on "
-                         f"{ops.q.device_id}")
+    ops = _described(q, k, v, block_mask, layout)
     # Plan on q's device and the caller's stream: the device planner's arrays must be ready
     # before the kernels read them, and a framework's side stream does not wait for CuPy's
     # default one.
@@ -101,6 +95,19 @@ def attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *, scale: float | N
             return run(p, ops, scale, return_lse)
 
 
+def _described(q: Any, k: Any, v: Any, block_mask: BlockMask, layout: str) -> Operands:
+    """q, k, v described (``operands.describe``) and ``block_mask`` checked against them: its
+    token counts and heads, and the device a device mask lives on."""
+    ops = describe(q, k, v, layout)
+    b, hq, lq, _ = ops.shape_q
+    _, hkv, lkv, _ = ops.shape_kv
+    check_mask(block_mask, b, hq, hkv, lq, lkv)
+    if block_mask.on_device and block_mask.device_id != ops.q.device_id:
+        raise ValueError(f"block_mask is on device {block_mask.device_id} but q is on "
+                         f"{ops.q.device_id}")
+    return ops
+
+
 def _attention_int8(q: Any, k: Any, v: Any, block_mask: BlockMask, scale: float | None,
                     return_lse: bool, layout: str, regime: Any):
     """The 8-bit forward of :func:`attention` (its arguments checked there): the pre-pass's
@@ -111,15 +118,9 @@ def _attention_int8(q: Any, k: Any, v: Any, block_mask: BlockMask, scale: float 
     if gradient_recorded(q, k, v) is not None:
         raise ValueError("precision='int8' is forward-only: q, k, v must not require grad while "
                          "autograd records (detach them, or run under torch.no_grad())")
-    ops = describe(q, k, v, layout)
-    b, hq, lq, d = ops.shape_q
-    _, hkv, lkv, _ = ops.shape_kv
-    check_mask(block_mask, b, hq, hkv, lq, lkv)
-    if block_mask.on_device and block_mask.device_id != ops.q.device_id:
-        raise ValueError(f"block_mask is on device {block_mask.device_id} but q is on "
-                         f"{ops.q.device_id}")
+    ops = _described(q, k, v, block_mask, layout)
     with cupy_or_none().cuda.Device(ops.q.device_id):
-        check_int8(d, device.device_cc(), stream_capturing(ops.stream_ptr))
+        check_int8(ops.shape_q[3], device.device_cc(), stream_capturing(ops.stream_ptr))
         with caller_stream(ops), block_mask.reading(), \
                 _request_plan(block_mask, ops, layout, INT8_REGIME, False) as p:
             quantized = quantize_operands(q, k, v, layout=layout)
@@ -150,13 +151,9 @@ def attention_backward(q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any,
         raise TypeError(f"block_mask must be a tessera.BlockMask, got {type(block_mask).__name__}")
     check_scale(scale)
     check_backward_regime_argument(regime)
-    ops = describe(q, k, v, layout)
-    b, hq, lq, d = ops.shape_q
+    ops = _described(q, k, v, block_mask, layout)
+    b, hq, _, d = ops.shape_q
     hkv = ops.shape_kv[1]
-    check_mask(block_mask, b, hq, hkv, lq, ops.shape_kv[2])
-    if block_mask.on_device and block_mask.device_id != ops.q.device_id:
-        raise ValueError(f"block_mask is on device {block_mask.device_id} but q is on "
-                         f"{ops.q.device_id}")
     with cupy_or_none().cuda.Device(ops.q.device_id):
         shape = checked_shape(block_mask, hq, hkv, d, None, b, ops.q.dtype, layout)
         with caller_stream(ops), block_mask.reading():

@@ -202,13 +202,7 @@ class _Emulation(_PlanWalk):
             acc = acc * alpha[:, None]
             acc[row_ok] += p[np.ix_(row_ok, key_ok)] @ v4[b, kvh, keys_c[key_ok]]
             m = m_new
-        o, row_lse = _normalized(acc, denom, m)
-        if task.slot < 0:
-            self.out[b, head[real], tok[real]] = o[real]
-            self.lse[b, head[real], tok[real]] = row_lse[real]
-        else:
-            self.part_out[task.slot] = o
-            self.part_lse[task.slot] = row_lse
+        self._store(task, head, tok, real, *_normalized(acc, denom, m))
 
     def _run_task_int8(self, task: Any) -> None:
         """The 8-bit kernel's task: scores from the codes times their steps; per chunk, P
@@ -246,10 +240,15 @@ class _Emulation(_PlanWalk):
             codes = np.round(p * 255.0)  # (ties to even, as the kernel's float add)
             acc = acc * alpha[:, None] + (codes @ c.v[b, kvh, keys_c]) * (g / 255.0)[:, None]
             m = m_new
-        o, row_lse = _normalized(acc * c.v_scale[b, kvh, 0], denom, m)
+        self._store(task, head, tok, real, *_normalized(acc * c.v_scale[b, kvh, 0], denom, m))
+
+    def _store(self, task: Any, head: np.ndarray, tok: np.ndarray, real: np.ndarray,
+               o: np.ndarray, row_lse: np.ndarray) -> None:
+        """A task's normalized rows written: its real rows' output and LSE, or its partial
+        into its workspace slot (a split task)."""
         if task.slot < 0:
-            self.out[b, head[real], tok[real]] = o[real]
-            self.lse[b, head[real], tok[real]] = row_lse[real]
+            self.out[task.batch, head[real], tok[real]] = o[real]
+            self.lse[task.batch, head[real], tok[real]] = row_lse[real]
         else:
             self.part_out[task.slot] = o
             self.part_lse[task.slot] = row_lse
