@@ -232,10 +232,12 @@ def quantized_operands(q: Any, k: Any, v: Any, scheme: Scheme, *, layout: str = 
 
 
 def attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *, scheme: Scheme = Scheme(),
-              scale: float | None = None, layout: str = "bhld") -> np.ndarray:
+              scale: float | None = None, layout: str = "bhld", return_lse: bool = False
+              ) -> Any:
     """Block-sparse attention from ``scheme``'s rounded operands, computed in float64: what an
     8-bit kernel of that scheme computes up to float32 accumulation. Arguments and output as
-    :func:`tessera.reference.attention`'s (without the LSE); rows that select nothing are 0.
+    :func:`tessera.reference.attention`'s; rows that select nothing are 0 (LSE -inf), the LSE
+    that of the rounded scores (the kernel's).
 
     Per query block row: S = (Q8 K8^T) sq sk^T, P = exp(scale (S - max)), l = rowsum(P) (P
     before rounding, as a kernel sums it in float32), O = (P8 V8 sv) / l, P8 being P rounded
@@ -249,16 +251,19 @@ def attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *, scheme: Scheme =
     v4 = ops.v * ops.v_scale  # V8 sv: its rounding is what the oracle keeps
 
     out = np.zeros((b, hq, lq, v4.shape[3]))
+    lse = np.full((b, hq, lq), -np.inf)
     for bi, h, rows, keys in selected_blocks(block_mask.to_host(), b, hq, hkv):
         g = h // group
         s = (q8[bi, h, rows] @ k8[bi, g, keys].T) * sq[bi, h, rows] * sk[bi, g, keys, 0]
         with np.errstate(invalid="ignore", over="ignore"):
             p = np.exp((s - s.max(axis=1, keepdims=True)) * scale)
         denom = p.sum(axis=1, keepdims=True)
+        lse[bi, h, rows] = s.max(axis=1) * scale + np.log(denom[:, 0])
         if scheme.pv != "16bit":
             p = _round_probabilities(p, keys, scheme)
         out[bi, h, rows] = (p @ v4[bi, g, keys]) / denom
-    return out.transpose(0, 2, 1, 3) if layout == "blhd" else out
+    out = out.transpose(0, 2, 1, 3) if layout == "blhd" else out
+    return (out, lse) if return_lse else out
 
 
 def _round_probabilities(p: np.ndarray, keys: np.ndarray, scheme: Scheme) -> np.ndarray:

@@ -59,16 +59,17 @@ def test_int8_forward_computes_its_oracle(d, dtype, layout, hq, hkv, lq, lkv, bl
                                  return_lse=True)
     got = _to_numpy(out).astype(np.float64)
     assert not np.isnan(got).any(), "output has NaN (unwritten or broken)"
-    oracle = qz.attention(qe, ke, ve, mask, layout=layout)
-    exact, exact_lse = reference.attention(qe, ke, ve, mask, layout=layout, return_lse=True)
+    oracle, oracle_lse = qz.attention(qe, ke, ve, mask, layout=layout, return_lse=True)
+    exact = reference.attention(qe, ke, ve, mask, layout=layout)
     err, row = _rel(got, oracle)
     assert err <= ORACLE_TOL and row <= ORACLE_ROW, f"against the oracle {err:.2e}, row {row:.2e}"
     err, row = _rel(got, exact)
     assert err <= EXACT_TOL and row <= EXACT_ROW, f"against exact {err:.2e}, row {row:.2e}"
+    # The LSE is the rounded scores' (0.08-0.13 from exact attention's on these inputs, H100)
     gl = _to_numpy(lse)
-    assert np.array_equal(np.isneginf(gl), np.isneginf(exact_lse))
-    fin = np.isfinite(exact_lse)
-    assert np.abs(gl[fin] - exact_lse[fin]).max(initial=0) < 5e-2
+    assert np.array_equal(np.isneginf(gl), np.isneginf(oracle_lse))
+    fin = np.isfinite(oracle_lse)
+    assert np.abs(gl[fin] - oracle_lse[fin]).max(initial=0) < 2e-3
 
 
 def test_int8_forward_with_outlier_channels_and_repeat_runs():

@@ -259,8 +259,9 @@ def test_the_8bit_forward_emulates_its_oracle(block, hq, hkv, lq, lkv, layout):
                         regime=INT8_REGIME, arch=90)
     got = emulate.run(plan, q, k, v, scheme=qz.Scheme())
     assert got.pairs_outside == 0
-    want = qz.attention(q, k, v, mask, layout=layout)
+    want, want_lse = qz.attention(q, k, v, mask, layout=layout, return_lse=True)
     np.testing.assert_allclose(got.out, want, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(got.lse, want_lse, rtol=1e-12, atol=1e-12)  # (-inf: empty rows)
     exact = attention(q, k, v, mask, layout=layout)
     assert np.linalg.norm(got.out - exact) / np.linalg.norm(exact) < 3e-2  # the scheme's cost
 
