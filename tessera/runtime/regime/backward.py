@@ -28,9 +28,10 @@ BACKWARD_DQ = ("atomics", "passes")
 # spans differ, computing about twice the useful pairs (docs/decisions.md, Backward).
 SM90_SMALL_BLOCK_TOKENS = 64
 # Sets of partial-dQ tiles the atomic dK/dV kernel alternates, by head dim (Variant.bwd_sm90's
-# dq_buffers: two at head dims 64 and 128, at 128 in place of a third stage). One until two
-# are measured faster.
-SM90_DQ_BUFFERS: dict[int, int] = {64: 1, 128: 1}
+# dq_buffers: two at head dims 64 and 128, at 128 in place of a third stage). Two at head dim 64,
+# where a chunk then waits for the bulk reduce issued a chunk earlier (1.013-1.015x, H100); one
+# at 128, where the trade of a stage measured 0.997-1.024x (docs/decisions.md, Backward).
+SM90_DQ_BUFFERS: dict[int, int] = {64: 2, 128: 1}
 
 
 _ROWS = {"sm90": (64, 128), "sm80": (64,)}
