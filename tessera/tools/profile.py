@@ -796,7 +796,9 @@ def summarize_evaluation(records: Sequence[dict], objective: str = "request") ->
     without a table of its own runs); the single best fixed regime in hindsight (lowest mean
     ratio over these very masks, among regimes measured on all of them) and the heuristic
     default, each as the total time they need over the looked-up regimes' total (> 1: the
-    table is faster). The request objective compares what requests run (:func:`request_form`:
+    table is faster); per model shape (``by_shape``: shape -> [masks, the table's within 5%, the
+    heuristic's within 5%]), where a share below the whole's sits. The request objective compares
+    what requests run (:func:`request_form`:
     a request splits no task, so a split policy's timing is not one a request can have);
     kernel time compares every form, as a plan made once and run many times may split.
     """
@@ -804,11 +806,16 @@ def summarize_evaluation(records: Sequence[dict], objective: str = "request") ->
         ratios, default_ratios, chosen_t, default_t = [], [], 0.0, 0.0
         per_regime: dict[str, list[float]] = {}
         totals: dict[str, float] = {}
+        by_shape: dict[str, list[int]] = {}
         for r in records:
             obj = {n: obj_of(t) for n, t in r["times"].items()}
             best = min(obj.values())
             ratios.append(obj[r["chosen"]] / best)
             default_ratios.append(obj[r["default"]] / best)
+            counts = by_shape.setdefault(r.get("shape", "?"), [0, 0, 0])
+            counts[0] += 1
+            counts[1] += ratios[-1] <= WITHIN
+            counts[2] += default_ratios[-1] <= WITHIN
             chosen_t += obj[r["chosen"]]
             default_t += obj[r["default"]]
             for n, v in obj.items():
@@ -826,7 +833,8 @@ def summarize_evaluation(records: Sequence[dict], objective: str = "request") ->
             best_fixed=fixed,
             best_fixed_mean_slowdown=(sum(per_regime[fixed]) / n - 1) if fixed else None,
             gain_vs_best_fixed=(totals[fixed] / chosen_t) if fixed and chosen_t else None,
-            gain_vs_default=(default_t / chosen_t) if chosen_t else None)
+            gain_vs_default=(default_t / chosen_t) if chosen_t else None,
+            by_shape=by_shape)
 
     as_run = [_as_requested(r) for r in records] if objective == "request" else records
     summary = {objective: metrics(as_run, lambda t: _objective(t[0], t[1], objective))}
@@ -1128,5 +1136,8 @@ def format_summary(summary: dict | None) -> str:
             f"x{m['gain_vs_default']:.3f} (their total time / the table's)"
             + (f"; the heuristic alone: within 5% {100 * m['default_within_5pct']:.0f}%, worst "
                f"x{m['default_worst']:.2f}" if m.get("default_worst") is not None else ""))
+        if m.get("by_shape"):  # (evaluations written before it was recorded have none)
+            lines.append("          by shape, within 5% (table / heuristic): " + "; ".join(
+                f"{shape} {t}/{n} {h}/{n}" for shape, (n, t, h) in sorted(m["by_shape"].items())))
     lines.append(f"exact table keys: {summary.get('exact_keys')}")
     return "\n".join(lines)

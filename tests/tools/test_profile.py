@@ -402,11 +402,11 @@ def test_profile_command_without_gpu(tmp_path, capsys):
 def test_summarize_evaluation_by_hand():
     """Three masks, three regimes, figures worked by hand."""
     recs = [  # times: name -> [kernel_ms, plan_ms]
-        dict(label="m1", chosen="A", default="C", exact=True,
+        dict(label="m1", shape="s1", chosen="A", default="C", exact=True,
              times={"A": [1.0, 0.0], "B": [2.0, 0.0], "C": [1.2, 0.0]}),
-        dict(label="m2", chosen="B", default="C", exact=False,
+        dict(label="m2", shape="s1", chosen="B", default="C", exact=False,
              times={"A": [3.0, 0.0], "B": [1.0, 0.0], "C": [1.5, 0.0]}),
-        dict(label="m3", chosen="A", default="C", exact=True,
+        dict(label="m3", shape="s2", chosen="A", default="C", exact=True,
              times={"A": [1.1, 0.1], "B": [1.0, 0.1], "C": [2.0, 0.1]}),
     ]
     s = prof.summarize_evaluation(recs, "request")
@@ -424,9 +424,11 @@ def test_summarize_evaluation_by_hand():
     assert req["default_within_5pct"] == 0 and req["default_worst"] == pytest.approx(2.1 / 1.1)
     assert ker["default_within_5pct"] == 0 and ker["default_worst"] == pytest.approx(2.0)
     assert set(prof.summarize_evaluation(recs, "kernel")) == {"kernel", "exact_keys"}
+    assert req["by_shape"] == {"s1": [2, 2, 0], "s2": [1, 0, 0]}
     text = prof.format_summary(s)
     assert "within 5% of the oracle 67%" in text and "best fixed regime B" in text
     assert "the heuristic alone: within 5% 0%, worst x1.91" in text
+    assert "by shape, within 5% (table / heuristic): s1 2/2 0/2; s2 0/1 0/1" in text
 
 
 def test_the_request_objective_compares_what_requests_run():
