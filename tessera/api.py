@@ -57,11 +57,11 @@ def attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *, scale: float | N
     require grad (while autograd records) the output is differentiable (``autograd.py``), its
     backward :func:`attention_backward`.
 
-    ``precision="int8"`` (opt-in, Hopper GPUs, head dims 64 and 128; forward only): Q and K rounded to int8 a token at a time (K
-    smoothed, both rotated), P to u8 a chunk at a time, V to int8 a channel at a time, the
-    products on the 8-bit tensor cores -- about 1.5e-2 relative error against float64 on random
-    inputs (:mod:`tessera.quantization`, ``python -m tessera quant-error``). The output keeps
-    q's dtype.
+    ``precision="int8"`` (opt-in, Hopper GPUs, head dims 64 and 128; forward only): Q and K
+    rounded to int8 a token at a time (K smoothed, both rotated), P to u8 a chunk at a time, V
+    to int8 a channel at a time, the products on the 8-bit tensor cores -- about 1.5e-2
+    relative error against float64 on random inputs (:mod:`tessera.quantization`, ``python -m
+    tessera quant-error``). The output keeps q's dtype.
     """
     if not isinstance(block_mask, BlockMask):
         raise TypeError(f"block_mask must be a tessera.BlockMask, got {type(block_mask).__name__}")

@@ -39,8 +39,8 @@ from .reference import selected_blocks
 
 __all__ = ["E4M3_MAX", "INT8_MAX", "UINT8_MAX", "FORMATS", "INT8_CHUNK_ALIGN", "Scheme",
            "QuantizedOperands",
-           "checked_scheme", "round_e4m3", "quantize", "rotation", "rotation_factors", "quantized_operands",
-           "attention"]
+           "checked_scheme", "round_e4m3", "quantize", "rotation", "rotation_factors",
+           "quantized_operands", "attention"]
 
 E4M3_MAX = 448.0
 INT8_MAX = 127.0
@@ -78,10 +78,10 @@ class Scheme:
 
     P is rounded a chunk at a time, as a kernel walks the keys: ``chunk_keys`` consecutive keys
     of a run of adjacent selected key blocks (a span), from the multiple of 16 keys at or below
-    the span's start (:data:`INT8_CHUNK_ALIGN`), the first chunk holding the span's keys of it. With int8 each
-    row's chunk is scaled by its own largest P (``p_per_chunk``; else by 1, the bound of every
-    P), so a chunk far below the row's maximum keeps 8 bits instead of the few the step of 1/255
-    leaves it; e4m3, a floating format, is scaled by 448 either way."""
+    the span's start (:data:`INT8_CHUNK_ALIGN`), the first chunk holding the span's keys of it.
+    With int8 each row's chunk is scaled by its own largest P (``p_per_chunk``; else by 1, the
+    bound of every P), so a chunk far below the row's maximum keeps 8 bits instead of the few
+    the step of 1/255 leaves it; e4m3, a floating format, is scaled by 448 either way."""
 
     qk: str = "int8"
     pv: str = "int8"

@@ -63,11 +63,12 @@ __device__ __forceinline__ void int8_scores(const int (&si)[NB][4], float (&s)[N
 
 // One chunk of the 8-bit form for the thread's two rows: s holds scores in log2 units of the
 // keys start + c (masked here: keys outside [k_lo, k_end), rows whose ok flag is false; the
-// chunk's first column sits at a multiple of 16 keys, at or below the span's start k_lo). P is taken against each row's own maximum over the chunk (cm),
-// so the chunk's largest P rounds to 255 whatever the running max m: s becomes P in [0, 1], f the
-// factor P V's int32 sum is folded into O by, exp2(cm - m) / 255, and l gains P's sum times
-// exp2(cm - m) -- the unrounded P, as the oracle (tessera/quantization.py) sums it. m moves as
-// softmax_chunk's does (by more than RESCALE_SLACK), al the factor O is multiplied by then.
+// chunk's first column sits at a multiple of 16 keys, at or below the span's start k_lo). P is
+// taken against each row's own maximum over the chunk (cm), so the chunk's largest P rounds to
+// 255 whatever the running max m: s becomes P in [0, 1], f the factor P V's int32 sum is folded
+// into O by, exp2(cm - m) / 255, and l gains P's sum times exp2(cm - m) -- the unrounded P, as
+// the oracle (tessera/quantization.py) sums it. m moves as softmax_chunk's does (by more than
+// RESCALE_SLACK), al the factor O is multiplied by then.
 template <int NB>
 __device__ __forceinline__ void softmax_chunk8(float (&s)[NB][4], float (&m)[2], float (&l)[2],
                                                float (&al)[2], float (&f)[2], int start,
