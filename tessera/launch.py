@@ -180,8 +180,8 @@ def run_plan(p: Launchable, q: Any, k: Any, v: Any, *, scale: float | None = Non
 
 
 def check_int8_regime(regime: Any, head_dim: int) -> None:
-    """The plan's regime must have an 8-bit form (sm90 TMA producer tiles of one ring, span by
-    span): ValueError naming the regime and the one that has, before anything is launched."""
+    """The plan's regime must have an 8-bit form (the sm90 TMA producer's 128-row tiles, span by
+    span): ValueError naming the regime and one that has, before anything is launched."""
     try:
         regime.variant(head_dim, True, tma=True, int8=True)
     except ValueError:
