@@ -16,11 +16,9 @@ bsa_bwd_delta(const u16* o_ptr, i64 o_sb, i64 o_sh, i64 o_sl, const u16* do_ptr,
   const i64 row = (i64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   if (row >= rows) return;
   const int lane = threadIdx.x % 32;
-  const int tok = (int)(row % seq_q);
-  const i64 bh = row / seq_q;
-  const int h = (int)(bh % num_q_heads), b = (int)(bh / num_q_heads);
-  const u16* o = o_ptr + b * o_sb + h * o_sh + tok * o_sl;
-  const u16* d = do_ptr + b * do_sb + h * do_sh + tok * do_sl;
+  const FlatRow r(row, num_q_heads, seq_q);
+  const u16* o = o_ptr + r.b * o_sb + r.h * o_sh + r.tok * o_sl;
+  const u16* d = do_ptr + r.b * do_sb + r.h * do_sh + r.tok * do_sl;
   float sum = 0.f;
 #pragma unroll
   for (int c = 2 * lane; c < D; c += 64) {
@@ -45,10 +43,8 @@ bsa_bwd_dq_convert(const float* __restrict__ sums, u16* dq_ptr, i64 dq_sb, i64 d
   const i64 row = i / QUADS;
   if (row >= rows) return;
   const int c = 4 * (int)(i % QUADS);
-  const int tok = (int)(row % seq_q);
-  const i64 bh = row / seq_q;
-  const int h = (int)(bh % num_q_heads), b = (int)(bh / num_q_heads);
-  const float4 x = *reinterpret_cast<const float4*>(sums + row * D + dq_sum_column(tok, c));
+  const FlatRow r(row, num_q_heads, seq_q);
+  const float4 x = *reinterpret_cast<const float4*>(sums + row * D + dq_sum_column(r.tok, c));
   const uint2 packed = {pack2(x.x * scale, x.y * scale), pack2(x.z * scale, x.w * scale)};
-  *reinterpret_cast<uint2*>(dq_ptr + b * dq_sb + h * dq_sh + tok * dq_sl + c) = packed;
+  *reinterpret_cast<uint2*>(dq_ptr + r.b * dq_sb + r.h * dq_sh + r.tok * dq_sl + c) = packed;
 }

@@ -101,10 +101,9 @@ quant_rows(const u16* x_ptr, i64 sb, i64 sh, i64 sl, int heads, int seq, i64 row
   const i64 row = (i64)blockIdx.x * (THREADS / 32) + threadIdx.x / 32;
   if (row >= rows) return;
   const int lane = threadIdx.x % 32;
-  const int tok = (int)(row % seq);
-  const i64 bh = row / seq;
-  const int h = (int)(bh % heads), b = (int)(bh / heads);
-  const u16* x = x_ptr + b * sb + h * sh + tok * sl;
+  const FlatRow fr(row, heads, seq);
+  const i64 bh = fr.bh;
+  const u16* x = x_ptr + fr.b * sb + fr.h * sh + fr.tok * sl;
   float v[E];
 #pragma unroll
   for (int e = 0; e < E; ++e) {
@@ -152,7 +151,7 @@ quant_rows(const u16* x_ptr, i64 sb, i64 sh, i64 sl, int heads, int seq, i64 row
 #pragma unroll
     for (int e = 0; e < E; ++e) o[channel(lane, e)] = (signed char)code(v[e], inv);
   }
-  if (lane == 0) scales[row / seq * steps_len + row % seq] = scale;
+  if (lane == 0) scales[bh * steps_len + fr.tok] = scale;
 }
 
 // Which key of its 16-key group column f (0 .. 15) of the transposed V holds: 4q + e holds key

@@ -9,6 +9,15 @@ typedef long long i64;
 // -inf without <math.h>.
 #define NEG_INF __int_as_float(0xff800000u)
 
+// Row `row` of [B, H, L] rows taken in order (the row-wise kernels: a warp or a thread group a
+// row): its batch, head and token, and its (batch, head) index b * heads + h.
+struct FlatRow {
+  i64 bh;
+  int b, h, tok;
+  __device__ __forceinline__ FlatRow(i64 row, int heads, int seq)
+      : bh(row / seq), b((int)(bh / heads)), h((int)(bh % heads)), tok((int)(row % seq)) {}
+};
+
 // A if C, else B: a type chosen by a variant's parameter (std::conditional without <type_traits>).
 template <bool C, typename A, typename B>
 struct Select {
