@@ -41,6 +41,22 @@ __device__ __forceinline__ void mask_scores(float (&s)[NB][4], int key0, int k_e
   }
 }
 
+// The largest of the thread's scores of each of its two rows (mask_scores' layout). Reductions
+// over the thread's scores run as trees (tree_reduce): a serial chain would leave the consumer
+// warp waiting out each instruction's latency, with little else to issue.
+template <int NB>
+__device__ __forceinline__ void thread_row_maxima(const float (&s)[NB][4], float& mx0,
+                                                  float& mx1) {
+  float r0[NB], r1[NB];
+#pragma unroll
+  for (int nt = 0; nt < NB; ++nt) {
+    r0[nt] = fmaxf(s[nt][0], s[nt][1]);
+    r1[nt] = fmaxf(s[nt][2], s[nt][3]);
+  }
+  mx0 = tree_reduce<NB>(r0, [](float a, float b) { return fmaxf(a, b); });
+  mx1 = tree_reduce<NB>(r1, [](float a, float b) { return fmaxf(a, b); });
+}
+
 // One key chunk for the two rows a thread holds: s[NB][4] are raw scores (mask_scores' layout).
 // Masks them (mask_scores), exponentiates s in place against the running max m (log2 units),
 // adds the row sums to l, and sets al to the factor the output accumulators must be multiplied
@@ -51,19 +67,8 @@ __device__ __forceinline__ bool softmax_chunk(float (&s)[NB][4], float (&m)[2], 
                                               bool ok1, int t, float scale_log2) {
   al[0] = al[1] = 1.f;
   mask_scores(s, key0, k_end, ok0, ok1, t);
-  // Reductions over the thread's scores run as trees (tree_reduce): a serial chain would leave
-  // the consumer warp waiting out each instruction's latency, with little else to issue.
   float mx0, mx1;
-  {
-    float r0[NB], r1[NB];
-#pragma unroll
-    for (int nt = 0; nt < NB; ++nt) {
-      r0[nt] = fmaxf(s[nt][0], s[nt][1]);
-      r1[nt] = fmaxf(s[nt][2], s[nt][3]);
-    }
-    mx0 = tree_reduce<NB>(r0, [](float a, float b) { return fmaxf(a, b); });
-    mx1 = tree_reduce<NB>(r1, [](float a, float b) { return fmaxf(a, b); });
-  }
+  thread_row_maxima(s, mx0, mx1);
   // The running max moves only when a score exceeds it by more than RESCALE_SLACK (the softmax
   // is invariant to the shift; p stays <= 2^RESCALE_SLACK), so most chunks skip rescaling.
   // A row's max exceeds the limit exactly when one of its quad's four threads' own maxima does

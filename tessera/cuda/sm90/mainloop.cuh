@@ -58,24 +58,32 @@ struct Consumer {
     }
   }
 
-  // The 8-bit form's products of one step: S = Q K^T (s8) into si, and the previous chunk's
-  // P V (u8 P from pa, V^T from the stage at `vt`) into pv, from zero: O takes it scaled
-  // (fold_pv), each chunk's P being against its own maxima.
+  // The 8-bit form's P V of a chunk (u8 P from pa, V^T from the stage at `vt`) into pv, from
+  // zero (O takes it scaled, fold_pv: each chunk's P is against its own maxima), committed.
+  template <int W>
+  __device__ __forceinline__ void pv_int8(int (&pv)[D / 8][4], const u32 (&pa)[W / PK][4],
+                                          u32 vt) {
+    const SmemDesc vd = v8_desc(vt);
+#pragma unroll
+    for (int kk = 0; kk < W / PK; ++kk) Wgmma8<D>::rs(&pv[0][0], pa[kk], vd.at(32 * kk), kk > 0);
+    wgmma_commit();
+  }
+
+  // The 8-bit form's products of one step: S = Q K^T (s8) into si, then the previous chunk's
+  // P V (pv_int8).
   template <int W>
   __device__ __forceinline__ void issue_int8(int (&si)[W / 8][4], int (&pv)[D / 8][4],
                                              const u32 (&pa)[W / PK][4], const SmemDesc& q_desc,
                                              u32 ks, u32 vt) {
     wgmma_hold<D / 2>(&pv[0][0]);
     wgmma_fence();
-    const SmemDesc k_desc = k_major_desc(ks), vd = v8_desc(vt);
+    const SmemDesc k_desc = k_major_desc(ks);
 #pragma unroll
     for (int kk = 0; kk < D / 32; ++kk)
       Wgmma8<W>::ss(&si[0][0], q_desc.at(k_major_step<BM>(kk)),
                     k_desc.at(k_major_step<KV_ROWS>(kk)), kk > 0);
     wgmma_commit();
-#pragma unroll
-    for (int kk = 0; kk < W / PK; ++kk) Wgmma8<D>::rs(&pv[0][0], pa[kk], vd.at(32 * kk), kk > 0);
-    wgmma_commit();
+    pv_int8<W>(pv, pa, vt);
   }
 
   // The 8-bit form's last P V of a task, waited for.
@@ -84,10 +92,7 @@ struct Consumer {
                                                u32 vt) {
     wgmma_hold<D / 2>(&pv[0][0]);
     wgmma_fence();
-    const SmemDesc vd = v8_desc(vt);
-#pragma unroll
-    for (int kk = 0; kk < W / PK; ++kk) Wgmma8<D>::rs(&pv[0][0], pa[kk], vd.at(32 * kk), kk > 0);
-    wgmma_commit();
+    pv_int8<W>(pv, pa, vt);
     wgmma_wait<0>();
     wgmma_hold<D / 2>(&pv[0][0]);
   }

@@ -75,17 +75,9 @@ __device__ __forceinline__ void softmax_chunk8(float (&s)[NB][4], float (&m)[2],
                                                int k_lo, int k_end, bool ok0, bool ok1, int t) {
   mask_scores<NB, true>(s, start, k_end, ok0, ok1, t, k_lo);
   float cm[2];
-  {
-    float r0[NB], r1[NB];
-#pragma unroll
-    for (int nt = 0; nt < NB; ++nt) {
-      r0[nt] = fmaxf(s[nt][0], s[nt][1]);
-      r1[nt] = fmaxf(s[nt][2], s[nt][3]);
-    }
-    const auto mx = [](float a, float b) { return fmaxf(a, b); };
-    cm[0] = warp_quad_max(tree_reduce<NB>(r0, mx));
-    cm[1] = warp_quad_max(tree_reduce<NB>(r1, mx));
-  }
+  thread_row_maxima(s, cm[0], cm[1]);
+  cm[0] = warp_quad_max(cm[0]);
+  cm[1] = warp_quad_max(cm[1]);
   float base[2], g[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
