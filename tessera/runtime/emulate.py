@@ -188,10 +188,7 @@ class _Emulation(_PlanWalk):
             keys_c = np.minimum(keys, k4.shape[2] - 1)
             ok = row_ok[:, None] & key_ok[None, :]
             s = np.where(ok, qrows @ k4[b, kvh, keys_c].T * self.scale, -np.inf)
-            sel = self._selected(b, head[:, None], tok_c[:, None], keys_c[None, :])
-            self.unmasked += int(ok.sum())
-            self.outside += int((ok & ~sel).sum())
-            self.masked += int((real[:, None] & ~ok).sum())
+            self._count_chunk(ok, real, b, head, tok_c, keys_c)
             m_new = np.maximum(m, s.max(axis=1))
             m_safe = np.where(np.isfinite(m_new), m_new, 0.0)
             p = np.exp(s - m_safe[:, None])
@@ -224,10 +221,7 @@ class _Emulation(_PlanWalk):
             ok = row_ok[:, None] & key_ok[None, :]
             s = (q8 @ c.k[b, kvh, keys_c].T) * c.k_scale[b, kvh, keys_c, 0] * self.scale
             s = np.where(ok, s, -np.inf)
-            self.unmasked += int(ok.sum())
-            self.outside += int((ok & ~self._selected(b, head[:, None], tok_c[:, None],
-                                                      keys_c[None, :])).sum())
-            self.masked += int((real[:, None] & ~ok).sum())
+            self._count_chunk(ok, real, b, head, tok_c, keys_c)
             cm = s.max(axis=1)
             none = ~np.isfinite(cm)
             cm_safe = np.where(none, 0.0, cm)
@@ -241,6 +235,15 @@ class _Emulation(_PlanWalk):
             acc = acc * alpha[:, None] + (codes @ c.v[b, kvh, keys_c]) * (g / 255.0)[:, None]
             m = m_new
         self._store(task, head, tok, real, *_normalized(acc * c.v_scale[b, kvh, 0], denom, m))
+
+    def _count_chunk(self, ok: np.ndarray, real: np.ndarray, b: int, head: np.ndarray,
+                     tok: np.ndarray, keys: np.ndarray) -> None:
+        """A chunk's pairs counted: those that entered the softmax (``ok``), those of them the
+        logical mask does not select, and those of real rows masked off."""
+        self.unmasked += int(ok.sum())
+        self.outside += int((ok & ~self._selected(b, head[:, None], tok[:, None],
+                                                  keys[None, :])).sum())
+        self.masked += int((real[:, None] & ~ok).sum())
 
     def _store(self, task: Any, head: np.ndarray, tok: np.ndarray, real: np.ndarray,
                o: np.ndarray, row_lse: np.ndarray) -> None:

@@ -372,6 +372,17 @@ def chart(rows: list[dict], path: str) -> None:
     plt.close(fig)
 
 
+def _write_json(path: str | None, rows: list[dict], **what: Any) -> None:
+    """A run's rows to ``path`` (nothing without one), with the date, the GPU and ``what``
+    kind of run it was."""
+    if path:
+        import torch  # noqa: PLC0415
+
+        with open(path, "w") as f:
+            json.dump(dict(date=time.strftime("%Y-%m-%d"), gpu=torch.cuda.get_device_name(),
+                           **what, rows=rows), f, indent=1)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tessera bench")
     ap.add_argument("--shape", default=None,
@@ -468,30 +479,21 @@ def main(argv: list[str] | None = None) -> int:
         rows = bench_int8.run(shapes, cases + families, case_blocks, heads=args.heads,
                               rounds=args.rounds)
         print(bench_int8.table(rows))
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(dict(date=time.strftime("%Y-%m-%d"), gpu=torch.cuda.get_device_name(),
-                               precision=args.precision, rows=rows), f, indent=1)
+        _write_json(args.json, rows, precision=args.precision)
         return 0
     if args.backward:
         rows = bench_backward.run(shapes, cases + families, case_blocks, heads=args.heads,
                                   rounds=args.rounds, reps=args.reps, flex=not args.no_flex,
                                   kv_heads=args.kv_heads, dtype=args.dtype)
         print(bench_backward.table(rows))
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(dict(date=time.strftime("%Y-%m-%d"), gpu=torch.cuda.get_device_name(),
-                               backward=True, rows=rows), f, indent=1)
+        _write_json(args.json, rows, backward=True)
         return 0
     rows = run(shapes, cases + families, args.reps, flex=not args.no_flex, heads=args.heads,
                regime=regime, rounds=args.rounds, sdpa=not args.no_sdpa,
                host_mask=args.host_mask)
     print(table(rows))
     print("regimes: " + "; ".join(f"{r['shape']} {r['case']}: {r['regime']}" for r in rows))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(date=time.strftime("%Y-%m-%d"), gpu=torch.cuda.get_device_name(),
-                           rows=rows), f, indent=1)
+    _write_json(args.json, rows)
     if args.png:
         chart(rows, args.png)
     return 0
