@@ -151,11 +151,11 @@ PATCHES: dict[str, tuple[str, tuple[tuple[str, str, str], ...]]] = {
                        (_ML, _LAST_PV, _LAST_PV + _RESCALE))),
     "rows-per-chunk": ("the thread's rows and quad read from its index every chunk, not once a "
                        "task",
-                       ((_ML, "      softmax_chunk(s, m, l, al, walk.key0(), "
+                       ((_ML, "      } else {\n        softmax_chunk(s, m, l, al, walk.key0(), "
                          "walk.key_end(), t0 >= lo && t0 < hi,\n",
-                         "      const int lane_now = thread_index() % 32;\n"
-                         "      const int tr = tok_base + lane_now / 4;\n"
-                         "      softmax_chunk(s, m, l, al, walk.key0(), walk.key_end(), "
+                         "      } else {\n        const int lane_now = thread_index() % 32;\n"
+                         "        const int tr = tok_base + lane_now / 4;\n"
+                         "        softmax_chunk(s, m, l, al, walk.key0(), walk.key_end(), "
                          "tr >= lo && tr < hi,\n"),
                         (_ML, "                    t0 + 8 >= lo && t0 + 8 < hi, "
                          "quad, a.scale_log2);",
@@ -184,10 +184,10 @@ PATCHES: dict[str, tuple[str, tuple[tuple[str, str, str], ...]]] = {
                "P V (ptxas then converts it after every exponential, not between them)",
                ((_ML, "#pragma unroll\n        for (int kk = 0; kk < W / PK; ++kk) "
                  "p_fragment(pa[kk], s, kk);\n", ""),
-                (_ML, "      vs_prev = ks + KV_BYTES;",
-                 "      if constexpr (!INT8) {\n#pragma unroll\n"
+                (_ML, "      vs_prev = ks + K_BYTES;",
+                 "      if constexpr (!INT8_PV) {\n#pragma unroll\n"
                  "        for (int kk = 0; kk < W / PK; ++kk) p_fragment(pa[kk], s, kk);\n"
-                 "      }\n      vs_prev = ks + KV_BYTES;"))),
+                 "      }\n      vs_prev = ks + K_BYTES;"))),
     "pv-wait-sums": ("the P V wait held after the row sums (every exponential ahead of it), "
                      "not after the first exponentials, where the variant holds it",
                      ((_ML, "order_wait_after(r.q_base, (s[0][0] + s[0][2]) * "

@@ -22,7 +22,7 @@ from .cuda import device
 from .launch import caller_stream, run
 from .mask import BlockMask, bounds_key
 from .operands import Operands, check_mask, check_scale, describe, gradient_recorded
-from .quantize_launch import check_int8, quantize_operands
+from .quantize_launch import PRECISION_SCHEMES, check_int8, quantize_operands
 from .runtime.backward import BackwardPlan
 from .runtime.cache import PlanCache, RequestKey
 from .runtime.mode import PlanMode
@@ -34,9 +34,10 @@ from .settings import config
 
 __all__ = ["attention", "attention_backward", "request_plans", "kept_plans", "PRECISIONS"]
 
-# attention's precision argument: None (the operands' own 16-bit type) or "int8" (the 8-bit
-# forward: tessera/quantization.py says how it rounds and what that costs).
-PRECISIONS = (None, "int8")
+# attention's precision argument: None (the operands' own 16-bit type), or an 8-bit forward:
+# "int8" (both products) or "int8-qk" (the scores; P V in 16 bits) -- quantize_launch's
+# PRECISION_SCHEMES; tessera/quantization.py says how each rounds and what that costs.
+PRECISIONS = (None, *PRECISION_SCHEMES)
 
 
 def attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *, scale: float | None = None,
@@ -61,15 +62,17 @@ def attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *, scale: float | N
     rounded to int8 a token at a time (K smoothed, both rotated), P to u8 a chunk at a time, V
     to int8 a channel at a time, the products on the 8-bit tensor cores -- about 1.5e-2
     relative error against float64 on random inputs (:mod:`tessera.quantization`, ``python -m
-    tessera quant-error``). The output keeps q's dtype.
+    tessera quant-error``). ``precision="int8-qk"``: the scores alone from int8, P V in 16 bits
+    (about 0.9e-2). The output keeps q's dtype.
     """
     if not isinstance(block_mask, BlockMask):
         raise TypeError(f"block_mask must be a tessera.BlockMask, got {type(block_mask).__name__}")
     check_scale(scale)
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    if precision == "int8":
-        return _attention_int8(q, k, v, block_mask, scale, return_lse, layout, regime)
+    if precision is not None:
+        return _attention_int8(q, k, v, block_mask, scale, return_lse, layout, regime,
+                               precision)
     if gradient_recorded(q, k, v) is not None:
         out, lse = differentiable(
             lambda q_, k_, v_: attention(q_, k_, v_, block_mask, scale=scale, return_lse=True,
@@ -109,21 +112,24 @@ def _described(q: Any, k: Any, v: Any, block_mask: BlockMask, layout: str) -> Op
 
 
 def _attention_int8(q: Any, k: Any, v: Any, block_mask: BlockMask, scale: float | None,
-                    return_lse: bool, layout: str, regime: Any):
+                    return_lse: bool, layout: str, regime: Any, precision: str):
     """The 8-bit forward of :func:`attention` (its arguments checked there): the pre-pass's
     codes (quantize_launch.py), then the 8-bit kernel over a request plan of INT8_REGIME."""
     if regime is not None:
-        raise ValueError("regime must be None with precision='int8' (the 8-bit forward runs "
-                         f"its own regime, {INT8_REGIME.name})")
+        raise ValueError(f"regime must be None with precision={precision!r} (the 8-bit "
+                         f"forwards run their own regime, {INT8_REGIME.name})")
     if gradient_recorded(q, k, v) is not None:
-        raise ValueError("precision='int8' is forward-only: q, k, v must not require grad while "
-                         "autograd records (detach them, or run under torch.no_grad())")
+        raise ValueError(f"precision={precision!r} is forward-only: q, k, v must not require "
+                         "grad while autograd records (detach them, or run under "
+                         "torch.no_grad())")
     ops = _described(q, k, v, block_mask, layout)
     with cupy_or_none().cuda.Device(ops.q.device_id):
-        check_int8(ops.shape_q[3], device.device_cc(), stream_capturing(ops.stream_ptr))
+        check_int8(ops.shape_q[3], device.device_cc(), stream_capturing(ops.stream_ptr),
+                   precision)
         with caller_stream(ops), block_mask.reading(), \
                 _request_plan(block_mask, ops, layout, INT8_REGIME, False) as p:
-            quantized = quantize_operands(q, k, v, layout=layout)
+            quantized = quantize_operands(q, k, v, scheme=PRECISION_SCHEMES[precision],
+                                          layout=layout)
             return run(p, ops, scale, return_lse, quantized=quantized)
 
 

@@ -23,7 +23,7 @@ from .cuda.device import device_cc, device_sm_count, smem_limit_bytes
 from .cuda.loader import blocks_per_sm, load_kernel
 from .cuda.variants import Variant, smem_bytes
 from .interop import empty_like_caller
-from .quantize_launch import check_int8, quantize_operands
+from .quantize_launch import PRECISION_SCHEMES, check_int8, quantize_operands
 from .operands import (
     Operands,
     Outputs,
@@ -153,13 +153,15 @@ def run_plan(p: Launchable, q: Any, k: Any, v: Any, *, scale: float | None = Non
     ``[B, Hq, Lq]``, contiguous) are written in place when given, so a run allocates nothing
     after the plan's first run on the stream; they are returned as given. A run may be
     captured into a CUDA graph (what it allocates then is the graph's); a host-planned plan
-    must have run on the GPU once before. ``precision="int8"``: the 8-bit forward (the
-    pre-pass, then the 8-bit form of the plan's kernel: a regime that has one, such as
-    ``tessera.INT8_REGIME``), not capturable.
+    must have run on the GPU once before. ``precision``: "int8" or "int8-qk", an 8-bit
+    forward (:data:`~tessera.quantize_launch.PRECISION_SCHEMES`: the pre-pass, then an 8-bit
+    form of the plan's kernel: a regime that has one, such as ``tessera.INT8_REGIME``), not
+    capturable.
     """
     check_scale(scale)
-    if precision not in (None, "int8"):
-        raise ValueError(f"precision must be one of (None, 'int8'), got {precision!r}")
+    if precision is not None and precision not in PRECISION_SCHEMES:
+        raise ValueError(f"precision must be one of {(None, *PRECISION_SCHEMES)}, got "
+                         f"{precision!r}")
     shape = p.shape
     ops = describe(q, k, v, shape.layout)
     check_operands(p, ops)
@@ -171,21 +173,22 @@ def run_plan(p: Launchable, q: Any, k: Any, v: Any, *, scale: float | None = Non
             capture_memory_if(stream_capturing(ops.stream_ptr), ops.q.framework,
                               ops.q.device_id):
         quantized = None
-        if precision == "int8":
-            check_int8(shape.head_dim, device_cc(), stream_capturing(ops.stream_ptr))
-            check_int8_regime(p.regime, shape.head_dim)
+        if precision is not None:
+            scheme = PRECISION_SCHEMES[precision]
+            check_int8(shape.head_dim, device_cc(), stream_capturing(ops.stream_ptr), precision)
+            check_int8_regime(p.regime, shape.head_dim, precision)
             with caller_stream(ops):
-                quantized = quantize_operands(q, k, v, layout=shape.layout)
+                quantized = quantize_operands(q, k, v, scheme=scheme, layout=shape.layout)
         return run(p, ops, scale, return_lse or lse is not None, given, quantized)
 
 
-def check_int8_regime(regime: Any, head_dim: int) -> None:
+def check_int8_regime(regime: Any, head_dim: int, precision: str = "int8") -> None:
     """The plan's regime must have an 8-bit form (the sm90 TMA producer's 128-row tiles, span by
     span): ValueError naming the regime and one that has, before anything is launched."""
     try:
         regime.variant(head_dim, True, tma=True, int8=True)
     except ValueError:
-        raise ValueError(f"precision='int8' runs a plan whose regime has an 8-bit form; "
+        raise ValueError(f"precision={precision!r} runs a plan whose regime has an 8-bit form; "
                          f"{regime.name} has none (plan with regime=tessera.INT8_REGIME)"
                          ) from None
 
@@ -301,7 +304,7 @@ class _Kernel:
 
 
 def _kernel(p: Launchable, d: int, bf16: bool, tma_form: bool, cc: int, device_id: int,
-            int8: bool = False) -> _Kernel:
+            int8: int = 0) -> _Kernel:
     """The plan's kernel on the current device ``device_id`` (compute capability ``cc``, which
     the regime runs on) at head dim ``d``, its TMA form with ``tma_form``, its 8-bit form with
     ``int8``: loaded and checked against the device's shared-memory limit at the first run that
@@ -377,21 +380,27 @@ def _resident_ctas(fwd: Variant, device_id: int) -> int:
     return max(1, blocks_per_sm(fwd) * device_sm_count())
 
 
-def _int8_operands(p: Launchable, quantized: Any) -> tuple[tuple, Any]:
-    """The 8-bit form's q, k, v kernel arguments (pointers and [B, H, L, D] strides; v is V^T,
-    its token stride the padded key count) and its TmaMaps, from the pre-pass's arrays."""
+def _int8_operands(p: Launchable, ops: Operands, quantized: Any, bf16: bool
+                   ) -> tuple[tuple, Any]:
+    """The 8-bit forms' q, k, v kernel arguments (pointers and [B, H, L, D] strides; v is V^T,
+    its token stride the padded key count -- or, with P V in 16 bits, the caller's V) and their
+    TmaMaps, from the pre-pass's arrays."""
     def desc(a: Any) -> tuple:
         return a.data.ptr, a.shape, tuple(x // a.itemsize for x in a.strides)
-    q, k, v_t = desc(quantized.q), desc(quantized.k), desc(quantized.v_t)
+    q, k = desc(quantized.q), desc(quantized.k)
+    v_t = None if quantized.v_t is None else desc(quantized.v_t)
+    v16 = (ops.v.ptr, ops.shape_kv, tuple(ops.strides_v))
     maps = tma.int8_launch_maps(q, k, v_t, desc(quantized.k_scale),
                                 tile_rows=p.launch_queue.tile_rows,
                                 heads_per_task=p.launch_queue.heads_per_task,
-                                block_n=p.regime.block_n)
+                                block_n=p.regime.block_n, v16=v16, bf16=bf16)
     ptr = np.uint64
-    vsb, vsh, vsd, _ = v_t[2]  # (a channel's row of keys, vsd apart: the kernel's v_sl)
-    args = (ptr(q[0]), *_int64s(q[2][:3]), ptr(k[0]), *_int64s(k[2][:3]),
-            ptr(v_t[0]), *_int64s((vsb, vsh, vsd)))
-    return args, maps
+    if v_t is None:
+        v_args = (ptr(ops.v.ptr), *_int64s(ops.strides_v[:3]))
+    else:
+        vsb, vsh, vsd, _ = v_t[2]  # (a channel's row of keys, vsd apart: the kernel's v_sl)
+        v_args = (ptr(v_t[0]), *_int64s((vsb, vsh, vsd)))
+    return (ptr(q[0]), *_int64s(q[2][:3]), ptr(k[0]), *_int64s(k[2][:3]), *v_args), maps
 
 
 def run(p: Launchable, ops: Operands, scale: float | None, return_lse: bool,
@@ -408,9 +417,9 @@ def run(p: Launchable, ops: Operands, scale: float | None, return_lse: bool,
     cc = device_cc()
     if not r.runs_on(cc):
         raise ValueError(f"regime {r.name} runs on sm_90 GPUs only; this device is sm_{cc}")
-    int8 = quantized is not None
+    int8 = 0 if quantized is None else 1 if quantized.v_t is not None else 2  # (INT8's values)
     if int8:
-        operand_args, maps = _int8_operands(p, quantized)
+        operand_args, maps = _int8_operands(p, ops, quantized, bf16)
         steps = (np.uint64(quantized.q_scale.data.ptr), np.uint64(quantized.v_scale.data.ptr))
     else:
         maps = _tma_maps(p, ops, bf16) if config.use_tma and r.tma_capable else None

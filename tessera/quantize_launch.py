@@ -21,12 +21,15 @@ from .settings import config
 from .streams import cupy_stream
 
 __all__ = ["QuantizedOnDevice", "quantize_operands", "v_key_order", "check_int8", "PAD_KEYS",
-           "INT8_HEAD_DIMS"]
+           "INT8_HEAD_DIMS", "PRECISION_SCHEMES"]
 
 _THREADS = 256  # every pre-pass kernel's launch bound
 _CHUNK_TOKENS = 512  # tokens a partial of the channel statistics covers
 PAD_KEYS = 64  # the transposed V's rows are padded to a multiple of this many keys (zeros)
 INT8_HEAD_DIMS = (64, 128)  # the 8-bit kernel's (sm90/traits.cuh, INT8)
+# The 8-bit forwards by their precision names (``tessera.attention(precision=...)``): "int8"
+# rounds both products (the kernel's INT8 1), "int8-qk" the scores alone, P V in 16 bits (2).
+PRECISION_SCHEMES = {"int8": Scheme(), "int8-qk": Scheme(pv="16bit")}
 
 
 @dataclass(frozen=True)
@@ -34,7 +37,8 @@ class QuantizedOnDevice:
     """The pre-pass's output (CuPy arrays on the inputs' device): ``q`` / ``k`` int8
     ``[B, H, L, D]`` (contiguous, after the scheme's rewrites), their steps ``q_scale``
     float32 ``[B, Hq, Lq]`` and ``k_scale`` float32 ``[B, Hkv, L_pad]`` (zeros past the keys,
-    as the 8-bit kernel copies a chunk); ``v_t`` int8 ``[B, Hkv, D, L_pad]``, V transposed (keys
+    as the 8-bit kernel copies a chunk); ``v_t`` int8 ``[B, Hkv, D, L_pad]`` (None where the
+    scheme keeps P V in 16 bits), V transposed (keys
     contiguous in :func:`v_key_order`, ``L_pad`` the key count rounded up to :data:`PAD_KEYS`,
     zeros past it), its steps ``v_scale`` float32 ``[B, Hkv, D]``."""
 
@@ -59,26 +63,29 @@ def v_key_order(keys: int) -> np.ndarray:
     return (np.arange(0, keys, 16)[:, None] + within[None, :]).reshape(-1)
 
 
-def check_int8(head_dim: int, cc: int | None, capturing: bool = False) -> None:
-    """Refuse, naming what, an 8-bit forward (``precision="int8"``) its kernel cannot run:
-    a GPU other than Hopper (compute capability ``cc``), a head dim other than 64 or 128, a
-    CUDA-graph capture."""
+def check_int8(head_dim: int, cc: int | None, capturing: bool = False,
+               precision: str = "int8") -> None:
+    """Refuse, naming what, an 8-bit forward (``precision``, a :data:`PRECISION_SCHEMES`
+    name) its kernel cannot run: a GPU other than Hopper (compute capability ``cc``), a head
+    dim other than 64 or 128, a CUDA-graph capture."""
     if head_dim not in INT8_HEAD_DIMS:
-        raise ValueError(f"precision='int8' takes head dims {INT8_HEAD_DIMS}, got {head_dim}")
+        raise ValueError(f"precision={precision!r} takes head dims {INT8_HEAD_DIMS}, got "
+                         f"{head_dim}")
     if cc != 90:
-        raise ValueError(f"precision='int8' runs on Hopper GPUs (sm_90) only; this device is "
-                         f"sm_{cc}")
+        raise ValueError(f"precision={precision!r} runs on Hopper GPUs (sm_90) only; this "
+                         f"device is sm_{cc}")
     if capturing:
-        raise ValueError("precision='int8' cannot be captured into a CUDA graph: its pre-pass "
-                         "copies the rotation's factors to the GPU")
+        raise ValueError(f"precision={precision!r} cannot be captured into a CUDA graph: its "
+                         "pre-pass copies the rotation's factors to the GPU")
 
 
 def _checked_scheme(scheme: Any) -> Scheme:
-    """``scheme`` if the GPU pre-pass rounds it (int8 both ways), else the error naming it."""
+    """``scheme`` if the GPU pre-pass rounds it (int8 scores; P V in int8 or 16 bits), else the
+    error naming it."""
     checked_scheme(scheme)
-    if scheme.qk != "int8" or scheme.pv != "int8":
-        raise ValueError(f"the GPU pre-pass rounds to int8 only (qk='int8', pv='int8'), got "
-                         f"scheme {scheme.name}")
+    if scheme.qk != "int8" or scheme.pv not in ("int8", "16bit"):
+        raise ValueError(f"the GPU pre-pass rounds to int8 only (qk='int8', pv='int8' or "
+                         f"'16bit'), got scheme {scheme.name}")
     return scheme
 
 
@@ -105,10 +112,12 @@ def quantize_operands(q: Any, k: Any, v: Any, *, scheme: Scheme = Scheme(),
         out = QuantizedOnDevice(
             cp.empty((b, hq, lq, d), cp.int8), cp.empty((b, hq, lq), cp.float32),
             cp.empty((b, hkv, lkv, d), cp.int8), cp.zeros((b, hkv, pad), cp.float32),
-            cp.empty((b, hkv, d, pad), cp.int8), cp.empty((b, hkv, d), cp.float32))
+            cp.empty((b, hkv, d, pad), cp.int8) if scheme.pv == "int8" else None,
+            cp.empty((b, hkv, d), cp.float32))
         if config.poison_outputs:  # NaN steps, codes -128 (no code is): nothing unwritten passes
             for a in vars(out).values():
-                a.fill(np.nan if a.dtype == cp.float32 else -128)
+                if a is not None:
+                    a.fill(np.nan if a.dtype == cp.float32 else -128)
         k_sums = cp.empty((b * hkv, chunks, d), cp.float32)
         v_amax = cp.empty_like(k_sums)
         k_mean = cp.empty((b * hkv, d), cp.float32)
@@ -131,9 +140,10 @@ def quantize_operands(q: Any, k: Any, v: Any, *, scheme: Scheme = Scheme(),
             rows((-(-count // per_cta),), (_THREADS,), (
                 ptr(x.ptr), *map(i64, strides[:3]), i32(heads), i32(seq), i64(count),
                 _or_null(mean), _or_null(factors), dst, scales, i32(scales.shape[2])))
-        kernel("quant_v_transposed")((pad // PAD_KEYS, b * hkv), (_THREADS,), (
-            ptr(ops.v.ptr), *map(i64, ops.strides_v[:3]), i32(hkv), i32(lkv), i32(pad),
-            out.v_scale, out.v_t))
+        if out.v_t is not None:
+            kernel("quant_v_transposed")((pad // PAD_KEYS, b * hkv), (_THREADS,), (
+                ptr(ops.v.ptr), *map(i64, ops.strides_v[:3]), i32(hkv), i32(lkv), i32(pad),
+                out.v_scale, out.v_t))
     return out
 
 

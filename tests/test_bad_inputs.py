@@ -129,14 +129,14 @@ CASES = [
         X, X, X, np.ones((2, 2), bool)), TypeError, "block_mask must be a tessera.BlockMask"),
     ("tessera.attention", "precision='fp8'", lambda: tessera.attention(
         X, X, X, M, precision="fp8"), ValueError,
-     r"precision must be one of \(None, 'int8'\), got 'fp8'"),
+     r"precision must be one of \(None, 'int8', 'int8-qk'\), got 'fp8'"),
     ("tessera.attention", "precision='int8' with a regime", lambda: tessera.attention(
         X, X, X, M, precision="int8", regime="sm90_128x128_w12_s3"), ValueError,
      "regime must be None with precision='int8'"),
     ("Plan.run", "numpy arrays", lambda: _plan().run(X, X, X), ValueError,
      "q is a host \\(numpy\\) array"),
     ("Plan.run", "precision='fp8'", lambda: _plan().run(X, X, X, precision="fp8"), ValueError,
-     r"precision must be one of \(None, 'int8'\), got 'fp8'"),
+     r"precision must be one of \(None, 'int8', 'int8-qk'\), got 'fp8'"),
     ("launch.check_int8_regime", "64-row tiles", lambda: check_int8_regime(
         tessera.Regime(family="sm90", block_m=64, num_warps=8, block_n=64, stages=3,
                        combine_threshold=0.0), 64), ValueError,
@@ -195,9 +195,9 @@ CASES = [
         _plan(), X, X[:, :, :100], X[:, :, :100]), ValueError, "covers \\(128, 128\\) tokens"),
     ("tessera.emulate.run", "a head dim other than the plan's", lambda: tessera.emulate.run(
         _plan(), *(np.zeros((1, 1, 128, 128)),) * 3), ValueError, "differ from the plan's"),
-    ("tessera.emulate.run", "a 16-bit P V scheme", lambda: tessera.emulate.run(
-        _plan(), X, X, X, scheme=quantization.Scheme(pv="16bit")), ValueError,
-     "scheme must round both products to int8"),
+    ("tessera.emulate.run", "e4m3 scores", lambda: tessera.emulate.run(
+        _plan(), X, X, X, scheme=quantization.Scheme(qk="e4m3")), ValueError,
+     "scheme must round the scores to int8"),
     ("tessera.config", "use_tma='yes'", lambda: setattr(tessera.config, "use_tma", "yes"),
      TypeError, "config.use_tma must be True or False"),
     ("tessera.config", "request_selection_refresh=0", lambda: setattr(
@@ -297,6 +297,9 @@ CASES = [
      ValueError, r"runs on Hopper GPUs \(sm_90\) only"),
     ("quantize_launch.check_int8", "a capture", lambda: check_int8(64, 90, True),
      ValueError, "cannot be captured into a CUDA graph"),
+    ("quantize_launch.check_int8", "head_dim=96, int8-qk", lambda: check_int8(
+        96, 90, precision="int8-qk"), ValueError,
+     r"precision='int8-qk' takes head dims \(64, 128\), got 96"),
     ("quantize_launch.v_key_order", "keys=40", lambda: v_key_order(40), ValueError,
      "keys must be a non-negative multiple of 16, got 40"),
     ("distributed.head_units", "balance='even'", lambda: distributed.head_units(

@@ -63,13 +63,15 @@ class TileMap:
 
 
 def tile_map(shape: tuple[int, int, int, int], strides: tuple[int, int, int, int], *,
-             bf16: bool, rows: int, heads: int = 1, int8: bool = False) -> TileMap:
+             bf16: bool, rows: int, heads: int = 1, int8: bool = False,
+             swizzle_bytes: int | None = None) -> TileMap:
     """The tensor map of a ``[B, H, L, D]`` operand with element ``strides`` whose tiles are
     ``rows`` tokens of ``heads`` consecutive heads by the whole head dim (a Q tile of GQA-packed
     heads lands head-major, as the kernels index its rows). Raises TensorMapError when TMA
     cannot read it: the head dim not contiguous, a byte stride not a multiple of 16 (or too
     large), a box too big. ``int8``: one-byte elements (the 8-bit form's codes; SW is then the
-    row's bytes, 64 or 128)."""
+    row's bytes, 64 or 128). ``swizzle_bytes``: SW as given (a 16-bit V beside int8 Q and K
+    takes their 64-byte span at head dim 64)."""
     b, h, l_, d = (int(x) for x in shape)
     elem = 1 if int8 else 2
     sb, sh, sl, sd = (int(x) for x in strides)
@@ -85,7 +87,7 @@ def tile_map(shape: tuple[int, int, int, int], strides: tuple[int, int, int, int
     if not 0 < rows <= _MAX_BOX or not 0 < heads <= min(h, _MAX_BOX):
         raise TensorMapError(f"a box holds 1 to {_MAX_BOX} rows of 1 to {min(h, _MAX_BOX)} "
                              f"heads, got {rows} rows of {heads}")
-    sw = 128 if d * elem % 128 == 0 else 64
+    sw = swizzle_bytes or (128 if d * elem % 128 == 0 else 64)
     return TileMap(dims=(d, l_, h, b), strides=byte_strides, box=(sw // elem, rows, heads, 1),
                    swizzle=SWIZZLE_128B if sw == 128 else SWIZZLE_64B,
                    data_type=DATA_TYPE_UINT8 if int8 else
@@ -155,26 +157,36 @@ def launch_maps(q, k, v, *, bf16: bool, tile_rows: int, heads_per_task: int, blo
     return np.frombuffer(b"".join(blobs) + _NO_MAP, dtype=MAPS_DTYPE)[0]
 
 
-def int8_launch_maps(q: tuple, k: tuple, v_t: tuple, k_steps: tuple, *, tile_rows: int,
-                     heads_per_task: int, block_n: int, encoder=None) -> np.void:
+def int8_launch_maps(q: tuple, k: tuple, v_t: tuple | None, k_steps: tuple, *, tile_rows: int,
+                     heads_per_task: int, block_n: int, v16: tuple | None = None,
+                     bf16: bool = True, encoder=None) -> np.void:
     """The TmaMaps argument of an 8-bit launch (sm90/traits.cuh's INT8), from the pre-pass's
     arrays (tessera/quantize_launch.py), each (address, shape, element strides): ``q`` and
     ``k`` int8 ``[B, H, L, D]`` as :func:`launch_maps` describes them; ``v_t`` int8 ``[B, Hkv,
     D, L_pad]``, a box of ``block_n`` keys by every channel, swizzled over the keys' bytes;
-    ``k_steps`` float32 ``[B, Hkv, L_pad]``, a box of ``block_n`` steps. Raises TensorMapError
-    when one cannot be described."""
+    ``k_steps`` float32 ``[B, Hkv, L_pad]``, a box of ``block_n`` steps. Scores-only (``v_t``
+    None): ``v16``, the caller's 16-bit V ``[B, Hkv, L, D]`` (``bf16`` or fp16), boxes of
+    ``block_n`` keys at the int8 tiles' swizzle span. Raises TensorMapError when one cannot be
+    described."""
     (qa, qs, qst), (ka, ks, kst) = q, k
     blobs = [encode(tile_map(qs, qst, bf16=False, rows=tile_rows, heads=heads_per_task,
                              int8=True), int(qa), encoder),
              encode(tile_map(ks, kst, bf16=False, rows=block_n, int8=True), int(ka), encoder)]
-    (va, (b, h, d, pad), (vsb, vsh, vsd, vsl)) = v_t
-    if vsl != 1 or pad % 16 or block_n not in (64, 128):
-        raise TensorMapError(f"V^T must have contiguous keys padded to 16 and a box of 64 or 128 "
-                             f"keys, got strides {(vsb, vsh, vsd, vsl)}, {pad} keys, {block_n}")
-    blobs.append(encode(TileMap(dims=(pad, d, h, b), strides=(vsd, vsh, vsb),
-                                box=(block_n, d, 1, 1),
-                                swizzle=SWIZZLE_128B if block_n == 128 else SWIZZLE_64B,
-                                data_type=DATA_TYPE_UINT8), int(va), encoder))
+    if v_t is None:
+        va, vs, vst = v16
+        span = 128 if qs[3] % 128 == 0 else 64  # the int8 rows' swizzle span
+        blobs.append(encode(tile_map(vs, vst, bf16=bf16, rows=block_n, swizzle_bytes=span),
+                            int(va), encoder))
+    else:
+        (va, (b, h, d, pad), (vsb, vsh, vsd, vsl)) = v_t
+        if vsl != 1 or pad % 16 or block_n not in (64, 128):
+            raise TensorMapError(f"V^T must have contiguous keys padded to 16 and a box of 64 "
+                                 f"or 128 keys, got strides {(vsb, vsh, vsd, vsl)}, {pad} keys, "
+                                 f"{block_n}")
+        blobs.append(encode(TileMap(dims=(pad, d, h, b), strides=(vsd, vsh, vsb),
+                                    box=(block_n, d, 1, 1),
+                                    swizzle=SWIZZLE_128B if block_n == 128 else SWIZZLE_64B,
+                                    data_type=DATA_TYPE_UINT8), int(va), encoder))
     (sa, (sb_, sh_, spad), (ssb, ssh, ssl)) = k_steps
     if ssl != 1 or (4 * spad) % 16:
         raise TensorMapError(f"the K steps must be contiguous rows of a multiple of 4 floats, got "

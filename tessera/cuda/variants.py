@@ -96,7 +96,7 @@ class Variant:
     def bsa_sm90(cls, *, block_m: int, block_n: int, head_dim: int, stages: int,
                  bf16: bool, producer: bool = False, pack_keys: bool = False,
                  tma: bool = False, wide: bool = False, guard: bool = True,
-                 rings: int = 1, whole_tasks: bool = False, int8: bool = False) -> "Variant":
+                 rings: int = 1, whole_tasks: bool = False, int8: int = 0) -> "Variant":
         """The Hopper family (sm_90a only): 64 rows per consumer warpgroup, plus a producer
         warpgroup that does all copies when ``producer`` -- then with two Q buffers where they
         fit the sm_90 shared-memory limit (all but 128-row tiles with 128-key steps at head dim
@@ -116,9 +116,11 @@ class Variant:
         ``whole_tasks`` (Regime.whole_spans; producer variants of the span-by-span walk): every
         task is one span over all its rows, walked by arithmetic in one loop
         (``WHOLE_TASKS``): only for plans whose mask selects every block.
-        ``int8``: the 8-bit forward (``INT8``, sm90/traits.cuh) -- the TMA producer of the
-        span-by-span walk, 128-row tiles, no wide step, head dim 64 or 128; integer V holds no
-        Inf or NaN, so it never builds the guard."""
+        ``int8`` (``INT8``, sm90/traits.cuh): 1, the 8-bit forward; 2, its 8-bit scores with
+        16-bit P V -- the TMA producer of the span-by-span walk, 128-row tiles, no wide step,
+        head dim 64 or 128, never the guard."""
+        if int8 not in (0, 1, 2):
+            raise ValueError(f"int8 must be 0, 1 or 2, got {int8!r}")
         if int8 and not (tma and producer and not pack_keys and rings == 1 and not whole_tasks
                          and block_m == 128 and head_dim in (64, 128) and block_n in (64, 128)):
             raise ValueError("the 8-bit form is the TMA producer's, span by span, 128 rows, at "
@@ -140,7 +142,7 @@ class Variant:
                   (("PV_WAIT_ANCHOR", 1),)
                   if pv_wait_anchored(block_m, block_n, head_dim, tma, whole_tasks) else ()) + (
                   (("WHOLE_TASKS", 1),) if whole_tasks else ()) + (
-                  (("INT8", 1),) if int8 else ())
+                  (("INT8", int(int8)),) if int8 else ())
         if not producer:
             return cls(SM90, "bsa_fwd_sm90", macros)
         def ws(q_buffers: int, min_blocks: int, aligned: bool = False) -> "Variant":
@@ -351,9 +353,11 @@ def smem_bytes(v: Variant) -> int:
         if macros.get("TMA"):
             barriers += 16 * stages
         align = 0 if macros.get("SMEM_ALIGNED") else 1024
-        elem, k_steps = (1, 4 * v.kv_rows) if macros.get("INT8") else (2, 0)
-        ring = (elem * d * (q_bufs * v.macro("BM") + stages * 2 * v.kv_rows) + stages * k_steps
-                + barriers)
+        int8 = macros.get("INT8", 0)
+        elem, v_elem = (1, 1 if int8 == 1 else 2) if int8 else (2, 2)  # Q/K's, V's bytes
+        k_steps = 4 * v.kv_rows if int8 else 0
+        ring = (d * (elem * q_bufs * v.macro("BM") + (elem + v_elem) * stages * v.kv_rows)
+                + stages * k_steps + barriers)
         return align + v.rings * ring
     return 0
 

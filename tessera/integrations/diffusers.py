@@ -973,15 +973,16 @@ def enable(transformer: Any, method: Method, *, schedule: Schedule | None = None
     (``forwards_per_step=N``: N forwards a step, counted). ``keep_order``: for methods with a
     fixed token order (sliding tiles, cubes), reorder the tokens once per forward -- before
     the first block, back after the last -- instead of around every attention call (1.5% of a
-    Wan-1.3B forward on the H200; off by default: docs/integrations.md). ``precision="int8"``:
-    the 8-bit forward for every sparse call (inference only: ``tessera.attention``'s)."""
+    Wan-1.3B forward on the H200; off by default: docs/integrations.md). ``precision="int8"``
+    or ``"int8-qk"``: an 8-bit forward for every sparse call (inference only:
+    ``tessera.attention``'s)."""
     if regime is not None and not isinstance(regime, Regime):
         raise TypeError(f"regime must be a tessera.Regime or None, got {type(regime).__name__}")
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     if precision is not None and regime is not None:
-        raise ValueError(f"regime must be None with precision={precision!r} (the 8-bit forward "
-                         f"runs its own regime, {INT8_REGIME.name})")
+        raise ValueError(f"regime must be None with precision={precision!r} (the 8-bit "
+                         f"forwards run their own regime, {INT8_REGIME.name})")
     family = family_of(transformer)
     if not isinstance(method, Method):
         raise TypeError(f"method must be a tessera.integrations.methods.Method (SlidingTile, "

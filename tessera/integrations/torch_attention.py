@@ -14,8 +14,7 @@ from typing import Any
 from .. import api, reference
 from ..dtypes import SUPPORTED_HEAD_DIMS
 from ..mask import BlockMask
-from ..quantization import Scheme
-from ..quantize_launch import check_int8
+from ..quantize_launch import PRECISION_SCHEMES, check_int8
 from ..runtime import emulate
 from ..runtime.plan import plan
 from ..runtime.regime.heuristic import INT8_REGIME
@@ -29,8 +28,9 @@ def attention(q: Any, k: Any, v: Any, mask: BlockMask, *, layout: str,
               scale: float | None = None, return_lse: bool = False, regime: Any = None,
               precision: str | None = None) -> Any:
     """Block-sparse attention of torch ``q``/``k``/``v`` on ``mask``: the output in q's dtype
-    (and with ``return_lse`` the float32 LSE), on q's device. ``precision="int8"``: the 8-bit
-    forward (on CPU tensors its arithmetic in float64, by the emulator), forward only."""
+    (and with ``return_lse`` the float32 LSE), on q's device. ``precision="int8"`` /
+    ``"int8-qk"``: an 8-bit forward (on CPU tensors its arithmetic in float64, by the
+    emulator), forward only."""
     if q.is_cuda:
         return api.attention(q, k, v, mask, layout=layout, scale=scale, return_lse=return_lse,
                              regime=regime, precision=precision)
@@ -81,14 +81,15 @@ def _emulated_int8(q: Any, k: Any, v: Any, mask: BlockMask, layout: str, scale: 
     if precision not in api.PRECISIONS:
         raise ValueError(f"precision must be one of {api.PRECISIONS}, got {precision!r}")
     if regime is not None:
-        raise ValueError("regime must be None with precision='int8' (the 8-bit forward runs "
-                         f"its own regime, {INT8_REGIME.name})")
+        raise ValueError(f"regime must be None with precision={precision!r} (the 8-bit "
+                         f"forwards run their own regime, {INT8_REGIME.name})")
     if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
-        raise ValueError("precision='int8' is forward-only: q, k, v must not require grad "
-                         "while autograd records (detach them, or run under torch.no_grad())")
-    check_int8(q.shape[-1], 90)  # (as a Hopper GPU would take it)
+        raise ValueError(f"precision={precision!r} is forward-only: q, k, v must not require "
+                         "grad while autograd records (detach them, or run under "
+                         "torch.no_grad())")
+    check_int8(q.shape[-1], 90, precision=precision)  # (as a Hopper GPU would take it)
     p = _plan_of(q, k, v, mask, layout, INT8_REGIME)
-    res = emulate.run(p, *_host64(q, k, v), scale=scale, scheme=Scheme())
+    res = emulate.run(p, *_host64(q, k, v), scale=scale, scheme=PRECISION_SCHEMES[precision])
     out = torch.from_numpy(res.out).to(q.dtype)
     return (out, torch.from_numpy(res.lse).float()) if return_lse else out
 

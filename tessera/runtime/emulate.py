@@ -98,9 +98,10 @@ def run(plan: Plan, q: Any, k: Any, v: Any, *, scale: float | None = None,
     ``scheme``: the 8-bit forward's arithmetic with that rounding (int8 scores and P V)."""
     if not isinstance(plan, Plan):
         raise TypeError(f"plan must be a tessera.Plan, got {type(plan).__name__}")
-    if scheme is not None and (checked_scheme(scheme).qk, scheme.pv) != ("int8", "int8"):
-        raise ValueError(f"scheme must round both products to int8 (the 8-bit kernel's), got "
-                         f"{scheme.name}")
+    if scheme is not None and (checked_scheme(scheme).qk != "int8"
+                               or scheme.pv not in ("int8", "16bit")):
+        raise ValueError(f"scheme must round the scores to int8 and P V to int8 or 16 bits (the "
+                         f"8-bit kernels'), got {scheme.name}")
     q4, k4, v4 = (to_numpy(x).astype(np.float64)
                   for x in host_operands(q, k, v, plan.layout, scale, plan.mask))
     b_, hq, lq, d = q4.shape
@@ -111,7 +112,8 @@ def run(plan: Plan, q: Any, k: Any, v: Any, *, scale: float | None = None,
                          f"the plan's (B={plan.batch}, Hq={plan.num_q_heads}, "
                          f"Hkv={plan.num_kv_heads}, D={plan.head_dim}, Dv={plan.head_dim_v})")
     em = _Emulation(plan, q4, k4, v4, 1.0 / np.sqrt(d) if scale is None else float(scale),
-                    None if scheme is None else quantized_operands(q4, k4, v4, scheme))
+                    None if scheme is None else quantized_operands(q4, k4, v4, scheme),
+                    scheme is not None and scheme.pv == "int8")
     for task in records(plan.queue.tasks, Task):
         em.run_task(task)
     for job in records(plan.queue.combine, Combine):
@@ -150,9 +152,10 @@ class _Emulation(_PlanWalk):
     outputs and the split partials (NaN until written), and the pair counts."""
 
     def __init__(self, plan: Plan, q4: np.ndarray, k4: np.ndarray, v4: np.ndarray,
-                 scale: float, codes: QuantizedOperands | None = None) -> None:
+                 scale: float, codes: QuantizedOperands | None = None,
+                 int8_pv: bool = True) -> None:
         super().__init__(plan, q4, k4, v4, scale)
-        self.codes = codes
+        self.codes, self.int8_pv = codes, int8_pv
         b, hq, lq, _ = q4.shape
         self.tr = plan.queue.tile_rows
         dv = v4.shape[3]
@@ -214,8 +217,9 @@ class _Emulation(_PlanWalk):
         m = np.full(self.bm, -np.inf)
         denom = np.zeros(self.bm)
         acc = np.zeros((self.bm, c.v.shape[3]))
+        align = INT8_CHUNK_ALIGN if self.int8_pv else 1
         for keys, key_ok, r0, r1 in _span_chunks(self.spans[task.span_begin:task.span_end],
-                                                 self.plan.regime.block_n, INT8_CHUNK_ALIGN):
+                                                 self.plan.regime.block_n, align):
             row_ok = real & (tok >= r0) & (tok < r1)
             keys_c = np.minimum(keys, c.k.shape[2] - 1)
             ok = row_ok[:, None] & key_ok[None, :]
@@ -231,8 +235,11 @@ class _Emulation(_PlanWalk):
             g = np.where(none, 0.0, np.exp(cm_safe - m_safe))
             p = np.exp(s - cm_safe[:, None])  # in [0, 1]; 0 where masked
             denom = denom * alpha + p.sum(axis=1) * g
-            codes = np.round(p * 255.0)  # (ties to even, as the kernel's float add)
-            acc = acc * alpha[:, None] + (codes @ c.v[b, kvh, keys_c]) * (g / 255.0)[:, None]
+            if self.int8_pv:  # (ties to even, as the kernel's float add)
+                pv = (np.round(p * 255.0) @ c.v[b, kvh, keys_c]) * (g / 255.0)[:, None]
+            else:  # (16-bit P V: P as it is, V as given, its steps ones)
+                pv = (p @ c.v[b, kvh, keys_c]) * g[:, None]
+            acc = acc * alpha[:, None] + pv
             m = m_new
         self._store(task, head, tok, real, *_normalized(acc * c.v_scale[b, kvh, 0], denom, m))
 

@@ -261,8 +261,8 @@ class Plan:
         With ``out``/``lse`` given the run writes them in place and allocates nothing. On torch
         tensors that require grad (while autograd records) the output is differentiable, its
         backward :meth:`run_backward` (``autograd.py``): a fixed mask trains with its plan.
-        ``precision="int8"``: the 8-bit forward (``tessera.attention``'s), forward only, for a
-        plan of a regime with an 8-bit form (``regime=tessera.INT8_REGIME``)."""
+        ``precision="int8"`` / ``"int8-qk"``: an 8-bit forward (``tessera.attention``'s),
+        forward only, for a plan of a regime with an 8-bit form (``tessera.INT8_REGIME``)."""
         name = gradient_recorded(q, k, v)
         if name is None or precision is not None:
             if name is not None:

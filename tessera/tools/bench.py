@@ -417,9 +417,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="(--backward) GQA: kv heads, dividing the query heads (default: MHA)")
     ap.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16",
                     help="(--backward) the inputs' element type (default bfloat16)")
-    ap.add_argument("--precision", choices=("int8",), default=None,
-                    help="the 8-bit forward against the bf16 one and cuDNN's FP8 forward (see "
-                         "tessera.tools.bench_int8)")
+    ap.add_argument("--precision", default=None,
+                    help="comma list of 8-bit forwards, "
+                         f"{', '.join(p for p in tessera.api.PRECISIONS if p)}: each against the "
+                         "bf16 one and cuDNN's FP8 forward (see tessera.tools.bench_int8)")
     ap.add_argument("--distributed", action="store_true",
                     help="sequence-parallel attention over the GPUs of a torchrun launch "
                          "(cases: random-10, mixed-heads; see tessera.tools.bench_distributed)")
@@ -435,6 +436,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.precision and (args.backward or args.distributed or args.regime or args.png
                            or args.host_mask):
         ap.error("--precision takes --shape, --case, --family, --heads, --rounds and --json")
+    precisions = tuple(args.precision.split(",")) if args.precision else ()
+    for p in precisions:
+        if p not in tessera.api.PRECISIONS[1:]:
+            ap.error(f"--precision: {p!r} is not one of "
+                     f"{', '.join(x for x in tessera.api.PRECISIONS if x)}")
     if not args.backward and (args.kv_heads or args.dtype != "bfloat16"):
         ap.error("--kv-heads and --dtype are options of --backward")
     if args.kv_heads:
@@ -477,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if args.precision:
         rows = bench_int8.run(shapes, cases + families, case_blocks, heads=args.heads,
-                              rounds=args.rounds)
+                              rounds=args.rounds, precisions=precisions)
         print(bench_int8.table(rows))
         _write_json(args.json, rows, precision=args.precision)
         return 0

@@ -1,9 +1,9 @@
-"""``python -m tessera bench --precision int8``: the 8-bit forward (``tessera.attention(...,
-precision="int8")``) against Tessera's own bf16 forward and cuDNN's FP8 block-sparse forward,
-in one process, on the WORKLOADS shapes and the bench's mask cases.
+"""``python -m tessera bench --precision int8[,int8-qk]``: the 8-bit forwards
+(``tessera.attention(..., precision=P)``) against Tessera's own bf16 forward and cuDNN's FP8
+block-sparse forward, in one process, on the WORKLOADS shapes and the bench's mask cases.
 
-Both of Tessera's forwards are timed as requests (a kept plan replanned for the mask, then the
-kernels; the 8-bit one's pre-pass included: it has no plan that keeps its codes), back to back
+Tessera's forwards are timed as requests (a kept plan replanned for the mask, then the
+kernels; an 8-bit one's pre-pass included: it has no plan that keeps its codes), back to back
 (``BURST`` calls between two events, as a model's layer loop issues them). cuDNN's FP8 forward
 ("Sage FP8", ``block_sparse_attention_fp8_forward``) quantizes its bf16 inputs itself, so its
 call is the like of ours; it runs on sm90 at head dim 128, MHA, lengths that are multiples of
@@ -37,11 +37,12 @@ MaskMaker = Callable[[str, str, int], tuple[Any, Any, Any]]
 
 
 def run(shapes: list[str], cases: list[str], make_mask: MaskMaker, *, heads: int | None = None,
-        rounds: int = 8) -> list[dict]:
-    """Time the 8-bit forward, the bf16 forward and (where it runs) cuDNN's FP8 forward on each
-    (shape, case) in interleaved rounds; one dict of figures per pair (``int8_ms``,
-    ``bf16_ms``, ``int8_speedup``, ``cudnn_fp8_ms``, ``int8_vs_cudnn_fp8``, the 8-bit outputs'
-    distances from the bf16 one)."""
+        rounds: int = 8, precisions: tuple[str, ...] = ("int8",)) -> list[dict]:
+    """Time the 8-bit forwards of ``precisions``, the bf16 forward and (where it runs) cuDNN's
+    FP8 forward on each (shape, case) in interleaved rounds; one dict of figures per pair:
+    ``bf16_ms``, for each precision P ``P_ms``, ``P_tflops``, ``P_speedup`` (bf16's time over
+    P's), ``P_diff`` (its distance from the bf16 output) and ``P_vs_cudnn_fp8``, and
+    ``cudnn_fp8_ms``, ``cudnn_fp8_diff``."""
     import torch
 
     rows: list[dict] = []
@@ -58,9 +59,10 @@ def run(shapes: list[str], cases: list[str], make_mask: MaskMaker, *, heads: int
             row = dict(shape=shape, case=case, density=round(m.density, 4), heads=h,
                        useful_tflop=flops / 1e12)
             bf16 = tessera.attention(q, k, v, m)
-            calls = {"bf16": lambda: tessera.attention(q, k, v, m),
-                     "int8": lambda: tessera.attention(q, k, v, m, precision="int8")}
-            row["int8_diff"] = peers.relative_difference(calls["int8"](), bf16)
+            calls = {"bf16": lambda: tessera.attention(q, k, v, m)}
+            for p in precisions:
+                calls[p] = lambda p=p: tessera.attention(q, k, v, m, precision=p)
+                row[f"{p}_diff"] = peers.relative_difference(calls[p](), bf16)
             inputs = peers.cudnn_bsa_inputs(m, 1, h, q.device) if (
                 peers.cudnn_bsa_available()) else None
             if peers.cudnn_fp8_runs(inputs, length, d, True):
@@ -77,27 +79,32 @@ def run(shapes: list[str], cases: list[str], make_mask: MaskMaker, *, heads: int
                     print(f"\ncuDNN FP8 failed on {shape}/{case}: {exc}", file=sys.stderr)
             rounds_ms = interleaved_ms(calls, rounds=rounds, reps=3, burst=BURST)
             ms = {name: statistics.median(t) for name, t in rounds_ms.items()}
-            row.update(rounds_ms=rounds_ms, bf16_ms=ms["bf16"], int8_ms=ms["int8"],
-                       int8_tflops=flops / ms["int8"] / 1e9,
-                       int8_speedup=ms["bf16"] / ms["int8"])
+            row.update(rounds_ms=rounds_ms, bf16_ms=ms["bf16"], precisions=list(precisions))
             if "cudnn_fp8" in ms:
-                row.update(cudnn_fp8_ms=ms["cudnn_fp8"],
-                           int8_vs_cudnn_fp8=ms["cudnn_fp8"] / ms["int8"])
+                row["cudnn_fp8_ms"] = ms["cudnn_fp8"]
+            for p in precisions:
+                row.update({f"{p}_ms": ms[p], f"{p}_tflops": flops / ms[p] / 1e9,
+                            f"{p}_speedup": ms["bf16"] / ms[p]})
+                if "cudnn_fp8" in ms:
+                    row[f"{p}_vs_cudnn_fp8"] = ms["cudnn_fp8"] / ms[p]
             rows.append(row)
     return rows
 
 
 def table(rows: list[dict]) -> str:
-    """The figures as a fixed-width table: the 8-bit request (ms, useful TFLOP/s), the bf16
-    one and its time over the 8-bit one's, cuDNN FP8's and its time over ours (above 1: Tessera
-    is faster), and both 8-bit outputs' distances from the bf16 output."""
+    """The figures as a fixed-width table, a line per 8-bit precision of each (shape, case):
+    its request (ms, useful TFLOP/s), the bf16 one and its time over the 8-bit one's, cuDNN
+    FP8's and its time over ours (above 1: Tessera is faster), and both 8-bit outputs'
+    distances from the bf16 output."""
     nan = float("nan")
-    out = [f"{'shape':16} {'case':12} {'dens':>5} {'int8':>7} {'TF/s':>5} {'bf16':>7} "
-           f"{'x':>5} {'cdnFP8':>7} {'x':>5} {'diff':>8} {'cdn diff':>8}"]
+    out = [f"{'shape':16} {'case':12} {'dens':>5} {'precision':9} {'ms':>7} {'TF/s':>5} "
+           f"{'bf16':>7} {'x':>5} {'cdnFP8':>7} {'x':>5} {'diff':>8} {'cdn diff':>8}"]
     for r in rows:
         g = lambda key: r.get(key, nan)  # noqa: E731
-        out.append(f"{r['shape']:16} {r['case']:12} {r['density']:5.2f} {r['int8_ms']:7.3f} "
-                   f"{r['int8_tflops']:5.0f} {r['bf16_ms']:7.3f} {r['int8_speedup']:5.2f} "
-                   f"{g('cudnn_fp8_ms'):7.3f} {g('int8_vs_cudnn_fp8'):5.2f} "
-                   f"{r['int8_diff']:8.1e} {g('cudnn_fp8_diff'):8.1e}")
+        for p in r.get("precisions", ["int8"]):
+            out.append(f"{r['shape']:16} {r['case']:12} {r['density']:5.2f} {p:9} "
+                       f"{r[p + '_ms']:7.3f} {r[p + '_tflops']:5.0f} {r['bf16_ms']:7.3f} "
+                       f"{r[p + '_speedup']:5.2f} {g('cudnn_fp8_ms'):7.3f} "
+                       f"{g(p + '_vs_cudnn_fp8'):5.2f} {r[p + '_diff']:8.1e} "
+                       f"{g('cudnn_fp8_diff'):8.1e}")
     return "\n".join(out)

@@ -77,7 +77,7 @@ def variants_in_use(targets: tuple[str, ...] = tuple(_ARCHES.values()), *,
                     bf16: tuple[bool, ...] = (True, False)) -> list[tuple[str, Variant]]:
     """(target, variant) of every kernel a plan can launch on the given targets, sorted by
     label: each of :func:`regimes_in_use` in the element types ``bf16`` says, in its TMA form
-    too where it has one, the 8-bit forward's (sm_90, head dims 64 and 128), and the backward
+    too where it has one, the 8-bit forwards' (sm_90, head dims 64 and 128), and the backward
     pass's kernels (on sm_90 both families')."""
     found: set[tuple[str, Variant]] = set()
     for arch, target in _ARCHES.items():
@@ -93,8 +93,9 @@ def variants_in_use(targets: tuple[str, ...] = tuple(_ARCHES.values()), *,
                 found.add((target, Variant.bwd_dq_convert(head_dim=d, bf16=b)))
                 found.update((target, Variant.quantize(kn, head_dim=d, bf16=b))
                              for kn in QUANTIZE_KERNELS)
-                if arch == 90 and d in (64, 128):
-                    found.add((target, INT8_REGIME.variant(d, b, tma=True, int8=True)))
+                if arch == 90 and d in (64, 128):  # (both 8-bit forms)
+                    found.update((target, INT8_REGIME.variant(d, b, tma=True, int8=m))
+                                 for m in (1, 2))
                 for r in candidate_backward_regimes(arch) + (
                         candidate_backward_regimes(None) if arch == 90 else []):
                     found.update((target, v) for v in r.kernels(d, b, arch) if v)

@@ -13,6 +13,7 @@ import pytest
 import tessera
 from tessera import quantization as qz
 from tessera import reference
+from tessera.quantize_launch import PRECISION_SCHEMES
 from tests.gpu.test_attention import _device_cc, _inputs, _to_numpy
 
 pytestmark = pytest.mark.gpu
@@ -48,18 +49,20 @@ def _rel(got: np.ndarray, want: np.ndarray) -> tuple[float, float]:
     (128, "float16", "bhld", 4, 1, 512, 2048, 128),
     (64, "bfloat16", "bhld", 2, 2, 1536, 1536, 128),
 ])
-def test_int8_forward_computes_its_oracle(d, dtype, layout, hq, hkv, lq, lkv, block):
+@pytest.mark.parametrize("precision", ["int8", "int8-qk"])
+def test_int8_forward_computes_its_oracle(d, dtype, layout, hq, hkv, lq, lkv, block, precision):
     rng = np.random.default_rng(d + lq)
     (q, k, v), (qe, ke, ve) = _inputs(rng, "cupy", dtype, 1, hq, hkv, lq, lkv, d, layout)
     nq, nk = -(-lq // block), -(-lkv // block)
     dense = rng.random((1, hq, nq, nk)) < 0.4
     dense[0, 0, 1] = False  # a block row that selects nothing
     mask = tessera.BlockMask.from_dense(dense, block_size=block, seq_len_q=lq, seq_len_kv=lkv)
-    out, lse = tessera.attention(q, k, v, mask, layout=layout, precision="int8",
+    out, lse = tessera.attention(q, k, v, mask, layout=layout, precision=precision,
                                  return_lse=True)
     got = _to_numpy(out).astype(np.float64)
     assert not np.isnan(got).any(), "output has NaN (unwritten or broken)"
-    oracle, oracle_lse = qz.attention(qe, ke, ve, mask, layout=layout, return_lse=True)
+    oracle, oracle_lse = qz.attention(qe, ke, ve, mask, layout=layout, return_lse=True,
+                                      scheme=PRECISION_SCHEMES[precision])
     exact = reference.attention(qe, ke, ve, mask, layout=layout)
     err, row = _rel(got, oracle)
     assert err <= ORACLE_TOL and row <= ORACLE_ROW, f"against the oracle {err:.2e}, row {row:.2e}"

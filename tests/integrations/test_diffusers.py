@@ -721,8 +721,9 @@ def test_compile_blocks_refuses_other_modules():
         td.compile_blocks(torch.nn.Linear(2, 2))
 
 
-def test_the_8bit_forward_through_a_transformer():
-    """precision="int8" routes every sparse call through the 8-bit forward (on the CPU its
+@pytest.mark.parametrize("precision", ["int8", "int8-qk"])
+def test_the_8bit_forward_through_a_transformer(precision):
+    """An 8-bit precision routes every sparse call through its 8-bit forward (on the CPU its
     arithmetic, by the emulator): the output moves off the 16-bit one by the scheme's rounding,
     no further; bad settings are refused by name before anything is enabled."""
     model, x = _model("wan-1.3b")
@@ -730,14 +731,14 @@ def test_the_8bit_forward_through_a_transformer():
     with torch.no_grad():
         td.enable(model, method)
         own = model(**x)[0]
-        s = td.enable(model, method, precision="int8")
+        s = td.enable(model, method, precision=precision)
         got = model(**x)[0]
-    assert s.stats.sparse_calls == _layers(model) and s.precision == "int8"
+    assert s.stats.sparse_calls == _layers(model) and s.precision == precision
     rel = float((got - own).norm() / own.norm())
     assert 0 < rel < 3e-2, rel
     td.disable(model)
-    with pytest.raises(ValueError, match=r"precision must be one of \(None, 'int8'\)"):
+    with pytest.raises(ValueError, match=r"precision must be one of \(None, 'int8', 'int8-qk'\)"):
         td.enable(model, method, precision="fp8")
-    with pytest.raises(ValueError, match="regime must be None with precision='int8'"):
-        td.enable(model, method, precision="int8", regime=tessera.INT8_REGIME)
+    with pytest.raises(ValueError, match=f"regime must be None with precision='{precision}'"):
+        td.enable(model, method, precision=precision, regime=tessera.INT8_REGIME)
     assert td.session_of(model) is None

@@ -231,7 +231,8 @@ def test_backward_takes_the_forwards_out_and_lse(layout):
 @pytest.mark.parametrize("block,hq,hkv,lq,lkv,layout", [
     (128, 2, 2, 700, 900, "bhld"), (64, 4, 2, 512, 640, "blhd"), (128, 2, 1, 256, 1000, "bhld"),
     (None, 2, 2, 0, 0, "bhld")])
-def test_the_8bit_forward_emulates_its_oracle(block, hq, hkv, lq, lkv, layout):
+@pytest.mark.parametrize("pv", ["int8", "16bit"])
+def test_the_8bit_forward_emulates_its_oracle(block, hq, hkv, lq, lkv, layout, pv):
     """The 8-bit kernel's arithmetic on the 8-bit regime's plan (chunk-relative P rounded to
     u8, folded by exp(cm - m) / 255) is the float64 oracle of its scheme: the plan's chunks are
     the oracle's (spans of adjacent selected blocks, 128 keys from the multiple of 16 at or
@@ -257,9 +258,10 @@ def test_the_8bit_forward_emulates_its_oracle(block, hq, hkv, lq, lkv, layout):
         mask = BlockMask.from_dense(dense, block_size=block, seq_len_q=lq, seq_len_kv=lkv)
     plan = tessera.plan(mask, num_q_heads=hq, num_kv_heads=hkv, head_dim=64, layout=layout,
                         regime=INT8_REGIME, arch=90)
-    got = emulate.run(plan, q, k, v, scheme=qz.Scheme())
+    got = emulate.run(plan, q, k, v, scheme=qz.Scheme(pv=pv))
     assert got.pairs_outside == 0
-    want, want_lse = qz.attention(q, k, v, mask, layout=layout, return_lse=True)
+    want, want_lse = qz.attention(q, k, v, mask, layout=layout, return_lse=True,
+                                  scheme=qz.Scheme(pv=pv))
     np.testing.assert_allclose(got.out, want, rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(got.lse, want_lse, rtol=1e-12, atol=1e-12)  # (-inf: empty rows)
     exact = attention(q, k, v, mask, layout=layout)
@@ -272,5 +274,5 @@ def test_the_8bit_emulation_takes_int8_schemes_only():
     mask = BlockMask.from_dense(np.ones((1, 1), bool), block_size=64)
     plan = tessera.plan(mask, num_q_heads=1, head_dim=64)
     x = np.zeros((1, 1, 64, 64))
-    with pytest.raises(ValueError, match="scheme must round both products to int8"):
-        emulate.run(plan, x, x, x, scheme=qz.Scheme(pv="16bit"))
+    with pytest.raises(ValueError, match="scheme must round the scores to int8"):
+        emulate.run(plan, x, x, x, scheme=qz.Scheme(qk="e4m3"))

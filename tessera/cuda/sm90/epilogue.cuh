@@ -18,13 +18,13 @@ namespace {
 // a lone warpgroup syncs its own threads. Only partial chunks pay (`valid` is uniform).
 template <int W>
 __device__ __forceinline__ void zero_v_tail(u32 vs, int valid, int wg, int ring) {
-  if constexpr (TMA && !INT8) {  // (integer V holds no Inf)
+  if constexpr (TMA && !INT8_PV) {  // (integer V holds no Inf)
     if (valid >= W) return;
     if (wg == 0) {
       const int t = thread_index() % 128;
 #pragma unroll 1
-      for (int i = t; i < (W - valid) * CPR; i += 128) {
-        const u32 at = vs + tile_offset<KV_ROWS>(valid + i / CPR, i % CPR);
+      for (int i = t; i < (W - valid) * V_CPR; i += 128) {
+        const u32 at = vs + tile_offset<KV_ROWS>(valid + i / V_CPR, i % V_CPR);
         asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(at), "r"(0u) : "memory");
       }
       fence_async_smem();  // the zeros, for the tensor cores' reads
@@ -71,11 +71,11 @@ struct GuardedRows {
 template <int W>
 __device__ __forceinline__ bool stage_v_non_finite(u32 vs, int valid, int bar) {
   const int t = thread_index() % 128;
-  const int n = (valid < W ? valid : W) * CPR;
+  const int n = (valid < W ? valid : W) * V_CPR;
   u32 bad = 0;
 #pragma unroll 1
   for (int i = t; i < n; i += 128) {
-    const u32 at = vs + tile_offset<KV_ROWS>(i / CPR, i % CPR);
+    const u32 at = vs + tile_offset<KV_ROWS>(i / V_CPR, i % V_CPR);
 #pragma unroll
     for (int w = 0; w < 4; ++w) bad |= non_finite_word(at + 4 * w);
   }

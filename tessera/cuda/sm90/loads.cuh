@@ -14,7 +14,7 @@ __device__ __forceinline__ void load_kv(u32 ks, const u16* k_head, i64 k_sl, con
                                         i64 v_sl, const Walk& w, const int* spans, int se,
                                         int tid) {
   typename Walk::Cursor cur(w, spans, se);
-  const u32 vs = ks + KV_BYTES;
+  const u32 vs = ks + K_BYTES;
   constexpr int ROW_STEP = LOADERS / CPR;
   // Rows a copy instruction covers when each takes one PPC-piece column chunk (one 128-byte line
   // at SW = 128) of a row: see below.
@@ -87,26 +87,33 @@ __device__ __forceinline__ void load_q(u32 qs, const Task& task, const Operand& 
 
 // A chunk's K and V (W keys from `key0` of kv head `kvh`, batch `b`): per SW-byte column chunk
 // of the tile, W / KV_BOX boxes (the maps' boxes are SW bytes of elements by KV_BOX rows,
-// swizzled as tile_offset lays them out). The 8-bit form's V^T is one box of W keys by D
-// channels, its K steps (`k_steps`) one of W floats.
+// swizzled as tile_offset lays them out; an int8 K's rows are one chunk, a 16-bit V's beside it
+// D * 2 / SW). INT8_PV's V^T is one box of W keys by D channels; the 8-bit forms' K steps
+// (`k_steps`) one of W floats.
 template <int W>
 __device__ __forceinline__ void tma_load_kv(u32 ks, u32 k_steps, const TmaMaps& maps, int key0,
                                             int kvh, int b, u32 bar) {
-  constexpr int ELEMS = SW / ELEM_BYTES;  // elements of a chunk row
-  mbar_arrive_expect_tx(bar, 2 * W * D * ELEM_BYTES + (INT8 ? W * 4 : 0));
+  mbar_arrive_expect_tx(bar, W * D * (ELEM_BYTES + V_ELEM_BYTES) + (INT8 ? W * 4 : 0));
 #pragma unroll
   for (int p = 0; p < D * ELEM_BYTES / SW; ++p)
 #pragma unroll
     for (int r = 0; r < W / KV_BOX; ++r) {
       const u32 off = (u32)(p * KV_ROWS * SW + r * KV_BOX * SW);
-      tma_load_4d(ks + off, maps.k, p * ELEMS, key0 + r * KV_BOX, kvh, b, bar);
-      if constexpr (!INT8)
-        tma_load_4d(ks + KV_BYTES + off, maps.v, p * ELEMS, key0 + r * KV_BOX, kvh, b, bar);
+      tma_load_4d(ks + off, maps.k, p * SW / ELEM_BYTES, key0 + r * KV_BOX, kvh, b, bar);
     }
-  if constexpr (INT8) {
-    tma_load_4d(ks + KV_BYTES, maps.v, key0, 0, kvh, b, bar);
-    tma_load_4d(k_steps, maps.ks, key0, kvh, b, 0, bar);
+  if constexpr (INT8_PV) {
+    tma_load_4d(ks + K_BYTES, maps.v, key0, 0, kvh, b, bar);
+  } else {
+#pragma unroll
+    for (int p = 0; p < D * V_ELEM_BYTES / SW; ++p)
+#pragma unroll
+      for (int r = 0; r < W / KV_BOX; ++r) {
+        const u32 off = (u32)(p * KV_ROWS * SW + r * KV_BOX * SW);
+        tma_load_4d(ks + K_BYTES + off, maps.v, p * SW / V_ELEM_BYTES, key0 + r * KV_BOX, kvh,
+                    b, bar);
+      }
   }
+  if constexpr (INT8) tma_load_4d(k_steps, maps.ks, key0, kvh, b, 0, bar);
 }
 // A task's Q tile: the Q map's box is SW bytes of elements by tile_rows tokens by the task's
 // heads (GQA packing), which lands as tile row head * tile_rows + token -- Task::q_row's order.

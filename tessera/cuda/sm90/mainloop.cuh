@@ -69,13 +69,14 @@ struct Consumer {
     wgmma_commit();
   }
 
-  // The 8-bit form's products of one step: S = Q K^T (s8) into si, then the previous chunk's
-  // P V (pv_int8).
+  // The 8-bit forms' products of one step: S = Q K^T (s8) into si, then the previous chunk's
+  // P V from the stage at `vt`: INT8_PV's (pv_int8), else the 16-bit form's into O.
   template <int W>
   __device__ __forceinline__ void issue_int8(int (&si)[W / 8][4], int (&pv)[D / 8][4],
-                                             const u32 (&pa)[W / PK][4], const SmemDesc& q_desc,
-                                             u32 ks, u32 vt) {
-    wgmma_hold<D / 2>(&pv[0][0]);
+                                             float (&o)[D / 8][4], const u32 (&pa)[W / PK][4],
+                                             const SmemDesc& q_desc, u32 ks, u32 vt) {
+    if constexpr (INT8_PV) wgmma_hold<D / 2>(&pv[0][0]);
+    else wgmma_hold<D / 2>(&o[0][0]);
     wgmma_fence();
     const SmemDesc k_desc = k_major_desc(ks);
 #pragma unroll
@@ -83,7 +84,14 @@ struct Consumer {
       Wgmma8<W>::ss(&si[0][0], q_desc.at(k_major_step<BM>(kk)),
                     k_desc.at(k_major_step<KV_ROWS>(kk)), kk > 0);
     wgmma_commit();
-    pv_int8<W>(pv, pa, vt);
+    if constexpr (INT8_PV) {
+      pv_int8<W>(pv, pa, vt);
+    } else {
+      const SmemDesc vd = v_desc(vt);
+#pragma unroll
+      for (int kk = 0; kk < W / PK; ++kk) Wgmma<D>::rs(&o[0][0], pa[kk], vd.at(v_step(kk)), 1);
+      wgmma_commit();
+    }
   }
 
   // The 8-bit form's last P V of a task, waited for.
@@ -193,18 +201,18 @@ struct Consumer {
       const bool prepare_first = PREPARE_FIRST || jt == 0;
       const auto prepare = [&] {
         if constexpr (STAGED_SPANS) walk.read(r.chunk_info + 16 * (j % STAGES));
-        zero_v_tail<W>(ks + KV_BYTES, walk.key_end() - walk.key0(), wg, ring);
+        zero_v_tail<W>(ks + K_BYTES, walk.key_end() - walk.key0(), wg, ring);
       };
       if (prepare_first) prepare();
       if (guard_prev) kept.keep(o);
 
       wait_issue_turn(wg);
       if constexpr (INT8) {
-        issue_int8<W>(si, pv, pa, q_desc, ks, jt > 0 ? vs_prev : ks + KV_BYTES);
+        issue_int8<W>(si, pv, o, pa, q_desc, ks, jt > 0 ? vs_prev : ks + K_BYTES);
       } else {
         wgmma_hold<D / 2>(&o[0][0]);
         wgmma_fence();
-        const SmemDesc k_desc = k_major_desc(ks), vd = v_desc(jt > 0 ? vs_prev : ks + KV_BYTES);
+        const SmemDesc k_desc = k_major_desc(ks), vd = v_desc(jt > 0 ? vs_prev : ks + K_BYTES);
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk)
           Wgmma<W>::ss(&s[0][0], q_desc.at(k_major_step<BM>(kk)),
@@ -223,7 +231,7 @@ struct Consumer {
       // (checked while the tensor cores work; `lo`, `hi` are uniform, so is the branch)
       int guard = 0;
       if (GUARD && (lo > q_start || hi < q_end) &&
-          stage_v_non_finite<W>(ks + KV_BYTES, valid, GUARD_BAR + ring * WGS + wg))
+          stage_v_non_finite<W>(ks + K_BYTES, valid, GUARD_BAR + ring * WGS + wg))
         guard = excluded_rows(t0, lo, hi);
 
       wgmma_wait<overlap_pv<W>() ? 1 : 0>();
@@ -236,8 +244,12 @@ struct Consumer {
       float al[2], f[2];
       if constexpr (INT8) {
         int8_scores(si, s, r.k_steps + (u32)((j % STAGES) * K_STEP_BYTES), qsl, quad);
-        softmax_chunk8(s, m, l, al, f, walk.chunk_start(), walk.key0(), walk.key_end(),
-                       t0 >= lo && t0 < hi, t0 + 8 >= lo && t0 + 8 < hi, quad);
+        if constexpr (INT8_PV)
+          softmax_chunk8(s, m, l, al, f, walk.chunk_start(), walk.key0(), walk.key_end(),
+                         t0 >= lo && t0 < hi, t0 + 8 >= lo && t0 + 8 < hi, quad);
+        else  // (scores in log2 units already)
+          softmax_chunk(s, m, l, al, walk.key0(), walk.key_end(), t0 >= lo && t0 < hi,
+                        t0 + 8 >= lo && t0 + 8 < hi, quad, 1.f);
       } else {
         softmax_chunk(s, m, l, al, walk.key0(), walk.key_end(), t0 >= lo && t0 < hi,
                       t0 + 8 >= lo && t0 + 8 < hi, quad, a.scale_log2);
@@ -249,7 +261,7 @@ struct Consumer {
       wgmma_wait<0>();
       wgmma_hold<D / 2>(&o[0][0]);
       wgmma_hold<W / 2>(&s[0][0]);  // P is rewritten only after the P V that read it is done
-      if constexpr (INT8) {
+      if constexpr (INT8_PV) {
         wgmma_hold<D / 2>(&pv[0][0]);
         fold_pv(o, pv, f_prev);  // (P_{j-1} V_{j-1}, against the max before this chunk's)
         f_prev[0] = f[0];
@@ -265,14 +277,14 @@ struct Consumer {
       if (jt == 0 && guard) kept.restore_zeros(o, guard);  // (the first chunk's P V: see above)
       guard_prev = guard;
       rescale_o(o, al);
-      vs_prev = ks + KV_BYTES;
+      vs_prev = ks + K_BYTES;
       walk.next(spans, se);
     }
     // Every S of this task has been waited for: the producer may reuse its Q buffer.
     if constexpr (WS) mbar_arrive(r.q_empty_bar + 8 * qb);
     if (jt > 0) {  // the last chunk's P V (uniform: every thread walked the same spans)
       if (guard_prev) kept.keep(o);
-      if constexpr (INT8) {
+      if constexpr (INT8_PV) {
         last_pv_int8<W>(pv, pa, vs_prev);
         fold_pv(o, pv, f_prev);
       } else {
@@ -332,7 +344,7 @@ struct Consumer {
         else run_task<BN, false>(task, qb, q_desc, idle, tok_base, o, m, l);
       }
       if constexpr (!WS) cp_async_wait<0>();
-      if constexpr (INT8) scale_by_v_steps(a, task, o);
+      if constexpr (INT8_PV) scale_by_v_steps(a, task, o);
       store_task(a, task, o, m, l);
     }
   }

@@ -54,8 +54,10 @@
 //              tasks keep BN's steps (not explained yet; suspects: a 128-key chunk copied as two
 //              64-key boxes, less L1 beside 181 KB of shared memory -- the 128-key loop's SASS
 //              is the default's) -- hence opt-in (Regime.wide_steps).
-//   INT8       1: the 8-bit forward (TMA producer, span-by-span walk, 128-row tiles, head dim 64
-//              or 128): Q and K int8 with a step a token, S = Q K^T by s8 wgmma; P rounded to u8
+//   INT8       1 or 2: the 8-bit forwards (TMA producer, span-by-span walk, 128-row tiles, head
+//              dim 64 or 128); 2 keeps P V in 16 bits (V as given, P bf16/fp16, into O as the
+//              16-bit form does) and takes only the scores from int8. 1: Q and K int8 with a step a
+//              token, S = Q K^T by s8 wgmma; P rounded to u8
 //              against each chunk's own row maxima and multiplied by V int8 (a step a channel,
 //              transposed: keys contiguous, in quantize_launch.v_key_order within each 16) by
 //              u8 x s8 wgmma; the int32 products turned to float exactly (the 2^23 trick) and
@@ -86,16 +88,18 @@ constexpr int LOADERS = WS ? 128 : NT;  // threads that issue the copies
 // copy and arrive, so only its warp stays: the other three would only poll the same barriers,
 // taking issue slots from the consumer warps of their SM sub-partitions.
 constexpr int PRODUCER_THREADS = Config::TMA ? 32 : LOADERS;
-constexpr int CPR = D * ELEM_BYTES / 16;    // 16-byte pieces per row
+constexpr int CPR = D * ELEM_BYTES / 16;    // 16-byte pieces per row (Q, K)
+constexpr int V_CPR = D * V_ELEM_BYTES / 16;  // of a V row
 constexpr int WIDE_BN = Config::WIDE_BN;
 constexpr bool WIDE = WIDE_BN != 0;
 // Rows of a K/V stage: the widest step's keys. Every K/V tile keeps this row count (its column
 // chunks KV_ROWS * SW bytes apart) whichever width a task steps by, reading its first rows.
 constexpr int KV_ROWS = WIDE ? WIDE_BN : BN;
 constexpr int Q_BYTES = BM * D * ELEM_BYTES;
-// A stage's K tile (keys x D) and V tile (the 8-bit form: V^T, D x keys: the same bytes)
-constexpr int KV_BYTES = KV_ROWS * D * ELEM_BYTES;
-constexpr int STAGE_BYTES = 2 * KV_BYTES;
+// A stage's K tile (keys x D), then its V tile (keys x D; INT8_PV: V^T, D x keys)
+constexpr int K_BYTES = KV_ROWS * D * ELEM_BYTES;
+constexpr int V_BYTES = KV_ROWS * D * V_ELEM_BYTES;
+constexpr int STAGE_BYTES = K_BYTES + V_BYTES;
 constexpr int Q_BUFS = Config::Q_BUFFERS;
 // The 8-bit form's K steps of a stage (a float a key), after the ring's tiles.
 constexpr int K_STEP_BYTES = INT8 ? KV_ROWS * 4 : 0;
@@ -103,9 +107,9 @@ constexpr int K_STEP_BYTES = INT8 ? KV_ROWS * 4 : 0;
 // 8-bit form's K steps.
 constexpr int RING_BYTES = Q_BUFS * Q_BYTES + STAGES * (STAGE_BYTES + K_STEP_BYTES);
 // The 8-bit form's V^T tile: D rows of a step's keys, swizzled over their bytes.
-constexpr int SW_V = INT8 ? (KV_ROWS % 128 == 0 ? 128 : 64) : SW;
+constexpr int SW_V = INT8_PV ? (KV_ROWS % 128 == 0 ? 128 : 64) : SW;
 // Keys of one P V product (the k of the wgmma): a P fragment's keys.
-constexpr int PK = INT8 ? 32 : 16;
+constexpr int PK = INT8_PV ? 32 : 16;
 static_assert(!INT8 || (Config::TMA && Config::PRODUCER && Config::RINGS == 1 &&
                         !Config::WIDE_BN && !Config::PACK_KEYS && !Config::WHOLE_TASKS &&
                         !Config::GUARD && BM == 128 && (D == 64 || D == 128) &&
@@ -120,7 +124,8 @@ static_assert(STAGES >= 3, "P V of chunk j-1 reads its stage while chunk j+1 loa
 // Chunks loaded ahead of the one computed: every stage but the current chunk's and the previous
 // chunk's (whose V the pipelined P V still reads).
 constexpr int PREFETCH = STAGES - 2;
-static_assert(Q_BYTES % 1024 == 0 && KV_BYTES % 1024 == 0, "tiles stay 1024-byte aligned");
+static_assert(Q_BYTES % 1024 == 0 && K_BYTES % 1024 == 0 && V_BYTES % 1024 == 0,
+              "tiles stay 1024-byte aligned");
 
 constexpr bool PACKED = Config::PACK_KEYS != 0;
 // K/V chunks by TMA: a chunk is BN consecutive keys from the walk's position (rows past the
@@ -202,7 +207,7 @@ static_assert(WS || WGS <= 2, "three consumer warpgroups need the producer varia
 // the chunks' fields for them (StagedWalk, walks.cuh).
 // The 8-bit form's chunks start at multiples of 16 keys (CHUNK_ALIGN): V's keys are reordered
 // within each 16 (quantize_launch.v_key_order), P's fragment columns with them.
-constexpr int CHUNK_ALIGN = INT8 ? 16 : 1;
+constexpr int CHUNK_ALIGN = INT8_PV ? 16 : 1;
 template <int W>
 using WalkOf = typename Select<PACKED, PackedWalk<W>, ChunkWalk<W, CHUNK_ALIGN>>::type;
 template <int W>

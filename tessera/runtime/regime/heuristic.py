@@ -31,7 +31,7 @@ SM90_ROWS128 = Regime(family="sm90", block_m=128, num_warps=128 // ROW_GROUP + 4
                       stages=3, combine_threshold=0.0)
 
 
-# The 8-bit forward's regime (precision="int8", both head dims): its kernel is the TMA form of
+# The 8-bit forwards' regime (both precisions, both head dims): its kernel is the TMA form of
 # these 128x128 tiles (sm90/traits.cuh's INT8), the one form it is built in; requests never split.
 INT8_REGIME = SM90_ROWS128
 

@@ -145,11 +145,12 @@ class Regime:
         return asdict(self)
 
     @functools.lru_cache(maxsize=256)  # noqa: B019 - regimes are few and immutable
-    def variant(self, head_dim: int, bf16: bool = True, tma: bool = False, int8: bool = False):
+    def variant(self, head_dim: int, bf16: bool = True, tma: bool = False, int8: int = 0):
         """The attention kernel variant (``tessera.cuda.loader.Variant``) this regime runs;
         ``tma``: its TMA-copying form (producer regimes of the span-by-span walk, when the
-        launch can describe the operands: ``tma_capable``); ``int8``: its 8-bit form (the sm90
-        TMA form of one ring, tessera/cuda/sm90/traits.cuh's INT8)."""
+        launch can describe the operands: ``tma_capable``); ``int8``: its 8-bit forms (the sm90
+        TMA form of one ring, tessera/cuda/sm90/traits.cuh's INT8: 1 both products, 2 the
+        scores)."""
 
         if self.family == "sm90":
             # Three consumer warpgroups step 128 keys with a TMA producer only: the cp.async
