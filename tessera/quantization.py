@@ -37,8 +37,8 @@ from .mask import BlockMask
 from .operands import host_operands
 from .reference import selected_blocks
 
-__all__ = ["E4M3_MAX", "INT8_MAX", "UINT8_MAX", "FORMATS", "INT8_CHUNK_ALIGN", "Scheme",
-           "QuantizedOperands",
+__all__ = ["E4M3_MAX", "INT8_MAX", "UINT8_MAX", "FORMATS", "K_GROUPS", "INT8_CHUNK_ALIGN",
+           "Scheme", "QuantizedOperands",
            "checked_scheme", "round_e4m3", "quantize", "rotation", "rotation_factors",
            "quantized_operands", "attention"]
 
@@ -47,6 +47,7 @@ INT8_MAX = 127.0
 UINT8_MAX = 255.0
 FORMATS = ("e4m3", "int8")
 _PV_FORMATS = FORMATS + ("16bit",)
+K_GROUPS = (1, 16, 64, 128)  # Scheme.k_group's choices: a token, or a kernel's key granules
 # P's chunks start at multiples of this many keys (the 8-bit kernel's V is reordered within each
 # 16 keys, so its chunks' first columns sit there): a span's first chunk starts at or below it.
 INT8_CHUNK_ALIGN = 16
@@ -81,7 +82,13 @@ class Scheme:
     the span's start (:data:`INT8_CHUNK_ALIGN`), the first chunk holding the span's keys of it.
     With int8 each row's chunk is scaled by its own largest P (``p_per_chunk``; else by 1, the
     bound of every P), so a chunk far below the row's maximum keeps 8 bits instead of the few
-    the step of 1/255 leaves it; e4m3, a floating format, is scaled by 448 either way."""
+    the step of 1/255 leaves it; e4m3, a floating format, is scaled by 448 either way.
+
+    ``k_group``: K's step shared by that many consecutive tokens of a head (1: a step a token,
+    what the kernels take). A step a group of keys would let a kernel scale a chunk's scores by
+    one factor a row and key group, folded into the exponent's FMA, instead of converting and
+    multiplying each score by its key's step; the oracle says what it costs in error
+    (``python -m tessera quant-error``). The kernels and the emulator take 1 only."""
 
     qk: str = "int8"
     pv: str = "int8"
@@ -89,6 +96,7 @@ class Scheme:
     rotate: bool = True
     p_per_chunk: bool = True
     chunk_keys: int = 128
+    k_group: int = 1
 
     def __post_init__(self) -> None:
         if self.qk not in FORMATS:
@@ -101,14 +109,19 @@ class Scheme:
         c = self.chunk_keys
         if isinstance(c, bool) or not isinstance(c, int) or c not in (64, 128):
             raise ValueError(f"chunk_keys must be 64 or 128 (a kernel's key step), got {c!r}")
+        g = self.k_group
+        if isinstance(g, bool) or not isinstance(g, int) or g not in K_GROUPS:
+            raise ValueError(f"k_group must be one of {K_GROUPS} (keys sharing K's step), got "
+                             f"{g!r}")
 
     @property
     def name(self) -> str:
-        """E.g. ``qk_int8-pv_int8-smooth-rotate`` (P per chunk of 128 keys, the defaults, is
-        not spelled; ``-pfixed`` and ``-c64`` say otherwise)."""
+        """E.g. ``qk_int8-pv_int8-smooth-rotate`` (P per chunk of 128 keys and a K step a token,
+        the defaults, are not spelled; ``-pfixed``, ``-c64`` and ``-kg16`` say otherwise)."""
         return "-".join([f"qk_{self.qk}", f"pv_{self.pv}"] + ["smooth"] * self.smooth_k
                         + ["rotate"] * self.rotate + ["pfixed"] * (not self.p_per_chunk)
-                        + [f"c{self.chunk_keys}"] * (self.chunk_keys != 128))
+                        + [f"c{self.chunk_keys}"] * (self.chunk_keys != 128)
+                        + [f"kg{self.k_group}"] * (self.k_group != 1))
 
 
 def checked_scheme(scheme: Any) -> Scheme:
@@ -223,12 +236,27 @@ def quantized_operands(q: Any, k: Any, v: Any, scheme: Scheme, *, layout: str = 
         r = rotation(q4.shape[-1])
         q4, k4 = q4 @ r, k4 @ r
     q8, sq = quantize(q4, scheme.qk, -1)
-    k8, sk = quantize(k4, scheme.qk, -1)
+    k8, sk = _quantize_key_groups(k4, scheme.qk, scheme.k_group)
     if scheme.pv == "16bit":
         v8, sv = v4, np.ones(v4.shape[:2] + (1, v4.shape[3]))
     else:
         v8, sv = quantize(v4, scheme.pv, 2)
     return QuantizedOperands(q8, sq, k8, sk, v8, sv)
+
+
+def _quantize_key_groups(k: np.ndarray, fmt: str, group: int) -> tuple[np.ndarray, np.ndarray]:
+    """K ``[B, H, L, D]`` rounded with one step for each ``group`` consecutive tokens of a head
+    (the last group may be short): values ``[B, H, L, D]`` and steps ``[B, H, L, 1]`` (a group's
+    step repeated for each of its tokens)."""
+    if group == 1:
+        return quantize(k, fmt, -1)
+    b, h, n, d = k.shape
+    groups = -(-n // group)
+    padded = np.zeros((b, h, groups * group, d))
+    padded[:, :, :n] = k  # (zero rows move no group's largest magnitude)
+    values, steps = quantize(padded.reshape(b, h, groups, group, d), fmt, (-2, -1))
+    return (values.reshape(b, h, groups * group, d)[:, :, :n],
+            np.repeat(steps[..., 0], group, axis=2)[:, :, :n])
 
 
 def attention(q: Any, k: Any, v: Any, block_mask: BlockMask, *, scheme: Scheme = Scheme(),

@@ -83,9 +83,9 @@ def _checked_scheme(scheme: Any) -> Scheme:
     """``scheme`` if the GPU pre-pass rounds it (int8 scores; P V in int8 or 16 bits), else the
     error naming it."""
     checked_scheme(scheme)
-    if scheme.qk != "int8" or scheme.pv not in ("int8", "16bit"):
+    if scheme.qk != "int8" or scheme.pv not in ("int8", "16bit") or scheme.k_group != 1:
         raise ValueError(f"the GPU pre-pass rounds to int8 only (qk='int8', pv='int8' or "
-                         f"'16bit'), got scheme {scheme.name}")
+                         f"'16bit', a K step a token), got scheme {scheme.name}")
     return scheme
 
 

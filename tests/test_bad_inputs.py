@@ -198,6 +198,9 @@ CASES = [
     ("tessera.emulate.run", "e4m3 scores", lambda: tessera.emulate.run(
         _plan(), X, X, X, scheme=quantization.Scheme(qk="e4m3")), ValueError,
      "scheme must round the scores to int8"),
+    ("tessera.emulate.run", "a K step per 16 keys", lambda: tessera.emulate.run(
+        _plan(), X, X, X, scheme=quantization.Scheme(k_group=16)), ValueError,
+     r"scheme must round the scores to int8 \(a K step a token\)"),
     ("tessera.config", "use_tma='yes'", lambda: setattr(tessera.config, "use_tma", "yes"),
      TypeError, "config.use_tma must be True or False"),
     ("tessera.config", "request_selection_refresh=0", lambda: setattr(
@@ -278,6 +281,8 @@ CASES = [
      r"qk must be one of \('e4m3', 'int8'\), got 'fp8'"),
     ("quantization.Scheme", "chunk_keys=100", lambda: quantization.Scheme(chunk_keys=100),
      ValueError, "chunk_keys must be 64 or 128"),
+    ("quantization.Scheme", "k_group=8", lambda: quantization.Scheme(k_group=8),
+     ValueError, r"k_group must be one of \(1, 16, 64, 128\)"),
     ("quantization.quantize", "fmt='fp4'", lambda: quantization.quantize(X, "fp4"), ValueError,
      r"fmt must be one of \('e4m3', 'int8'\), got 'fp4'"),
     ("quantization.quantize", "axis=4", lambda: quantization.quantize(X, "int8", 4), ValueError,
@@ -290,6 +295,9 @@ CASES = [
         X, X, X, M, scheme="int8"), TypeError, "scheme must be a tessera.quantization.Scheme"),
     ("quantize_launch.quantize_operands", "an e4m3 scheme", lambda: quantize_operands(
         X, X, X, scheme=quantization.Scheme(qk="e4m3")), ValueError,
+     r"the GPU pre-pass rounds to int8 only"),
+    ("quantize_launch.quantize_operands", "a K step per 16 keys", lambda: quantize_operands(
+        X, X, X, scheme=quantization.Scheme(k_group=16)), ValueError,
      r"the GPU pre-pass rounds to int8 only"),
     ("quantize_launch.check_int8", "head_dim=96", lambda: check_int8(96, 90),
      ValueError, r"precision='int8' takes head dims \(64, 128\), got 96"),

@@ -178,6 +178,21 @@ def test_chunk_scaled_probabilities_beat_a_fixed_step():
         qz.Scheme(chunk_keys=96)
 
 
+def test_key_groups_share_one_step():
+    """k_group: each run of that many keys of a head takes one step, its largest magnitude over
+    127 (the last, short group its own), and the codes round K to it; 1 is a step a token."""
+    k = np.random.default_rng(3).standard_normal((1, 2, 40, 64)) * np.linspace(0.5, 3, 40)[:, None]
+    one = qz.quantized_operands(k, k, k, qz.Scheme(smooth_k=False, rotate=False))
+    assert np.allclose(one.k_scale[..., 0], np.abs(k).max(-1) / 127)
+    got = qz.quantized_operands(k, k, k, qz.Scheme(smooth_k=False, rotate=False, k_group=16))
+    for lo, hi in ((0, 16), (16, 32), (32, 40)):
+        step = got.k_scale[:, :, lo:hi, 0]
+        assert (step == step[:, :, :1]).all()
+        assert np.allclose(step[:, :, 0], np.abs(k[:, :, lo:hi]).max((-2, -1)) / 127)
+    assert np.abs(got.k * got.k_scale - k).max() <= got.k_scale.max() / 2 + 1e-12
+    assert np.array_equal(got.q, one.q) and qz.Scheme(k_group=64).name.endswith("-kg64")
+
+
 @pytest.mark.parametrize("scheme,err,match", [
     ("int8", TypeError, "scheme must be a tessera.quantization.Scheme"),
     (qz.Scheme(qk="e4m3"), ValueError, "rounds to int8 only"),

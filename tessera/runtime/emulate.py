@@ -98,10 +98,10 @@ def run(plan: Plan, q: Any, k: Any, v: Any, *, scale: float | None = None,
     ``scheme``: the 8-bit forward's arithmetic with that rounding (int8 scores and P V)."""
     if not isinstance(plan, Plan):
         raise TypeError(f"plan must be a tessera.Plan, got {type(plan).__name__}")
-    if scheme is not None and (checked_scheme(scheme).qk != "int8"
+    if scheme is not None and (checked_scheme(scheme).qk != "int8" or scheme.k_group != 1
                                or scheme.pv not in ("int8", "16bit")):
-        raise ValueError(f"scheme must round the scores to int8 and P V to int8 or 16 bits (the "
-                         f"8-bit kernels'), got {scheme.name}")
+        raise ValueError(f"scheme must round the scores to int8 (a K step a token) and P V to "
+                         f"int8 or 16 bits (the 8-bit kernels'), got {scheme.name}")
     q4, k4, v4 = (to_numpy(x).astype(np.float64)
                   for x in host_operands(q, k, v, plan.layout, scale, plan.mask))
     b_, hq, lq, d = q4.shape

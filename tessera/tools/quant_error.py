@@ -57,13 +57,18 @@ def scheme_from_name(name: str) -> quantization.Scheme:
         raise ValueError(f"a scheme name reads qk_<format>-pv_<format>[-flag...], got "
                          f"{name!r}")
     flags = set(parts[2:])
-    known = {"smooth", "rotate", "pfixed", "c64"}
+    groups = {f"kg{g}": g for g in quantization.K_GROUPS if g != 1}
+    known = {"smooth", "rotate", "pfixed", "c64", *groups}
     if not flags <= known:
         raise ValueError(f"unknown scheme flags {sorted(flags - known)} in {name!r} "
                          f"({', '.join(sorted(known))})")
+    group = [groups[f] for f in flags if f in groups]
+    if len(group) > 1:
+        raise ValueError(f"a scheme name takes one kg flag, got {sorted(flags & set(groups))}")
     return quantization.Scheme(qk=parts[0][3:], pv=parts[1][3:], smooth_k="smooth" in flags,
                                rotate="rotate" in flags, p_per_chunk="pfixed" not in flags,
-                               chunk_keys=64 if "c64" in flags else 128)
+                               chunk_keys=64 if "c64" in flags else 128,
+                               k_group=group[0] if group else 1)
 
 
 def _bf16(x: np.ndarray) -> np.ndarray:
@@ -138,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"comma list of {', '.join(WORKLOADS)}")
     ap.add_argument("--schemes", default=",".join(DEFAULT_SCHEMES),
                     help="comma list of scheme names (qk_<e4m3|int8>-pv_<e4m3|int8|16bit>"
-                         "[-smooth][-rotate][-pfixed][-c64]: tessera.quantization.Scheme)")
+                         "[-smooth][-rotate][-pfixed][-c64][-kg<16|64|128>]: "
+                         "tessera.quantization.Scheme)")
     ap.add_argument("--heads", type=positive_int, default=2, help="heads a shape (default 2)")
     ap.add_argument("--rows", type=positive_int, default=4,
                     help="query blocks a head (default 4)")

@@ -12,13 +12,15 @@ from tessera.tools.cli import main as cli_main
 
 @pytest.mark.parametrize("scheme", [qz.Scheme(), qz.Scheme(qk="e4m3", pv="16bit", rotate=False,
                                                            smooth_k=False),
-                                    qz.Scheme(p_per_chunk=False, chunk_keys=64)])
+                                    qz.Scheme(p_per_chunk=False, chunk_keys=64),
+                                    qz.Scheme(pv="16bit", k_group=16)])
 def test_scheme_names_round_trip(scheme):
     assert qe.scheme_from_name(scheme.name) == scheme
 
 
 @pytest.mark.parametrize("name,match", [("int8", "reads qk_"), ("qk_int8-pv_int8-fast", "flags"),
-                                        ("qk_fp4-pv_int8", "qk must be one of")])
+                                        ("qk_fp4-pv_int8", "qk must be one of"),
+                                        ("qk_int8-pv_int8-kg16-kg64", "one kg flag")])
 def test_bad_scheme_names(name, match):
     with pytest.raises(ValueError, match=match):
         qe.scheme_from_name(name)
