@@ -96,7 +96,8 @@ def info() -> int:
           "only, the default there); combine")
     print("Backward pass (tessera.attention_backward, torch autograd, jax.grad): "
           + _backward_line(cc))
-    print("8-bit forward (tessera.attention(..., precision=\"int8\"), opt-in): " + (
+    print("8-bit forwards (tessera.attention(..., precision=\"int8\" or \"int8-qk\"), "
+          "opt-in): " + (
         "runs here (Hopper)" if cc == 90 else "Hopper GPUs only; on CPU tensors through the "
         "torch integration, its arithmetic by the emulator" if cc is None else
         f"Hopper GPUs only; this GPU is sm_{cc}"))

@@ -21,7 +21,8 @@ def test_info_in_process(capsys):
     assert ("the driver encodes tensor maps" in out) == (_driver_encoder() is not None)
     assert "TMA copies" in out
     assert "Backward pass (tessera.attention_backward, torch autograd, jax.grad): the " in out
-    assert "8-bit forward (tessera.attention(..., precision=\"int8\"), opt-in): " in out
+    assert ("8-bit forwards (tessera.attention(..., precision=\"int8\" or \"int8-qk\"), "
+            "opt-in): ") in out
 
 
 def test_info_names_the_backward_kernels_of_a_gpu():
