@@ -111,17 +111,24 @@ def _described(q: Any, k: Any, v: Any, block_mask: BlockMask, layout: str) -> Op
     return ops
 
 
+def check_8bit_call(precision: str, regime: Any, grads_recorded: bool) -> None:
+    """Refuse, naming it, what an 8-bit forward (``precision``) does not take: a ``regime`` (it
+    runs INT8_REGIME) or inputs whose gradients autograd records (it is forward-only). The GPU
+    path here and the torch integration's CPU path share it."""
+    if regime is not None:
+        raise ValueError(f"regime must be None with precision={precision!r} (the 8-bit "
+                         f"forwards run their own regime, {INT8_REGIME.name})")
+    if grads_recorded:
+        raise ValueError(f"precision={precision!r} is forward-only: q, k, v must not require "
+                         "grad while autograd records (detach them, or run under "
+                         "torch.no_grad())")
+
+
 def _attention_int8(q: Any, k: Any, v: Any, block_mask: BlockMask, scale: float | None,
                     return_lse: bool, layout: str, regime: Any, precision: str):
     """The 8-bit forward of :func:`attention` (its arguments checked there): the pre-pass's
     codes (quantize_launch.py), then the 8-bit kernel over a request plan of INT8_REGIME."""
-    if regime is not None:
-        raise ValueError(f"regime must be None with precision={precision!r} (the 8-bit "
-                         f"forwards run their own regime, {INT8_REGIME.name})")
-    if gradient_recorded(q, k, v) is not None:
-        raise ValueError(f"precision={precision!r} is forward-only: q, k, v must not require "
-                         "grad while autograd records (detach them, or run under "
-                         "torch.no_grad())")
+    check_8bit_call(precision, regime, gradient_recorded(q, k, v) is not None)
     ops = _described(q, k, v, block_mask, layout)
     with cupy_or_none().cuda.Device(ops.q.device_id):
         check_int8(ops.shape_q[3], device.device_cc(), stream_capturing(ops.stream_ptr),

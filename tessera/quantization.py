@@ -38,9 +38,8 @@ from .operands import host_operands
 from .reference import selected_blocks
 
 __all__ = ["E4M3_MAX", "INT8_MAX", "UINT8_MAX", "FORMATS", "K_GROUPS", "INT8_CHUNK_ALIGN",
-           "Scheme", "QuantizedOperands",
-           "checked_scheme", "round_e4m3", "quantize", "rotation", "rotation_factors",
-           "quantized_operands", "attention"]
+           "Scheme", "QuantizedOperands", "checked_scheme", "kernels_round", "round_e4m3",
+           "quantize", "rotation", "rotation_factors", "quantized_operands", "attention"]
 
 E4M3_MAX = 448.0
 INT8_MAX = 127.0
@@ -130,6 +129,13 @@ def checked_scheme(scheme: Any) -> Scheme:
         raise TypeError(f"scheme must be a tessera.quantization.Scheme, got "
                         f"{type(scheme).__name__}")
     return scheme
+
+
+def kernels_round(scheme: Scheme) -> bool:
+    """Whether the 8-bit kernels (and their pre-pass) compute ``scheme``'s rounding: int8
+    scores with a K step a token, P V in int8 or 16 bits (the rewrites and P's chunking are
+    theirs to follow either way)."""
+    return scheme.qk == "int8" and scheme.k_group == 1 and scheme.pv in ("int8", "16bit")
 
 
 def quantize(x: Any, fmt: str, axis: int | tuple[int, ...] = -1, *, unsigned: bool = False

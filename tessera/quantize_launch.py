@@ -16,7 +16,7 @@ from .capture import device_copy
 from .cuda.loader import load_kernel
 from .cuda.variants import Variant
 from .operands import describe
-from .quantization import Scheme, checked_scheme, rotation_factors
+from .quantization import Scheme, checked_scheme, kernels_round, rotation_factors
 from .settings import config
 from .streams import cupy_stream
 
@@ -82,8 +82,7 @@ def check_int8(head_dim: int, cc: int | None, capturing: bool = False,
 def _checked_scheme(scheme: Any) -> Scheme:
     """``scheme`` if the GPU pre-pass rounds it (int8 scores; P V in int8 or 16 bits), else the
     error naming it."""
-    checked_scheme(scheme)
-    if scheme.qk != "int8" or scheme.pv not in ("int8", "16bit") or scheme.k_group != 1:
+    if not kernels_round(checked_scheme(scheme)):
         raise ValueError(f"the GPU pre-pass rounds to int8 only (qk='int8', pv='int8' or "
                          f"'16bit', a K step a token), got scheme {scheme.name}")
     return scheme

@@ -80,13 +80,8 @@ def _emulated_int8(q: Any, k: Any, v: Any, mask: BlockMask, layout: str, scale: 
 
     if precision not in api.PRECISIONS:
         raise ValueError(f"precision must be one of {api.PRECISIONS}, got {precision!r}")
-    if regime is not None:
-        raise ValueError(f"regime must be None with precision={precision!r} (the 8-bit "
-                         f"forwards run their own regime, {INT8_REGIME.name})")
-    if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
-        raise ValueError(f"precision={precision!r} is forward-only: q, k, v must not require "
-                         "grad while autograd records (detach them, or run under "
-                         "torch.no_grad())")
+    api.check_8bit_call(precision, regime, torch.is_grad_enabled() and any(
+        x.requires_grad for x in (q, k, v)))
     check_int8(q.shape[-1], 90, precision=precision)  # (as a Hopper GPU would take it)
     p = _plan_of(q, k, v, mask, layout, INT8_REGIME)
     res = emulate.run(p, *_host64(q, k, v), scale=scale, scheme=PRECISION_SCHEMES[precision])

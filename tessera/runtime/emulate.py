@@ -26,7 +26,7 @@ import numpy as np
 from .._array import to_numpy
 from ..operands import checked_dout, checked_like_output, host_operands
 from ..quantization import (INT8_CHUNK_ALIGN, QuantizedOperands, Scheme, checked_scheme,
-                            quantized_operands)
+                            kernels_round, quantized_operands)
 from .plan import Plan
 from .queue import Combine, Span, Task, records
 
@@ -98,8 +98,7 @@ def run(plan: Plan, q: Any, k: Any, v: Any, *, scale: float | None = None,
     ``scheme``: the 8-bit forward's arithmetic with that rounding (int8 scores and P V)."""
     if not isinstance(plan, Plan):
         raise TypeError(f"plan must be a tessera.Plan, got {type(plan).__name__}")
-    if scheme is not None and (checked_scheme(scheme).qk != "int8" or scheme.k_group != 1
-                               or scheme.pv not in ("int8", "16bit")):
+    if scheme is not None and not kernels_round(checked_scheme(scheme)):
         raise ValueError(f"scheme must round the scores to int8 (a K step a token) and P V to "
                          f"int8 or 16 bits (the 8-bit kernels'), got {scheme.name}")
     q4, k4, v4 = (to_numpy(x).astype(np.float64)

@@ -44,6 +44,7 @@ import tessera
 
 from ..cuda.device import device_cc
 from ..families.common import variable_bounds
+from ..quantize_launch import PRECISION_SCHEMES
 from ..runtime.regime import regime_from_name
 from .args import positive_int, require_matplotlib
 from . import bench_backward, bench_distributed, bench_int8, peers
@@ -418,9 +419,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16",
                     help="(--backward) the inputs' element type (default bfloat16)")
     ap.add_argument("--precision", default=None,
-                    help="comma list of 8-bit forwards, "
-                         f"{', '.join(p for p in tessera.api.PRECISIONS if p)}: each against the "
-                         "bf16 one and cuDNN's FP8 forward (see tessera.tools.bench_int8)")
+                    help=f"comma list of 8-bit forwards, {', '.join(PRECISION_SCHEMES)}: each "
+                         "against the bf16 one and cuDNN's FP8 forward (see "
+                         "tessera.tools.bench_int8)")
     ap.add_argument("--distributed", action="store_true",
                     help="sequence-parallel attention over the GPUs of a torchrun launch "
                          "(cases: random-10, mixed-heads; see tessera.tools.bench_distributed)")
@@ -438,9 +439,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--precision takes --shape, --case, --family, --heads, --rounds and --json")
     precisions = tuple(args.precision.split(",")) if args.precision else ()
     for p in precisions:
-        if p not in tessera.api.PRECISIONS[1:]:
-            ap.error(f"--precision: {p!r} is not one of "
-                     f"{', '.join(x for x in tessera.api.PRECISIONS if x)}")
+        if p not in PRECISION_SCHEMES:
+            ap.error(f"--precision: {p!r} is not one of {', '.join(PRECISION_SCHEMES)}")
     if not args.backward and (args.kv_heads or args.dtype != "bfloat16"):
         ap.error("--kv-heads and --dtype are options of --backward")
     if args.kv_heads:

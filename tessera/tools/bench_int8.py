@@ -101,7 +101,7 @@ def table(rows: list[dict]) -> str:
            f"{'bf16':>7} {'x':>5} {'cdnFP8':>7} {'x':>5} {'diff':>8} {'cdn diff':>8}"]
     for r in rows:
         g = lambda key: r.get(key, nan)  # noqa: E731
-        for p in r.get("precisions", ["int8"]):
+        for p in r["precisions"]:
             out.append(f"{r['shape']:16} {r['case']:12} {r['density']:5.2f} {p:9} "
                        f"{r[p + '_ms']:7.3f} {r[p + '_tflops']:5.0f} {r['bf16_ms']:7.3f} "
                        f"{r[p + '_speedup']:5.2f} {g('cudnn_fp8_ms'):7.3f} "

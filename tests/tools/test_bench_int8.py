@@ -10,8 +10,8 @@ from tessera.tools import bench, bench_int8, peers
 
 
 def test_table_shows_a_missing_peer_as_nan():
-    row = dict(shape="wan-1.3b-480p", case="random-10", density=0.1, int8_ms=0.6,
-               int8_tflops=900.0, bf16_ms=1.0, int8_speedup=1.67, int8_diff=1.5e-2)
+    row = dict(shape="wan-1.3b-480p", case="random-10", density=0.1, precisions=["int8"],
+               int8_ms=0.6, int8_tflops=900.0, bf16_ms=1.0, int8_speedup=1.67, int8_diff=1.5e-2)
     lines = bench_int8.table([row]).splitlines()
     assert len(lines) == 2 and "1.67" in lines[1] and "1.5e-02" in lines[1]
     assert lines[1].count("nan") == 3  # cuDNN FP8's time, its ratio, its difference
